@@ -1,0 +1,99 @@
+"""Which denoising steps of a trajectory are trained, and which steps sample with noise.
+
+Strategies (indices i refer to the step s[i] -> s[i+1] of an ``num_steps``-step schedule):
+
+- ``"prefix"`` (Flow-GRPO): the first ``floor(num_steps * fraction)`` steps, in order;
+  fraction 0.99 drops only the last step.
+- ``"random"`` (DanceGRPO): a random subset of ``floor(num_steps * fraction)`` steps drawn
+  from ``[0, num_steps - 1)`` (the last step is never trained), one draw per call.
+- ``"window"`` (Flow-GRPO-Fast): a random contiguous window of ``window`` steps; only those
+  steps use SDE noise, every other step is a deterministic Euler (ODE) step.
+
+Random choices come only from the given ``torch.Generator`` (the global RNG when None), so the
+same seed gives the same steps on every machine.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+
+from digen.errors import AlgorithmError
+
+TimestepStrategy = Literal["prefix", "random", "window"]
+TIMESTEP_STRATEGIES: tuple[str, ...] = ("prefix", "random", "window")
+
+# num_steps * fraction is floored after adding this, so 0.29 * 100 counts as 29, not 28.
+_FLOOR_SLACK = 1e-9
+
+
+def select_timesteps(
+    num_steps: int,
+    *,
+    strategy: TimestepStrategy,
+    fraction: float,
+    window: int = 2,
+    generator: torch.Generator | None = None,
+) -> list[int]:
+    """Sorted indices in ``[0, num_steps)`` of the steps to train.
+
+    fraction: in (0, 1], used by "prefix" and "random" (at least one step is kept);
+    ignored by "window". window: the window length for "window", 1 <= window <= num_steps.
+    generator: the source of randomness for "random" and "window".
+    """
+    if strategy not in TIMESTEP_STRATEGIES:
+        raise AlgorithmError(
+            f"strategy={strategy!r} is not a timestep strategy; use one of {', '.join(TIMESTEP_STRATEGIES)}"
+        )
+    if num_steps < 1:
+        raise AlgorithmError(f"num_steps={num_steps} must be >= 1")
+    if strategy == "window":
+        return _window(num_steps, window, generator)
+    if not 0 < fraction <= 1:
+        raise AlgorithmError(f"fraction={fraction} must be in (0, 1] (Flow-GRPO uses 0.99)")
+    count = max(1, math.floor(num_steps * fraction + _FLOOR_SLACK))
+    if strategy == "prefix":
+        return list(range(count))
+    return _random_subset(num_steps, count, generator)
+
+
+def sde_step_mask(num_steps: int, trained: list[int], strategy: TimestepStrategy) -> list[bool]:
+    """[num_steps] flags: True where the step samples with SDE noise, False for an Euler step.
+
+    "window": only the trained window is stochastic. "prefix"/"random": every step is
+    (the untrained steps still follow the SDE, as in Flow-GRPO and DanceGRPO).
+    """
+    if strategy not in TIMESTEP_STRATEGIES:
+        raise AlgorithmError(
+            f"strategy={strategy!r} is not a timestep strategy; use one of {', '.join(TIMESTEP_STRATEGIES)}"
+        )
+    outside = [i for i in trained if not 0 <= i < num_steps]
+    if outside:
+        raise AlgorithmError(f"trained steps {outside} are outside [0, {num_steps})")
+    if strategy != "window":
+        return [True] * num_steps
+    chosen = set(trained)
+    return [i in chosen for i in range(num_steps)]
+
+
+def _random_subset(num_steps: int, count: int, generator: torch.Generator | None) -> list[int]:
+    """``count`` distinct steps from ``[0, num_steps - 1)``, sorted (capped at num_steps - 1)."""
+    pool = num_steps - 1
+    if pool < 1:
+        raise AlgorithmError(
+            f"strategy='random' drops the last step, so num_steps={num_steps} leaves nothing to train; "
+            "use at least 2 steps or strategy='prefix'"
+        )
+    order = torch.randperm(pool, generator=generator, device="cpu" if generator is None else generator.device)
+    return sorted(order[: min(count, pool)].tolist())
+
+
+def _window(num_steps: int, window: int, generator: torch.Generator | None) -> list[int]:
+    """A uniformly placed run of ``window`` consecutive steps."""
+    if not 1 <= window <= num_steps:
+        raise AlgorithmError(f"window={window} must be between 1 and num_steps={num_steps}")
+    device = "cpu" if generator is None else generator.device
+    start = int(torch.randint(0, num_steps - window + 1, (1,), generator=generator, device=device).item())
+    return list(range(start, start + window))

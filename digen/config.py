@@ -1,0 +1,355 @@
+"""Typed run configuration, loaded from YAML with ``--set a.b=value`` overrides.
+
+Every field has a docstring; ``configs/*.yaml`` show them in use. Loading reports every problem
+at once (unknown keys, wrong types, impossible sizes, a missing model folder) as one
+:class:`~digen.errors.ConfigError` whose ``problems`` list reads like
+``rollout.group_size (5) must divide rollout.batch_size (12)``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from digen.errors import ConfigError
+
+Mode = Literal["reference", "colocated", "disaggregated", "digen"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class LoraConfig(_Section):
+    enabled: bool = True
+    """Train a LoRA adapter (True) or the whole transformer (False)."""
+    rank: int = Field(8, ge=1)
+    alpha: int = Field(16, ge=1)
+    target_modules: list[str] | None = None
+    """Module names to adapt; None uses the family's default (as the peers use it)."""
+
+
+class ModelConfig(_Section):
+    path: str = ".tiny/sd3"
+    """Local diffusers pipeline folder (``model_index.json`` inside). Never downloaded."""
+    resolution: int = Field(32, ge=8)
+    """Square image side in pixels for rollouts."""
+    num_frames: int | None = Field(None, ge=1)
+    """Frames per video (video families only)."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Transformer compute dtype. SDE math and stored latents/log-probs are float32 always."""
+    device: str = "cpu"
+    """Device for the reference trainer and the embedded cluster's workers (``cuda:0``...)."""
+    max_sequence_length: int = Field(32, ge=1)
+    """T5 tokens per prompt."""
+    lora: LoraConfig = LoraConfig()
+
+
+class PromptsConfig(_Section):
+    file: str | None = None
+    """Text file, one prompt per line (relative paths resolve against the config file)."""
+    items: list[str] = ["a red square", "a blue circle", "a green tree", "a yellow sun"]
+    """Inline prompts, used when ``file`` is unset."""
+
+
+class SdeConfig(_Section):
+    kind: Literal["sde", "cps", "dance"] = "sde"
+    """Stochastic step: Flow-GRPO ``sde``, coefficients-preserving ``cps``, DanceGRPO ``dance``."""
+    noise_level: float = Field(0.7, ge=0.0)
+    """a for sde/cps (0.7 SD3.5, 0.9 FLUX, 0.8 cps), eta for dance (0.3 images)."""
+
+
+class RolloutConfig(_Section):
+    batch_size: int = Field(16, ge=1)
+    """Samples per iteration (prompts_per_iteration x group_size)."""
+    group_size: int = Field(4, ge=1)
+    """Samples per prompt (a GRPO group). Also the generation micro-batch: one task = one group."""
+    num_steps: int = Field(8, ge=2)
+    """Denoising steps of training rollouts (the denoising reduction: few steps)."""
+    eval_steps: int = Field(20, ge=2)
+    """Steps of the ODE sampler for evaluation grids."""
+    guidance_scale: float = Field(1.0, ge=0.0)
+    """CFG scale (true CFG families) or embedded guidance (FLUX, HunyuanVideo). 1 = no CFG."""
+    sde: SdeConfig = SdeConfig()
+    shared_noise: bool = False
+    """DanceGRPO: every member of a group starts from the same initial noise."""
+
+    @property
+    def prompts_per_iteration(self) -> int:
+        return self.batch_size // self.group_size
+
+
+class TimestepConfig(_Section):
+    strategy: Literal["prefix", "random", "window"] = "prefix"
+    """prefix: first floor(T*fraction) steps (Flow-GRPO); random: per-sample subset, last step
+    dropped (DanceGRPO); window: a random window of ``window`` SDE steps (Flow-GRPO-Fast)."""
+    fraction: float = Field(0.5, gt=0.0, le=1.0)
+    window: int = Field(2, ge=1)
+
+
+class EmaConfig(_Section):
+    enabled: bool = False
+    decay: float = Field(0.9, gt=0.0, lt=1.0)
+    every: int = Field(8, ge=1)
+    """Update the EMA copy every N optimizer steps (kept in checkpoints, used for nothing else)."""
+
+
+class TrainConfig(_Section):
+    timesteps: TimestepConfig = TimestepConfig()
+    clip_range: float = Field(1e-4, gt=0.0)
+    """PPO ratio clip epsilon (log-probs are per-element means, hence tiny ranges)."""
+    adv_clip: float = Field(5.0, gt=0.0)
+    global_std: bool = False
+    """Normalise advantages by the whole batch's std instead of the group's."""
+    std_eps: float = Field(1e-4, gt=0.0)
+    unbiased_std: bool = False
+    """DanceGRPO: torch.std (ddof 1) and eps 1e-8."""
+    kl_beta: float = Field(0.0, ge=0.0)
+    """KL-to-reference weight (needs LoRA: the reference is the base weights)."""
+    lr: float = Field(3e-4, gt=0.0)
+    weight_decay: float = Field(1e-4, ge=0.0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    adam_eps: float = Field(1e-8, gt=0.0)
+    grad_clip: float = Field(1.0, gt=0.0)
+    rows_per_forward: int = Field(64, ge=1)
+    """TSP packing limit: (sample, timestep) rows in one batched forward/backward."""
+    ema: EmaConfig = EmaConfig()
+
+
+class RewardSpec(_Section):
+    name: str
+    weight: float = 1.0
+    kwargs: dict[str, Any] = {}
+
+
+class ScheduleConfig(_Section):
+    mode: Mode = "reference"
+    """reference (single process oracle), colocated, disaggregated, or digen."""
+    gap: bool | None = None
+    """Generation-axis pipeline: train a group as soon as it is scored. None: on in digen mode."""
+    tsp: bool | None = None
+    """Time-step parallelism: K timesteps of a task in one batched forward. None: on in digen."""
+    tag: bool | None = None
+    """Trainer-assisted generation. None: on in digen mode."""
+    max_staleness: Literal[0, 1] | None = None
+    """Policy lag of rollouts. None: 1 in digen mode, else 0."""
+    lease_s: float = Field(120.0, gt=0.0)
+    """A leased task not acknowledged within this time is re-delivered."""
+    max_attempts: int = Field(3, ge=1)
+    """A task failing this many times goes to the dead-letter list."""
+    on_poison: Literal["fail", "drop"] = "fail"
+    """What a dead-lettered task does to the job: fail it, or drop its samples."""
+
+    def resolved(self) -> ScheduleConfig:
+        """A copy with every None toggle replaced by the mode's default."""
+        digen = self.mode == "digen"
+        return self.model_copy(
+            update={
+                "gap": digen if self.gap is None else self.gap,
+                "tsp": digen if self.tsp is None else self.tsp,
+                "tag": digen if self.tag is None else self.tag,
+                "max_staleness": (1 if digen else 0) if self.max_staleness is None else self.max_staleness,
+            }
+        )
+
+
+class LocalClusterConfig(_Section):
+    rollout_workers: int = Field(1, ge=0)
+    trainer_workers: int = Field(1, ge=0)
+    gpu_type: str = "cpu"
+    """Resource tag of the embedded workers (``gpu-<TYPE>``)."""
+    threads_per_worker: int = Field(1, ge=1)
+
+
+class ClusterConfig(_Section):
+    local: LocalClusterConfig = LocalClusterConfig()
+
+
+class OutputConfig(_Section):
+    checkpoint_every: int = Field(1, ge=1)
+    keep_checkpoints: int = Field(2, ge=1)
+    sample_grid_every: int = Field(5, ge=0)
+    """Write samples/iter_NNNN.png every N iterations (0: never)."""
+    plots: bool = True
+    """Write timeline.png and rewards.png at the end."""
+
+
+class LoggingConfig(_Section):
+    tensorboard: bool = False
+    wandb: bool = False
+    wandb_project: str = "digen"
+
+
+class Config(_Section):
+    seed: int = 0
+    iterations: int = Field(10, ge=1)
+    model: ModelConfig = ModelConfig()
+    prompts: PromptsConfig = PromptsConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    train: TrainConfig = TrainConfig()
+    reward: list[RewardSpec] = [RewardSpec(name="brightness")]
+    schedule: ScheduleConfig = ScheduleConfig()
+    cluster: ClusterConfig = ClusterConfig()
+    output: OutputConfig = OutputConfig()
+    logging: LoggingConfig = LoggingConfig()
+    source_dir: str | None = Field(None, exclude=True)
+    """Folder of the YAML file (relative paths resolve against it); not user-set."""
+
+    def resolve_path(self, value: str) -> Path:
+        """A path from the config: absolute, else relative to the config file's folder
+        (falling back to the current directory when that does not exist)."""
+        p = Path(value).expanduser()
+        if p.is_absolute():
+            return p
+        if self.source_dir is not None and (Path(self.source_dir) / p).exists():
+            return Path(self.source_dir) / p
+        return p
+
+    def prompt_list(self) -> list[str]:
+        if self.prompts.file is None:
+            return list(self.prompts.items)
+        path = self.resolve_path(self.prompts.file)
+        return [ln.strip() for ln in path.read_text().splitlines() if ln.strip()]
+
+
+# ---------------------------------------------------------------------------------------
+# loading
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = data
+    for k in keys[:-1]:
+        nxt = node.get(k)
+        if not isinstance(nxt, dict):
+            nxt = {}
+            node[k] = nxt
+        node = nxt
+    node[keys[-1]] = value
+
+
+def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
+    """``["a.b=3", "c=x"]`` -> ``[("a.b", 3), ("c", "x")]`` (values parsed as YAML scalars)."""
+    out, problems = [], []
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            problems.append(f"--set {item!r} is not KEY=VALUE (e.g. --set rollout.group_size=4)")
+            continue
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            value = raw
+        out.append((key.strip(), value))
+    if problems:
+        raise ConfigError(problems)
+    return out
+
+
+def _describe(err: dict[str, Any]) -> str:
+    loc = ".".join(str(p) for p in err["loc"])
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        return f"{loc}: unknown key (check the spelling; see configs/README.md for the keys)"
+    value = err.get("input")
+    shown = repr(value) if not isinstance(value, dict) else "{...}"
+    return f"{loc} ({shown}): {err['msg']}"
+
+
+def _cross_checks(cfg: Config, check_paths: bool) -> list[str]:
+    problems: list[str] = []
+    r, t = cfg.rollout, cfg.train
+    if r.batch_size % r.group_size:
+        problems.append(
+            f"rollout.group_size ({r.group_size}) must divide rollout.batch_size ({r.batch_size})"
+        )
+    if r.group_size < 2:
+        problems.append(f"rollout.group_size ({r.group_size}) must be at least 2: GRPO compares samples of a group")
+    if r.sde.kind in ("sde", "dance") and r.sde.noise_level == 0:
+        problems.append("rollout.sde.noise_level (0) gives a deterministic ODE step with no log-prob; use > 0")
+    if r.sde.kind == "cps" and not 0 < r.sde.noise_level <= 1:
+        problems.append(f"rollout.sde.noise_level ({r.sde.noise_level}) must lie in (0, 1] for cps")
+    if t.timesteps.strategy == "window" and t.timesteps.window > r.num_steps - 1:
+        problems.append(
+            f"train.timesteps.window ({t.timesteps.window}) must be below rollout.num_steps ({r.num_steps})"
+        )
+    if t.kl_beta > 0 and not cfg.model.lora.enabled:
+        problems.append("train.kl_beta > 0 needs model.lora.enabled: the reference policy is the base weights")
+    s = cfg.schedule.resolved()
+    cl = cfg.cluster.local
+    if s.mode in ("disaggregated", "digen") and (cl.rollout_workers < 1 or cl.trainer_workers < 1):
+        problems.append(
+            f"schedule.mode {s.mode} needs cluster.local.rollout_workers >= 1 and trainer_workers >= 1 "
+            f"(got {cl.rollout_workers} and {cl.trainer_workers})"
+        )
+    if s.mode == "colocated" and cl.rollout_workers + cl.trainer_workers < 1:
+        problems.append("schedule.mode colocated needs at least one worker in cluster.local")
+    if not cfg.reward:
+        problems.append("reward: list at least one reward, e.g. [{name: brightness}]")
+    if check_paths:
+        model_dir = cfg.resolve_path(cfg.model.path)
+        if not model_dir.exists():
+            problems.append(
+                f"model.path ({cfg.model.path}) does not exist; make a tiny one with "
+                f"`digen make-tiny-model {cfg.model.path} --arch sd3` or point it at a diffusers folder"
+            )
+        elif not (model_dir / "model_index.json").exists():
+            problems.append(
+                f"model.path ({cfg.model.path}) is not a diffusers pipeline folder (no model_index.json)"
+            )
+        if cfg.prompts.file is not None and not cfg.resolve_path(cfg.prompts.file).exists():
+            problems.append(f"prompts.file ({cfg.prompts.file}) does not exist")
+    else:
+        pass
+    if cfg.prompts.file is None and not cfg.prompts.items:
+        problems.append("prompts: give prompts.items or prompts.file")
+    return problems
+
+
+def build_config(
+    data: dict[str, Any],
+    overrides: list[str] | None = None,
+    *,
+    source_dir: Path | None = None,
+    check_paths: bool = True,
+) -> Config:
+    """Validate ``data`` (+ ``--set`` overrides) into a :class:`Config`; every problem at once."""
+    data = dict(data)
+    for key, value in parse_overrides(overrides or []):
+        _set_dotted(data, key, value)
+    try:
+        cfg = Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError([_describe(e) for e in exc.errors()]) from None
+    if source_dir is not None:
+        cfg.source_dir = str(source_dir)
+    problems = _cross_checks(cfg, check_paths)
+    if problems:
+        raise ConfigError(problems)
+    return cfg
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None, *, check_paths: bool = True) -> Config:
+    """Read a YAML config file; see :func:`build_config`."""
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"config file {p} does not exist")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{p} is not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p} must hold a mapping of config sections, got {type(data).__name__}")
+    return build_config(data, overrides, source_dir=p.parent.resolve(), check_paths=check_paths)
+
+
+def dump_config(cfg: Config) -> str:
+    """The resolved config as YAML (what ``config.yaml`` in a run directory holds)."""
+    data = cfg.model_dump(mode="json", exclude={"source_dir"})
+    data["schedule"] = cfg.schedule.resolved().model_dump(mode="json")
+    return yaml.safe_dump(data, sort_keys=False)

@@ -1,0 +1,132 @@
+"""Events into the :class:`~digen.core.scheduler.Scheduler` and instructions out of it.
+
+Plain frozen dataclasses: no I/O, no clock (times arrive on events as floats, in seconds),
+no randomness. The runtime controller builds events from Redis and Dask; the simulator
+builds them from a cost model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class TaskKind(str, Enum):
+    GEN = "gen"
+    TRAIN = "train"
+
+
+class Role(str, Enum):
+    ROLLOUT = "rollout"
+    TRAINER = "trainer"
+    COLOCATED = "colocated"
+
+
+@dataclass(frozen=True)
+class TaskRef:
+    """One task: a prompt group of an iteration, to generate or to train."""
+
+    kind: TaskKind
+    iteration: int
+    group: int
+
+    @property
+    def id(self) -> str:
+        return f"{self.kind.value}:{self.iteration}:{self.group}"
+
+    @staticmethod
+    def parse(task_id: str) -> TaskRef:
+        kind, it, g = task_id.split(":")
+        return TaskRef(TaskKind(kind), int(it), int(g))
+
+
+# --- events ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkerJoined:
+    worker: str
+    role: Role
+    gpu_type: str
+    t: float
+
+
+@dataclass(frozen=True)
+class WorkerLeft:
+    worker: str
+    t: float
+
+
+@dataclass(frozen=True)
+class TaskDone:
+    """A task finished on ``worker``: it ran from ``start`` to ``end``."""
+
+    task: TaskRef
+    worker: str
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class TaskLost:
+    """A task whose lease expired or whose worker died: it is back in its queue."""
+
+    task: TaskRef
+    t: float
+
+
+@dataclass(frozen=True)
+class StepDone:
+    """The optimizer step of ``iteration`` finished and version ``iteration + 1`` is
+    published."""
+
+    iteration: int
+    start: float
+    end: float
+
+
+Event = WorkerJoined | WorkerLeft | TaskDone | TaskLost | StepDone
+
+
+# --- instructions ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Release:
+    """Put ``task`` in its queue; a generation task runs with weights ``version``."""
+
+    task: TaskRef
+    version: int
+
+
+@dataclass(frozen=True)
+class SetRole:
+    """Tag ``worker`` with ``role``; a trainer may also take up to ``gen_budget`` generation
+    tasks this iteration when no train task is ready (TAG)."""
+
+    worker: str
+    role: Role
+    gen_budget: int = 0
+
+
+@dataclass(frozen=True)
+class Step:
+    """Every train task of ``iteration`` is done: sum gradients, step, publish the next
+    version, then report :class:`StepDone`."""
+
+    iteration: int
+
+
+@dataclass(frozen=True)
+class RequeueWorker:
+    """``worker`` left: put its leased tasks back in their queues."""
+
+    worker: str
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The last iteration's step is done."""
+
+
+Instruction = Release | SetRole | Step | RequeueWorker | Finish

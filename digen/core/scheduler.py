@@ -1,0 +1,207 @@
+"""The pure Scheduler: events in, instructions out. The only home of scheduling policy.
+
+It decides *when* work is released (generation of an iteration once its weights exist and the
+staleness bound allows it; training of a group once it is scored, GAP; or once the whole
+iteration is scored), *who* may pull what (role tags and TAG budgets, set at iteration
+boundaries, which is also when joining workers start), and *when* the optimizer steps. It
+learns each worker's seconds per task kind from the durations on ``TaskDone`` events.
+
+Versions: version v is the weights after v optimizer steps; iteration i trains version i and
+generates with version ``max(0, i - max_staleness)``. With staleness 1 the generation of
+iteration i+1 overlaps the training of iteration i, and no trajectory ever lags more than one
+version. A generation task carries one version: a trajectory never mixes weights.
+
+    sched = Scheduler(SchedulerConfig(iterations=3, groups=4, gap=True, tag=True, max_staleness=1))
+    sched.handle(WorkerJoined("w0", Role.ROLLOUT, "cpu", t=0.0))
+    sched.start(t=0.0)  # -> [SetRole(...), Release(TaskRef(GEN, 0, 0), version=0), ...]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from digen.core.events import (
+    Event,
+    Finish,
+    Instruction,
+    Release,
+    RequeueWorker,
+    Role,
+    SetRole,
+    Step,
+    StepDone,
+    TaskDone,
+    TaskKind,
+    TaskLost,
+    TaskRef,
+    WorkerJoined,
+    WorkerLeft,
+)
+from digen.core.policy import tag_budgets
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    iterations: int
+    groups: int
+    """Prompt groups per iteration (= generation tasks = train tasks)."""
+    gap: bool = False
+    """Release a group's training as soon as it is scored (else when the iteration is)."""
+    tag: bool = False
+    """Let idle trainers generate when the measured speeds say it shortens the iteration."""
+    max_staleness: int = 0
+    group_local_advantages: bool = True
+    """False (``train.global_std``): advantages need the whole batch, so GAP cannot start a
+    group early."""
+    start_iteration: int = 0
+    """First iteration to run (resume): versions before it are published."""
+    tag_margin: float = 0.03
+
+
+@dataclass
+class WorkerState:
+    role: Role
+    gpu_type: str
+    active: bool = False
+    """Has a role tag (joined before start or at an iteration boundary)."""
+    gen_budget: int = 0
+
+
+@dataclass
+class Scheduler:
+    cfg: SchedulerConfig
+    workers: dict[str, WorkerState] = field(default_factory=dict)
+    stepped: int = -1
+    """Last iteration whose optimizer step is done."""
+    stepping: bool = False
+    started: bool = False
+    finished: bool = False
+    gen_released: set[int] = field(default_factory=set)
+    gen_done: dict[int, set[int]] = field(default_factory=dict)
+    train_released: dict[int, set[int]] = field(default_factory=dict)
+    train_done: dict[int, set[int]] = field(default_factory=dict)
+    seconds: dict[tuple[str, TaskKind], float] = field(default_factory=dict)
+    """Learned seconds per task, per (worker, kind) (exponential average)."""
+
+    def __post_init__(self) -> None:
+        self.stepped = self.cfg.start_iteration - 1
+
+    # --- public -----------------------------------------------------------------------
+    @property
+    def published(self) -> int:
+        """Newest published version."""
+        return self.stepped + 1
+
+    def gen_version(self, iteration: int) -> int:
+        return max(0, iteration - self.cfg.max_staleness)
+
+    def start(self, t: float) -> list[Instruction]:
+        """Tag the workers known so far and release the first work."""
+        self.started = True
+        out: list[Instruction] = []
+        for name, w in sorted(self.workers.items()):
+            w.active = True
+            out.append(SetRole(name, w.role, 0))
+        if self.stepped + 1 >= self.cfg.iterations:
+            self.finished = True
+            return out + [Finish()]
+        return out + self._advance()
+
+    def handle(self, *events: Event) -> list[Instruction]:
+        out: list[Instruction] = []
+        for ev in events:
+            out += self._handle(ev)
+        return out
+
+    # --- events -----------------------------------------------------------------------
+    def _handle(self, ev: Event) -> list[Instruction]:
+        if isinstance(ev, WorkerJoined):
+            self.workers[ev.worker] = WorkerState(ev.role, ev.gpu_type)
+            return []
+        if isinstance(ev, WorkerLeft):
+            w = self.workers.pop(ev.worker, None)
+            return [RequeueWorker(ev.worker)] if w is not None else []
+        if isinstance(ev, TaskLost):
+            return []
+        if isinstance(ev, TaskDone):
+            return self._task_done(ev)
+        if isinstance(ev, StepDone):
+            return self._step_done(ev)
+        raise TypeError(f"unknown event {ev!r}")
+
+    def _task_done(self, ev: TaskDone) -> list[Instruction]:
+        it, g = ev.task.iteration, ev.task.group
+        self._learn(ev.worker, ev.task.kind, ev.end - ev.start)
+        done = self.gen_done if ev.task.kind is TaskKind.GEN else self.train_done
+        done.setdefault(it, set()).add(g)
+        return self._advance() if self.started else []
+
+    def _step_done(self, ev: StepDone) -> list[Instruction]:
+        if ev.iteration != self.stepped + 1:
+            raise ValueError(f"step of iteration {ev.iteration} reported, expected {self.stepped + 1}")
+        self.stepped = ev.iteration
+        self.stepping = False
+        for d in (self.gen_done, self.train_done, self.train_released):
+            d.pop(ev.iteration, None)
+        self.gen_released.discard(ev.iteration)
+        if self.stepped + 1 >= self.cfg.iterations:
+            self.finished = True
+            return [Finish()]
+        return self._retag() + self._advance()
+
+    # --- policy -----------------------------------------------------------------------
+    def _advance(self) -> list[Instruction]:
+        """Release everything the rules allow now; step when an iteration is trained."""
+        out: list[Instruction] = []
+        c = self.cfg
+        # generation: weights exist and at most max_staleness iterations ahead of training
+        for i in range(self.stepped + 1, min(c.iterations, self.stepped + 2 + c.max_staleness)):
+            if i in self.gen_released or self.gen_version(i) > self.published:
+                continue
+            self.gen_released.add(i)
+            out += [Release(TaskRef(TaskKind.GEN, i, g), self.gen_version(i)) for g in range(c.groups)]
+        # training of the current iteration (its version, i, is published)
+        i = self.stepped + 1
+        if i < c.iterations:
+            scored = self.gen_done.get(i, set())
+            released = self.train_released.setdefault(i, set())
+            whole = len(scored) == c.groups
+            if (c.gap and c.group_local_advantages) or whole:
+                for g in sorted(scored - released):
+                    released.add(g)
+                    out.append(Release(TaskRef(TaskKind.TRAIN, i, g), i))
+            if not self.stepping and len(self.train_done.get(i, ())) == c.groups:
+                self.stepping = True
+                out.append(Step(i))
+        return out
+
+    def _retag(self) -> list[Instruction]:
+        """Iteration boundary: start joined workers, and (TAG) re-balance trainers."""
+        out: list[Instruction] = []
+        budgets = self._tag_budgets() if self.cfg.tag else {}
+        for name, w in sorted(self.workers.items()):
+            budget = budgets.get(name, 0)
+            if not w.active or budget != w.gen_budget:
+                w.active, w.gen_budget = True, budget
+                out.append(SetRole(name, w.role, budget))
+        return out
+
+    def _tag_budgets(self) -> dict[str, int]:
+        active = {n: w for n, w in self.workers.items() if w.active}
+        rollout_gen = [s for n, w in active.items() if w.role is Role.ROLLOUT
+                       if (s := self.seconds.get((n, TaskKind.GEN))) is not None]
+        trainers = [n for n, w in active.items() if w.role is Role.TRAINER]
+        if not rollout_gen or not trainers:
+            return {}
+        mean_gen = sum(rollout_gen) / len(rollout_gen)
+        train_s = {n: self.seconds.get((n, TaskKind.TRAIN)) for n in trainers}
+        if any(v is None for v in train_s.values()):
+            return {}
+        gen_s = {n: self.seconds.get((n, TaskKind.GEN), mean_gen) for n in trainers}
+        return tag_budgets(self.cfg.groups, rollout_gen, train_s, gen_s,  # type: ignore[arg-type]
+                           margin=self.cfg.tag_margin)
+
+    def _learn(self, worker: str, kind: TaskKind, seconds: float, alpha: float = 0.5) -> None:
+        key = (worker, kind)
+        old = self.seconds.get(key)
+        self.seconds[key] = seconds if old is None else (1 - alpha) * old + alpha * seconds

@@ -1,0 +1,139 @@
+"""One iteration's bookkeeping, shared by the reference trainer and the controller.
+
+:class:`IterationBook` receives group rewards as groups finish generating, says which groups
+can train (GAP: a group's advantages need only its own rewards; with ``train.global_std`` they
+need the whole batch, so nothing trains before the last group is scored), builds each group's
+train-task spec (advantages, trained steps per sample), collects task gradients and, once
+every group is in, sums them in group order and produces the iteration's metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from digen.algos.advantages import group_advantages
+from digen.config import Config
+from digen.rollout import GroupTask, trained_steps
+from digen.training import TrainSpec, TrainStats, sum_gradients
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class IterationBook:
+    cfg: Config
+    iteration: int
+    groups: list[GroupTask]
+    rewards: dict[int, torch.Tensor] = field(default_factory=dict)
+    grads: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
+    stats: dict[int, TrainStats] = field(default_factory=dict)
+    released: set[int] = field(default_factory=set)
+    _adv: dict[int, torch.Tensor] = field(default_factory=dict)
+    zero_std_groups: int = 0
+
+    # --- generation side -----------------------------------------------------------
+    def add_rewards(self, group: int, rewards: torch.Tensor) -> None:
+        self.rewards[group] = rewards.float()
+
+    def trainable_groups(self) -> list[int]:
+        """Groups whose train task can be released now and was not yet (in group order)."""
+        if self.cfg.train.global_std:
+            ready = list(range(len(self.groups))) if len(self.rewards) == len(self.groups) else []
+        else:
+            ready = sorted(self.rewards)
+        return [g for g in ready if g not in self.released]
+
+    def _advantages(self, group: int) -> torch.Tensor:
+        """Advantages of a group's samples (NaN where the sample is dropped)."""
+        if group in self._adv:
+            return self._adv[group]
+        t = self.cfg.train
+        eps = 1e-8 if t.unbiased_std else t.std_eps
+        if t.global_std:
+            rows = [(g, i) for g in sorted(self.rewards) for i in range(len(self.rewards[g]))]
+            r = torch.stack([self.rewards[g][i] for g, i in rows])
+            ok = torch.isfinite(r)
+            gids = torch.tensor([g for g, _ in rows])
+            adv = torch.full_like(r, float("nan"))
+            if ok.any():
+                a = group_advantages(r[ok], gids[ok], global_std=True, eps=eps, clip=t.adv_clip,
+                                     unbiased=t.unbiased_std)
+                adv[ok] = a.values
+                self.zero_std_groups = a.zero_std_groups
+            for g in sorted(self.rewards):
+                self._adv[g] = torch.stack([adv[k] for k, (gg, _) in enumerate(rows) if gg == g])
+            return self._adv[group]
+        r = self.rewards[group]
+        ok = torch.isfinite(r)
+        adv = torch.full_like(r, float("nan"))
+        if ok.sum() >= 1:
+            a = group_advantages(r[ok], torch.zeros(int(ok.sum()), dtype=torch.long), eps=eps,
+                                 clip=t.adv_clip, unbiased=t.unbiased_std)
+            adv[ok] = a.values
+            self.zero_std_groups += a.zero_std_groups
+        self._adv[group] = adv
+        return adv
+
+    def train_spec(self, group: int) -> TrainSpec:
+        """The train task of a scored group (marks it released)."""
+        adv = self._advantages(group)
+        task = self.groups[group]
+        keep = [i for i in range(len(adv)) if math.isfinite(float(adv[i]))]
+        dropped = len(adv) - len(keep)
+        if dropped:
+            log.warning("iteration %d group %d: %d sample(s) with non-finite reward dropped",
+                        self.iteration, group, dropped)
+        self.released.add(group)
+        return TrainSpec(
+            iteration=self.iteration,
+            group=group,
+            gen_version=task.version,
+            samples=keep,
+            advantages=[float(adv[i]) for i in keep],
+            steps=[trained_steps(self.cfg, self.iteration, task.sample_ids[i]) for i in keep],
+        )
+
+    # --- training side -------------------------------------------------------------
+    def add_gradient(self, group: int, grads: dict[str, torch.Tensor], stats: TrainStats) -> None:
+        self.grads.setdefault(group, grads)
+        self.stats.setdefault(group, stats)
+
+    @property
+    def complete(self) -> bool:
+        return len(self.grads) == len(self.groups)
+
+    def gradient(self) -> tuple[dict[str, torch.Tensor], int]:
+        """Summed gradient (group order) and the number of trained rows."""
+        order = sorted(self.grads)
+        return sum_gradients([self.grads[g] for g in order]), sum(self.stats[g].rows for g in order)
+
+    def metrics(self) -> dict:
+        """The iteration's learning metrics (timing metrics are added by the caller)."""
+        r = torch.cat([self.rewards[g] for g in sorted(self.rewards)])
+        ok = torch.isfinite(r)
+        rv = r[ok]
+        total = TrainStats()
+        for g in sorted(self.stats):
+            total.add(self.stats[g])
+        rows = max(total.rows, 1)
+        return {
+            "iteration": self.iteration,
+            "samples": int(ok.sum()),
+            "dropped_samples": int((~ok).sum()),
+            "reward_mean": float(rv.mean()) if len(rv) else float("nan"),
+            "reward_std": float(rv.std(unbiased=False)) if len(rv) else float("nan"),
+            "loss": total.loss / rows,
+            "approx_kl": total.approx_kl / rows,
+            "clipfrac": total.clipped / rows,
+            "kl": total.kl / rows,
+            "ratio_max_dev": total.ratio_max_dev,
+            "zero_std_ratio": self.zero_std_groups / len(self.groups),
+            "trained_rows": total.rows,
+        }
+
+    def per_sample_rewards(self) -> list[float]:
+        return [float(x) for g in sorted(self.rewards) for x in self.rewards[g]]

@@ -1,0 +1,148 @@
+"""The one interface every model family sits behind.
+
+digen's rollout and training code never touch a diffusers pipeline directly: they see a
+:class:`FlowPolicy`, which owns the transformer (the trained part), the frozen text encoders
+and VAE, and the scheduler's sigma schedule. Latents live in the model's *step space*: the
+tensor the transformer takes and the SDE step updates (SD3: ``[B, C, H, W]``; FLUX and
+Qwen-Image: packed ``[B, seq, C*4]``; video: ``[B, C, F, H, W]``). The SDE math is
+elementwise with a mean over non-batch dims, so it does not care which.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class PromptEmbeds:
+    """Encoded prompts, batch-first tensors keyed by the transformer argument they feed.
+
+    ``tensors`` holds the conditional embeddings (e.g. ``encoder_hidden_states``,
+    ``pooled_projections``); ``uncond`` the negative-prompt embeddings used by CFG (empty when
+    the model runs without CFG or uses embedded guidance).
+    """
+
+    tensors: dict[str, torch.Tensor]
+    uncond: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def batch_size(self) -> int:
+        return next(iter(self.tensors.values())).shape[0]
+
+    def index(self, idx: torch.Tensor | list[int]) -> PromptEmbeds:
+        """Rows ``idx`` of every tensor (a new object; tensors are views or copies)."""
+        idx_t = torch.as_tensor(idx, dtype=torch.long)
+        return PromptEmbeds(
+            {k: v.index_select(0, idx_t.to(v.device)) for k, v in self.tensors.items()},
+            {k: v.index_select(0, idx_t.to(v.device)) for k, v in self.uncond.items()},
+        )
+
+    def repeat_rows(self, repeats: int) -> PromptEmbeds:
+        """Each row repeated ``repeats`` times consecutively ([a, b] -> [a, a, b, b])."""
+        return PromptEmbeds(
+            {k: v.repeat_interleave(repeats, dim=0) for k, v in self.tensors.items()},
+            {k: v.repeat_interleave(repeats, dim=0) for k, v in self.uncond.items()},
+        )
+
+    @staticmethod
+    def cat(parts: list[PromptEmbeds]) -> PromptEmbeds:
+        return PromptEmbeds(
+            {k: torch.cat([p.tensors[k] for p in parts]) for k in parts[0].tensors},
+            {k: torch.cat([p.uncond[k] for p in parts]) for k in parts[0].uncond},
+        )
+
+
+class FlowPolicy:
+    """A flow-matching text-to-image/video model as digen's rollout and trainer see it.
+
+    Subclasses (one per family: ``sd3.py``, ``flux.py``, ...) are built by
+    :func:`digen.models.load_policy` from a local diffusers pipeline folder.
+
+    Attributes:
+        family: ``"sd3" | "flux" | "qwen-image" | "wan" | "hunyuan-video"``.
+        transformer: the trained module (peft-wrapped when LoRA is on).
+        device, dtype: where and in which precision the transformer runs. The SDE step
+            math and stored latents/log-probs are always float32.
+        is_video: decode returns frames.
+    """
+
+    family: str = ""
+    transformer: torch.nn.Module
+    device: torch.device
+    dtype: torch.dtype
+    is_video: bool = False
+
+    def latent_shape(self) -> tuple[int, ...]:
+        """One sample's step-space latent shape (no batch dim)."""
+        raise NotImplementedError
+
+    def initial_noise(self, generator: torch.Generator) -> torch.Tensor:
+        """One sample's starting noise ``[*latent_shape]``, float32, drawn on CPU from
+        ``generator`` (so it is the same on every device), returned on ``self.device``."""
+        return torch.randn(self.latent_shape(), generator=generator, dtype=torch.float32).to(self.device)
+
+    def sigmas(self, num_steps: int) -> torch.Tensor:
+        """The scheduler's sigmas after ``set_timesteps(num_steps)``: ``[num_steps + 1]``
+        float32, decreasing from ~1 to 0 (shift applied as the scheduler config says)."""
+        raise NotImplementedError
+
+    def encode_prompts(self, prompts: list[str], *, with_uncond: bool) -> PromptEmbeds:
+        """Text-encode ``prompts`` (frozen encoders, no grad). ``with_uncond`` adds the
+        empty-prompt embeddings CFG needs."""
+        raise NotImplementedError
+
+    def velocity(
+        self,
+        latents: torch.Tensor,
+        sigmas: torch.Tensor,
+        embeds: PromptEmbeds,
+        guidance_scale: float,
+    ) -> torch.Tensor:
+        """The model's velocity for a batch of (latent, sigma) pairs.
+
+        latents: ``[B, *latent_shape]`` float32; sigmas: ``[B]`` float32 (each row may sit at
+        a different timestep: TSP batches timesteps); embeds: ``B`` rows. CFG (two passes,
+        ``uncond + s * (cond - uncond)``) when ``guidance_scale > 1`` and the family uses
+        true CFG; embedded guidance families pass ``guidance_scale`` to the transformer.
+        Returns float32 ``[B, *latent_shape]``; differentiable w.r.t. the trained params.
+        """
+        raise NotImplementedError
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Final latents ``[B, *latent_shape]`` -> images ``[B, 3, H, W]`` (video:
+        ``[B, F, 3, H, W]``), float32 in [0, 1], no grad."""
+        raise NotImplementedError
+
+    # --- trained parameters -------------------------------------------------------
+    def enable_lora(self, rank: int, alpha: int, target_modules: list[str] | None = None) -> None:
+        """Wrap the transformer with a peft LoRA adapter (``target_modules`` None: the
+        family's default, as the peers use it). Only adapter params stay trainable."""
+        raise NotImplementedError
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for _, p in self.named_trainable_parameters()]
+
+    def named_trainable_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
+        """Trained parameters keyed exactly as :meth:`trainable_state_dict` keys them (the
+        gradients a trainer sends and the weights it publishes share these names)."""
+        names = list(self.trainable_state_dict().keys())
+        params = [p for p in self.transformer.parameters() if p.requires_grad]
+        if len(names) != len(params):
+            raise RuntimeError(f"{len(names)} trainable tensors named but {len(params)} parameters found")
+        return list(zip(names, params, strict=True))
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        """What a weight sync moves: the LoRA adapter when LoRA is on, else every
+        transformer weight. Detached CPU float32 tensors, keys stable across processes."""
+        raise NotImplementedError
+
+    def load_trainable_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        raise NotImplementedError
+
+    def reference_mode(self):  # -> contextmanager
+        """Context manager in which :meth:`velocity` computes the *reference* policy (the
+        base weights: LoRA disabled). Raises ``ConfigError`` when there is no LoRA (a full
+        fine-tune keeps no frozen copy)."""
+        raise NotImplementedError

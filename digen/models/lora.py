@@ -1,0 +1,146 @@
+"""LoRA on a diffusers transformer: add, read, write, switch off.
+
+The adapter is injected in place with ``transformer.add_adapter`` (diffusers' peft
+integration), so the transformer keeps its class and call signature; peft freezes every base
+weight. Adapter weights start as peft's ``"gaussian"`` init (A random, B zero: the wrapped
+model equals the base model exactly) and are float32 whatever the transformer's dtype (peft
+casts activations to the adapter dtype and back). A is drawn from a fixed seed so every process
+that enables LoRA starts from the same adapter.
+
+State dicts use peft's adapter-name-free keys
+(``transformer_blocks.0.attn.to_q.lora_A.weight``), the keys a weight sync and a checkpoint
+carry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+from digen.errors import CheckpointError, ConfigError
+
+ADAPTER = "default"
+
+# Flow-GRPO's SD3.5 targets: every joint-attention projection of the MMDiT blocks.
+SD3_TARGETS: tuple[str, ...] = (
+    "attn.add_k_proj",
+    "attn.add_q_proj",
+    "attn.add_v_proj",
+    "attn.to_add_out",
+    "attn.to_k",
+    "attn.to_out.0",
+    "attn.to_q",
+    "attn.to_v",
+)
+# FLUX: the same attention projections (double blocks; the single blocks' attn.to_q/k/v match
+# too, their output projection is the block's proj_out and is left alone).
+FLUX_TARGETS: tuple[str, ...] = SD3_TARGETS
+
+
+def add_lora(
+    transformer: torch.nn.Module,
+    *,
+    rank: int,
+    alpha: int,
+    target_modules: list[str] | tuple[str, ...],
+    seed: int = 0,
+) -> None:
+    """Inject a LoRA adapter into ``transformer`` in place; only adapter params stay trainable."""
+    from peft import LoraConfig
+
+    if rank <= 0:
+        raise ConfigError(f"lora rank ({rank}) must be > 0")
+    if has_lora(transformer):
+        raise ConfigError("LoRA is already enabled on this transformer; enable it once per policy")
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=alpha,
+        init_lora_weights="gaussian",
+        target_modules=list(target_modules),
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        try:
+            transformer.add_adapter(config, adapter_name=ADAPTER)
+        except ValueError as e:  # peft: no module matched target_modules
+            raise ConfigError(f"lora target_modules {list(target_modules)} match no layer of the transformer ({e})") from e
+    for p in transformer.parameters():
+        if p.requires_grad:
+            p.data = p.data.float()
+
+
+def has_lora(transformer: torch.nn.Module) -> bool:
+    return bool(getattr(transformer, "_hf_peft_config_loaded", False))
+
+
+def lora_state_dict(transformer: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The adapter tensors only: detached, CPU, float32, contiguous."""
+    from peft import get_peft_model_state_dict
+
+    state = get_peft_model_state_dict(transformer, adapter_name=ADAPTER)
+    return {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in state.items()}
+
+
+def load_lora_state_dict(transformer: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Copy adapter tensors (keys as :func:`lora_state_dict` gives them) into the adapter."""
+    from peft import set_peft_model_state_dict
+
+    _check_keys(set(state), set(lora_state_dict_keys(transformer)), "LoRA adapter")
+    with torch.no_grad():
+        set_peft_model_state_dict(transformer, state, adapter_name=ADAPTER)
+
+
+def lora_state_dict_keys(transformer: torch.nn.Module) -> list[str]:
+    from peft import get_peft_model_state_dict
+
+    return list(get_peft_model_state_dict(transformer, adapter_name=ADAPTER))
+
+
+@contextmanager
+def lora_disabled(transformer: torch.nn.Module) -> Iterator[None]:
+    """The base model inside the block (adapter layers bypassed), the adapter again after."""
+    if not has_lora(transformer):
+        raise ConfigError(
+            "the reference policy needs LoRA (a full fine-tune keeps no frozen copy of the base "
+            "weights); enable LoRA or set the KL coefficient to 0"
+        )
+    transformer.disable_adapters()
+    try:
+        yield
+    finally:
+        transformer.enable_adapters()
+
+
+def full_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every trainable parameter of ``module``: detached, CPU, float32, contiguous."""
+    return {
+        name: p.detach().to("cpu", torch.float32).contiguous()
+        for name, p in module.named_parameters()
+        if p.requires_grad
+    }
+
+
+def load_full_state_dict(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Copy ``state`` (keys as :func:`full_state_dict` gives them) into the trainable params,
+    cast to each param's dtype and device."""
+    params = {name: p for name, p in module.named_parameters() if p.requires_grad}
+    _check_keys(set(state), set(params), "transformer")
+    with torch.no_grad():
+        for name, p in params.items():
+            if state[name].shape != p.shape:
+                raise CheckpointError(
+                    f"weight {name} has shape {tuple(state[name].shape)}, the transformer's is {tuple(p.shape)}"
+                )
+            p.copy_(state[name])
+
+
+def _check_keys(given: set[str], expected: set[str], what: str) -> None:
+    missing, unexpected = sorted(expected - given), sorted(given - expected)
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{what} state dict does not match the model: {len(missing)} missing keys {missing[:3]}, "
+            f"{len(unexpected)} unexpected keys {unexpected[:3]}; was it saved from the same model "
+            "with the same LoRA settings?"
+        )

@@ -1,0 +1,109 @@
+"""Model families: which diffusers pipelines digen drives, with which adapter and tiny builder.
+
+To add a family, write its adapter (a :class:`~digen.models.pipeline_policy.PipelinePolicy`
+subclass) and its tiny builder in their own module, then add one :class:`Family` entry to
+:data:`FAMILIES`. Adapters and builders are named as ``"module:attr"`` strings and imported on
+first use, so ``import digen.models`` does not import diffusers.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from digen.errors import ConfigError, ModelError
+from digen.models.base import FlowPolicy
+
+
+@dataclass(frozen=True)
+class Family:
+    """pipelines: the ``model_index.json`` ``_class_name`` values this family loads;
+    adapter: ``"module:Class"`` of its FlowPolicy; tiny_builder: ``"module:function"`` with
+    signature ``(out_dir: Path, *, seed: int, resolution: int) -> None`` (None: no tiny model)."""
+
+    pipelines: tuple[str, ...]
+    adapter: str
+    tiny_builder: str | None = None
+
+    def adapter_class(self) -> type[FlowPolicy]:
+        return _resolve(self.adapter)
+
+    def build_tiny(self, out_dir: Path, *, seed: int, resolution: int) -> None:
+        assert self.tiny_builder is not None
+        _resolve(self.tiny_builder)(out_dir, seed=seed, resolution=resolution)
+
+
+FAMILIES: dict[str, Family] = {
+    "sd3": Family(
+        pipelines=("StableDiffusion3Pipeline",),
+        adapter="digen.models.sd3:Sd3Policy",
+        tiny_builder="digen.models.tiny:build_tiny_sd3",
+    ),
+    "flux": Family(
+        pipelines=("FluxPipeline",),
+        adapter="digen.models.flux:FluxPolicy",
+        tiny_builder="digen.models.tiny:build_tiny_flux",
+    ),
+}
+
+
+def _resolve(target: str) -> Any:
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def detect_family(path: str | Path) -> str:
+    """The family of the pipeline folder ``path`` (from ``model_index.json`` ``_class_name``).
+    Raises ``ModelError`` naming the path and the fix when it is not a supported pipeline."""
+    from digen.models.pipeline_policy import read_model_index
+
+    class_name = read_model_index(path)["_class_name"]
+    for name, family in FAMILIES.items():
+        if class_name in family.pipelines:
+            return name
+    supported = ", ".join(f"{p} ({name})" for name, fam in FAMILIES.items() for p in fam.pipelines)
+    raise ModelError(
+        f"model.path {path} holds a {class_name}, which digen does not drive; supported pipelines: {supported}"
+    )
+
+
+def load_policy(
+    path: str | Path,
+    *,
+    height: int,
+    width: int,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    num_frames: int | None = None,
+    max_sequence_length: int | None = None,
+) -> FlowPolicy:
+    """The :class:`FlowPolicy` for the local diffusers pipeline folder ``path``, generating
+    ``height x width`` (``num_frames`` for video families), transformer and text encoders in
+    ``dtype`` (VAE float32) on ``device``. ``max_sequence_length``: T5 prompt length (None: the
+    family default, capped by the tokenizer's ``model_max_length``)."""
+    family = FAMILIES[detect_family(path)]
+    return family.adapter_class().from_pretrained(  # type: ignore[attr-defined]
+        path,
+        height=height,
+        width=width,
+        dtype=dtype,
+        device=device,
+        num_frames=num_frames,
+        max_sequence_length=max_sequence_length,
+    )
+
+
+def make_tiny_model(out_dir: str | Path, arch: str, *, seed: int = 0, resolution: int = 32) -> Path:
+    """Write a complete random-weight diffusers pipeline folder of family ``arch`` to
+    ``out_dir`` (offline, a few MB, a pure function of ``seed``) and return its path."""
+    buildable = [name for name, fam in FAMILIES.items() if fam.tiny_builder]
+    if arch not in buildable:
+        raise ConfigError(f"arch ({arch!r}) must be one of {', '.join(buildable)}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    FAMILIES[arch].build_tiny(out, seed=seed, resolution=resolution)
+    return out

@@ -1,0 +1,169 @@
+"""Tiny random-weight diffusers pipelines, built offline, for tests and demos.
+
+:func:`build_tiny_sd3` and :func:`build_tiny_flux` write a complete pipeline folder
+(``model_index.json`` plus one subfolder per component, safetensors weights) that
+``StableDiffusion3Pipeline.from_pretrained`` / ``FluxPipeline.from_pretrained`` open with no
+network, exactly like SD3.5 / FLUX.1-dev on disk, only with 1-2 transformer layers and small
+widths (under a few MB). The real models' latent layout is kept: 16 latent channels, VAE scale
+factor 8, SD3's patch 2 / FLUX's 2x2 packing, their VAE shift/scaling factors and scheduler
+configs. Weights are a pure function of ``seed``. Use :func:`digen.models.make_tiny_model`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from digen.errors import ConfigError
+from digen.models import text
+
+# Real VAE normalisation constants (SD3.5 and FLUX.1 vae/config.json).
+SD3_VAE_SCALING, SD3_VAE_SHIFT = 1.5305, 0.0609
+FLUX_VAE_SCALING, FLUX_VAE_SHIFT = 0.3611, 0.1159
+LATENT_CHANNELS = 16
+T5_DIM = 64
+CLIP_DIM = 32
+
+
+def _sub_seed(seed: int, component: int) -> int:
+    """A distinct, stable seed per component, so weights do not depend on build order."""
+    return seed * 1009 + component
+
+
+def check_resolution(resolution: int, multiple: int = 16) -> None:
+    if resolution <= 0 or resolution % multiple:
+        raise ConfigError(
+            f"resolution ({resolution}) must be a positive multiple of {multiple} "
+            f"(VAE scale 8 x patch 2); try 32"
+        )
+
+
+def tiny_vae(*, seed: int, resolution: int, scaling_factor: float, shift_factor: float):
+    """A 4-level ``AutoencoderKL`` (scale factor 8), 16 latent channels, no quant convs, like
+    SD3.5's and FLUX's VAEs."""
+    from diffusers import AutoencoderKL
+
+    return text.seeded(
+        seed,
+        lambda: AutoencoderKL(
+            in_channels=3,
+            out_channels=3,
+            down_block_types=("DownEncoderBlock2D",) * 4,
+            up_block_types=("UpDecoderBlock2D",) * 4,
+            block_out_channels=(8, 8, 16, 16),
+            layers_per_block=1,
+            latent_channels=LATENT_CHANNELS,
+            norm_num_groups=4,
+            sample_size=resolution,
+            scaling_factor=scaling_factor,
+            shift_factor=shift_factor,
+            use_quant_conv=False,
+            use_post_quant_conv=False,
+        ),
+    ).eval()
+
+
+def build_tiny_sd3(out_dir: Path, *, seed: int, resolution: int) -> None:
+    """Write a tiny SD3.5-style ``StableDiffusion3Pipeline`` folder (MMDiT with 2 blocks, one
+    dual-attention, RMS qk-norm; 2 CLIP-with-projection encoders + T5; shift-3 scheduler)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
+
+    check_resolution(resolution)
+    clip_tok = text.tiny_clip_tokenizer()
+    t5_tok = text.tiny_t5_tokenizer()
+    transformer = text.seeded(
+        _sub_seed(seed, 0),
+        lambda: SD3Transformer2DModel(
+            sample_size=resolution // 8,
+            patch_size=2,
+            in_channels=LATENT_CHANNELS,
+            out_channels=LATENT_CHANNELS,
+            num_layers=2,
+            attention_head_dim=16,
+            num_attention_heads=2,
+            joint_attention_dim=T5_DIM,
+            caption_projection_dim=32,
+            pooled_projection_dim=2 * CLIP_DIM,
+            pos_embed_max_size=32,
+            dual_attention_layers=(0,),
+            qk_norm="rms_norm",
+        ),
+    )
+    pipe = StableDiffusion3Pipeline(
+        transformer=transformer,
+        scheduler=FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0),
+        vae=tiny_vae(
+            seed=_sub_seed(seed, 1),
+            resolution=resolution,
+            scaling_factor=SD3_VAE_SCALING,
+            shift_factor=SD3_VAE_SHIFT,
+        ),
+        text_encoder=text.tiny_clip_text_model(
+            clip_tok, seed=_sub_seed(seed, 2), hidden_size=CLIP_DIM, with_projection=True
+        ),
+        tokenizer=clip_tok,
+        text_encoder_2=text.tiny_clip_text_model(
+            clip_tok, seed=_sub_seed(seed, 3), hidden_size=CLIP_DIM, with_projection=True
+        ),
+        tokenizer_2=clip_tok,
+        text_encoder_3=text.tiny_t5_encoder(t5_tok, seed=_sub_seed(seed, 4), d_model=T5_DIM),
+        tokenizer_3=t5_tok,
+    )
+    pipe.save_pretrained(out_dir)
+    for sub in ("tokenizer", "tokenizer_2"):
+        text.write_bpe_files(out_dir / sub, *text.clip_bpe())
+
+
+def build_tiny_flux(out_dir: Path, *, seed: int, resolution: int) -> None:
+    """Write a tiny FLUX.1-dev-style ``FluxPipeline`` folder (1 double + 1 single block, guidance
+    embedding; CLIP + T5 encoders; dynamic-shift scheduler config of FLUX.1-dev)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+
+    check_resolution(resolution)
+    clip_tok = text.tiny_clip_tokenizer()
+    t5_tok = text.tiny_t5_tokenizer()
+    transformer = text.seeded(
+        _sub_seed(seed, 0),
+        lambda: FluxTransformer2DModel(
+            patch_size=1,
+            in_channels=4 * LATENT_CHANNELS,
+            num_layers=1,
+            num_single_layers=1,
+            attention_head_dim=16,
+            num_attention_heads=2,
+            joint_attention_dim=T5_DIM,
+            pooled_projection_dim=CLIP_DIM,
+            guidance_embeds=True,
+            axes_dims_rope=(4, 6, 6),
+        ),
+    )
+    scheduler = FlowMatchEulerDiscreteScheduler(
+        num_train_timesteps=1000,
+        shift=3.0,
+        use_dynamic_shifting=True,
+        base_shift=0.5,
+        max_shift=1.15,
+        base_image_seq_len=256,
+        max_image_seq_len=4096,
+    )
+    pipe = FluxPipeline(
+        transformer=transformer,
+        scheduler=scheduler,
+        vae=tiny_vae(
+            seed=_sub_seed(seed, 1),
+            resolution=resolution,
+            scaling_factor=FLUX_VAE_SCALING,
+            shift_factor=FLUX_VAE_SHIFT,
+        ),
+        text_encoder=text.tiny_clip_text_model(
+            clip_tok, seed=_sub_seed(seed, 2), hidden_size=CLIP_DIM, with_projection=False
+        ),
+        tokenizer=clip_tok,
+        text_encoder_2=text.tiny_t5_encoder(t5_tok, seed=_sub_seed(seed, 4), d_model=T5_DIM),
+        tokenizer_2=t5_tok,
+    )
+    pipe.save_pretrained(out_dir)
+    text.write_bpe_files(out_dir / "tokenizer", *text.clip_bpe())
+
+
+TinyBuilder = Callable[..., None]

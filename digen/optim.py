@@ -1,0 +1,105 @@
+"""The optimizer owner: master copy of the trained tensors, AdamW, EMA, checkpoints.
+
+One :class:`ParameterStore` exists per job (in the reference trainer's process, or in the
+controller for the distributed modes). It receives summed task gradients, steps AdamW and
+yields the next policy version's weights, which workers load. Only the trained tensors live
+here (the LoRA adapter, or the full transformer for a full fine-tune).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from digen.config import TrainConfig
+from digen.errors import CheckpointError
+
+
+class ParameterStore:
+    """Master float32 weights + AdamW. ``version`` counts optimizer steps taken."""
+
+    def __init__(self, weights: dict[str, torch.Tensor], train: TrainConfig, version: int = 0):
+        self.params = {k: torch.nn.Parameter(v.detach().float().cpu().clone()) for k, v in weights.items()}
+        self.names = list(self.params)
+        self.train = train
+        self.optimizer = torch.optim.AdamW(
+            [self.params[k] for k in self.names],
+            lr=train.lr,
+            betas=train.betas,
+            eps=train.adam_eps,
+            weight_decay=train.weight_decay,
+        )
+        self.version = version
+        self.ema: dict[str, torch.Tensor] | None = (
+            {k: v.detach().clone() for k, v in self.params.items()} if train.ema.enabled else None
+        )
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The current version's weights (detached, contiguous CPU float32)."""
+        return {k: v.detach().clone().contiguous() for k, v in self.params.items()}
+
+    def step(self, grad_sum: dict[str, torch.Tensor], rows: int) -> dict[str, float]:
+        """One AdamW step on the mean gradient ``grad_sum / rows`` (after norm clipping)."""
+        if rows <= 0:
+            raise ValueError(f"an optimizer step needs trained rows, got {rows}")
+        missing = set(self.names) - set(grad_sum)
+        if missing:
+            raise ValueError(f"gradient lacks {len(missing)} tensors, e.g. {sorted(missing)[0]}")
+        for k in self.names:
+            self.params[k].grad = grad_sum[k].float() / rows
+        norm = torch.nn.utils.clip_grad_norm_([self.params[k] for k in self.names], self.train.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.version += 1
+        if self.ema is not None and self.version % self.train.ema.every == 0:
+            d = self.train.ema.decay
+            for k, v in self.params.items():
+                self.ema[k].mul_(d).add_(v.detach(), alpha=1 - d)
+        return {"grad_norm": float(norm)}
+
+    # --- checkpoints ---------------------------------------------------------------
+    def save(self, folder: Path, extra: dict | None = None) -> None:
+        """Write ``weights.safetensors``, ``optimizer.safetensors`` and ``state.json``."""
+        folder.mkdir(parents=True, exist_ok=True)
+        save_file(self.weights(), str(folder / "weights.safetensors"))
+        opt_tensors: dict[str, torch.Tensor] = {}
+        steps: dict[str, float] = {}
+        for k in self.names:
+            st = self.optimizer.state.get(self.params[k], {})
+            for field in ("exp_avg", "exp_avg_sq"):
+                if field in st:
+                    opt_tensors[f"{field}/{k}"] = st[field].contiguous()
+            if "step" in st:
+                steps[k] = float(st["step"])
+        if self.ema is not None:
+            opt_tensors.update({f"ema/{k}": v.contiguous() for k, v in self.ema.items()})
+        save_file(opt_tensors, str(folder / "optimizer.safetensors"))
+        state = {"version": self.version, "adam_steps": steps, **(extra or {})}
+        (folder / "state.json").write_text(json.dumps(state, indent=1))
+
+    @staticmethod
+    def load(folder: Path, train: TrainConfig) -> tuple[ParameterStore, dict]:
+        """A store restored from :meth:`save`; also the ``state.json`` contents."""
+        try:
+            state = json.loads((folder / "state.json").read_text())
+            weights = load_file(str(folder / "weights.safetensors"))
+            opt = load_file(str(folder / "optimizer.safetensors"))
+        except (OSError, ValueError, json.JSONDecodeError) as exc:
+            raise CheckpointError(
+                f"checkpoint {folder} cannot be read ({exc.__class__.__name__}: {exc}); delete it to resume "
+                f"from the one before, or start without --resume"
+            ) from None
+        store = ParameterStore(weights, train, version=int(state["version"]))
+        for k in store.names:
+            if f"exp_avg/{k}" in opt:
+                store.optimizer.state[store.params[k]] = {
+                    "step": torch.tensor(state["adam_steps"][k]),
+                    "exp_avg": opt[f"exp_avg/{k}"].clone(),
+                    "exp_avg_sq": opt[f"exp_avg_sq/{k}"].clone(),
+                }
+        if store.ema is not None and any(k.startswith("ema/") for k in opt):
+            store.ema = {k: opt[f"ema/{k}"].clone() for k in store.names}
+        return store, state

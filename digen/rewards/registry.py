@@ -1,0 +1,171 @@
+"""Rewards by name, and the weighted sum of several.
+
+A config names its rewards as a list of specs::
+
+    reward:
+      - {name: jpeg_compressibility, weight: 1.0}
+      - {name: http, weight: 0.5, kwargs: {url: "http://127.0.0.1:8765"}}
+
+:func:`build_rewards` turns that list into one :class:`Reward` (a :class:`WeightedReward`
+unless it is a single reward of weight 1).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+
+from digen.errors import ConfigError, RewardError
+from digen.rewards.base import Reward
+
+RewardFactory = Callable[..., Reward]
+F = TypeVar("F", bound=RewardFactory)
+
+_REGISTRY: dict[str, RewardFactory] = {}
+
+
+def register(name: str) -> Callable[[F], F]:
+    """Decorator: make a Reward class (or a factory returning one) buildable as ``name``."""
+
+    def deco(factory: F) -> F:
+        if name in _REGISTRY and _REGISTRY[name] is not factory:
+            raise ConfigError(f"reward '{name}' is registered twice; pick another name")
+        _REGISTRY[name] = factory
+        return factory
+
+    return deco
+
+
+def available() -> list[str]:
+    """Registered reward names, sorted."""
+    return sorted(_REGISTRY)
+
+
+def build_reward(name: str, /, **kwargs: Any) -> Reward:
+    """Build the reward registered as ``name`` with ``kwargs``.
+
+    Raises:
+        ConfigError: unknown name (the message lists the available ones) or bad kwargs.
+    """
+    factory = _REGISTRY.get(name)
+    if factory is None:
+        raise ConfigError(f"reward '{name}' does not exist; available: {', '.join(available())}")
+    try:
+        inspect.signature(factory).bind(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(
+            f"reward '{name}' got bad kwargs {sorted(kwargs)}: {exc}; it takes {_describe_params(factory)}"
+        ) from None
+    reward = factory(**kwargs)
+    if not reward.name:
+        reward.name = name
+    return reward
+
+
+def _describe_params(factory: RewardFactory) -> str:
+    params = [p.name for p in inspect.signature(factory).parameters.values() if p.kind is not p.VAR_KEYWORD]
+    return "(" + ", ".join(params) + ")" if params else "no kwargs"
+
+
+class WeightedReward(Reward):
+    """``sum_i weight_i * reward_i(images, prompts)``; a NaN in any part gives NaN for that sample.
+
+    Args:
+        parts: ``[(reward, weight), ...]``, at least one.
+    """
+
+    def __init__(self, parts: list[tuple[Reward, float]]):
+        if not parts:
+            raise ConfigError("WeightedReward needs at least one (reward, weight) pair")
+        self.parts = list(parts)
+        self.name = "+".join(f"{w:g}*{r.name}" for r, w in self.parts)
+
+    def __call__(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+        return self.score_parts(images, prompts)[0]
+
+    def score_parts(
+        self, images: torch.Tensor, prompts: list[str]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Total ``[B]`` and each part's unweighted scores ``{name: [B]}`` (for logging).
+
+        Parts with the same name are keyed ``name``, ``name#2``, ...
+        """
+        total = torch.zeros(images.shape[0], dtype=torch.float32)
+        scores: dict[str, torch.Tensor] = {}
+        for reward, weight in self.parts:
+            s = reward(images, prompts).detach().float().cpu()
+            if s.shape != total.shape:
+                raise RewardError(
+                    f"reward '{reward.name}' returned shape {tuple(s.shape)} for {images.shape[0]} samples; "
+                    "a reward must return one score per sample"
+                )
+            total = total + weight * s
+            scores[_unique_key(reward.name, scores)] = s
+        return total, scores
+
+    def close(self) -> None:
+        for reward, _ in self.parts:
+            reward.close()
+
+
+def _unique_key(name: str, taken: dict[str, torch.Tensor]) -> str:
+    key, n = name, 1
+    while key in taken:
+        n += 1
+        key = f"{name}#{n}"
+    return key
+
+
+_SPEC_KEYS = {"name", "weight", "kwargs"}
+
+
+def build_rewards(specs: list[dict[str, Any]]) -> Reward:
+    """Build the reward a config asks for from ``[{name, weight=1.0, kwargs={}}, ...]``.
+
+    Every problem in the list is reported at once. A single spec with weight 1 returns that
+    reward itself; anything else returns a :class:`WeightedReward`.
+    """
+    if not isinstance(specs, list) or not specs:
+        raise ConfigError(f"reward specs must be a non-empty list of {{name, weight, kwargs}}, got {specs!r}")
+    problems: list[str] = []
+    for i, spec in enumerate(specs):
+        problems += _spec_problems(i, spec)
+    if problems:
+        raise ConfigError(problems)
+    parts: list[tuple[Reward, float]] = []
+    try:
+        for spec in specs:
+            parts.append(
+                (build_reward(spec["name"], **spec.get("kwargs", {})), float(spec.get("weight", 1.0)))
+            )
+    except Exception:
+        for reward, _ in parts:
+            reward.close()
+        raise
+    if len(parts) == 1 and parts[0][1] == 1.0:
+        return parts[0][0]
+    return WeightedReward(parts)
+
+
+def _spec_problems(i: int, spec: Any) -> list[str]:
+    where = f"reward[{i}]"
+    if not isinstance(spec, dict):
+        return [f"{where} must be a mapping with keys name, weight, kwargs; got {spec!r}"]
+    problems = []
+    extra = sorted(set(spec) - _SPEC_KEYS)
+    if extra:
+        problems.append(f"{where} has unknown keys {extra}; allowed: name, weight, kwargs")
+    name = spec.get("name")
+    if not isinstance(name, str):
+        problems.append(f"{where}.name must be a reward name (one of {', '.join(available())}), got {name!r}")
+    elif name not in _REGISTRY:
+        problems.append(f"{where}.name: reward '{name}' does not exist; available: {', '.join(available())}")
+    weight = spec.get("weight", 1.0)
+    if isinstance(weight, bool) or not isinstance(weight, int | float):
+        problems.append(f"{where}.weight must be a number, got {weight!r}")
+    if not isinstance(spec.get("kwargs", {}), dict):
+        problems.append(f"{where}.kwargs must be a mapping, got {spec.get('kwargs')!r}")
+    return problems

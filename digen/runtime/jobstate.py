@@ -1,0 +1,87 @@
+"""Per-job Redis state besides the task queue: role tags, weight versions, job status.
+
+Keys (``P = digen:<job_id>:``)::
+
+    P tag:<worker>     hash    role, gen_budget (TAG), iteration (when it was set)
+    P weights:<v>      string  safetensors of version v's trained tensors (LoRA adapter only
+                               when LoRA), metadata {"version": v}
+    P data:<task_id>   string  safetensors a task produced (trajectories, gradients)
+    P status           string  running | cancel | done | failed
+    P workers          hash    worker -> JSON {role, gpu_type} of workers that ran a loop
+"""
+
+from __future__ import annotations
+
+import torch
+
+from digen.core.events import Role
+from digen.runtime.codec import pack_tensors, unpack_tensors
+
+
+class JobState:
+    def __init__(self, redis_client, job_id: str):
+        self.r = redis_client
+        self.job_id = job_id
+        self.p = f"digen:{job_id}:"
+
+    # --- role tags --------------------------------------------------------------------
+    def set_tag(self, worker: str, role: Role, gen_budget: int) -> None:
+        self.r.hset(self.p + f"tag:{worker}", mapping={"role": role.value, "gen_budget": gen_budget})
+
+    def tag(self, worker: str) -> tuple[Role, int] | None:
+        raw = self.r.hgetall(self.p + f"tag:{worker}")
+        if not raw:
+            return None
+        return Role(raw[b"role"].decode()), int(raw.get(b"gen_budget", b"0"))
+
+    def take_gen_budget(self, worker: str) -> bool:
+        """Spend one unit of the worker's TAG budget; False (nothing spent) when none left."""
+        left = self.r.hincrby(self.p + f"tag:{worker}", "gen_budget", -1)
+        if left < 0:
+            self.r.hincrby(self.p + f"tag:{worker}", "gen_budget", 1)
+            return False
+        return True
+
+    def return_gen_budget(self, worker: str) -> None:
+        self.r.hincrby(self.p + f"tag:{worker}", "gen_budget", 1)
+
+    # --- weights ----------------------------------------------------------------------
+    def publish(self, version: int, weights: dict[str, torch.Tensor]) -> int:
+        """Store version ``version``; returns its size in bytes."""
+        blob = pack_tensors(weights, {"version": str(version)})
+        self.r.set(self.p + f"weights:{version}", blob)
+        return len(blob)
+
+    def weights(self, version: int) -> dict[str, torch.Tensor] | None:
+        blob = self.r.get(self.p + f"weights:{version}")
+        if blob is None:
+            return None
+        tensors, _ = unpack_tensors(blob)
+        return tensors
+
+    def drop_weights_before(self, version: int) -> None:
+        for key in self.r.scan_iter(match=self.p + "weights:*"):
+            if int(key.decode().rsplit(":", 1)[1]) < version:
+                self.r.delete(key)
+
+    # --- task data --------------------------------------------------------------------
+    def put_data(self, task_id: str, tensors: dict[str, torch.Tensor], meta: dict[str, str] | None = None) -> str:
+        key = self.p + f"data:{task_id}"
+        self.r.set(key, pack_tensors(tensors, meta))
+        return key
+
+    def data(self, task_id: str) -> dict[str, torch.Tensor] | None:
+        blob = self.r.get(self.p + f"data:{task_id}")
+        return None if blob is None else unpack_tensors(blob)[0]
+
+    def drop_data(self, task_ids: list[str]) -> None:
+        if task_ids:
+            self.r.delete(*[self.p + f"data:{t}" for t in task_ids])
+
+    # --- status -----------------------------------------------------------------------
+    def set_status(self, status: str) -> None:
+        self.r.set(self.p + "status", status)
+
+    def status(self) -> str | None:
+        s = self.r.get(self.p + "status")
+        return None if s is None else s.decode()

