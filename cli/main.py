@@ -148,6 +148,10 @@ def make_tiny_model_cmd(
     out.print(f"wrote tiny {arch} pipeline to {path}")
 
 
+# Command groups live in their own modules and register themselves on ``app``.
+from cli import bench, models_cmd, service, simulate  # noqa: E402,F401
+
+
 def main() -> None:  # pragma: no cover
     app()
 

@@ -1,0 +1,1 @@
+"""digen CLI commands: bench (registered on cli.main.app)."""

@@ -1,0 +1,1 @@
+"""digen CLI commands: models_cmd (registered on cli.main.app)."""

@@ -1,0 +1,1 @@
+"""digen CLI commands: service (registered on cli.main.app)."""

@@ -1,0 +1,1 @@
+"""digen CLI commands: simulate (registered on cli.main.app)."""
