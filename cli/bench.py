@@ -1,1 +1,96 @@
-"""digen CLI commands: bench (registered on cli.main.app)."""
+"""digen CLI commands: bench and report (registered on cli.main.app)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cli.main import SetOpt, _setup_logging, app, err, handles_errors, out
+from digen.errors import ConfigError
+
+DEFAULT_MODES = "reference,colocated,disaggregated,digen"
+
+
+def _ks(text: str) -> list[int]:
+    if text.strip().lower() in ("", "none", "off"):
+        return []
+    try:
+        ks = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"--tsp-k ({text}) must be comma-separated integers, e.g. 1,2,4,8, or none") from None
+    if any(k < 1 for k in ks):
+        raise ConfigError(f"--tsp-k ({text}): every K must be at least 1")
+    return ks
+
+
+def _command(config: Path, modes: str, workers: str | None, out_dir: Path, rounds: int, warmup: int,
+             sets: list[str], tsp_k: str) -> str:
+    """The command line that reproduces this bench (for the Markdown header)."""
+    args = ["digen", "bench", str(config), "--modes", modes, "--rounds", str(rounds), "--warmup", str(warmup),
+            "--out", str(out_dir)]
+    if workers:
+        args += ["--workers", workers]
+    if tsp_k != "1,2,4,8":
+        args += ["--tsp-k", tsp_k]
+    for s in sets:
+        args += ["--set", s]
+    return shlex.join(args)
+
+
+@app.command()
+@handles_errors
+def bench(
+    config: Annotated[Path, typer.Argument(help="YAML config of the workload.")] = Path("configs/quickstart.yaml"),
+    modes: Annotated[str, typer.Option("--modes", help="Comma-separated modes; ablations as digen-tag, "
+                                       "digen-tsp, digen-gap, digen-async.")] = DEFAULT_MODES,
+    workers: Annotated[str | None, typer.Option("--workers", help="ROLLOUT,TRAINER worker counts "
+                                                "(colocated uses their sum); default: the config's.")] = None,
+    out_dir: Annotated[Path, typer.Option("--out", help="Output folder (bench.json, bench.md, runs/).")] = Path(
+        "runs/bench"),
+    rounds: Annotated[int, typer.Option("--rounds", help="Interleaved repetitions of every mode.")] = 2,
+    warmup: Annotated[int, typer.Option("--warmup", help="Iterations left out of the medians "
+                                        "(the first includes model loading).")] = 1,
+    set_: SetOpt = None,
+    tsp_k: Annotated[str, typer.Option("--tsp-k", help="K values of the TSP micro-benchmark, or none.")] = "1,2,4,8",
+    as_json: Annotated[bool, typer.Option("--json", help="Print bench.json instead of the table.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Run the same workload in each mode side by side (interleaved, repeated, medians);
+    write bench.json and a Markdown table (bench.md)."""
+    from digen.bench import parse_modes, parse_workers, run_bench, write_outputs
+    from digen.config import load_config
+
+    _setup_logging(verbose)
+    mode_list = parse_modes(modes)
+    counts = parse_workers(workers)
+    ks = _ks(tsp_k)
+    cfg = load_config(config, set_ or [])
+    result = run_bench(cfg, mode_list, out_dir, rounds=rounds, warmup=warmup, workers=counts, tsp_ks=ks,
+                       notify=lambda msg: err.print(f"[dim]{msg}[/dim]", highlight=False))
+    command = _command(config, modes, workers, out_dir, rounds, warmup, set_ or [], tsp_k)
+    paths = write_outputs(result, out_dir, command=command, rounds=rounds, warmup=warmup)
+    if as_json:
+        print(json.dumps(result.rows, indent=1), flush=True)
+    else:
+        out.print(paths["markdown"].read_text(), highlight=False, markup=False, soft_wrap=True)
+        err.print(f"wrote {paths['json']} and {paths['markdown']}", highlight=False)
+
+
+@app.command()
+@handles_errors
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="Run directory (the --out of digen train).")],
+    out_file: Annotated[Path | None, typer.Option("--out", help="HTML file (default RUN_DIR/report.html).")] = None,
+    max_grids: Annotated[int, typer.Option("--max-grids", help="Sample grids shown at most.")] = 8,
+) -> None:
+    """Write a self-contained HTML page of a run: config, summary, timeline, curves, grids."""
+    from digen.report import write_report
+
+    if not run_dir.is_dir():
+        raise ConfigError(f"RUN_DIR ({run_dir}) is not a folder; pass the --out folder of `digen train`")
+    path = write_report(run_dir, out_file, max_grids=max_grids)
+    out.print(f"wrote {path}", highlight=False)

@@ -168,6 +168,24 @@ class ClusterConfig(_Section):
     local: LocalClusterConfig = LocalClusterConfig()
 
 
+class SecurityConfig(_Section):
+    """Dask TLS for ``tls://`` scheduler addresses: PEM files (see docs/deploy.md). The
+    controller's client uses them; ``digen worker --security FILE`` reads the same section."""
+
+    ca_file: str | None = None
+    """CA certificate that signed the scheduler's and every node's certificate."""
+    cert_file: str | None = None
+    """This node's certificate."""
+    key_file: str | None = None
+    """This node's private key."""
+    require_encryption: bool = True
+    """Refuse plain ``tcp://`` connections once certificates are given."""
+
+    @property
+    def enabled(self) -> bool:
+        return any((self.ca_file, self.cert_file, self.key_file))
+
+
 class OutputConfig(_Section):
     checkpoint_every: int = Field(1, ge=1)
     keep_checkpoints: int = Field(2, ge=1)
@@ -195,6 +213,7 @@ class Config(_Section):
     cluster: ClusterConfig = ClusterConfig()
     output: OutputConfig = OutputConfig()
     logging: LoggingConfig = LoggingConfig()
+    security: SecurityConfig = SecurityConfig()
     source_dir: str | None = Field(None, exclude=True)
     """Folder of the YAML file (relative paths resolve against it); not user-set."""
 
@@ -304,6 +323,14 @@ def _cross_checks(cfg: Config, check_paths: bool) -> list[str]:
             problems.append(f"prompts.file ({cfg.prompts.file}) does not exist")
     else:
         pass
+    sec = cfg.security
+    if sec.enabled:
+        for name in ("ca_file", "cert_file", "key_file"):
+            value = getattr(sec, name)
+            if value is None:
+                problems.append(f"security.{name} is missing: TLS needs ca_file, cert_file and key_file together")
+            elif check_paths and not cfg.resolve_path(value).exists():
+                problems.append(f"security.{name} ({value}) does not exist; docs/deploy.md shows how to make it")
     if cfg.prompts.file is None and not cfg.prompts.items:
         problems.append("prompts: give prompts.items or prompts.file")
     return problems

@@ -1,10 +1,16 @@
-"""Entry point of a training job: picks the reference loop or the distributed controller."""
+"""Entry point of a training job: picks the reference loop or the distributed controller.
+
+Around the run it feeds each iteration's metrics to the configured loggers (TensorBoard,
+W&B: :mod:`digen.loggers`) and, at the end, draws ``timeline.png`` and ``rewards.png``
+(:mod:`digen.plots`) when ``output.plots`` is on.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from digen.config import Config
+from digen.loggers import MetricsLogger, check_loggers, make_loggers
 from digen.trainer import ProgressFn, run_reference
 
 
@@ -19,8 +25,31 @@ def run_training(
 ) -> dict:
     """Run ``cfg`` to completion in ``out``; returns the summary. ``reference`` mode runs in
     this process; the others start (or join) Redis and a Dask cluster."""
-    if cfg.schedule.mode == "reference":
-        return run_reference(cfg, out, resume=resume, progress=progress)
-    from digen.runtime.controller import run_distributed
+    check_loggers(cfg)
+    logger: MetricsLogger | None = None
 
-    return run_distributed(cfg, out, resume=resume, redis_url=redis_url, scheduler=scheduler, progress=progress)
+    def observe(m: dict) -> None:
+        nonlocal logger
+        if "iteration" in m and "event" not in m:
+            if logger is None:  # opened on the first iteration: the run directory is checked by then
+                logger = make_loggers(cfg, out)
+            logger.log(m, int(m["iteration"]))
+        if progress is not None:
+            progress(m)
+
+    try:
+        if cfg.schedule.mode == "reference":
+            summary = run_reference(cfg, out, resume=resume, progress=observe)
+        else:
+            from digen.runtime.controller import run_distributed
+
+            summary = run_distributed(cfg, out, resume=resume, redis_url=redis_url, scheduler=scheduler,
+                                      progress=observe)
+    finally:
+        if logger is not None:
+            logger.close()
+    if cfg.output.plots:
+        from digen.plots import write_run_plots
+
+        write_run_plots(out)
+    return summary

@@ -133,6 +133,7 @@ class IterationBook:
             "ratio_max_dev": total.ratio_max_dev,
             "zero_std_ratio": self.zero_std_groups / len(self.groups),
             "trained_rows": total.rows,
+            "rewards": [round(float(x), 7) for x in r],
         }
 
     def per_sample_rewards(self) -> list[float]:

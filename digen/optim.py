@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from digen.config import TrainConfig
@@ -22,8 +23,10 @@ class ParameterStore:
     """Master float32 weights + AdamW. ``version`` counts optimizer steps taken."""
 
     def __init__(self, weights: dict[str, torch.Tensor], train: TrainConfig, version: int = 0):
-        self.params = {k: torch.nn.Parameter(v.detach().float().cpu().clone()) for k, v in weights.items()}
-        self.names = list(self.params)
+        # sorted names: the same order whether weights come from a model or a checkpoint
+        # (safetensors files sort their keys), so the grad-norm reduction order never changes
+        self.names = sorted(weights)
+        self.params = {k: torch.nn.Parameter(weights[k].detach().float().cpu().clone()) for k in self.names}
         self.train = train
         self.optimizer = torch.optim.AdamW(
             [self.params[k] for k in self.names],
@@ -87,7 +90,7 @@ class ParameterStore:
             state = json.loads((folder / "state.json").read_text())
             weights = load_file(str(folder / "weights.safetensors"))
             opt = load_file(str(folder / "optimizer.safetensors"))
-        except (OSError, ValueError, json.JSONDecodeError) as exc:
+        except (OSError, ValueError, KeyError, json.JSONDecodeError, SafetensorError) as exc:
             raise CheckpointError(
                 f"checkpoint {folder} cannot be read ({exc.__class__.__name__}: {exc}); delete it to resume "
                 f"from the one before, or start without --resume"

@@ -38,11 +38,11 @@ class FluxPolicy(PipelinePolicy):
     def latent_shape(self) -> tuple[int, int]:
         """``(seq, C * 4)`` of the packed latent."""
         h, w = self._grid()
-        return (h * w, int(self.transformer.config.in_channels))
+        return (h * w, int(self.config.in_channels))
 
     @property
     def guidance_embeds(self) -> bool:
-        return bool(self.transformer.config.get("guidance_embeds", False))
+        return bool(self.config.get("guidance_embeds", False))
 
     def sigmas(self, num_steps: int) -> torch.Tensor:
         """As ``FluxPipeline`` sets them: linear sigmas ``1 -> 1/num_steps``, shifted with
@@ -94,8 +94,12 @@ class FluxPolicy(PipelinePolicy):
         kwargs = self._embed_kwargs(embeds, cfg)
         guidance = None
         if self.guidance_embeds:
-            guidance = torch.full((x.shape[0],), float(guidance_scale), device=self.device, dtype=torch.float32)
-        txt_ids = torch.zeros(kwargs["encoder_hidden_states"].shape[1], 3, device=self.device, dtype=self.dtype)
+            guidance = torch.full(
+                (x.shape[0],), float(guidance_scale), device=self.device, dtype=torch.float32
+            )
+        txt_ids = torch.zeros(
+            kwargs["encoder_hidden_states"].shape[1], 3, device=self.device, dtype=self.dtype
+        )
         out = self.transformer(
             hidden_states=x,
             timestep=t,

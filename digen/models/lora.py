@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 
@@ -40,7 +41,7 @@ FLUX_TARGETS: tuple[str, ...] = SD3_TARGETS
 
 
 def add_lora(
-    transformer: torch.nn.Module,
+    transformer: Any,
     *,
     rank: int,
     alpha: int,
@@ -65,7 +66,9 @@ def add_lora(
         try:
             transformer.add_adapter(config, adapter_name=ADAPTER)
         except ValueError as e:  # peft: no module matched target_modules
-            raise ConfigError(f"lora target_modules {list(target_modules)} match no layer of the transformer ({e})") from e
+            raise ConfigError(
+                f"lora target_modules {list(target_modules)} match no layer of the transformer ({e})"
+            ) from e
     for p in transformer.parameters():
         if p.requires_grad:
             p.data = p.data.float()
@@ -99,7 +102,7 @@ def lora_state_dict_keys(transformer: torch.nn.Module) -> list[str]:
 
 
 @contextmanager
-def lora_disabled(transformer: torch.nn.Module) -> Iterator[None]:
+def lora_disabled(transformer: Any) -> Iterator[None]:
     """The base model inside the block (adapter layers bypassed), the adapter again after."""
     if not has_lora(transformer):
         raise ConfigError(

@@ -29,13 +29,17 @@ def read_model_index(path: str | Path) -> dict[str, Any]:
         raise ModelError(f"model.path {folder} does not exist or is not a folder; {fix}")
     index = folder / "model_index.json"
     if not index.is_file():
-        raise ModelError(f"model.path {folder} is not a diffusers pipeline folder (no model_index.json); {fix}")
+        raise ModelError(
+            f"model.path {folder} is not a diffusers pipeline folder (no model_index.json); {fix}"
+        )
     try:
         data = json.loads(index.read_text())
     except (OSError, ValueError) as e:
         raise ModelError(f"model.path {folder}: cannot read model_index.json ({e})") from e
     if not isinstance(data, dict) or "_class_name" not in data:
-        raise ModelError(f"model.path {folder}: model_index.json has no _class_name; is it a diffusers pipeline?")
+        raise ModelError(
+            f"model.path {folder}: model_index.json has no _class_name; is it a diffusers pipeline?"
+        )
     return data
 
 
@@ -90,12 +94,15 @@ class PipelinePolicy(FlowPolicy):
     ):
         self.pipe = pipe
         self.transformer = pipe.transformer
-        self.device = self.transformer.device
-        self.dtype = self.transformer.dtype
+        self.config: Any = pipe.transformer.config  # the transformer's diffusers config
+        self.device = pipe.transformer.device
+        self.dtype = pipe.transformer.dtype
         self.height, self.width = height, width
         self.max_sequence_length = max_sequence_length or self._default_sequence_length()
         if num_frames is not None and not self.is_video:
-            raise ConfigError(f"num_frames ({num_frames}) is only for video models; {self.family} makes images")
+            raise ConfigError(
+                f"num_frames ({num_frames}) is only for video models; {self.family} makes images"
+            )
 
     @classmethod
     def from_pretrained(
@@ -127,7 +134,9 @@ class PipelinePolicy(FlowPolicy):
     def _check_multiple(self, multiple: int, why: str) -> None:
         for field, value in (("height", self.height), ("width", self.width)):
             if value <= 0 or value % multiple:
-                raise ConfigError(f"{field} ({value}) must be a positive multiple of {multiple} for {self.family} ({why})")
+                raise ConfigError(
+                    f"{field} ({value}) must be a positive multiple of {multiple} for {self.family} ({why})"
+                )
 
     # --- CFG ------------------------------------------------------------------------
     @staticmethod
@@ -137,7 +146,10 @@ class PipelinePolicy(FlowPolicy):
     def _embed_kwargs(self, embeds: PromptEmbeds, cfg: bool) -> dict[str, torch.Tensor]:
         """Transformer kwargs from ``embeds`` on device/dtype; with CFG ``[uncond; cond]``."""
         if cfg:
-            return {k: torch.cat([embeds.uncond[k], v]).to(self.device, self.dtype) for k, v in embeds.tensors.items()}
+            return {
+                k: torch.cat([embeds.uncond[k], v]).to(self.device, self.dtype)
+                for k, v in embeds.tensors.items()
+            }
         return {k: v.to(self.device, self.dtype) for k, v in embeds.tensors.items()}
 
     @staticmethod
@@ -180,7 +192,7 @@ class PipelinePolicy(FlowPolicy):
         so the folder loads without peft)."""
         import copy
 
-        model = copy.deepcopy(self.transformer)
+        model: Any = copy.deepcopy(self.transformer)
         if lora.has_lora(model):
             model.fuse_lora()
             model.unload_lora()

@@ -24,14 +24,14 @@ class Sd3Policy(PipelinePolicy):
         super().__init__(pipe, **kwargs)
         self.vae_scale_factor = int(pipe.vae_scale_factor)
         self._check_multiple(
-            self.vae_scale_factor * int(self.transformer.config.patch_size),
-            f"VAE scale {self.vae_scale_factor} x patch {self.transformer.config.patch_size}",
+            self.vae_scale_factor * int(self.config.patch_size),
+            f"VAE scale {self.vae_scale_factor} x patch {self.config.patch_size}",
         )
 
     def latent_shape(self) -> tuple[int, int, int]:
         """``(C, H / vae_scale, W / vae_scale)``."""
         f = self.vae_scale_factor
-        return (int(self.transformer.config.in_channels), self.height // f, self.width // f)
+        return (int(self.config.in_channels), self.height // f, self.width // f)
 
     def sigmas(self, num_steps: int) -> torch.Tensor:
         """As the pipeline sets them: ``set_timesteps(num_steps)`` (static shift 3.0 for SD3.5;
@@ -43,7 +43,7 @@ class Sd3Policy(PipelinePolicy):
         kwargs = {}
         if scheduler.config.get("use_dynamic_shifting", False):
             _, h, w = self.latent_shape()
-            patch = int(self.transformer.config.patch_size)
+            patch = int(self.config.patch_size)
             kwargs["mu"] = calculate_shift(
                 (h // patch) * (w // patch),
                 scheduler.config.get("base_image_seq_len", 256),

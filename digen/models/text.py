@@ -25,19 +25,21 @@ from pathlib import Path
 import torch
 
 # Words the tiny tokenizers learn merges/pieces for: typical prompt vocabulary.
-WORDS: tuple[str, ...] = (
-    "a an the of and with on in at to from by for is are photo picture image painting drawing "
-    "portrait close up view high quality detailed realistic style art cat cats dog dogs bird horse "
-    "cow sheep elephant bear zebra giraffe person people man woman child car bus truck train "
-    "boat airplane bicycle motorcycle bench chair couch bed table clock vase book cup bottle bowl "
-    "banana apple orange pizza cake donut sandwich broccoli carrot tree flower flowers grass sky "
-    "cloud clouds sun moon star stars mountain river sea ocean beach city street house building "
-    "room window door red green blue yellow black white brown pink purple gray grey gold silver "
-    "one two three four five six seven eight nine ten small large big little old new young "
-    "happy bright dark light night day morning sunset snow rain water fire stone wood metal glass "
-    "sitting standing running flying walking holding wearing eating playing next top bottom left "
-    "right behind front under over above below near sign says text word hello world"
-).split()
+WORDS: tuple[str, ...] = tuple(
+    (
+        "a an the of and with on in at to from by for is are photo picture image painting drawing "
+        "portrait close up view high quality detailed realistic style art cat cats dog dogs bird horse "
+        "cow sheep elephant bear zebra giraffe person people man woman child car bus truck train "
+        "boat airplane bicycle motorcycle bench chair couch bed table clock vase book cup bottle bowl "
+        "banana apple orange pizza cake donut sandwich broccoli carrot tree flower flowers grass sky "
+        "cloud clouds sun moon star stars mountain river sea ocean beach city street house building "
+        "room window door red green blue yellow black white brown pink purple gray grey gold silver "
+        "one two three four five six seven eight nine ten small large big little old new young "
+        "happy bright dark light night day morning sunset snow rain water fire stone wood metal glass "
+        "sitting standing running flying walking holding wearing eating playing next top bottom left "
+        "right behind front under over above below near sign says text word hello world"
+    ).split()
+)
 
 CLIP_BOS = "<|startoftext|>"
 CLIP_EOS = "<|endoftext|>"
@@ -71,9 +73,9 @@ def byte_level_bpe(
     vocab_list = base + ([c + end_of_word_suffix for c in base] if end_of_word_suffix else [])
     corpus: Counter[tuple[str, ...]] = Counter()
     for word in words:
-        symbols = [byte_map[b] for b in word.encode("utf-8")]
-        symbols[-1] += end_of_word_suffix
-        corpus[tuple(symbols)] += 1
+        chars = [byte_map[b] for b in word.encode("utf-8")]
+        chars[-1] += end_of_word_suffix
+        corpus[tuple(chars)] += 1
     merges: list[str] = []
     for _ in range(num_merges):
         pairs: Counter[tuple[str, str]] = Counter()
@@ -109,6 +111,21 @@ def clip_bpe() -> tuple[dict[str, int], list[str]]:
     vocab[CLIP_BOS] = len(vocab)
     vocab[CLIP_EOS] = len(vocab)
     return vocab, merges
+
+
+def pretoken_bpe(split_pattern: str, texts: tuple[str, ...] = ()) -> tuple[dict[str, int], list[str]]:
+    """A GPT-2/Qwen/Llama-3 style byte-level BPE (no word-end suffix) in which every pre-token
+    is one token: each word of :data:`WORDS`, bare and after a space (``"Ġcat"``), and each
+    pre-token of ``texts`` as ``split_pattern`` (the tokenizer's pre-tokenizer regex) cuts them.
+    Merging runs until nothing is left to merge, so a prompt template tokenizes to exactly as
+    many tokens as with the real vocabulary, where its pieces are single tokens too."""
+    from tokenizers import Regex, pre_tokenizers
+
+    split = pre_tokenizers.Split(Regex(split_pattern), behavior="isolated")
+    pieces = [*WORDS, *(" " + w for w in WORDS)]
+    for chunk in texts:
+        pieces += [piece for piece, _ in split.pre_tokenize_str(chunk)]
+    return byte_level_bpe(num_merges=1 << 30, end_of_word_suffix="", words=tuple(dict.fromkeys(pieces)))
 
 
 def tiny_clip_tokenizer(model_max_length: int = 77):  # -> transformers.CLIPTokenizer
@@ -148,7 +165,7 @@ def tiny_t5_tokenizer(model_max_length: int = 32):  # -> transformers.T5Tokenize
     sentinel ``<extra_id_*>`` tokens, case-sensitive like T5)."""
     from tokenizers import Tokenizer, decoders, pre_tokenizers, processors
     from tokenizers.models import Unigram
-    from transformers import T5TokenizerFast
+    from transformers import T5TokenizerFast  # type: ignore[attr-defined]
 
     tok = Tokenizer(Unigram(t5_unigram_pieces(), unk_id=2, byte_fallback=False))
     tok.pre_tokenizer = pre_tokenizers.Sequence(
@@ -211,10 +228,8 @@ def tiny_t5_encoder(tokenizer, *, seed: int, d_model: int = 64):
         relative_attention_max_distance=32,
         dropout_rate=0.0,
         feed_forward_proj="gated-gelu",
-        tie_word_embeddings=False,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
-        decoder_start_token_id=tokenizer.pad_token_id,
     )
     return seeded(seed, lambda: T5EncoderModel(config)).eval()
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from digen.errors import ConfigError
 from digen.models import text
@@ -89,7 +90,7 @@ def build_tiny_sd3(out_dir: Path, *, seed: int, resolution: int) -> None:
             qk_norm="rms_norm",
         ),
     )
-    pipe = StableDiffusion3Pipeline(
+    pipe: Any = StableDiffusion3Pipeline(
         transformer=transformer,
         scheduler=FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0),
         vae=tiny_vae(
@@ -146,7 +147,7 @@ def build_tiny_flux(out_dir: Path, *, seed: int, resolution: int) -> None:
         base_image_seq_len=256,
         max_image_seq_len=4096,
     )
-    pipe = FluxPipeline(
+    pipe: Any = FluxPipeline(
         transformer=transformer,
         scheduler=scheduler,
         vae=tiny_vae(

@@ -189,6 +189,8 @@ class TaskQueue:
     def __init__(self, redis_client: redis.Redis, job_id: str, *, lease_s: float = 30.0):
         if not job_id or any(c in job_id for c in " \t\n*?[]"):
             raise ValueError(f"job_id {job_id!r} must be non-empty, without spaces or glob characters")
+        if redis_client.connection_pool.connection_kwargs.get("decode_responses"):
+            raise ValueError("TaskQueue needs a bytes client (decode_responses=False), as connect() returns")
         self.redis = redis_client
         self.job_id = job_id
         self.lease_s = float(lease_s)
@@ -338,7 +340,7 @@ class TaskQueue:
     def state(self, task_id: str) -> str | None:
         """``pending``, ``leased``, ``done``, ``dead``, or None for an unknown id."""
         raw = self.redis.hget(self._key("task", task_id), "state")
-        return raw.decode() if raw is not None else None
+        return _text(raw) if raw is not None else None
 
     def pending_count(self, queue_name: str) -> int:
         """Tasks waiting in ``queue_name``."""

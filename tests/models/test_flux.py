@@ -31,8 +31,9 @@ def test_sigmas_use_resolution_shift(flux_policy, tiny_paths):
     assert sigmas.shape == (4,) and sigmas.dtype == torch.float32
     torch.testing.assert_close(sigmas, scheduler.sigmas)
     assert sigmas[0] == 1.0 and sigmas[-1] == 0.0 and (sigmas.diff() < 0).all()
-    # 4 image tokens: mu < 0, so the schedule bends below the linear one
-    assert sigmas[1] < 2 / 3
+    # exponential time shift: e^mu / (e^mu + 1/s - 1), mu from 4 image tokens
+    mu = 0.5 + (4 - 256) * (1.15 - 0.5) / (4096 - 256)
+    assert sigmas[1].item() == pytest.approx(np.exp(mu) / (np.exp(mu) + 1.5 - 1), abs=1e-5)
 
 
 def test_embeds_have_no_uncond_effect_with_embedded_guidance(flux_policy):

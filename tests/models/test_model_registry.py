@@ -26,6 +26,10 @@ def test_load_policy_picks_the_family_adapter(tiny_paths):
     assert isinstance(load_policy(tiny_paths["sd3"], height=RES, width=RES), Sd3Policy)
     flux = load_policy(tiny_paths["flux"], height=RES, width=RES)
     assert isinstance(flux, FluxPolicy) and flux.family == "flux"
+    frozen = [m for name, m in flux.pipe.components.items() if name.startswith(("text_encoder", "vae"))]
+    assert len(frozen) == 3
+    assert all(not m.training and not any(p.requires_grad for p in m.parameters()) for m in frozen)
+    assert all(p.requires_grad for p in flux.transformer.parameters())
 
 
 def test_missing_folder_names_path_and_fix(tmp_path):
@@ -36,13 +40,17 @@ def test_missing_folder_names_path_and_fix(tmp_path):
 
 
 def test_folder_without_model_index(tmp_path):
-    with pytest.raises(ModelError, match="not a diffusers pipeline folder \\(no model_index.json\\); make one"):
+    with pytest.raises(
+        ModelError, match="not a diffusers pipeline folder \\(no model_index.json\\); make one"
+    ):
         load_policy(tmp_path, height=RES, width=RES)
 
 
 def test_unknown_pipeline_class(tmp_path):
     (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionXLPipeline"}))
-    with pytest.raises(ModelError, match="StableDiffusionXLPipeline.*supported pipelines: StableDiffusion3Pipeline"):
+    with pytest.raises(
+        ModelError, match="StableDiffusionXLPipeline.*supported pipelines: StableDiffusion3Pipeline"
+    ):
         detect_family(tmp_path)
 
 

@@ -29,6 +29,7 @@ def test_sigmas_are_the_schedulers(sd3_policy, tiny_paths):
     assert sigmas.shape == (5,) and sigmas.dtype == torch.float32
     assert torch.equal(sigmas, scheduler.sigmas)
     assert sigmas[0] == 1.0 and sigmas[-1] == 0.0 and (sigmas.diff() < 0).all()
+
     # shift 3: sigma' = 3s / (1 + 2s), s on linspace(1, s_min, 4), s_min = the shifted 1/1000
     def shift(s: float) -> float:
         return 3 * s / (1 + 2 * s)

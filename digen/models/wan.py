@@ -1,0 +1,163 @@
+"""Wan2.1 text-to-video (``WanPipeline``) as a :class:`FlowPolicy`, and its tiny builder.
+
+Step space: the video latent ``[C=16, (F-1)/4 + 1, H/8, W/8]`` of ``AutoencoderKLWan``, normalised
+with the VAE's per-channel ``latents_mean``/``latents_std``. The transformer takes
+``timestep = 1000 * sigma`` (the pipeline passes ``scheduler.timesteps``) and UMT5 prompt
+embeddings zero-padded to ``max_sequence_length`` (no mask). Guidance is true CFG with the empty
+negative prompt, both halves in one batched forward.
+
+Sigmas are the scheduler's after ``set_timesteps(num_steps)``, as the pipeline calls it: a
+shifted Euler schedule for the tiny model's ``FlowMatchEulerDiscreteScheduler``, the flow
+sigmas of the Hub's ``UniPCMultistepScheduler`` (``flow_shift``) for Wan2.1-T2V-Diffusers. UniPC
+hands the transformer integer timesteps; digen always passes ``1000 * sigma`` unrounded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from digen.models import text
+from digen.models.base import PromptEmbeds
+from digen.models.tiny import _sub_seed, check_resolution
+from digen.models.video import VideoPolicy
+
+# Every attention projection of the blocks: self-attention (attn1) and text cross-attention
+# (attn2); add_k/v_proj exist on the image-conditioned (I2V) models only.
+WAN_TARGETS: tuple[str, ...] = ("to_q", "to_k", "to_v", "to_out.0", "add_k_proj", "add_v_proj")
+
+
+def unnormalize_latents(z: torch.Tensor, vae: Any) -> torch.Tensor:
+    """Wan-style VAE input from a normalised latent ``z [B, C, F, h, w]``: ``z * std + mean``
+    per channel, computed as the pipelines do (``z / (1 / std) + mean``). Qwen-Image's VAE is the
+    same design and uses this too."""
+    shape = (1, int(vae.config.z_dim), 1, 1, 1)
+    mean = torch.tensor(vae.config.latents_mean).view(shape).to(z.device, z.dtype)
+    inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(shape).to(z.device, z.dtype)
+    return z / inv_std + mean
+
+
+class WanPolicy(VideoPolicy):
+    family = "wan"
+    default_lora_targets = WAN_TARGETS
+    default_max_sequence_length = 512  # WanPipeline's default UMT5 length
+    default_num_frames = 81  # WanPipeline's default
+
+    @property
+    def spatial_patch(self) -> int:
+        return int(self.config.patch_size[1])
+
+    def _default_sequence_length(self) -> int:
+        """512, capped by the tokenizer's ``model_max_length`` (the tiny model declares 32)."""
+        return min(self.default_max_sequence_length, int(self.pipe.tokenizer.model_max_length))
+
+    def sigmas(self, num_steps: int) -> torch.Tensor:
+        """``set_timesteps(num_steps)`` of the pipeline's scheduler, as ``WanPipeline`` calls it
+        (static shift; no ``mu``). Returns ``[num_steps + 1]`` float32 on device."""
+        scheduler = self.pipe.scheduler
+        scheduler.set_timesteps(num_steps)
+        return scheduler.sigmas.to(self.device, torch.float32).clone()
+
+    @torch.no_grad()
+    def encode_prompts(self, prompts: list[str], *, with_uncond: bool) -> PromptEmbeds:
+        """``encoder_hidden_states [B, max_sequence_length, D]`` (UMT5, zero-padded) via the
+        pipeline's ``encode_prompt``; ``uncond`` from the empty prompt when asked."""
+        cond, uncond = self.pipe.encode_prompt(
+            prompt=list(prompts),
+            do_classifier_free_guidance=with_uncond,
+            max_sequence_length=self.max_sequence_length,
+            device=self.device,
+        )
+        tensors = {"encoder_hidden_states": cond}
+        return PromptEmbeds(tensors, {"encoder_hidden_states": uncond} if with_uncond else {})
+
+    def velocity(
+        self,
+        latents: torch.Tensor,
+        sigmas: torch.Tensor,
+        embeds: PromptEmbeds,
+        guidance_scale: float,
+    ) -> torch.Tensor:
+        """latents ``[B, C, F', h, w]`` float32, sigmas ``[B]`` -> velocity, same shape, float32.
+        CFG batches ``[uncond; cond]`` into one ``2B`` forward."""
+        cfg = self.uses_cfg(embeds, guidance_scale)
+        x = latents.to(self.device, self.dtype)
+        t = sigmas.to(self.device, torch.float32) * 1000.0  # float32, as the scheduler's timesteps
+        if cfg:
+            x, t = torch.cat([x, x]), torch.cat([t, t])
+        out = self.transformer(
+            hidden_states=x, timestep=t, **self._embed_kwargs(embeds, cfg), return_dict=False
+        )[0]
+        return self._combine_cfg(out, guidance_scale) if cfg else out.float()
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """latents ``[B, C, F', h, w]`` -> frames ``[B, F, 3, H, W]`` float32 in [0, 1]."""
+        vae = self.pipe.vae
+        z = unnormalize_latents(latents.to(vae.device, vae.dtype), vae)
+        return self.frames(vae.decode(z, return_dict=False)[0])
+
+
+# --- tiny model ------------------------------------------------------------------------
+TEXT_DIM = 32  # tiny UMT5 width (the transformer's text_dim)
+
+
+def build_tiny_wan(out_dir: Path, *, seed: int, resolution: int) -> None:
+    """Write a tiny Wan2.1-T2V-style ``WanPipeline`` folder: a 2-block transformer (patch
+    1x2x2, RMS qk-norm across heads), a 2-layer UMT5 encoder with the tiny T5 tokenizer, the
+    causal 3D VAE (8x space, 4x time, 16 channels, Wan2.1's latent mean/std) and a shift-3
+    Euler flow-matching scheduler."""
+    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
+
+    check_resolution(resolution)
+    tokenizer = text.tiny_t5_tokenizer()
+    transformer = text.seeded(
+        _sub_seed(seed, 0),
+        lambda: WanTransformer3DModel(
+            patch_size=(1, 2, 2),
+            num_attention_heads=2,
+            attention_head_dim=16,
+            in_channels=16,
+            out_channels=16,
+            text_dim=TEXT_DIM,
+            freq_dim=32,
+            ffn_dim=64,
+            num_layers=2,
+            rope_max_seq_len=32,
+        ),
+    )
+    vae = text.seeded(
+        _sub_seed(seed, 1),
+        lambda: AutoencoderKLWan(base_dim=8, z_dim=16, dim_mult=[1, 2, 2, 2], num_res_blocks=1),
+    ).eval()
+    pipe: Any = WanPipeline(
+        tokenizer=tokenizer,
+        text_encoder=tiny_umt5_encoder(tokenizer, seed=_sub_seed(seed, 2)),
+        vae=vae,
+        scheduler=FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0),
+        transformer=transformer,
+    )
+    pipe.save_pretrained(out_dir)
+
+
+def tiny_umt5_encoder(tokenizer, *, seed: int):  # -> transformers.UMT5EncoderModel
+    """A 2-layer UMT5 (per-layer relative position bias, gated-gelu) encoder sized to ``tokenizer``."""
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    config = UMT5Config(
+        vocab_size=len(tokenizer),
+        d_model=TEXT_DIM,
+        d_kv=8,
+        d_ff=2 * TEXT_DIM,
+        num_layers=2,
+        num_heads=4,
+        relative_attention_num_buckets=8,
+        relative_attention_max_distance=32,
+        dropout_rate=0.0,
+        feed_forward_proj="gated-gelu",
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    return text.seeded(seed, lambda: UMT5EncoderModel(config)).eval()

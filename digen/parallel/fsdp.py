@@ -1,0 +1,315 @@
+"""Full fine-tuning of a policy that does not fit one device: FSDP2 across the trainer group.
+
+Every trainer rank holds 1/N of the transformer's weights, gradients and AdamW state
+(``torch.distributed.fsdp.fully_shard``: parameters become ``DTensor`` shards on a 1-D device
+mesh). A forward all-gathers one transformer block at a time; a backward reduce-scatters each
+block's gradient, so every rank ends with its shard of the gradient summed over all ranks'
+rows. Optional activation checkpointing recomputes each block in the backward instead of
+keeping its activations (``torch.distributed._composable.checkpoint``: parameter names do not
+change, so state dicts keep :meth:`FlowPolicy.trainable_state_dict`'s keys).
+
+Gradient semantics are digen's (:mod:`digen.training`, :class:`digen.optim.ParameterStore`):
+the update is AdamW on ``(sum over every trained row of every task of d loss) / total_rows``,
+its norm clipped to ``train.grad_clip``. FSDP's reduce-scatter averages over ranks by default;
+:func:`shard_transformer` makes it an exact sum (divide factor 1, SUM-only collectives), and
+:meth:`ShardedTrainer.step` divides by the global row count, so the sharded update equals the
+unsharded one however rows are spread over ranks.
+
+How the runtime will use it (not wired yet)
+-------------------------------------------
+With ``train.fsdp: true`` the trainer workers of a job form one process group (``gloo`` on
+CPU, ``nccl`` on GPU; rank 0 = the first trainer, rendezvous address published by the
+controller) and act as ONE logical trainer:
+
+1. each rank loads the policy, calls ``ShardedTrainer(policy, cfg.train)`` (which shards it);
+2. for every train task, every rank calls :meth:`ShardedTrainer.accumulate` *together* on its
+   share of the task's rows (:func:`shard_rows`), since forwards and backwards are collectives.
+   A rank with fewer forwards pads with zero-weight ones, so uneven shares cannot deadlock; the
+   gradient accumulates in the sharded ``.grad`` (nothing leaves the ranks per task);
+3. at the optimizer step every rank calls :meth:`ShardedTrainer.step` together (it agrees on
+   the row total itself when not given one);
+4. :meth:`ShardedTrainer.full_state_dict` gathers the full weights (or the LoRA adapter) once
+   per version; rank 0 publishes them to the rollout workers like ParameterStore's weights.
+
+The trainer ranks then neither run TAG generation nor take train tasks independently: the
+scheduler sees the group as a single trainer whose speed is the group's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from digen.algos.loss import ppo_clip_loss
+from digen.algos.sde import kl_to_reference, sde_step
+from digen.config import Config, TrainConfig
+from digen.errors import ConfigError
+from digen.models import lora
+from digen.models.base import FlowPolicy, PromptEmbeds
+from digen.training import TrainRows, TrainStats, _chunks
+
+MeshOrGroup = DeviceMesh | dist.ProcessGroup | None
+
+
+# --- sharding ------------------------------------------------------------------------
+def block_modules(module: nn.Module, block_types: list[str] | None = None) -> list[nn.Module]:
+    """The transformer blocks to shard one by one: modules whose class name is in
+    ``block_types`` (default: the diffusers model's ``_no_split_modules``, e.g. SD3's
+    ``JointTransformerBlock``), else every member of the module's ``nn.ModuleList``s."""
+    names = set(block_types or getattr(module, "_no_split_modules", None) or ())
+    if names:
+        blocks = [m for m in module.modules() if m is not module and type(m).__name__ in names]
+    else:
+        blocks = [child for m in module.modules() if isinstance(m, nn.ModuleList) for child in m]
+    if not blocks:
+        raise ConfigError(
+            f"{type(module).__name__} has no transformer blocks to shard (looked for "
+            f"{sorted(names) or 'nn.ModuleList members'}); pass block_types with its block class names"
+        )
+    return blocks
+
+
+def device_mesh(mesh_or_group: MeshOrGroup, device_type: str) -> DeviceMesh:
+    """A 1-D mesh over ``mesh_or_group`` (None: the default process group)."""
+    if isinstance(mesh_or_group, DeviceMesh):
+        return mesh_or_group
+    if not dist.is_initialized():
+        raise ConfigError(
+            "sharded training needs a torch.distributed process group; call "
+            "torch.distributed.init_process_group (gloo on CPU, nccl on GPU) on every trainer first"
+        )
+    group = mesh_or_group or dist.group.WORLD
+    return DeviceMesh.from_group(group, device_type)
+
+
+def shard_transformer(
+    module: nn.Module,
+    *,
+    mesh_or_group: MeshOrGroup = None,
+    activation_checkpointing: bool = False,
+    reshard_after_forward: bool = True,
+    param_dtype: torch.dtype | None = None,
+    block_types: list[str] | None = None,
+) -> nn.Module:
+    """Shard ``module`` in place with FSDP2: each block (see :func:`block_modules`), then the
+    root (the embedders and output layers). Returns ``module`` (now also an ``FSDPModule``).
+
+    activation_checkpointing: recompute each block's forward in the backward.
+    reshard_after_forward: free the gathered weights after each block's forward (gather
+        again in the backward): least memory; False keeps them until the backward.
+    param_dtype: compute dtype of the gathered weights (e.g. bfloat16 with float32 shards,
+        the master weights); gradients are reduced in float32. None: the parameters' dtype.
+
+    Gradients are reduced as an exact SUM over ranks (FSDP's default is the mean), the sum
+    :class:`ShardedTrainer` and digen's optimizer semantics expect. Every rank must call this
+    with the same module structure; the module must already be on the rank's device.
+    """
+    device_type = next(module.parameters()).device.type
+    mesh = device_mesh(mesh_or_group, device_type)
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    if activation_checkpointing:
+        from torch.distributed._composable import checkpoint
+
+    for block in block_modules(module, block_types):
+        if activation_checkpointing:
+            checkpoint(block)
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp)
+    fully_shard(module, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp)
+    for m in module.modules():
+        if isinstance(m, FSDPModule):
+            m.set_gradient_divide_factor(1.0)
+            m.set_force_sum_reduction_for_comms(True)
+            m.set_reduce_scatter_unused_params(True, recurse=False)
+    return module
+
+
+def shard_rows(rows: TrainRows, rank: int, world_size: int) -> TrainRows:
+    """Rank ``rank``'s contiguous share of ``rows`` (sizes differ by at most one row; a rank
+    may get none when there are fewer rows than ranks)."""
+    n = len(rows)
+    start, end = n * rank // world_size, n * (rank + 1) // world_size
+    return rows.take(torch.arange(start, end, dtype=torch.long))
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor (an all-gather for a DTensor: every rank must call it)."""
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def gather_trainable_state(policy: FlowPolicy, *, to_rank: int | None = 0) -> dict[str, torch.Tensor]:
+    """The policy's trained tensors, whole, keyed like :meth:`FlowPolicy.trainable_state_dict`:
+    the LoRA adapter when LoRA is on, else every trainable transformer weight. Detached CPU
+    float32. A collective: every rank calls it; ranks other than ``to_rank`` get ``{}`` (None:
+    every rank gets the dict). Gathers one tensor at a time (peak extra memory: one weight)."""
+    if lora.has_lora(policy.transformer):
+        from peft import get_peft_model_state_dict
+
+        named = get_peft_model_state_dict(policy.transformer, adapter_name=lora.ADAPTER).items()
+    else:
+        named = ((k, p) for k, p in policy.transformer.named_parameters() if p.requires_grad)
+    keep = to_rank is None or dist.get_rank() == to_rank
+    out: dict[str, torch.Tensor] = {}
+    for name, t in named:
+        whole = _full(t.detach())
+        if keep:
+            out[name] = whole.to("cpu", torch.float32).contiguous()
+    return out
+
+
+# --- training ------------------------------------------------------------------------
+class ShardedTrainer:
+    """One per trainer rank: the FSDP-sharded policy and an AdamW over its shards.
+
+    Call order, on every rank of the group together: ``accumulate`` once per train task (any
+    number of tasks), ``step`` once per optimizer step, ``full_state_dict`` to publish.
+    """
+
+    def __init__(
+        self,
+        policy: FlowPolicy,
+        train: TrainConfig,
+        *,
+        mesh_or_group: MeshOrGroup = None,
+        activation_checkpointing: bool = False,
+        reshard_after_forward: bool = True,
+        version: int = 0,
+    ):
+        if train.ema.enabled:
+            raise ConfigError(
+                "train.ema.enabled (True) is not supported with sharded (FSDP) training yet; set it to false"
+            )
+        self.policy = policy
+        self.train = train
+        self.version = version
+        shard_transformer(
+            policy.transformer,
+            mesh_or_group=mesh_or_group,
+            activation_checkpointing=activation_checkpointing,
+            reshard_after_forward=reshard_after_forward,
+        )
+        self.mesh = next(p for p in policy.transformer.parameters() if isinstance(p, DTensor)).device_mesh
+        self.group = self.mesh.get_group()
+        self.params = [p for p in policy.transformer.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=train.lr, betas=train.betas, eps=train.adam_eps, weight_decay=train.weight_decay
+        )
+        self.local_rows = 0
+
+    @property
+    def rank(self) -> int:
+        return dist.get_rank(self.group)
+
+    @property
+    def world_size(self) -> int:
+        return dist.get_world_size(self.group)
+
+    def _agree(self, value: int, op: Any) -> int:
+        t = torch.tensor([value], dtype=torch.int64, device=self.mesh.device_type)
+        dist.all_reduce(t, op=op, group=self.group)
+        return int(t.item())
+
+    def accumulate(
+        self,
+        rows: TrainRows,
+        embeds: PromptEmbeds,
+        cfg: Config,
+        *,
+        tsp: bool,
+        sigma_max: float,
+    ) -> TrainStats:
+        """Add this rank's rows' summed loss gradient to the sharded ``.grad`` (a collective).
+
+        rows: this rank's share of one train task (may be empty); embeds: one row per sample of
+        the task (``rows.sample`` indexes it); as :func:`digen.training.task_gradient`, whose
+        chunking (TSP packs ``train.rows_per_forward`` rows; else one forward per step) and
+        loss this repeats. Ranks agree on the number of forwards; one with fewer runs
+        zero-weight forwards so every rank issues the same gathers and reduce-scatters.
+        Returns this rank's stats (sums over its rows).
+        """
+        chunks = _chunks(rows, tsp, cfg.train.rows_per_forward) if len(rows) else []
+        forwards = self._agree(len(chunks), dist.ReduceOp.MAX)
+        stats = TrainStats()
+        for i in range(forwards):
+            if i < len(chunks):
+                chunk = rows.take(chunks[i])
+                loss, terms, kl = _chunk_loss(self.policy, chunk, embeds, cfg, sigma_max)
+                loss.sum().backward()
+                stats.rows += len(chunk)
+                stats.loss += float(loss.detach().sum())
+                stats.approx_kl += float(terms.approx_kl.detach().sum())
+                stats.clipped += float(terms.clipped.float().sum())
+                stats.kl += float(kl.detach().sum())
+                stats.ratio_max_dev = max(stats.ratio_max_dev, float((terms.ratio.detach() - 1).abs().max()))
+            else:
+                self._padding_backward(rows, embeds, cfg)
+        self.local_rows += stats.rows
+        return stats
+
+    def _padding_backward(self, rows: TrainRows, embeds: PromptEmbeds, cfg: Config) -> None:
+        """A forward/backward with zero gradient: the collectives of a real chunk (one row of
+        zeros; the reference forward too when the KL term has one)."""
+        policy, r = self.policy, cfg.rollout
+        x = torch.zeros((1, *rows.x.shape[1:]), dtype=torch.float32, device=policy.device)
+        sigma = torch.full((1,), 0.5, device=policy.device)
+        e = embeds.index([0])
+        v = policy.velocity(x, sigma, e, r.guidance_scale)
+        if cfg.train.kl_beta > 0:
+            with torch.no_grad(), policy.reference_mode():
+                policy.velocity(x, sigma, e, r.guidance_scale)
+        (v.sum() * 0.0).backward()
+
+    def step(self, total_rows: int | None = None) -> dict[str, float]:
+        """One AdamW step on ``grad / total_rows`` after clipping its (global) norm to
+        ``train.grad_clip``, as :meth:`digen.optim.ParameterStore.step`. A collective.
+        total_rows: the rows trained since the last step on ALL ranks (None: summed here)."""
+        rows = self._agree(self.local_rows, dist.ReduceOp.SUM) if total_rows is None else total_rows
+        if rows <= 0:
+            raise ValueError(f"an optimizer step needs trained rows, got {rows}")
+        with torch.no_grad():
+            for p in self.params:
+                if p.grad is None:  # ParameterStore steps every tensor, zero gradient or not
+                    p.grad = torch.zeros_like(p)
+                p.grad.div_(rows)
+        norm = torch.nn.utils.clip_grad_norm_(self.params, self.train.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.local_rows = 0
+        self.version += 1
+        return {"grad_norm": float(_full(norm))}
+
+    def full_state_dict(self, *, to_rank: int | None = 0) -> dict[str, torch.Tensor]:
+        """The current version's whole trained weights for publishing (see
+        :func:`gather_trainable_state`; a collective, ``{}`` on ranks other than ``to_rank``)."""
+        return gather_trainable_state(self.policy, to_rank=to_rank)
+
+
+def _chunk_loss(
+    policy: FlowPolicy, chunk: TrainRows, embeds: PromptEmbeds, cfg: Config, sigma_max: float
+) -> tuple[torch.Tensor, Any, torch.Tensor]:
+    """Per-row loss ``[R]`` of one forward, its PPO terms and KL ``[R]``: the body of
+    :func:`digen.training.task_gradient`'s loop (kept identical to it)."""
+    r, t = cfg.rollout, cfg.train
+    device = policy.device
+    x = chunk.x.to(device)
+    sigma, sigma_next = chunk.sigma.to(device), chunk.sigma_next.to(device)
+    e = embeds.index(chunk.sample)
+    v = policy.velocity(x, sigma, e, r.guidance_scale)
+    step = sde_step(v, x, sigma, sigma_next, kind=r.sde.kind, noise_level=r.sde.noise_level,
+                    prev_sample=chunk.x_next.to(device), sigma_max=sigma_max)
+    terms = ppo_clip_loss(step.log_prob, chunk.old_log_prob.to(device), chunk.advantage.to(device), t.clip_range)
+    loss = terms.loss
+    kl = torch.zeros_like(loss)
+    if t.kl_beta > 0:
+        with torch.no_grad(), policy.reference_mode():
+            v_ref = policy.velocity(x, sigma, e, r.guidance_scale)
+        ref = sde_step(v_ref, x, sigma, sigma_next, kind=r.sde.kind, noise_level=r.sde.noise_level,
+                       prev_sample=chunk.x_next.to(device), sigma_max=sigma_max)
+        kl = kl_to_reference(step.mean, ref.mean, step.std)
+        loss = loss + t.kl_beta * kl
+    return loss, terms, kl

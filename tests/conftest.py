@@ -1,0 +1,54 @@
+"""Shared fixtures: a tiny SD3 pipeline folder (built once per session) and small configs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_sd3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random-weight SD3 pipeline folder (32 px)."""
+    from digen.models import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "sd3", "sd3", seed=0, resolution=32)
+
+
+def small_config_data(model_dir: Path, **sections) -> dict:
+    """A config small enough for a test run: 2 iterations of 2 groups x 4 samples, 4 steps."""
+    data = {
+        "seed": 3,
+        "iterations": 2,
+        "model": {"path": str(model_dir), "resolution": 32, "lora": {"enabled": True, "rank": 4, "alpha": 8}},
+        "prompts": {"items": ["a red square", "a blue circle", "a green tree"]},
+        "rollout": {"batch_size": 8, "group_size": 4, "num_steps": 4},
+        "train": {"timesteps": {"strategy": "prefix", "fraction": 0.5}, "lr": 1e-3},
+        "reward": [{"name": "brightness"}],
+        "schedule": {"mode": "reference"},
+        "output": {"sample_grid_every": 1, "plots": False},
+    }
+    for key, value in sections.items():
+        node = data
+        parts = key.split("__")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return data
+
+
+@pytest.fixture
+def small_config(tiny_sd3: Path):
+    """``small_config(**overrides)`` -> a validated Config; keys like ``schedule__mode="digen"``."""
+    from digen.config import build_config
+
+    def make(**sections):
+        return build_config(small_config_data(tiny_sd3, **sections))
+
+    return make

@@ -1,0 +1,140 @@
+"""LoRA on both families: starts equal to the base, trains only the adapter, syncs small
+state dicts, and switches off for the reference policy."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from digen.errors import CheckpointError, ConfigError
+from digen.models import FlowPolicy, load_policy
+from digen.models.lora import SD3_TARGETS
+
+from ._helpers import RES, noise
+
+
+def _inputs(policy: FlowPolicy):
+    embeds = policy.encode_prompts(["a photo of a cat", "a dog"], with_uncond=True)
+    return noise(policy, 2), torch.tensor([0.9, 0.4]), embeds
+
+
+def _randomise(policy: FlowPolicy, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Load random adapter weights (B != 0, so LoRA changes the output); returns them."""
+    gen = torch.Generator().manual_seed(seed)
+    state = {k: 0.1 * torch.randn(v.shape, generator=gen) for k, v in policy.trainable_state_dict().items()}
+    policy.load_trainable_state_dict(state)
+    return state
+
+
+def test_initial_lora_policy_equals_base(policy):
+    x, sigmas, embeds = _inputs(policy)
+    with torch.no_grad():
+        base = policy.velocity(x, sigmas, embeds, 4.5)
+        policy.enable_lora(rank=4, alpha=8)
+        assert torch.equal(policy.velocity(x, sigmas, embeds, 4.5), base)
+
+
+def test_only_adapter_params_train_and_get_gradients(policy):
+    policy.enable_lora(rank=4, alpha=8)
+    trainable = [n for n, p in policy.transformer.named_parameters() if p.requires_grad]
+    assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
+    assert all(p.dtype == torch.float32 for p in policy.trainable_parameters())
+    x, sigmas, embeds = _inputs(policy)
+    policy.velocity(x, sigmas, embeds, 4.5).square().mean().backward()
+    grads = {n: p.grad for n, p in policy.transformer.named_parameters() if p.grad is not None}
+    assert set(grads) == set(trainable)
+    assert any(g.abs().sum() > 0 for n, g in grads.items() if ".lora_B." in n)
+
+
+def test_trainable_state_dict_is_the_small_adapter(policy):
+    full_bytes = sum(v.numel() * 4 for v in policy.trainable_state_dict().values())
+    assert full_bytes == sum(p.numel() * 4 for p in policy.transformer.parameters())
+    policy.enable_lora(rank=2, alpha=4)
+    state = policy.trainable_state_dict()
+    assert state and all(k.endswith((".lora_A.weight", ".lora_B.weight")) for k in state)
+    assert all(
+        v.dtype == torch.float32 and v.device.type == "cpu" and v.is_contiguous() for v in state.values()
+    )
+    assert sum(v.numel() * 4 for v in state.values()) < 0.2 * full_bytes
+
+
+def test_state_dict_round_trip_between_processes(policy, tiny_paths):
+    """A second policy (another worker) loading the first one's adapter computes the same velocity."""
+    policy.enable_lora(rank=4, alpha=8)
+    state = _randomise(policy)
+    other = load_policy(tiny_paths[policy.family], height=RES, width=RES)
+    other.enable_lora(rank=4, alpha=8)
+    other.load_trainable_state_dict(state)
+    x, sigmas, embeds = _inputs(policy)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            other.velocity(x, sigmas, embeds, 4.5), policy.velocity(x, sigmas, embeds, 4.5)
+        )
+    bad = dict(state)
+    bad.pop(next(iter(bad)))
+    with pytest.raises(CheckpointError, match="1 missing keys"):
+        other.load_trainable_state_dict(bad)
+
+
+def test_reference_mode_gives_the_base_policy(policy):
+    x, sigmas, embeds = _inputs(policy)
+    with torch.no_grad():
+        base = policy.velocity(x, sigmas, embeds, 4.5)
+    policy.enable_lora(rank=4, alpha=8)
+    _randomise(policy)
+    with torch.no_grad():
+        tuned = policy.velocity(x, sigmas, embeds, 4.5)
+        assert (tuned - base).abs().max() > 1e-3
+        with policy.reference_mode():
+            assert torch.equal(policy.velocity(x, sigmas, embeds, 4.5), base)
+        assert torch.equal(policy.velocity(x, sigmas, embeds, 4.5), tuned)
+    assert all(p.requires_grad for n, p in policy.transformer.named_parameters() if ".lora_" in n)
+
+
+def test_full_fine_tune_state_round_trip_and_no_reference(sd3_policy, tiny_paths):
+    state = sd3_policy.trainable_state_dict()
+    assert set(state) == {n for n, _ in sd3_policy.transformer.named_parameters()}
+    state["proj_out.bias"] = state["proj_out.bias"] + 1.0
+    other = load_policy(tiny_paths["sd3"], height=RES, width=RES)
+    other.load_trainable_state_dict(state)
+    assert torch.equal(other.transformer.proj_out.bias, state["proj_out.bias"])
+    with pytest.raises(ConfigError, match="reference policy needs LoRA"):
+        with sd3_policy.reference_mode():
+            pass
+
+
+def test_default_and_custom_targets(sd3_policy):
+    sd3_policy.enable_lora(rank=2, alpha=2, target_modules=["attn.to_q"])
+    keys = sd3_policy.trainable_state_dict()
+    assert keys and all(".attn.to_q.lora_" in k for k in keys)
+    assert "attn.to_add_out" in SD3_TARGETS
+    with pytest.raises(ConfigError, match="already enabled"):
+        sd3_policy.enable_lora(rank=2, alpha=2)
+
+
+def test_lora_init_is_the_same_in_every_process(tiny_paths):
+    a = load_policy(tiny_paths["flux"], height=RES, width=RES)
+    b = load_policy(tiny_paths["flux"], height=RES, width=RES)
+    torch.manual_seed(123)  # a different global RNG state must not matter
+    a.enable_lora(rank=4, alpha=8)
+    b.enable_lora(rank=4, alpha=8)
+    sa, sb = a.trainable_state_dict(), b.trainable_state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert any(v.abs().sum() > 0 for k, v in sa.items() if "lora_A" in k)
+
+
+def test_save_pretrained_transformer_merges_lora(sd3_policy, tmp_path):
+    from diffusers import SD3Transformer2DModel
+
+    sd3_policy.enable_lora(rank=4, alpha=8)
+    _randomise(sd3_policy)
+    sd3_policy.save_pretrained_transformer(tmp_path / "transformer")
+    merged = SD3Transformer2DModel.from_pretrained(tmp_path / "transformer")
+    x, sigmas, embeds = _inputs(sd3_policy)
+    sd3_policy.transformer, tuned = merged, sd3_policy.transformer
+    with torch.no_grad():
+        merged_v = sd3_policy.velocity(x, sigmas, embeds, 1.0)
+        sd3_policy.transformer = tuned
+        torch.testing.assert_close(
+            merged_v, sd3_policy.velocity(x, sigmas, embeds, 1.0), atol=1e-5, rtol=1e-5
+        )

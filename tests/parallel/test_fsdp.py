@@ -1,0 +1,124 @@
+"""FSDP2-sharded full fine-tuning on 2 gloo ranks equals digen's unsharded update."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+from digen.algos.sde import sde_step  # noqa: E402
+from digen.models import FlowPolicy, make_tiny_model  # noqa: E402
+from digen.optim import ParameterStore  # noqa: E402
+from digen.parallel import shard_rows  # noqa: E402
+from digen.training import build_rows, sum_gradients, task_gradient  # noqa: E402
+
+from . import _fsdp_worker as w  # noqa: E402
+
+torch.set_num_threads(1)
+WORLD = 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _trajectories(policy: FlowPolicy) -> dict[str, torch.Tensor]:
+    """A 4-sample group generated with the policy's SDE: latents ``[4, T+1, C, h, w]``,
+    behaviour log-probs ``[4, T]``, sigmas ``[T+1]``, advantages ``[4]``, prompt embeds."""
+    gen = torch.Generator().manual_seed(0)
+    embeds = policy.encode_prompts(["a red square"], with_uncond=False)
+    sigmas = policy.sigmas(w.STEPS)
+    x = torch.stack([policy.initial_noise(gen) for _ in range(4)])
+    lat, logp = [x], []
+    cfg = w.make_cfg()
+    with torch.no_grad():
+        for j in range(w.STEPS):
+            v = policy.velocity(x, sigmas[j].expand(4), embeds.repeat_rows(4), 1.0)
+            step = sde_step(v, x, sigmas[j], sigmas[j + 1], kind="sde", noise_level=cfg.rollout.sde.noise_level,
+                            generator=gen, sigma_max=float(sigmas[1]))
+            x = step.prev_sample
+            lat.append(x)
+            logp.append(step.log_prob)
+    return {
+        "latents": torch.stack(lat, 1).contiguous(), "log_probs": torch.stack(logp, 1).contiguous(),
+        "sigmas": sigmas.contiguous(), "advantages": torch.tensor([1.0, -0.5, 0.8, -1.3]),
+        **{f"emb/{k}": v.contiguous() for k, v in embeds.tensors.items()},
+    }
+
+
+def _unsharded(
+    policy: FlowPolicy, data: dict[str, torch.Tensor], *, kl: bool
+) -> tuple[dict[str, torch.Tensor], list[float]]:
+    """digen's single-process update: ParameterStore.step on the sum of the task gradients."""
+    cfg = w.make_cfg(kl=kl)
+    store = ParameterStore(policy.trainable_state_dict(), cfg.train)
+    norms = []
+    for _ in range(w.OPT_STEPS):
+        parts, rows = [], 0
+        for task, embeds, sigma_max in w.task_rows(data):
+            grad, stats = task_gradient(policy, task, embeds, cfg, tsp=True, sigma_max=sigma_max)
+            parts.append(grad)
+            rows += stats.rows
+        norms.append(store.step(sum_gradients(parts), rows)["grad_norm"])
+        policy.load_trainable_state_dict(store.weights())
+    return store.weights(), norms
+
+
+def _spawn_ranks(model: Path, data_file: Path, out: Path, timeout_s: float = 150.0) -> None:
+    ctx = mp.start_processes(w.run_rank, args=(WORLD, _free_port(), str(model), str(data_file), str(out)),
+                             nprocs=WORLD, join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout_s
+    while not ctx.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail(f"sharded ranks still running after {timeout_s:.0f} s (deadlock?)")
+
+
+def test_shard_rows_splits_every_row_once() -> None:
+    latents = torch.arange(5 * 3 * 2, dtype=torch.float32).reshape(5, 3, 2)
+    rows = build_rows(latents, torch.zeros(5, 2), torch.tensor([1.0, 0.5, 0.0]), torch.zeros(5),
+                      [[0, 1], [0], [], [1], [0, 1]])
+    parts = [shard_rows(rows, r, 3) for r in range(3)]
+    assert [len(p) for p in parts] == [2, 2, 2]
+    assert torch.equal(torch.cat([p.x for p in parts]), rows.x)
+    assert len(shard_rows(rows.take(torch.tensor([0])), 1, 2)) == 1
+    assert len(shard_rows(rows.take(torch.tensor([0])), 0, 2)) == 0
+
+
+@pytest.mark.slow
+def test_sharded_update_equals_unsharded(tmp_path: Path) -> None:
+    """Full fine-tune (activation checkpointing off and on) and LoRA with the KL term: rank 0's
+    gathered weights after 2 steps equal ParameterStore's, and so do the clipped norms."""
+    model = make_tiny_model(tmp_path / "sd3", "sd3", seed=0, resolution=w.RES)
+    data = _trajectories(w.make_policy(str(model), lora=False))
+    save_file(data, str(tmp_path / "data.safetensors"))
+    out = tmp_path / "out"
+    out.mkdir()
+    _spawn_ranks(model, tmp_path / "data.safetensors", out)
+
+    for name, (_, lora) in w.PHASES.items():
+        policy = w.make_policy(str(model), lora)
+        initial = {k: v.clone() for k, v in policy.trainable_state_dict().items()}  # CPU fp32 aliases params
+        expected, expected_norms = _unsharded(policy, data, kl=lora)
+        moved = max(float((expected[k] - initial[k]).abs().max()) for k in expected)
+        assert moved > 1e-4, f"{name}: the update did not change the weights; the comparison would be vacuous"
+        assert expected_norms[0] > w.make_cfg().train.grad_clip, f"{name}: grad clipping should be active"
+
+        got = load_file(str(out / f"weights_{name}.safetensors"))
+        assert set(got) == set(expected)
+        diff = max(float((got[k] - expected[k]).abs().max()) for k in expected)
+        assert diff < 1e-5, f"{name}: max |sharded - unsharded| = {diff}"
+        norms = json.loads((out / f"norms_{name}.json").read_text())
+        assert norms == pytest.approx(expected_norms, rel=1e-5), name
