@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import shlex
 from pathlib import Path
 from typing import Annotated
@@ -65,6 +66,10 @@ def bench(
     from digen.config import load_config
 
     _setup_logging(verbose)
+    if not verbose:  # Dask logs every cluster start and stop at INFO; the bench starts several
+        import distributed  # noqa: F401 - its import sets the level the next line overrides
+
+        logging.getLogger("distributed").setLevel(logging.WARNING)
     mode_list = parse_modes(modes)
     counts = parse_workers(workers)
     ks = _ks(tsp_k)

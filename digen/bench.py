@@ -9,7 +9,9 @@ its ``metrics.jsonl`` and ``timeline.jsonl`` and reports per mode, over iteratio
 - ``samples_per_s``: median over all rounds' iterations of the per-iteration samples/s;
   ``s_per_iteration``: median iteration wall time;
 - ``bubble_ratio`` (idle worker-seconds / worker-seconds, DESIGN.md section 3) overall and
-  per role (from the timeline, clipped to the measured window);
+  per role, from the timeline clipped to the measured window (a task running across an
+  iteration boundary counts on both sides); ``bubble_ratio_metrics`` is the same from
+  ``metrics.jsonl``'s ``busy_s``/``worker_s``;
 - ``speedup_vs_colocated`` / ``speedup_vs_disaggregated``: ratio of ``samples_per_s``;
 - ``bound_samples_per_s``: the zero-bubble bound of the mode's workers from their measured
   task durations (DESIGN.md section 4) and ``fraction_of_bound``;
@@ -27,7 +29,8 @@ import shutil
 import statistics
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -264,16 +267,18 @@ def _median(xs: list[float]) -> float:
 
 class RatePool:
     """Measured per-worker rates of every run, to fill in rates a worker never measured
-    (a dedicated rollout worker never trains): keyed by (gpu type, kind, tsp)."""
+    (a dedicated rollout worker never trains): the median by GPU type, for training also by
+    the TSP setting (it changes the train task's speed) when that setting was measured."""
 
     def __init__(self) -> None:
         self.rates: dict[tuple[str, str, bool], list[float]] = {}
 
     def add(self, gpu: str, kind: str, tsp: bool, rate: float | None) -> None:
         if rate is not None:
-            self.rates.setdefault((gpu, kind, tsp), []).append(rate)
+            self.rates.setdefault((gpu, kind, tsp if kind == "train" else False), []).append(rate)
 
     def get(self, gpu: str, kind: str, tsp: bool) -> float | None:
+        tsp = tsp if kind == "train" else False
         same = self.rates.get((gpu, kind, tsp)) or self.rates.get((gpu, kind, not tsp))
         return _median(same) if same else None
 
@@ -289,10 +294,13 @@ def summarize(mode: str, records: list[RunRecord], pool: RatePool, group_size: i
     # per worker: pooled over rounds (same worker names every round)
     merged: dict[str, WorkerStats] = {}
     role_bubbles: dict[str, list[float]] = {}
+    bubbles: list[float] = []
     for rec in records:
         stats = worker_stats(rec.timeline, warmup)
         for role, b in bubble_by_role(stats).items():
             role_bubbles.setdefault(role, []).append(b)
+        window = sum(st.window_s for st in stats.values())
+        bubbles.append(max(0.0, 1 - sum(st.busy_s for st in stats.values()) / window) if window > 0 else 0.0)
         for w, st in stats.items():
             m = merged.setdefault(w, WorkerStats(w, st.role, st.gpu_type))
             for f in ("gen_groups", "gen_s", "train_groups", "train_s", "busy_s", "window_s"):
@@ -328,8 +336,9 @@ def summarize(mode: str, records: list[RunRecord], pool: RatePool, group_size: i
         "s_per_iteration": _median([float(m["wall_s"]) for m in rows]),
         "samples_per_s": sps,
         "samples_per_s_rounds": per_round,
-        "bubble_ratio": max(0.0, 1 - busy / worker_s) if worker_s > 0 else 0.0,
+        "bubble_ratio": _median(bubbles),
         "bubble_ratio_by_role": {r: _median(bs) for r, bs in role_bubbles.items()},
+        "bubble_ratio_metrics": max(0.0, 1 - busy / worker_s) if worker_s > 0 else 0.0,
         "speedup_vs_colocated": None,
         "speedup_vs_disaggregated": None,
         "bound_samples_per_s": bound,
@@ -417,8 +426,10 @@ class MemorySampler:
 # running
 
 
-def run_one(cfg: Config, out: Path, mode: str, round_: int) -> RunRecord:
-    """One training run of ``cfg`` in ``out`` (wiped first), with its peak memory per process."""
+def run_one(cfg: Config, out: Path, mode: str, round_: int, *, redis_url: str | None = None,
+            plots: bool = False) -> RunRecord:
+    """One training run of ``cfg`` in ``out`` (wiped first), with its peak memory per process;
+    ``plots`` draws its timeline.png and rewards.png afterwards."""
     if out.exists():
         shutil.rmtree(out)
     reset_peak_rss()
@@ -435,8 +446,12 @@ def run_one(cfg: Config, out: Path, mode: str, round_: int) -> RunRecord:
                     if w.address in pids:
                         mem.watch(name, int(pids[w.address]))
 
-            run_distributed(cfg, out, on_start=on_start)
+            run_distributed(cfg, out, redis_url=redis_url, on_start=on_start)
     peaks = dict(mem.peaks)
+    if plots:
+        from digen.plots import write_run_plots
+
+        write_run_plots(out)
     if cfg.schedule.mode == "reference":  # the trainer is this process
         peaks["reference"] = peaks["controller"]
     return RunRecord(mode, round_, out, _read_jsonl(out / "metrics.jsonl"), _read_jsonl(out / "timeline.jsonl"),
@@ -455,6 +470,22 @@ def _run_reference(cfg: Config, out: Path) -> None:
         run_reference(cfg, out)
     finally:
         torch.set_num_threads(threads)
+
+
+@contextmanager
+def _private_redis(out: Path, needed: bool) -> Iterator[str | None]:
+    """An embedded Redis of the bench's own (``OUT/redis``), so no other digen process on
+    the machine shares, slows or stops the server the runs use; None when not needed."""
+    if not needed:
+        yield None
+        return
+    from digen.runtime.redis_conn import connect, embedded_url, stop_embedded
+
+    db = (out / "redis" / "bench.db").resolve()
+    try:
+        yield embedded_url(connect(None, db_path=db))
+    finally:
+        stop_embedded(db)
 
 
 @dataclass
@@ -486,14 +517,16 @@ def run_bench(
     notify = notify or (lambda _msg: None)
     configs = {m: mode_config(cfg, m, workers) for m in modes}
     records: list[RunRecord] = []
-    for r in range(rounds):
-        order = modes if r % 2 == 0 else list(reversed(modes))
-        for m in order:
-            t0 = time.time()
-            rec = run_one(configs[m], out / "runs" / m / f"round_{r}", m, r)
-            records.append(rec)
-            sps = _median([float(x["samples_per_s"]) for x in rec.metrics if int(x["iteration"]) >= warmup])
-            notify(f"round {r + 1}/{rounds} {m}: {time.time() - t0:.1f} s, {sps:.2f} samples/s (median)")
+    with _private_redis(out, any(c.schedule.mode != "reference" for c in configs.values())) as redis_url:
+        for r in range(rounds):
+            order = modes if r % 2 == 0 else list(reversed(modes))
+            for m in order:
+                t0 = time.time()
+                rec = run_one(configs[m], out / "runs" / m / f"round_{r}", m, r, redis_url=redis_url,
+                              plots=cfg.output.plots and r == rounds - 1)
+                records.append(rec)
+                sps = _median([float(x["samples_per_s"]) for x in rec.metrics if int(x["iteration"]) >= warmup])
+                notify(f"round {r + 1}/{rounds} {m}: {time.time() - t0:.1f} s, {sps:.2f} samples/s (median)")
     pool = RatePool()
     for rec in records:
         for st in worker_stats(rec.timeline, warmup).values():
@@ -565,8 +598,8 @@ def tsp_microbench(cfg: Config, ks: Sequence[int] = (1, 2, 4, 8), repeats: int =
 # outputs
 
 
-def _fmt(x: float | None, spec: str) -> str:
-    return "n/a" if x is None else format(x, spec)
+def _fmt(x: float | None, spec: str, suffix: str = "") -> str:
+    return "n/a" if x is None else format(x, spec) + suffix
 
 
 def markdown_table(rows: list[dict], tsp: list[dict], *, command: str | None = None,
@@ -589,8 +622,8 @@ def markdown_table(rows: list[dict], tsp: list[dict], *, command: str | None = N
                         if w["peak_rss_mb"] is not None) or "n/a"
         lines.append(
             f"| {r['mode']} | {r['workers']} | {r['s_per_iteration']:.3f} | {r['samples_per_s']:.2f} "
-            f"| {r['bubble_ratio']:.2f} | {roles} | {_fmt(r['speedup_vs_colocated'], '.2f')}x "
-            f"| {_fmt(r['speedup_vs_disaggregated'], '.2f')}x | {r['bound_samples_per_s']:.2f} "
+            f"| {r['bubble_ratio']:.2f} | {roles} | {_fmt(r['speedup_vs_colocated'], '.2f', 'x')} "
+            f"| {_fmt(r['speedup_vs_disaggregated'], '.2f', 'x')} | {r['bound_samples_per_s']:.2f} "
             f"| {_fmt(r['fraction_of_bound'], '.0%')} | {rss} |"
         )
     if tsp:
@@ -599,7 +632,7 @@ def markdown_table(rows: list[dict], tsp: list[dict], *, command: str | None = N
                   "| K | rows | batched ms/row | sequential ms/row | speedup |", "|---|---|---|---|---|"]
         for t in tsp:
             lines.append(f"| {t['K']} | {t['rows']} | {t['batched_ms_per_row']:.2f} | "
-                         f"{t['sequential_ms_per_row']:.2f} | {_fmt(t['speedup'], '.2f')}x |")
+                         f"{t['sequential_ms_per_row']:.2f} | {_fmt(t['speedup'], '.2f', 'x')} |")
     return "\n".join(lines) + "\n"
 
 

@@ -13,6 +13,22 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 import pytest  # noqa: E402
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _digen_home(tmp_path_factory: pytest.TempPathFactory):
+    """Keep the embedded Redis and every digen file of the test session in a temp folder."""
+    home = tmp_path_factory.mktemp("digen_home")
+    old = os.environ.get("DIGEN_HOME")
+    os.environ["DIGEN_HOME"] = str(home)
+    yield home
+    from digen.runtime.redis_conn import stop_embedded
+
+    stop_embedded()
+    if old is None:
+        os.environ.pop("DIGEN_HOME", None)
+    else:
+        os.environ["DIGEN_HOME"] = old
+
+
 @pytest.fixture(scope="session")
 def tiny_sd3(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random-weight SD3 pipeline folder (32 px)."""

@@ -13,6 +13,7 @@ with the rewards and timings; a train task reads its group's data and produces t
 from __future__ import annotations
 
 import logging
+import os
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -155,7 +156,10 @@ def worker_loop(job_id: str, redis_url: str, cfg_json: dict, name: str | None = 
     r = connect(redis_url)
     rt = WorkerRuntime(name=name, gpu_type=gpu_type or "cpu", cfg=cfg,
                        queue=TaskQueue(r, job_id, lease_s=cfg.schedule.lease_s), job=JobState(r, job_id),
-                       device=device or cfg.model.device)
+                       device=device or os.environ.get("DIGEN_DEVICE") or cfg.model.device)
+    rt.ensure_policy()  # load before taking tasks: a joining worker never stalls a task
+    rt.reward = build_reward(cfg)
+    rt.job.mark_ready(name, rt.gpu_type)
     log.info("worker %s (%s) joined job %s", name, rt.gpu_type, job_id)
     while rt.job.status() == "running":
         tag = rt.job.tag(name)

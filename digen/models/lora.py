@@ -119,7 +119,7 @@ def lora_disabled(transformer: Any) -> Iterator[None]:
 def full_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Every trainable parameter of ``module``: detached, CPU, float32, contiguous."""
     return {
-        name: p.detach().to("cpu", torch.float32).contiguous()
+        name: p.detach().to("cpu", torch.float32).clone().contiguous()  # never alias live params
         for name, p in module.named_parameters()
         if p.requires_grad
     }

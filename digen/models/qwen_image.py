@@ -171,8 +171,8 @@ def build_tiny_qwen_image(out_dir: Path, *, seed: int, resolution: int) -> None:
     )
 
     check_resolution(resolution)
-    template = QwenImagePipeline(None, None, None, None, None).prompt_template_encode
-    tokenizer = tiny_qwen_tokenizer(template)
+    shell: Any = QwenImagePipeline(None, None, None, None, None)  # for its prompt template
+    tokenizer = tiny_qwen_tokenizer(shell.prompt_template_encode)
     transformer = text.seeded(
         _sub_seed(seed, 0),
         lambda: QwenImageTransformer2DModel(
@@ -213,7 +213,8 @@ def tiny_qwen_tokenizer(template: str):  # -> transformers.Qwen2Tokenizer
     for special in QWEN_SPECIAL_TOKENS:
         chunks = [piece for chunk in chunks for piece in chunk.split(special)]
     vocab, merges = text.pretoken_bpe(PRETOKENIZE_REGEX, tuple(c for c in chunks if c))
-    tok = Qwen2Tokenizer(vocab=vocab, merges=[tuple(m.split(" ")) for m in merges])
+    pairs: Any = [tuple(m.split(" ")) for m in merges]  # the tokenizers backend takes pairs
+    tok = Qwen2Tokenizer(vocab=vocab, merges=pairs)
     tok.add_tokens([AddedToken(s, special=True) for s in QWEN_SPECIAL_TOKENS], special_tokens=True)
     return tok
 

@@ -48,6 +48,21 @@ FAMILIES: dict[str, Family] = {
         adapter="digen.models.flux:FluxPolicy",
         tiny_builder="digen.models.tiny:build_tiny_flux",
     ),
+    "qwen-image": Family(
+        pipelines=("QwenImagePipeline",),
+        adapter="digen.models.qwen_image:QwenImagePolicy",
+        tiny_builder="digen.models.qwen_image:build_tiny_qwen_image",
+    ),
+    "wan": Family(
+        pipelines=("WanPipeline",),
+        adapter="digen.models.wan:WanPolicy",
+        tiny_builder="digen.models.wan:build_tiny_wan",
+    ),
+    "hunyuan-video": Family(
+        pipelines=("HunyuanVideoPipeline",),
+        adapter="digen.models.hunyuan_video:HunyuanVideoPolicy",
+        tiny_builder="digen.models.hunyuan_video:build_tiny_hunyuan_video",
+    ),
 }
 
 

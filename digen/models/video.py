@@ -53,6 +53,6 @@ class VideoPolicy(PipelinePolicy):
         return (int(self.config.in_channels), frames, self.height // s, self.width // s)
 
     @staticmethod
-    def frames(video: torch.Tensor) -> torch.Tensor:
+    def to_frames(video: torch.Tensor) -> torch.Tensor:
         """VAE output ``[B, 3, F, H, W]`` in [-1, 1] -> frames ``[B, F, 3, H, W]`` float32 in [0, 1]."""
         return (video.float().permute(0, 2, 1, 3, 4) / 2 + 0.5).clamp(0, 1)

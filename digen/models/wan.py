@@ -55,10 +55,15 @@ class WanPolicy(VideoPolicy):
 
     def sigmas(self, num_steps: int) -> torch.Tensor:
         """``set_timesteps(num_steps)`` of the pipeline's scheduler, as ``WanPipeline`` calls it
-        (static shift; no ``mu``). Returns ``[num_steps + 1]`` float32 on device."""
+        (static shift; no ``mu``). UniPC nudges a first sigma of 1 down to ``1 - 1e-6`` for its
+        own multistep update; it is snapped back to 1 (else Flow-GRPO's noise scale
+        ``sqrt(sigma / (1 - sigma))`` would be ~1000 on the first step). Returns
+        ``[num_steps + 1]`` float32 on device."""
         scheduler = self.pipe.scheduler
         scheduler.set_timesteps(num_steps)
-        return scheduler.sigmas.to(self.device, torch.float32).clone()
+        sigmas = scheduler.sigmas.to(self.device, torch.float32).clone()
+        sigmas[(sigmas - 1.0).abs() < 1e-5] = 1.0
+        return sigmas
 
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str], *, with_uncond: bool) -> PromptEmbeds:
@@ -97,7 +102,7 @@ class WanPolicy(VideoPolicy):
         """latents ``[B, C, F', h, w]`` -> frames ``[B, F, 3, H, W]`` float32 in [0, 1]."""
         vae = self.pipe.vae
         z = unnormalize_latents(latents.to(vae.device, vae.dtype), vae)
-        return self.frames(vae.decode(z, return_dict=False)[0])
+        return self.to_frames(vae.decode(z, return_dict=False)[0])
 
 
 # --- tiny model ------------------------------------------------------------------------
@@ -109,7 +114,12 @@ def build_tiny_wan(out_dir: Path, *, seed: int, resolution: int) -> None:
     1x2x2, RMS qk-norm across heads), a 2-layer UMT5 encoder with the tiny T5 tokenizer, the
     causal 3D VAE (8x space, 4x time, 16 channels, Wan2.1's latent mean/std) and a shift-3
     Euler flow-matching scheduler."""
-    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
+    from diffusers import (
+        AutoencoderKLWan,
+        FlowMatchEulerDiscreteScheduler,
+        WanPipeline,
+        WanTransformer3DModel,
+    )
 
     check_resolution(resolution)
     tokenizer = text.tiny_t5_tokenizer()

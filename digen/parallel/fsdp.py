@@ -84,7 +84,8 @@ def device_mesh(mesh_or_group: MeshOrGroup, device_type: str) -> DeviceMesh:
             "sharded training needs a torch.distributed process group; call "
             "torch.distributed.init_process_group (gloo on CPU, nccl on GPU) on every trainer first"
         )
-    group = mesh_or_group or dist.group.WORLD
+    group = mesh_or_group if mesh_or_group is not None else dist.group.WORLD
+    assert group is not None  # initialized above
     return DeviceMesh.from_group(group, device_type)
 
 
@@ -187,11 +188,17 @@ class ShardedTrainer:
         self.policy = policy
         self.train = train
         self.version = version
+        # float32 shards (the master weights, as ParameterStore keeps them), gathered in the
+        # policy's compute dtype; a LoRA run keeps its frozen base in the compute dtype
+        low_precision = policy.dtype != torch.float32
+        if low_precision and not lora.has_lora(policy.transformer):
+            policy.transformer.float()
         shard_transformer(
             policy.transformer,
             mesh_or_group=mesh_or_group,
             activation_checkpointing=activation_checkpointing,
             reshard_after_forward=reshard_after_forward,
+            param_dtype=policy.dtype if low_precision else None,
         )
         self.mesh = next(p for p in policy.transformer.parameters() if isinstance(p, DTensor)).device_mesh
         self.group = self.mesh.get_group()
@@ -300,16 +307,34 @@ def _chunk_loss(
     sigma, sigma_next = chunk.sigma.to(device), chunk.sigma_next.to(device)
     e = embeds.index(chunk.sample)
     v = policy.velocity(x, sigma, e, r.guidance_scale)
-    step = sde_step(v, x, sigma, sigma_next, kind=r.sde.kind, noise_level=r.sde.noise_level,
-                    prev_sample=chunk.x_next.to(device), sigma_max=sigma_max)
-    terms = ppo_clip_loss(step.log_prob, chunk.old_log_prob.to(device), chunk.advantage.to(device), t.clip_range)
+    step = sde_step(
+        v,
+        x,
+        sigma,
+        sigma_next,
+        kind=r.sde.kind,
+        noise_level=r.sde.noise_level,
+        prev_sample=chunk.x_next.to(device),
+        sigma_max=sigma_max,
+    )
+    terms = ppo_clip_loss(
+        step.log_prob, chunk.old_log_prob.to(device), chunk.advantage.to(device), t.clip_range
+    )
     loss = terms.loss
     kl = torch.zeros_like(loss)
     if t.kl_beta > 0:
         with torch.no_grad(), policy.reference_mode():
             v_ref = policy.velocity(x, sigma, e, r.guidance_scale)
-        ref = sde_step(v_ref, x, sigma, sigma_next, kind=r.sde.kind, noise_level=r.sde.noise_level,
-                       prev_sample=chunk.x_next.to(device), sigma_max=sigma_max)
+        ref = sde_step(
+            v_ref,
+            x,
+            sigma,
+            sigma_next,
+            kind=r.sde.kind,
+            noise_level=r.sde.noise_level,
+            prev_sample=chunk.x_next.to(device),
+            sigma_max=sigma_max,
+        )
         kl = kl_to_reference(step.mean, ref.mean, step.std)
         loss = loss + t.kl_beta * kl
     return loss, terms, kl

@@ -68,27 +68,31 @@ class Controller:
     events: list[dict] = field(default_factory=list)
     window_start: float = 0.0
     gen_versions: dict[int, dict[int, int]] = field(default_factory=dict)
+    cluster: object = None
+    """The local Dask cluster when digen started one (tests scale it)."""
 
     # --- set-up -----------------------------------------------------------------------
     def role_of(self, w: WorkerInfo) -> Role:
         return Role.COLOCATED if self.cfg.schedule.mode == "colocated" else w.role
 
     def sync_workers(self, sched: Scheduler, now: float) -> list[Instruction]:
-        """Workers that joined or left since the last look, as scheduler events."""
+        """Workers that joined or left since the last look, as scheduler events. A worker
+        restarted under the same name (a Nanny restart: new address) left and joined again:
+        its leased tasks are re-queued and it gets a fresh loop."""
         seen = {w.name: w for w in list_workers(self.client)}
         out: list[Instruction] = []
+        for name in list(self.workers):
+            if name not in seen or seen[name].address != self.workers[name].address:
+                del self.workers[name]
+                self.loops.pop(name, None)
+                out += sched.handle(WorkerLeft(name, now))
         for name, w in seen.items():
             if name not in self.workers:
                 self.workers[name] = w
                 out += sched.handle(WorkerJoined(name, self.role_of(w), w.gpu_type, now))
                 self.start_loop(w)
-        for name in list(self.workers):
-            if name not in seen:
-                del self.workers[name]
-                self.loops.pop(name, None)
-                out += sched.handle(WorkerLeft(name, now))
         for name, fut in list(self.loops.items()):  # a loop that crashed on a live worker restarts
-            if fut.status == "error" and name in seen:
+            if fut.status == "error":
                 log.warning("worker loop on %s failed (%s); restarting it", name, fut.exception())
                 self.start_loop(seen[name])
         return out
@@ -249,7 +253,7 @@ def run_distributed(
         cluster, client = start_local_cluster(n_roll, n_train, cl.gpu_type, cl.threads_per_worker)
     else:
         client = connect_scheduler(scheduler)
-    ctl = Controller(cfg, run, queue, job, client, url, progress)
+    ctl = Controller(cfg, run, queue, job, client, url, progress, cluster=cluster)
     groups = cfg.rollout.prompts_per_iteration
     sched = Scheduler(SchedulerConfig(
         iterations=cfg.iterations, groups=groups, gap=bool(s.gap), tag=bool(s.tag),

@@ -7,7 +7,7 @@ Keys (``P = digen:<job_id>:``)::
                                when LoRA), metadata {"version": v}
     P data:<task_id>   string  safetensors a task produced (trajectories, gradients)
     P status           string  running | cancel | done | failed
-    P workers          hash    worker -> JSON {role, gpu_type} of workers that ran a loop
+    P ready            hash    worker -> gpu type, for workers whose loop has loaded the model
 """
 
 from __future__ import annotations
@@ -77,6 +77,13 @@ class JobState:
     def drop_data(self, task_ids: list[str]) -> None:
         if task_ids:
             self.r.delete(*[self.p + f"data:{t}" for t in task_ids])
+
+    # --- workers ----------------------------------------------------------------------
+    def mark_ready(self, worker: str, gpu_type: str) -> None:
+        self.r.hset(self.p + "ready", worker, gpu_type)
+
+    def is_ready(self, worker: str) -> bool:
+        return bool(self.r.hexists(self.p + "ready", worker))
 
     # --- status -----------------------------------------------------------------------
     def set_status(self, status: str) -> None:

@@ -23,14 +23,25 @@ STEPS = 4  # denoising steps of the stored trajectories
 TASKS: list[tuple[list[int], list[list[int]]]] = [([0, 1, 2], [[0, 1, 2]] * 3), ([3], [[0, 1]])]
 OPT_STEPS = 2
 # name -> (activation checkpointing, LoRA + KL to the base weights)
-PHASES: dict[str, tuple[bool, bool]] = {"full": (False, False), "full_ckpt": (True, False), "lora_kl": (False, True)}
+PHASES: dict[str, tuple[bool, bool]] = {
+    "full": (False, False),
+    "full_ckpt": (True, False),
+    "lora_kl": (False, True),
+}
 
 
 def make_cfg(kl: bool = False) -> Config:
     """A clip range wide enough that no row sits at the PPO clip boundary, a grad clip low
     enough that clipping is active (the norm is a cross-rank reduction)."""
-    return Config(train=TrainConfig(clip_range=0.5, grad_clip=0.05, rows_per_forward=2, lr=1e-3,
-                                    kl_beta=0.1 if kl else 0.0))
+    return Config(
+        train=TrainConfig(
+            clip_range=0.5,
+            grad_clip=0.002 if kl else 0.05,
+            rows_per_forward=2,
+            lr=1e-3,
+            kl_beta=0.1 if kl else 0.0,
+        )
+    )
 
 
 def make_policy(model: str, lora: bool) -> FlowPolicy:
@@ -48,8 +59,9 @@ def task_rows(data: dict[str, torch.Tensor]) -> list[tuple[TrainRows, PromptEmbe
     out = []
     for samples, steps in TASKS:
         keep = torch.tensor(samples)
-        rows = build_rows(data["latents"][keep], data["log_probs"][keep], data["sigmas"],
-                          data["advantages"][keep], steps)
+        rows = build_rows(
+            data["latents"][keep], data["log_probs"][keep], data["sigmas"], data["advantages"][keep], steps
+        )
         out.append((rows, embeds.repeat_rows(len(samples)), float(data["sigmas"][1])))
     return out
 
@@ -63,8 +75,13 @@ def run_rank(rank: int, world: int, port: int, model: str, data_file: str, out_d
 
     from digen.parallel import ShardedTrainer, shard_rows
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=60),
+    )
     try:
         tasks = task_rows(load_file(data_file))
         for name, (ckpt, lora) in PHASES.items():
@@ -74,7 +91,9 @@ def run_rank(rank: int, world: int, port: int, model: str, data_file: str, out_d
             norms = []
             for _ in range(OPT_STEPS):
                 for rows, embeds, sigma_max in tasks:
-                    trainer.accumulate(shard_rows(rows, rank, world), embeds, cfg, tsp=True, sigma_max=sigma_max)
+                    trainer.accumulate(
+                        shard_rows(rows, rank, world), embeds, cfg, tsp=True, sigma_max=sigma_max
+                    )
                 norms.append(trainer.step()["grad_norm"])
             state = trainer.full_state_dict()
             if rank == 0:

@@ -1,0 +1,210 @@
+"""A digen worker node: one Dask worker (under a Nanny) that carries a role and a GPU type.
+
+``digen worker --scheduler ADDR --role trainer --gpu-type a100`` starts one. Its Dask
+resources are ``{"trainer": 1, "gpu-a100": 1}`` (:func:`~digen.runtime.cluster.worker_resources`),
+so the controller of a running job sees it within half a second and gives it a worker loop at
+the next iteration boundary. ``--device cuda:N`` pins it to GPU N: the worker process sees
+only that GPU (``CUDA_VISIBLE_DEVICES=N``) and the worker loop runs on ``cuda:0``
+(``DIGEN_DEVICE``).
+
+TLS (``tls://`` addresses): the config's ``security:`` section names a CA, a certificate and
+a key (PEM). :func:`dask_security` turns it into a ``distributed.Security`` for a worker or a
+client; :func:`dask_tls_config` into the dask config keys that a ``Client`` created without an
+explicit ``security`` (the controller's) reads.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+from urllib.parse import urlsplit
+
+import yaml
+
+from digen.config import SecurityConfig
+from digen.errors import ConfigError, ConnectionFailure
+from digen.runtime.cluster import worker_resources
+
+log = logging.getLogger(__name__)
+
+ROLES = ("rollout", "trainer")
+
+
+def worker_name(role: str, gpu_type: str) -> str:
+    """A cluster-unique default name: ``<role>-<gpu type>-<host>-<6 hex>``."""
+    host = socket.gethostname().split(".")[0] or "host"
+    return f"{role}-{gpu_type}-{host}-{uuid.uuid4().hex[:6]}"
+
+
+def device_env(device: str | None) -> dict[str, str]:
+    """Environment of the worker process for ``--device``: ``cuda:N`` -> only GPU N visible,
+    used as ``cuda:0``; ``cpu`` -> no GPU; None -> the config's ``model.device``."""
+    if device is None:
+        return {}
+    if device == "cpu":
+        return {"CUDA_VISIBLE_DEVICES": "", "DIGEN_DEVICE": "cpu"}
+    kind, _, index = device.partition(":")
+    if kind != "cuda" or (index and not index.isdigit()):
+        raise ConfigError(f"--device ({device}) must be cpu, cuda or cuda:N (N a GPU index, e.g. cuda:1)")
+    return {"CUDA_VISIBLE_DEVICES": index or "0", "DIGEN_DEVICE": "cuda:0"}
+
+
+def check_reachable(address: str, timeout_s: float = 10.0) -> None:
+    """Open (and close) a TCP connection to a Dask address (``tcp://`` or ``tls://``), or
+    raise :class:`ConnectionFailure` within ``timeout_s`` naming the address."""
+    parts = urlsplit(address if "://" in address else f"tcp://{address}")
+    if parts.scheme not in ("tcp", "tls") or not parts.hostname or not parts.port:
+        raise ConfigError(f"--scheduler ({address}) must look like tcp://host:8786 or tls://host:8786")
+    try:
+        with socket.create_connection((parts.hostname, parts.port), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        reason = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or type(exc).__name__)
+        raise ConnectionFailure(
+            f"cannot reach the Dask scheduler at {address} ({reason}); start it with `dask scheduler` "
+            f"(or docker compose up scheduler) and check the address and port"
+        ) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# TLS
+
+
+def load_security(path: Path) -> SecurityConfig:
+    """The ``security:`` section of a YAML file (a job config works), paths made absolute
+    relative to the file's folder; every file must exist."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"--security file {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    section = data.get("security", data) if isinstance(data, dict) else None
+    if not isinstance(section, dict):
+        raise ConfigError(f"{path} must hold a security: section with ca_file, cert_file, key_file")
+    try:
+        sec = SecurityConfig.model_validate(section)
+    except ValueError as exc:
+        raise ConfigError(f"{path}: security section is invalid: {exc}") from None
+    return absolute_security(sec, path.parent)
+
+
+def absolute_security(sec: SecurityConfig, base: Path) -> SecurityConfig:
+    """``sec`` with its file paths absolute (relative ones resolved against ``base``);
+    a :class:`ConfigError` listing every missing or absent file."""
+    if not sec.enabled:
+        return sec
+    update, problems = {}, []
+    for name in ("ca_file", "cert_file", "key_file"):
+        value = getattr(sec, name)
+        if value is None:
+            problems.append(f"security.{name} is missing: TLS needs ca_file, cert_file and key_file together")
+            continue
+        p = Path(value).expanduser()
+        p = p if p.is_absolute() else (base / p)
+        if not p.exists():
+            problems.append(f"security.{name} ({value}) does not exist; docs/deploy.md shows how to make it")
+        update[name] = str(p.resolve())
+    if problems:
+        raise ConfigError(problems)
+    return sec.model_copy(update=update)
+
+
+def dask_security(sec: SecurityConfig | None, side: Literal["client", "worker"]):
+    """A ``distributed.Security`` for ``side`` from the config section, or None (no TLS)."""
+    if sec is None or not sec.enabled:
+        return None
+    from distributed import Security
+
+    return Security(
+        tls_ca_file=sec.ca_file,
+        require_encryption=sec.require_encryption,
+        **{f"tls_{side}_cert": sec.cert_file, f"tls_{side}_key": sec.key_file},
+    )
+
+
+def dask_tls_config(sec: SecurityConfig | None) -> dict[str, object]:
+    """Dask config keys that make a ``Client`` created without ``security=`` use TLS."""
+    if sec is None or not sec.enabled:
+        return {}
+    return {
+        "distributed.comm.tls.ca-file": sec.ca_file,
+        "distributed.comm.tls.client.cert": sec.cert_file,
+        "distributed.comm.tls.client.key": sec.key_file,
+        "distributed.comm.require-encryption": sec.require_encryption,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# the worker process
+
+
+def run_worker(
+    scheduler: str,
+    role: str,
+    gpu_type: str,
+    *,
+    name: str | None = None,
+    device: str | None = None,
+    nthreads: int = 1,
+    host: str | None = None,
+    security: SecurityConfig | None = None,
+    on_ready: Callable[[str, str], None] | None = None,
+) -> None:
+    """Run a Dask worker for digen until it is stopped (SIGTERM, SIGINT, or the scheduler
+    closing). ``on_ready(name, address)`` is called once it has joined the scheduler."""
+    if role not in ROLES:
+        raise ConfigError(f"--role ({role}) must be rollout or trainer")
+    if not gpu_type or not all(c.isalnum() or c in "-_." for c in gpu_type):
+        raise ConfigError(f"--gpu-type ({gpu_type!r}) must be a short name such as h100, a10g or cpu")
+    if nthreads < 1:
+        raise ConfigError(f"--nthreads ({nthreads}) must be at least 1")
+    env = device_env(device)
+    sec = dask_security(security, "worker")
+    if scheduler.startswith("tls://") and sec is None:
+        raise ConfigError(f"--scheduler {scheduler} uses TLS: pass --security FILE with a security: section")
+    check_reachable(scheduler)
+    import asyncio
+
+    asyncio.run(_serve(scheduler, worker_resources(role, gpu_type), name or worker_name(role, gpu_type),
+                       nthreads, env, host, sec, on_ready))
+
+
+async def _serve(scheduler, resources, name, nthreads, env, host, security, on_ready) -> None:
+    import asyncio
+    import signal
+
+    from distributed import Nanny
+
+    nanny = Nanny(scheduler, nthreads=nthreads, resources=resources, name=name, env=env, host=host,
+                  security=security, memory_limit=0, death_timeout=60, silence_logs=logging.WARNING)
+    await nanny
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, lambda: asyncio.ensure_future(nanny.close()))
+    try:
+        if on_ready is not None:
+            on_ready(name, nanny.worker_address or nanny.address)
+        await nanny.finished()
+    finally:
+        if nanny.status.name not in ("closed", "closing", "failed"):
+            await nanny.close()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+__all__ = [
+    "absolute_security",
+    "check_reachable",
+    "dask_security",
+    "dask_tls_config",
+    "device_env",
+    "load_security",
+    "run_worker",
+    "worker_name",
+]

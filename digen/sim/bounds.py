@@ -1,0 +1,61 @@
+"""Throughput bounds: what no schedule can beat (DESIGN.md section 4).
+
+- Zero-bubble bound, identical workers: an iteration needs at least ``(G + T) / N`` seconds
+  (``G``, ``T``: generation and training worker-seconds).
+- Mixed GPU types, the linear program: maximise ``X`` subject to ``sum_i f_i g_i >= X``,
+  ``sum_i (1 - f_i) t_i >= X``, ``0 <= f_i <= 1`` (``g_i``, ``t_i``: samples/s of worker ``i``
+  when it only generates / only trains; ``f_i`` the fraction of its time spent generating).
+
+The LP has two constraints and is solved exactly without an LP library: at the optimum both
+are tight (else move time to the short side), so ``X = sum f_i g_i`` with
+``sum f_i (g_i + t_i) = sum t_i``. That is a fractional knapsack: value ``g_i``, weight
+``g_i + t_i``, capacity ``sum t_i``; take workers by decreasing ``g_i / t_i`` (best
+generators first), the last one fractionally.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from digen.sim.costmodel import CostModel
+
+
+@dataclass(frozen=True)
+class LpSolution:
+    x: float
+    """Samples/s of the bound."""
+    fractions: list[float]
+    """``f_i``: share of worker ``i``'s time spent generating."""
+
+
+def zero_bubble_bound(gen_worker_s: float, train_worker_s: float, workers: int) -> float:
+    """Seconds per iteration of identical workers with no bubble: ``(G + T) / N``."""
+    return (gen_worker_s + train_worker_s) / workers
+
+
+def lp_bound(g: list[float], t: list[float]) -> LpSolution:
+    """Exact solution of the 2-constraint LP above (``g``, ``t``: samples/s per worker)."""
+    if len(g) != len(t):
+        raise ValueError(f"g has {len(g)} workers, t has {len(t)}")
+    if any(v < 0 for v in g + t):
+        raise ValueError("rates must be >= 0")
+    f = [0.0] * len(g)
+    capacity = sum(t)
+    order = sorted(range(len(g)), key=lambda i: (-(g[i] / t[i]) if t[i] > 0 else float("-inf"), i))
+    x = 0.0
+    for i in order:
+        weight = g[i] + t[i]
+        if capacity <= 0 or weight <= 0:
+            continue
+        share = min(1.0, capacity / weight)
+        f[i] = share
+        x += share * g[i]
+        capacity -= share * weight
+    return LpSolution(x, f)
+
+
+def costmodel_bound(cost: CostModel) -> LpSolution:
+    """The LP bound of a cost model: each worker's best generation rate (a rollout with full
+    weights: denoise + decode + reward) and best training rate (TSP), no optimizer step."""
+    rates = [cost.rates(w, tsp=True) for w in cost.workers]
+    return lp_bound([g for g, _ in rates], [t for _, t in rates])

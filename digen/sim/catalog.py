@@ -1,0 +1,169 @@
+"""Simulation configs (``configs/sim/*.yaml``): a run names a workload and a testbed from a
+shared catalog (``configs/sim/catalog.yaml``: GPU types, models, workloads, testbeds, every
+constant cited there).
+
+    # configs/sim/qwen-image_A.yaml
+    catalog: catalog.yaml
+    workload: flow-grpo-qwen-image
+    testbed: A
+    sim: {iterations: 5, warmup: 2, neighbours: 2}
+
+Loading reports every problem at once as a :class:`~digen.errors.ConfigError`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from digen.errors import ConfigError
+from digen.sim.costmodel import CostModel, GpuType, ModelSpec, Testbed, Workload, paper_costmodel
+from digen.sim.study import SimSettings
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class GpuEntry(_Section):
+    tflops: float = Field(gt=0)
+    memory_gb: float = Field(gt=0)
+    host_gbps: float = Field(gt=0)
+    intra_gbps: float = Field(gt=0)
+
+
+class ModelEntry(_Section):
+    tflop_per_step: float = Field(gt=0)
+    cfg: int = Field(ge=1, le=2)
+    weights_gb: float = Field(gt=0)
+    adapter_gb: float | None = Field(None, gt=0)
+    layers: int = Field(ge=1)
+    activation_gb: float = Field(ge=0)
+    train_flops_factor: float = Field(3.0, ge=1)
+    decode_s_ref: float = Field(ge=0)
+    reward_tflop: float = Field(0.0, ge=0)
+    sp_efficiency: dict[int, float] = {}
+
+
+class WorkloadEntry(_Section):
+    model: str
+    steps: int = Field(ge=1)
+    timestep_fraction: float = Field(gt=0, le=1)
+    prompts: int = Field(32, ge=1)
+    group_size: int = Field(16, ge=1)
+    samples_per_task: int = Field(1, ge=1)
+
+
+class TestbedEntry(_Section):
+    net_gbps: float = Field(gt=0)
+    gpus: dict[str, int]
+
+
+class Catalog(_Section):
+    gpus: dict[str, GpuEntry]
+    models: dict[str, ModelEntry]
+    workloads: dict[str, WorkloadEntry]
+    testbeds: dict[str, TestbedEntry]
+
+
+class SimSection(_Section):
+    iterations: int = Field(5, ge=2)
+    warmup: int = Field(2, ge=0)
+    neighbours: int = Field(2, ge=0)
+
+
+class SimRunConfig(_Section):
+    catalog: str = "catalog.yaml"
+    workload: str
+    testbed: str
+    prompts: int | None = Field(None, ge=1)
+    """Override the workload's prompt groups per iteration (large clusters)."""
+    samples_per_task: int | None = Field(None, ge=1)
+    tsp_batch_gain: float = Field(1.0, ge=1.0)
+    """Compute speedup of batching K timesteps in one forward (1.0: compute bound already,
+    cost-model.md l.49-50)."""
+    sim: SimSection = SimSection()
+
+
+@dataclass(frozen=True)
+class SimSetup:
+    """A loaded simulation config: what to simulate and how."""
+
+    name: str
+    workload: Workload
+    testbed: Testbed
+    settings: SimSettings
+    cost: CostModel
+
+
+def _read_yaml(path: Path) -> dict:
+    if not path.exists():
+        raise ConfigError(f"simulation config {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping, got {type(data).__name__}")
+    return data
+
+
+def _validate(model: type[BaseModel], data: dict, where: Path) -> BaseModel:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = [f"{where.name}: {'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
+        raise ConfigError(problems) from None
+
+
+def load_catalog(path: Path) -> Catalog:
+    cat = _validate(Catalog, _read_yaml(path), path)
+    assert isinstance(cat, Catalog)
+    problems = [f"{path.name}: workloads.{n}.model ({w.model}) is not in models" for n, w in cat.workloads.items()
+                if w.model not in cat.models]
+    problems += [f"{path.name}: testbeds.{n}.gpus.{g} is not in gpus" for n, t in cat.testbeds.items()
+                 for g in t.gpus if g not in cat.gpus]
+    if problems:
+        raise ConfigError(problems)
+    return cat
+
+
+def is_run_config(path: Path) -> bool:
+    """True for a run config (names a workload), False for the catalog."""
+    data = _read_yaml(path)
+    return "workload" in data and "testbed" in data
+
+
+def load_sim_config(path: str | Path, *, testbed: str | None = None) -> SimSetup:
+    """Read a run config and its catalog; build the paper-scale cost model."""
+    p = Path(path)
+    run = _validate(SimRunConfig, _read_yaml(p), p)
+    assert isinstance(run, SimRunConfig)
+    cat = load_catalog((p.parent / run.catalog).resolve())
+    tb_name = testbed or run.testbed
+    problems = []
+    if run.workload not in cat.workloads:
+        problems.append(f"{p.name}: workload ({run.workload}) must be one of {', '.join(cat.workloads)}")
+    if tb_name not in cat.testbeds:
+        problems.append(f"{p.name}: testbed ({tb_name}) must be one of {', '.join(cat.testbeds)}")
+    if run.sim.warmup >= run.sim.iterations:
+        problems.append(f"{p.name}: sim.warmup ({run.sim.warmup}) must be below sim.iterations ({run.sim.iterations})")
+    if problems:
+        raise ConfigError(problems)
+    wl = cat.workloads[run.workload]
+    m = cat.models[wl.model]
+    spt = run.samples_per_task or wl.samples_per_task
+    if wl.group_size % spt:
+        raise ConfigError(f"{p.name}: samples_per_task ({spt}) must divide the group size ({wl.group_size}) of "
+                          f"workload {run.workload}")
+    model = ModelSpec(name=wl.model, **m.model_dump())
+    workload = Workload(run.workload, model, wl.steps, wl.timestep_fraction, run.prompts or wl.prompts,
+                        wl.group_size, spt)
+    tbe = cat.testbeds[tb_name]
+    tb = Testbed(tb_name, tbe.net_gbps, tuple((GpuType(g, **cat.gpus[g].model_dump()), n) for g, n in tbe.gpus.items()))
+    cost = paper_costmodel(workload, tb, tsp_batch_gain=run.tsp_batch_gain)
+    settings = SimSettings(run.sim.iterations, run.sim.warmup, run.sim.neighbours)
+    return SimSetup(f"{run.workload} @ {tb_name}", workload, tb, settings, cost)

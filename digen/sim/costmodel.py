@@ -1,0 +1,283 @@
+"""The simulator's cost model: seconds of every task part on every simulated worker.
+
+The driver (:mod:`digen.sim.driver`) only reads a :class:`CostModel`: a list of
+:class:`SimWorker` (name, GPU type, GPUs per worker, a :class:`WorkerCost` table) and the
+iteration's shape (tasks, samples per task) and controller costs (optimizer step, weight
+publication). Two builders fill it:
+
+- :func:`paper_costmodel` derives every number from hardware and model figures
+  (``configs/sim/catalog.yaml``, each constant cited to ``reference/cost-model.md``):
+  ``seconds = FLOPs / achieved TFLOPS`` per denoising step (x CFG passes), training
+  ``train_flops_factor`` x forward per trained timestep, VAE decode and reward per sample,
+  FSDP weight gathers, sequence-parallel efficiency, offload/reload over PCIe, weight
+  broadcast over the network;
+- :func:`digen.sim.calibrate.costmodel_from_run` measures them from a real run's timeline.
+
+Task unit. A task is one micro-batch of ``samples_per_task`` samples of one prompt group
+(``tasks_per_group = group_size / samples_per_task`` siblings). The Scheduler sees each
+micro-batch as a "group"; the driver keeps a sibling's training out of the queue until every
+micro-batch of its prompt group is scored, so advantages use whole-group statistics (exact
+GRPO). A worker is a replica of ``gpus`` GPUs: one GPU, or a sequence-parallel group when
+one sample does not fit in one GPU's memory.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from digen.errors import ConfigError
+
+# Reference GPU for the measured VAE-decode figures (RTX 4090, cost-model.md l.28-29):
+# 165 TFLOPS peak (l.40) x 0.31 eager MFU (l.4; l.18 gives 74*28/6.71/989 = 0.312).
+REFERENCE_TFLOPS = 165.0 * 0.31
+USABLE_MEMORY = 0.9
+"""Fraction of a GPU's memory usable by the model (CUDA context, allocator fragmentation)."""
+SP_DEGREES = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class GpuType:
+    name: str
+    tflops: float
+    """Achieved dense bf16 TFLOPS of a DiT forward in eager PyTorch (peak x MFU)."""
+    memory_gb: float
+    host_gbps: float
+    """GPU <-> host bandwidth (PCIe), GB/s: offload and reload."""
+    intra_gbps: float
+    """GPU <-> GPU bandwidth inside a node, GB/s: FSDP all-gathers."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    tflop_per_step: float
+    """Forward TFLOP of one denoising step of one sample, one pass."""
+    cfg: int
+    """Passes per step: 2 for true CFG, 1 for embedded guidance."""
+    weights_gb: float
+    """bf16 transformer weights."""
+    adapter_gb: float | None
+    """LoRA adapter size (what is trained, synced and loaded); None = full fine-tune."""
+    layers: int
+    """Transformer blocks (FSDP gathers layer by layer: one layer's gather is exposed)."""
+    activation_gb: float
+    """Peak activation memory of generating one sample on one GPU."""
+    train_flops_factor: float
+    """Forward+backward FLOPs / forward FLOPs of a training pass."""
+    decode_s_ref: float
+    """VAE decode seconds of one sample on the reference GPU (:data:`REFERENCE_TFLOPS`)."""
+    reward_tflop: float
+    """Reward model TFLOP per sample."""
+    sp_efficiency: dict[int, float] = field(default_factory=lambda: {1: 1.0})
+    """Sequence-parallel efficiency per degree: speedup(d) / d."""
+
+    def sp_eff(self, degree: int) -> float:
+        """Efficiency at ``degree`` (log-linear interpolation between listed degrees)."""
+        table = dict(sorted({1: 1.0, **self.sp_efficiency}.items()))
+        if degree in table:
+            return table[degree]
+        lo = max(d for d in table if d < degree)
+        hi = min((d for d in table if d > degree), default=None)
+        if hi is None:
+            return table[lo] * lo / degree  # no data: no further speedup beyond the last degree
+        w = (math.log(degree) - math.log(lo)) / (math.log(hi) - math.log(lo))
+        return table[lo] + w * (table[hi] - table[lo])
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    model: ModelSpec
+    steps: int
+    timestep_fraction: float
+    prompts: int
+    """Prompt groups per iteration (one optimizer step)."""
+    group_size: int
+    samples_per_task: int
+
+    @property
+    def trained_timesteps(self) -> int:
+        """K: the count Flow-GRPO's prefix / DanceGRPO's random selection trains
+        (``floor(steps * fraction)``, as :func:`digen.algos.timesteps.select_timesteps`)."""
+        return max(1, math.floor(self.steps * self.timestep_fraction + 1e-6))
+
+    @property
+    def samples(self) -> int:
+        return self.prompts * self.group_size
+
+    @property
+    def tasks_per_group(self) -> int:
+        return self.group_size // self.samples_per_task
+
+    @property
+    def tasks(self) -> int:
+        return self.prompts * self.tasks_per_group
+
+
+@dataclass(frozen=True)
+class Testbed:
+    name: str
+    net_gbps: float
+    """Inter-node bandwidth, GB/s: weight broadcast and gradient all-reduce."""
+    gpus: tuple[tuple[GpuType, int], ...]
+
+    @property
+    def gpu_count(self) -> int:
+        return sum(n for _, n in self.gpus)
+
+
+@dataclass(frozen=True)
+class WorkerCost:
+    """Seconds of the parts of one task (one micro-batch) on one worker."""
+
+    gen_s: float
+    """Denoising loop on a rollout (full weights resident)."""
+    decode_s: float
+    reward_s: float
+    train_s: float
+    """K trained timesteps, one forward/backward each (no TSP)."""
+    train_tsp_s: float
+    """K timesteps packed in one batched forward/backward (TSP): one weight gather."""
+    gen_on_trainer_s: float
+    """Denoising loop on a trainer (TAG): slower when its weights are FSDP-sharded."""
+    recompute_s: float = 0.0
+    """Old-log-prob forward over the K timesteps (colocated peers that do not reuse the
+    rollout's log-probs)."""
+    phase_switch_s: float = 0.0
+    """Colocated peers: offload one engine and reload the other (one transition)."""
+    context_switch_s: float = 0.0
+    """A disaggregated worker switching between generation and training (TAG)."""
+    load_s: float = 0.0
+    """Load a newly published weights version (adapter or full weights) into the worker."""
+
+    @property
+    def rollout_s(self) -> float:
+        """A generation task end to end: denoise, decode, score."""
+        return self.gen_s + self.decode_s + self.reward_s
+
+
+@dataclass(frozen=True)
+class SimWorker:
+    name: str
+    gpu_type: str
+    gpus: int
+    cost: WorkerCost
+
+
+@dataclass
+class CostModel:
+    """Everything the driver needs: workers with their task costs, the iteration's shape,
+    and the controller's step costs."""
+
+    workers: list[SimWorker]
+    tasks: int
+    """Tasks per iteration (the Scheduler's groups)."""
+    samples_per_task: int
+    tasks_per_group: int = 1
+    optim_s: float = 0.0
+    """Sum gradients (all-reduce) and step AdamW."""
+    sync_s: float = 0.0
+    """Publish the new version to the workers (broadcast); colocated workers hold it locally."""
+    label: str = ""
+    notes: list[str] = field(default_factory=list)
+    """Derived choices to report (parallel degrees, FSDP, bytes moved)."""
+
+    @property
+    def samples(self) -> int:
+        return self.tasks * self.samples_per_task
+
+    @property
+    def gpu_count(self) -> int:
+        return sum(w.gpus for w in self.workers)
+
+    def rates(self, w: SimWorker, *, tsp: bool = True) -> tuple[float, float]:
+        """``(g, t)``: samples/s of worker ``w`` when it only generates / only trains."""
+        c = w.cost
+        train = c.train_tsp_s if tsp else c.train_s
+        g = self.samples_per_task / c.rollout_s if c.rollout_s > 0 else 0.0
+        t = self.samples_per_task / train if train > 0 else 0.0
+        return g, t
+
+
+# --- paper-scale builder ---------------------------------------------------------------
+def sp_degree(model: ModelSpec, gpu: GpuType) -> int:
+    """Smallest sequence-parallel degree at which one sample fits: SP replicates the weights
+    and splits the activations."""
+    for d in SP_DEGREES:
+        if model.weights_gb + model.activation_gb / d <= USABLE_MEMORY * gpu.memory_gb:
+            return d
+    raise ConfigError(
+        f"model {model.name} ({model.weights_gb} GB weights + {model.activation_gb} GB activations) does not fit "
+        f"on {gpu.name} ({gpu.memory_gb} GB) even with sequence parallelism {SP_DEGREES[-1]}; use a GPU with more memory"
+    )
+
+
+def needs_fsdp(model: ModelSpec, gpu: GpuType, degree: int) -> bool:
+    """Training shards the base weights (FSDP) when weights plus training activations (taken
+    as twice one sample's generation activations, with activation checkpointing) do not fit,
+    and always for a full fine-tune (AdamW needs ~16 B/param, cost-model.md l.37)."""
+    if model.adapter_gb is None:
+        return True
+    return model.weights_gb + 2 * model.activation_gb / degree > USABLE_MEMORY * gpu.memory_gb
+
+
+def _pass_s(compute_s: float, gather_s: float, layers: int) -> float:
+    """One FSDP pass: layer-wise all-gathers are prefetched under compute, so the pass takes
+    the longer of the two plus the one gather that cannot overlap (the first layer)."""
+    if gather_s <= 0:
+        return compute_s
+    return max(compute_s, gather_s) + gather_s / layers
+
+
+def worker_cost(w: Workload, gpu: GpuType, degree: int, *, tsp_batch_gain: float = 1.0) -> tuple[WorkerCost, bool]:
+    """Task costs of one replica of ``degree`` GPUs of type ``gpu``; also whether it trains
+    with FSDP."""
+    m, mdl = w.samples_per_task, w.model
+    speed = degree * gpu.tflops * mdl.sp_eff(degree)  # TFLOP/s of the replica
+    fwd = m * mdl.cfg * mdl.tflop_per_step / speed  # one step of the micro-batch, all CFG passes
+    k = w.trained_timesteps
+    fsdp = needs_fsdp(mdl, gpu, degree)
+    gather = mdl.weights_gb / gpu.intra_gbps if fsdp else 0.0  # one full all-gather
+    train_pass = fwd * mdl.train_flops_factor
+    # FSDP gathers the weights for the forward and again for the backward of every pass
+    train_s = k * _pass_s(train_pass, 2 * gather, mdl.layers)
+    train_tsp_s = _pass_s(k * train_pass / tsp_batch_gain, 2 * gather, mdl.layers)
+    gen_s = w.steps * fwd
+    gen_on_trainer_s = w.steps * _pass_s(fwd, gather, mdl.layers)
+    decode_s = m * mdl.decode_s_ref * REFERENCE_TFLOPS / gpu.tflops
+    reward_s = m * mdl.reward_tflop / gpu.tflops
+    trained_gb = mdl.adapter_gb if mdl.adapter_gb is not None else mdl.weights_gb
+    cost = WorkerCost(
+        gen_s=gen_s, decode_s=decode_s, reward_s=reward_s, train_s=train_s, train_tsp_s=train_tsp_s,
+        gen_on_trainer_s=gen_on_trainer_s,
+        recompute_s=k * _pass_s(fwd, gather, mdl.layers),
+        # full-duplex PCIe: offloading one engine's weights overlaps reloading the other's
+        phase_switch_s=mdl.weights_gb / gpu.host_gbps,
+        context_switch_s=trained_gb / gpu.host_gbps,
+        load_s=trained_gb / gpu.host_gbps,
+    )
+    return cost, fsdp
+
+
+def paper_costmodel(w: Workload, tb: Testbed, *, tsp_batch_gain: float = 1.0) -> CostModel:
+    """Cost model of workload ``w`` on testbed ``tb`` from FLOPs, bytes and bandwidths."""
+    workers: list[SimWorker] = []
+    notes: list[str] = []
+    for gpu, count in tb.gpus:
+        degree = sp_degree(w.model, gpu)
+        cost, fsdp = worker_cost(w, gpu, degree, tsp_batch_gain=tsp_batch_gain)
+        if count % degree:
+            raise ConfigError(f"testbed {tb.name}: {count} x {gpu.name} is not a multiple of the sequence-parallel "
+                              f"degree {degree} that {w.model.name} needs there")
+        notes.append(f"{gpu.name}: {count // degree} workers x {degree} GPU (SP {degree}, eff "
+                     f"{w.model.sp_eff(degree):.2f}){', FSDP training' if fsdp else ''}")
+        workers += [SimWorker(f"{gpu.name}-{i:04d}", gpu.name, degree, cost) for i in range(count // degree)]
+    mdl = w.model
+    trained_gb = mdl.adapter_gb if mdl.adapter_gb is not None else mdl.weights_gb
+    return CostModel(
+        workers=workers, tasks=w.tasks, samples_per_task=w.samples_per_task, tasks_per_group=w.tasks_per_group,
+        optim_s=2 * trained_gb / tb.net_gbps,  # ring all-reduce of the gradients moves ~2x their size
+        sync_s=trained_gb / tb.net_gbps,  # broadcast of the new version
+        label=f"{w.name} on {tb.name}", notes=notes,
+    )

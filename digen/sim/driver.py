@@ -1,0 +1,380 @@
+"""Discrete-event driver: runs a job's iterations through the real :class:`Scheduler`.
+
+A heap of events on a simulated clock. The driver plays both the controller and the
+workers of the runtime (``digen/runtime/controller.py``, ``workers/loop.py``):
+
+- it feeds the Scheduler the controller's events (``WorkerJoined`` before ``start``,
+  ``TaskDone`` with start/end, ``StepDone`` after the optimizer step and the weight
+  publication) and carries out its instructions (``Release`` into the queues, ``SetRole``
+  into the role tags and TAG budgets, ``Step``, ``Finish``);
+- idle simulated workers *pull* from the queues in :func:`digen.core.policy.pull_order` of
+  their tag, as ``workers.loop.next_task`` does: a trainer takes a generation task only when
+  no train task is ready and its TAG budget (reset by each ``SetRole``) is positive, and each
+  stolen task spends 1.
+
+Task durations come from a :class:`~digen.sim.costmodel.CostModel`. A worker loading a new
+weights version pays ``load_s``; one switching between generation and training pays
+``context_switch_s`` (colocated peers: ``phase_switch_s``, offload/reload).
+
+    res = simulate(cost, MODES["digen"], roles)
+    res.samples_per_s, res.bubble_ratio, res.rows  # rows: timeline.jsonl objects
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass, field
+
+from digen.core.events import (
+    Finish,
+    Instruction,
+    Release,
+    Role,
+    SetRole,
+    Step,
+    StepDone,
+    TaskDone,
+    TaskKind,
+    TaskRef,
+    WorkerJoined,
+)
+from digen.core.policy import pull_order
+from digen.core.scheduler import Scheduler, SchedulerConfig
+from digen.errors import ConfigError, DigenError
+from digen.sim.costmodel import CostModel, SimWorker
+
+GEN, TRAIN = TaskKind.GEN, TaskKind.TRAIN
+BUSY_KINDS = frozenset({"gen", "decode", "reward", "train"})
+"""Timeline kinds that count as useful work in the bubble ratio (``sync`` does not, as in
+the controller's metrics)."""
+
+
+@dataclass(frozen=True)
+class Mode:
+    """A schedule to simulate: how it maps onto :class:`SchedulerConfig` and the driver."""
+
+    name: str
+    colocated: bool = False
+    gap: bool = False
+    tsp: bool = False
+    tag: bool = False
+    max_staleness: int = 0
+    peer_overheads: bool = False
+    """Colocated as veRL-Omni / GenRL run it: offload/reload at each phase switch and an
+    old-log-prob recompute before training (cost-model.md l.26-27)."""
+    static_shares: bool = False
+    """SPMD data parallelism, as the colocated peers split a batch: task ``g`` (its
+    generation and its training) belongs to worker ``g mod N``; nobody pulls another's."""
+
+    @property
+    def disaggregated(self) -> bool:
+        return not self.colocated
+
+
+def _ladder() -> dict[str, Mode]:
+    d = "disaggregated"
+    modes = [
+        Mode("colocated", colocated=True, peer_overheads=True, static_shares=True),
+        Mode(d),
+        # the ablation ladder, cumulative
+        Mode("disagg+gap", gap=True),
+        Mode("disagg+gap+tsp", gap=True, tsp=True),
+        Mode("disagg+gap+tsp+tag", gap=True, tsp=True, tag=True),
+        Mode("digen", gap=True, tsp=True, tag=True, max_staleness=1),
+        # each technique alone (disagg+gap is the first rung)
+        Mode("disagg+tsp", tsp=True),
+        Mode("disagg+tag", tag=True),
+        Mode("disagg+async", max_staleness=1),
+        # digen's own colocated mode (the runtime's: no offload, log-probs reused)
+        Mode("colocated-digen", colocated=True),
+    ]
+    return {m.name: m for m in modes}
+
+
+MODES: dict[str, Mode] = _ladder()
+LADDER = ["disaggregated", "disagg+gap", "disagg+gap+tsp", "disagg+gap+tsp+tag", "digen"]
+ALONE = ["disagg+gap", "disagg+tsp", "disagg+tag", "disagg+async"]
+DEFAULT_MODES = ["colocated", *LADDER]
+
+
+def parse_modes(text: str | None) -> list[str]:
+    """``"colocated,digen"`` -> names; ``"all"`` -> every mode; None -> the default set."""
+    if not text:
+        return list(DEFAULT_MODES)
+    if text.strip() == "all":
+        return list(MODES)
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [n for n in names if n not in MODES]
+    if bad:
+        raise ConfigError(f"--modes: unknown mode(s) {', '.join(bad)}; choose from {', '.join(MODES)} or 'all'")
+    return names
+
+
+@dataclass
+class _Worker:
+    spec: SimWorker
+    role: Role
+    index: int
+    budget: int = 0
+    version: int | None = None
+    last_kind: TaskKind | None = None
+    idle: bool = False
+
+
+@dataclass
+class SimResult:
+    """One simulated run: the timeline and per-iteration step ends, and its metrics over the
+    measured iterations (after ``warmup``)."""
+
+    mode: str
+    roles: dict[str, Role]
+    rows: list[dict]
+    step_ends: list[float]
+    samples_per_iteration: int
+    gpus: int
+    warmup: int
+    s_per_iteration: float = 0.0
+    samples_per_s: float = 0.0
+    bubble_ratio: float = 0.0
+    window: tuple[float, float] = (0.0, 0.0)
+
+    @property
+    def samples_per_s_per_gpu(self) -> float:
+        return self.samples_per_s / self.gpus if self.gpus else 0.0
+
+
+@dataclass
+class _Sim:
+    cost: CostModel
+    mode: Mode
+    workers: dict[str, _Worker]
+    sched: Scheduler
+    now: float = 0.0
+    seq: int = 0
+    heap: list = field(default_factory=list)
+    gen_q: deque = field(default_factory=deque)
+    train_q: deque = field(default_factory=deque)
+    waiting: dict[tuple[int, int], list[TaskRef]] = field(default_factory=dict)
+    idle: dict[Role, deque] = field(default_factory=dict)
+    rows: list[tuple] = field(default_factory=list)
+    step_ends: list[float] = field(default_factory=list)
+    finished: bool = False
+    stealers: int = 0
+    """Idle trainers with a TAG budget left (skips the scan when none)."""
+    own: dict[int, tuple[deque, deque]] = field(default_factory=dict)
+    by_index: list = field(default_factory=list)
+    """Static shares: each worker's own generation and train queues."""
+    check: list = field(default_factory=list)
+    """Static shares: workers that may have work in their own queues."""
+
+    # --- instructions -------------------------------------------------------------------
+    def apply(self, instructions: list[Instruction]) -> None:
+        for ins in instructions:
+            if isinstance(ins, Release):
+                self.release(ins)
+            elif isinstance(ins, SetRole):
+                w = self.workers[ins.worker]
+                if w.role is not ins.role:
+                    raise DigenError(f"the scheduler re-tagged {w.spec.name} from {w.role.value} to "
+                                     f"{ins.role.value}; the simulator keeps roles fixed")
+                idle_trainer = w.role is Role.TRAINER and w.idle
+                self.stealers += idle_trainer * ((ins.gen_budget > 0) - (w.budget > 0))
+                w.budget = ins.gen_budget
+            elif isinstance(ins, Step):
+                self.step(ins.iteration)
+            elif isinstance(ins, Finish):
+                self.finished = True
+
+    def release(self, ins: Release) -> None:
+        t = ins.task
+        if t.kind is GEN:
+            self.enqueue(t, ins.version)
+            return
+        # exact GRPO: a micro-batch trains once every micro-batch of its prompt group is scored
+        key = (t.iteration, t.group // self.cost.tasks_per_group)
+        sib = self.waiting.setdefault(key, [])
+        sib.append(t)
+        if len(sib) == self.cost.tasks_per_group:
+            for ref in sorted(sib, key=lambda r: r.group):
+                self.enqueue(ref, None)
+            del self.waiting[key]
+
+    def enqueue(self, t: TaskRef, version: int | None) -> None:
+        if not self.mode.static_shares:
+            (self.gen_q if t.kind is GEN else self.train_q).append((t, version))
+            return
+        w = self.by_index[t.group % len(self.by_index)]
+        self.own[w.index][0 if t.kind is GEN else 1].append((t, version))
+        if w.idle:
+            self.check.append(w)
+
+    def step(self, iteration: int) -> None:
+        c = self.cost
+        sync = c.sync_s if self.mode.disaggregated else 0.0  # colocated: weights are local
+        t0, t1, t2 = self.now, self.now + c.optim_s, self.now + c.optim_s + sync
+        self.rows.append((-1, "optim", iteration, iteration, t0, t1))
+        if sync > 0:
+            self.rows.append((-1, "sync", iteration, iteration + 1, t1, t2))
+        self.push(t2, ("step", iteration, t0))
+
+    # --- workers --------------------------------------------------------------------------
+    def push(self, t: float, ev: tuple) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, self.seq, ev))
+
+    def make_idle(self, w: _Worker) -> None:
+        w.idle = True
+        if self.mode.static_shares:
+            self.check.append(w)
+            return
+        self.idle[w.role].append(w)
+        self.stealers += w.role is Role.TRAINER and w.budget > 0
+
+    def dispatch(self) -> None:
+        """Hand queued tasks to idle workers, each by its tag's pull order."""
+        if self.mode.static_shares:
+            self.dispatch_static()
+            return
+        idle = self.idle
+        while (self.train_q or self.gen_q) and (idle[Role.COLOCATED] or idle[Role.ROLLOUT] or idle[Role.TRAINER]):
+            progressed = False
+            if idle[Role.COLOCATED]:  # pull order [GEN, TRAIN]
+                w = idle[Role.COLOCATED].popleft()
+                self.run(w, *(self.gen_q or self.train_q).popleft())
+                progressed = True
+            if self.train_q and idle[Role.TRAINER]:
+                w = idle[Role.TRAINER].popleft()
+                self.stealers -= w.budget > 0
+                self.run(w, *self.train_q.popleft())
+                progressed = True
+            if self.gen_q and idle[Role.ROLLOUT]:
+                self.run(idle[Role.ROLLOUT].popleft(), *self.gen_q.popleft())
+                progressed = True
+            if self.gen_q and not self.train_q and self.stealers:
+                w = next((x for x in idle[Role.TRAINER] if TaskKind.GEN in pull_order(x.role, x.budget)), None)
+                if w is not None:  # TAG: steal one generation task, spend one unit of budget
+                    idle[Role.TRAINER].remove(w)
+                    self.stealers -= 1
+                    w.budget -= 1
+                    self.run(w, *self.gen_q.popleft())
+                    progressed = True
+            if not progressed:
+                break
+
+    def dispatch_static(self) -> None:
+        """Static shares: a colocated worker runs its own generation tasks, then its own
+        train tasks."""
+        while self.check:
+            w = self.check.pop()
+            gen, train = self.own[w.index]
+            if w.idle and (gen or train):
+                self.run(w, *(gen or train).popleft())
+
+    def run(self, w: _Worker, task: TaskRef, version: int | None) -> None:
+        """Start ``task`` on ``w`` now; its parts become timeline rows."""
+        c, m, t = w.spec.cost, self.mode, self.now
+        w.idle = False
+        version = task.iteration if task.kind is TRAIN else version
+        parts: list[tuple[str, float]] = []
+        if w.version != version:
+            if w.version is not None:
+                parts.append(("sync", c.load_s))
+            w.version = version
+        if w.last_kind is not None and w.last_kind is not task.kind:
+            parts.append(("sync", c.phase_switch_s if m.peer_overheads else c.context_switch_s))
+        w.last_kind = task.kind
+        if task.kind is GEN:
+            gen = c.gen_on_trainer_s if w.role is Role.TRAINER else c.gen_s
+            parts += [("gen", gen), ("decode", c.decode_s), ("reward", c.reward_s)]
+        else:
+            if m.peer_overheads and c.recompute_s > 0:
+                parts.append(("train", c.recompute_s))  # old log-probs recomputed (peers)
+            parts.append(("train", c.train_tsp_s if m.tsp else c.train_s))
+        for kind, dur in parts:
+            if dur > 0:
+                self.rows.append((w.index, kind, task.iteration, version, t, t + dur))
+                t += dur
+        self.push(t, ("task", w.spec.name, task, self.now))
+
+    # --- loop ----------------------------------------------------------------------------
+    def loop(self) -> None:
+        while self.heap and not self.finished:
+            self.now, _, ev = heapq.heappop(self.heap)
+            if ev[0] == "task":
+                _, name, task, start = ev
+                self.make_idle(self.workers[name])
+                self.apply(self.sched.handle(TaskDone(task, name, start, self.now)))
+            else:
+                _, iteration, start = ev
+                self.step_ends.append(self.now)
+                self.apply(self.sched.handle(StepDone(iteration, start, self.now)))
+            self.dispatch()
+        if not self.finished:
+            raise DigenError(f"simulation of {self.mode.name} stalled at t={self.now:.1f}s: "
+                             f"{len(self.gen_q)} generation and {len(self.train_q)} train tasks queued, "
+                             f"no worker can take them (a mode needs rollout and trainer workers)")
+
+
+def simulate(cost: CostModel, mode: Mode, roles: dict[str, Role] | None = None, *, iterations: int = 4,
+             warmup: int = 1) -> SimResult:
+    """Run ``iterations`` iterations of ``mode``; metrics cover those after ``warmup``.
+
+    ``roles``: rollout/trainer per worker for disaggregated modes (colocated ignores it).
+    """
+    if iterations <= warmup:
+        raise ConfigError(f"sim.iterations ({iterations}) must exceed sim.warmup ({warmup})")
+    if mode.colocated:
+        roles = {w.name: Role.COLOCATED for w in cost.workers}
+    elif roles is None or set(roles) != {w.name for w in cost.workers}:
+        raise ConfigError(f"mode {mode.name} needs a role (rollout or trainer) for every worker")
+    sched = Scheduler(SchedulerConfig(iterations=iterations, groups=cost.tasks, gap=mode.gap, tag=mode.tag,
+                                      max_staleness=mode.max_staleness))
+    workers = {w.name: _Worker(w, roles[w.name], i) for i, w in enumerate(cost.workers)}
+    sim = _Sim(cost, mode, workers, sched, idle={r: deque() for r in Role},
+               own={w.index: (deque(), deque()) for w in workers.values()},
+               by_index=sorted(workers.values(), key=lambda w: w.index))
+    for w in workers.values():
+        sched.handle(WorkerJoined(w.spec.name, w.role, w.spec.gpu_type, 0.0))
+        sim.make_idle(w)
+    sim.apply(sched.start(0.0))
+    sim.dispatch()
+    sim.loop()
+    res = SimResult(mode.name, dict(roles), _rows(sim), sim.step_ends, cost.samples, cost.gpu_count, warmup)
+    _measure(res, sim)
+    return res
+
+
+def _rows(sim: _Sim) -> list[dict]:
+    names = [w.spec for w in sorted(sim.workers.values(), key=lambda w: w.index)]
+    roles = {w.spec.name: w.role.value for w in sim.workers.values()}
+    out = []
+    for idx, kind, it, version, s, e in sim.rows:
+        if idx < 0:
+            out.append({"worker": "controller", "gpu_type": "cpu", "role": "controller", "kind": kind,
+                        "iteration": it, "version": version, "start": s, "end": e, "gpus": 0})
+        else:
+            w = names[idx]
+            out.append({"worker": w.name, "gpu_type": w.gpu_type, "role": roles[w.name], "kind": kind,
+                        "iteration": it, "version": version, "start": s, "end": e, "gpus": w.gpus})
+    return out
+
+
+def _measure(res: SimResult, sim: _Sim) -> None:
+    ends = res.step_ends
+    lo = ends[res.warmup - 1] if res.warmup > 0 else 0.0
+    hi = ends[-1]
+    n = len(ends) - res.warmup
+    res.window = (lo, hi)
+    res.s_per_iteration = (hi - lo) / n
+    res.samples_per_s = res.samples_per_iteration / res.s_per_iteration if res.s_per_iteration > 0 else 0.0
+    res.bubble_ratio = bubble_ratio(res.rows, lo, hi, res.gpus)
+
+
+def bubble_ratio(rows: list[dict], lo: float, hi: float, gpus: int) -> float:
+    """Idle GPU-seconds / GPU-seconds in ``[lo, hi]`` (``sync`` and switches count as idle)."""
+    if hi <= lo or gpus <= 0:
+        return 0.0
+    busy = sum(max(0.0, min(r["end"], hi) - max(r["start"], lo)) * r["gpus"] for r in rows
+               if r["kind"] in BUSY_KINDS and r["worker"] != "controller")
+    return max(0.0, 1.0 - busy / (gpus * (hi - lo)))

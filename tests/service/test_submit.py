@@ -1,0 +1,187 @@
+"""digen submit / status / logs / cancel against the real embedded Redis, without a runner:
+validation, the enqueued rq job (JSON, no pickle), job states, cancel and resume rules."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+import zlib
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import app
+from digen.errors import ConfigError
+from digen.runtime import service
+from .helpers import DIGEN, QUICKSTART, ROOT, proc_env, quick_sets
+
+
+def cli(*args: object):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def submit_ok(tiny: Path, out: Path, *extra: str) -> str:
+    res = cli("submit", QUICKSTART, *quick_sets(tiny), "--out", out, *extra)
+    assert res.exit_code == 0, res.output
+    return res.stdout.strip().splitlines()[-1]
+
+
+def status_json(job_id: str) -> dict:
+    res = cli("status", job_id, "--json")
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
+
+
+def test_bad_config_is_refused_before_anything_is_enqueued(r, tiny_sd3: Path):
+    res = cli("submit", QUICKSTART, *quick_sets(tiny_sd3), "--set", "rollout.group_size=5")
+    assert res.exit_code == 2
+    assert "rollout.group_size (5) must divide rollout.batch_size (16)" in res.output
+    res = cli("submit", QUICKSTART, *quick_sets(tiny_sd3), "--set", "schedule.nope=1")
+    assert res.exit_code == 2 and "schedule.nope" in res.output
+    assert service.job_queue(r).count == 0
+    assert r.zcard(service.INDEX_KEY) == 0
+    assert not r.keys("rq:job:*")
+
+
+def test_submit_enqueues_a_json_job_with_a_long_timeout(r, tiny_sd3: Path, tmp_path: Path):
+    job_id = submit_ok(tiny_sd3, tmp_path / "run", "--retries", "1")
+    raw = r.hgetall(f"rq:job:{job_id}")
+    func, _instance, args, kwargs = json.loads(zlib.decompress(raw[b"data"]))  # JSON, never pickle
+    assert func == service.JOB_FUNC == "digen.runtime.service.execute_job"
+    assert args == [] and kwargs["resume"] is False
+    assert kwargs["out"] == str((tmp_path / "run").resolve())
+    assert Path(kwargs["config"]["model"]["path"]).is_absolute()
+    assert kwargs["config"]["iterations"] == 8
+    assert json.loads(raw[b"meta"])["total"] == 8
+    assert int(raw[b"timeout"]) >= 24 * 3600
+    assert int(raw[b"retries_left"]) == 1
+    assert service.job_queue(r).job_ids == [job_id]
+    info = status_json(job_id)
+    assert (info["state"], info["iteration"], info["total"]) == ("queued", 0, 8)
+    assert info["run_dir"] == kwargs["out"] and info["mode"] == "reference"
+    table = cli("status")
+    assert table.exit_code == 0 and job_id in table.stdout and "queued" in table.stdout and "0/8" in table.stdout
+
+
+def test_default_run_directory_is_named_after_config_and_job(r, tiny_sd3: Path, tmp_path: Path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = cli("submit", QUICKSTART, *quick_sets(tiny_sd3))
+    assert res.exit_code == 0, res.output
+    job_id = res.stdout.strip()
+    assert status_json(job_id)["run_dir"] == str((tmp_path / "runs" / f"quickstart-{job_id}").resolve())
+
+
+def test_a_run_directory_that_holds_a_run_is_refused(r, tiny_sd3: Path, tmp_path: Path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"iteration": 0}) + "\n")
+    res = cli("submit", QUICKSTART, *quick_sets(tiny_sd3), "--out", run)
+    assert res.exit_code == 2 and "already holds a run" in res.output and "--resume" in res.output
+    assert service.job_queue(r).count == 0
+
+
+def test_cancel_a_queued_job(r, tiny_sd3: Path, tmp_path: Path):
+    job_id = submit_ok(tiny_sd3, tmp_path / "run")
+    res = cli("cancel", job_id)
+    assert res.exit_code == 0 and "cancelled (it was queued)" in res.output
+    assert status_json(job_id)["state"] == "cancelled"
+    assert service.job_queue(r).count == 0
+    again = cli("cancel", job_id)
+    assert again.exit_code == 2 and "already cancelled" in again.output
+    logs = cli("logs", job_id)
+    assert logs.exit_code == 0
+    assert "submitted: quickstart (reference, 8 iterations)" in logs.stdout
+    assert "cancelled before it started" in logs.stdout
+
+
+def _mark_started(r, job_id: str, started: float) -> None:
+    """What rq does when a worker takes the job, then the runner's own meta."""
+    from rq.job import Job, JobStatus
+    from rq.serializers import JSONSerializer
+
+    job = Job.fetch(job_id, connection=r, serializer=JSONSerializer)
+    job.set_status(JobStatus.STARTED)
+    job.meta.update({"state": "running", "started": started, "iteration": 3})
+    job.save_meta()
+    service.job_queue(r).remove(job_id)
+
+
+def test_states_of_a_started_job_follow_its_heartbeat_and_lost_jobs_resume(r, tiny_sd3: Path, tmp_path: Path):
+    job_id = submit_ok(tiny_sd3, tmp_path / "run")
+    _mark_started(r, job_id, started=time.time())
+    assert status_json(job_id)["state"] == "starting"  # no heartbeat yet, but just started
+    _mark_started(r, job_id, started=time.time() - 120)
+    assert status_json(job_id)["state"] == "lost"  # the runner died: no heartbeat
+    r.set(service.alive_key(job_id), "{}", px=5000)
+    assert status_json(job_id)["state"] == "running"
+
+    res = cli("submit", "--resume", job_id)  # a live runner still owns the run directory
+    assert res.exit_code == 2 and f"job {job_id} is running" in res.output
+
+    r.delete(service.alive_key(job_id))
+    res = cli("submit", "--resume", job_id)
+    assert res.exit_code == 0, res.output
+    new_id = res.stdout.strip()
+    assert new_id != job_id
+    old, new = service.job_info(r, job_id), service.job_info(r, new_id)
+    assert (old.state, old.resumed_by) == ("resumed", new_id)
+    assert (new.state, new.resumed_from, new.run_dir) == ("queued", job_id, old.run_dir)
+    _, _, _, kwargs = json.loads(zlib.decompress(r.hget(f"rq:job:{new_id}", "data")))
+    assert kwargs["resume"] is True and kwargs["out"] == old.run_dir
+
+    res = cli("submit", "--resume", job_id)
+    assert res.exit_code == 2 and f"already resumed as {new_id}" in res.output
+    res = cli("submit", QUICKSTART, "--resume", new_id)
+    assert res.exit_code == 2 and "drop CONFIG" in res.output
+
+
+def test_unknown_jobs_are_bad_input(r):
+    for cmd in (("status", "nosuchjob"), ("logs", "nosuchjob"), ("cancel", "nosuchjob"),
+                ("submit", "--resume", "nosuchjob")):
+        res = cli(*cmd)
+        assert res.exit_code == 2, cmd
+        assert "no job nosuchjob" in res.output
+
+
+def test_unreachable_redis_is_one_line_naming_the_url_within_10_s(tiny_sd3: Path, digen_home: Path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"redis://alice:hunter2hunter2@127.0.0.1:{port}/0"
+    t0 = time.monotonic()
+    res = subprocess.run([DIGEN, "submit", str(QUICKSTART), *quick_sets(tiny_sd3), "--redis-url", url], cwd=ROOT,
+                         env=proc_env(digen_home), capture_output=True, text=True, timeout=60)
+    assert time.monotonic() - t0 < 10
+    assert res.returncode == 1 and res.stdout == ""
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert f"cannot reach Redis at redis://alice:***@127.0.0.1:{port}/0 (connection refused)" in lines[0]
+    assert "hunter2" not in res.stderr
+    for cmd in (("status",), ("serve", "--burst"), ("cancel", "abc"), ("logs", "abc")):
+        res2 = cli(*cmd, "--redis-url", url)
+        assert res2.exit_code == 1 and "cannot reach Redis at" in res2.output, cmd
+
+
+def test_log_offsets_survive_trimming(r, monkeypatch):
+    monkeypatch.setattr(service, "LOG_MAX", 4)
+    for i in range(10):
+        service.push_log(r, "j1", f"line {i}")
+    lines, nxt = service.read_log(r, "j1")
+    assert [ln.split(" ", 2)[2] for ln in lines] == ["line 6", "line 7", "line 8", "line 9"] and nxt == 10
+    lines, nxt = service.read_log(r, "j1", 8)
+    assert [ln.split(" ", 2)[2] for ln in lines] == ["line 8", "line 9"] and nxt == 10
+    assert service.read_log(r, "j1", 10) == ([], 10)
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("90", 90), ("45m", 2700), ("12h", 43200), ("7d", 604800)])
+def test_parse_duration(text: str, seconds: int):
+    assert service.parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "0", "-3h", "soon", "3w"])
+def test_parse_duration_rejects(text: str):
+    with pytest.raises(ConfigError, match="--timeout"):
+        service.parse_duration(text)

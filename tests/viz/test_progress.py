@@ -1,0 +1,48 @@
+"""The live display of ``digen train`` (cli.main.Progress): rich, json lines and quiet."""
+
+from __future__ import annotations
+
+import json
+
+from cli.main import Progress
+
+from ._runs import metrics_rows
+
+
+def test_json_lines_and_announcements(capsys):
+    rows = metrics_rows(2)
+    with Progress(2, "json") as p:
+        p({"event": "start", "dashboard": "http://127.0.0.1:8787/status", "roles": {"rollout-0": "rollout"}})
+        for r in rows:
+            p(r)
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert lines[0]["event"] == "start" and lines[1:] == rows
+
+
+def test_quiet_prints_nothing(capsys):
+    with Progress(2, "quiet") as p:
+        for r in metrics_rows(2):
+            p(r)
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == ""
+
+
+def test_rich_status_counts_samples_and_shows_roles():
+    p = Progress(3, "rich")
+    with p:
+        p({"event": "start", "roles": {"trainer-0": "trainer", "rollout-0": "rollout"}})
+        rows = metrics_rows(2)
+        for r in rows:
+            p(r)
+        lines = p.status_lines(rows[-1])
+    assert lines[0].startswith("samples 16  reward 0.4100 ± 0.0500  8.0 samples/s  bubble 0.25  policy v2")
+    assert lines[1] == "workers: rollout-0 [rollout]  trainer-0 [trainer]"
+    # roles carried by a metrics row replace the announced ones (TAG changes them)
+    p({**rows[-1], "iteration": 2, "roles": {"trainer-0": "trainer+gen"}})
+    assert p.status_lines(rows[-1])[1] == "workers: trainer-0 [trainer+gen]"
+    assert p.samples == 24
+
+
+def test_rich_without_roles_shows_the_worker_count():
+    p = Progress(1, "rich")
+    assert p.status_lines({"workers": 2, "samples": 8})[1] == "workers: 2"
