@@ -125,3 +125,18 @@ def test_worker_killed_mid_job_loses_no_sample(small_config, tmp_path):
     want = metrics(ref)
     for g, w in zip(got, want, strict=True):
         assert g["rewards"] == pytest.approx(w["rewards"], abs=1e-6)
+
+
+def test_tag_idle_trainer_generates_when_generation_is_the_bottleneck(small_config, tmp_path):
+    # generation-heavy: 8 sampling steps per sample, 1 trained step per sample
+    cfg = small_config(iterations=5, schedule__mode="digen", rollout__num_steps=8,
+                       train__timesteps={"strategy": "prefix", "fraction": 0.125},
+                       rollout__batch_size=16, cluster__local={"rollout_workers": 1, "trainer_workers": 1})
+    out = tmp_path / "run"
+    run_distributed(cfg, out)
+    events = timeline(out)
+    stolen = [e for e in events if e["worker"].startswith("trainer") and e["kind"] == "gen"]
+    assert stolen, "the trainer never generated"
+    # TAG starts only once speeds are measured (after iteration 0), and only with a budget
+    assert min(e["iteration"] for e in stolen) >= 1
+    assert [m["samples"] for m in metrics(out)] == [16] * 5

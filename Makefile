@@ -1,0 +1,41 @@
+# digen: every target does its own set-up on a fresh machine (Python 3.11+, pip).
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# CPU torch for development and CI; users install whatever torch build suits their GPUs.
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: setup demo test test-fast lint bench simulate clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)  ## a short real training run on the embedded default
+	$(BIN)/digen train configs/quickstart.yaml --out runs/quickstart
+
+test: $(STAMP)  ## the whole test suite (what CI runs)
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+test-fast: $(STAMP)  ## unit tests only (skips the end-to-end runs marked slow)
+	$(BIN)/python -m pytest -q -m "not slow"
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy digen/core digen/algos digen/config.py digen/seeding.py
+
+bench: $(STAMP)
+	$(BIN)/digen bench configs/quickstart.yaml --out runs/bench
+
+simulate: $(STAMP)
+	$(BIN)/digen simulate configs/sim/qwen-image_testbed-ac.yaml
+
+clean:
+	rm -rf runs .pytest_cache .mypy_cache .ruff_cache
