@@ -96,7 +96,10 @@ class Progress:
             self._bar = Bar(TextColumn("[bold]train[/bold] iteration"), MofNCompleteColumn(), BarColumn(),
                             TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=err)
             self._task = self._bar.add_task("train", total=total)
-            self._live = Live(Group(self._bar), console=err, refresh_per_second=4, transient=False)
+            from rich.text import Text
+
+            starting = Text("starting: loading the model and the workers...", style="dim")
+            self._live = Live(Group(self._bar, starting), console=err, refresh_per_second=4, transient=False)
 
     def __enter__(self):
         if self._live is not None:
@@ -209,7 +212,11 @@ from cli import bench, models_cmd, service, simulate  # noqa: E402,F401
 
 
 def main() -> None:  # pragma: no cover
-    app()
+    # under ``python -m cli.main`` this file runs as __main__, a second copy of the module: the
+    # command groups registered themselves on the importable ``cli.main.app``, so run that one
+    from cli.main import app as registered
+
+    registered()
 
 
 if __name__ == "__main__":  # pragma: no cover

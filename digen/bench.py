@@ -14,7 +14,8 @@ its ``metrics.jsonl`` and ``timeline.jsonl`` and reports per mode, over iteratio
   ``metrics.jsonl``'s ``busy_s``/``worker_s``;
 - ``speedup_vs_colocated`` / ``speedup_vs_disaggregated``: ratio of ``samples_per_s``;
 - ``bound_samples_per_s``: the zero-bubble bound of the mode's workers from their measured
-  task durations (DESIGN.md section 4) and ``fraction_of_bound``;
+  task durations (DESIGN.md section 4, :func:`digen.sim.bounds.lp_bound`) and
+  ``fraction_of_bound``;
 - per worker: measured generation and training rates, busy fraction and peak RSS.
 
 Plus the TSP micro-benchmark: one train task of K timesteps per sample as one batched
@@ -39,6 +40,7 @@ from digen.config import Config
 from digen.errors import ConfigError
 from digen.plots import iteration_ends
 from digen.rundir import _read_jsonl
+from digen.sim.bounds import lp_bound
 
 log = logging.getLogger(__name__)
 
@@ -130,44 +132,6 @@ def mode_config(cfg: Config, mode: str, workers: tuple[int, int] | None = None) 
 
 
 # ---------------------------------------------------------------------------------------
-# the zero-bubble bound
-
-
-def zero_bubble_bound(gen: Sequence[float], train: Sequence[float]) -> tuple[float, list[float]]:
-    """Exact solution of DESIGN.md's bound LP::
-
-        max X  s.t.  sum_i f_i g_i >= X,  sum_i (1 - f_i) t_i >= X,  0 <= f_i <= 1
-
-    ``gen[i]`` = g_i, ``train[i]`` = t_i: samples/s of worker i when only generating / only
-    training. Returns X (samples/s) and the generation fractions f.
-
-    For a fixed generation rate the training rate left is largest when generation goes to
-    the workers with the highest g_i / t_i first (a fractional knapsack), so the optimum moves
-    workers to generation in that order until the two rates meet.
-    """
-    if len(gen) != len(train):
-        raise ValueError(f"gen ({len(gen)}) and train ({len(train)}) must list the same workers")
-    n = len(gen)
-    order = sorted(range(n), key=lambda i: gen[i] / train[i] if train[i] > 0 else float("inf"), reverse=True)
-    f = [0.0] * n
-    g_total, t_total = 0.0, float(sum(train))
-    for i in order:
-        if gen[i] <= 0:
-            break
-        if g_total + gen[i] <= t_total - train[i]:
-            f[i] = 1.0
-            g_total += gen[i]
-            t_total -= train[i]
-            continue
-        x = min(1.0, max(0.0, (t_total - g_total) / (gen[i] + train[i])))
-        f[i] = x
-        g_total += x * gen[i]
-        t_total -= x * train[i]
-        break
-    return max(0.0, min(g_total, t_total)), f
-
-
-# ---------------------------------------------------------------------------------------
 # reading a run
 
 
@@ -185,6 +149,7 @@ class WorkerStats:
     busy_s: float = 0.0
     window_s: float = 0.0
     peak_rss_mb: float | None = None
+    peak_gpu_mb: float | None = None
 
     def gen_rate(self, group_size: int) -> float | None:
         """Samples/s while generating (gen + decode + reward time per group)."""
@@ -234,8 +199,9 @@ def worker_stats(timeline: list[dict], warmup: int) -> dict[str, WorkerStats]:
                                            window_s=hi - lo))
         counts = role_counts.setdefault(w, {})
         counts[str(r.get("role", "?"))] = counts.get(str(r.get("role", "?")), 0) + 1
-        if "peak_rss_mb" in r:
-            st.peak_rss_mb = max(st.peak_rss_mb or 0.0, float(r["peak_rss_mb"]))
+        for key in ("peak_rss_mb", "peak_gpu_mb"):  # recorded by the worker, when it does
+            if r.get(key) is not None:
+                setattr(st, key, max(getattr(st, key) or 0.0, float(r[key])))
         s, e, kind = float(r["start"]), float(r["end"]), str(r["kind"])
         if kind != "sync":
             st.busy_s += max(0.0, min(e, hi) - max(s, lo))
@@ -303,11 +269,15 @@ def summarize(mode: str, records: list[RunRecord], pool: RatePool, group_size: i
         bubbles.append(max(0.0, 1 - sum(st.busy_s for st in stats.values()) / window) if window > 0 else 0.0)
         for w, st in stats.items():
             m = merged.setdefault(w, WorkerStats(w, st.role, st.gpu_type))
-            for f in ("gen_groups", "gen_s", "train_groups", "train_s", "busy_s", "window_s"):
-                setattr(m, f, getattr(m, f) + getattr(st, f))
+            for key in ("gen_groups", "gen_s", "train_groups", "train_s", "busy_s", "window_s"):
+                setattr(m, key, getattr(m, key) + getattr(st, key))
             peaks = [p for p in (m.peak_rss_mb, st.peak_rss_mb, rec.peak_rss_mb.get(w)) if p is not None]
             m.peak_rss_mb = max(peaks) if peaks else None
-    workers, gens, trains = [], [], []
+            gpu = [p for p in (m.peak_gpu_mb, st.peak_gpu_mb) if p is not None]
+            m.peak_gpu_mb = max(gpu) if gpu else None
+    workers: list[dict[str, Any]] = []
+    gens: list[float] = []
+    trains: list[float] = []
     tsp = records[0].tsp
     for w, st in sorted(merged.items()):
         g, t = st.gen_rate(group_size), st.train_rate(group_size)
@@ -322,12 +292,14 @@ def summarize(mode: str, records: list[RunRecord], pool: RatePool, group_size: i
             "train_samples_per_s": round(t, 4), "train_rate_source": t_src,
             "busy_fraction": round(st.busy_s / st.window_s, 4) if st.window_s > 0 else None,
             "peak_rss_mb": round(st.peak_rss_mb, 1) if st.peak_rss_mb is not None else None,
+            "peak_gpu_mb": round(st.peak_gpu_mb, 1) if st.peak_gpu_mb is not None else None,
         })
-    bound, fractions = zero_bubble_bound(gens, trains)
-    for wd, f in zip(workers, fractions, strict=True):
+    solution = lp_bound(gens, trains)
+    bound = solution.x
+    for wd, f in zip(workers, solution.fractions, strict=True):
         wd["bound_gen_fraction"] = round(f, 4)
     sps = _median([float(m["samples_per_s"]) for m in rows])
-    ctl_peak = [rec.peak_rss_mb.get("controller") for rec in records if "controller" in rec.peak_rss_mb]
+    ctl_peak = [rec.peak_rss_mb["controller"] for rec in records if "controller" in rec.peak_rss_mb]
     return {
         "mode": mode,
         "workers": len(workers),

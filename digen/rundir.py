@@ -97,8 +97,7 @@ class RunDir:
             raise CheckpointError(f"{self.root}/metrics.jsonl is empty: no iteration finished")
         samples = sum(r["samples"] for r in rows)
         wall = sum(r["wall_s"] for r in rows)
-        busy_total = sum(r.get("busy_s", 0.0) for r in rows)
-        worker_total = sum(r.get("worker_s", 0.0) for r in rows)
+        busy_total, worker_total = self._busy_and_worker_seconds(rows)
         head, tail = rows[:3], rows[-3:]
         first, first_se = _mean_se(head)
         last, last_se = _mean_se(tail)
@@ -120,6 +119,18 @@ class RunDir:
         }
         (self.root / "summary.json").write_text(json.dumps(summary, indent=1))
         return summary
+
+
+    def _busy_and_worker_seconds(self, rows: list[dict]) -> tuple[float, float]:
+        """Busy and available worker-seconds over the run, from the whole timeline (a task
+        that straddles an iteration boundary counts in full, which per-iteration rows, written
+        before it ends, cannot do); falls back to the metrics rows."""
+        events = [e for e in self.timeline() if e.get("role") != "controller" and e.get("kind") != "sync"]
+        wall = sum(r["wall_s"] for r in rows)
+        workers = max((int(r.get("workers", 1)) for r in rows), default=1)
+        if events and wall > 0:
+            return sum(e["end"] - e["start"] for e in events), workers * wall
+        return sum(r.get("busy_s", 0.0) for r in rows), sum(r.get("worker_s", 0.0) for r in rows)
 
 
 def _mean_se(rows: list[dict]) -> tuple[float, float]:

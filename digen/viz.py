@@ -92,7 +92,7 @@ def write_sample_grid(path: Path, trajs: dict[int, Trajectories], groups: list[G
             draw.text((2, y + 2 + i * 12), line, fill=TEXT if i < len(lines) - 1 else (80, 80, 80), font=font)
         colors = _reward_colors(t.rewards)
         for c in range(t.images.shape[0]):
-            im = _frame(t.images[c]).resize((cw, ch), Image.NEAREST)
+            im = _frame(t.images[c]).resize((cw, ch), Image.Resampling.NEAREST)
             grid.paste(im, (LABEL_W + c * cw, y))
             draw.text((LABEL_W + c * cw + 2, y + ch), f"{float(t.rewards[c]):.3f}", fill=colors[c], font=font)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -30,11 +30,27 @@ def _digen_home(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture(scope="session")
-def tiny_sd3(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random-weight SD3 pipeline folder (32 px)."""
+def tiny_models(tmp_path_factory: pytest.TempPathFactory):
+    """``tiny_models(arch, resolution=32)`` -> a tiny random-weight pipeline folder of that
+    family, built once per test session (seed 0)."""
     from digen.models import make_tiny_model
 
-    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "sd3", "sd3", seed=0, resolution=32)
+    root = tmp_path_factory.mktemp("tiny_models")
+    cache: dict[tuple[str, int], Path] = {}
+
+    def get(arch: str, resolution: int = 32) -> Path:
+        if (arch, resolution) not in cache:
+            cache[(arch, resolution)] = make_tiny_model(root / f"{arch}-{resolution}", arch, seed=0,
+                                                        resolution=resolution)
+        return cache[(arch, resolution)]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_sd3(tiny_models) -> Path:
+    """A tiny random-weight SD3 pipeline folder (32 px)."""
+    return tiny_models("sd3")
 
 
 def small_config_data(model_dir: Path, **sections) -> dict:

@@ -54,6 +54,7 @@ def load_pipeline(path: str | Path, *, dtype: torch.dtype, device: torch.device 
     if pipeline_cls is None:
         raise ModelError(f"model.path {path}: diffusers {diffusers.__version__} has no pipeline {class_name}")
     dtypes = {"default": dtype, "vae": torch.float32}
+    diffusers.utils.logging.disable_progress_bar()  # a quiet load; digen shows its own progress
     try:
         pipe = pipeline_cls.from_pretrained(str(path), **{_dtype_kwarg(): dtypes}, local_files_only=True)
     except (OSError, ValueError, TypeError) as e:

@@ -29,7 +29,7 @@ def worker_resources(role: str, gpu_type: str) -> dict[str, float]:
     return {role: 1, f"gpu-{gpu_type}": 1}
 
 
-def start_local_cluster(rollout: int, trainer: int, gpu_type: str, threads: int, dashboard: bool = False):
+def start_local_cluster(rollout: int, trainer: int, gpu_type: str, threads: int, dashboard: bool = True):
     """A local Dask cluster of ``rollout`` + ``trainer`` worker processes with role resources.
 
     Returns ``(cluster, client)``. Each worker is a separate process (a Nanny restarts it if
@@ -45,7 +45,7 @@ def start_local_cluster(rollout: int, trainer: int, gpu_type: str, threads: int,
                 "options": {"nthreads": threads, "resources": worker_resources(role, gpu_type),
                             "name": f"{role}-{i}", "memory_limit": 0, "silence_logs": logging.WARNING},
             }
-    scheduler = {"cls": Scheduler, "options": {"dashboard_address": ":0" if dashboard else None,
+    scheduler = {"cls": Scheduler, "options": {"dashboard": dashboard, "dashboard_address": "127.0.0.1:0",
                                                "host": "127.0.0.1"}}
     cluster = SpecCluster(workers=workers, scheduler=scheduler, silence_logs=logging.WARNING)
     client = Client(cluster)

@@ -263,6 +263,9 @@ def run_distributed(
     prompts = cfg.prompt_list()
     try:
         ctl.sync_workers(sched, time.time())
+        if progress is not None:
+            progress({"event": "start", "dashboard": getattr(client, "dashboard_link", None),
+                      "roles": {n: ctl.role_of(w).value for n, w in ctl.workers.items()}})
         if on_start is not None:
             on_start(ctl)
         ctl.window_start = time.time()

@@ -6,6 +6,7 @@ import itertools
 import json
 import os
 import random
+from pathlib import Path
 
 import pytest
 import yaml
@@ -24,15 +25,20 @@ from digen.bench import (
     peak_rss_mb,
     summarize,
     worker_stats,
-    zero_bubble_bound,
 )
 from digen.config import build_config
 from digen.errors import ConfigError
+from digen.sim.bounds import lp_bound
 
 G = 4  # group size of the synthetic runs
 
 
-# --- the bound -------------------------------------------------------------------------
+# --- the bound the bench reports (digen.sim.bounds.lp_bound) ---------------------------------
+def zero_bubble_bound(g, t):
+    sol = lp_bound(list(g), list(t))
+    return sol.x, sol.fractions
+
+
 def test_identical_workers_meet_the_closed_form():
     x, f = zero_bubble_bound([8.0, 8.0], [16.0, 16.0])
     assert x == pytest.approx(2 * 8 * 16 / (8 + 16))  # (G + T) / N in time terms
@@ -157,9 +163,9 @@ def test_bubble_by_role_and_controller_excluded():
 
 
 def test_summarize_pools_rates_a_worker_never_measured():
-    ref = RunRecord("reference", 0, "r", metrics(3, 1.55, 1.55, 1), reference_timeline(), False,
+    ref = RunRecord("reference", 0, Path("r"), metrics(3, 1.55, 1.55, 1), reference_timeline(), False,
                     {"reference": 500.0, "controller": 500.0})
-    dis = RunRecord("disaggregated", 0, "d", metrics(3, 1.6, 1.2, 2), disaggregated_timeline(), False,
+    dis = RunRecord("disaggregated", 0, Path("d"), metrics(3, 1.6, 1.2, 2), disaggregated_timeline(), False,
                     {"rollout-0": 700.0, "trainer-0": 800.0, "controller": 300.0})
     pool = RatePool()
     for rec in (ref, dis):

@@ -10,7 +10,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from digen.models import FlowPolicy, load_policy, make_tiny_model  # noqa: E402
+from digen.models import FlowPolicy, load_policy  # noqa: E402
 
 from ._helpers import RES  # noqa: E402
 
@@ -18,9 +18,8 @@ torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
-def tiny_paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("tiny_models")
-    return {arch: make_tiny_model(root / arch, arch, seed=0, resolution=RES) for arch in ("sd3", "flux")}
+def tiny_paths(tiny_models) -> dict[str, Path]:
+    return {arch: tiny_models(arch, RES) for arch in ("sd3", "flux")}
 
 
 @pytest.fixture

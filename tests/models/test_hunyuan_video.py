@@ -19,8 +19,8 @@ SEQ = 32  # Llama tokens per prompt (the pipeline's default is 256)
 
 
 @pytest.fixture(scope="module")
-def hv_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "hv", "hunyuan-video", resolution=RES)
+def hv_path(tiny_models) -> Path:
+    return tiny_models("hunyuan-video", RES)
 
 
 @pytest.fixture

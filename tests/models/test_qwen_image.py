@@ -16,8 +16,8 @@ from ._helpers import RES, euler_sample, noise
 
 
 @pytest.fixture(scope="module")
-def qwen_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "qwen-image", "qwen-image", resolution=RES)
+def qwen_path(tiny_models) -> Path:
+    return tiny_models("qwen-image", RES)
 
 
 @pytest.fixture

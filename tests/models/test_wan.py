@@ -19,8 +19,8 @@ FRAMES = 5  # 4k + 1: two latent frames
 
 
 @pytest.fixture(scope="module")
-def wan_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "wan", "wan", resolution=RES)
+def wan_path(tiny_models) -> Path:
+    return tiny_models("wan", RES)
 
 
 @pytest.fixture
