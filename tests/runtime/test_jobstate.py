@@ -1,0 +1,44 @@
+"""Job state in Redis: role tags, TAG budgets, weight versions (LoRA syncs only the adapter)."""
+
+from __future__ import annotations
+
+import torch
+
+from digen.core.events import Role
+from digen.runtime.codec import looks_like_pickle
+from digen.runtime.jobstate import JobState
+
+
+def test_tags_and_gen_budget(redis_client):
+    job = JobState(redis_client, "j1")
+    assert job.tag("w") is None
+    job.set_tag("w", Role.TRAINER, 2)
+    assert job.tag("w") == (Role.TRAINER, 2)
+    assert job.take_gen_budget("w") and job.take_gen_budget("w")
+    assert not job.take_gen_budget("w")
+    assert job.tag("w") == (Role.TRAINER, 0)  # never below zero
+    job.return_gen_budget("w")
+    assert job.tag("w") == (Role.TRAINER, 1)
+
+
+def test_lora_weight_sync_moves_only_the_adapter(redis_client, tiny_sd3):
+    from digen.models import load_policy
+
+    policy = load_policy(tiny_sd3, height=32, width=32)
+    full_bytes = JobState(redis_client, "full").publish(0, {k: v.detach() for k, v in
+                                                              policy.transformer.state_dict().items()})
+    policy.enable_lora(4, 8)
+    job = JobState(redis_client, "lora")
+    adapter = policy.trainable_state_dict()
+    lora_bytes = job.publish(0, adapter)
+    assert all("lora_" in k for k in adapter)
+    assert lora_bytes == len(redis_client.get("digen:lora:weights:0"))
+    adapter_payload = sum(v.numel() * v.element_size() for v in adapter.values())
+    assert adapter_payload <= lora_bytes < adapter_payload + 64 * 1024  # tensors + safetensors header
+    assert lora_bytes < full_bytes / 5
+    got = job.weights(0)
+    assert got is not None and all(torch.equal(got[k], adapter[k]) for k in adapter)
+    assert not looks_like_pickle(redis_client.get("digen:lora:weights:0"))
+    job.publish(1, adapter)
+    job.drop_weights_before(1)
+    assert job.weights(0) is None and job.weights(1) is not None
