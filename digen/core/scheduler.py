@@ -166,7 +166,7 @@ class Scheduler:
             scored = self.gen_done.get(i, set())
             released = self.train_released.setdefault(i, set())
             whole = len(scored) == c.groups
-            if (c.gap and c.group_local_advantages) or whole:
+            if len(released) < len(scored) and ((c.gap and c.group_local_advantages) or whole):
                 for g in sorted(scored - released):
                     released.add(g)
                     out.append(Release(TaskRef(TaskKind.TRAIN, i, g), i))
@@ -181,7 +181,9 @@ class Scheduler:
         budgets = self._tag_budgets() if self.cfg.tag else {}
         for name, w in sorted(self.workers.items()):
             budget = budgets.get(name, 0)
-            if not w.active or budget != w.gen_budget:
+            # a budget is spent in the queue as trainers steal, so a positive one is re-issued
+            # every iteration, even when its value did not change
+            if not w.active or budget != w.gen_budget or budget > 0:
                 w.active, w.gen_budget = True, budget
                 out.append(SetRole(name, w.role, budget))
         return out

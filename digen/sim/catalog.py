@@ -46,6 +46,7 @@ class ModelEntry(_Section):
     decode_s_ref: float = Field(ge=0)
     reward_tflop: float = Field(0.0, ge=0)
     sp_efficiency: dict[int, float] = {}
+    train_cfg: int | None = Field(None, ge=1, le=2)
 
 
 class WorkloadEntry(_Section):
@@ -85,7 +86,7 @@ class SimRunConfig(_Section):
     tsp_batch_gain: float = Field(1.0, ge=1.0)
     """Compute speedup of batching K timesteps in one forward (1.0: compute bound already,
     cost-model.md l.49-50)."""
-    sim: SimSection = SimSection()
+    sim: SimSection = SimSection.model_validate({})
 
 
 @dataclass(frozen=True)

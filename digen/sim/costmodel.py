@@ -71,6 +71,9 @@ class ModelSpec:
     """Reward model TFLOP per sample."""
     sp_efficiency: dict[int, float] = field(default_factory=lambda: {1: 1.0})
     """Sequence-parallel efficiency per degree: speedup(d) / d."""
+    train_cfg: int | None = None
+    """Passes per trained timestep (None: as ``cfg``; the log-prob of a guided step needs
+    both branches)."""
 
     def sp_eff(self, degree: int) -> float:
         """Efficiency at ``degree`` (log-linear interpolation between listed degrees)."""
@@ -150,6 +153,8 @@ class WorkerCost:
     """A disaggregated worker switching between generation and training (TAG)."""
     load_s: float = 0.0
     """Load a newly published weights version (adapter or full weights) into the worker."""
+    overhead_s: float = 0.0
+    """Per-task time outside its parts: lease, data transfer, acknowledgement (idle time)."""
 
     @property
     def rollout_s(self) -> float:
@@ -236,10 +241,11 @@ def worker_cost(w: Workload, gpu: GpuType, degree: int, *, tsp_batch_gain: float
     m, mdl = w.samples_per_task, w.model
     speed = degree * gpu.tflops * mdl.sp_eff(degree)  # TFLOP/s of the replica
     fwd = m * mdl.cfg * mdl.tflop_per_step / speed  # one step of the micro-batch, all CFG passes
+    fwd_train = m * (mdl.train_cfg or mdl.cfg) * mdl.tflop_per_step / speed
     k = w.trained_timesteps
     fsdp = needs_fsdp(mdl, gpu, degree)
     gather = mdl.weights_gb / gpu.intra_gbps if fsdp else 0.0  # one full all-gather
-    train_pass = fwd * mdl.train_flops_factor
+    train_pass = fwd_train * mdl.train_flops_factor
     # FSDP gathers the weights for the forward and again for the backward of every pass
     train_s = k * _pass_s(train_pass, 2 * gather, mdl.layers)
     train_tsp_s = _pass_s(k * train_pass / tsp_batch_gain, 2 * gather, mdl.layers)
@@ -251,7 +257,7 @@ def worker_cost(w: Workload, gpu: GpuType, degree: int, *, tsp_batch_gain: float
     cost = WorkerCost(
         gen_s=gen_s, decode_s=decode_s, reward_s=reward_s, train_s=train_s, train_tsp_s=train_tsp_s,
         gen_on_trainer_s=gen_on_trainer_s,
-        recompute_s=k * _pass_s(fwd, gather, mdl.layers),
+        recompute_s=k * _pass_s(fwd_train, gather, mdl.layers),
         # full-duplex PCIe: offloading one engine's weights overlaps reloading the other's
         phase_switch_s=mdl.weights_gb / gpu.host_gbps,
         context_switch_s=trained_gb / gpu.host_gbps,

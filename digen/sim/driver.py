@@ -213,9 +213,9 @@ class _Sim:
         c = self.cost
         sync = c.sync_s if self.mode.disaggregated else 0.0  # colocated: weights are local
         t0, t1, t2 = self.now, self.now + c.optim_s, self.now + c.optim_s + sync
-        self.rows.append((-1, "optim", iteration, iteration, t0, t1))
+        self.rows.append((-1, "optim", iteration, iteration, t0, t1, ""))
         if sync > 0:
-            self.rows.append((-1, "sync", iteration, iteration + 1, t1, t2))
+            self.rows.append((-1, "sync", iteration, iteration + 1, t1, t2, ""))
         self.push(t2, ("step", iteration, t0))
 
     # --- workers --------------------------------------------------------------------------
@@ -276,26 +276,29 @@ class _Sim:
         c, m, t = w.spec.cost, self.mode, self.now
         w.idle = False
         version = task.iteration if task.kind is TRAIN else version
-        parts: list[tuple[str, float]] = []
+        parts: list[tuple[str, float, str]] = []
         if w.version != version:
             if w.version is not None:
-                parts.append(("sync", c.load_s))
+                parts.append(("sync", c.load_s, "weights load"))
             w.version = version
         if w.last_kind is not None and w.last_kind is not task.kind:
-            parts.append(("sync", c.phase_switch_s if m.peer_overheads else c.context_switch_s))
+            if m.peer_overheads:
+                parts.append(("sync", c.phase_switch_s, "offload/reload"))
+            else:
+                parts.append(("sync", c.context_switch_s, "context switch"))
         w.last_kind = task.kind
         if task.kind is GEN:
             gen = c.gen_on_trainer_s if w.role is Role.TRAINER else c.gen_s
-            parts += [("gen", gen), ("decode", c.decode_s), ("reward", c.reward_s)]
+            parts += [("gen", gen, ""), ("decode", c.decode_s, ""), ("reward", c.reward_s, "")]
         else:
             if m.peer_overheads and c.recompute_s > 0:
-                parts.append(("train", c.recompute_s))  # old log-probs recomputed (peers)
-            parts.append(("train", c.train_tsp_s if m.tsp else c.train_s))
-        for kind, dur in parts:
+                parts.append(("train", c.recompute_s, "recompute"))  # old log-probs (peers)
+            parts.append(("train", c.train_tsp_s if m.tsp else c.train_s, ""))
+        for kind, dur, part in parts:
             if dur > 0:
-                self.rows.append((w.index, kind, task.iteration, version, t, t + dur))
+                self.rows.append((w.index, kind, task.iteration, version, t, t + dur, part))
                 t += dur
-        self.push(t, ("task", w.spec.name, task, self.now))
+        self.push(t + c.overhead_s, ("task", w.spec.name, task, self.now))
 
     # --- loop ----------------------------------------------------------------------------
     def loop(self) -> None:
@@ -346,17 +349,39 @@ def simulate(cost: CostModel, mode: Mode, roles: dict[str, Role] | None = None, 
 
 
 def _rows(sim: _Sim) -> list[dict]:
+    """Timeline rows with the keys of ``timeline.jsonl``, plus ``gpus`` and, for overheads,
+    ``part`` (weights load, offload/reload, context switch, recompute)."""
     names = [w.spec for w in sorted(sim.workers.values(), key=lambda w: w.index)]
     roles = {w.spec.name: w.role.value for w in sim.workers.values()}
     out = []
-    for idx, kind, it, version, s, e in sim.rows:
+    for idx, kind, it, version, s, e, part in sim.rows:
         if idx < 0:
-            out.append({"worker": "controller", "gpu_type": "cpu", "role": "controller", "kind": kind,
-                        "iteration": it, "version": version, "start": s, "end": e, "gpus": 0})
+            row = {"worker": "controller", "gpu_type": "cpu", "role": "controller", "kind": kind,
+                   "iteration": it, "version": version, "start": s, "end": e, "gpus": 0}
         else:
             w = names[idx]
-            out.append({"worker": w.name, "gpu_type": w.gpu_type, "role": roles[w.name], "kind": kind,
-                        "iteration": it, "version": version, "start": s, "end": e, "gpus": w.gpus})
+            row = {"worker": w.name, "gpu_type": w.gpu_type, "role": roles[w.name], "kind": kind,
+                   "iteration": it, "version": version, "start": s, "end": e, "gpus": w.gpus}
+        if part:
+            row["part"] = part
+        out.append(row)
+    return out
+
+
+def time_shares(res: SimResult) -> dict[str, float]:
+    """Shares of the measured window's GPU-seconds: each overhead ``part``, other busy work
+    (``work``) and idle (``idle``)."""
+    lo, hi = res.window
+    total = res.gpus * (hi - lo)
+    shares: dict[str, float] = {}
+    for r in res.rows:
+        if r["worker"] == "controller":
+            continue
+        d = max(0.0, min(r["end"], hi) - max(r["start"], lo)) * r["gpus"]
+        key = r.get("part") or ("work" if r["kind"] in BUSY_KINDS else "sync")
+        shares[key] = shares.get(key, 0.0) + d
+    out = {k: v / total for k, v in shares.items()} if total > 0 else {}
+    out["idle"] = max(0.0, 1.0 - sum(out.values()))
     return out
 
 

@@ -2,8 +2,8 @@
 rollout/trainer split the same cost model says is best, compared with colocated and the bound.
 
 Split search. Workers are ordered by ``g_i / t_i`` (generation rate over training rate, best
-generators first: the LP bound's order, :mod:`digen.sim.bounds`), and a split is a prefix of
-that order: the first ``r`` workers are rollouts, the rest trainers. The analytic model
+generators first: the LP bound's order, :mod:`digen.sim.bounds`; ties: slowest first, see
+:func:`worker_order`), and a split is a prefix of that order: the first ``r`` workers are rollouts, the rest trainers. The analytic model
 picks ``r*`` (synchronous modes minimise ``S/R_gen + S/R_train``, pipelined ones
 ``max(S/R_gen, S/R_train)``); ``r*`` and its neighbours, plus the split chosen for the mode's
 predecessor on the ablation ladder, are simulated, and the fastest is kept. Including the
@@ -13,9 +13,11 @@ does at the same split, or better.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from digen.core.events import Role
+from digen.errors import ConfigError
 from digen.sim.bounds import LpSolution, costmodel_bound
 from digen.sim.costmodel import CostModel
 from digen.sim.driver import LADDER, MODES, Mode, SimResult, simulate
@@ -38,8 +40,8 @@ class SimSettings:
 class ModeResult:
     mode: str
     sim: SimResult
-    rollout_workers: int
-    trainer_workers: int
+    rollout_gpus: int
+    trainer_gpus: int
     speedup_vs_colocated: float
     fraction_of_bound: float
     bound_samples_per_s: float
@@ -56,8 +58,8 @@ class ModeResult:
             "speedup_vs_colocated": self.speedup_vs_colocated,
             "fraction_of_bound": self.fraction_of_bound,
             "bound_samples_per_s": self.bound_samples_per_s,
-            "rollout_workers": self.rollout_workers,
-            "trainer_workers": self.trainer_workers,
+            "rollout_gpus": self.rollout_gpus,
+            "trainer_gpus": self.trainer_gpus,
             "gpus": s.gpus,
         }
 
@@ -75,10 +77,14 @@ class Study:
 
 
 def worker_order(cost: CostModel) -> list[str]:
-    """Workers by decreasing ``g / t`` (ties by name): rollouts are taken from the front."""
+    """Workers by decreasing ``g / t``: rollouts are taken from the front. Among workers whose
+    ratios agree within 1%, the slower trainers come first (go to generation): training
+    ends at a step barrier every iteration, so its tail is one training task of its slowest
+    worker, while generation flows across iterations."""
     def key(w):
         g, t = cost.rates(w, tsp=True)
-        return (-(g / t) if t > 0 else float("-inf"), w.name)
+        ratio = round(-math.log(g / t), 2) if g > 0 and t > 0 else (float("-inf") if t <= 0 else float("inf"))
+        return (ratio, -w.cost.train_tsp_s, w.name)
 
     return [w.name for w in sorted(cost.workers, key=key)]
 
@@ -124,7 +130,8 @@ def run_mode(cost: CostModel, mode: Mode, settings: SimSettings, previous: int |
     if mode.colocated:
         return simulate(cost, mode, iterations=settings.iterations, warmup=settings.warmup), 0, 1
     if len(cost.workers) < 2:
-        raise ValueError("a disaggregated mode needs at least 2 workers")
+        raise ConfigError(f"mode {mode.name} needs at least 2 workers (one rollout, one trainer); the cluster has "
+                          f"{len(cost.workers)}")
     order = order or worker_order(cost)
     best: tuple[SimResult, int] | None = None
     cands = _candidates(cost, mode, order, settings.neighbours, previous)
@@ -158,8 +165,8 @@ def run_study(cost: CostModel, modes: list[str], settings: SimSettings | None = 
         done[name] = ModeResult(name, res, roll, train, 0.0,
                                 res.samples_per_s / bound.x if bound.x > 0 else 0.0, bound.x, tried)
     base = done["colocated"].sim.samples_per_s
-    for r in done.values():
-        r.speedup_vs_colocated = r.sim.samples_per_s / base if base > 0 else 0.0
+    for result in done.values():
+        result.speedup_vs_colocated = result.sim.samples_per_s / base if base > 0 else 0.0
     study.colocated = done["colocated"]
     study.results = [done[m] for m in modes]
     return study

@@ -183,3 +183,16 @@ def test_core_imports_stay_light():
     code = "import sys, digen.core.scheduler; bad = [m for m in ('torch', 'dask', 'redis', 'rq', 'distributed') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_tag_budget_is_reissued_every_iteration():
+    s = make(gap=True, tag=True, groups=8, iterations=4)
+    s.start(0.0)
+    for it in range(2):
+        for g in range(8):
+            s.handle(done(GEN, it, g, "r0", 0, 3.0))
+        for g in range(8):
+            s.handle(done(TRAIN, it, g, "t0", 0, 1.0))
+        out = s.handle(StepDone(it, 10 + it, 10.1 + it))
+        tags = [i for i in out if isinstance(i, SetRole) and i.worker == "t0"]
+        assert tags and tags[0].gen_budget > 0, f"no budget after iteration {it}"

@@ -1,0 +1,230 @@
+"""Validate the simulator against reality: a cost model measured from a real run.
+
+A run directory written by ``digen train`` (:mod:`digen.rundir`) holds ``config.yaml``,
+``timeline.jsonl`` (one row per task part: ``worker``, ``gpu_type``, ``role``, ``kind``,
+``iteration``, ``version``, ``start``, ``end``) and ``metrics.jsonl``.
+:func:`costmodel_from_run` turns the timeline into a :class:`~digen.sim.costmodel.CostModel`:
+per worker and kind, the mean seconds of its ``gen`` / ``decode`` / ``reward`` / ``train``
+rows, of its weight loads (``sync`` rows), and of the controller's ``optim`` and ``sync``;
+plus the per-task overhead the timeline does not cover (queue lease, data transfer,
+acknowledgement), the median gap between back-to-back tasks on a worker. The first
+``warmup`` iterations (model loading, compilation) are left out when later ones exist.
+
+:func:`compare_run` then simulates the run's own mode and workers with that cost model and
+sets the predicted samples/s and bubble ratio beside the measured ones;
+:func:`predict_modes` predicts the other modes on the same workers.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from digen.core.events import Role
+from digen.errors import ConfigError
+from digen.sim.costmodel import CostModel, SimWorker, WorkerCost
+from digen.sim.driver import MODES, Mode, SimResult, simulate
+from digen.sim.study import SimSettings, run_mode
+
+PART_KINDS = ("gen", "decode", "reward", "train")
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What :func:`costmodel_from_run` read besides the costs."""
+
+    mode: Mode
+    roles: dict[str, Role]
+    iterations: int
+
+
+@dataclass(frozen=True)
+class Comparison:
+    mode: str
+    predicted_samples_per_s: float
+    measured_samples_per_s: float | None
+    predicted_bubble_ratio: float
+    measured_bubble_ratio: float | None
+
+    @property
+    def samples_per_s_error(self) -> float | None:
+        """Relative error of the prediction (predicted / measured - 1)."""
+        m = self.measured_samples_per_s
+        return self.predicted_samples_per_s / m - 1 if m else None
+
+    def to_json(self) -> dict:
+        return {"mode": self.mode, "predicted_samples_per_s": self.predicted_samples_per_s,
+                "measured_samples_per_s": self.measured_samples_per_s,
+                "predicted_bubble_ratio": self.predicted_bubble_ratio,
+                "measured_bubble_ratio": self.measured_bubble_ratio,
+                "samples_per_s_error": self.samples_per_s_error}
+
+
+def _jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        raise ConfigError(f"{path} does not exist: pass a run directory written by digen train")
+    rows = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                break  # a line cut by a crash
+    return rows
+
+
+def _config(run: Path) -> dict:
+    p = run / "config.yaml"
+    if not p.exists():
+        raise ConfigError(f"{p} does not exist: pass a run directory written by digen train")
+    return yaml.safe_load(p.read_text()) or {}
+
+
+def run_mode_of(cfg: dict) -> Mode:
+    """The sim mode a run used: its resolved ``schedule`` (``config.yaml`` holds it resolved).
+    The runtime's colocated mode pulls dynamically and has no offload or recompute."""
+    s = cfg.get("schedule", {})
+    mode = s.get("mode", "digen")
+    if mode == "colocated":
+        return MODES["colocated-digen"]
+    if mode not in ("disaggregated", "digen"):
+        raise ConfigError(f"schedule.mode ({mode}) of the run cannot be simulated: use colocated, disaggregated or digen")
+    return Mode(mode, gap=bool(s.get("gap")), tsp=bool(s.get("tsp")), tag=bool(s.get("tag")),
+                max_staleness=int(s.get("max_staleness") or 0))
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _overhead(rows: list[dict]) -> float:
+    """Median gap between back-to-back tasks on one worker (a gap no longer than the median
+    task part is taken as queue/ack overhead, a longer one as waiting for work)."""
+    rows = sorted(rows, key=lambda r: r["start"])
+    parts = [r["end"] - r["start"] for r in rows if r["kind"] in PART_KINDS]
+    if len(rows) < 2 or not parts:
+        return 0.0
+    limit = statistics.median(parts)
+    gaps = [b["start"] - a["end"] for a, b in zip(rows, rows[1:], strict=False)
+            if b["kind"] in ("gen", "train", "sync") and 0 <= b["start"] - a["end"] <= limit]
+    return statistics.median(gaps) if gaps else 0.0
+
+
+def costmodel_from_run(run_dir: str | Path, *, warmup: int = 1) -> CostModel:
+    """A cost model measured from ``run_dir``'s timeline (see the module docstring)."""
+    return _calibrate(Path(run_dir), warmup)[0]
+
+
+def _calibrate(run: Path, warmup: int) -> tuple[CostModel, RunInfo]:
+    cfg = _config(run)
+    rows = _jsonl(run / "timeline.jsonl")
+    iterations = max((int(r["iteration"]) for r in rows), default=-1) + 1
+    if iterations == 0:
+        raise ConfigError(f"{run}/timeline.jsonl has no rows")
+    steady = [r for r in rows if int(r["iteration"]) >= warmup] if iterations > warmup else rows
+    roll = cfg.get("rollout", {})
+    group = int(roll.get("group_size", 1))
+    tasks = int(roll.get("batch_size", group)) // group
+
+    workers = sorted({r["worker"] for r in rows if r["worker"] != "controller"})
+    gpu = {r["worker"]: r.get("gpu_type", "?") for r in rows}
+    role_seen: dict[str, str] = {}
+    for r in rows:
+        if r["worker"] != "controller":
+            role_seen.setdefault(r["worker"], r.get("role", "rollout"))
+    means: dict[tuple[str, str], float] = {}
+    for w in workers:
+        mine = [r for r in steady if r["worker"] == w] or [r for r in rows if r["worker"] == w]
+        for kind in (*PART_KINDS, "sync"):
+            m = _mean([r["end"] - r["start"] for r in mine if r["kind"] == kind])
+            if m is not None:
+                means[(w, kind)] = m
+        means[(w, "overhead")] = _overhead(mine)
+
+    def pick(w: str, kind: str, *, role: str | None = None) -> float:
+        """The worker's own mean, else its GPU type's, else everyone's (0 if none)."""
+        if (w, kind) in means:
+            return means[(w, kind)]
+        for same in ([x for x in workers if gpu[x] == gpu[w] and (role is None or role_seen[x] == role)], workers):
+            vals = [means[(x, kind)] for x in same if (x, kind) in means]
+            if vals:
+                return sum(vals) / len(vals)
+        return 0.0
+
+    if not any(k == "train" for _, k in means):
+        raise ConfigError(f"{run}/timeline.jsonl has no train rows: the run trained nothing")
+    sim_workers = []
+    for w in workers:
+        gen = pick(w, "gen")
+        cost = WorkerCost(
+            gen_s=gen, decode_s=pick(w, "decode"), reward_s=pick(w, "reward"), train_s=pick(w, "train"),
+            train_tsp_s=pick(w, "train"), gen_on_trainer_s=gen, load_s=means.get((w, "sync"), 0.0),
+            overhead_s=means[(w, "overhead")],
+        )
+        sim_workers.append(SimWorker(w, gpu[w], 1, cost))
+    ctl = [r for r in steady if r["worker"] == "controller"] or [r for r in rows if r["worker"] == "controller"]
+    cost_model = CostModel(
+        workers=sim_workers, tasks=tasks, samples_per_task=group, tasks_per_group=1,
+        optim_s=_mean([r["end"] - r["start"] for r in ctl if r["kind"] == "optim"]) or 0.0,
+        sync_s=_mean([r["end"] - r["start"] for r in ctl if r["kind"] == "sync"]) or 0.0,
+        label=f"calibrated from {run}",
+        notes=[f"{len(workers)} workers, {tasks} tasks x {group} samples per iteration; TSP and non-TSP train "
+               f"times are both the measured one"],
+    )
+    roles = {w: Role(role_seen[w]) if role_seen[w] in {r.value for r in Role} else Role.ROLLOUT for w in workers}
+    return cost_model, RunInfo(run_mode_of(cfg), roles, iterations)
+
+
+def measured(run_dir: str | Path, *, warmup: int = 1) -> tuple[float, float]:
+    """``(samples/s, bubble ratio)`` of a run over its iterations after ``warmup``, from
+    ``metrics.jsonl`` (as ``summary.json`` computes them)."""
+    rows = _jsonl(Path(run_dir) / "metrics.jsonl")
+    rows = [r for r in rows if int(r["iteration"]) >= warmup] or rows
+    wall = sum(r["wall_s"] for r in rows)
+    worker_s = sum(r.get("worker_s", 0.0) for r in rows)
+    sps = sum(r["samples"] for r in rows) / wall if wall > 0 else 0.0
+    bubble = 1 - sum(r.get("busy_s", 0.0) for r in rows) / worker_s if worker_s > 0 else 0.0
+    return sps, bubble
+
+
+def _simulate_run(cost: CostModel, info: RunInfo, mode: Mode, warmup: int) -> SimResult:
+    iterations = max(info.iterations, warmup + 2)
+    if mode.colocated:
+        return simulate(cost, mode, iterations=iterations, warmup=warmup)
+    roles = info.roles
+    if not (any(r is Role.ROLLOUT for r in roles.values()) and any(r is Role.TRAINER for r in roles.values())):
+        return run_mode(cost, mode, SimSettings(iterations, warmup, 2))[0]  # the run had no split: search one
+    return simulate(cost, mode, roles, iterations=iterations, warmup=warmup)
+
+
+def compare_run(run_dir: str | Path, *, warmup: int = 1) -> Comparison:
+    """Predicted vs measured samples/s and bubble ratio of a run's own mode and workers."""
+    run = Path(run_dir)
+    cost, info = _calibrate(run, warmup)
+    res = _simulate_run(cost, info, info.mode, warmup)
+    sps, bubble = measured(run, warmup=warmup)
+    return Comparison(info.mode.name, res.samples_per_s, sps, res.bubble_ratio, bubble)
+
+
+def predict_modes(run_dir: str | Path, modes: list[str], *, warmup: int = 1) -> list[Comparison]:
+    """Predictions for ``modes`` on the run's workers (measured fields are None except for the
+    run's own mode). Colocated here is the runtime's (``colocated-digen``) unless asked for
+    by name with the peers' overheads, which a calibrated model does not have."""
+    run = Path(run_dir)
+    cost, info = _calibrate(run, warmup)
+    sps, bubble = measured(run, warmup=warmup)
+    out = []
+    for name in modes:
+        mode = MODES[name]
+        res = _simulate_run(cost, info, mode, warmup)
+        own = _same(mode, info.mode)
+        out.append(Comparison(name, res.samples_per_s, sps if own else None, res.bubble_ratio, bubble if own else None))
+    return out
+
+
+def _same(a: Mode, b: Mode) -> bool:
+    return (a.colocated, a.gap, a.tsp, a.tag, a.max_staleness) == (b.colocated, b.gap, b.tsp, b.tag, b.max_staleness)
