@@ -35,7 +35,7 @@ bench: $(STAMP)
 	$(BIN)/digen bench configs/quickstart.yaml --out runs/bench
 
 simulate: $(STAMP)
-	$(BIN)/digen simulate configs/sim/qwen-image_testbed-ac.yaml
+	$(BIN)/digen simulate --all --out runs/sim/results.md
 
 clean:
 	rm -rf runs .pytest_cache .mypy_cache .ruff_cache
