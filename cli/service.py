@@ -31,13 +31,9 @@ _STATE_STYLE = {"done": "green", "running": "cyan", "starting": "cyan", "queued"
 
 
 def _connect(url: str | None):
-    from digen.runtime.redis_conn import connect
-    from digen.runtime.service import share_embedded
+    from digen.runtime.service import connect_service
 
-    r = connect(url)
-    if url is None:
-        share_embedded(r)
-    return r
+    return connect_service(url)
 
 
 def _when(ts: float | None) -> str:

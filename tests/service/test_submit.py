@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from cli.main import app
 from digen.errors import ConfigError
 from digen.runtime import service
+
 from .helpers import DIGEN, QUICKSTART, ROOT, proc_env, quick_sets
 
 
@@ -97,24 +98,30 @@ def test_cancel_a_queued_job(r, tiny_sd3: Path, tmp_path: Path):
     assert "cancelled before it started" in logs.stdout
 
 
-def _mark_started(r, job_id: str, started: float) -> None:
-    """What rq does when a worker takes the job, then the runner's own meta."""
+def _mark_started(r, job_id: str, taken: float, runner_state: str) -> None:
+    """What rq does when a worker takes the job, then what the runner writes in meta."""
+    from datetime import datetime, timezone
+
     from rq.job import Job, JobStatus
     from rq.serializers import JSONSerializer
 
     job = Job.fetch(job_id, connection=r, serializer=JSONSerializer)
+    job.started_at = datetime.fromtimestamp(taken, timezone.utc)
     job.set_status(JobStatus.STARTED)
-    job.meta.update({"state": "running", "started": started, "iteration": 3})
+    job.save(include_meta=False)
+    job.meta.update({"state": runner_state, "started": taken, "iteration": 3})
     job.save_meta()
     service.job_queue(r).remove(job_id)
 
 
 def test_states_of_a_started_job_follow_its_heartbeat_and_lost_jobs_resume(r, tiny_sd3: Path, tmp_path: Path):
     job_id = submit_ok(tiny_sd3, tmp_path / "run")
-    _mark_started(r, job_id, started=time.time())
-    assert status_json(job_id)["state"] == "starting"  # no heartbeat yet, but just started
-    _mark_started(r, job_id, started=time.time() - 120)
-    assert status_json(job_id)["state"] == "lost"  # the runner died: no heartbeat
+    _mark_started(r, job_id, time.time(), "queued")
+    assert status_json(job_id)["state"] == "starting"  # taken by a worker, the runner not up yet
+    _mark_started(r, job_id, time.time() - 120, "queued")
+    assert status_json(job_id)["state"] == "lost"  # never came up
+    _mark_started(r, job_id, time.time(), "running")
+    assert status_json(job_id)["state"] == "lost"  # was running, its heartbeat stopped: the runner died
     r.set(service.alive_key(job_id), "{}", px=5000)
     assert status_json(job_id)["state"] == "running"
 
