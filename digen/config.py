@@ -142,6 +142,9 @@ class ScheduleConfig(_Section):
     """A task failing this many times goes to the dead-letter list."""
     on_poison: Literal["fail", "drop"] = "fail"
     """What a dead-lettered task does to the job: fail it, or drop its samples."""
+    redis_outage_s: float = Field(120.0, gt=0.0)
+    """How long the controller and the workers pause for Redis to come back (a restart, a
+    failover) before the job fails."""
 
     def resolved(self) -> ScheduleConfig:
         """A copy with every None toggle replaced by the mode's default."""
@@ -166,6 +169,9 @@ class LocalClusterConfig(_Section):
 
 class ClusterConfig(_Section):
     local: LocalClusterConfig = LocalClusterConfig()
+    gpu_types: list[str] = []
+    """GPU types this job may run on (``digen worker --gpu-type``). A worker of another type
+    gets no task. Empty: any type."""
 
 
 class SecurityConfig(_Section):
@@ -336,6 +342,17 @@ def _cross_checks(cfg: Config, check_paths: bool) -> list[str]:
     return problems
 
 
+def _absolute_paths(cfg: Config) -> None:
+    """Paths that exist relative to the config file become absolute, so every process of a
+    job (worker loops start elsewhere) reads the same files. Other paths stay as written."""
+    for section, key in ((cfg.model, "path"), (cfg.prompts, "file")):
+        value = getattr(section, key)
+        if value is not None and not Path(value).expanduser().is_absolute():
+            resolved = cfg.resolve_path(value)
+            if resolved.exists():
+                setattr(section, key, str(resolved.resolve()))
+
+
 def build_config(
     data: dict[str, Any],
     overrides: list[str] | None = None,
@@ -353,6 +370,7 @@ def build_config(
         raise ConfigError([_describe(e) for e in exc.errors()]) from None
     if source_dir is not None:
         cfg.source_dir = str(source_dir)
+        _absolute_paths(cfg)
     problems = _cross_checks(cfg, check_paths)
     if problems:
         raise ConfigError(problems)
@@ -375,8 +393,23 @@ def load_config(path: str | Path, overrides: list[str] | None = None, *, check_p
     return build_config(data, overrides, source_dir=p.parent.resolve(), check_paths=check_paths)
 
 
+SECRET_WORDS = ("password", "passwd", "secret", "token", "api_key", "apikey", "credential")
+
+
+def _mask_secrets(node: Any) -> Any:
+    """``node`` with the value of every key that names a secret (``password``, ``token``,
+    ``api_key``...) replaced by ``***``."""
+    if isinstance(node, dict):
+        return {k: "***" if any(w in str(k).lower() for w in SECRET_WORDS) and v not in (None, "")
+                else _mask_secrets(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_mask_secrets(v) for v in node]
+    return node
+
+
 def dump_config(cfg: Config) -> str:
-    """The resolved config as YAML (what ``config.yaml`` in a run directory holds)."""
+    """The resolved config as YAML (what ``config.yaml`` in a run directory holds); values
+    of keys that name secrets (e.g. a reward's ``api_key``) are written as ``***``."""
     data = cfg.model_dump(mode="json", exclude={"source_dir"})
     data["schedule"] = cfg.schedule.resolved().model_dump(mode="json")
-    return yaml.safe_dump(data, sort_keys=False)
+    return yaml.safe_dump(_mask_secrets(data), sort_keys=False)
