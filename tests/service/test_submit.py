@@ -8,6 +8,7 @@ import socket
 import subprocess
 import time
 import zlib
+from datetime import UTC
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from cli.main import app
 from digen.errors import ConfigError
 from digen.runtime import service
 
-from .helpers import DIGEN, QUICKSTART, ROOT, proc_env, quick_sets
+from .helpers import CONFIG, DIGEN, ROOT, proc_env, quick_sets
 
 
 def cli(*args: object):
@@ -25,7 +26,7 @@ def cli(*args: object):
 
 
 def submit_ok(tiny: Path, out: Path, *extra: str) -> str:
-    res = cli("submit", QUICKSTART, *quick_sets(tiny), "--out", out, *extra)
+    res = cli("submit", CONFIG, *quick_sets(tiny), "--out", out, *extra)
     assert res.exit_code == 0, res.output
     return res.stdout.strip().splitlines()[-1]
 
@@ -37,10 +38,10 @@ def status_json(job_id: str) -> dict:
 
 
 def test_bad_config_is_refused_before_anything_is_enqueued(r, tiny_sd3: Path):
-    res = cli("submit", QUICKSTART, *quick_sets(tiny_sd3), "--set", "rollout.group_size=5")
+    res = cli("submit", CONFIG, *quick_sets(tiny_sd3), "--set", "rollout.group_size=5")
     assert res.exit_code == 2
     assert "rollout.group_size (5) must divide rollout.batch_size (16)" in res.output
-    res = cli("submit", QUICKSTART, *quick_sets(tiny_sd3), "--set", "schedule.nope=1")
+    res = cli("submit", CONFIG, *quick_sets(tiny_sd3), "--set", "schedule.nope=1")
     assert res.exit_code == 2 and "schedule.nope" in res.output
     assert service.job_queue(r).count == 0
     assert r.zcard(service.INDEX_KEY) == 0
@@ -69,17 +70,17 @@ def test_submit_enqueues_a_json_job_with_a_long_timeout(r, tiny_sd3: Path, tmp_p
 
 def test_default_run_directory_is_named_after_config_and_job(r, tiny_sd3: Path, tmp_path: Path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    res = cli("submit", QUICKSTART, *quick_sets(tiny_sd3))
+    res = cli("submit", CONFIG, *quick_sets(tiny_sd3))
     assert res.exit_code == 0, res.output
     job_id = res.stdout.strip()
-    assert status_json(job_id)["run_dir"] == str((tmp_path / "runs" / f"quickstart-{job_id}").resolve())
+    assert status_json(job_id)["run_dir"] == str((tmp_path / "runs" / f"tiny-{job_id}").resolve())
 
 
 def test_a_run_directory_that_holds_a_run_is_refused(r, tiny_sd3: Path, tmp_path: Path):
     run = tmp_path / "run"
     run.mkdir()
     (run / "metrics.jsonl").write_text(json.dumps({"iteration": 0}) + "\n")
-    res = cli("submit", QUICKSTART, *quick_sets(tiny_sd3), "--out", run)
+    res = cli("submit", CONFIG, *quick_sets(tiny_sd3), "--out", run)
     assert res.exit_code == 2 and "already holds a run" in res.output and "--resume" in res.output
     assert service.job_queue(r).count == 0
 
@@ -94,19 +95,19 @@ def test_cancel_a_queued_job(r, tiny_sd3: Path, tmp_path: Path):
     assert again.exit_code == 2 and "already cancelled" in again.output
     logs = cli("logs", job_id)
     assert logs.exit_code == 0
-    assert "submitted: quickstart (reference, 8 iterations)" in logs.stdout
+    assert "submitted: tiny (reference, 8 iterations)" in logs.stdout
     assert "cancelled before it started" in logs.stdout
 
 
 def _mark_started(r, job_id: str, taken: float, runner_state: str) -> None:
     """What rq does when a worker takes the job, then what the runner writes in meta."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from rq.job import Job, JobStatus
     from rq.serializers import JSONSerializer
 
     job = Job.fetch(job_id, connection=r, serializer=JSONSerializer)
-    job.started_at = datetime.fromtimestamp(taken, timezone.utc)
+    job.started_at = datetime.fromtimestamp(taken, UTC)
     job.set_status(JobStatus.STARTED)
     job.save(include_meta=False)
     job.meta.update({"state": runner_state, "started": taken, "iteration": 3})
@@ -141,7 +142,7 @@ def test_states_of_a_started_job_follow_its_heartbeat_and_lost_jobs_resume(r, ti
 
     res = cli("submit", "--resume", job_id)
     assert res.exit_code == 2 and f"already resumed as {new_id}" in res.output
-    res = cli("submit", QUICKSTART, "--resume", new_id)
+    res = cli("submit", CONFIG, "--resume", new_id)
     assert res.exit_code == 2 and "drop CONFIG" in res.output
 
 
@@ -159,7 +160,7 @@ def test_unreachable_redis_is_one_line_naming_the_url_within_10_s(tiny_sd3: Path
         port = s.getsockname()[1]
     url = f"redis://alice:hunter2hunter2@127.0.0.1:{port}/0"
     t0 = time.monotonic()
-    res = subprocess.run([DIGEN, "submit", str(QUICKSTART), *quick_sets(tiny_sd3), "--redis-url", url], cwd=ROOT,
+    res = subprocess.run([DIGEN, "submit", str(CONFIG), *quick_sets(tiny_sd3), "--redis-url", url], cwd=ROOT,
                          env=proc_env(digen_home), capture_output=True, text=True, timeout=60)
     assert time.monotonic() - t0 < 10
     assert res.returncode == 1 and res.stdout == ""
@@ -192,3 +193,41 @@ def test_parse_duration(text: str, seconds: int):
 def test_parse_duration_rejects(text: str):
     with pytest.raises(ConfigError, match="--timeout"):
         service.parse_duration(text)
+
+
+def test_paths_that_exist_only_on_the_serve_host_need_no_check_paths(r, tiny_sd3: Path, tmp_path: Path):
+    sets = [*quick_sets(tiny_sd3), "--set", "model.path=/models/sd3"]
+    res = cli("submit", CONFIG, *sets, "--out", tmp_path / "run")
+    assert res.exit_code == 2 and "model.path (/models/sd3) does not exist" in res.output
+    assert service.job_queue(r).count == 0
+    res = cli("submit", CONFIG, *sets, "--out", tmp_path / "run", "--no-check-paths")
+    assert res.exit_code == 0, res.output
+    _, _, _, kwargs = json.loads(zlib.decompress(r.hget(f"rq:job:{res.stdout.strip()}", "data")))
+    assert kwargs["config"]["model"]["path"] == "/models/sd3"  # checked by the runner when the job starts
+
+
+def test_password_and_acl_user_urls(tiny_sd3: Path, tmp_path: Path):
+    """A Redis with requirepass, and an ACL user limited to digen's and rq's keys."""
+    from digen.runtime.redis_conn import connect, start_embedded, stop_embedded
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    db = tmp_path / "secure.db"
+    start_embedded(db, password="s3cret-admin-pw", port=port)
+    try:
+        admin = connect(f"redis://:s3cret-admin-pw@127.0.0.1:{port}/0")
+        admin.execute_command("ACL", "SETUSER", "digen", "on", ">s3cret-digen-pw", "~digen:*", "~rq:*", "&*", "+@all",
+                              "-flushall", "-flushdb", "-shutdown", "-config", "-debug")
+        for url in (f"redis://:s3cret-admin-pw@127.0.0.1:{port}/0", f"redis://digen:s3cret-digen-pw@127.0.0.1:{port}/0"):
+            res = cli("submit", CONFIG, *quick_sets(tiny_sd3), "--out", tmp_path / url[8:13], "--redis-url", url)
+            assert res.exit_code == 0, res.output
+            job_id = res.stdout.strip()
+            res = cli("status", "--json", "--redis-url", url)
+            assert res.exit_code == 0 and job_id in [j["id"] for j in json.loads(res.stdout)]
+            assert cli("cancel", job_id, "--redis-url", url).exit_code == 0
+        res = cli("status", "--redis-url", f"redis://digen:wrong-pw@127.0.0.1:{port}/0")
+        assert res.exit_code == 1 and "authentication failed" in res.output and "wrong-pw" not in res.output
+        admin.close()
+    finally:
+        stop_embedded(db)

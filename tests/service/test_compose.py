@@ -1,0 +1,180 @@
+"""docker-compose.yml, .env.example and the Dockerfile: valid YAML, every service command a real
+command that accepts its flags, Redis secured and persistent, GPU reservations well-formed,
+a cpu profile that needs no GPU."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+import typer
+import yaml
+from typer.testing import CliRunner
+
+from cli.main import app
+
+from .helpers import ROOT
+
+COMPOSE = ROOT / "docker-compose.yml"
+ENV_EXAMPLE = ROOT / ".env.example"
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}")
+
+
+def env_example() -> dict[str, str]:
+    out = {}
+    for line in ENV_EXAMPLE.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            out[key.strip()] = value.strip()
+    return out
+
+
+def interpolate(value, env: dict[str, str]):
+    """Compose's ${VAR}, ${VAR:-default}, ${VAR:?error} and $$, as `docker compose config` does."""
+    if isinstance(value, dict):
+        return {k: interpolate(v, env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate(v, env) for v in value]
+    if not isinstance(value, str):
+        return value
+
+    def sub(m: re.Match) -> str:
+        name, op, arg = m.group(1), m.group(2), m.group(3)
+        if name in env and (env[name] != "" or op != ":-"):
+            return env[name]
+        if op in (":-", "-"):
+            return arg
+        if op in (":?", "?"):
+            raise AssertionError(f"${{{name}}} is required ({arg}) but .env.example does not set it")
+        return ""
+
+    return _VAR.sub(sub, value.replace("$$", "\0")).replace("\0", "$")
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return interpolate(yaml.safe_load(COMPOSE.read_text()), env_example())
+
+
+def services(compose: dict, profile: str | None = None) -> dict[str, dict]:
+    """The services ``docker compose --profile PROFILE up`` starts (all when None)."""
+    return {name: s for name, s in compose["services"].items()
+            if profile is None or not s.get("profiles") or profile in s["profiles"]}
+
+
+def gpu_devices(service: dict) -> list[dict]:
+    return (service.get("deploy", {}).get("resources", {}).get("reservations", {}) or {}).get("devices", []) or []
+
+
+def digen_command(args: list[str]):
+    """Parse ``digen SUB ARGS`` with the real CLI (no run); raises a UsageError on a bad flag."""
+    group = typer.main.get_command(app)
+    sub = group.commands.get(args[1])  # type: ignore[attr-defined]
+    assert sub is not None, f"digen has no command {args[1]!r}"
+    with sub.make_context(f"digen {args[1]}", list(args[2:]), resilient_parsing=False):
+        pass
+    return sub
+
+
+def test_compose_has_the_stack_and_env_example_sets_what_it_needs(compose: dict):
+    assert {"redis", "scheduler", "controller", "rollout", "trainer", "rollout-cpu", "trainer-cpu"} <= set(
+        compose["services"])
+    env = env_example()
+    assert env["REDIS_PASSWORD"] and env["COMPOSE_PROFILES"] in ("gpu", "cpu")
+
+
+def test_every_service_command_is_a_real_command_that_accepts_its_flags(compose: dict):
+    from distributed.cli.dask_scheduler import main as dask_scheduler
+
+    seen = set()
+    for name, s in compose["services"].items():
+        cmd = s["command"]
+        assert isinstance(cmd, list) and cmd, name
+        if cmd[0] == "digen":
+            digen_command(cmd)
+            res = CliRunner().invoke(app, [cmd[1], "--help"])
+            assert res.exit_code == 0, (name, res.output)
+            seen.add(cmd[1])
+        elif cmd[:2] == ["dask", "scheduler"]:
+            with dask_scheduler.make_context("dask scheduler", cmd[2:]):
+                pass
+            seen.add("dask scheduler")
+        else:
+            assert name == "redis" and "redis-server" in cmd[-1], name
+    assert seen == {"serve", "worker", "dask scheduler"}
+
+
+def test_the_command_parser_check_catches_a_bad_flag():
+    from typer._click.exceptions import UsageError
+
+    with pytest.raises(UsageError, match="--rol"):
+        digen_command(["digen", "worker", "--scheduler", "tcp://s:8786", "--rol", "rollout"])
+
+
+def test_redis_has_a_password_from_env_aof_and_a_healthcheck(compose: dict):
+    raw = yaml.safe_load(COMPOSE.read_text())["services"]["redis"]
+    assert "${REDIS_PASSWORD" in raw["environment"]["REDIS_PASSWORD"]  # from .env, never a literal
+    line = compose["services"]["redis"]["command"][-1]
+    assert '--requirepass "$REDIS_PASSWORD"' in line and "--appendonly yes" in line
+    assert "ping" in " ".join(compose["services"]["redis"]["healthcheck"]["test"])
+    url = compose["services"]["controller"]["environment"]["DIGEN_REDIS_URL"]
+    assert url == f"redis://:{env_example()['REDIS_PASSWORD']}@redis:6379/0"
+    deps = compose["services"]["controller"]["depends_on"]
+    assert deps["redis"]["condition"] == "service_healthy"
+
+
+def test_gpu_reservations_are_well_formed_one_gpu_type_per_service(compose: dict):
+    gpu = {n: s for n, s in compose["services"].items() if gpu_devices(s)}
+    assert set(gpu) == {"rollout", "trainer"}
+    ids = []
+    for name, s in gpu.items():
+        assert s["profiles"] == ["gpu"]
+        (dev,) = gpu_devices(s)
+        assert dev["driver"] == "nvidia" and "gpu" in dev["capabilities"] and "count" not in dev
+        assert dev["device_ids"] and all(isinstance(i, str) and i.isdigit() for i in dev["device_ids"])
+        ids += dev["device_ids"]
+        cmd = s["command"]
+        assert cmd.count("--gpu-type") == 1 and cmd[cmd.index("--gpu-type") + 1] not in ("", "cpu")
+        assert cmd[cmd.index("--device") + 1] == "cuda:0"  # the container sees only its reserved GPU
+        assert cmd[cmd.index("--role") + 1] == name
+    assert len(ids) == len(set(ids)), "two services reserve the same GPU"
+
+
+@pytest.mark.parametrize("profile", ["cpu", "gpu"])
+def test_each_profile_runs_the_whole_stack(compose: dict, profile: str):
+    active = services(compose, profile)
+    roles = {s["command"][s["command"].index("--role") + 1] for s in active.values() if "worker" in s["command"]}
+    assert {"redis", "scheduler", "controller"} <= set(active) and roles == {"rollout", "trainer"}
+
+
+def test_the_cpu_profile_needs_no_gpu(compose: dict):
+    for name, s in services(compose, "cpu").items():
+        assert not gpu_devices(s), name
+        assert "gpus" not in s and s.get("runtime") != "nvidia", name
+        cmd = s["command"]
+        if "worker" in cmd:
+            assert cmd[cmd.index("--device") + 1] == "cpu" and cmd[cmd.index("--gpu-type") + 1] == "cpu"
+
+
+def test_dockerfile_builds_the_package_with_a_selectable_torch():
+    text = (ROOT / "Dockerfile").read_text()
+    assert re.search(r"^FROM python:3\.11", text, re.M)
+    assert "ARG TORCH_INDEX_URL" in text and "pip install -e ." in text
+    for folder in ("digen", "workers", "cli", "configs", "assets"):
+        assert f"COPY {folder} {folder}" in text
+    build = yaml.safe_load(COMPOSE.read_text())["x-digen"]["build"]
+    assert build["context"] == "." and "TORCH_INDEX_URL" in build["args"]
+
+
+@pytest.mark.skipif(shutil.which("docker") is None, reason="needs docker")
+@pytest.mark.parametrize("profile", ["cpu", "gpu"])
+def test_docker_compose_config_accepts_the_file(profile: str):
+    probe = subprocess.run(["docker", "compose", "version"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip("docker compose plugin not installed")
+    res = subprocess.run(["docker", "compose", "--env-file", str(ENV_EXAMPLE), "--profile", profile, "config",
+                          "--quiet"], cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
