@@ -274,7 +274,7 @@ def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
     return out
 
 
-def _describe(err: dict[str, Any]) -> str:
+def _describe(err: Any) -> str:  # a pydantic ErrorDetails
     loc = ".".join(str(p) for p in err["loc"])
     kind = err["type"]
     if kind == "extra_forbidden":

@@ -142,8 +142,8 @@ def run_reference(cfg: Config, out: Path, *, resume: bool = False, progress: Pro
         t_start = time.time()
         events: list[dict] = []
 
-        def timer(kind: str, s: float, e: float, _k: int = k) -> None:
-            events.append({**worker, "kind": kind, "iteration": _k, "version": store.version,
+        def timer(kind: str, s: float, e: float, _k: int = k, _events: list[dict] = events) -> None:
+            _events.append({**worker, "kind": kind, "iteration": _k, "version": store.version,
                            "start": s, "end": e})
 
         groups = plan_groups(cfg, prompts, k, version=store.version)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from digen.models import FlowPolicy, detect_family, load_policy, make_tiny_model
+from digen.models import FlowPolicy, detect_family, load_policy
 
 from ._family_checks import PROMPTS, check_folder_is_small, check_lora, check_velocity_rows
 from ._helpers import RES, euler_sample, noise
