@@ -1,0 +1,1 @@
+"""Test utilities that run inside digen's own processes (fault injection)."""

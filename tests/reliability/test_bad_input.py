@@ -1,0 +1,269 @@
+"""The bad-input catalogue: each mistake gives one line naming the problem and the fix, exit code
+2 (input) or 1 (runtime), and nothing already stored is lost.
+
+``digen train`` runs in-process (typer's CliRunner) on a run directory that already holds a
+finished run; at the end every file of that run is unchanged."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from typer.testing import CliRunner
+
+from cli.main import app
+from tests.conftest import small_config_data
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.fixture(scope="module")
+def stored_run(tiny_sd3: Path, tmp_path_factory) -> Path:
+    """A finished one-iteration run: what a mistake must not damage."""
+    from digen.config import build_config
+    from digen.trainer import run_reference
+
+    out = tmp_path_factory.mktemp("stored") / "run"
+    run_reference(build_config(small_config_data(tiny_sd3, iterations=1)), out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def before(stored_run: Path) -> dict[str, str]:
+    return snapshot(stored_run)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def nothing_stored_is_lost(stored_run: Path, before: dict[str, str]):
+    yield
+    assert snapshot(stored_run) == before
+
+
+def write_config(folder: Path, model_dir: Path, **sections) -> Path:
+    path = folder / "job.yaml"
+    path.write_text(yaml.safe_dump(small_config_data(model_dir, **sections)))
+    return path
+
+
+def train(*args: str, out: Path) -> tuple[int, str, float]:
+    """``digen train ARGS --out OUT --log-format quiet``: (exit code, stderr, seconds)."""
+    start = time.monotonic()
+    res = CliRunner().invoke(app, ["train", *args, "--out", str(out), "--log-format", "quiet"])
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+    return res.exit_code, res.stderr, time.monotonic() - start
+
+
+def one_line(text: str) -> str:
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    assert len(lines) == 1, text
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+CONFIG_MISTAKES = [
+    # (what, config sections or raw YAML, --set overrides, expected words)
+    ("malformed YAML", "seed: [1, 2\niterations: 3\n", [], ["is not valid YAML at line"]),
+    ("unknown key", {}, ["rollout.groupsize=4"], ["rollout.groupsize: unknown key", "check the spelling"]),
+    ("wrong type", {}, ["iterations=many"], ["iterations ('many')", "integer"]),
+    (
+        "impossible sizes",
+        {"rollout__batch_size": 10},
+        [],
+        ["rollout.group_size (4) must divide rollout.batch_size (10)"],
+    ),
+    (
+        "group of one",
+        {"rollout__batch_size": 3, "rollout__group_size": 1},
+        [],
+        ["rollout.group_size (1) must be at least 2"],
+    ),
+    (
+        "missing model folder",
+        {"model__path": "/nonexistent/sd3"},
+        [],
+        ["model.path (/nonexistent/sd3) does not exist", "digen make-tiny-model"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("what", "sections", "sets", "words"), CONFIG_MISTAKES, ids=[m[0] for m in CONFIG_MISTAKES]
+)
+def test_config_mistakes_exit_2_with_one_line(
+    what, sections, sets, words, tiny_sd3: Path, stored_run: Path, tmp_path: Path
+):
+    if isinstance(sections, str):
+        path = tmp_path / "job.yaml"
+        path.write_text(sections)
+    else:
+        path = write_config(tmp_path, tiny_sd3, **sections)
+    code, err, _ = train(str(path), *[x for s in sets for x in ("--set", s)], out=stored_run)
+    line = one_line(err)
+    assert code == 2, err
+    for w in words:
+        assert w in line
+
+
+def test_a_folder_that_is_not_a_diffusers_pipeline(tiny_sd3: Path, stored_run: Path, tmp_path: Path):
+    (tmp_path / "not-a-model").mkdir()
+    (tmp_path / "not-a-model" / "weights.bin").write_bytes(b"x")
+    path = write_config(tmp_path, tmp_path / "not-a-model")
+    code, err, _ = train(str(path), out=stored_run)
+    assert code == 2 and "is not a diffusers pipeline folder (no model_index.json)" in one_line(err)
+
+
+def test_a_reward_that_does_not_exist(tiny_sd3: Path, stored_run: Path, tmp_path: Path):
+    path = write_config(tmp_path, tiny_sd3, reward=[{"name": "brightnes"}], schedule={"mode": "digen"})
+    code, err, took = train(str(path), out=stored_run)
+    line = one_line(err)
+    assert code == 2 and "reward 'brightnes' does not exist; available:" in line and "brightness" in line
+    assert took < 10  # refused before any cluster starts
+
+
+def test_an_unreachable_reward_server(tiny_sd3: Path, stored_run: Path, tmp_path: Path):
+    path = write_config(
+        tmp_path,
+        tiny_sd3,
+        reward=[{"name": "http", "kwargs": {"url": "http://127.0.0.1:1"}}],
+        schedule={"mode": "digen"},
+    )
+    code, err, took = train(str(path), out=stored_run)
+    line = one_line(err)
+    assert code == 1 and "reward server http://127.0.0.1:1" in line and "connection refused" in line
+    assert "digen reward-server" in line and took < 10
+
+
+def test_an_unreachable_redis_fails_within_10_s_naming_it(tiny_sd3: Path, stored_run: Path, tmp_path: Path):
+    path = write_config(tmp_path, tiny_sd3, schedule={"mode": "digen"})
+    code, err, took = train(str(path), "--redis-url", "redis://127.0.0.1:1/0", out=stored_run)
+    line = one_line(err)
+    assert code == 1 and "cannot reach Redis at redis://127.0.0.1:1/0 (connection refused)" in line
+    assert "--redis-url" in line and took < 10
+
+
+def test_an_unreachable_scheduler_fails_within_10_s_naming_it(
+    tiny_sd3: Path, stored_run: Path, tmp_path: Path
+):
+    path = write_config(tmp_path, tiny_sd3, schedule={"mode": "digen"})
+    code, err, took = train(str(path), "--scheduler", "tcp://127.0.0.1:1", out=stored_run)
+    line = one_line(err)
+    assert code == 1 and "cannot reach the Dask scheduler at tcp://127.0.0.1:1" in line
+    assert "dask scheduler" in line and took < 10
+
+
+def test_a_gpu_type_no_task_may_use(tiny_sd3: Path, stored_run: Path, tmp_path: Path):
+    path = write_config(tmp_path, tiny_sd3, schedule={"mode": "digen"}, cluster={"gpu_types": ["h100"]})
+    code, err, took = train(str(path), out=stored_run)
+    line = one_line(err)
+    assert code == 2 and "cluster.local.gpu_type (cpu) is not in cluster.gpu_types ['h100']" in line
+    assert "add cpu to cluster.gpu_types" in line and took < 10
+
+
+def test_a_corrupted_checkpoint_on_resume(tiny_sd3: Path, stored_run: Path, tmp_path: Path):
+    run = tmp_path / "copy"
+    shutil.copytree(stored_run, run)
+    (run / "checkpoints/iter_0000/weights.safetensors").write_bytes(b"not a safetensors file")
+    kept = snapshot(run)
+    path = write_config(tmp_path, tiny_sd3, iterations=2)
+    code, err, _ = train(str(path), "--resume", out=run)
+    line = one_line(err)
+    assert code == 2 and "cannot be read" in line and "iter_0000" in line
+    assert snapshot(run) == kept  # metrics not truncated, nothing rewritten
+
+
+def test_rewards_that_are_all_nan(tiny_sd3: Path, tmp_path: Path, monkeypatch):
+    import digen.trainer as trainer
+
+    real = trainer.build_reward
+
+    def all_nan(cfg):
+        reward = real(cfg)
+        return lambda images, prompts: torch.full_like(reward(images, prompts), float("nan"))
+
+    monkeypatch.setattr(trainer, "build_reward", all_nan)
+    path = write_config(tmp_path, tiny_sd3, iterations=1)
+    code, err, _ = train(str(path), out=tmp_path / "run")
+    line = one_line(err)
+    assert code == 1 and "iteration 0: no sample can be trained (8 of 8 rewards are NaN or inf" in line
+    assert "check the reward" in line
+    # some NaN rewards are not an error: tests/trainer/test_reference.py::test_nan_rewards_drop_samples_not_the_update
+
+
+class _Trap:
+    """Unpickling this creates ``marker``: proof that something unpickled it."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return os.mkdir, (str(self.marker),)
+
+
+def test_an_invalid_payload_in_redis_is_dead_lettered_and_never_unpickled(tmp_path: Path):
+    import pickle
+
+    from digen.errors import PayloadError
+    from digen.runtime.jobstate import JobState
+    from digen.runtime.queue import TaskQueue
+    from digen.runtime.redis_conn import connect, stop_embedded
+
+    marker = tmp_path / "unpickled"
+    r = connect(None, db_path=tmp_path / "payload.db")
+    try:
+        q, job = TaskQueue(r, "bad-payload"), JobState(r, "bad-payload")
+        q.put("gen", "gen:0:1", {"task": "fine"})
+        for tid, raw in (("gen:0:0", pickle.dumps(_Trap(marker))), ("gen:0:2", b"\xc1 not msgpack")):
+            r.hset(
+                f"digen:bad-payload:task:{tid}",
+                mapping={"queue": "gen", "payload": raw, "attempts": 0, "state": "pending"},
+            )
+            r.lpush("digen:bad-payload:q:gen", tid)  # ahead of the good task
+        leased = q.lease(["gen"], "w0")
+        assert leased is not None and leased.task_id == "gen:0:1"  # the bad ones were skipped
+        dead = {d.task_id: d for d in q.dead_letters()}
+        assert dead["gen:0:0"].error.startswith("PayloadError: refusing a pickle payload")
+        assert dead["gen:0:2"].error.startswith("PayloadError: not a msgpack payload")
+        assert {d.attempts for d in dead.values()} == {1}  # dead at once: a retry cannot decode it either
+        r.set("digen:bad-payload:weights:3", pickle.dumps(_Trap(marker)))
+        with pytest.raises(PayloadError, match="digen never unpickles"):
+            job.weights(3)
+        assert not marker.exists()
+    finally:
+        r.close()
+        stop_embedded(tmp_path / "payload.db")
+
+
+def test_workers_of_a_gpu_type_no_task_may_use_get_no_task(small_config):
+    from digen.core.events import Role
+    from digen.errors import ConfigError
+    from digen.runtime.cluster import WorkerInfo
+    from digen.runtime.controller import Controller
+
+    cfg = small_config(schedule__mode="digen", cluster__gpu_types=["h100", "a100"])
+    ctl = Controller(cfg, run=None, queue=None, job=None, client=None, redis_url="")
+    workers = [
+        WorkerInfo("tcp://a:1", "rollout-a10g", Role.ROLLOUT, "a10g"),
+        WorkerInfo("tcp://b:1", "trainer-h100", Role.TRAINER, "h100"),
+        WorkerInfo("tcp://c:1", "trainer-cpu", Role.TRAINER, "cpu"),
+    ]
+    usable = [w for w in workers if ctl.usable(w)]
+    assert [w.name for w in usable] == ["trainer-h100"]
+    ctl.workers = {w.name: w for w in usable}
+    with pytest.raises(ConfigError) as err:  # no rollout worker may run this digen job
+        ctl.check_gpu_types()
+    msg = str(err.value)
+    assert msg.startswith("no rollout worker may run this job: cluster.gpu_types is ['h100', 'a100']")
+    assert "rollout-a10g, trainer-cpu" in msg and "--gpu-type h100" in msg and err.value.exit_code == 2

@@ -1,0 +1,88 @@
+"""The fault suite: workers die, stall and lose Redis mid-job; the job completes with exactly the
+samples and weights of a fault-free run (max_staleness 0, compared with the reference trainer).
+
+Faults are injected inside the worker processes at named points (digen.testing.faults)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from digen.testing.faults import Fault
+from tests.reliability.conftest import assert_equals_reference, assert_exactly_once, fault_config, run_job
+
+pytestmark = pytest.mark.slow
+
+
+def test_workers_killed_mid_training_mid_generation_before_ack_and_mid_weight_sync(
+    tiny_sd3: Path, reference: Path, tmp_path: Path
+):
+    cfg = fault_config(
+        tiny_sd3,
+        schedule={"mode": "disaggregated", "gap": True, "max_staleness": 0},
+        cluster__local={"rollout_workers": 1, "trainer_workers": 1},
+    )
+    out = tmp_path / "run"
+    fired = run_job(
+        cfg,
+        out,
+        "faults-kill",
+        Fault("train", "kill", worker="trainer-0", iteration=0),
+        Fault("gen", "kill", worker="rollout-0", iteration=1),
+        Fault("ack", "kill", worker="rollout-0", iteration=2),  # its data stored, not acknowledged
+        Fault("sync", "kill", worker="trainer-0", iteration=2),  # loading the just-published version 2
+    )
+    assert [(f["point"], f["worker"], f["iteration"]) for f in fired] == [
+        ("train", "trainer-0", 0),
+        ("gen", "rollout-0", 1),
+        ("ack", "rollout-0", 2),
+        ("sync", "trainer-0", 2),
+    ]
+    assert len({f["pid"] for f in fired}) == 4  # four different processes died
+    assert_exactly_once(out)
+    assert_equals_reference(out, reference)
+
+
+def test_loop_crash_worker_stalled_past_its_lease_and_worker_cut_off_from_redis(
+    tiny_sd3: Path, reference: Path, tmp_path: Path
+):
+    # colocated: both workers take every kind of task, so a re-delivered task finds a taker
+    cfg = fault_config(
+        tiny_sd3,
+        schedule={"mode": "colocated", "max_staleness": 0, "lease_s": 4.0},
+        cluster__local={"rollout_workers": 1, "trainer_workers": 1},
+    )
+    out = tmp_path / "run"
+    fired = run_job(
+        cfg,
+        out,
+        "faults-stall",
+        Fault("start", "raise", worker="trainer-0"),  # a crashed loop: its process restarts
+        Fault("gen", "stall", iteration=1, seconds=9.0),  # its lease expires; the other worker runs it
+        Fault("train", "drop_redis", iteration=2, seconds=3.0),  # connections closed, refused for 3 s
+    )
+    assert [(f["point"], f["action"]) for f in fired] == [
+        ("start", "raise"),
+        ("gen", "stall"),
+        ("train", "drop_redis"),
+    ]
+    assert_exactly_once(out)
+    assert_equals_reference(out, reference)
+
+
+def test_a_worker_loop_that_keeps_crashing_fails_the_job_with_its_error(tiny_sd3: Path, tmp_path: Path):
+    from digen.errors import DigenError
+
+    cfg = fault_config(
+        tiny_sd3,
+        schedule={"mode": "disaggregated", "gap": True, "max_staleness": 0, "max_attempts": 2},
+        cluster__local={"rollout_workers": 1, "trainer_workers": 1},
+    )
+    with pytest.raises(DigenError) as err:  # a model that never loads on that node, say
+        run_job(cfg, tmp_path / "run", "faults-crash", Fault("start", "raise", worker="trainer-0", times=10))
+    msg = str(err.value)
+    assert msg.startswith(
+        "the worker loop on trainer-0 failed 2 times in a row (InjectedFault: injected fault"
+    )
+    assert "--resume" in msg and "\n" not in msg and err.value.exit_code == 1
