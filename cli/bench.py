@@ -22,17 +22,38 @@ def _ks(text: str) -> list[int]:
     try:
         ks = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise ConfigError(f"--tsp-k ({text}) must be comma-separated integers, e.g. 1,2,4,8, or none") from None
+        raise ConfigError(
+            f"--tsp-k ({text}) must be comma-separated integers, e.g. 1,2,4,8, or none"
+        ) from None
     if any(k < 1 for k in ks):
         raise ConfigError(f"--tsp-k ({text}): every K must be at least 1")
     return ks
 
 
-def _command(config: Path, modes: str, workers: str | None, out_dir: Path, rounds: int, warmup: int,
-             sets: list[str], tsp_k: str) -> str:
+def _command(
+    config: Path,
+    modes: str,
+    workers: str | None,
+    out_dir: Path,
+    rounds: int,
+    warmup: int,
+    sets: list[str],
+    tsp_k: str,
+) -> str:
     """The command line that reproduces this bench (for the Markdown header)."""
-    args = ["digen", "bench", str(config), "--modes", modes, "--rounds", str(rounds), "--warmup", str(warmup),
-            "--out", str(out_dir)]
+    args = [
+        "digen",
+        "bench",
+        str(config),
+        "--modes",
+        modes,
+        "--rounds",
+        str(rounds),
+        "--warmup",
+        str(warmup),
+        "--out",
+        str(out_dir),
+    ]
     if workers:
         args += ["--workers", workers]
     if tsp_k != "1,2,4,8":
@@ -45,18 +66,37 @@ def _command(config: Path, modes: str, workers: str | None, out_dir: Path, round
 @app.command()
 @handles_errors
 def bench(
-    config: Annotated[Path, typer.Argument(help="YAML config of the workload.")] = Path("configs/quickstart.yaml"),
-    modes: Annotated[str, typer.Option("--modes", help="Comma-separated modes; ablations as digen-tag, "
-                                       "digen-tsp, digen-gap, digen-async.")] = DEFAULT_MODES,
-    workers: Annotated[str | None, typer.Option("--workers", help="ROLLOUT,TRAINER worker counts "
-                                                "(colocated uses their sum); default: the config's.")] = None,
-    out_dir: Annotated[Path, typer.Option("--out", help="Output folder (bench.json, bench.md, runs/).")] = Path(
-        "runs/bench"),
+    config: Annotated[Path, typer.Argument(help="YAML config of the workload.")] = Path(
+        "configs/quickstart.yaml"
+    ),
+    modes: Annotated[
+        str,
+        typer.Option(
+            "--modes",
+            help="Comma-separated modes; ablations as digen-tag, digen-tsp, digen-gap, digen-async.",
+        ),
+    ] = DEFAULT_MODES,
+    workers: Annotated[
+        str | None,
+        typer.Option(
+            "--workers",
+            help="ROLLOUT,TRAINER worker counts (colocated uses their sum); default: the config's.",
+        ),
+    ] = None,
+    out_dir: Annotated[
+        Path, typer.Option("--out", help="Output folder (bench.json, bench.md, runs/).")
+    ] = Path("runs/bench"),
     rounds: Annotated[int, typer.Option("--rounds", help="Interleaved repetitions of every mode.")] = 2,
-    warmup: Annotated[int, typer.Option("--warmup", help="Iterations left out of the medians "
-                                        "(the first includes model loading).")] = 1,
+    warmup: Annotated[
+        int,
+        typer.Option(
+            "--warmup", help="Iterations left out of the medians (the first includes model loading)."
+        ),
+    ] = 1,
     set_: SetOpt = None,
-    tsp_k: Annotated[str, typer.Option("--tsp-k", help="K values of the TSP micro-benchmark, or none.")] = "1,2,4,8",
+    tsp_k: Annotated[
+        str, typer.Option("--tsp-k", help="K values of the TSP micro-benchmark, or none.")
+    ] = "1,2,4,8",
     as_json: Annotated[bool, typer.Option("--json", help="Print bench.json instead of the table.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
@@ -74,8 +114,16 @@ def bench(
     counts = parse_workers(workers)
     ks = _ks(tsp_k)
     cfg = load_config(config, set_ or [])
-    result = run_bench(cfg, mode_list, out_dir, rounds=rounds, warmup=warmup, workers=counts, tsp_ks=ks,
-                       notify=lambda msg: err.print(f"[dim]{msg}[/dim]", highlight=False))
+    result = run_bench(
+        cfg,
+        mode_list,
+        out_dir,
+        rounds=rounds,
+        warmup=warmup,
+        workers=counts,
+        tsp_ks=ks,
+        notify=lambda msg: err.print(f"[dim]{msg}[/dim]", highlight=False),
+    )
     command = _command(config, modes, workers, out_dir, rounds, warmup, set_ or [], tsp_k)
     paths = write_outputs(result, out_dir, command=command, rounds=rounds, warmup=warmup)
     if as_json:
@@ -89,7 +137,9 @@ def bench(
 @handles_errors
 def report(
     run_dir: Annotated[Path, typer.Argument(help="Run directory (the --out of digen train).")],
-    out_file: Annotated[Path | None, typer.Option("--out", help="HTML file (default RUN_DIR/report.html).")] = None,
+    out_file: Annotated[
+        Path | None, typer.Option("--out", help="HTML file (default RUN_DIR/report.html).")
+    ] = None,
     max_grids: Annotated[int, typer.Option("--max-grids", help="Sample grids shown at most.")] = 8,
 ) -> None:
     """Write a self-contained HTML page of a run: config, summary, timeline, curves, grids."""

@@ -17,20 +17,33 @@ import typer
 from rich.console import Console
 
 # digen never downloads: models are local folders. Quiet the libraries' own progress bars.
-for _var, _val in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_VERBOSITY", "error"), ("DIFFUSERS_VERBOSITY", "error"),
-                   ("HF_HUB_DISABLE_PROGRESS_BARS", "1"), ("TOKENIZERS_PARALLELISM", "false")):
+for _var, _val in (
+    ("HF_HUB_OFFLINE", "1"),
+    ("TRANSFORMERS_VERBOSITY", "error"),
+    ("DIFFUSERS_VERBOSITY", "error"),
+    ("HF_HUB_DISABLE_PROGRESS_BARS", "1"),
+    ("TOKENIZERS_PARALLELISM", "false"),
+):
     os.environ.setdefault(_var, _val)
 
 from digen.errors import ConfigError, DigenError  # noqa: E402
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="digen: disaggregated RL for diffusion models.")
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="digen: disaggregated RL for diffusion models."
+)
 err = Console(stderr=True)
 out = Console()
 
 ConfigArg = Annotated[Path, typer.Argument(help="YAML config (see configs/).")]
-SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a config key: --set rollout.group_size=4")]
-RedisOpt = Annotated[str | None, typer.Option("--redis-url", help="Redis URL; default: an embedded redis-server.")]
-SchedOpt = Annotated[str | None, typer.Option("--scheduler", help="Dask scheduler address; default: a LocalCluster.")]
+SetOpt = Annotated[
+    list[str] | None, typer.Option("--set", help="Override a config key: --set rollout.group_size=4")
+]
+RedisOpt = Annotated[
+    str | None, typer.Option("--redis-url", help="Redis URL; default: an embedded redis-server.")
+]
+SchedOpt = Annotated[
+    str | None, typer.Option("--scheduler", help="Dask scheduler address; default: a LocalCluster.")
+]
 
 
 def fail(exc: DigenError) -> None:
@@ -60,8 +73,11 @@ def handles_errors(fn):
 
 
 def _setup_logging(verbose: bool) -> None:
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
 
 
 class Progress:
@@ -93,8 +109,15 @@ class Progress:
             from rich.progress import Progress as Bar
 
             self._group = Group
-            self._bar = Bar(TextColumn("[bold]train[/bold] iteration"), MofNCompleteColumn(), BarColumn(),
-                            TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=err)
+            self._bar = Bar(
+                TextColumn("[bold]train[/bold] iteration"),
+                MofNCompleteColumn(),
+                BarColumn(),
+                TimeElapsedColumn(),
+                TextColumn("eta"),
+                TimeRemainingColumn(),
+                console=err,
+            )
             self._task = self._bar.add_task("train", total=total)
             from rich.text import Text
 
@@ -114,10 +137,12 @@ class Progress:
 
     def status_lines(self, m: dict) -> list[str]:
         """The text under the bar for metrics row ``m``."""
-        line = (f"samples {self.samples}  reward {m.get('reward_mean', float('nan')):.4f} "
-                f"± {m.get('reward_std', float('nan')):.4f}  {m.get('samples_per_s', 0.0):.1f} samples/s  "
-                f"bubble {m.get('bubble_ratio', 0.0):.2f}  policy v{m.get('policy_version', '?')}  "
-                f"staleness {m.get('max_staleness', 0)}")
+        line = (
+            f"samples {self.samples}  reward {m.get('reward_mean', float('nan')):.4f} "
+            f"± {m.get('reward_std', float('nan')):.4f}  {m.get('samples_per_s', 0.0):.1f} samples/s  "
+            f"bubble {m.get('bubble_ratio', 0.0):.2f}  policy v{m.get('policy_version', '?')}  "
+            f"staleness {m.get('max_staleness', 0)}"
+        )
         lines = [line]
         if self.roles:
             lines.append("workers: " + "  ".join(f"{w} [{r}]" for w, r in sorted(self.roles.items())))
@@ -135,8 +160,9 @@ class Progress:
                 self._live.console.print(f"Dask dashboard: {m['dashboard']}", highlight=False)
             extra = {k: v for k, v in m.items() if k not in ("event", "dashboard", "roles")}
             if extra:
-                self._live.console.print(f"{m['event']}: " + ", ".join(f"{k}={v}" for k, v in extra.items()),
-                                         highlight=False)
+                self._live.console.print(
+                    f"{m['event']}: " + ", ".join(f"{k}={v}" for k, v in extra.items()), highlight=False
+                )
 
     def __call__(self, m: dict) -> None:
         if "event" in m:
@@ -158,11 +184,15 @@ class Progress:
 @handles_errors
 def train(
     config: ConfigArg,
-    out_dir: Annotated[Path | None, typer.Option("--out", help="Run directory (default runs/<config name>).")] = None,
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", help="Run directory (default runs/<config name>).")
+    ] = None,
     set_: SetOpt = None,
     redis_url: RedisOpt = None,
     scheduler: SchedOpt = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue from the run directory's newest checkpoint.")] = False,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue from the run directory's newest checkpoint.")
+    ] = False,
     log_format: Annotated[str, typer.Option("--log-format", help="rich | json | quiet")] = "rich",
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
@@ -176,8 +206,9 @@ def train(
     cfg = load_config(config, set_ or [])
     out_dir = out_dir or Path("runs") / config.stem
     with Progress(cfg.iterations, log_format) as progress:
-        summary = run_training(cfg, out_dir, resume=resume, redis_url=redis_url, scheduler=scheduler,
-                               progress=progress)
+        summary = run_training(
+            cfg, out_dir, resume=resume, redis_url=redis_url, scheduler=scheduler, progress=progress
+        )
     if log_format == "json":
         print(json.dumps({"summary": summary}), flush=True)
     elif log_format == "rich":
@@ -195,7 +226,9 @@ def train(
 @handles_errors
 def make_tiny_model_cmd(
     out_dir: Annotated[Path, typer.Argument(help="Folder to write the diffusers pipeline into.")],
-    arch: Annotated[str, typer.Option("--arch", help="sd3 | flux | qwen-image | wan | hunyuan-video")] = "sd3",
+    arch: Annotated[
+        str, typer.Option("--arch", help="sd3 | flux | qwen-image | wan | hunyuan-video")
+    ] = "sd3",
     seed: Annotated[int, typer.Option("--seed")] = 0,
     resolution: Annotated[int, typer.Option("--resolution")] = 32,
 ) -> None:

@@ -17,8 +17,12 @@ from digen.errors import ConfigError
 def reward_server(
     reward: Annotated[str, typer.Option("--reward", help="Registered reward name (see --list).")] = "",
     port: Annotated[int, typer.Option("--port")] = 8765,
-    host: Annotated[str, typer.Option("--host", help="Interface to bind (0.0.0.0 to serve other hosts).")] = "127.0.0.1",
-    kwargs: Annotated[str, typer.Option("--kwargs", help='Reward arguments as JSON, e.g. \'{"channel": "red"}\'.')] = "{}",
+    host: Annotated[
+        str, typer.Option("--host", help="Interface to bind (0.0.0.0 to serve other hosts).")
+    ] = "127.0.0.1",
+    kwargs: Annotated[
+        str, typer.Option("--kwargs", help='Reward arguments as JSON, e.g. \'{"channel": "red"}\'.')
+    ] = "{}",
     max_batch: Annotated[int, typer.Option("--max-batch", help="Samples per reward call.")] = 64,
     list_: Annotated[bool, typer.Option("--list", help="List the registered rewards and exit.")] = False,
 ) -> None:

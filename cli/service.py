@@ -20,14 +20,26 @@ from digen.errors import ConfigError
 
 ServiceRedisOpt = Annotated[
     str | None,
-    typer.Option("--redis-url", envvar="DIGEN_REDIS_URL",
-                 help="Redis URL (redis://[user:password@]host:6379/0, rediss:// for TLS); "
-                      "default: the embedded Redis under $DIGEN_HOME."),
+    typer.Option(
+        "--redis-url",
+        envvar="DIGEN_REDIS_URL",
+        help="Redis URL (redis://[user:password@]host:6379/0, rediss:// for TLS); "
+        "default: the embedded Redis under $DIGEN_HOME.",
+    ),
 ]
 JobArg = Annotated[str, typer.Argument(help="Job id (digen status lists them).")]
 
-_STATE_STYLE = {"done": "green", "running": "cyan", "starting": "cyan", "queued": "white", "failed": "red",
-                "lost": "red", "cancelled": "yellow", "cancelling": "yellow", "resumed": "magenta"}
+_STATE_STYLE = {
+    "done": "green",
+    "running": "cyan",
+    "starting": "cyan",
+    "queued": "white",
+    "failed": "red",
+    "lost": "red",
+    "cancelled": "yellow",
+    "cancelling": "yellow",
+    "resumed": "magenta",
+}
 
 
 def _connect(url: str | None):
@@ -46,32 +58,58 @@ def _follow(r, job_id: str) -> int:
 
     info = follow(r, job_id, lambda line: err.print(line, highlight=False, markup=False, soft_wrap=True))
     style = _STATE_STYLE.get(info.state, "white")
-    err.print(f"job {job_id}: [{style}]{info.state}[/{style}] after {info.iteration}/{info.total} iterations"
-              + (f"; resumed as {info.resumed_by}" if info.resumed_by else "")
-              + (f"; {info.error}" if info.error and info.state == "failed" else ""), highlight=False)
+    err.print(
+        f"job {job_id}: [{style}]{info.state}[/{style}] after {info.iteration}/{info.total} iterations"
+        + (f"; resumed as {info.resumed_by}" if info.resumed_by else "")
+        + (f"; {info.error}" if info.error and info.state == "failed" else ""),
+        highlight=False,
+    )
     return 0 if info.state == "done" else 1
 
 
 @app.command()
 @handles_errors
 def submit(
-    config: Annotated[Path | None, typer.Argument(help="YAML config (see configs/); omit with --resume.")] = None,
+    config: Annotated[
+        Path | None, typer.Argument(help="YAML config (see configs/); omit with --resume.")
+    ] = None,
     set_: SetOpt = None,
     redis_url: ServiceRedisOpt = None,
-    out_dir: Annotated[Path | None, typer.Option("--out", help="Run directory (default runs/<config>-<job id>); "
-                                                               "must be visible to digen serve.")] = None,
-    wait: Annotated[bool, typer.Option("--wait", help="Follow the job's log until it ends; exit 0 only if "
-                                                      "it finished.")] = False,
-    resume: Annotated[str | None, typer.Option("--resume", metavar="JOB",
-                                               help="Continue a stopped job's run directory from its newest "
-                                                    "checkpoint, as a new job.")] = None,
-    retries: Annotated[int, typer.Option("--retries", help="Automatic re-runs after the runner crashes or "
-                                                           "dies (each resumes from the checkpoint).")] = 2,
-    timeout: Annotated[str, typer.Option("--timeout", help="Wall-clock limit of the job: 3600, 90m, 12h, "
-                                                           "7d.")] = "7d",
-    check_paths: Annotated[bool, typer.Option("--check-paths/--no-check-paths",
-                                              help="Check that model and prompt files exist here (skip when "
-                                                   "they exist only where digen serve runs).")] = True,
+    out_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", help="Run directory (default runs/<config>-<job id>); must be visible to digen serve."
+        ),
+    ] = None,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="Follow the job's log until it ends; exit 0 only if it finished.")
+    ] = False,
+    resume: Annotated[
+        str | None,
+        typer.Option(
+            "--resume",
+            metavar="JOB",
+            help="Continue a stopped job's run directory from its newest checkpoint, as a new job.",
+        ),
+    ] = None,
+    retries: Annotated[
+        int,
+        typer.Option(
+            "--retries",
+            help="Automatic re-runs after the runner crashes or dies (each resumes from the checkpoint).",
+        ),
+    ] = 2,
+    timeout: Annotated[
+        str, typer.Option("--timeout", help="Wall-clock limit of the job: 3600, 90m, 12h, 7d.")
+    ] = "7d",
+    check_paths: Annotated[
+        bool,
+        typer.Option(
+            "--check-paths/--no-check-paths",
+            help="Check that model and prompt files exist here (skip when "
+            "they exist only where digen serve runs).",
+        ),
+    ] = True,
 ) -> None:
     """Queue a training job for digen serve; prints its id."""
     from digen.runtime import service
@@ -79,8 +117,9 @@ def submit(
     timeout_s = service.parse_duration(timeout)
     if resume is not None:
         if config is not None or set_ or out_dir is not None:
-            raise ConfigError("--resume JOB continues that job's own config and run directory: "
-                              "drop CONFIG, --set and --out")
+            raise ConfigError(
+                "--resume JOB continues that job's own config and run directory: drop CONFIG, --set and --out"
+            )
         r = _connect(redis_url)
         job_id = service.resume(r, resume, retries=retries, timeout_s=timeout_s)
     else:
@@ -88,12 +127,15 @@ def submit(
             raise ConfigError("give a CONFIG to submit (e.g. configs/quickstart.yaml) or --resume JOB")
         from digen.config import load_config
 
-        cfg = load_config(config, set_ or [], check_paths=check_paths)  # bad input stops here: nothing enqueued
+        cfg = load_config(
+            config, set_ or [], check_paths=check_paths
+        )  # bad input stops here: nothing enqueued
         job_id = service.new_job_id()
         run_dir = out_dir or Path("runs") / f"{config.stem}-{job_id}"
         r = _connect(redis_url)
-        service.submit(r, cfg, run_dir, job_id=job_id, retries=retries, timeout_s=timeout_s,
-                       config_name=config.stem)
+        service.submit(
+            r, cfg, run_dir, job_id=job_id, retries=retries, timeout_s=timeout_s, config_name=config.stem
+        )
     print(job_id, flush=True)
     if wait:
         raise typer.Exit(_follow(r, job_id))
@@ -103,16 +145,28 @@ def submit(
 @handles_errors
 def serve(
     redis_url: ServiceRedisOpt = None,
-    scheduler: Annotated[str | None, typer.Option(
-        "--scheduler", envvar="DIGEN_SCHEDULER",
-        help="Dask scheduler the jobs use (tcp:// or tls://); default: a LocalCluster per job from the "
-             "config's cluster.local.")] = None,
-    burst: Annotated[bool, typer.Option("--burst", help="Run the queued jobs, then exit (waits up to "
-                                                        "--burst-wait for a first one).")] = False,
-    burst_wait: Annotated[float, typer.Option("--burst-wait", help="Seconds --burst waits for a first "
-                                                                   "job.")] = 30.0,
-    name: Annotated[str | None, typer.Option("--name", help="Worker name shown by rq and digen status; "
-                                                            "unique among running serves.")] = None,
+    scheduler: Annotated[
+        str | None,
+        typer.Option(
+            "--scheduler",
+            envvar="DIGEN_SCHEDULER",
+            help="Dask scheduler the jobs use (tcp:// or tls://); default: a LocalCluster per job from the "
+            "config's cluster.local.",
+        ),
+    ] = None,
+    burst: Annotated[
+        bool,
+        typer.Option(
+            "--burst", help="Run the queued jobs, then exit (waits up to --burst-wait for a first one)."
+        ),
+    ] = False,
+    burst_wait: Annotated[
+        float, typer.Option("--burst-wait", help="Seconds --burst waits for a first job.")
+    ] = 30.0,
+    name: Annotated[
+        str | None,
+        typer.Option("--name", help="Worker name shown by rq and digen status; unique among running serves."),
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every job start and end.")] = False,
 ) -> None:
     """Run submitted jobs (an rq worker; each job runs the controller)."""
@@ -122,10 +176,14 @@ def serve(
     r = _connect(redis_url)
     url = redis_url or embedded_url(r)
     where = f"{mask_url(redis_url)}" if redis_url else "the embedded Redis"
-    err.print(f"digen serve: jobs from {where}, cluster "
-              f"{scheduler or 'a LocalCluster per job'}{' (burst)' if burst else ''}", highlight=False)
-    ran = service.serve(r, url, scheduler=scheduler, burst=burst, burst_wait_s=burst_wait, name=name,
-                        verbose=verbose)
+    err.print(
+        f"digen serve: jobs from {where}, cluster "
+        f"{scheduler or 'a LocalCluster per job'}{' (burst)' if burst else ''}",
+        highlight=False,
+    )
+    ran = service.serve(
+        r, url, scheduler=scheduler, burst=burst, burst_wait_s=burst_wait, name=name, verbose=verbose
+    )
     if burst and not ran:
         err.print(f"no job arrived within {burst_wait:g} s; nothing to do", highlight=False)
 
@@ -166,9 +224,15 @@ def status(
         table.add_column(col, no_wrap=col != "RUN DIR")
     for j in jobs:
         style = _STATE_STYLE.get(j.state, "white")
-        table.add_row(j.id, f"[{style}]{j.state}[/{style}]", f"{j.iteration}/{j.total}",
-                      "-" if j.reward is None else f"{j.reward:.4f}",
-                      "-" if j.samples_per_s is None else f"{j.samples_per_s:.2f}", _when(j.started), j.run_dir)
+        table.add_row(
+            j.id,
+            f"[{style}]{j.state}[/{style}]",
+            f"{j.iteration}/{j.total}",
+            "-" if j.reward is None else f"{j.reward:.4f}",
+            "-" if j.samples_per_s is None else f"{j.samples_per_s:.2f}",
+            _when(j.started),
+            j.run_dir,
+        )
     out.print(table)
 
 
@@ -204,10 +268,14 @@ def cancel(
     r = _connect(redis_url)
     was = service.cancel(r, job)
     if was in ("running", "starting", "cancelling"):
-        err.print(f"job {job}: cancel requested; it stops after the current iteration's checkpoint", highlight=False)
+        err.print(
+            f"job {job}: cancel requested; it stops after the current iteration's checkpoint", highlight=False
+        )
         if wait:
             info = service.follow(r, job, lambda line: None)
-            err.print(f"job {job}: {info.state} after {info.iteration}/{info.total} iterations", highlight=False)
+            err.print(
+                f"job {job}: {info.state} after {info.iteration}/{info.total} iterations", highlight=False
+            )
     else:
         err.print(f"job {job}: cancelled (it was {was})", highlight=False)
 
@@ -215,20 +283,34 @@ def cancel(
 @app.command()
 @handles_errors
 def worker(
-    scheduler: Annotated[str, typer.Option("--scheduler", envvar="DIGEN_SCHEDULER",
-                                           help="Dask scheduler address, e.g. tcp://head:8786.")],
+    scheduler: Annotated[
+        str,
+        typer.Option(
+            "--scheduler", envvar="DIGEN_SCHEDULER", help="Dask scheduler address, e.g. tcp://head:8786."
+        ),
+    ],
     role: Annotated[str, typer.Option("--role", help="rollout | trainer")],
     gpu_type: Annotated[str, typer.Option("--gpu-type", help="GPU type tag, e.g. h100, a10g, cpu.")],
-    device: Annotated[str | None, typer.Option("--device", help="cpu | cuda | cuda:N (default: the job "
-                                                                "config's model.device).")] = None,
+    device: Annotated[
+        str | None,
+        typer.Option("--device", help="cpu | cuda | cuda:N (default: the job config's model.device)."),
+    ] = None,
     nthreads: Annotated[int, typer.Option("--nthreads", help="Threads of the Dask worker.")] = 1,
-    name: Annotated[str | None, typer.Option("--name", help="Worker name (default "
-                                                            "<role>-<gpu type>-<host>-<id>).")] = None,
-    host: Annotated[str | None, typer.Option("--host", help="Address to listen on and advertise "
-                                                            "(default: the one facing the scheduler).")] = None,
-    security: Annotated[Path | None, typer.Option("--security", help="YAML with a security: section "
-                                                                     "(TLS certificates); a job config "
-                                                                     "works.")] = None,
+    name: Annotated[
+        str | None, typer.Option("--name", help="Worker name (default <role>-<gpu type>-<host>-<id>).")
+    ] = None,
+    host: Annotated[
+        str | None,
+        typer.Option(
+            "--host", help="Address to listen on and advertise (default: the one facing the scheduler)."
+        ),
+    ] = None,
+    security: Annotated[
+        Path | None,
+        typer.Option(
+            "--security", help="YAML with a security: section (TLS certificates); a job config works."
+        ),
+    ] = None,
 ) -> None:
     """Start a Dask worker with a role and GPU type; running jobs use it from their next iteration."""
     from digen.runtime.node import load_security, run_worker
@@ -236,8 +318,19 @@ def worker(
     sec = load_security(security) if security is not None else None
 
     def ready(worker_name: str, address: str) -> None:
-        err.print(f"digen worker {worker_name} ({role}, gpu-{gpu_type}) joined {scheduler} from {address}",
-                  highlight=False)
+        err.print(
+            f"digen worker {worker_name} ({role}, gpu-{gpu_type}) joined {scheduler} from {address}",
+            highlight=False,
+        )
 
-    run_worker(scheduler, role, gpu_type, name=name, device=device, nthreads=nthreads, host=host, security=sec,
-               on_ready=ready)
+    run_worker(
+        scheduler,
+        role,
+        gpu_type,
+        name=name,
+        device=device,
+        nthreads=nthreads,
+        host=host,
+        security=sec,
+        on_ready=ready,
+    )

@@ -17,19 +17,41 @@ SIM_CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "sim"
 @app.command()
 @handles_errors
 def simulate(
-    config: Annotated[Path | None, typer.Argument(
-        help="Simulation config (configs/sim/*.yaml); with --all a folder of them (default configs/sim).")] = None,
-    modes: Annotated[str | None, typer.Option(
-        "--modes", help="Comma-separated modes, or 'all' (default: colocated and the ablation ladder).")] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object per mode instead of a table.")] = False,
-    testbed: Annotated[str | None, typer.Option("--testbed", help="Simulate on another testbed of the catalog.")] = None,
-    gantt: Annotated[Path | None, typer.Option(
-        "--gantt", help="Gantt PNG of one simulated iteration (default runs/sim/<config>.png).")] = None,
+    config: Annotated[
+        Path | None,
+        typer.Argument(
+            help="Simulation config (configs/sim/*.yaml); with --all a folder of them (default configs/sim)."
+        ),
+    ] = None,
+    modes: Annotated[
+        str | None,
+        typer.Option(
+            "--modes", help="Comma-separated modes, or 'all' (default: colocated and the ablation ladder)."
+        ),
+    ] = None,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object per mode instead of a table.")
+    ] = False,
+    testbed: Annotated[
+        str | None, typer.Option("--testbed", help="Simulate on another testbed of the catalog.")
+    ] = None,
+    gantt: Annotated[
+        Path | None,
+        typer.Option("--gantt", help="Gantt PNG of one simulated iteration (default runs/sim/<config>.png)."),
+    ] = None,
     no_gantt: Annotated[bool, typer.Option("--no-gantt", help="Do not draw the Gantt chart.")] = False,
-    all_: Annotated[bool, typer.Option("--all", help="Every config in the folder: the README results table.")] = False,
-    md_out: Annotated[Path | None, typer.Option("--out", help="With --all: also write the Markdown to this file.")] = None,
-    from_run: Annotated[Path | None, typer.Option(
-        "--from-run", help="Calibrate the cost model from a run directory and compare prediction with measurement.")
+    all_: Annotated[
+        bool, typer.Option("--all", help="Every config in the folder: the README results table.")
+    ] = False,
+    md_out: Annotated[
+        Path | None, typer.Option("--out", help="With --all: also write the Markdown to this file.")
+    ] = None,
+    from_run: Annotated[
+        Path | None,
+        typer.Option(
+            "--from-run",
+            help="Calibrate the cost model from a run directory and compare prediction with measurement.",
+        ),
     ] = None,
 ) -> None:
     """Simulate a job's iterations through the real Scheduler with a cost model: per mode
@@ -60,8 +82,11 @@ def simulate(
     if json_out:
         print(json.dumps(json_rows(study), indent=1))
         return
-    out.print(f"[bold]{setup.name}[/bold]: {setup.cost.gpu_count} GPUs ({'; '.join(setup.cost.notes)}), "
-              f"{setup.cost.samples} samples per iteration, bound {study.bound.x:.4g} samples/s", highlight=False)
+    out.print(
+        f"[bold]{setup.name}[/bold]: {setup.cost.gpu_count} GPUs ({'; '.join(setup.cost.notes)}), "
+        f"{setup.cost.samples} samples per iteration, bound {study.bound.x:.4g} samples/s",
+        highlight=False,
+    )
     out.print(text_table(study), highlight=False, soft_wrap=True)
     note = explain(study)
     if note:
@@ -77,16 +102,22 @@ def _all(folder: Path, mode_list: list[str], md_out: Path | None) -> None:
         raise ConfigError(f"--all needs a folder of simulation configs; {folder} is not one")
     files = sorted(p for p in folder.glob("*.yaml") if is_run_config(p))
     if not files:
-        raise ConfigError(f"{folder} holds no simulation configs (YAML files naming a workload and a testbed)")
+        raise ConfigError(
+            f"{folder} holds no simulation configs (YAML files naming a workload and a testbed)"
+        )
     studies, notes = [], []
     for p in files:
         setup = load_sim_config(p)
         err.print(f"simulating {setup.name} ({setup.cost.gpu_count} GPUs)", highlight=False)
-        st = run_study(setup.cost, list(dict.fromkeys([*mode_list, "digen", "colocated-digen"])), setup.settings)
+        st = run_study(
+            setup.cost, list(dict.fromkeys([*mode_list, "digen", "colocated-digen"])), setup.settings
+        )
         studies.append((setup.workload.name, setup.testbed.name, st))
         notes.append(f"- {explain(st)}")
     order = {"A": 0, "B": 1, "C": 2, "A+C": 3}
-    ranked = sorted(range(len(studies)), key=lambda i: (studies[i][0], order.get(studies[i][1], 9), studies[i][1]))
+    ranked = sorted(
+        range(len(studies)), key=lambda i: (studies[i][0], order.get(studies[i][1], 9), studies[i][1])
+    )
     studies, notes = [studies[i] for i in ranked], [notes[i] for i in ranked]
     text = markdown_results(studies) + "\n\nWhy (from the simulation):\n\n" + "\n".join(notes) + "\n"
     if md_out is not None:
@@ -103,7 +134,14 @@ def _from_run(run_dir: Path, modes: list[str], json_out: bool) -> None:
         print(json.dumps([c.to_json() for c in rows], indent=1))
         return
     for c in rows:
-        meas = (f"measured {c.measured_samples_per_s:.4g} samples/s, bubble {c.measured_bubble_ratio:.3f} "
-                f"(error {c.samples_per_s_error:+.1%})" if c.measured_samples_per_s is not None else "not measured")
-        out.print(f"{c.mode}: predicted {c.predicted_samples_per_s:.4g} samples/s, bubble "
-                  f"{c.predicted_bubble_ratio:.3f}; {meas}", highlight=False)
+        meas = (
+            f"measured {c.measured_samples_per_s:.4g} samples/s, bubble {c.measured_bubble_ratio:.3f} "
+            f"(error {c.samples_per_s_error:+.1%})"
+            if c.measured_samples_per_s is not None
+            else "not measured"
+        )
+        out.print(
+            f"{c.mode}: predicted {c.predicted_samples_per_s:.4g} samples/s, bubble "
+            f"{c.predicted_bubble_ratio:.3f}; {meas}",
+            highlight=False,
+        )

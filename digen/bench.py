@@ -108,7 +108,9 @@ def parse_workers(text: str | None) -> tuple[int, int] | None:
     try:
         r, t = (int(x) for x in text.split(","))
     except ValueError:
-        raise ConfigError(f"--workers ({text}) must be ROLLOUT,TRAINER worker counts, e.g. --workers 1,1") from None
+        raise ConfigError(
+            f"--workers ({text}) must be ROLLOUT,TRAINER worker counts, e.g. --workers 1,1"
+        ) from None
     if r < 1 or t < 1:
         raise ConfigError(f"--workers ({text}): every mode needs at least 1 rollout and 1 trainer worker")
     return r, t
@@ -157,7 +159,9 @@ class WorkerStats:
 
     def train_rate(self, group_size: int) -> float | None:
         """Samples/s while training (train task time per group)."""
-        return group_size * self.train_groups / self.train_s if self.train_groups and self.train_s > 0 else None
+        return (
+            group_size * self.train_groups / self.train_s if self.train_groups and self.train_s > 0 else None
+        )
 
 
 @dataclass
@@ -195,8 +199,9 @@ def worker_stats(timeline: list[dict], warmup: int) -> dict[str, WorkerStats]:
         w = str(r["worker"])
         if w == "controller":
             continue
-        st = out.setdefault(w, WorkerStats(w, str(r.get("role", "?")), str(r.get("gpu_type", "?")),
-                                           window_s=hi - lo))
+        st = out.setdefault(
+            w, WorkerStats(w, str(r.get("role", "?")), str(r.get("gpu_type", "?")), window_s=hi - lo)
+        )
         counts = role_counts.setdefault(w, {})
         counts[str(r.get("role", "?"))] = counts.get(str(r.get("role", "?")), 0) + 1
         for key in ("peak_rss_mb", "peak_gpu_mb"):  # recorded by the worker, when it does
@@ -223,8 +228,12 @@ def bubble_by_role(stats: dict[str, WorkerStats]) -> dict[str, float]:
     roles: dict[str, list[WorkerStats]] = {}
     for st in stats.values():
         roles.setdefault(st.role, []).append(st)
-    return {role: max(0.0, 1 - sum(s.busy_s for s in ws) / sum(s.window_s for s in ws))
-            if sum(s.window_s for s in ws) > 0 else 0.0 for role, ws in sorted(roles.items())}
+    return {
+        role: max(0.0, 1 - sum(s.busy_s for s in ws) / sum(s.window_s for s in ws))
+        if sum(s.window_s for s in ws) > 0
+        else 0.0
+        for role, ws in sorted(roles.items())
+    }
 
 
 def _median(xs: list[float]) -> float:
@@ -253,10 +262,17 @@ def summarize(mode: str, records: list[RunRecord], pool: RatePool, group_size: i
     """bench.json's object for one mode (all its rounds)."""
     rows = [m for rec in records for m in rec.metrics if int(m["iteration"]) >= warmup]
     if not rows:
-        raise ConfigError(f"mode {mode}: no iteration >= --warmup {warmup}; raise iterations or lower --warmup")
-    per_round = [_median([float(m["samples_per_s"]) for m in rec.metrics if int(m["iteration"]) >= warmup])
-                 for rec in records]
-    busy, worker_s = sum(float(m.get("busy_s", 0.0)) for m in rows), sum(float(m.get("worker_s", 0.0)) for m in rows)
+        raise ConfigError(
+            f"mode {mode}: no iteration >= --warmup {warmup}; raise iterations or lower --warmup"
+        )
+    per_round = [
+        _median([float(m["samples_per_s"]) for m in rec.metrics if int(m["iteration"]) >= warmup])
+        for rec in records
+    ]
+    busy, worker_s = (
+        sum(float(m.get("busy_s", 0.0)) for m in rows),
+        sum(float(m.get("worker_s", 0.0)) for m in rows),
+    )
     # per worker: pooled over rounds (same worker names every round)
     merged: dict[str, WorkerStats] = {}
     role_bubbles: dict[str, list[float]] = {}
@@ -286,14 +302,20 @@ def summarize(mode: str, records: list[RunRecord], pool: RatePool, group_size: i
         t = t or pool.get(st.gpu_type, "train", tsp) or 0.0
         gens.append(g)
         trains.append(t)
-        workers.append({
-            "worker": w, "role": st.role, "gpu_type": st.gpu_type,
-            "gen_samples_per_s": round(g, 4), "gen_rate_source": g_src,
-            "train_samples_per_s": round(t, 4), "train_rate_source": t_src,
-            "busy_fraction": round(st.busy_s / st.window_s, 4) if st.window_s > 0 else None,
-            "peak_rss_mb": round(st.peak_rss_mb, 1) if st.peak_rss_mb is not None else None,
-            "peak_gpu_mb": round(st.peak_gpu_mb, 1) if st.peak_gpu_mb is not None else None,
-        })
+        workers.append(
+            {
+                "worker": w,
+                "role": st.role,
+                "gpu_type": st.gpu_type,
+                "gen_samples_per_s": round(g, 4),
+                "gen_rate_source": g_src,
+                "train_samples_per_s": round(t, 4),
+                "train_rate_source": t_src,
+                "busy_fraction": round(st.busy_s / st.window_s, 4) if st.window_s > 0 else None,
+                "peak_rss_mb": round(st.peak_rss_mb, 1) if st.peak_rss_mb is not None else None,
+                "peak_gpu_mb": round(st.peak_gpu_mb, 1) if st.peak_gpu_mb is not None else None,
+            }
+        )
     solution = lp_bound(gens, trains)
     bound = solution.x
     for wd, f in zip(workers, solution.fractions, strict=True):
@@ -398,8 +420,9 @@ class MemorySampler:
 # running
 
 
-def run_one(cfg: Config, out: Path, mode: str, round_: int, *, redis_url: str | None = None,
-            plots: bool = False) -> RunRecord:
+def run_one(
+    cfg: Config, out: Path, mode: str, round_: int, *, redis_url: str | None = None, plots: bool = False
+) -> RunRecord:
     """One training run of ``cfg`` in ``out`` (wiped first), with its peak memory per process;
     ``plots`` draws its timeline.png and rewards.png afterwards."""
     if out.exists():
@@ -426,8 +449,15 @@ def run_one(cfg: Config, out: Path, mode: str, round_: int, *, redis_url: str | 
         write_run_plots(out)
     if cfg.schedule.mode == "reference":  # the trainer is this process
         peaks["reference"] = peaks["controller"]
-    return RunRecord(mode, round_, out, _read_jsonl(out / "metrics.jsonl"), _read_jsonl(out / "timeline.jsonl"),
-                     bool(cfg.schedule.resolved().tsp), peaks)
+    return RunRecord(
+        mode,
+        round_,
+        out,
+        _read_jsonl(out / "metrics.jsonl"),
+        _read_jsonl(out / "timeline.jsonl"),
+        bool(cfg.schedule.resolved().tsp),
+        peaks,
+    )
 
 
 def _run_reference(cfg: Config, out: Path) -> None:
@@ -494,18 +524,28 @@ def run_bench(
             order = modes if r % 2 == 0 else list(reversed(modes))
             for m in order:
                 t0 = time.time()
-                rec = run_one(configs[m], out / "runs" / m / f"round_{r}", m, r, redis_url=redis_url,
-                              plots=cfg.output.plots and r == rounds - 1)
+                rec = run_one(
+                    configs[m],
+                    out / "runs" / m / f"round_{r}",
+                    m,
+                    r,
+                    redis_url=redis_url,
+                    plots=cfg.output.plots and r == rounds - 1,
+                )
                 records.append(rec)
-                sps = _median([float(x["samples_per_s"]) for x in rec.metrics if int(x["iteration"]) >= warmup])
+                sps = _median(
+                    [float(x["samples_per_s"]) for x in rec.metrics if int(x["iteration"]) >= warmup]
+                )
                 notify(f"round {r + 1}/{rounds} {m}: {time.time() - t0:.1f} s, {sps:.2f} samples/s (median)")
     pool = RatePool()
     for rec in records:
         for st in worker_stats(rec.timeline, warmup).values():
             pool.add(st.gpu_type, "gen", rec.tsp, st.gen_rate(cfg.rollout.group_size))
             pool.add(st.gpu_type, "train", rec.tsp, st.train_rate(cfg.rollout.group_size))
-    rows = [summarize(m, [rec for rec in records if rec.mode == m], pool, cfg.rollout.group_size, warmup)
-            for m in modes]
+    rows = [
+        summarize(m, [rec for rec in records if rec.mode == m], pool, cfg.rollout.group_size, warmup)
+        for m in modes
+    ]
     add_speedups(rows)
     tsp = []
     if tsp_ks:
@@ -543,8 +583,9 @@ def tsp_microbench(cfg: Config, ks: Sequence[int] = (1, 2, 4, 8), repeats: int =
         out = []
         for k_req in ks:
             k = min(int(k_req), cfg.rollout.num_steps)
-            rows = build_rows(traj.latents, torch.nan_to_num(traj.log_probs), traj.sigmas, adv,
-                              [list(range(k))] * n)
+            rows = build_rows(
+                traj.latents, torch.nan_to_num(traj.log_probs), traj.sigmas, adv, [list(range(k))] * n
+            )
             data = cfg.model_dump(mode="json")
             data["train"]["rows_per_forward"] = max(cfg.train.rows_per_forward, len(rows))
             cfg_k = Config.model_validate(data)
@@ -556,11 +597,17 @@ def tsp_microbench(cfg: Config, ks: Sequence[int] = (1, 2, 4, 8), repeats: int =
                     if i > 0:  # the first round warms up both paths
                         times[tsp].append(time.perf_counter() - t0)
             batched, sequential = _median(times[True]), _median(times[False])
-            out.append({
-                "K": k, "rows": len(rows), "batched_s": batched, "sequential_s": sequential,
-                "batched_ms_per_row": 1e3 * batched / len(rows), "sequential_ms_per_row": 1e3 * sequential / len(rows),
-                "speedup": sequential / batched if batched > 0 else None,
-            })
+            out.append(
+                {
+                    "K": k,
+                    "rows": len(rows),
+                    "batched_s": batched,
+                    "sequential_s": sequential,
+                    "batched_ms_per_row": 1e3 * batched / len(rows),
+                    "sequential_ms_per_row": 1e3 * sequential / len(rows),
+                    "speedup": sequential / batched if batched > 0 else None,
+                }
+            )
         return out
     finally:
         torch.set_num_threads(threads)
@@ -574,15 +621,24 @@ def _fmt(x: float | None, spec: str, suffix: str = "") -> str:
     return "n/a" if x is None else format(x, spec) + suffix
 
 
-def markdown_table(rows: list[dict], tsp: list[dict], *, command: str | None = None,
-                   rounds: int | None = None, warmup: int | None = None) -> str:
+def markdown_table(
+    rows: list[dict],
+    tsp: list[dict],
+    *,
+    command: str | None = None,
+    rounds: int | None = None,
+    warmup: int | None = None,
+) -> str:
     """The bench result as Markdown: one table of modes, one of the TSP micro-benchmark."""
     lines = []
     if command:
         lines += [f"`{command}`", ""]
     if rounds is not None:
-        lines += [f"{rounds} interleaved round(s), medians over iterations >= {warmup}; "
-                  f"{os.cpu_count()} CPU core(s).", ""]
+        lines += [
+            f"{rounds} interleaved round(s), medians over iterations >= {warmup}; "
+            f"{os.cpu_count()} CPU core(s).",
+            "",
+        ]
     lines += [
         "| mode | workers | s/iteration | samples/s | bubble | bubble by role | vs colocated | vs disaggregated "
         "| bound samples/s | of bound | peak RSS MiB (per worker) |",
@@ -590,8 +646,14 @@ def markdown_table(rows: list[dict], tsp: list[dict], *, command: str | None = N
     ]
     for r in rows:
         roles = ", ".join(f"{k} {v:.2f}" for k, v in r["bubble_ratio_by_role"].items())
-        rss = ", ".join(f"{w['worker']} {w['peak_rss_mb']:.0f}" for w in r["per_worker"]
-                        if w["peak_rss_mb"] is not None) or "n/a"
+        rss = (
+            ", ".join(
+                f"{w['worker']} {w['peak_rss_mb']:.0f}"
+                for w in r["per_worker"]
+                if w["peak_rss_mb"] is not None
+            )
+            or "n/a"
+        )
         lines.append(
             f"| {r['mode']} | {r['workers']} | {r['s_per_iteration']:.3f} | {r['samples_per_s']:.2f} "
             f"| {r['bubble_ratio']:.2f} | {roles} | {_fmt(r['speedup_vs_colocated'], '.2f', 'x')} "
@@ -599,17 +661,30 @@ def markdown_table(rows: list[dict], tsp: list[dict], *, command: str | None = N
             f"| {_fmt(r['fraction_of_bound'], '.0%')} | {rss} |"
         )
     if tsp:
-        lines += ["", "TSP micro-benchmark (one train task: a group x K timesteps; batched = one forward/"
-                      "backward, sequential = K):", "",
-                  "| K | rows | batched ms/row | sequential ms/row | speedup |", "|---|---|---|---|---|"]
+        lines += [
+            "",
+            "TSP micro-benchmark (one train task: a group x K timesteps; batched = one forward/"
+            "backward, sequential = K):",
+            "",
+            "| K | rows | batched ms/row | sequential ms/row | speedup |",
+            "|---|---|---|---|---|",
+        ]
         for t in tsp:
-            lines.append(f"| {t['K']} | {t['rows']} | {t['batched_ms_per_row']:.2f} | "
-                         f"{t['sequential_ms_per_row']:.2f} | {_fmt(t['speedup'], '.2f', 'x')} |")
+            lines.append(
+                f"| {t['K']} | {t['rows']} | {t['batched_ms_per_row']:.2f} | "
+                f"{t['sequential_ms_per_row']:.2f} | {_fmt(t['speedup'], '.2f', 'x')} |"
+            )
     return "\n".join(lines) + "\n"
 
 
-def write_outputs(result: BenchResult, out: Path, *, command: str | None = None, rounds: int | None = None,
-                  warmup: int | None = None) -> dict[str, Path]:
+def write_outputs(
+    result: BenchResult,
+    out: Path,
+    *,
+    command: str | None = None,
+    rounds: int | None = None,
+    warmup: int | None = None,
+) -> dict[str, Path]:
     """``bench.json`` (one object per mode), ``tsp.json`` and ``bench.md`` in ``out``."""
     import json
 
@@ -617,6 +692,7 @@ def write_outputs(result: BenchResult, out: Path, *, command: str | None = None,
     paths = {"json": out / "bench.json", "tsp": out / "tsp.json", "markdown": out / "bench.md"}
     paths["json"].write_text(json.dumps(result.rows, indent=1))
     paths["tsp"].write_text(json.dumps(result.tsp, indent=1))
-    paths["markdown"].write_text(markdown_table(result.rows, result.tsp, command=command, rounds=rounds,
-                                                warmup=warmup))
+    paths["markdown"].write_text(
+        markdown_table(result.rows, result.tsp, command=command, rounds=rounds, warmup=warmup)
+    )
     return paths

@@ -292,9 +292,13 @@ def _cross_checks(cfg: Config, check_paths: bool) -> list[str]:
             f"rollout.group_size ({r.group_size}) must divide rollout.batch_size ({r.batch_size})"
         )
     if r.group_size < 2:
-        problems.append(f"rollout.group_size ({r.group_size}) must be at least 2: GRPO compares samples of a group")
+        problems.append(
+            f"rollout.group_size ({r.group_size}) must be at least 2: GRPO compares samples of a group"
+        )
     if r.sde.kind in ("sde", "dance") and r.sde.noise_level == 0:
-        problems.append("rollout.sde.noise_level (0) gives a deterministic ODE step with no log-prob; use > 0")
+        problems.append(
+            "rollout.sde.noise_level (0) gives a deterministic ODE step with no log-prob; use > 0"
+        )
     if r.sde.kind == "cps" and not 0 < r.sde.noise_level <= 1:
         problems.append(f"rollout.sde.noise_level ({r.sde.noise_level}) must lie in (0, 1] for cps")
     if t.timesteps.strategy == "window" and t.timesteps.window > r.num_steps - 1:
@@ -302,7 +306,9 @@ def _cross_checks(cfg: Config, check_paths: bool) -> list[str]:
             f"train.timesteps.window ({t.timesteps.window}) must be below rollout.num_steps ({r.num_steps})"
         )
     if t.kl_beta > 0 and not cfg.model.lora.enabled:
-        problems.append("train.kl_beta > 0 needs model.lora.enabled: the reference policy is the base weights")
+        problems.append(
+            "train.kl_beta > 0 needs model.lora.enabled: the reference policy is the base weights"
+        )
     s = cfg.schedule.resolved()
     cl = cfg.cluster.local
     if s.mode in ("disaggregated", "digen") and (cl.rollout_workers < 1 or cl.trainer_workers < 1):
@@ -334,9 +340,13 @@ def _cross_checks(cfg: Config, check_paths: bool) -> list[str]:
         for name in ("ca_file", "cert_file", "key_file"):
             value = getattr(sec, name)
             if value is None:
-                problems.append(f"security.{name} is missing: TLS needs ca_file, cert_file and key_file together")
+                problems.append(
+                    f"security.{name} is missing: TLS needs ca_file, cert_file and key_file together"
+                )
             elif check_paths and not cfg.resolve_path(value).exists():
-                problems.append(f"security.{name} ({value}) does not exist; docs/deploy.md shows how to make it")
+                problems.append(
+                    f"security.{name} ({value}) does not exist; docs/deploy.md shows how to make it"
+                )
     if cfg.prompts.file is None and not cfg.prompts.items:
         problems.append("prompts: give prompts.items or prompts.file")
     return problems
@@ -400,8 +410,12 @@ def _mask_secrets(node: Any) -> Any:
     """``node`` with the value of every key that names a secret (``password``, ``token``,
     ``api_key``...) replaced by ``***``."""
     if isinstance(node, dict):
-        return {k: "***" if any(w in str(k).lower() for w in SECRET_WORDS) and v not in (None, "")
-                else _mask_secrets(v) for k, v in node.items()}
+        return {
+            k: "***"
+            if any(w in str(k).lower() for w in SECRET_WORDS) and v not in (None, "")
+            else _mask_secrets(v)
+            for k, v in node.items()
+        }
     if isinstance(node, list):
         return [_mask_secrets(v) for v in node]
     return node

@@ -43,8 +43,9 @@ def run_training(
         else:
             from digen.runtime.controller import run_distributed
 
-            summary = run_distributed(cfg, out, resume=resume, redis_url=redis_url, scheduler=scheduler,
-                                      progress=observe)
+            summary = run_distributed(
+                cfg, out, resume=resume, redis_url=redis_url, scheduler=scheduler, progress=observe
+            )
     finally:
         if logger is not None:
             logger.close()

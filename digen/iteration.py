@@ -17,6 +17,7 @@ import torch
 
 from digen.algos.advantages import group_advantages
 from digen.config import Config
+from digen.errors import RewardError
 from digen.rollout import GroupTask, trained_steps
 from digen.training import TrainSpec, TrainStats, sum_gradients
 
@@ -60,8 +61,9 @@ class IterationBook:
             gids = torch.tensor([g for g, _ in rows])
             adv = torch.full_like(r, float("nan"))
             if ok.any():
-                a = group_advantages(r[ok], gids[ok], global_std=True, eps=eps, clip=t.adv_clip,
-                                     unbiased=t.unbiased_std)
+                a = group_advantages(
+                    r[ok], gids[ok], global_std=True, eps=eps, clip=t.adv_clip, unbiased=t.unbiased_std
+                )
                 adv[ok] = a.values
                 self.zero_std_groups = a.zero_std_groups
             for g in sorted(self.rewards):
@@ -71,8 +73,13 @@ class IterationBook:
         ok = torch.isfinite(r)
         adv = torch.full_like(r, float("nan"))
         if ok.sum() >= 1:
-            a = group_advantages(r[ok], torch.zeros(int(ok.sum()), dtype=torch.long), eps=eps,
-                                 clip=t.adv_clip, unbiased=t.unbiased_std)
+            a = group_advantages(
+                r[ok],
+                torch.zeros(int(ok.sum()), dtype=torch.long),
+                eps=eps,
+                clip=t.adv_clip,
+                unbiased=t.unbiased_std,
+            )
             adv[ok] = a.values
             self.zero_std_groups += a.zero_std_groups
         self._adv[group] = adv
@@ -85,8 +92,12 @@ class IterationBook:
         keep = [i for i in range(len(adv)) if math.isfinite(float(adv[i]))]
         dropped = len(adv) - len(keep)
         if dropped:
-            log.warning("iteration %d group %d: %d sample(s) with non-finite reward dropped",
-                        self.iteration, group, dropped)
+            log.warning(
+                "iteration %d group %d: %d sample(s) with non-finite reward dropped",
+                self.iteration,
+                group,
+                dropped,
+            )
         self.released.add(group)
         return TrainSpec(
             iteration=self.iteration,
@@ -107,9 +118,20 @@ class IterationBook:
         return len(self.grads) == len(self.groups)
 
     def gradient(self) -> tuple[dict[str, torch.Tensor], int]:
-        """Summed gradient (group order) and the number of trained rows."""
+        """Summed gradient (group order) and the number of trained rows.
+
+        Raises :class:`RewardError` when no row trained (every reward NaN or inf, or every
+        group's task dropped): there is nothing to step on."""
         order = sorted(self.grads)
-        return sum_gradients([self.grads[g] for g in order]), sum(self.stats[g].rows for g in order)
+        rows = sum(self.stats[g].rows for g in order)
+        if rows == 0:
+            r = torch.cat([self.rewards[g] for g in sorted(self.rewards)]) if self.rewards else torch.empty(0)
+            bad = int((~torch.isfinite(r)).sum())
+            raise RewardError(
+                f"iteration {self.iteration}: no sample can be trained ({bad} of {len(r)} rewards are NaN or inf, "
+                f"the other groups were dropped); check the reward: it must give each sample a finite score"
+            )
+        return sum_gradients([self.grads[g] for g in order]), rows
 
     def metrics(self) -> dict:
         """The iteration's learning metrics (timing metrics are added by the caller)."""

@@ -29,11 +29,21 @@ from digen.errors import ConfigError
 
 ROLLOUT_KEYS = ("samples", "dropped_samples", "zero_std_ratio")
 TRAIN_KEYS = ("loss", "approx_kl", "clipfrac", "kl", "grad_norm", "ratio_max_dev", "trained_rows", "lr")
-SYSTEM_KEYS = ("wall_s", "samples_per_s", "bubble_ratio", "busy_s", "worker_s", "max_staleness",
-               "policy_version", "workers")
+SYSTEM_KEYS = (
+    "wall_s",
+    "samples_per_s",
+    "bubble_ratio",
+    "busy_s",
+    "worker_s",
+    "max_staleness",
+    "policy_version",
+    "workers",
+)
 SKIPPED = ("iteration",)
-WANDB_MISSING = ("logging.wandb (true) needs the wandb package, which is not installed; "
-                 "install it with `pip install wandb` or set logging.wandb=false")
+WANDB_MISSING = (
+    "logging.wandb (true) needs the wandb package, which is not installed; "
+    "install it with `pip install wandb` or set logging.wandb=false"
+)
 
 
 def namespace(key: str) -> str:
@@ -119,8 +129,7 @@ class WandbLogger:
             raise ConfigError(WANDB_MISSING) from None
         mode = mode or os.environ.get("WANDB_MODE", "offline")
         run_dir.mkdir(parents=True, exist_ok=True)
-        self._run = wandb.init(project=project, dir=str(run_dir), mode=mode, config=config,
-                               name=run_dir.name)
+        self._run = wandb.init(project=project, dir=str(run_dir), mode=mode, config=config, name=run_dir.name)
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         self._run.log(namespaced(metrics), step=step)
@@ -151,8 +160,10 @@ def check_loggers(cfg: Config) -> None:
 
     problems = []
     if cfg.logging.tensorboard and importlib.util.find_spec("tensorboard") is None:
-        problems.append("logging.tensorboard (true) needs the tensorboard package, which is not installed; "
-                        "install it with `pip install tensorboard` or set logging.tensorboard=false")
+        problems.append(
+            "logging.tensorboard (true) needs the tensorboard package, which is not installed; "
+            "install it with `pip install tensorboard` or set logging.tensorboard=false"
+        )
     if cfg.logging.wandb and importlib.util.find_spec("wandb") is None:
         problems.append(WANDB_MISSING)
     if problems:
@@ -168,8 +179,11 @@ def make_loggers(cfg: Config, run_dir: str | Path) -> MetricsLogger:
     if cfg.logging.tensorboard:
         loggers.append(TensorBoardLogger(run_dir / "tensorboard"))
     if cfg.logging.wandb:
-        loggers.append(WandbLogger(cfg.logging.wandb_project, run_dir,
-                                   cfg.model_dump(mode="json", exclude={"source_dir"})))
+        loggers.append(
+            WandbLogger(
+                cfg.logging.wandb_project, run_dir, cfg.model_dump(mode="json", exclude={"source_dir"})
+            )
+        )
     if not loggers:
         return NullLogger()
     return loggers[0] if len(loggers) == 1 else MultiLogger(loggers)

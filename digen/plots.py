@@ -117,8 +117,9 @@ def plot_timeline(rows: list[dict[str, Any]], out: Out, *, title: str | None = N
         _draw_lanes(zoom, shown, lanes, ends, t0, zoom_from, t1)
         zoom.set_title(f"zoom: after iteration {min(ends)} (warm-up, model loading)", fontsize=9)
     axes[-1][0].set_xlabel("seconds since the first task")
-    kinds = sorted({str(r["kind"]) for r in rows}, key=lambda k: list(KIND_COLORS).index(k)
-                   if k in KIND_COLORS else 99)
+    kinds = sorted(
+        {str(r["kind"]) for r in rows}, key=lambda k: list(KIND_COLORS).index(k) if k in KIND_COLORS else 99
+    )
     handles = [Patch(color=KIND_COLORS.get(k, OTHER_COLOR), label=k) for k in kinds]
     handles.append(Patch(facecolor="white", edgecolor="black", hatch="////", label="stale (older policy)"))
     handles.append(Patch(color="#1f77b4", alpha=0.55, label="odd iteration"))
@@ -148,8 +149,15 @@ def _zoom_start(ends: dict[int, float], t0: float, t1: float) -> float | None:
     return first_end if first_end - t0 > 0.4 * (t1 - t0) else None
 
 
-def _draw_lanes(ax, rows: list[dict[str, Any]], lanes: list[tuple[str, str]], ends: dict[int, float],
-                t0: float, lo: float, hi: float) -> None:
+def _draw_lanes(
+    ax,
+    rows: list[dict[str, Any]],
+    lanes: list[tuple[str, str]],
+    ends: dict[int, float],
+    t0: float,
+    lo: float,
+    hi: float,
+) -> None:
     """One bar per row on ``ax``, x from ``lo - t0`` to ``hi - t0`` seconds."""
     lane_of = {w: i for i, (w, _) in enumerate(lanes)}
     span = max(hi - lo, 1e-9)
@@ -163,8 +171,12 @@ def _draw_lanes(ax, rows: list[dict[str, Any]], lanes: list[tuple[str, str]], en
             [lane_of[str(r["worker"])] for r in rs],
             [max(float(r["end"]) - float(r["start"]), min_w) for r in rs],
             left=[float(r["start"]) - t0 for r in rs],
-            height=0.7, color=KIND_COLORS.get(kind, OTHER_COLOR), alpha=0.55 if odd else 1.0,
-            hatch="////" if stale else None, edgecolor="black" if stale else "none", linewidth=0.3,
+            height=0.7,
+            color=KIND_COLORS.get(kind, OTHER_COLOR),
+            alpha=0.55 if odd else 1.0,
+            hatch="////" if stale else None,
+            edgecolor="black" if stale else "none",
+            linewidth=0.3,
         )
     last_label = float("-inf")
     for k, end in sorted(ends.items()):
@@ -184,10 +196,20 @@ def _label_busy(ax, rows: list[dict[str, Any]], lanes: list[tuple[str, str]], lo
     """Write each lane's busy fraction in [lo, hi] (non-``sync`` task time) at its right end."""
     span = max(hi - lo, 1e-9)
     for i, (w, _) in enumerate(lanes):
-        busy = sum(max(0.0, min(float(r["end"]), hi) - max(float(r["start"]), lo)) for r in rows
-                   if r["worker"] == w and r["kind"] != "sync")
-        ax.annotate(f"busy {busy / span:.0%}", xy=(1.0, i), xycoords=("axes fraction", "data"),
-                    xytext=(-48, 0), textcoords="offset points", fontsize=7, va="center")
+        busy = sum(
+            max(0.0, min(float(r["end"]), hi) - max(float(r["start"]), lo))
+            for r in rows
+            if r["worker"] == w and r["kind"] != "sync"
+        )
+        ax.annotate(
+            f"busy {busy / span:.0%}",
+            xy=(1.0, i),
+            xycoords=("axes fraction", "data"),
+            xytext=(-48, 0),
+            textcoords="offset points",
+            fontsize=7,
+            va="center",
+        )
 
 
 def plot_rewards(rows: list[dict[str, Any]], out: Out, *, title: str | None = None) -> int:
@@ -204,26 +226,42 @@ def plot_rewards(rows: list[dict[str, Any]], out: Out, *, title: str | None = No
     std = [float(r.get("reward_std", 0.0)) for r in rows]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), dpi=100, sharex=True)
     top.plot(it, mean, marker="o", markersize=3, color="#1f77b4", label="reward mean")
-    top.fill_between(it, [m - s for m, s in zip(mean, std, strict=True)],
-                     [m + s for m, s in zip(mean, std, strict=True)], color="#1f77b4", alpha=0.2,
-                     label="± 1 std")
+    top.fill_between(
+        it,
+        [m - s for m, s in zip(mean, std, strict=True)],
+        [m + s for m, s in zip(mean, std, strict=True)],
+        color="#1f77b4",
+        alpha=0.2,
+        label="± 1 std",
+    )
     top.set_ylabel("reward")
     top.xaxis.set_major_locator(MaxNLocator(integer=True))
     top.legend(fontsize=8, loc="best")
     top.grid(alpha=0.3)
     top.set_title(title or f"rewards over {len(rows)} iterations", fontsize=10)
 
-    bottom.plot(it, [float(r.get("approx_kl", 0.0)) for r in rows], marker=".", color="#d62728",
-                label="approx KL (old policy)")
+    bottom.plot(
+        it,
+        [float(r.get("approx_kl", 0.0)) for r in rows],
+        marker=".",
+        color="#d62728",
+        label="approx KL (old policy)",
+    )
     if any(float(r.get("kl", 0.0)) for r in rows):
-        bottom.plot(it, [float(r.get("kl", 0.0)) for r in rows], linestyle="--", color="#8c564b",
-                    label="KL to reference")
+        bottom.plot(
+            it,
+            [float(r.get("kl", 0.0)) for r in rows],
+            linestyle="--",
+            color="#8c564b",
+            label="KL to reference",
+        )
     bottom.set_ylabel("KL")
     bottom.set_xlabel("iteration")
     bottom.grid(alpha=0.3)
     right = bottom.twinx()
-    right.plot(it, [float(r.get("clipfrac", 0.0)) for r in rows], marker=".", color="#ff7f0e",
-               label="clip fraction")
+    right.plot(
+        it, [float(r.get("clipfrac", 0.0)) for r in rows], marker=".", color="#ff7f0e", label="clip fraction"
+    )
     right.set_ylabel("clip fraction")
     right.set_ylim(bottom=0)
     lines = bottom.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]

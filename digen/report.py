@@ -20,8 +20,21 @@ from typing import Any
 from digen.errors import ConfigError
 from digen.rundir import _read_jsonl
 
-METRIC_COLUMNS = ("iteration", "policy_version", "samples", "reward_mean", "reward_std", "loss", "approx_kl",
-                  "clipfrac", "grad_norm", "wall_s", "samples_per_s", "bubble_ratio", "max_staleness")
+METRIC_COLUMNS = (
+    "iteration",
+    "policy_version",
+    "samples",
+    "reward_mean",
+    "reward_std",
+    "loss",
+    "approx_kl",
+    "clipfrac",
+    "grad_norm",
+    "wall_s",
+    "samples_per_s",
+    "bubble_ratio",
+    "max_staleness",
+)
 STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;max-width:1200px;
 color:#222;padding:0 1em}
@@ -76,16 +89,19 @@ def pick_grids(paths: list[Path], limit: int) -> list[Path]:
 
 
 def _summary_table(summary: dict[str, Any]) -> str:
-    cells = "".join(f'<tr><td class="k">{html.escape(k)}</td><td>{html.escape(_fmt(v))}</td></tr>'
-                    for k, v in summary.items())
+    cells = "".join(
+        f'<tr><td class="k">{html.escape(k)}</td><td>{html.escape(_fmt(v))}</td></tr>'
+        for k, v in summary.items()
+    )
     return f"<table>{cells}</table>"
 
 
 def _metrics_table(rows: list[dict]) -> str:
     cols = [c for c in METRIC_COLUMNS if any(c in r for r in rows)]
     head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(r.get(c)))}</td>" for c in cols) + "</tr>"
-                   for r in rows)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(_fmt(r.get(c)))}</td>" for c in cols) + "</tr>" for r in rows
+    )
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
@@ -95,38 +111,59 @@ def render_report(run_dir: str | Path, *, max_grids: int = 8) -> str:
 
     root = Path(run_dir)
     if not (root / "config.yaml").exists() and not (root / "metrics.jsonl").exists():
-        raise ConfigError(f"{root} is not a digen run directory (no config.yaml or metrics.jsonl); "
-                          f"pass the --out folder of `digen train`")
+        raise ConfigError(
+            f"{root} is not a digen run directory (no config.yaml or metrics.jsonl); "
+            f"pass the --out folder of `digen train`"
+        )
     metrics = _read_jsonl(root / "metrics.jsonl")
     timeline = _read_jsonl(root / "timeline.jsonl")
     summary_path = root / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
     config = (root / "config.yaml").read_text() if (root / "config.yaml").exists() else ""
     mode = (summary or {}).get("mode") or next(
-        (ln.split(":", 1)[1].strip() for ln in config.splitlines() if ln.strip().startswith("mode:")), "?")
+        (ln.split(":", 1)[1].strip() for ln in config.splitlines() if ln.strip().startswith("mode:")), "?"
+    )
 
-    parts = [f"<h1>digen run <code>{html.escape(root.resolve().name)}</code> · {html.escape(mode)}</h1>",
-             f'<p class="muted">{html.escape(str(root.resolve()))} · report written '
-             f'{time.strftime("%Y-%m-%d %H:%M:%S")}</p>', "<h2>Summary</h2>"]
+    parts = [
+        f"<h1>digen run <code>{html.escape(root.resolve().name)}</code> · {html.escape(mode)}</h1>",
+        f'<p class="muted">{html.escape(str(root.resolve()))} · report written '
+        f"{time.strftime('%Y-%m-%d %H:%M:%S')}</p>",
+        "<h2>Summary</h2>",
+    ]
     if summary is not None:
         parts.append(_summary_table(summary))
     else:
-        parts.append(f'<p class="muted">no summary.json yet (run not finished); '
-                     f'{len(metrics)} iteration(s) recorded</p>')
-    parts += ["<h2>Timeline</h2>", _img(_chart(root, "timeline.png", timeline, plot_timeline), "timeline",
-                                        "one lane per worker; bars colored by task kind, hatched = stale rollout"),
-              "<h2>Rewards and KL</h2>", _img(_chart(root, "rewards.png", metrics, plot_rewards), "reward curves")]
+        parts.append(
+            f'<p class="muted">no summary.json yet (run not finished); '
+            f"{len(metrics)} iteration(s) recorded</p>"
+        )
+    parts += [
+        "<h2>Timeline</h2>",
+        _img(
+            _chart(root, "timeline.png", timeline, plot_timeline),
+            "timeline",
+            "one lane per worker; bars colored by task kind, hatched = stale rollout",
+        ),
+        "<h2>Rewards and KL</h2>",
+        _img(_chart(root, "rewards.png", metrics, plot_rewards), "reward curves"),
+    ]
     grids = pick_grids(list((root / "samples").glob("iter_*.png")), max_grids)
     parts.append("<h2>Samples</h2>")
     if grids:
         parts += [_img(p.read_bytes(), p.name, p.stem.replace("_", " ")) for p in grids]
     else:
         parts.append('<p class="muted">no sample grids (output.sample_grid_every: 0?)</p>')
-    parts += ["<h2>Iterations</h2>", _metrics_table(metrics) if metrics else '<p class="muted">none</p>',
-              "<h2>Config</h2>", f"<pre>{html.escape(config)}</pre>"]
-    return ("<!DOCTYPE html>\n<html><head><meta charset='utf-8'>"
-            f"<title>digen report: {html.escape(root.resolve().name)}</title><style>{STYLE}</style></head>"
-            "<body>" + "\n".join(parts) + "</body></html>\n")
+    parts += [
+        "<h2>Iterations</h2>",
+        _metrics_table(metrics) if metrics else '<p class="muted">none</p>',
+        "<h2>Config</h2>",
+        f"<pre>{html.escape(config)}</pre>",
+    ]
+    return (
+        "<!DOCTYPE html>\n<html><head><meta charset='utf-8'>"
+        f"<title>digen report: {html.escape(root.resolve().name)}</title><style>{STYLE}</style></head>"
+        "<body>" + "\n".join(parts) + "</body></html>\n"
+    )
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None, *, max_grids: int = 8) -> Path:

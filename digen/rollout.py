@@ -43,8 +43,11 @@ class GroupTask:
     @staticmethod
     def from_json(d: dict) -> GroupTask:
         return GroupTask(
-            int(d["iteration"]), int(d["group"]), str(d["prompt"]),
-            tuple(int(i) for i in d["sample_ids"]), int(d["version"]),
+            int(d["iteration"]),
+            int(d["group"]),
+            str(d["prompt"]),
+            tuple(int(i) for i in d["sample_ids"]),
+            int(d["version"]),
         )
 
 
@@ -101,8 +104,9 @@ def window_steps(cfg: Config, iteration: int) -> list[int] | None:
     if ts.strategy != "window":
         return None
     gen = iteration_generator(cfg.seed, iteration, "window")
-    return select_timesteps(cfg.rollout.num_steps, strategy="window", fraction=ts.fraction, window=ts.window,
-                            generator=gen)
+    return select_timesteps(
+        cfg.rollout.num_steps, strategy="window", fraction=ts.fraction, window=ts.window, generator=gen
+    )
 
 
 def trained_steps(cfg: Config, iteration: int, sample_id: int) -> list[int]:
@@ -113,8 +117,9 @@ def trained_steps(cfg: Config, iteration: int, sample_id: int) -> list[int]:
         assert steps is not None
         return steps
     gen = sample_generator(cfg.seed, iteration, sample_id, "timesteps")
-    return select_timesteps(cfg.rollout.num_steps, strategy=ts.strategy, fraction=ts.fraction,
-                            window=ts.window, generator=gen)
+    return select_timesteps(
+        cfg.rollout.num_steps, strategy=ts.strategy, fraction=ts.fraction, window=ts.window, generator=gen
+    )
 
 
 Timer = Callable[[str, float, float], None]
@@ -158,8 +163,16 @@ def generate_group(
         v = policy.velocity(x, torch.full((n,), s, device=x.device), batch_embeds, r.guidance_scale)
         eps = torch.stack([torch.randn(x.shape[1:], generator=g, dtype=torch.float32) for g in gens])
         if mask[i]:
-            step = sde_step(v, x, s, s_next, kind=r.sde.kind, noise_level=r.sde.noise_level,
-                            noise=eps.to(x.device), sigma_max=sigma_max)
+            step = sde_step(
+                v,
+                x,
+                s,
+                s_next,
+                kind=r.sde.kind,
+                noise_level=r.sde.noise_level,
+                noise=eps.to(x.device),
+                sigma_max=sigma_max,
+            )
             x, lp = step.prev_sample, step.log_prob
         else:
             x, lp = euler_step(v, x, s, s_next), torch.full((n,), float("nan"), device=x.device)

@@ -52,7 +52,11 @@ class RunDir:
                 f"run directory {self.root} already holds a run; pass --resume to continue it or choose "
                 f"another --out"
             )
-        (self.root / "config.yaml").write_text(dump_config(cfg))
+        if not resume:  # a resume writes it once its checkpoint has loaded: a failed one changes nothing
+            self.write_config()
+
+    def write_config(self) -> None:
+        (self.root / "config.yaml").write_text(dump_config(self.cfg))
 
     # --- checkpoints ---------------------------------------------------------------
     def checkpoint_dir(self, iteration: int) -> Path:
@@ -71,7 +75,9 @@ class RunDir:
             shutil.rmtree(old, ignore_errors=True)
 
     def truncate_after(self, iteration: int) -> None:
-        """Drop metrics and timeline rows of iterations after ``iteration`` (resume)."""
+        """Resume from ``iteration``'s checkpoint: drop metrics and timeline rows of later
+        iterations and write this run's ``config.yaml``."""
+        self.write_config()
         for name in ("metrics.jsonl", "timeline.jsonl"):
             path = self.root / name
             rows = [r for r in _read_jsonl(path) if int(r.get("iteration", -1)) <= iteration]
@@ -119,7 +125,6 @@ class RunDir:
         }
         (self.root / "summary.json").write_text(json.dumps(summary, indent=1))
         return summary
-
 
     def _busy_and_worker_seconds(self, rows: list[dict]) -> tuple[float, float]:
         """Busy and available worker-seconds over the run, from the whole timeline (a task

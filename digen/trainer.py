@@ -39,8 +39,13 @@ def build_policy(cfg: Config, device: str | None = None) -> FlowPolicy:
     """Load ``model.path`` with diffusers and wrap LoRA as configured."""
     m = cfg.model
     policy = load_policy(
-        cfg.resolve_path(m.path), height=m.resolution, width=m.resolution, dtype=DTYPES[m.dtype],
-        device=device or m.device, num_frames=m.num_frames, max_sequence_length=m.max_sequence_length,
+        cfg.resolve_path(m.path),
+        height=m.resolution,
+        width=m.resolution,
+        dtype=DTYPES[m.dtype],
+        device=device or m.device,
+        num_frames=m.num_frames,
+        max_sequence_length=m.max_sequence_length,
     )
     if m.lora.enabled:
         policy.enable_lora(m.lora.rank, m.lora.alpha, m.lora.target_modules)
@@ -90,8 +95,12 @@ def open_store(cfg: Config, run: RunDir, policy: FlowPolicy, resume: bool) -> Re
     return Resumed(ParameterStore(policy.trainable_state_dict(), cfg.train), 0, None)
 
 
-def save_checkpoint(run: RunDir, store: ParameterStore, iteration: int,
-                    previous_weights: dict[str, torch.Tensor] | None = None) -> None:
+def save_checkpoint(
+    run: RunDir,
+    store: ParameterStore,
+    iteration: int,
+    previous_weights: dict[str, torch.Tensor] | None = None,
+) -> None:
     """State after ``iteration``'s step (plus the version before, which a staleness-1 rollout
     of the next iteration uses)."""
     folder = run.checkpoint_dir(iteration)
@@ -100,8 +109,10 @@ def save_checkpoint(run: RunDir, store: ParameterStore, iteration: int,
         from safetensors.torch import save_file
 
         tmp.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.contiguous() for k, v in previous_weights.items()},
-                  str(tmp / "previous_weights.safetensors"))
+        save_file(
+            {k: v.contiguous() for k, v in previous_weights.items()},
+            str(tmp / "previous_weights.safetensors"),
+        )
     store.save(tmp, {"iteration": iteration})
     if folder.exists():
         import shutil
@@ -124,7 +135,9 @@ def timing_metrics(events: list[dict], workers: int, wall_s: float, samples: int
     }
 
 
-def run_reference(cfg: Config, out: Path, *, resume: bool = False, progress: ProgressFn | None = None) -> dict:
+def run_reference(
+    cfg: Config, out: Path, *, resume: bool = False, progress: ProgressFn | None = None
+) -> dict:
     """Train with the single-process reference loop; returns ``summary.json``'s contents."""
     torch.manual_seed(cfg.seed)  # nothing should draw from it; set for third-party code
     run = RunDir(out, cfg, resume=resume)
@@ -143,8 +156,9 @@ def run_reference(cfg: Config, out: Path, *, resume: bool = False, progress: Pro
         events: list[dict] = []
 
         def timer(kind: str, s: float, e: float, _k: int = k, _events: list[dict] = events) -> None:
-            _events.append({**worker, "kind": kind, "iteration": _k, "version": store.version,
-                           "start": s, "end": e})
+            _events.append(
+                {**worker, "kind": kind, "iteration": _k, "version": store.version, "start": s, "end": e}
+            )
 
         groups = plan_groups(cfg, prompts, k, version=store.version)
         book = IterationBook(cfg, k, groups)
@@ -157,8 +171,9 @@ def run_reference(cfg: Config, out: Path, *, resume: bool = False, progress: Pro
             spec = book.train_spec(g)
             t0 = time.time()
             traj = trajs[g]
-            grads, stats = train_group(policy, spec, traj.latents, traj.log_probs, traj.sigmas,
-                                       embed(groups[g].prompt), cfg, tsp=tsp)
+            grads, stats = train_group(
+                policy, spec, traj.latents, traj.log_probs, traj.sigmas, embed(groups[g].prompt), cfg, tsp=tsp
+            )
             timer("train", t0, time.time())
             book.add_gradient(g, grads, stats)
         t0 = time.time()
@@ -173,7 +188,9 @@ def run_reference(cfg: Config, out: Path, *, resume: bool = False, progress: Pro
         metrics.update({"policy_version": store.version, "max_staleness": 0})
         run.append("timeline.jsonl", events)
         run.append("metrics.jsonl", [metrics])
-        if cfg.output.sample_grid_every and (k % cfg.output.sample_grid_every == 0 or k == cfg.iterations - 1):
+        if cfg.output.sample_grid_every and (
+            k % cfg.output.sample_grid_every == 0 or k == cfg.iterations - 1
+        ):
             write_sample_grid(run.samples / f"iter_{k:04d}.png", trajs, groups)
         if (k + 1) % cfg.output.checkpoint_every == 0 or k == cfg.iterations - 1:
             save_checkpoint(run, store, k)

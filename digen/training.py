@@ -44,8 +44,12 @@ class TrainSpec:
     @staticmethod
     def from_json(d: dict) -> TrainSpec:
         return TrainSpec(
-            int(d["iteration"]), int(d["group"]), int(d["gen_version"]), [int(i) for i in d["samples"]],
-            [float(a) for a in d["advantages"]], [[int(j) for j in s] for s in d["steps"]],
+            int(d["iteration"]),
+            int(d["group"]),
+            int(d["gen_version"]),
+            [int(i) for i in d["samples"]],
+            [float(a) for a in d["advantages"]],
+            [[int(j) for j in s] for s in d["steps"]],
         )
 
     @property
@@ -166,19 +170,35 @@ def task_gradient(
         e = embeds.index(chunk.sample)
         # --- re-score the stored transition x -> x_next under the current policy
         v = policy.velocity(x, chunk.sigma.to(device), e, r.guidance_scale)
-        step = sde_step(v, x, chunk.sigma.to(device), chunk.sigma_next.to(device), kind=r.sde.kind,
-                        noise_level=r.sde.noise_level, prev_sample=chunk.x_next.to(device), sigma_max=sigma_max)
-        terms = ppo_clip_loss(step.log_prob, chunk.old_log_prob.to(device), chunk.advantage.to(device),
-                              t.clip_range)
+        step = sde_step(
+            v,
+            x,
+            chunk.sigma.to(device),
+            chunk.sigma_next.to(device),
+            kind=r.sde.kind,
+            noise_level=r.sde.noise_level,
+            prev_sample=chunk.x_next.to(device),
+            sigma_max=sigma_max,
+        )
+        terms = ppo_clip_loss(
+            step.log_prob, chunk.old_log_prob.to(device), chunk.advantage.to(device), t.clip_range
+        )
         loss = terms.loss
         # --- optional KL to the base weights (LoRA disabled)
         kl = torch.zeros_like(loss)
         if t.kl_beta > 0:
             with torch.no_grad(), policy.reference_mode():
                 v_ref = policy.velocity(x, chunk.sigma.to(device), e, r.guidance_scale)
-            ref = sde_step(v_ref, x, chunk.sigma.to(device), chunk.sigma_next.to(device), kind=r.sde.kind,
-                           noise_level=r.sde.noise_level, prev_sample=chunk.x_next.to(device),
-                           sigma_max=sigma_max)
+            ref = sde_step(
+                v_ref,
+                x,
+                chunk.sigma.to(device),
+                chunk.sigma_next.to(device),
+                kind=r.sde.kind,
+                noise_level=r.sde.noise_level,
+                prev_sample=chunk.x_next.to(device),
+                sigma_max=sigma_max,
+            )
             kl = kl_to_reference(step.mean, ref.mean, step.std)
             loss = loss + t.kl_beta * kl
         loss.sum().backward()
@@ -190,7 +210,9 @@ def task_gradient(
         stats.kl += float(kl.detach().sum())
         stats.ratio_max_dev = max(stats.ratio_max_dev, float((terms.ratio.detach() - 1).abs().max()))
     grads = {
-        name: (p.grad.detach().float().cpu().clone() if p.grad is not None else torch.zeros_like(p, device="cpu"))
+        name: (
+            p.grad.detach().float().cpu().clone() if p.grad is not None else torch.zeros_like(p, device="cpu")
+        )
         for name, p in params.items()
     }
     for p in params.values():
@@ -224,7 +246,13 @@ def train_group(
     embeds: the prompt's embeddings, one row (repeated to the trained samples here).
     """
     keep = torch.tensor(spec.samples, dtype=torch.long)
-    rows = build_rows(latents.index_select(0, keep), log_probs.index_select(0, keep), sigmas,
-                      torch.tensor(spec.advantages, dtype=torch.float32), spec.steps)
-    return task_gradient(policy, rows, embeds.repeat_rows(len(spec.samples)), cfg, tsp=tsp,
-                         sigma_max=float(sigmas[1]))
+    rows = build_rows(
+        latents.index_select(0, keep),
+        log_probs.index_select(0, keep),
+        sigmas,
+        torch.tensor(spec.advantages, dtype=torch.float32),
+        spec.steps,
+    )
+    return task_gradient(
+        policy, rows, embeds.repeat_rows(len(spec.samples)), cfg, tsp=tsp, sigma_max=float(sigmas[1])
+    )

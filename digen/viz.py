@@ -62,8 +62,9 @@ def group_label(prompt: str, rewards: torch.Tensor, width_chars: int = 21, max_l
     return lines
 
 
-def write_sample_grid(path: Path, trajs: dict[int, Trajectories], groups: list[GroupTask],
-                      max_groups: int = 8, cell: int = 64) -> None:
+def write_sample_grid(
+    path: Path, trajs: dict[int, Trajectories], groups: list[GroupTask], max_groups: int = 8, cell: int = 64
+) -> None:
     """A PNG grid: one row per group (prompt on the left), each image labelled with its reward.
 
     ``trajs`` maps group index to its trajectories (``images: [G, 3, H, W]`` uint8, or

@@ -40,8 +40,9 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory):
 
     def get(arch: str, resolution: int = 32) -> Path:
         if (arch, resolution) not in cache:
-            cache[(arch, resolution)] = make_tiny_model(root / f"{arch}-{resolution}", arch, seed=0,
-                                                        resolution=resolution)
+            cache[(arch, resolution)] = make_tiny_model(
+                root / f"{arch}-{resolution}", arch, seed=0, resolution=resolution
+            )
         return cache[(arch, resolution)]
 
     return get

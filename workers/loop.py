@@ -81,8 +81,16 @@ class WorkerRuntime:
 
 
 def _event(rt: WorkerRuntime, role: Role, kind: str, task: TaskRef, version: int, s: float, e: float) -> dict:
-    return {"worker": rt.name, "gpu_type": rt.gpu_type, "role": role.value, "kind": kind,
-            "iteration": task.iteration, "version": version, "start": s, "end": e}
+    return {
+        "worker": rt.name,
+        "gpu_type": rt.gpu_type,
+        "role": role.value,
+        "kind": kind,
+        "iteration": task.iteration,
+        "version": version,
+        "start": s,
+        "end": e,
+    }
 
 
 def run_gen(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> dict:
@@ -103,8 +111,13 @@ def run_gen(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> dict:
     traj = generate_group(rt.policy, task, rt.cfg, rt.reward, embeds=rt.embed(task.prompt), timer=timer)
     faults.point("gen", rt.job, rt.name, task=leased.task_id, iteration=task.iteration)
     rt.job.put_data(leased.task_id, traj.tensors(), {"version": str(task.version)})
-    return {"rewards": [float(x) for x in traj.rewards], "events": events, "worker": rt.name,
-            "start": t0, "end": time.time()}
+    return {
+        "rewards": [float(x) for x in traj.rewards],
+        "events": events,
+        "worker": rt.name,
+        "start": t0,
+        "end": time.time(),
+    }
 
 
 def run_train(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> dict:
@@ -121,8 +134,16 @@ def run_train(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> dict:
         raise RuntimeError(f"trajectories of {gen_id} are missing from Redis")
     assert rt.embed is not None
     t1 = time.time()
-    grads, stats = train_group(rt.policy, spec, data["latents"], data["log_probs"], data["sigmas"],
-                               rt.embed(leased.payload["prompt"]), rt.cfg, tsp=bool(leased.payload["tsp"]))
+    grads, stats = train_group(
+        rt.policy,
+        spec,
+        data["latents"],
+        data["log_probs"],
+        data["sigmas"],
+        rt.embed(leased.payload["prompt"]),
+        rt.cfg,
+        tsp=bool(leased.payload["tsp"]),
+    )
     faults.point("train", rt.job, rt.name, task=leased.task_id, iteration=spec.iteration)
     rt.job.put_data(leased.task_id, grads)
     events.append(_event(rt, role, "train", ref, spec.iteration, t1, time.time()))
@@ -146,8 +167,15 @@ def next_task(rt: WorkerRuntime, role: Role, budget: int) -> LeasedTask | None:
     return rt.queue.lease([TaskKind.TRAIN.value], rt.name, block_s=0.05)
 
 
-def worker_loop(job_id: str, redis_url: str, cfg_json: dict, name: str | None = None,
-                gpu_type: str | None = None, device: str | None = None, threads: int = 1) -> dict:
+def worker_loop(
+    job_id: str,
+    redis_url: str,
+    cfg_json: dict,
+    name: str | None = None,
+    gpu_type: str | None = None,
+    device: str | None = None,
+    threads: int = 1,
+) -> dict:
     """Run tasks of ``job_id`` until the job stops. Returns counts for the controller's log."""
     try:  # inside a Dask worker: mark the task long-running so it does not block the pool
         from distributed import get_worker, secede
@@ -162,9 +190,14 @@ def worker_loop(job_id: str, redis_url: str, cfg_json: dict, name: str | None = 
     torch.set_num_threads(threads)
     cfg = Config.model_validate(cfg_json)
     r = connect(redis_url, outage_s=cfg.schedule.redis_outage_s)  # a Redis restart pauses the loop
-    rt = WorkerRuntime(name=name, gpu_type=gpu_type or "cpu", cfg=cfg,
-                       queue=TaskQueue(r, job_id, lease_s=cfg.schedule.lease_s), job=JobState(r, job_id),
-                       device=device or os.environ.get("DIGEN_DEVICE") or cfg.model.device)
+    rt = WorkerRuntime(
+        name=name,
+        gpu_type=gpu_type or "cpu",
+        cfg=cfg,
+        queue=TaskQueue(r, job_id, lease_s=cfg.schedule.lease_s),
+        job=JobState(r, job_id),
+        device=device or os.environ.get("DIGEN_DEVICE") or cfg.model.device,
+    )
     faults.point("start", rt.job, name)
     rt.ensure_policy()  # load before taking tasks: a joining worker never stalls a task
     rt.reward = build_reward(cfg)
@@ -180,17 +213,29 @@ def worker_loop(job_id: str, redis_url: str, cfg_json: dict, name: str | None = 
         if leased is None:
             continue
         try:
-            result = run_gen(rt, leased, role) if leased.queue == TaskKind.GEN.value else run_train(rt, leased, role)
+            result = (
+                run_gen(rt, leased, role)
+                if leased.queue == TaskKind.GEN.value
+                else run_train(rt, leased, role)
+            )
         except redis.ConnectionError:
             raise  # Redis gone for longer than schedule.redis_outage_s: not the task's fault
         except Exception as exc:  # a failing task is reported, never kills the loop
             log.error("task %s failed on %s: %s", leased.task_id, name, exc)
-            rt.queue.nack(leased.task_id, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}",
-                          max_attempts=cfg.schedule.max_attempts, worker=name)
+            rt.queue.nack(
+                leased.task_id,
+                f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}",
+                max_attempts=cfg.schedule.max_attempts,
+                worker=name,
+            )
             continue
-        faults.point("ack", rt.job, name, task=leased.task_id, iteration=TaskRef.parse(leased.task_id).iteration)
+        faults.point(
+            "ack", rt.job, name, task=leased.task_id, iteration=TaskRef.parse(leased.task_id).iteration
+        )
         if not rt.queue.ack(leased.task_id, result, worker=name):
-            log.info("task %s was already acknowledged (it ran twice); this result is discarded", leased.task_id)
+            log.info(
+                "task %s was already acknowledged (it ran twice); this result is discarded", leased.task_id
+            )
         rt.tasks_run += 1
     return {"worker": name, "tasks": rt.tasks_run}
 

@@ -25,8 +25,9 @@ def pull_order(role: Role, gen_budget: int) -> list[TaskKind]:
     return [TaskKind.GEN, TaskKind.TRAIN]
 
 
-def predicted_makespan(groups: int, stolen: int, gen_rate_rollout: float, train_rate: float,
-                       gen_rate_trainers: float) -> float:
+def predicted_makespan(
+    groups: int, stolen: int, gen_rate_rollout: float, train_rate: float, gen_rate_trainers: float
+) -> float:
     """Steady-state seconds per iteration with ``stolen`` groups generated on trainers
     (rates in groups/s, summed over the workers of each side)."""
     left = groups - stolen

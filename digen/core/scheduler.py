@@ -190,8 +190,12 @@ class Scheduler:
 
     def _tag_budgets(self) -> dict[str, int]:
         active = {n: w for n, w in self.workers.items() if w.active}
-        rollout_gen = [s for n, w in active.items() if w.role is Role.ROLLOUT
-                       if (s := self.seconds.get((n, TaskKind.GEN))) is not None]
+        rollout_gen = [
+            s
+            for n, w in active.items()
+            if w.role is Role.ROLLOUT
+            if (s := self.seconds.get((n, TaskKind.GEN))) is not None
+        ]
         trainers = [n for n, w in active.items() if w.role is Role.TRAINER]
         if not rollout_gen or not trainers:
             return {}
@@ -200,8 +204,13 @@ class Scheduler:
         if any(v is None for v in train_s.values()):
             return {}
         gen_s = {n: self.seconds.get((n, TaskKind.GEN), mean_gen) for n in trainers}
-        return tag_budgets(self.cfg.groups, rollout_gen, train_s, gen_s,  # type: ignore[arg-type]
-                           margin=self.cfg.tag_margin)
+        return tag_budgets(
+            self.cfg.groups,
+            rollout_gen,
+            train_s,
+            gen_s,  # type: ignore[arg-type]
+            margin=self.cfg.tag_margin,
+        )
 
     def _learn(self, worker: str, kind: TaskKind, seconds: float, alpha: float = 0.5) -> None:
         key = (worker, kind)

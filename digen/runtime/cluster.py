@@ -42,11 +42,18 @@ def start_local_cluster(rollout: int, trainer: int, gpu_type: str, threads: int,
         for i in range(n):
             workers[f"{role}-{i}"] = {
                 "cls": Nanny,
-                "options": {"nthreads": threads, "resources": worker_resources(role, gpu_type),
-                            "name": f"{role}-{i}", "memory_limit": 0, "silence_logs": logging.WARNING},
+                "options": {
+                    "nthreads": threads,
+                    "resources": worker_resources(role, gpu_type),
+                    "name": f"{role}-{i}",
+                    "memory_limit": 0,
+                    "silence_logs": logging.WARNING,
+                },
             }
-    scheduler = {"cls": Scheduler, "options": {"dashboard": dashboard, "dashboard_address": "127.0.0.1:0",
-                                               "host": "127.0.0.1"}}
+    scheduler = {
+        "cls": Scheduler,
+        "options": {"dashboard": dashboard, "dashboard_address": "127.0.0.1:0", "host": "127.0.0.1"},
+    }
     cluster = SpecCluster(workers=workers, scheduler=scheduler, silence_logs=logging.WARNING)
     client = Client(cluster)
     client.wait_for_workers(rollout + trainer, timeout=120)
@@ -61,8 +68,13 @@ def add_local_worker(cluster, role: str, gpu_type: str, threads: int = 1) -> str
     name = f"{role}-{n}"
     cluster.worker_spec[name] = {
         "cls": Nanny,
-        "options": {"nthreads": threads, "resources": worker_resources(role, gpu_type), "name": name,
-                    "memory_limit": 0, "silence_logs": logging.WARNING},
+        "options": {
+            "nthreads": threads,
+            "resources": worker_resources(role, gpu_type),
+            "name": name,
+            "memory_limit": 0,
+            "silence_logs": logging.WARNING,
+        },
     }
     cluster.sync(cluster._correct_state)
     return name
@@ -83,8 +95,11 @@ def connect_scheduler(address: str, timeout_s: float = 10.0, security=None):
 
 def list_workers(client) -> list[WorkerInfo]:
     """Workers with a role resource, sorted by name. Untagged workers are ignored."""
-    info = client.scheduler_info(n_workers=-1)["workers"] if _takes_n_workers(client) else \
-        client.scheduler_info()["workers"]
+    info = (
+        client.scheduler_info(n_workers=-1)["workers"]
+        if _takes_n_workers(client)
+        else client.scheduler_info()["workers"]
+    )
     out = []
     for addr, w in info.items():
         res = w.get("resources", {}) or {}

@@ -15,6 +15,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import redis
 import torch
 
 from digen.config import Config
@@ -34,15 +35,15 @@ from digen.core.events import (
     WorkerLeft,
 )
 from digen.core.scheduler import Scheduler, SchedulerConfig
-from digen.errors import DigenError
+from digen.errors import ConfigError, ConnectionFailure, DigenError
 from digen.iteration import IterationBook
-from digen.rollout import GroupTask, Trajectories, plan_groups
+from digen.rollout import Trajectories, plan_groups
 from digen.rundir import RunDir
 from digen.runtime.cluster import WorkerInfo, connect_scheduler, list_workers, start_local_cluster
 from digen.runtime.jobstate import JobState
-from digen.runtime.queue import TaskQueue
-from digen.runtime.redis_conn import connect, embedded_url
-from digen.trainer import ProgressFn, build_policy, open_store, save_checkpoint, timing_metrics
+from digen.runtime.queue import DeadLetter, TaskQueue
+from digen.runtime.redis_conn import SecretURL, connect, embedded_url, mask_url
+from digen.trainer import ProgressFn, build_policy, build_reward, open_store, save_checkpoint, timing_metrics
 from digen.training import TrainStats
 from digen.viz import write_sample_grid
 
@@ -51,6 +52,10 @@ log = logging.getLogger(__name__)
 
 class JobCancelled(DigenError):
     exit_code = 1
+
+
+class PoisonTask(DigenError):
+    """A task that failed ``schedule.max_attempts`` times, with ``schedule.on_poison: fail``."""
 
 
 @dataclass
@@ -70,6 +75,25 @@ class Controller:
     gen_versions: dict[int, dict[int, int]] = field(default_factory=dict)
     cluster: object = None
     """The local Dask cluster when digen started one (tests scale it)."""
+    outstanding: dict[str, tuple[str, dict]] = field(default_factory=dict)
+    """Released tasks not yet collected: id -> (queue, payload), to queue again if Redis lost them."""
+    collected: set[str] = field(default_factory=set)
+    """Tasks of unfinished iterations whose result (or death) is counted: never twice."""
+    backlog: list[str] = field(default_factory=list)
+    """Done tasks found by :meth:`reconcile`, collected with the next done ids."""
+    dead: dict[int, list[str]] = field(default_factory=dict)
+    """Dropped dead tasks per iteration (``schedule.on_poison: drop``)."""
+    untrained: dict[int, set[int]] = field(default_factory=dict)
+    """Groups per iteration whose train task died: their samples do not count as trained."""
+    tags: dict[str, tuple[Role, int]] = field(default_factory=dict)
+    previous_weights: dict[str, torch.Tensor] | None = None
+    """The version before the newest, while a staleness-1 rollout may still load it."""
+    loop_failures: dict[str, int] = field(default_factory=dict)
+    dead_seen: set[str] = field(default_factory=set)
+    restarting: dict[str, float] = field(default_factory=dict)
+    """Workers asked to restart their process after a loop failure, since when."""
+    ignored: set[str] = field(default_factory=set)
+    """Workers whose GPU type is outside ``cluster.gpu_types`` (warned once)."""
 
     # --- set-up -----------------------------------------------------------------------
     def role_of(self, w: WorkerInfo) -> Role:
@@ -79,7 +103,7 @@ class Controller:
         """Workers that joined or left since the last look, as scheduler events. A worker
         restarted under the same name (a Nanny restart: new address) left and joined again:
         its leased tasks are re-queued and it gets a fresh loop."""
-        seen = {w.name: w for w in list_workers(self.client)}
+        seen = {w.name: w for w in list_workers(self.client) if self.usable(w)}
         out: list[Instruction] = []
         for name in list(self.workers):
             if name not in seen or seen[name].address != self.workers[name].address:
@@ -88,21 +112,94 @@ class Controller:
                 out += sched.handle(WorkerLeft(name, now))
         for name, w in seen.items():
             if name not in self.workers:
+                self.restarting.pop(name, None)
                 self.workers[name] = w
                 out += sched.handle(WorkerJoined(name, self.role_of(w), w.gpu_type, now))
                 self.start_loop(w)
-        for name, fut in list(self.loops.items()):  # a loop that crashed on a live worker restarts
-            if fut.status == "error":
-                log.warning("worker loop on %s failed (%s); restarting it", name, fut.exception())
+        for name, fut in list(self.loops.items()):
+            if fut.status == "error":  # a crashed loop: a fresh worker process runs the next one
+                self.loop_failed(name, fut.exception())
+                self.restart_process(seen[name], now)
+            elif fut.status == "finished" and self.job.status() == "running":
+                log.warning("worker loop on %s stopped while the job runs; restarting it", name)
                 self.start_loop(seen[name])
+        for name, since in list(self.restarting.items()):  # a process that did not restart
+            if name in self.workers and name not in self.loops and now - since > 60:
+                del self.restarting[name]
+                self.start_loop(self.workers[name])
         return out
+
+    def restart_process(self, w: WorkerInfo, now: float) -> None:
+        """Make the worker's process exit; its Nanny starts a new one, which rejoins under the
+        same name (left + joined: a new loop). A failed model load, a CUDA error or a broken
+        import leaves nothing behind in a fresh process."""
+        from workers.loop import exit_process
+
+        self.loops.pop(w.name, None)
+        self.restarting[w.name] = now
+        try:
+            self.client.run(exit_process, workers=[w.address])
+        except Exception as exc:  # noqa: BLE001 - it died already: the re-join restarts it
+            log.info("could not stop worker %s (%s)", w.name, exc)
+
+    def usable(self, w: WorkerInfo) -> bool:
+        """False for a worker whose GPU type ``cluster.gpu_types`` leaves out (warned once)."""
+        allowed = self.cfg.cluster.gpu_types
+        if not allowed or w.gpu_type in allowed:
+            return True
+        if w.name not in self.ignored:
+            self.ignored.add(w.name)
+            log.warning(
+                "worker %s (gpu-%s) gets no task: cluster.gpu_types is %s", w.name, w.gpu_type, allowed
+            )
+        return False
+
+    def loop_failed(self, name: str, exc: BaseException | None) -> None:
+        """Count a crashed worker loop; ``schedule.max_attempts`` crashes in a row, with no task
+        done in between, fail the job with the loop's error (a model that does not load...)."""
+        n = self.loop_failures[name] = self.loop_failures.get(name, 0) + 1
+        what = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        if n >= self.cfg.schedule.max_attempts:
+            err = DigenError(
+                f"the worker loop on {name} failed {n} times in a row ({what}); "
+                f"fix the cause and rerun with --resume"
+            )
+            err.exit_code = getattr(exc, "exit_code", 1)
+            raise err
+        log.warning(
+            "worker loop on %s failed (%s); restarting its process (%d/%d)",
+            name,
+            what,
+            n,
+            self.cfg.schedule.max_attempts,
+        )
+
+    def check_gpu_types(self) -> None:
+        """At start: the job's mode needs a worker of each role whose type may run tasks."""
+        if not self.ignored:
+            return
+        roles = {self.role_of(w) for w in self.workers.values()}
+        need = {Role.COLOCATED} if self.cfg.schedule.mode == "colocated" else {Role.ROLLOUT, Role.TRAINER}
+        missing = sorted(r.value for r in need - roles)
+        if missing:
+            allowed = self.cfg.cluster.gpu_types
+            raise ConfigError(
+                f"no {' or '.join(missing)} worker may run this job: cluster.gpu_types is {allowed} and the "
+                f"workers {', '.join(sorted(self.ignored))} have other GPU types; add their type to "
+                f"cluster.gpu_types or start workers with --gpu-type {allowed[0]}"
+            )
 
     def start_loop(self, w: WorkerInfo) -> None:
         from workers.loop import worker_loop
 
         self.loops[w.name] = self.client.submit(
-            worker_loop, self.job.job_id, self.redis_url, self.cfg.model_dump(mode="json"),
-            workers=[w.address], allow_other_workers=False, pure=False,
+            worker_loop,
+            self.job.job_id,
+            SecretURL(self.redis_url),
+            self.cfg.model_dump(mode="json"),
+            workers=[w.address],
+            allow_other_workers=False,
+            pure=False,
             key=f"digen-loop-{self.job.job_id}-{w.name}-{uuid.uuid4().hex[:6]}",
             threads=self.cfg.cluster.local.threads_per_worker,
         )
@@ -115,8 +212,9 @@ class Controller:
         while pending:
             ins = pending.pop(0)
             if isinstance(ins, Release):
-                self.release(ins, prompts, store)
+                pending += self.release(sched, ins, prompts, store)
             elif isinstance(ins, SetRole):
+                self.tags[ins.worker] = (ins.role, ins.gen_budget)
                 self.job.set_tag(ins.worker, ins.role, ins.gen_budget)
             elif isinstance(ins, RequeueWorker):
                 lost = self.queue.requeue_worker(ins.worker)
@@ -131,21 +229,37 @@ class Controller:
     def book(self, iteration: int, prompts: list[str]) -> IterationBook:
         if iteration not in self.books:
             version = max(0, iteration - int(self.cfg.schedule.resolved().max_staleness or 0))
-            self.books[iteration] = IterationBook(self.cfg, iteration, plan_groups(self.cfg, prompts, iteration,
-                                                                                     version))
+            self.books[iteration] = IterationBook(
+                self.cfg, iteration, plan_groups(self.cfg, prompts, iteration, version)
+            )
         return self.books[iteration]
 
-    def release(self, ins: Release, prompts: list[str], store) -> None:
+    def release(self, sched: Scheduler, ins: Release, prompts: list[str], store) -> list[Instruction]:
+        """Queue a task. A train task with no sample left (every reward NaN, or its generation
+        task dead) is settled here with a zero gradient, as the reference trains it."""
         t = ins.task
         book = self.book(t.iteration, prompts)
         if t.kind is TaskKind.GEN:
             task = book.groups[t.group]
             assert task.version == ins.version, (task.version, ins.version)
-            self.queue.put("gen", t.id, {"task": task.to_json()})
+            queue, payload = "gen", {"task": task.to_json()}
         else:
             spec = book.train_spec(t.group)
-            self.queue.put("train", t.id, {"spec": spec.to_json(), "prompt": book.groups[t.group].prompt,
-                                           "tsp": bool(self.cfg.schedule.resolved().tsp)})
+            if not spec.samples:
+                book.add_gradient(t.group, zero_gradient(store), TrainStats())
+                self.collected.add(t.id)
+                return sched.handle(TaskDone(t, "", time.time(), time.time()))
+            queue, payload = (
+                "train",
+                {
+                    "spec": spec.to_json(),
+                    "prompt": book.groups[t.group].prompt,
+                    "tsp": bool(self.cfg.schedule.resolved().tsp),
+                },
+            )
+        self.outstanding[t.id] = (queue, payload)
+        self.queue.put(queue, t.id, payload)
+        return []
 
     def step(self, sched: Scheduler, iteration: int, store) -> list[Instruction]:
         """Sum the iteration's gradients, step AdamW, publish the next version, log."""
@@ -156,35 +270,49 @@ class Controller:
         opt_stats = store.step(grad, rows)
         t1 = time.time()
         self.job.publish(store.version, store.weights())
-        self.job.drop_weights_before(store.version - 1 - int(self.cfg.schedule.resolved().max_staleness or 0))
+        lag = int(self.cfg.schedule.resolved().max_staleness or 0)
+        self.previous_weights = previous if lag else None
+        self.job.drop_weights_before(store.version - 1 - lag)
         t2 = time.time()
         ctl = {"worker": "controller", "gpu_type": "cpu", "role": "controller", "iteration": iteration}
-        self.events += [{**ctl, "kind": "optim", "version": store.version - 1, "start": t0, "end": t1},
-                        {**ctl, "kind": "sync", "version": store.version, "start": t1, "end": t2}]
+        self.events += [
+            {**ctl, "kind": "optim", "version": store.version - 1, "start": t0, "end": t1},
+            {**ctl, "kind": "sync", "version": store.version, "start": t1, "end": t2},
+        ]
         self.finish_iteration(book, opt_stats, store, previous, t2)
         return sched.handle(StepDone(iteration, t0, t2))
 
     def finish_iteration(self, book: IterationBook, opt_stats: dict, store, previous, now: float) -> None:
         k = book.iteration
         window = [e for e in self.events if e["end"] > self.window_start and e["worker"] != "controller"]
-        busy = sum(min(e["end"], now) - max(e["start"], self.window_start) for e in window
-                   if e["kind"] != "sync")
+        busy = sum(
+            min(e["end"], now) - max(e["start"], self.window_start) for e in window if e["kind"] != "sync"
+        )
         wall = now - self.window_start
         metrics = book.metrics()
         metrics.update(opt_stats)
+        if k in self.dead:
+            metrics["dead_tasks"] = sorted(self.dead.pop(k))
+            for g in self.untrained.pop(k, set()):  # scored but never trained
+                n = int(torch.isfinite(book.rewards[g]).sum())
+                metrics["samples"] -= n
+                metrics["dropped_samples"] += n
         n_workers = max(len(self.workers), 1)
         metrics.update(timing_metrics([], n_workers, wall, metrics["samples"]))
         metrics["busy_s"] = busy
         metrics["bubble_ratio"] = max(0.0, 1 - busy / (n_workers * wall)) if wall > 0 else 0.0
         lags = [k - v for v in self.gen_versions.get(k, {}).values()]
-        metrics.update({"policy_version": store.version, "max_staleness": max(lags) if lags else 0,
-                        "workers": n_workers})
+        metrics.update(
+            {"policy_version": store.version, "max_staleness": max(lags) if lags else 0, "workers": n_workers}
+        )
         it_events = [e for e in self.events if e["iteration"] == k]
         self.run.append("timeline.jsonl", it_events)
         self.events = [e for e in self.events if e["iteration"] != k]
         self.run.append("metrics.jsonl", [metrics])
         cfg = self.cfg
-        if cfg.output.sample_grid_every and (k % cfg.output.sample_grid_every == 0 or k == cfg.iterations - 1):
+        if cfg.output.sample_grid_every and (
+            k % cfg.output.sample_grid_every == 0 or k == cfg.iterations - 1
+        ):
             trajs = {}
             for g in book.groups:
                 data = self.job.data(TaskRef(TaskKind.GEN, k, g.group).id)
@@ -197,16 +325,23 @@ class Controller:
         self.job.drop_data([TaskRef(kind, k, g.group).id for g in book.groups for kind in TaskKind])
         del self.books[k]
         self.gen_versions.pop(k, None)
+        self.collected = {t for t in self.collected if TaskRef.parse(t).iteration != k}
         self.window_start = now
         if self.progress is not None:
             self.progress(metrics)
 
     # --- results ----------------------------------------------------------------------
     def collect(self, sched: Scheduler, task_id: str) -> list[Instruction]:
+        """Count an acknowledged task's result, once."""
+        if task_id in self.collected:
+            return []
         ref = TaskRef.parse(task_id)
         res = self.queue.get_result(task_id)
         if not isinstance(res, dict) or ref.iteration not in self.books:
             return []
+        self.collected.add(task_id)
+        self.outstanding.pop(task_id, None)
+        self.loop_failures.pop(res["worker"], None)
         book = self.books[ref.iteration]
         self.events += res["events"]
         if ref.kind is TaskKind.GEN:
@@ -215,6 +350,103 @@ class Controller:
         else:
             book.add_gradient(ref.group, self.job.data(task_id), TrainStats.from_json(res["stats"]))
         return sched.handle(TaskDone(ref, res["worker"], res["start"], res["end"]))
+
+    def poisoned(self, sched: Scheduler, dead: DeadLetter, store) -> list[Instruction]:
+        """A task that failed ``schedule.max_attempts`` times (its error is in
+        ``dead_letters.jsonl``): fail the job, or (``on_poison: drop``) drop its samples: a dead
+        generation task's samples count as dropped (NaN rewards) and its group trains nothing;
+        a dead train task's group adds a zero gradient and its samples do not count."""
+        if dead.task_id in self.dead_seen:
+            return []
+        self.dead_seen.add(dead.task_id)
+        action = self.cfg.schedule.on_poison
+        first = (dead.error.strip().splitlines() or ["no error recorded"])[0]
+        self.run.append(
+            "dead_letters.jsonl",
+            [
+                {
+                    "task": dead.task_id,
+                    "queue": dead.queue,
+                    "attempts": dead.attempts,
+                    "error": dead.error,
+                    "action": action,
+                    "time": time.time(),
+                }
+            ],
+        )
+        if action == "fail":
+            raise PoisonTask(
+                f"task {dead.task_id} failed {dead.attempts} time(s): {first}; fix the cause and rerun "
+                f"with --resume, or set schedule.on_poison=drop to drop such samples"
+            )
+        ref = TaskRef.parse(dead.task_id)
+        if dead.task_id in self.collected or ref.iteration not in self.books:
+            return []
+        log.warning(
+            "task %s is dead after %d attempt(s) (%s); its samples are dropped (schedule.on_poison: drop)",
+            dead.task_id,
+            dead.attempts,
+            first,
+        )
+        self.collected.add(dead.task_id)
+        self.outstanding.pop(dead.task_id, None)
+        self.dead.setdefault(ref.iteration, []).append(dead.task_id)
+        book = self.books[ref.iteration]
+        if ref.kind is TaskKind.GEN:
+            book.add_rewards(ref.group, torch.full((self.cfg.rollout.group_size,), float("nan")))
+        else:
+            self.untrained.setdefault(ref.iteration, set()).add(ref.group)
+            book.add_gradient(ref.group, zero_gradient(store), TrainStats())
+        return sched.handle(TaskDone(ref, "", time.time(), time.time()))
+
+    def reconcile(self, store) -> None:
+        """After a Redis outage: write again what a restarted server may have lost (with
+        ``appendfsync everysec``, up to its last second of writes). Every write is idempotent;
+        tasks found done are collected with the next done ids."""
+        log.warning("job %s: Redis was unreachable; checking the job's keys", self.job.job_id)
+        if self.job.status() is None:
+            self.job.set_status("running")
+        versions = {store.version: store.weights}
+        if self.previous_weights is not None:
+            versions[store.version - 1] = lambda: self.previous_weights
+        for v, weights in versions.items():
+            if not self.job.has_weights(v):
+                log.warning("weights version %d was lost with Redis; publishing it again", v)
+                self.job.publish(v, weights())
+        for worker, (role, budget) in self.tags.items():
+            if self.job.tag(worker) is None:
+                self.job.set_tag(worker, role, budget)
+        for tid, (queue, payload) in list(self.outstanding.items()):
+            state = self.queue.state(tid)
+            if state is None:
+                log.warning("task %s was lost with Redis; queuing it again", tid)
+                self.queue.put(queue, tid, payload)
+            elif state == "done":
+                self.backlog.append(tid)
+
+
+def zero_gradient(store) -> dict[str, torch.Tensor]:
+    """A zero gradient for every trained tensor (a group that trains nothing)."""
+    return {k: torch.zeros_like(v.detach()) for k, v in store.params.items()}
+
+
+def preflight(cfg: Config, local: bool) -> None:
+    """Fail in seconds, before any cluster starts, on a reward that does not exist or takes
+    other arguments (:class:`ConfigError`) or whose server does not answer (:class:`RewardError`),
+    and on a local cluster whose GPU type ``cluster.gpu_types`` leaves out."""
+    allowed, gpu = cfg.cluster.gpu_types, cfg.cluster.local.gpu_type
+    if local and allowed and gpu not in allowed:
+        raise ConfigError(
+            f"cluster.local.gpu_type ({gpu}) is not in cluster.gpu_types {allowed}: no local worker "
+            f"may run a task; add {gpu} to cluster.gpu_types or set cluster.local.gpu_type"
+        )
+    reward = build_reward(cfg)
+    try:
+        for part, _ in getattr(reward, "parts", [(reward, 1.0)]):
+            if callable(getattr(part, "health", None)):
+                part.health()
+    finally:
+        reward.close()
 
 
 def run_distributed(
@@ -228,11 +460,18 @@ def run_distributed(
     job_id: str | None = None,
     on_start=None,
 ) -> dict:
-    """Run a job in ``colocated``, ``disaggregated`` or ``digen`` mode; returns the summary."""
+    """Run a job in ``colocated``, ``disaggregated`` or ``digen`` mode; returns the summary.
+
+    Inputs are checked before anything is written or started (rewards, Redis, the Dask
+    scheduler: errors within seconds, naming what and where). A Redis restart pauses the job
+    for up to ``schedule.redis_outage_s``, then it continues (see docs/guarantees.md).
+    """
     s = cfg.schedule.resolved()
-    run = RunDir(out, cfg, resume=resume)
-    r = connect(redis_url)
+    preflight(cfg, local=scheduler is None)
+    r = connect(redis_url, outage_s=s.redis_outage_s)
     url = redis_url or embedded_url(r)
+    client = connect_scheduler(scheduler, timeout_s=5.0) if scheduler is not None else None
+    run = RunDir(out, cfg, resume=resume)
     job_id = job_id or uuid.uuid4().hex[:12]
     queue, job = TaskQueue(r, job_id, lease_s=s.lease_s), JobState(r, job_id)
     queue.clear()
@@ -247,59 +486,82 @@ def run_distributed(
     job.set_status("running")
 
     cluster = None
-    if scheduler is None:
+    if client is None:
         cl = cfg.cluster.local
         n_roll, n_train = cl.rollout_workers, cl.trainer_workers
         cluster, client = start_local_cluster(n_roll, n_train, cl.gpu_type, cl.threads_per_worker)
-    else:
-        client = connect_scheduler(scheduler)
-    ctl = Controller(cfg, run, queue, job, client, url, progress, cluster=cluster)
+    ctl = Controller(
+        cfg, run, queue, job, client, url, progress, cluster=cluster, previous_weights=state.previous_weights
+    )
     groups = cfg.rollout.prompts_per_iteration
-    sched = Scheduler(SchedulerConfig(
-        iterations=cfg.iterations, groups=groups, gap=bool(s.gap), tag=bool(s.tag),
-        max_staleness=int(s.max_staleness or 0), group_local_advantages=not cfg.train.global_std,
-        start_iteration=state.start_iteration,
-    ))
+    sched = Scheduler(
+        SchedulerConfig(
+            iterations=cfg.iterations,
+            groups=groups,
+            gap=bool(s.gap),
+            tag=bool(s.tag),
+            max_staleness=int(s.max_staleness or 0),
+            group_local_advantages=not cfg.train.global_std,
+            start_iteration=state.start_iteration,
+        )
+    )
     prompts = cfg.prompt_list()
+    retry = r.get_retry()
+    redis_down = False
     try:
         ctl.sync_workers(sched, time.time())
+        ctl.check_gpu_types()
         if progress is not None:
-            progress({"event": "start", "dashboard": getattr(client, "dashboard_link", None),
-                      "roles": {n: ctl.role_of(w).value for n, w in ctl.workers.items()}})
+            progress(
+                {
+                    "event": "start",
+                    "dashboard": getattr(client, "dashboard_link", None),
+                    "roles": {n: ctl.role_of(w).value for n, w in ctl.workers.items()},
+                }
+            )
         if on_start is not None:
             on_start(ctl)
         ctl.window_start = time.time()
         finished = ctl.apply(sched, sched.start(time.time()), prompts, store)
-        last_check = time.time()
+        last_check, outages = time.time(), getattr(retry, "outages", 0)
         while not finished:
-            ids = queue.pop_done(timeout_s=0.05)
+            ids = ctl.backlog + queue.pop_done(timeout_s=0.05)
+            ctl.backlog = []
             instructions: list[Instruction] = []
             for tid in ids:
                 instructions += ctl.collect(sched, tid)
             now = time.time()
             if now - last_check > 0.5:
                 last_check = now
+                if getattr(retry, "outages", 0) != outages:
+                    outages = retry.outages
+                    ctl.reconcile(store)
                 instructions += ctl.sync_workers(sched, now)
                 queue.requeue_expired(max_attempts=s.max_attempts)
-                dead = queue.dead_letters()
-                if dead:
-                    d = dead[0]
-                    raise DigenError(f"task {d.task_id} failed {d.attempts} times: {d.error.splitlines()[0]}")
+                for dead in queue.dead_letters():
+                    instructions += ctl.poisoned(sched, dead, store)
                 if job.status() == "cancel":
                     raise JobCancelled(f"job {job_id} cancelled; the last checkpoint is kept in {out}")
             finished = ctl.apply(sched, instructions, prompts, store)
         job.set_status("done")
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        redis_down = True
+        raise ConnectionFailure(
+            f"Redis at {mask_url(url)} unreachable for more than {s.redis_outage_s:g} s ({type(exc).__name__}); "
+            f"the last checkpoint is kept in {out}: rerun with --resume once Redis is back"
+        ) from None
     except BaseException:
         job.set_status("failed" if job.status() != "cancel" else "cancelled")
         raise
     finally:
         for fut in ctl.loops.values():
             try:
-                fut.result(timeout=30)
+                fut.result(timeout=1 if redis_down else 30)
             except Exception:  # noqa: BLE001 - a loop's error was already logged by it
                 pass
         client.close()
         if cluster is not None:
             cluster.close()
-        queue.clear()
+        if not redis_down:
+            queue.clear()
     return run.write_summary(cfg.schedule.mode)

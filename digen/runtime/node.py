@@ -171,8 +171,18 @@ def run_worker(
     check_reachable(scheduler)
     import asyncio
 
-    asyncio.run(_serve(scheduler, worker_resources(role, gpu_type), name or worker_name(role, gpu_type),
-                       nthreads, env, host, sec, on_ready))
+    asyncio.run(
+        _serve(
+            scheduler,
+            worker_resources(role, gpu_type),
+            name or worker_name(role, gpu_type),
+            nthreads,
+            env,
+            host,
+            sec,
+            on_ready,
+        )
+    )
 
 
 async def _serve(scheduler, resources, name, nthreads, env, host, security, on_ready) -> None:
@@ -181,8 +191,18 @@ async def _serve(scheduler, resources, name, nthreads, env, host, security, on_r
 
     from distributed import Nanny
 
-    nanny = Nanny(scheduler, nthreads=nthreads, resources=resources, name=name, env=env, host=host,
-                  security=security, memory_limit=0, death_timeout=60, silence_logs=logging.WARNING)
+    nanny = Nanny(
+        scheduler,
+        nthreads=nthreads,
+        resources=resources,
+        name=name,
+        env=env,
+        host=host,
+        security=security,
+        memory_limit=0,
+        death_timeout=60,
+        silence_logs=logging.WARNING,
+    )
     await nanny
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -32,6 +32,7 @@ from typing import Any
 
 import redis
 
+from digen.errors import PayloadError
 from digen.runtime.codec import pack, unpack
 
 log = logging.getLogger(__name__)
@@ -224,7 +225,8 @@ class TaskQueue:
     def lease(self, queue_names: list[str], worker: str, *, block_s: float = 0) -> LeasedTask | None:
         """Take the first pending task of the first non-empty queue in ``queue_names``
         (priority order). With ``block_s > 0`` wait up to that long for one (BLPOP on wake
-        tokens, no busy loop). None when there is nothing to do."""
+        tokens, no busy loop). None when there is nothing to do. A task whose payload is not
+        valid msgpack (a pickle, say: never unpickled) goes to the dead letters at once."""
         if not queue_names:
             raise ValueError("lease() needs at least one queue name")
         deadline = time.monotonic() + block_s
@@ -233,7 +235,11 @@ class TaskQueue:
             reply = self._lease(args=[self.prefix, self.lease_s, worker, *queue_names])
             if reply:
                 queue, task_id, payload, attempt = reply
-                return LeasedTask(queue.decode(), task_id.decode(), unpack(payload), int(attempt))
+                try:
+                    return LeasedTask(queue.decode(), task_id.decode(), unpack(payload), int(attempt))
+                except PayloadError as err:  # never runs: straight to the dead letters, lease the next
+                    self.nack(task_id.decode(), f"PayloadError: {err}", max_attempts=1, worker=worker)
+                    continue
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None

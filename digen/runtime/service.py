@@ -159,14 +159,17 @@ def job_args(cfg: Config, out: Path, resume: bool = False) -> dict[str, Any]:
         update["model"] = cfg.model.model_copy(update={"path": str(model_dir.resolve())})
     if cfg.prompts.file is not None and cfg.resolve_path(cfg.prompts.file).exists():
         update["prompts"] = cfg.prompts.model_copy(
-            update={"file": str(cfg.resolve_path(cfg.prompts.file).resolve())})
+            update={"file": str(cfg.resolve_path(cfg.prompts.file).resolve())}
+        )
     if cfg.security.enabled:
         sec = cfg.security
-        update["security"] = sec.model_copy(update={
-            name: str(cfg.resolve_path(getattr(sec, name)).resolve())
-            for name in ("ca_file", "cert_file", "key_file")
-            if getattr(sec, name) and cfg.resolve_path(getattr(sec, name)).exists()
-        })
+        update["security"] = sec.model_copy(
+            update={
+                name: str(cfg.resolve_path(getattr(sec, name)).resolve())
+                for name in ("ca_file", "cert_file", "key_file")
+                if getattr(sec, name) and cfg.resolve_path(getattr(sec, name)).exists()
+            }
+        )
     data = cfg.model_copy(update=update).model_dump(mode="json")
     return {"config": data, "source_dir": cfg.source_dir, "out": str(Path(out).resolve()), "resume": resume}
 
@@ -190,22 +193,34 @@ def submit(
     holds a run (resume that run's job instead)."""
     out = Path(out)
     if _run_has_rows(out):
-        raise ConfigError(f"run directory {out} already holds a run; resume its job with "
-                          f"digen submit --resume JOB, or choose another --out")
-    return _enqueue(r, job_args(cfg, out), job_id=job_id or new_job_id(), retries=retries, timeout_s=timeout_s,
-                    meta={"config": config_name or "config", "mode": cfg.schedule.mode, "total": cfg.iterations})
+        raise ConfigError(
+            f"run directory {out} already holds a run; resume its job with "
+            f"digen submit --resume JOB, or choose another --out"
+        )
+    return _enqueue(
+        r,
+        job_args(cfg, out),
+        job_id=job_id or new_job_id(),
+        retries=retries,
+        timeout_s=timeout_s,
+        meta={"config": config_name or "config", "mode": cfg.schedule.mode, "total": cfg.iterations},
+    )
 
 
-def resume(r: redis.Redis, job_id: str, *, retries: int = DEFAULT_RETRIES,
-           timeout_s: int = DEFAULT_TIMEOUT_S) -> str:
+def resume(
+    r: redis.Redis, job_id: str, *, retries: int = DEFAULT_RETRIES, timeout_s: int = DEFAULT_TIMEOUT_S
+) -> str:
     """Enqueue a new job that continues ``job_id``'s run directory from its newest checkpoint."""
     info = job_info(r, job_id)
     if info.state in ("queued", "starting", "running", "cancelling"):
-        raise ConfigError(f"job {job_id} is {info.state}: only a stopped job can be resumed; "
-                          f"digen cancel {job_id} first, or wait for it")
+        raise ConfigError(
+            f"job {job_id} is {info.state}: only a stopped job can be resumed; "
+            f"digen cancel {job_id} first, or wait for it"
+        )
     if info.state == "resumed":
-        raise ConfigError(f"job {job_id} was already resumed as {info.resumed_by}; "
-                          f"digen submit --resume {info.resumed_by}")
+        raise ConfigError(
+            f"job {job_id} was already resumed as {info.resumed_by}; digen submit --resume {info.resumed_by}"
+        )
     if info.state == "done":
         raise ConfigError(f"job {job_id} finished all {info.total} iterations: nothing to resume")
     old = _fetch(r, job_id)
@@ -227,17 +242,27 @@ def _enqueue(r: redis.Redis, args: dict, *, job_id: str, retries: int, timeout_s
         raise ConfigError(f"--retries ({retries}) must be 0 or more")
     meta = {**meta, "state": "queued", "iteration": 0, "run_dir": args["out"], "submitted": time.time()}
     job_queue(r).enqueue_call(
-        JOB_FUNC, kwargs=args, job_id=job_id, timeout=timeout_s, result_ttl=KEEP_S, failure_ttl=KEEP_S,
+        JOB_FUNC,
+        kwargs=args,
+        job_id=job_id,
+        timeout=timeout_s,
+        result_ttl=KEEP_S,
+        failure_ttl=KEEP_S,
         description=f"digen {meta.get('config')} ({meta.get('mode')}, {meta.get('total')} iterations)",
-        meta=meta, retry=Retry(max=retries) if retries > 0 else None,
+        meta=meta,
+        retry=Retry(max=retries) if retries > 0 else None,
     )
     with r.pipeline() as p:
         p.zadd(INDEX_KEY, {job_id: time.time()})
         p.hset(info_key(job_id), mapping={"attempts": 0})
         p.expire(info_key(job_id), KEEP_S)
         p.execute()
-    push_log(r, job_id, f"submitted: {meta.get('config')} ({meta.get('mode')}, {meta.get('total')} iterations), "
-                        f"run directory {args['out']}{' (resume)' if args.get('resume') else ''}")
+    push_log(
+        r,
+        job_id,
+        f"submitted: {meta.get('config')} ({meta.get('mode')}, {meta.get('total')} iterations), "
+        f"run directory {args['out']}{' (resume)' if args.get('resume') else ''}",
+    )
     return job_id
 
 
@@ -305,15 +330,22 @@ def _ts(value: Any) -> float | None:
     return value.timestamp() if hasattr(value, "timestamp") else None
 
 
-def _derive_state(status: JobStatus | None, meta: dict, info: dict[bytes, bytes], alive: bool,
-                  taken: float | None) -> str:
+def _derive_state(
+    status: JobStatus | None, meta: dict, info: dict[bytes, bytes], alive: bool, taken: float | None
+) -> str:
     """The job's state from rq's status, the runner's heartbeat and meta; ``taken``: when an
     rq worker took the job (a runner that has not written its meta yet is ``starting``)."""
     cancel = b"cancel" in info
     if info.get(b"resumed_by") and not alive:
         return "resumed"
-    if status in (JobStatus.QUEUED, JobStatus.DEFERRED, JobStatus.SCHEDULED, JobStatus.CREATED,
-                  JobStatus.RATE_LIMITED, JobStatus.READY_TO_ENQUEUE):
+    if status in (
+        JobStatus.QUEUED,
+        JobStatus.DEFERRED,
+        JobStatus.SCHEDULED,
+        JobStatus.CREATED,
+        JobStatus.RATE_LIMITED,
+        JobStatus.READY_TO_ENQUEUE,
+    ):
         return "queued"
     if status == JobStatus.STARTED:
         if alive:
@@ -340,13 +372,22 @@ def _info_from(job: Job, info: dict[bytes, bytes], alive: bool) -> JobInfo:
         error = (result.exc_string or "").strip().splitlines()[-1:] if result is not None else None
         error = error[0] if error else None
     return JobInfo(
-        id=job.id, state=_derive_state(status, meta, info, alive, _ts(job.started_at)),
-        iteration=int(meta.get("iteration") or 0), total=int(meta.get("total") or 0),
-        reward=meta.get("reward"), samples_per_s=meta.get("samples_per_s"),
-        submitted=meta.get("submitted"), started=started, ended=meta.get("ended") or _ts(job.ended_at),
-        run_dir=str(meta.get("run_dir") or ""), config=str(meta.get("config") or ""),
-        mode=str(meta.get("mode") or ""), worker=meta.get("worker"),
-        attempts=int(info.get(b"attempts") or 0), retries_left=int(job.retries_left or 0), error=error,
+        id=job.id,
+        state=_derive_state(status, meta, info, alive, _ts(job.started_at)),
+        iteration=int(meta.get("iteration") or 0),
+        total=int(meta.get("total") or 0),
+        reward=meta.get("reward"),
+        samples_per_s=meta.get("samples_per_s"),
+        submitted=meta.get("submitted"),
+        started=started,
+        ended=meta.get("ended") or _ts(job.ended_at),
+        run_dir=str(meta.get("run_dir") or ""),
+        config=str(meta.get("config") or ""),
+        mode=str(meta.get("mode") or ""),
+        worker=meta.get("worker"),
+        attempts=int(info.get(b"attempts") or 0),
+        retries_left=int(job.retries_left or 0),
+        error=error,
         resumed_from=(info.get(b"resumed_from") or b"").decode() or None,
         resumed_by=(info.get(b"resumed_by") or b"").decode() or None,
     )
@@ -381,8 +422,14 @@ def list_jobs(r: redis.Redis, limit: int = 20) -> list[JobInfo]:
     return out
 
 
-def follow(r: redis.Redis, job_id: str, emit: Callable[[str], None], *, poll_s: float = 0.5,
-           timeout_s: float | None = None) -> JobInfo:
+def follow(
+    r: redis.Redis,
+    job_id: str,
+    emit: Callable[[str], None],
+    *,
+    poll_s: float = 0.5,
+    timeout_s: float | None = None,
+) -> JobInfo:
     """Emit the job's log lines as they come until it reaches a terminal state (or a lost
     job has no retries left); returns its final :class:`JobInfo`."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -455,8 +502,10 @@ def serve(
     except ValueError as exc:
         if "active worker" not in str(exc):
             raise
-        raise ConfigError(f"a digen serve named {name} is already registered (running, or died less than "
-                          f"{worker.worker_ttl // 60} minutes ago); choose another --name or drop it") from None
+        raise ConfigError(
+            f"a digen serve named {name} is already registered (running, or died less than "
+            f"{worker.worker_ttl // 60} minutes ago); choose another --name or drop it"
+        ) from None
     return True
 
 
@@ -495,33 +544,63 @@ def execute_job(config: dict, source_dir: str | None, out: str, resume: bool = F
         return _run(job, r, ctx, config, source_dir, Path(out), resume or attempt > 1, attempt)
     except BaseException as exc:
         cancelled = r.hexists(info_key(jid), "cancel")
-        retry = not cancelled and isinstance(exc, Exception) and not isinstance(exc, ConfigError) \
+        retry = (
+            not cancelled
+            and isinstance(exc, Exception)
+            and not isinstance(exc, ConfigError)
             and bool(job.retries_left)
+        )
         if not retry:
             job.retries_left = 0
         state = "cancelled" if cancelled else ("retrying" if retry else "failed")
         reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
         _finish_meta(job, state, error=None if cancelled else reason)
-        push_log(r, jid, "cancelled; the run directory keeps the last checkpoint" if cancelled else
-                 f"{'failed (will retry)' if retry else 'failed'}: {reason}")
+        push_log(
+            r,
+            jid,
+            "cancelled; the run directory keeps the last checkpoint"
+            if cancelled
+            else f"{'failed (will retry)' if retry else 'failed'}: {reason}",
+        )
         raise
     finally:
         beat.stop()
 
 
-def _run(job: Job, r: redis.Redis, ctx: ServeContext | None, config: dict, source_dir: str | None, out: Path,
-         want_resume: bool, attempt: int) -> dict:
+def _run(
+    job: Job,
+    r: redis.Redis,
+    ctx: ServeContext | None,
+    config: dict,
+    source_dir: str | None,
+    out: Path,
+    want_resume: bool,
+    attempt: int,
+) -> dict:
     from digen.engine import run_training
 
     cfg = build_config(config, source_dir=Path(source_dir) if source_dir else None)
     jid = job.id
     if cfg.schedule.mode != "reference" and ctx is None:
-        raise ConfigError(f"schedule.mode {cfg.schedule.mode} jobs run under digen serve (not a bare rq worker)")
+        raise ConfigError(
+            f"schedule.mode {cfg.schedule.mode} jobs run under digen serve (not a bare rq worker)"
+        )
     resume, done = _prepare_run_dir(cfg, out, want_resume)
-    job.meta.update({"state": "running", "iteration": done, "total": cfg.iterations, "run_dir": str(out),
-                     "started": time.time(), "attempt": attempt, "pid": os.getpid(),
-                     "host": socket.gethostname(), "worker": ctx.name if ctx else job.worker_name,
-                     "mode": cfg.schedule.mode, "error": None})
+    job.meta.update(
+        {
+            "state": "running",
+            "iteration": done,
+            "total": cfg.iterations,
+            "run_dir": str(out),
+            "started": time.time(),
+            "attempt": attempt,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "worker": ctx.name if ctx else job.worker_name,
+            "mode": cfg.schedule.mode,
+            "error": None,
+        }
+    )
     job.save_meta()
     where = f"serve {ctx.name}" if ctx else "an rq worker"
     how = f"resuming after iteration {done}" if resume else "starting"
@@ -532,26 +611,50 @@ def _run(job: Job, r: redis.Redis, ctx: ServeContext | None, config: dict, sourc
             push_log(r, jid, _event_line(m))
             return
         k = int(m["iteration"]) + 1
-        job.meta.update({"iteration": k, "reward": m.get("reward_mean"), "samples_per_s": m.get("samples_per_s"),
-                         "updated": time.time()})
+        job.meta.update(
+            {
+                "iteration": k,
+                "reward": m.get("reward_mean"),
+                "samples_per_s": m.get("samples_per_s"),
+                "updated": time.time(),
+            }
+        )
         job.save_meta()
-        push_log(r, jid, f"iteration {k}/{cfg.iterations}  reward {m.get('reward_mean', float('nan')):.4f} "
-                         f"± {m.get('reward_std', float('nan')):.4f}  loss {m.get('loss', float('nan')):.3g}  "
-                         f"{m.get('samples_per_s', 0.0):.1f} samples/s  bubble {m.get('bubble_ratio', 0.0):.2f}")
+        push_log(
+            r,
+            jid,
+            f"iteration {k}/{cfg.iterations}  reward {m.get('reward_mean', float('nan')):.4f} "
+            f"± {m.get('reward_std', float('nan')):.4f}  loss {m.get('loss', float('nan')):.3g}  "
+            f"{m.get('samples_per_s', 0.0):.1f} samples/s  bubble {m.get('bubble_ratio', 0.0):.2f}",
+        )
         if r.hexists(info_key(jid), "cancel"):
-            raise JobCancelled(f"job {jid} cancelled after iteration {k}; the last checkpoint is kept in {out}")
+            raise JobCancelled(
+                f"job {jid} cancelled after iteration {k}; the last checkpoint is kept in {out}"
+            )
 
     scheduler = ctx.scheduler if ctx else None
     if scheduler and scheduler.startswith("tls://") and not cfg.security.enabled:
-        raise ConfigError(f"the Dask scheduler {scheduler} uses TLS: give the job config a security: section "
-                          f"(ca_file, cert_file, key_file; see docs/deploy.md)")
+        raise ConfigError(
+            f"the Dask scheduler {scheduler} uses TLS: give the job config a security: section "
+            f"(ca_file, cert_file, key_file; see docs/deploy.md)"
+        )
     with _job_logging(r, jid), _dask_tls(cfg if scheduler else None):
-        summary = run_training(cfg, out, resume=resume, redis_url=ctx.redis_url if ctx else None,
-                               scheduler=scheduler, progress=progress)
+        summary = run_training(
+            cfg,
+            out,
+            resume=resume,
+            redis_url=ctx.redis_url if ctx else None,
+            scheduler=scheduler,
+            progress=progress,
+        )
     _finish_meta(job, "done")
-    push_log(r, jid, f"done: {summary['iterations']} iterations, {summary['samples']} samples, "
-                     f"{summary['samples_per_s']:.2f} samples/s, reward {summary['reward_first']:.4f} -> "
-                     f"{summary['reward_last']:.4f}")
+    push_log(
+        r,
+        jid,
+        f"done: {summary['iterations']} iterations, {summary['samples']} samples, "
+        f"{summary['samples_per_s']:.2f} samples/s, reward {summary['reward_first']:.4f} -> "
+        f"{summary['reward_last']:.4f}",
+    )
     return summary
 
 

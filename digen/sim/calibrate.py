@@ -57,11 +57,14 @@ class Comparison:
         return self.predicted_samples_per_s / m - 1 if m else None
 
     def to_json(self) -> dict:
-        return {"mode": self.mode, "predicted_samples_per_s": self.predicted_samples_per_s,
-                "measured_samples_per_s": self.measured_samples_per_s,
-                "predicted_bubble_ratio": self.predicted_bubble_ratio,
-                "measured_bubble_ratio": self.measured_bubble_ratio,
-                "samples_per_s_error": self.samples_per_s_error}
+        return {
+            "mode": self.mode,
+            "predicted_samples_per_s": self.predicted_samples_per_s,
+            "measured_samples_per_s": self.measured_samples_per_s,
+            "predicted_bubble_ratio": self.predicted_bubble_ratio,
+            "measured_bubble_ratio": self.measured_bubble_ratio,
+            "samples_per_s_error": self.samples_per_s_error,
+        }
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -92,9 +95,16 @@ def run_mode_of(cfg: dict) -> Mode:
     if mode == "colocated":
         return MODES["colocated-digen"]
     if mode not in ("disaggregated", "digen"):
-        raise ConfigError(f"schedule.mode ({mode}) of the run cannot be simulated: use colocated, disaggregated or digen")
-    return Mode(mode, gap=bool(s.get("gap")), tsp=bool(s.get("tsp")), tag=bool(s.get("tag")),
-                max_staleness=int(s.get("max_staleness") or 0))
+        raise ConfigError(
+            f"schedule.mode ({mode}) of the run cannot be simulated: use colocated, disaggregated or digen"
+        )
+    return Mode(
+        mode,
+        gap=bool(s.get("gap")),
+        tsp=bool(s.get("tsp")),
+        tag=bool(s.get("tag")),
+        max_staleness=int(s.get("max_staleness") or 0),
+    )
 
 
 def _mean(values: list[float]) -> float | None:
@@ -109,8 +119,11 @@ def _overhead(rows: list[dict]) -> float:
     if len(rows) < 2 or not parts:
         return 0.0
     limit = statistics.median(parts)
-    gaps = [b["start"] - a["end"] for a, b in zip(rows, rows[1:], strict=False)
-            if b["kind"] in ("gen", "train", "sync") and 0 <= b["start"] - a["end"] <= limit]
+    gaps = [
+        b["start"] - a["end"]
+        for a, b in zip(rows, rows[1:], strict=False)
+        if b["kind"] in ("gen", "train", "sync") and 0 <= b["start"] - a["end"] <= limit
+    ]
     return statistics.median(gaps) if gaps else 0.0
 
 
@@ -149,7 +162,10 @@ def _calibrate(run: Path, warmup: int) -> tuple[CostModel, RunInfo]:
         """The worker's own mean, else its GPU type's, else everyone's (0 if none)."""
         if (w, kind) in means:
             return means[(w, kind)]
-        for same in ([x for x in workers if gpu[x] == gpu[w] and (role is None or role_seen[x] == role)], workers):
+        for same in (
+            [x for x in workers if gpu[x] == gpu[w] and (role is None or role_seen[x] == role)],
+            workers,
+        ):
             vals = [means[(x, kind)] for x in same if (x, kind) in means]
             if vals:
                 return sum(vals) / len(vals)
@@ -161,21 +177,35 @@ def _calibrate(run: Path, warmup: int) -> tuple[CostModel, RunInfo]:
     for w in workers:
         gen = pick(w, "gen")
         cost = WorkerCost(
-            gen_s=gen, decode_s=pick(w, "decode"), reward_s=pick(w, "reward"), train_s=pick(w, "train"),
-            train_tsp_s=pick(w, "train"), gen_on_trainer_s=gen, load_s=means.get((w, "sync"), 0.0),
+            gen_s=gen,
+            decode_s=pick(w, "decode"),
+            reward_s=pick(w, "reward"),
+            train_s=pick(w, "train"),
+            train_tsp_s=pick(w, "train"),
+            gen_on_trainer_s=gen,
+            load_s=means.get((w, "sync"), 0.0),
             overhead_s=means[(w, "overhead")],
         )
         sim_workers.append(SimWorker(w, gpu[w], 1, cost))
-    ctl = [r for r in steady if r["worker"] == "controller"] or [r for r in rows if r["worker"] == "controller"]
+    ctl = [r for r in steady if r["worker"] == "controller"] or [
+        r for r in rows if r["worker"] == "controller"
+    ]
     cost_model = CostModel(
-        workers=sim_workers, tasks=tasks, samples_per_task=group, tasks_per_group=1,
+        workers=sim_workers,
+        tasks=tasks,
+        samples_per_task=group,
+        tasks_per_group=1,
         optim_s=_mean([r["end"] - r["start"] for r in ctl if r["kind"] == "optim"]) or 0.0,
         sync_s=_mean([r["end"] - r["start"] for r in ctl if r["kind"] == "sync"]) or 0.0,
         label=f"calibrated from {run}",
-        notes=[f"{len(workers)} workers, {tasks} tasks x {group} samples per iteration; TSP and non-TSP train "
-               f"times are both the measured one"],
+        notes=[
+            f"{len(workers)} workers, {tasks} tasks x {group} samples per iteration; TSP and non-TSP train "
+            f"times are both the measured one"
+        ],
     )
-    roles = {w: Role(role_seen[w]) if role_seen[w] in {r.value for r in Role} else Role.ROLLOUT for w in workers}
+    roles = {
+        w: Role(role_seen[w]) if role_seen[w] in {r.value for r in Role} else Role.ROLLOUT for w in workers
+    }
     return cost_model, RunInfo(run_mode_of(cfg), roles, iterations)
 
 
@@ -196,7 +226,9 @@ def _simulate_run(cost: CostModel, info: RunInfo, mode: Mode, warmup: int) -> Si
     if mode.colocated:
         return simulate(cost, mode, iterations=iterations, warmup=warmup)
     roles = info.roles
-    if not (any(r is Role.ROLLOUT for r in roles.values()) and any(r is Role.TRAINER for r in roles.values())):
+    if not (
+        any(r is Role.ROLLOUT for r in roles.values()) and any(r is Role.TRAINER for r in roles.values())
+    ):
         return run_mode(cost, mode, SimSettings(iterations, warmup, 2))[0]  # the run had no split: search one
     return simulate(cost, mode, roles, iterations=iterations, warmup=warmup)
 
@@ -222,9 +254,19 @@ def predict_modes(run_dir: str | Path, modes: list[str], *, warmup: int = 1) -> 
         mode = MODES[name]
         res = _simulate_run(cost, info, mode, warmup)
         own = _same(mode, info.mode)
-        out.append(Comparison(name, res.samples_per_s, sps if own else None, res.bubble_ratio, bubble if own else None))
+        out.append(
+            Comparison(
+                name, res.samples_per_s, sps if own else None, res.bubble_ratio, bubble if own else None
+            )
+        )
     return out
 
 
 def _same(a: Mode, b: Mode) -> bool:
-    return (a.colocated, a.gap, a.tsp, a.tag, a.max_staleness) == (b.colocated, b.gap, b.tsp, b.tag, b.max_staleness)
+    return (a.colocated, a.gap, a.tsp, a.tag, a.max_staleness) == (
+        b.colocated,
+        b.gap,
+        b.tsp,
+        b.tag,
+        b.max_staleness,
+    )

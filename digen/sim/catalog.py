@@ -123,10 +123,17 @@ def _validate(model: type[BaseModel], data: dict, where: Path) -> BaseModel:
 def load_catalog(path: Path) -> Catalog:
     cat = _validate(Catalog, _read_yaml(path), path)
     assert isinstance(cat, Catalog)
-    problems = [f"{path.name}: workloads.{n}.model ({w.model}) is not in models" for n, w in cat.workloads.items()
-                if w.model not in cat.models]
-    problems += [f"{path.name}: testbeds.{n}.gpus.{g} is not in gpus" for n, t in cat.testbeds.items()
-                 for g in t.gpus if g not in cat.gpus]
+    problems = [
+        f"{path.name}: workloads.{n}.model ({w.model}) is not in models"
+        for n, w in cat.workloads.items()
+        if w.model not in cat.models
+    ]
+    problems += [
+        f"{path.name}: testbeds.{n}.gpus.{g} is not in gpus"
+        for n, t in cat.testbeds.items()
+        for g in t.gpus
+        if g not in cat.gpus
+    ]
     if problems:
         raise ConfigError(problems)
     return cat
@@ -151,20 +158,27 @@ def load_sim_config(path: str | Path, *, testbed: str | None = None) -> SimSetup
     if tb_name not in cat.testbeds:
         problems.append(f"{p.name}: testbed ({tb_name}) must be one of {', '.join(cat.testbeds)}")
     if run.sim.warmup >= run.sim.iterations:
-        problems.append(f"{p.name}: sim.warmup ({run.sim.warmup}) must be below sim.iterations ({run.sim.iterations})")
+        problems.append(
+            f"{p.name}: sim.warmup ({run.sim.warmup}) must be below sim.iterations ({run.sim.iterations})"
+        )
     if problems:
         raise ConfigError(problems)
     wl = cat.workloads[run.workload]
     m = cat.models[wl.model]
     spt = run.samples_per_task or wl.samples_per_task
     if wl.group_size % spt:
-        raise ConfigError(f"{p.name}: samples_per_task ({spt}) must divide the group size ({wl.group_size}) of "
-                          f"workload {run.workload}")
+        raise ConfigError(
+            f"{p.name}: samples_per_task ({spt}) must divide the group size ({wl.group_size}) of "
+            f"workload {run.workload}"
+        )
     model = ModelSpec(name=wl.model, **m.model_dump())
-    workload = Workload(run.workload, model, wl.steps, wl.timestep_fraction, run.prompts or wl.prompts,
-                        wl.group_size, spt)
+    workload = Workload(
+        run.workload, model, wl.steps, wl.timestep_fraction, run.prompts or wl.prompts, wl.group_size, spt
+    )
     tbe = cat.testbeds[tb_name]
-    tb = Testbed(tb_name, tbe.net_gbps, tuple((GpuType(g, **cat.gpus[g].model_dump()), n) for g, n in tbe.gpus.items()))
+    tb = Testbed(
+        tb_name, tbe.net_gbps, tuple((GpuType(g, **cat.gpus[g].model_dump()), n) for g, n in tbe.gpus.items())
+    )
     cost = paper_costmodel(workload, tb, tsp_batch_gain=run.tsp_batch_gain)
     settings = SimSettings(run.sim.iterations, run.sim.warmup, run.sim.neighbours)
     return SimSetup(f"{run.workload} @ {tb_name}", workload, tb, settings, cost)

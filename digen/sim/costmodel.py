@@ -235,7 +235,9 @@ def _pass_s(compute_s: float, gather_s: float, layers: int) -> float:
     return max(compute_s, gather_s) + gather_s / layers
 
 
-def worker_cost(w: Workload, gpu: GpuType, degree: int, *, tsp_batch_gain: float = 1.0) -> tuple[WorkerCost, bool]:
+def worker_cost(
+    w: Workload, gpu: GpuType, degree: int, *, tsp_batch_gain: float = 1.0
+) -> tuple[WorkerCost, bool]:
     """Task costs of one replica of ``degree`` GPUs of type ``gpu``; also whether it trains
     with FSDP."""
     m, mdl = w.samples_per_task, w.model
@@ -255,7 +257,11 @@ def worker_cost(w: Workload, gpu: GpuType, degree: int, *, tsp_batch_gain: float
     reward_s = m * mdl.reward_tflop / gpu.tflops
     trained_gb = mdl.adapter_gb if mdl.adapter_gb is not None else mdl.weights_gb
     cost = WorkerCost(
-        gen_s=gen_s, decode_s=decode_s, reward_s=reward_s, train_s=train_s, train_tsp_s=train_tsp_s,
+        gen_s=gen_s,
+        decode_s=decode_s,
+        reward_s=reward_s,
+        train_s=train_s,
+        train_tsp_s=train_tsp_s,
         gen_on_trainer_s=gen_on_trainer_s,
         recompute_s=k * _pass_s(fwd_train, gather, mdl.layers),
         # full-duplex PCIe: offloading one engine's weights overlaps reloading the other's
@@ -274,16 +280,24 @@ def paper_costmodel(w: Workload, tb: Testbed, *, tsp_batch_gain: float = 1.0) ->
         degree = sp_degree(w.model, gpu)
         cost, fsdp = worker_cost(w, gpu, degree, tsp_batch_gain=tsp_batch_gain)
         if count % degree:
-            raise ConfigError(f"testbed {tb.name}: {count} x {gpu.name} is not a multiple of the sequence-parallel "
-                              f"degree {degree} that {w.model.name} needs there")
-        notes.append(f"{gpu.name}: {count // degree} workers x {degree} GPU (SP {degree}, eff "
-                     f"{w.model.sp_eff(degree):.2f}){', FSDP training' if fsdp else ''}")
+            raise ConfigError(
+                f"testbed {tb.name}: {count} x {gpu.name} is not a multiple of the sequence-parallel "
+                f"degree {degree} that {w.model.name} needs there"
+            )
+        notes.append(
+            f"{gpu.name}: {count // degree} workers x {degree} GPU (SP {degree}, eff "
+            f"{w.model.sp_eff(degree):.2f}){', FSDP training' if fsdp else ''}"
+        )
         workers += [SimWorker(f"{gpu.name}-{i:04d}", gpu.name, degree, cost) for i in range(count // degree)]
     mdl = w.model
     trained_gb = mdl.adapter_gb if mdl.adapter_gb is not None else mdl.weights_gb
     return CostModel(
-        workers=workers, tasks=w.tasks, samples_per_task=w.samples_per_task, tasks_per_group=w.tasks_per_group,
+        workers=workers,
+        tasks=w.tasks,
+        samples_per_task=w.samples_per_task,
+        tasks_per_group=w.tasks_per_group,
         optim_s=2 * trained_gb / tb.net_gbps,  # ring all-reduce of the gradients moves ~2x their size
         sync_s=trained_gb / tb.net_gbps,  # broadcast of the new version
-        label=f"{w.name} on {tb.name}", notes=notes,
+        label=f"{w.name} on {tb.name}",
+        notes=notes,
     )

@@ -107,7 +107,9 @@ def parse_modes(text: str | None) -> list[str]:
     names = [t.strip() for t in text.split(",") if t.strip()]
     bad = [n for n in names if n not in MODES]
     if bad:
-        raise ConfigError(f"--modes: unknown mode(s) {', '.join(bad)}; choose from {', '.join(MODES)} or 'all'")
+        raise ConfigError(
+            f"--modes: unknown mode(s) {', '.join(bad)}; choose from {', '.join(MODES)} or 'all'"
+        )
     return names
 
 
@@ -176,8 +178,10 @@ class _Sim:
             elif isinstance(ins, SetRole):
                 w = self.workers[ins.worker]
                 if w.role is not ins.role:
-                    raise DigenError(f"the scheduler re-tagged {w.spec.name} from {w.role.value} to "
-                                     f"{ins.role.value}; the simulator keeps roles fixed")
+                    raise DigenError(
+                        f"the scheduler re-tagged {w.spec.name} from {w.role.value} to "
+                        f"{ins.role.value}; the simulator keeps roles fixed"
+                    )
                 idle_trainer = w.role is Role.TRAINER and w.idle
                 self.stealers += idle_trainer * ((ins.gen_budget > 0) - (w.budget > 0))
                 w.budget = ins.gen_budget
@@ -237,7 +241,9 @@ class _Sim:
             self.dispatch_static()
             return
         idle = self.idle
-        while (self.train_q or self.gen_q) and (idle[Role.COLOCATED] or idle[Role.ROLLOUT] or idle[Role.TRAINER]):
+        while (self.train_q or self.gen_q) and (
+            idle[Role.COLOCATED] or idle[Role.ROLLOUT] or idle[Role.TRAINER]
+        ):
             progressed = False
             if idle[Role.COLOCATED]:  # pull order [GEN, TRAIN]
                 w = idle[Role.COLOCATED].popleft()
@@ -252,7 +258,9 @@ class _Sim:
                 self.run(idle[Role.ROLLOUT].popleft(), *self.gen_q.popleft())
                 progressed = True
             if self.gen_q and not self.train_q and self.stealers:
-                w = next((x for x in idle[Role.TRAINER] if TaskKind.GEN in pull_order(x.role, x.budget)), None)
+                w = next(
+                    (x for x in idle[Role.TRAINER] if TaskKind.GEN in pull_order(x.role, x.budget)), None
+                )
                 if w is not None:  # TAG: steal one generation task, spend one unit of budget
                     idle[Role.TRAINER].remove(w)
                     self.stealers -= 1
@@ -314,13 +322,16 @@ class _Sim:
                 self.apply(self.sched.handle(StepDone(iteration, start, self.now)))
             self.dispatch()
         if not self.finished:
-            raise DigenError(f"simulation of {self.mode.name} stalled at t={self.now:.1f}s: "
-                             f"{len(self.gen_q)} generation and {len(self.train_q)} train tasks queued, "
-                             f"no worker can take them (a mode needs rollout and trainer workers)")
+            raise DigenError(
+                f"simulation of {self.mode.name} stalled at t={self.now:.1f}s: "
+                f"{len(self.gen_q)} generation and {len(self.train_q)} train tasks queued, "
+                f"no worker can take them (a mode needs rollout and trainer workers)"
+            )
 
 
-def simulate(cost: CostModel, mode: Mode, roles: dict[str, Role] | None = None, *, iterations: int = 4,
-             warmup: int = 1) -> SimResult:
+def simulate(
+    cost: CostModel, mode: Mode, roles: dict[str, Role] | None = None, *, iterations: int = 4, warmup: int = 1
+) -> SimResult:
     """Run ``iterations`` iterations of ``mode``; metrics cover those after ``warmup``.
 
     ``roles``: rollout/trainer per worker for disaggregated modes (colocated ignores it).
@@ -331,12 +342,25 @@ def simulate(cost: CostModel, mode: Mode, roles: dict[str, Role] | None = None, 
         roles = {w.name: Role.COLOCATED for w in cost.workers}
     elif roles is None or set(roles) != {w.name for w in cost.workers}:
         raise ConfigError(f"mode {mode.name} needs a role (rollout or trainer) for every worker")
-    sched = Scheduler(SchedulerConfig(iterations=iterations, groups=cost.tasks, gap=mode.gap, tag=mode.tag,
-                                      max_staleness=mode.max_staleness))
+    sched = Scheduler(
+        SchedulerConfig(
+            iterations=iterations,
+            groups=cost.tasks,
+            gap=mode.gap,
+            tag=mode.tag,
+            max_staleness=mode.max_staleness,
+        )
+    )
     workers = {w.name: _Worker(w, roles[w.name], i) for i, w in enumerate(cost.workers)}
-    sim = _Sim(cost, mode, workers, sched, idle={r: deque() for r in Role},
-               own={w.index: (deque(), deque()) for w in workers.values()},
-               by_index=sorted(workers.values(), key=lambda w: w.index))
+    sim = _Sim(
+        cost,
+        mode,
+        workers,
+        sched,
+        idle={r: deque() for r in Role},
+        own={w.index: (deque(), deque()) for w in workers.values()},
+        by_index=sorted(workers.values(), key=lambda w: w.index),
+    )
     for w in workers.values():
         sched.handle(WorkerJoined(w.spec.name, w.role, w.spec.gpu_type, 0.0))
         sim.make_idle(w)
@@ -356,12 +380,30 @@ def _rows(sim: _Sim) -> list[dict]:
     out = []
     for idx, kind, it, version, s, e, part in sim.rows:
         if idx < 0:
-            row = {"worker": "controller", "gpu_type": "cpu", "role": "controller", "kind": kind,
-                   "iteration": it, "version": version, "start": s, "end": e, "gpus": 0}
+            row = {
+                "worker": "controller",
+                "gpu_type": "cpu",
+                "role": "controller",
+                "kind": kind,
+                "iteration": it,
+                "version": version,
+                "start": s,
+                "end": e,
+                "gpus": 0,
+            }
         else:
             w = names[idx]
-            row = {"worker": w.name, "gpu_type": w.gpu_type, "role": roles[w.name], "kind": kind,
-                   "iteration": it, "version": version, "start": s, "end": e, "gpus": w.gpus}
+            row = {
+                "worker": w.name,
+                "gpu_type": w.gpu_type,
+                "role": roles[w.name],
+                "kind": kind,
+                "iteration": it,
+                "version": version,
+                "start": s,
+                "end": e,
+                "gpus": w.gpus,
+            }
         if part:
             row["part"] = part
         out.append(row)
@@ -400,6 +442,9 @@ def bubble_ratio(rows: list[dict], lo: float, hi: float, gpus: int) -> float:
     """Idle GPU-seconds / GPU-seconds in ``[lo, hi]`` (``sync`` and switches count as idle)."""
     if hi <= lo or gpus <= 0:
         return 0.0
-    busy = sum(max(0.0, min(r["end"], hi) - max(r["start"], lo)) * r["gpus"] for r in rows
-               if r["kind"] in BUSY_KINDS and r["worker"] != "controller")
+    busy = sum(
+        max(0.0, min(r["end"], hi) - max(r["start"], lo)) * r["gpus"]
+        for r in rows
+        if r["kind"] in BUSY_KINDS and r["worker"] != "controller"
+    )
     return max(0.0, 1.0 - busy / (gpus * (hi - lo)))

@@ -11,10 +11,24 @@ from pathlib import Path
 from digen.sim.driver import LADDER, SimResult, time_shares
 from digen.sim.study import Study
 
-KIND_COLORS = {"gen": "#1f77b4", "decode": "#17becf", "reward": "#2ca02c", "train": "#ff7f0e",
-               "optim": "#d62728", "sync": "#7f7f7f"}
-TABLE_HEADERS = ["mode", "s/iteration", "samples/s", "samples/s/GPU", "bubble", "speedup vs colocated",
-                 "fraction of bound", "rollout/trainer GPUs"]
+KIND_COLORS = {
+    "gen": "#1f77b4",
+    "decode": "#17becf",
+    "reward": "#2ca02c",
+    "train": "#ff7f0e",
+    "optim": "#d62728",
+    "sync": "#7f7f7f",
+}
+TABLE_HEADERS = [
+    "mode",
+    "s/iteration",
+    "samples/s",
+    "samples/s/GPU",
+    "bubble",
+    "speedup vs colocated",
+    "fraction of bound",
+    "rollout/trainer GPUs",
+]
 
 
 def table_rows(study: Study) -> list[list[str]]:
@@ -23,8 +37,18 @@ def table_rows(study: Study) -> list[list[str]]:
     for r in study.results:
         s = r.sim
         split = "-" if r.rollout_gpus == 0 and r.trainer_gpus == 0 else f"{r.rollout_gpus}/{r.trainer_gpus}"
-        rows.append([r.mode, f"{s.s_per_iteration:.1f}", f"{s.samples_per_s:.4g}", f"{s.samples_per_s_per_gpu:.4g}",
-                     f"{s.bubble_ratio:.3f}", f"{r.speedup_vs_colocated:.2f}x", f"{r.fraction_of_bound:.3f}", split])
+        rows.append(
+            [
+                r.mode,
+                f"{s.s_per_iteration:.1f}",
+                f"{s.samples_per_s:.4g}",
+                f"{s.samples_per_s_per_gpu:.4g}",
+                f"{s.bubble_ratio:.3f}",
+                f"{r.speedup_vs_colocated:.2f}x",
+                f"{r.fraction_of_bound:.3f}",
+                split,
+            ]
+        )
     return rows
 
 
@@ -39,7 +63,10 @@ def json_rows(study: Study) -> list[dict]:
 
 
 def _markdown(headers: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" if i == 0 else "---:" for i in range(len(headers))) + "|"]
+    lines = [
+        "| " + " | ".join(headers) + " |",
+        "|" + "|".join("---" if i == 0 else "---:" for i in range(len(headers))) + "|",
+    ]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines)
 
@@ -48,8 +75,18 @@ def markdown_results(studies: list[tuple[str, str, Study]]) -> str:
     """The README results table: one row per (workload, testbed): digen vs colocated (the
     peers), its fraction of the bound, the ablation ladder's speedups over colocated, and
     digen's own colocated mode (the runtime's: no offload, log-probs reused) when simulated."""
-    headers = ["workload", "testbed", "GPUs", "colocated s/it", "digen s/it", "digen vs colocated", "digen / bound",
-               *LADDER[:-1], "colocated-digen", "ladder monotone"]
+    headers = [
+        "workload",
+        "testbed",
+        "GPUs",
+        "colocated s/it",
+        "digen s/it",
+        "digen vs colocated",
+        "digen / bound",
+        *LADDER[:-1],
+        "colocated-digen",
+        "ladder monotone",
+    ]
     rows = []
     for workload, testbed, st in studies:
         got = {r.mode: r for r in st.results}
@@ -58,10 +95,22 @@ def markdown_results(studies: list[tuple[str, str, Study]]) -> str:
             continue
         speeds = [got[m].sim.samples_per_s for m in LADDER if m in got]
         monotone = all(b >= a * (1 - 1e-9) for a, b in zip(speeds, speeds[1:], strict=False))
-        rows.append([workload, testbed, str(st.cost.gpu_count), f"{col.sim.s_per_iteration:.0f}",
-                     f"{dg.sim.s_per_iteration:.0f}", f"{dg.speedup_vs_colocated:.2f}x", f"{dg.fraction_of_bound:.3f}",
-                     *[f"{got[m].speedup_vs_colocated:.2f}x" if m in got else "-" for m in [*LADDER[:-1], "colocated-digen"]],
-                     "yes" if monotone else "NO"])
+        rows.append(
+            [
+                workload,
+                testbed,
+                str(st.cost.gpu_count),
+                f"{col.sim.s_per_iteration:.0f}",
+                f"{dg.sim.s_per_iteration:.0f}",
+                f"{dg.speedup_vs_colocated:.2f}x",
+                f"{dg.fraction_of_bound:.3f}",
+                *[
+                    f"{got[m].speedup_vs_colocated:.2f}x" if m in got else "-"
+                    for m in [*LADDER[:-1], "colocated-digen"]
+                ],
+                "yes" if monotone else "NO",
+            ]
+        )
     return _markdown(headers, rows)
 
 
@@ -76,20 +125,24 @@ def explain(study: Study) -> str:
     c, d = time_shares(col.sim), time_shares(dg.sim)
     ceiling = 1 / col.fraction_of_bound if col.fraction_of_bound > 0 else float("inf")
     d_over = d.get("weights load", 0.0) + d.get("context switch", 0.0) + d.get("sync", 0.0)
-    return (f"{study.label}: digen {dg.speedup_vs_colocated:.2f}x colocated, {dg.fraction_of_bound:.3f} of the bound. "
-            f"Colocated spends {c.get('recompute', 0.0):.1%} of its GPU time recomputing old log-probs, "
-            f"{c.get('offload/reload', 0.0):.1%} offloading/reloading and {c['idle']:.1%} idle (phase barriers, "
-            f"unequal GPUs), so it reaches {col.fraction_of_bound:.3f} of the bound and no schedule can beat it by more "
-            f"than {ceiling:.2f}x. digen idles {d['idle']:.1%} (step barrier and pipeline tails) and spends "
-            f"{d_over:.1%} on weight loads and switches." + _own_colocated(study))
+    return (
+        f"{study.label}: digen {dg.speedup_vs_colocated:.2f}x colocated, {dg.fraction_of_bound:.3f} of the bound. "
+        f"Colocated spends {c.get('recompute', 0.0):.1%} of its GPU time recomputing old log-probs, "
+        f"{c.get('offload/reload', 0.0):.1%} offloading/reloading and {c['idle']:.1%} idle (phase barriers, "
+        f"unequal GPUs), so it reaches {col.fraction_of_bound:.3f} of the bound and no schedule can beat it by more "
+        f"than {ceiling:.2f}x. digen idles {d['idle']:.1%} (step barrier and pipeline tails) and spends "
+        f"{d_over:.1%} on weight loads and switches." + _own_colocated(study)
+    )
 
 
 def _own_colocated(study: Study) -> str:
     own = next((r for r in study.results if r.mode == "colocated-digen"), None)
     if own is None:
         return ""
-    return (f" digen's own colocated mode (no offload, rollout log-probs reused) reaches {own.speedup_vs_colocated:.2f}x"
-            f" ({own.fraction_of_bound:.3f} of the bound).")
+    return (
+        f" digen's own colocated mode (no offload, rollout log-probs reused) reaches {own.speedup_vs_colocated:.2f}x"
+        f" ({own.fraction_of_bound:.3f} of the bound)."
+    )
 
 
 def plot_gantt(results: list[SimResult], out: str | Path, *, title: str = "", max_lanes: int = 24) -> int:
@@ -102,10 +155,18 @@ def plot_gantt(results: list[SimResult], out: str | Path, *, title: str = "", ma
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    heights = [min(max_lanes, len({r["worker"] for r in res.rows if r["worker"] != "controller"})) + 1
-               for res in results]
-    fig, axes = plt.subplots(len(results), 1, figsize=(12, 1.0 + 0.16 * sum(heights) + 0.5 * len(results)),
-                             dpi=100, squeeze=False, gridspec_kw={"height_ratios": heights})
+    heights = [
+        min(max_lanes, len({r["worker"] for r in res.rows if r["worker"] != "controller"})) + 1
+        for res in results
+    ]
+    fig, axes = plt.subplots(
+        len(results),
+        1,
+        figsize=(12, 1.0 + 0.16 * sum(heights) + 0.5 * len(results)),
+        dpi=100,
+        squeeze=False,
+        gridspec_kw={"height_ratios": heights},
+    )
     bars = 0
     for ax, res in zip((a[0] for a in axes), results, strict=True):
         bars += _panel(ax, res, max_lanes)
@@ -151,17 +212,26 @@ def _panel(ax, res: SimResult, max_lanes: int) -> int:
             by_kind.setdefault(r["kind"], []).append(r)
     bars = 0
     for kind, rows in by_kind.items():
-        ax.barh([lane_of[r["worker"]] for r in rows], [min(r["end"], hi) - max(r["start"], lo) for r in rows],
-                left=[max(r["start"], lo) - lo for r in rows], height=0.8, color=KIND_COLORS.get(kind, "#9467bd"),
-                edgecolor="white", linewidth=0.4)
+        ax.barh(
+            [lane_of[r["worker"]] for r in rows],
+            [min(r["end"], hi) - max(r["start"], lo) for r in rows],
+            left=[max(r["start"], lo) - lo for r in rows],
+            height=0.8,
+            color=KIND_COLORS.get(kind, "#9467bd"),
+            edgecolor="white",
+            linewidth=0.4,
+        )
         bars += len(rows)
     roles = {r["worker"]: (r["role"], r["gpu_type"]) for r in res.rows}
-    ax.set_yticks(range(len(lanes)), [f"{w} ({roles[w][0]})" if w != "controller" else w for w in lanes],
-                  fontsize=6)
+    ax.set_yticks(
+        range(len(lanes)), [f"{w} ({roles[w][0]})" if w != "controller" else w for w in lanes], fontsize=6
+    )
     ax.set_ylim(len(lanes) - 0.4, -0.6)
     ax.set_xlim(0, (hi - lo) * 1.01)
     total = len({r["worker"] for r in res.rows if r["worker"] != "controller"})
     shown = f", {len(lanes) - 1} of {total} workers shown" if len(lanes) - 1 < total else ""
-    ax.set_title(f"{res.mode}: iteration {res.warmup}, {hi - lo:.1f} s, bubble {res.bubble_ratio:.3f}{shown}",
-                 fontsize=9)
+    ax.set_title(
+        f"{res.mode}: iteration {res.warmup}, {hi - lo:.1f} s, bubble {res.bubble_ratio:.3f}{shown}",
+        fontsize=9,
+    )
     return bars

@@ -23,7 +23,9 @@ from digen.sim.costmodel import CostModel
 from digen.sim.driver import LADDER, MODES, Mode, SimResult, simulate
 
 PREDECESSOR = {b: a for a, b in zip(LADDER, LADDER[1:], strict=False)} | {
-    "disagg+tsp": "disaggregated", "disagg+tag": "disaggregated", "disagg+async": "disaggregated",
+    "disagg+tsp": "disaggregated",
+    "disagg+tag": "disaggregated",
+    "disagg+async": "disaggregated",
 }
 
 
@@ -81,6 +83,7 @@ def worker_order(cost: CostModel) -> list[str]:
     ratios agree within 1%, the slower trainers come first (go to generation): training
     ends at a step barrier every iteration, so its tail is one training task of its slowest
     worker, while generation flows across iterations."""
+
     def key(w):
         g, t = cost.rates(w, tsp=True)
         ratio = round(-math.log(g / t), 2) if g > 0 and t > 0 else (float("-inf") if t <= 0 else float("inf"))
@@ -113,7 +116,9 @@ def analytic_split(cost: CostModel, mode: Mode, order: list[str]) -> int:
     return best_r
 
 
-def _candidates(cost: CostModel, mode: Mode, order: list[str], neighbours: int, previous: int | None) -> list[int]:
+def _candidates(
+    cost: CostModel, mode: Mode, order: list[str], neighbours: int, previous: int | None
+) -> list[int]:
     n = len(order)
     r = analytic_split(cost, mode, order)
     step = max(1, n // 64)
@@ -123,20 +128,29 @@ def _candidates(cost: CostModel, mode: Mode, order: list[str], neighbours: int, 
     return sorted(out)
 
 
-def run_mode(cost: CostModel, mode: Mode, settings: SimSettings, previous: int | None = None,
-             order: list[str] | None = None) -> tuple[SimResult, int, int]:
+def run_mode(
+    cost: CostModel,
+    mode: Mode,
+    settings: SimSettings,
+    previous: int | None = None,
+    order: list[str] | None = None,
+) -> tuple[SimResult, int, int]:
     """Simulate ``mode`` (searching the split when disaggregated); returns the result, the
     rollout count and the number of splits tried."""
     if mode.colocated:
         return simulate(cost, mode, iterations=settings.iterations, warmup=settings.warmup), 0, 1
     if len(cost.workers) < 2:
-        raise ConfigError(f"mode {mode.name} needs at least 2 workers (one rollout, one trainer); the cluster has "
-                          f"{len(cost.workers)}")
+        raise ConfigError(
+            f"mode {mode.name} needs at least 2 workers (one rollout, one trainer); the cluster has "
+            f"{len(cost.workers)}"
+        )
     order = order or worker_order(cost)
     best: tuple[SimResult, int] | None = None
     cands = _candidates(cost, mode, order, settings.neighbours, previous)
     for r in cands:
-        res = simulate(cost, mode, roles_for(order, r), iterations=settings.iterations, warmup=settings.warmup)
+        res = simulate(
+            cost, mode, roles_for(order, r), iterations=settings.iterations, warmup=settings.warmup
+        )
         if best is None or res.samples_per_s > best[0].samples_per_s * (1 + 1e-9):
             best = (res, r)
     assert best is not None
@@ -162,8 +176,9 @@ def run_study(cost: CostModel, modes: list[str], settings: SimSettings | None = 
         splits[name] = r
         roll = sum(gpus_of[n] for n, role in res.roles.items() if role is Role.ROLLOUT)
         train = sum(gpus_of[n] for n, role in res.roles.items() if role is Role.TRAINER)
-        done[name] = ModeResult(name, res, roll, train, 0.0,
-                                res.samples_per_s / bound.x if bound.x > 0 else 0.0, bound.x, tried)
+        done[name] = ModeResult(
+            name, res, roll, train, 0.0, res.samples_per_s / bound.x if bound.x > 0 else 0.0, bound.x, tried
+        )
     base = done["colocated"].sim.samples_per_s
     for result in done.values():
         result.speedup_vs_colocated = result.sim.samples_per_s / base if base > 0 else 0.0

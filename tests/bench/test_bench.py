@@ -63,9 +63,13 @@ def test_bound_is_optimal_against_a_grid_search():
         assert sum(fi * gi for fi, gi in zip(f, g, strict=True)) >= x - 1e-9
         assert sum((1 - fi) * ti for fi, ti in zip(f, t, strict=True)) >= x - 1e-9
         # and no point of a 21^3 grid does better
-        best = max(min(sum(a * b for a, b in zip(fs, g, strict=True)),
-                       sum((1 - a) * b for a, b in zip(fs, t, strict=True)))
-                   for fs in itertools.product(steps, repeat=3))
+        best = max(
+            min(
+                sum(a * b for a, b in zip(fs, g, strict=True)),
+                sum((1 - a) * b for a, b in zip(fs, t, strict=True)),
+            )
+            for fs in itertools.product(steps, repeat=3)
+        )
         assert best <= x + 1e-9
         assert x - best < 0.05 * x  # the grid comes close, so x is not an overestimate of a wrong LP
 
@@ -90,8 +94,16 @@ def test_parse_modes_and_mode_config():
 
 # --- reading runs --------------------------------------------------------------------------
 def _row(worker, role, kind, k, s, e, version=None):
-    return {"worker": worker, "gpu_type": "cpu", "role": role, "kind": kind, "iteration": k,
-            "version": k if version is None else version, "start": s, "end": e}
+    return {
+        "worker": worker,
+        "gpu_type": "cpu",
+        "role": role,
+        "kind": kind,
+        "iteration": k,
+        "version": k if version is None else version,
+        "start": s,
+        "end": e,
+    }
 
 
 def reference_timeline(iterations=3, t0=0.0):
@@ -101,8 +113,10 @@ def reference_timeline(iterations=3, t0=0.0):
     for k in range(iterations):
         if k == 0:
             rows.append(_row("reference", "reference", "gen", 0, t, t + 5.0))  # a slow first gen
-            rows += [_row("reference", "reference", "decode", 0, t + 5.0, t + 5.1),
-                     _row("reference", "reference", "reward", 0, t + 5.1, t + 5.2)]
+            rows += [
+                _row("reference", "reference", "decode", 0, t + 5.0, t + 5.1),
+                _row("reference", "reference", "reward", 0, t + 5.1, t + 5.2),
+            ]
             t += 5.2
         for _ in range(2 if k else 1):
             for kind, d in (("gen", 0.3), ("decode", 0.1), ("reward", 0.1)):
@@ -129,15 +143,26 @@ def disaggregated_timeline(iterations=3):
         for _ in range(2):
             rows.append(_row("trainer-0", "trainer", "train", k, t, t + 0.25))
             t += 0.25
-        rows += [_row("controller", "controller", "optim", k, t, t + 0.05),
-                 _row("controller", "controller", "sync", k, t + 0.05, t + 0.1)]
+        rows += [
+            _row("controller", "controller", "optim", k, t, t + 0.05),
+            _row("controller", "controller", "sync", k, t + 0.05, t + 0.1),
+        ]
         t += 0.1
     return rows
 
 
 def metrics(iterations, wall, busy, workers):
-    return [{"iteration": k, "samples": 8, "wall_s": wall, "samples_per_s": 8 / wall, "busy_s": busy,
-             "worker_s": workers * wall} for k in range(iterations)]
+    return [
+        {
+            "iteration": k,
+            "samples": 8,
+            "wall_s": wall,
+            "samples_per_s": 8 / wall,
+            "busy_s": busy,
+            "worker_s": workers * wall,
+        }
+        for k in range(iterations)
+    ]
 
 
 def test_worker_stats_skip_the_warmup_iteration():
@@ -163,10 +188,24 @@ def test_bubble_by_role_and_controller_excluded():
 
 
 def test_summarize_pools_rates_a_worker_never_measured():
-    ref = RunRecord("reference", 0, Path("r"), metrics(3, 1.55, 1.55, 1), reference_timeline(), False,
-                    {"reference": 500.0, "controller": 500.0})
-    dis = RunRecord("disaggregated", 0, Path("d"), metrics(3, 1.6, 1.2, 2), disaggregated_timeline(), False,
-                    {"rollout-0": 700.0, "trainer-0": 800.0, "controller": 300.0})
+    ref = RunRecord(
+        "reference",
+        0,
+        Path("r"),
+        metrics(3, 1.55, 1.55, 1),
+        reference_timeline(),
+        False,
+        {"reference": 500.0, "controller": 500.0},
+    )
+    dis = RunRecord(
+        "disaggregated",
+        0,
+        Path("d"),
+        metrics(3, 1.6, 1.2, 2),
+        disaggregated_timeline(),
+        False,
+        {"rollout-0": 700.0, "trainer-0": 800.0, "controller": 300.0},
+    )
     pool = RatePool()
     for rec in (ref, dis):
         for st in worker_stats(rec.timeline, 1).values():
@@ -189,8 +228,11 @@ def test_summarize_pools_rates_a_worker_never_measured():
     assert d["speedup_vs_disaggregated"] == pytest.approx(1.0)
     assert r["speedup_vs_disaggregated"] == pytest.approx(1.6 / 1.55)
     assert r["speedup_vs_colocated"] is None
-    table = markdown_table(rows, [{"K": 4, "rows": 16, "batched_ms_per_row": 1.0, "sequential_ms_per_row": 3.0,
-                                   "speedup": 3.0}], command="digen bench x.yaml")
+    table = markdown_table(
+        rows,
+        [{"K": 4, "rows": 16, "batched_ms_per_row": 1.0, "sequential_ms_per_row": 3.0, "speedup": 3.0}],
+        command="digen bench x.yaml",
+    )
     assert "`digen bench x.yaml`" in table
     assert "| disaggregated | 2 | 1.600 | 5.00 | 0.53 | rollout 0.38, trainer 0.69 | n/a" in table
     assert "| 4 | 16 | 1.00 | 3.00 | 3.00x |" in table
@@ -211,14 +253,34 @@ def test_cli_bench_reference_and_digen(tiny_sd3, tmp_path):
     cfg = tmp_path / "bench.yaml"
     cfg.write_text(yaml.safe_dump(small_config_data(tiny_sd3, iterations=2)))
     out = tmp_path / "out"
-    res = CliRunner().invoke(app, ["bench", str(cfg), "--modes", "reference,digen", "--rounds", "1",
-                                   "--tsp-k", "1,2", "--out", str(out)])
+    res = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            str(cfg),
+            "--modes",
+            "reference,digen",
+            "--rounds",
+            "1",
+            "--tsp-k",
+            "1,2",
+            "--out",
+            str(out),
+        ],
+    )
     assert res.exit_code == 0, res.output
     rows = json.loads((out / "bench.json").read_text())
     assert [r["mode"] for r in rows] == ["reference", "digen"]
     for r in rows:
-        for key in ("s_per_iteration", "samples_per_s", "bubble_ratio", "speedup_vs_colocated", "fraction_of_bound",
-                    "bound_samples_per_s", "per_worker"):
+        for key in (
+            "s_per_iteration",
+            "samples_per_s",
+            "bubble_ratio",
+            "speedup_vs_colocated",
+            "fraction_of_bound",
+            "bound_samples_per_s",
+            "per_worker",
+        ):
             assert key in r
         assert r["samples_per_s"] > 0 and r["bound_samples_per_s"] > 0
         assert all(w["peak_rss_mb"] and w["peak_rss_mb"] > 50 for w in r["per_worker"])

@@ -12,15 +12,19 @@ from digen.errors import ConfigError
 
 
 def test_defaults_and_overrides(tiny_sd3):
-    cfg = build_config({"model": {"path": str(tiny_sd3)}}, ["rollout.group_size=8", "rollout.batch_size=16",
-                                                            "schedule.mode=digen"])
+    cfg = build_config(
+        {"model": {"path": str(tiny_sd3)}},
+        ["rollout.group_size=8", "rollout.batch_size=16", "schedule.mode=digen"],
+    )
     assert cfg.rollout.group_size == 8 and cfg.rollout.prompts_per_iteration == 2
     s = cfg.schedule.resolved()
     assert (s.gap, s.tsp, s.tag, s.max_staleness) == (True, True, True, 1)
     assert build_config({"model": {"path": str(tiny_sd3)}}).schedule.resolved().max_staleness == 0
     # the resolved config round-trips through config.yaml
     again = build_config(yaml.safe_load(dump_config(cfg)))
-    assert again.model_dump(exclude={"source_dir", "schedule"}) == cfg.model_dump(exclude={"source_dir", "schedule"})
+    assert again.model_dump(exclude={"source_dir", "schedule"}) == cfg.model_dump(
+        exclude={"source_dir", "schedule"}
+    )
     assert again.schedule == cfg.schedule.resolved()  # config.yaml holds the toggles resolved
 
 
@@ -39,7 +43,9 @@ def test_every_problem_at_once(tmp_path):
     assert "train.bogus: unknown key" in text
     # type errors first; the cross-field checks run on a valid schema
     with pytest.raises(ConfigError) as err:
-        build_config({"rollout": {"batch_size": 12, "group_size": 5}, "model": {"path": str(tmp_path / "nowhere")}})
+        build_config(
+            {"rollout": {"batch_size": 12, "group_size": 5}, "model": {"path": str(tmp_path / "nowhere")}}
+        )
     text = "\n".join(err.value.problems)
     assert "rollout.group_size (5) must divide rollout.batch_size (12)" in text
     assert "model.path" in text and "make-tiny-model" in text
@@ -58,9 +64,15 @@ def test_bad_overrides_and_yaml(tmp_path):
 
 def test_cli_exit_code_2_lists_every_problem(tmp_path):
     p = tmp_path / "bad.yaml"
-    p.write_text(yaml.safe_dump({"rollout": {"batch_size": 12, "group_size": 5},
-                                 "train": {"kl_beta": 0.1}, "model": {"path": str(tmp_path / "none"),
-                                                                      "lora": {"enabled": False}}}))
+    p.write_text(
+        yaml.safe_dump(
+            {
+                "rollout": {"batch_size": 12, "group_size": 5},
+                "train": {"kl_beta": 0.1},
+                "model": {"path": str(tmp_path / "none"), "lora": {"enabled": False}},
+            }
+        )
+    )
     result = CliRunner().invoke(app, ["train", str(p), "--out", str(tmp_path / "run")])
     assert result.exit_code == 2
     out = result.output

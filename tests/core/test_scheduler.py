@@ -32,7 +32,11 @@ def make(groups=2, iterations=2, **kw) -> Scheduler:
 
 
 def releases(out, kind):
-    return [(i.task.iteration, i.task.group, i.version) for i in out if isinstance(i, Release) and i.task.kind is kind]
+    return [
+        (i.task.iteration, i.task.group, i.version)
+        for i in out
+        if isinstance(i, Release) and i.task.kind is kind
+    ]
 
 
 def done(kind, it, g, w="r0", s=0.0, e=1.0):

@@ -25,8 +25,11 @@ def free_port() -> int:
 
 
 def start_server(port: int) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "reward-server", "--reward", "brightness",
-                             "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "reward-server", "--reward", "brightness", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 60
     while time.time() < deadline:
         try:
@@ -43,8 +46,20 @@ def test_server_process_scores_like_the_local_reward_and_its_death_is_reported(s
     port = free_port()
     server = start_server(port)
     try:
-        remote = small_config(iterations=3, reward=[{"name": "http", "kwargs": {
-            "url": f"http://127.0.0.1:{port}", "retries": 2, "backoff_s": 0.05, "timeout_s": 5}}])
+        remote = small_config(
+            iterations=3,
+            reward=[
+                {
+                    "name": "http",
+                    "kwargs": {
+                        "url": f"http://127.0.0.1:{port}",
+                        "retries": 2,
+                        "backoff_s": 0.05,
+                        "timeout_s": 5,
+                    },
+                }
+            ],
+        )
         local = small_config(iterations=1)
         run_reference(local, tmp_path / "local")
 

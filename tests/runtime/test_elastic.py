@@ -70,8 +70,12 @@ def test_staleness_one_is_bounded_and_never_mixes_versions(small_config, tmp_pat
 
 
 def test_worker_joining_mid_job_gets_tasks_from_the_next_iteration(small_config, tmp_path):
-    cfg = small_config(iterations=6, schedule__mode="disaggregated", schedule__gap=True,
-                       cluster__local={"rollout_workers": 1, "trainer_workers": 1})
+    cfg = small_config(
+        iterations=6,
+        schedule__mode="disaggregated",
+        schedule__gap=True,
+        cluster__local={"rollout_workers": 1, "trainer_workers": 1},
+    )
     out = tmp_path / "run"
     joined = {}
     holder = {}
@@ -103,8 +107,13 @@ def test_worker_joining_mid_job_gets_tasks_from_the_next_iteration(small_config,
 def test_worker_killed_mid_job_loses_no_sample(small_config, tmp_path):
     from digen.trainer import run_reference
 
-    cfg = small_config(iterations=4, schedule__mode="disaggregated", schedule__gap=True, schedule__lease_s=5.0,
-                       cluster__local={"rollout_workers": 1, "trainer_workers": 1})
+    cfg = small_config(
+        iterations=4,
+        schedule__mode="disaggregated",
+        schedule__gap=True,
+        schedule__lease_s=5.0,
+        cluster__local={"rollout_workers": 1, "trainer_workers": 1},
+    )
     ref = tmp_path / "ref"
     run_reference(small_config(iterations=4), ref)
     out = tmp_path / "run"
@@ -131,9 +140,14 @@ def test_worker_killed_mid_job_loses_no_sample(small_config, tmp_path):
 
 def test_tag_idle_trainer_generates_when_generation_is_the_bottleneck(small_config, tmp_path):
     # generation-heavy: 8 sampling steps per sample, 1 trained step per sample
-    cfg = small_config(iterations=5, schedule__mode="digen", rollout__num_steps=8,
-                       train__timesteps={"strategy": "prefix", "fraction": 0.125},
-                       rollout__batch_size=16, cluster__local={"rollout_workers": 1, "trainer_workers": 1})
+    cfg = small_config(
+        iterations=5,
+        schedule__mode="digen",
+        rollout__num_steps=8,
+        train__timesteps={"strategy": "prefix", "fraction": 0.125},
+        rollout__batch_size=16,
+        cluster__local={"rollout_workers": 1, "trainer_workers": 1},
+    )
     out = tmp_path / "run"
     run_distributed(cfg, out)
     events = timeline(out)

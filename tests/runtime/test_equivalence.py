@@ -52,10 +52,17 @@ def reference_run(tiny_sd3, tmp_path_factory):
         ("digen", True, True, 1, 2),
     ],
 )
-def test_distributed_equals_reference(reference_run, small_config, tmp_path, mode, gap, tsp, rollout, trainers):
+def test_distributed_equals_reference(
+    reference_run, small_config, tmp_path, mode, gap, tsp, rollout, trainers
+):
     cfg = small_config(
-        iterations=3, schedule__mode=mode, schedule__gap=gap, schedule__tsp=tsp, schedule__max_staleness=0,
-        schedule__tag=mode == "digen", cluster__local={"rollout_workers": rollout, "trainer_workers": trainers},
+        iterations=3,
+        schedule__mode=mode,
+        schedule__gap=gap,
+        schedule__tsp=tsp,
+        schedule__max_staleness=0,
+        schedule__tag=mode == "digen",
+        cluster__local={"rollout_workers": rollout, "trainer_workers": trainers},
     )
     out = tmp_path / mode
     run_distributed(cfg, out)

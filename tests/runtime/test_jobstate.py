@@ -25,8 +25,9 @@ def test_lora_weight_sync_moves_only_the_adapter(redis_client, tiny_sd3):
     from digen.models import load_policy
 
     policy = load_policy(tiny_sd3, height=32, width=32)
-    full_bytes = JobState(redis_client, "full").publish(0, {k: v.detach() for k, v in
-                                                              policy.transformer.state_dict().items()})
+    full_bytes = JobState(redis_client, "full").publish(
+        0, {k: v.detach() for k, v in policy.transformer.state_dict().items()}
+    )
     policy.enable_lora(4, 8)
     job = JobState(redis_client, "lora")
     adapter = policy.trainable_state_dict()

@@ -64,7 +64,8 @@ def reference_run(tiny_sd3: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("train") / "run"
-    res = CliRunner().invoke(app, ["train", str(CONFIG), *quick_sets(tiny_sd3), "--out", str(out),
-                                   "--log-format", "quiet"])
+    res = CliRunner().invoke(
+        app, ["train", str(CONFIG), *quick_sets(tiny_sd3), "--out", str(out), "--log-format", "quiet"]
+    )
     assert res.exit_code == 0, res.output
     return out

@@ -43,8 +43,15 @@ def wait_for(pred: Callable[[], object], timeout_s: float, what: str, poll_s: fl
 
 def proc_env(home: Path) -> dict[str, str]:
     env = dict(os.environ)
-    env.update({"DIGEN_HOME": str(home), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-                "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"})
+    env.update(
+        {
+            "DIGEN_HOME": str(home),
+            "OMP_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+            "PYTHONUNBUFFERED": "1",
+            "HF_HUB_OFFLINE": "1",
+        }
+    )
     env.pop("DIGEN_REDIS_URL", None)
     env.pop("DIGEN_SCHEDULER", None)
     return env
@@ -68,8 +75,14 @@ class Procs:
         return self.start(DIGEN, *args, name=name)
 
     def run(self, *args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run([DIGEN, *args], cwd=ROOT, env=proc_env(self.home),
-                              capture_output=True, text=True, timeout=timeout_s)
+        return subprocess.run(
+            [DIGEN, *args],
+            cwd=ROOT,
+            env=proc_env(self.home),
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
 
     @staticmethod
     def output(p: subprocess.Popen) -> str:

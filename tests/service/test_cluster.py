@@ -40,37 +40,75 @@ def timeline(run: Path) -> list[dict]:
 
 def start_scheduler(procs: Procs, tmp_path: Path) -> str:
     info = tmp_path / "scheduler.json"
-    procs.start(DASK, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
-                "--scheduler-file", str(info), name="scheduler")
+    procs.start(
+        DASK,
+        "scheduler",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--no-dashboard",
+        "--scheduler-file",
+        str(info),
+        name="scheduler",
+    )
     wait_for(lambda: info.exists() and info.stat().st_size > 0, 60, "the dask scheduler")
     return json.loads(info.read_text())["address"]
 
 
 def start_worker(procs: Procs, scheduler: str, role: str, gpu: str):
     name = f"{role}-{gpu}"
-    p = procs.digen("worker", "--scheduler", scheduler, "--role", role, "--gpu-type", gpu, "--name", name,
-                    "--device", "cpu", name=name)
-    wait_for(lambda: f"digen worker {name} ({role}, gpu-{gpu}) joined" in procs.output(p), 90, f"{name} to join")
+    p = procs.digen(
+        "worker",
+        "--scheduler",
+        scheduler,
+        "--role",
+        role,
+        "--gpu-type",
+        gpu,
+        "--name",
+        name,
+        "--device",
+        "cpu",
+        name=name,
+    )
+    wait_for(
+        lambda: f"digen worker {name} ({role}, gpu-{gpu}) joined" in procs.output(p), 90, f"{name} to join"
+    )
     return p
 
 
-def test_external_scheduler_gpu_types_and_a_worker_joining_mid_job(r, procs: Procs, tiny_sd3: Path,
-                                                                   tmp_path: Path):
+def test_external_scheduler_gpu_types_and_a_worker_joining_mid_job(
+    r, procs: Procs, tiny_sd3: Path, tmp_path: Path
+):
     scheduler = start_scheduler(procs, tmp_path)
     start_worker(procs, scheduler, "rollout", "gpua")
     start_worker(procs, scheduler, "trainer", "gpub")
     run = tmp_path / "run"
-    submit = procs.digen("submit", str(CONFIG), *quick_sets(tiny_sd3, 300, "schedule.mode=digen"), "--out",
-                         str(run), "--wait", name="submit")
+    submit = procs.digen(
+        "submit",
+        str(CONFIG),
+        *quick_sets(tiny_sd3, 300, "schedule.mode=digen"),
+        "--out",
+        str(run),
+        "--wait",
+        name="submit",
+    )
     job_id = wait_for(lambda: (procs.output(submit).splitlines() or [""])[0].strip(), 60, "the job id")
     serve = procs.digen("serve", "--scheduler", scheduler, "--burst", name="serve")
 
-    started = wait_for(lambda: [ln for ln in service.read_log(r, job_id)[0] if "cluster up" in ln], 180,
-                       "the job to place its worker loops")
+    started = wait_for(
+        lambda: [ln for ln in service.read_log(r, job_id)[0] if "cluster up" in ln],
+        180,
+        "the job to place its worker loops",
+    )
     assert "cluster up: 2 workers: rollout-gpua [rollout], trainer-gpub [trainer]" in started[0]
     start_worker(procs, scheduler, "rollout", "gpuc")  # a new node of another GPU type, mid-job
-    joined = wait_for(lambda: [e for e in timeline(run) if e["worker"] == "rollout-gpuc" and e["kind"] == "gen"],
-                      180, "the new worker to generate")
+    joined = wait_for(
+        lambda: [e for e in timeline(run) if e["worker"] == "rollout-gpuc" and e["kind"] == "gen"],
+        180,
+        "the new worker to generate",
+    )
     res = cli("cancel", job_id)
     assert res.exit_code == 0 and "cancel requested" in res.output
     assert submit.wait(timeout=120) == 1  # --wait exits with the job's outcome

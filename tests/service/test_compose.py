@@ -61,12 +61,17 @@ def compose() -> dict:
 
 def services(compose: dict, profile: str | None = None) -> dict[str, dict]:
     """The services ``docker compose --profile PROFILE up`` starts (all when None)."""
-    return {name: s for name, s in compose["services"].items()
-            if profile is None or not s.get("profiles") or profile in s["profiles"]}
+    return {
+        name: s
+        for name, s in compose["services"].items()
+        if profile is None or not s.get("profiles") or profile in s["profiles"]
+    }
 
 
 def gpu_devices(service: dict) -> list[dict]:
-    return (service.get("deploy", {}).get("resources", {}).get("reservations", {}) or {}).get("devices", []) or []
+    return (service.get("deploy", {}).get("resources", {}).get("reservations", {}) or {}).get(
+        "devices", []
+    ) or []
 
 
 def digen_command(args: list[str]):
@@ -81,7 +86,8 @@ def digen_command(args: list[str]):
 
 def test_compose_has_the_stack_and_env_example_sets_what_it_needs(compose: dict):
     assert {"redis", "scheduler", "controller", "rollout", "trainer", "rollout-cpu", "trainer-cpu"} <= set(
-        compose["services"])
+        compose["services"]
+    )
     env = env_example()
     assert env["REDIS_PASSWORD"] and env["COMPOSE_PROFILES"] in ("gpu", "cpu")
 
@@ -146,7 +152,9 @@ def test_gpu_reservations_are_well_formed_one_gpu_type_per_service(compose: dict
 @pytest.mark.parametrize("profile", ["cpu", "gpu"])
 def test_each_profile_runs_the_whole_stack(compose: dict, profile: str):
     active = services(compose, profile)
-    roles = {s["command"][s["command"].index("--role") + 1] for s in active.values() if "worker" in s["command"]}
+    roles = {
+        s["command"][s["command"].index("--role") + 1] for s in active.values() if "worker" in s["command"]
+    }
     assert {"redis", "scheduler", "controller"} <= set(active) and roles == {"rollout", "trainer"}
 
 
@@ -175,6 +183,10 @@ def test_docker_compose_config_accepts_the_file(profile: str):
     probe = subprocess.run(["docker", "compose", "version"], capture_output=True, text=True)
     if probe.returncode != 0:
         pytest.skip("docker compose plugin not installed")
-    res = subprocess.run(["docker", "compose", "--env-file", str(ENV_EXAMPLE), "--profile", profile, "config",
-                          "--quiet"], cwd=ROOT, capture_output=True, text=True)
+    res = subprocess.run(
+        ["docker", "compose", "--env-file", str(ENV_EXAMPLE), "--profile", profile, "config", "--quiet"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr

@@ -24,8 +24,14 @@ while not stop.exists() and time.monotonic() < deadline:
 
 
 def client(home: Path, stop: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", CLIENT, str(stop)], cwd=ROOT, env=proc_env(home),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", CLIENT, str(stop)],
+        cwd=ROOT,
+        env=proc_env(home),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def visits(home: Path) -> int:

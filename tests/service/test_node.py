@@ -35,12 +35,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize(("device", "env"), [
-    (None, {}),
-    ("cpu", {"CUDA_VISIBLE_DEVICES": "", "DIGEN_DEVICE": "cpu"}),
-    ("cuda", {"CUDA_VISIBLE_DEVICES": "0", "DIGEN_DEVICE": "cuda:0"}),
-    ("cuda:3", {"CUDA_VISIBLE_DEVICES": "3", "DIGEN_DEVICE": "cuda:0"}),
-])
+@pytest.mark.parametrize(
+    ("device", "env"),
+    [
+        (None, {}),
+        ("cpu", {"CUDA_VISIBLE_DEVICES": "", "DIGEN_DEVICE": "cpu"}),
+        ("cuda", {"CUDA_VISIBLE_DEVICES": "0", "DIGEN_DEVICE": "cuda:0"}),
+        ("cuda:3", {"CUDA_VISIBLE_DEVICES": "3", "DIGEN_DEVICE": "cuda:0"}),
+    ],
+)
 def test_device_pins_the_worker_process_to_one_gpu(device, env):
     assert node.device_env(device) == env
 
@@ -68,12 +71,15 @@ def test_unreachable_scheduler_fails_within_10_s_naming_the_address():
     assert res.exit_code == 1 and f"cannot reach the Dask scheduler at {addr}" in res.output
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--role", "critic", "--gpu-type", "h100"], "--role (critic) must be rollout or trainer"),
-    (["--role", "rollout", "--gpu-type", "h 100"], "--gpu-type"),
-    (["--role", "rollout", "--gpu-type", "h100", "--device", "gpu0"], "--device (gpu0)"),
-    (["--role", "rollout", "--gpu-type", "h100", "--nthreads", "0"], "--nthreads (0)"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--role", "critic", "--gpu-type", "h100"], "--role (critic) must be rollout or trainer"),
+        (["--role", "rollout", "--gpu-type", "h 100"], "--gpu-type"),
+        (["--role", "rollout", "--gpu-type", "h100", "--device", "gpu0"], "--device (gpu0)"),
+        (["--role", "rollout", "--gpu-type", "h100", "--nthreads", "0"], "--nthreads (0)"),
+    ],
+)
 def test_worker_bad_input_exits_2(args, message):
     res = cli("worker", "--scheduler", "tcp://127.0.0.1:1", *args)
     assert res.exit_code == 2 and message in res.output
@@ -86,15 +92,53 @@ def test_tls_scheduler_needs_certificates():
 
 def make_certs(folder: Path) -> dict[str, Path]:
     """A CA and one node certificate signed by it (the commands of docs/deploy.md)."""
+
     def run(*args: str) -> None:
         subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)
 
     folder.mkdir(parents=True, exist_ok=True)
-    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=digen-ca",
-        "-keyout", "ca.key", "-out", "ca.pem")
-    run("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=digen-node", "-keyout", "node.key", "-out", "node.csr")
-    run("x509", "-req", "-in", "node.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-days", "2",
-        "-out", "node.pem")
+    run(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=digen-ca",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+    )
+    run(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=digen-node",
+        "-keyout",
+        "node.key",
+        "-out",
+        "node.csr",
+    )
+    run(
+        "x509",
+        "-req",
+        "-in",
+        "node.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-out",
+        "node.pem",
+    )
     return {"ca_file": folder / "ca.pem", "cert_file": folder / "node.pem", "key_file": folder / "node.key"}
 
 
@@ -103,17 +147,33 @@ def test_security_section_paths_resolve_against_its_file(tmp_path: Path):
         (tmp_path / "certs" / name).parent.mkdir(exist_ok=True)
         (tmp_path / "certs" / name).write_text("x")
     cfg = tmp_path / "job.yaml"
-    cfg.write_text(yaml.safe_dump({"iterations": 3, "security": {
-        "ca_file": "certs/ca.pem", "cert_file": "certs/node.pem", "key_file": "certs/node.key"}}))
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "iterations": 3,
+                "security": {
+                    "ca_file": "certs/ca.pem",
+                    "cert_file": "certs/node.pem",
+                    "key_file": "certs/node.key",
+                },
+            }
+        )
+    )
     sec = node.load_security(cfg)  # a job config works: only its security: section is read
     assert sec.ca_file == str((tmp_path / "certs/ca.pem").resolve()) and sec.require_encryption
     worker = node.dask_security(sec, "worker")
     assert (worker.tls_ca_file, worker.tls_worker_cert, worker.tls_worker_key) == (
-        sec.ca_file, sec.cert_file, sec.key_file)
+        sec.ca_file,
+        sec.cert_file,
+        sec.key_file,
+    )
     client = node.dask_security(sec, "client")
     assert (client.tls_client_cert, client.tls_client_key) == (sec.cert_file, sec.key_file)
     assert node.dask_tls_config(sec)["distributed.comm.tls.client.cert"] == sec.cert_file
-    assert node.dask_security(SecurityConfig(), "worker") is None and node.dask_tls_config(SecurityConfig()) == {}
+    assert (
+        node.dask_security(SecurityConfig(), "worker") is None
+        and node.dask_tls_config(SecurityConfig()) == {}
+    )
 
     (tmp_path / "certs" / "node.key").unlink()
     with pytest.raises(ConfigError, match=r"security.key_file \(certs/node.key\) does not exist"):
@@ -146,14 +206,43 @@ def test_digen_worker_joins_a_tls_scheduler(tmp_path: Path, digen_home: Path):
     info = tmp_path / "scheduler.json"
     procs = Procs(digen_home, tmp_path)
     try:
-        procs.start(DASK, "scheduler", "--host", "127.0.0.1", "--port", "0", "--protocol", "tls",
-                    "--no-dashboard", "--tls-ca-file", str(certs["ca_file"]), "--tls-cert", str(certs["cert_file"]),
-                    "--tls-key", str(certs["key_file"]), "--scheduler-file", str(info), name="scheduler")
+        procs.start(
+            DASK,
+            "scheduler",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--protocol",
+            "tls",
+            "--no-dashboard",
+            "--tls-ca-file",
+            str(certs["ca_file"]),
+            "--tls-cert",
+            str(certs["cert_file"]),
+            "--tls-key",
+            str(certs["key_file"]),
+            "--scheduler-file",
+            str(info),
+            name="scheduler",
+        )
         wait_for(lambda: info.exists() and info.stat().st_size > 0, 60, "the TLS scheduler")
         address = json.loads(info.read_text())["address"]
         assert address.startswith("tls://")
-        w = procs.digen("worker", "--scheduler", address, "--role", "trainer", "--gpu-type", "tls",
-                        "--name", "trainer-tls", "--security", str(sec_file), name="worker")
+        w = procs.digen(
+            "worker",
+            "--scheduler",
+            address,
+            "--role",
+            "trainer",
+            "--gpu-type",
+            "tls",
+            "--name",
+            "trainer-tls",
+            "--security",
+            str(sec_file),
+            name="worker",
+        )
         wait_for(lambda: "joined" in procs.output(w), 90, "the worker to join over TLS")
 
         sec = node.load_security(sec_file)

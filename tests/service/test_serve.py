@@ -32,8 +32,9 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def test_serve_burst_and_submit_wait_on_a_laptop_match_digen_train(tiny_sd3: Path, reference_run: Path,
-                                                                    tmp_path: Path):
+def test_serve_burst_and_submit_wait_on_a_laptop_match_digen_train(
+    tiny_sd3: Path, reference_run: Path, tmp_path: Path
+):
     """`digen serve --burst & digen submit CONFIG --wait` with nothing running: they share one
     embedded Redis (whichever starts it), the job's metrics equal `digen train`'s, and the last
     process out saves and stops the server."""
@@ -45,8 +46,9 @@ def test_serve_burst_and_submit_wait_on_a_laptop_match_digen_train(tiny_sd3: Pat
     run = tmp_path / "run"
     try:
         serve = procs.digen("serve", "--burst", name="serve")
-        submit = procs.digen("submit", str(CONFIG), *quick_sets(tiny_sd3), "--out", str(run), "--wait",
-                             name="submit")
+        submit = procs.digen(
+            "submit", str(CONFIG), *quick_sets(tiny_sd3), "--out", str(run), "--wait", name="submit"
+        )
         assert submit.wait(timeout=240) == 0, procs.output(submit)
         assert serve.wait(timeout=60) == 0, procs.output(serve)
         assert db.exists() and not Path(f"{db}.settings").exists()  # the last one out saved and stopped it
@@ -65,13 +67,19 @@ def test_serve_burst_and_submit_wait_on_a_laptop_match_digen_train(tiny_sd3: Pat
     assert f"iteration {ITERATIONS}/{ITERATIONS}" in out and f"job {job_id}: done" in out
     (info,) = jobs
     assert (info.id, info.state, info.iteration, info.total, info.attempts) == (
-        job_id, "done", ITERATIONS, ITERATIONS, 1)
+        job_id,
+        "done",
+        ITERATIONS,
+        ITERATIONS,
+        1,
+    )
     last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
     assert info.reward == last["reward_mean"] and info.samples_per_s == last["samples_per_s"]
 
 
-def test_a_dead_runner_resumes_without_repeating_or_losing_an_iteration(r, procs: Procs, tiny_sd3: Path,
-                                                                        reference_run: Path, tmp_path: Path):
+def test_a_dead_runner_resumes_without_repeating_or_losing_an_iteration(
+    r, procs: Procs, tiny_sd3: Path, reference_run: Path, tmp_path: Path
+):
     run = tmp_path / "run"
     res = cli("submit", CONFIG, *quick_sets(tiny_sd3), "--out", run)
     assert res.exit_code == 0, res.output
@@ -82,8 +90,11 @@ def test_a_dead_runner_resumes_without_repeating_or_losing_an_iteration(r, procs
     wait_for(lambda: service.job_info(r, job_id).iteration >= 2, 120, "two iterations")
     horse = int(service._fetch(r, job_id).meta["pid"])
     os.kill(horse, signal.SIGKILL)
-    wait_for(lambda: service.job_info(r, job_id).attempts == 2 and service.job_info(r, job_id).state == "running",
-             60, "the automatic retry")
+    wait_for(
+        lambda: service.job_info(r, job_id).attempts == 2 and service.job_info(r, job_id).state == "running",
+        60,
+        "the automatic retry",
+    )
     wait_for(lambda: service.job_info(r, job_id).iteration >= 5, 120, "five iterations")
 
     # 2. the whole digen serve dies: its work horse goes with it, the job is lost
@@ -99,8 +110,16 @@ def test_a_dead_runner_resumes_without_repeating_or_losing_an_iteration(r, procs
     assert res.exit_code == 0, res.output
     new_id = res.stdout.strip()
     # and a job that is bad only where it runs (its model is missing there): fails once, never retried
-    res = cli("submit", CONFIG, *quick_sets(tiny_sd3), "--set", "model.path=/nonexistent/sd3",
-              "--no-check-paths", "--out", tmp_path / "bad")
+    res = cli(
+        "submit",
+        CONFIG,
+        *quick_sets(tiny_sd3),
+        "--set",
+        "model.path=/nonexistent/sd3",
+        "--no-check-paths",
+        "--out",
+        tmp_path / "bad",
+    )
     assert res.exit_code == 0, res.output
     bad_id = res.stdout.strip()
     serve2 = procs.digen("serve", "--burst", name="serve-2")

@@ -65,7 +65,9 @@ def test_submit_enqueues_a_json_job_with_a_long_timeout(r, tiny_sd3: Path, tmp_p
     assert (info["state"], info["iteration"], info["total"]) == ("queued", 0, 8)
     assert info["run_dir"] == kwargs["out"] and info["mode"] == "reference"
     table = cli("status")
-    assert table.exit_code == 0 and job_id in table.stdout and "queued" in table.stdout and "0/8" in table.stdout
+    assert (
+        table.exit_code == 0 and job_id in table.stdout and "queued" in table.stdout and "0/8" in table.stdout
+    )
 
 
 def test_default_run_directory_is_named_after_config_and_job(r, tiny_sd3: Path, tmp_path: Path, monkeypatch):
@@ -147,8 +149,12 @@ def test_states_of_a_started_job_follow_its_heartbeat_and_lost_jobs_resume(r, ti
 
 
 def test_unknown_jobs_are_bad_input(r):
-    for cmd in (("status", "nosuchjob"), ("logs", "nosuchjob"), ("cancel", "nosuchjob"),
-                ("submit", "--resume", "nosuchjob")):
+    for cmd in (
+        ("status", "nosuchjob"),
+        ("logs", "nosuchjob"),
+        ("cancel", "nosuchjob"),
+        ("submit", "--resume", "nosuchjob"),
+    ):
         res = cli(*cmd)
         assert res.exit_code == 2, cmd
         assert "no job nosuchjob" in res.output
@@ -160,8 +166,14 @@ def test_unreachable_redis_is_one_line_naming_the_url_within_10_s(tiny_sd3: Path
         port = s.getsockname()[1]
     url = f"redis://alice:hunter2hunter2@127.0.0.1:{port}/0"
     t0 = time.monotonic()
-    res = subprocess.run([DIGEN, "submit", str(CONFIG), *quick_sets(tiny_sd3), "--redis-url", url], cwd=ROOT,
-                         env=proc_env(digen_home), capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [DIGEN, "submit", str(CONFIG), *quick_sets(tiny_sd3), "--redis-url", url],
+        cwd=ROOT,
+        env=proc_env(digen_home),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert time.monotonic() - t0 < 10
     assert res.returncode == 1 and res.stdout == ""
     lines = res.stderr.strip().splitlines()
@@ -217,10 +229,29 @@ def test_password_and_acl_user_urls(tiny_sd3: Path, tmp_path: Path):
     start_embedded(db, password="s3cret-admin-pw", port=port)
     try:
         admin = connect(f"redis://:s3cret-admin-pw@127.0.0.1:{port}/0")
-        admin.execute_command("ACL", "SETUSER", "digen", "on", ">s3cret-digen-pw", "~digen:*", "~rq:*", "&*", "+@all",
-                              "-flushall", "-flushdb", "-shutdown", "-config", "-debug")
-        for url in (f"redis://:s3cret-admin-pw@127.0.0.1:{port}/0", f"redis://digen:s3cret-digen-pw@127.0.0.1:{port}/0"):
-            res = cli("submit", CONFIG, *quick_sets(tiny_sd3), "--out", tmp_path / url[8:13], "--redis-url", url)
+        admin.execute_command(
+            "ACL",
+            "SETUSER",
+            "digen",
+            "on",
+            ">s3cret-digen-pw",
+            "~digen:*",
+            "~rq:*",
+            "&*",
+            "+@all",
+            "-flushall",
+            "-flushdb",
+            "-shutdown",
+            "-config",
+            "-debug",
+        )
+        for url in (
+            f"redis://:s3cret-admin-pw@127.0.0.1:{port}/0",
+            f"redis://digen:s3cret-digen-pw@127.0.0.1:{port}/0",
+        ):
+            res = cli(
+                "submit", CONFIG, *quick_sets(tiny_sd3), "--out", tmp_path / url[8:13], "--redis-url", url
+            )
             assert res.exit_code == 0, res.output
             job_id = res.stdout.strip()
             res = cli("status", "--json", "--redis-url", url)

@@ -43,9 +43,13 @@ def test_lp_is_optimal_against_a_grid_search():
         gen = sum(f * gi for f, gi in zip(sol.fractions, g, strict=True))
         train = sum((1 - f) * ti for f, ti in zip(sol.fractions, t, strict=True))
         assert gen >= sol.x - 1e-9 and train >= sol.x - 1e-9
-        best = max(min(sum(f * gi for f, gi in zip(fs, g, strict=True)),
-                       sum((1 - f) * ti for f, ti in zip(fs, t, strict=True)))
-                   for fs in itertools.product(grid, repeat=3))
+        best = max(
+            min(
+                sum(f * gi for f, gi in zip(fs, g, strict=True)),
+                sum((1 - f) * ti for f, ti in zip(fs, t, strict=True)),
+            )
+            for fs in itertools.product(grid, repeat=3)
+        )
         assert best <= sol.x + 1e-9
         assert sol.x - best < 0.1 * sol.x
 

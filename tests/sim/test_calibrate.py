@@ -16,8 +16,16 @@ from digen.sim.driver import BUSY_KINDS, MODES, simulate
 
 
 def source_model() -> CostModel:
-    wc = WorkerCost(gen_s=1.0, decode_s=0.2, reward_s=0.1, train_s=1.5, train_tsp_s=1.5, gen_on_trainer_s=1.0,
-                    load_s=0.02, overhead_s=0.05)
+    wc = WorkerCost(
+        gen_s=1.0,
+        decode_s=0.2,
+        reward_s=0.1,
+        train_s=1.5,
+        train_tsp_s=1.5,
+        gen_on_trainer_s=1.0,
+        load_s=0.02,
+        overhead_s=0.05,
+    )
     workers = [SimWorker(n, "cpu", 1, wc) for n in ("rollout-0", "rollout-1", "trainer-0", "trainer-1")]
     return CostModel(workers, tasks=4, samples_per_task=4, optim_s=0.1, sync_s=0.05)
 
@@ -28,18 +36,33 @@ def write_run(root: Path, cost: CostModel, iterations: int = 5) -> None:
     res = simulate(cost, MODES["digen"], roles, iterations=iterations, warmup=1)
     root.mkdir()
     keys = ("worker", "gpu_type", "role", "kind", "iteration", "version", "start", "end")
-    (root / "timeline.jsonl").write_text("".join(json.dumps({k: r[k] for k in keys}) + "\n" for r in res.rows))
+    (root / "timeline.jsonl").write_text(
+        "".join(json.dumps({k: r[k] for k in keys}) + "\n" for r in res.rows)
+    )
     metrics, lo = [], 0.0
     for k, hi in enumerate(res.step_ends):
-        busy = sum(max(0.0, min(r["end"], hi) - max(r["start"], lo)) for r in res.rows
-                   if r["kind"] in BUSY_KINDS and r["worker"] != "controller")
+        busy = sum(
+            max(0.0, min(r["end"], hi) - max(r["start"], lo))
+            for r in res.rows
+            if r["kind"] in BUSY_KINDS and r["worker"] != "controller"
+        )
         n = len(cost.workers)
-        metrics.append({"iteration": k, "samples": cost.samples, "wall_s": hi - lo, "busy_s": busy,
-                        "worker_s": n * (hi - lo), "bubble_ratio": 1 - busy / (n * (hi - lo))})
+        metrics.append(
+            {
+                "iteration": k,
+                "samples": cost.samples,
+                "wall_s": hi - lo,
+                "busy_s": busy,
+                "worker_s": n * (hi - lo),
+                "bubble_ratio": 1 - busy / (n * (hi - lo)),
+            }
+        )
         lo = hi
     (root / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
-    cfg = {"rollout": {"batch_size": cost.samples, "group_size": cost.samples_per_task},
-           "schedule": {"mode": "digen", "gap": True, "tsp": True, "tag": True, "max_staleness": 1}}
+    cfg = {
+        "rollout": {"batch_size": cost.samples, "group_size": cost.samples_per_task},
+        "schedule": {"mode": "digen", "gap": True, "tsp": True, "tag": True, "max_staleness": 1},
+    }
     (root / "config.yaml").write_text(yaml.safe_dump(cfg))
 
 
@@ -75,4 +98,7 @@ def test_a_slower_run_is_predicted_slower(tmp_path):
     slow.workers = [replace(w, cost=replace(w.cost, train_s=3.0, train_tsp_s=3.0)) for w in slow.workers]
     write_run(tmp_path / "fast", fast)
     write_run(tmp_path / "slow", slow)
-    assert compare_run(tmp_path / "slow").predicted_samples_per_s < compare_run(tmp_path / "fast").predicted_samples_per_s
+    assert (
+        compare_run(tmp_path / "slow").predicted_samples_per_s
+        < compare_run(tmp_path / "fast").predicted_samples_per_s
+    )

@@ -43,28 +43,44 @@ def test_tables_list_every_mode_and_explain_the_speedup():
 
 def _small_config(tmp_path: Path) -> Path:
     p = tmp_path / "tiny_C.yaml"
-    p.write_text(yaml.safe_dump({"catalog": str(CATALOG), "workload": "flow-grpo-flux", "testbed": "C", "prompts": 4,
-                                 "sim": {"iterations": 3, "warmup": 1, "neighbours": 0}}))
+    p.write_text(
+        yaml.safe_dump(
+            {
+                "catalog": str(CATALOG),
+                "workload": "flow-grpo-flux",
+                "testbed": "C",
+                "prompts": 4,
+                "sim": {"iterations": 3, "warmup": 1, "neighbours": 0},
+            }
+        )
+    )
     return p
 
 
 def test_simulate_json_prints_one_object_per_mode(tmp_path):
     cfg = _small_config(tmp_path)
     gantt = tmp_path / "g.png"
-    res = CliRunner().invoke(app, ["simulate", str(cfg), "--modes", "colocated,disaggregated,digen", "--json",
-                                   "--gantt", str(gantt)])
+    res = CliRunner().invoke(
+        app,
+        ["simulate", str(cfg), "--modes", "colocated,disaggregated,digen", "--json", "--gantt", str(gantt)],
+    )
     assert res.exit_code == 0, res.output
-    rows = json.loads(res.stdout[res.stdout.index("["):])
+    rows = json.loads(res.stdout[res.stdout.index("[") :])
     assert [r["mode"] for r in rows] == ["colocated", "disaggregated", "digen"]
-    assert all({"s_per_iteration", "samples_per_s", "bubble_ratio", "speedup_vs_colocated", "fraction_of_bound"}
-               <= set(r) for r in rows)
+    assert all(
+        {"s_per_iteration", "samples_per_s", "bubble_ratio", "speedup_vs_colocated", "fraction_of_bound"}
+        <= set(r)
+        for r in rows
+    )
     assert gantt.exists()
 
 
 def test_simulate_all_writes_the_markdown_results_table(tmp_path):
     _small_config(tmp_path)
     out = tmp_path / "results.md"
-    res = CliRunner().invoke(app, ["simulate", str(tmp_path), "--all", "--modes", "colocated,digen", "--out", str(out)])
+    res = CliRunner().invoke(
+        app, ["simulate", str(tmp_path), "--all", "--modes", "colocated,digen", "--out", str(out)]
+    )
     assert res.exit_code == 0, res.output
     text = out.read_text()
     assert "| flow-grpo-flux | C | 16 |" in text and "Why (from the simulation)" in text

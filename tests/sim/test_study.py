@@ -15,15 +15,28 @@ from digen.sim.study import SimSettings, run_study
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "sim"
 H100 = GpuType("h100", tflops=309, memory_gb=80, host_gbps=50, intra_gbps=100)
 SMALL = GpuType("small", tflops=100, memory_gb=26, host_gbps=25, intra_gbps=25)
-MODEL = ModelSpec("m", tflop_per_step=20, cfg=2, weights_gb=20, adapter_gb=0.2, layers=40, activation_gb=6,
-                  train_flops_factor=4, decode_s_ref=0.5, reward_tflop=0.5, sp_efficiency={2: 1.03, 4: 0.9})
+MODEL = ModelSpec(
+    "m",
+    tflop_per_step=20,
+    cfg=2,
+    weights_gb=20,
+    adapter_gb=0.2,
+    layers=40,
+    activation_gb=6,
+    train_flops_factor=4,
+    decode_s_ref=0.5,
+    reward_tflop=0.5,
+    sp_efficiency={2: 1.03, 4: 0.9},
+)
 
 
 MID = GpuType("mid", tflops=150, memory_gb=80, host_gbps=25, intra_gbps=25)
 
 
 def small_study(testbed: Bed, modes: list[str], prompts: int = 4):
-    wl = Workload("w", MODEL, steps=10, timestep_fraction=0.4, prompts=prompts, group_size=4, samples_per_task=1)
+    wl = Workload(
+        "w", MODEL, steps=10, timestep_fraction=0.4, prompts=prompts, group_size=4, samples_per_task=1
+    )
     return run_study(paper_costmodel(wl, testbed), modes, SimSettings(iterations=4, warmup=1, neighbours=1))
 
 
@@ -43,8 +56,14 @@ def test_json_rows_have_the_contract_fields():
     rows = [r.to_json() for r in study.results]
     assert [r["mode"] for r in rows] == ["colocated", "digen"]
     for r in rows:
-        assert {"mode", "s_per_iteration", "samples_per_s", "bubble_ratio", "speedup_vs_colocated",
-                "fraction_of_bound"} <= set(r)
+        assert {
+            "mode",
+            "s_per_iteration",
+            "samples_per_s",
+            "bubble_ratio",
+            "speedup_vs_colocated",
+            "fraction_of_bound",
+        } <= set(r)
     assert rows[0]["speedup_vs_colocated"] == 1.0
     assert rows[1]["rollout_gpus"] + rows[1]["trainer_gpus"] == 4
 
@@ -87,8 +106,10 @@ def test_sim_imports_stay_light():
     import subprocess
     import sys
 
-    code = ("import sys, digen.sim.study, digen.sim.calibrate, digen.sim.report, digen.sim.catalog; "
-            "bad = [m for m in ('torch', 'dask', 'redis', 'matplotlib') if m in sys.modules]; print(bad); "
-            "sys.exit(1 if bad else 0)")
+    code = (
+        "import sys, digen.sim.study, digen.sim.calibrate, digen.sim.report, digen.sim.catalog; "
+        "bad = [m for m in ('torch', 'dask', 'redis', 'matplotlib') if m in sys.modules]; print(bad); "
+        "sys.exit(1 if bad else 0)"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr

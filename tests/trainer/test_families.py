@@ -24,8 +24,9 @@ def test_family_trains_in_reference_and_digen_mode(arch, tiny_models, tmp_path):
     from digen.config import build_config
     from tests.conftest import small_config_data
 
-    data = small_config_data(tiny_models(arch), iterations=1, rollout__num_steps=3,
-                             rollout__batch_size=4, rollout__group_size=2)
+    data = small_config_data(
+        tiny_models(arch), iterations=1, rollout__num_steps=3, rollout__batch_size=4, rollout__group_size=2
+    )
     if arch in VIDEO_FRAMES:
         data["model"]["num_frames"] = VIDEO_FRAMES[arch]
     if arch == "qwen-image":

@@ -11,8 +11,18 @@ from safetensors.torch import load_file
 
 from digen.trainer import run_reference
 
-LEARNING = ("iteration", "samples", "reward_mean", "reward_std", "loss", "approx_kl", "clipfrac", "grad_norm",
-            "rewards", "policy_version")
+LEARNING = (
+    "iteration",
+    "samples",
+    "reward_mean",
+    "reward_std",
+    "loss",
+    "approx_kl",
+    "clipfrac",
+    "grad_norm",
+    "rewards",
+    "policy_version",
+)
 
 
 def learning_rows(run: Path) -> list[dict]:
@@ -28,8 +38,15 @@ def final_weights(run: Path) -> dict[str, torch.Tensor]:
 def test_run_directory_and_on_policy_ratio(small_config, tmp_path):
     summary = run_reference(small_config(), tmp_path / "run")
     run = tmp_path / "run"
-    for name in ("config.yaml", "metrics.jsonl", "timeline.jsonl", "summary.json", "samples/iter_0000.png",
-                 "checkpoints/iter_0001/weights.safetensors", "checkpoints/iter_0001/optimizer.safetensors"):
+    for name in (
+        "config.yaml",
+        "metrics.jsonl",
+        "timeline.jsonl",
+        "summary.json",
+        "samples/iter_0000.png",
+        "checkpoints/iter_0001/weights.safetensors",
+        "checkpoints/iter_0001/optimizer.safetensors",
+    ):
         assert (run / name).exists(), name
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == [0, 1]
@@ -37,8 +54,17 @@ def test_run_directory_and_on_policy_ratio(small_config, tmp_path):
     assert all(r["ratio_max_dev"] == 0.0 for r in rows)
     assert all(r["approx_kl"] == 0.0 and r["clipfrac"] == 0.0 for r in rows)
     assert rows[0]["trained_rows"] == 8 * 2  # 8 samples x floor(4 * 0.5) steps
-    for key in ("iterations", "samples", "wall_s", "samples_per_s", "bubble_ratio", "reward_first", "reward_last",
-                "max_staleness", "mode"):
+    for key in (
+        "iterations",
+        "samples",
+        "wall_s",
+        "samples_per_s",
+        "bubble_ratio",
+        "reward_first",
+        "reward_last",
+        "max_staleness",
+        "mode",
+    ):
         assert key in summary
     assert summary["samples"] == 16
     # the weights moved

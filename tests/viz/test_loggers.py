@@ -24,8 +24,9 @@ def test_namespaces():
         assert namespace(k) == f"train/{k}"
     for k in ("wall_s", "samples_per_s", "bubble_ratio"):
         assert namespace(k) == f"system/{k}"
-    flat = namespaced({"iteration": 3, "reward_mean": 0.5, "rewards": [0.1, 0.2], "mode": "digen", "ok": True,
-                       "loss": 1})
+    flat = namespaced(
+        {"iteration": 3, "reward_mean": 0.5, "rewards": [0.1, 0.2], "mode": "digen", "ok": True, "loss": 1}
+    )
     assert flat == {"rollout/reward_mean": 0.5, "train/loss": 1.0}
 
 

@@ -15,7 +15,7 @@ from ._runs import metrics_rows, timeline_rows, write_run
 
 def _pixels_near(img: Image.Image, hex_color: str, tol: int = 12) -> int:
     rgb = np.asarray(img.convert("RGB")).astype(int)
-    target = np.array([int(hex_color[i:i + 2], 16) for i in (1, 3, 5)])
+    target = np.array([int(hex_color[i : i + 2], 16) for i in (1, 3, 5)])
     return int((np.abs(rgb - target).max(axis=-1) <= tol).sum())
 
 
@@ -23,10 +23,16 @@ def test_timeline_draws_every_task_on_its_workers_lane(tmp_path):
     rows = timeline_rows(iterations=3)
     drawn = plot_timeline(rows, tmp_path / "timeline.png")
     assert drawn.bars == len(rows)
-    per_worker = {w: sum(1 for r in rows if r["worker"] == w) for w in ("rollout-0", "trainer-0", "controller")}
+    per_worker = {
+        w: sum(1 for r in rows if r["worker"] == w) for w in ("rollout-0", "trainer-0", "controller")
+    }
     assert drawn.bars_per_lane == per_worker
     # one lane per worker, labelled with its role and GPU type, rollout first, controller last
-    assert drawn.lanes == ["rollout-0\nrollout · h100", "trainer-0\ntrainer · l40s", "controller\ncontroller · cpu"]
+    assert drawn.lanes == [
+        "rollout-0\nrollout · h100",
+        "trainer-0\ntrainer · l40s",
+        "controller\ncontroller · cpu",
+    ]
     # rollout rows of iterations >= 1 were generated with the previous version: hatched
     assert drawn.stale_bars == sum(1 for r in rows if staleness(r) > 0) == 12
     img = Image.open(tmp_path / "timeline.png")
@@ -37,8 +43,10 @@ def test_timeline_draws_every_task_on_its_workers_lane(tmp_path):
 def test_timeline_with_a_long_warmup_adds_a_zoom_panel_and_keeps_the_count(tmp_path):
     rows = timeline_rows(iterations=3)
     # iteration 0 starts with 30 s of model loading on both workers
-    rows += [{**rows[0], "kind": "sync", "start": 970.0, "end": 1000.0},
-             {**rows[6], "kind": "sync", "start": 970.0, "end": 1000.0}]
+    rows += [
+        {**rows[0], "kind": "sync", "start": 970.0, "end": 1000.0},
+        {**rows[6], "kind": "sync", "start": 970.0, "end": 1000.0},
+    ]
     plain = Image.open(io.BytesIO(_png(timeline_rows(iterations=3))))
     drawn = plot_timeline(rows, tmp_path / "t.png")
     assert drawn.bars == len(rows)

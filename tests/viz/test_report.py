@@ -24,7 +24,10 @@ def _grid_png() -> bytes:
 
 
 def _images(page: str) -> list[Image.Image]:
-    return [Image.open(io.BytesIO(base64.b64decode(b))) for b in re.findall(r'src="data:image/png;base64,([^"]+)"', page)]
+    return [
+        Image.open(io.BytesIO(base64.b64decode(b)))
+        for b in re.findall(r'src="data:image/png;base64,([^"]+)"', page)
+    ]
 
 
 def test_report_embeds_charts_grid_and_summary(tmp_path):

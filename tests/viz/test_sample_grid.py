@@ -10,8 +10,12 @@ from digen.rollout import GroupTask, Trajectories
 from digen.viz import BEST, HEADER_H, LABEL_H, LABEL_W, WORST, group_label, write_sample_grid
 
 
-def _trajs(n_groups: int, g: int = 4, frames: int | None = None) -> tuple[list[GroupTask], dict[int, Trajectories]]:
-    groups = [GroupTask(7, i, f"prompt number {i}", tuple(range(i * g, i * g + g)), 6) for i in range(n_groups)]
+def _trajs(
+    n_groups: int, g: int = 4, frames: int | None = None
+) -> tuple[list[GroupTask], dict[int, Trajectories]]:
+    groups = [
+        GroupTask(7, i, f"prompt number {i}", tuple(range(i * g, i * g + g)), 6) for i in range(n_groups)
+    ]
     gen = torch.Generator().manual_seed(0)
     shape = (g, 3, 32, 32) if frames is None else (g, frames, 3, 32, 32)
     trajs = {}
@@ -35,7 +39,7 @@ def test_grid_layout_and_labels(tmp_path):
     img = Image.open(path)
     assert img.size == (LABEL_W + 4 * 64, HEADER_H + 2 * (64 + LABEL_H))
     # the image cells hold the images, pixel for pixel (nearest upscaling x2)
-    cell = np.asarray(img.convert("RGB"))[HEADER_H:HEADER_H + 64, LABEL_W:LABEL_W + 64]
+    cell = np.asarray(img.convert("RGB"))[HEADER_H : HEADER_H + 64, LABEL_W : LABEL_W + 64]
     src = trajs[0].images[0].permute(1, 2, 0).numpy()
     assert np.array_equal(cell[::2, ::2], src)
     # the prompt column and the header carry text (dark pixels on white)
@@ -55,8 +59,12 @@ def test_video_frames_side_by_side(tmp_path):
 
 
 def test_group_label_wraps_the_prompt_and_ends_with_mean_and_std():
-    lines = group_label("a photograph of a cat riding a bicycle through paris at dusk, high detail",
-                        torch.tensor([1.0, 3.0, float("nan")]), width_chars=20, max_lines=2)
+    lines = group_label(
+        "a photograph of a cat riding a bicycle through paris at dusk, high detail",
+        torch.tensor([1.0, 3.0, float("nan")]),
+        width_chars=20,
+        max_lines=2,
+    )
     assert len(lines) == 3
     assert lines[1].endswith("…")
     assert lines[-1] == "2.000 ± 1.000"
