@@ -200,17 +200,11 @@ class Scheduler:
         if not rollout_gen or not trainers:
             return {}
         mean_gen = sum(rollout_gen) / len(rollout_gen)
-        train_s = {n: self.seconds.get((n, TaskKind.TRAIN)) for n in trainers}
-        if any(v is None for v in train_s.values()):
+        if any((n, TaskKind.TRAIN) not in self.seconds for n in trainers):
             return {}
+        train_s = {n: self.seconds[(n, TaskKind.TRAIN)] for n in trainers}
         gen_s = {n: self.seconds.get((n, TaskKind.GEN), mean_gen) for n in trainers}
-        return tag_budgets(
-            self.cfg.groups,
-            rollout_gen,
-            train_s,
-            gen_s,  # type: ignore[arg-type]
-            margin=self.cfg.tag_margin,
-        )
+        return tag_budgets(self.cfg.groups, rollout_gen, train_s, gen_s, margin=self.cfg.tag_margin)
 
     def _learn(self, worker: str, kind: TaskKind, seconds: float, alpha: float = 0.5) -> None:
         key = (worker, kind)
