@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from digen.algos.loss import ppo_clip_loss
+from digen.algos.loss import LossTerms, ppo_clip_loss
 from digen.algos.sde import kl_to_reference, sde_step
 from digen.config import Config
 from digen.models.base import FlowPolicy, PromptEmbeds
@@ -126,6 +126,15 @@ class TrainStats:
         self.kl += other.kl
         self.ratio_max_dev = max(self.ratio_max_dev, other.ratio_max_dev)
 
+    def add_chunk(self, rows: int, loss: torch.Tensor, terms: LossTerms, kl: torch.Tensor) -> None:
+        """Add one forward's sums (``loss``, ``kl``: ``[R]``)."""
+        self.rows += rows
+        self.loss += float(loss.detach().sum())
+        self.approx_kl += float(terms.approx_kl.detach().sum())
+        self.clipped += float(terms.clipped.float().sum())
+        self.kl += float(kl.detach().sum())
+        self.ratio_max_dev = max(self.ratio_max_dev, float((terms.ratio.detach() - 1).abs().max()))
+
     def to_json(self) -> dict:
         return dict(self.__dict__)
 
@@ -134,13 +143,46 @@ class TrainStats:
         return TrainStats(**d)
 
 
-def _chunks(rows: TrainRows, tsp: bool, limit: int) -> list[torch.Tensor]:
+def forward_chunks(rows: TrainRows, tsp: bool, limit: int) -> list[torch.Tensor]:
     """Row index sets, one per forward: TSP packs up to ``limit`` rows of any steps; without
     TSP one forward per denoising step (the sequential loop)."""
     n = len(rows)
     if tsp:
         return [torch.arange(i, min(i + limit, n)) for i in range(0, n, limit)]
     return [torch.nonzero(rows.step == j).flatten() for j in torch.unique(rows.step).tolist()]
+
+
+def chunk_loss(
+    policy: FlowPolicy, chunk: TrainRows, embeds: PromptEmbeds, cfg: Config, sigma_max: float
+) -> tuple[torch.Tensor, LossTerms, torch.Tensor]:
+    """One forward over ``chunk``: per-row loss ``[R]`` (PPO-clip + kl_beta * KL), the PPO
+    terms and the KL ``[R]`` (zeros when ``train.kl_beta`` is 0). Differentiable."""
+    r, t = cfg.rollout, cfg.train
+    device = policy.device
+    x = chunk.x.to(device)
+    sigma, sigma_next, x_next = chunk.sigma.to(device), chunk.sigma_next.to(device), chunk.x_next.to(device)
+    e = embeds.index(chunk.sample)
+    sde = {
+        "kind": r.sde.kind,
+        "noise_level": r.sde.noise_level,
+        "prev_sample": x_next,
+        "sigma_max": sigma_max,
+    }
+    # --- re-score the stored transition x -> x_next under the current policy
+    step = sde_step(policy.velocity(x, sigma, e, r.guidance_scale), x, sigma, sigma_next, **sde)
+    terms = ppo_clip_loss(
+        step.log_prob, chunk.old_log_prob.to(device), chunk.advantage.to(device), t.clip_range
+    )
+    loss = terms.loss
+    # --- optional KL to the base weights (LoRA disabled)
+    kl = torch.zeros_like(loss)
+    if t.kl_beta > 0:
+        with torch.no_grad(), policy.reference_mode():
+            v_ref = policy.velocity(x, sigma, e, r.guidance_scale)
+        ref = sde_step(v_ref, x, sigma, sigma_next, **sde)
+        kl = kl_to_reference(step.mean, ref.mean, step.std)
+        loss = loss + t.kl_beta * kl
+    return loss, terms, kl
 
 
 def task_gradient(
@@ -158,57 +200,16 @@ def task_gradient(
     starts from zero (whatever ``.grad`` held is discarded) and comes back as float32 CPU
     tensors keyed like :meth:`FlowPolicy.trainable_state_dict` of the trained parameters.
     """
-    r, t = cfg.rollout, cfg.train
+    t = cfg.train
     params = dict(policy.named_trainable_parameters())
     for p in params.values():
         p.grad = None
     stats = TrainStats()
-    device = policy.device
-    for idx in _chunks(rows, tsp, t.rows_per_forward):
+    for idx in forward_chunks(rows, tsp, t.rows_per_forward):
         chunk = rows.take(idx)
-        x = chunk.x.to(device)
-        e = embeds.index(chunk.sample)
-        # --- re-score the stored transition x -> x_next under the current policy
-        v = policy.velocity(x, chunk.sigma.to(device), e, r.guidance_scale)
-        step = sde_step(
-            v,
-            x,
-            chunk.sigma.to(device),
-            chunk.sigma_next.to(device),
-            kind=r.sde.kind,
-            noise_level=r.sde.noise_level,
-            prev_sample=chunk.x_next.to(device),
-            sigma_max=sigma_max,
-        )
-        terms = ppo_clip_loss(
-            step.log_prob, chunk.old_log_prob.to(device), chunk.advantage.to(device), t.clip_range
-        )
-        loss = terms.loss
-        # --- optional KL to the base weights (LoRA disabled)
-        kl = torch.zeros_like(loss)
-        if t.kl_beta > 0:
-            with torch.no_grad(), policy.reference_mode():
-                v_ref = policy.velocity(x, chunk.sigma.to(device), e, r.guidance_scale)
-            ref = sde_step(
-                v_ref,
-                x,
-                chunk.sigma.to(device),
-                chunk.sigma_next.to(device),
-                kind=r.sde.kind,
-                noise_level=r.sde.noise_level,
-                prev_sample=chunk.x_next.to(device),
-                sigma_max=sigma_max,
-            )
-            kl = kl_to_reference(step.mean, ref.mean, step.std)
-            loss = loss + t.kl_beta * kl
+        loss, terms, kl = chunk_loss(policy, chunk, embeds, cfg, sigma_max)
         loss.sum().backward()
-        # --- statistics
-        stats.rows += len(chunk)
-        stats.loss += float(loss.detach().sum())
-        stats.approx_kl += float(terms.approx_kl.detach().sum())
-        stats.clipped += float(terms.clipped.float().sum())
-        stats.kl += float(kl.detach().sum())
-        stats.ratio_max_dev = max(stats.ratio_max_dev, float((terms.ratio.detach() - 1).abs().max()))
+        stats.add_chunk(len(chunk), loss, terms, kl)
     grads = {
         name: (
             p.grad.detach().float().cpu().clone() if p.grad is not None else torch.zeros_like(p, device="cpu")

@@ -46,13 +46,11 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from digen.algos.loss import ppo_clip_loss
-from digen.algos.sde import kl_to_reference, sde_step
 from digen.config import Config, TrainConfig
 from digen.errors import ConfigError
 from digen.models import lora
 from digen.models.base import FlowPolicy, PromptEmbeds
-from digen.training import TrainRows, TrainStats, _chunks
+from digen.training import TrainRows, TrainStats, chunk_loss, forward_chunks
 
 MeshOrGroup = DeviceMesh | dist.ProcessGroup | None
 
@@ -235,24 +233,19 @@ class ShardedTrainer:
         rows: this rank's share of one train task (may be empty); embeds: one row per sample of
         the task (``rows.sample`` indexes it); as :func:`digen.training.task_gradient`, whose
         chunking (TSP packs ``train.rows_per_forward`` rows; else one forward per step) and
-        loss this repeats. Ranks agree on the number of forwards; one with fewer runs
+        loss (:func:`digen.training.chunk_loss`) this shares. Ranks agree on the number of forwards; one with fewer runs
         zero-weight forwards so every rank issues the same gathers and reduce-scatters.
         Returns this rank's stats (sums over its rows).
         """
-        chunks = _chunks(rows, tsp, cfg.train.rows_per_forward) if len(rows) else []
+        chunks = forward_chunks(rows, tsp, cfg.train.rows_per_forward) if len(rows) else []
         forwards = self._agree(len(chunks), dist.ReduceOp.MAX)
         stats = TrainStats()
         for i in range(forwards):
             if i < len(chunks):
                 chunk = rows.take(chunks[i])
-                loss, terms, kl = _chunk_loss(self.policy, chunk, embeds, cfg, sigma_max)
+                loss, terms, kl = chunk_loss(self.policy, chunk, embeds, cfg, sigma_max)
                 loss.sum().backward()
-                stats.rows += len(chunk)
-                stats.loss += float(loss.detach().sum())
-                stats.approx_kl += float(terms.approx_kl.detach().sum())
-                stats.clipped += float(terms.clipped.float().sum())
-                stats.kl += float(kl.detach().sum())
-                stats.ratio_max_dev = max(stats.ratio_max_dev, float((terms.ratio.detach() - 1).abs().max()))
+                stats.add_chunk(len(chunk), loss, terms, kl)
             else:
                 self._padding_backward(rows, embeds, cfg)
         self.local_rows += stats.rows
@@ -294,47 +287,3 @@ class ShardedTrainer:
         """The current version's whole trained weights for publishing (see
         :func:`gather_trainable_state`; a collective, ``{}`` on ranks other than ``to_rank``)."""
         return gather_trainable_state(self.policy, to_rank=to_rank)
-
-
-def _chunk_loss(
-    policy: FlowPolicy, chunk: TrainRows, embeds: PromptEmbeds, cfg: Config, sigma_max: float
-) -> tuple[torch.Tensor, Any, torch.Tensor]:
-    """Per-row loss ``[R]`` of one forward, its PPO terms and KL ``[R]``: the body of
-    :func:`digen.training.task_gradient`'s loop (kept identical to it)."""
-    r, t = cfg.rollout, cfg.train
-    device = policy.device
-    x = chunk.x.to(device)
-    sigma, sigma_next = chunk.sigma.to(device), chunk.sigma_next.to(device)
-    e = embeds.index(chunk.sample)
-    v = policy.velocity(x, sigma, e, r.guidance_scale)
-    step = sde_step(
-        v,
-        x,
-        sigma,
-        sigma_next,
-        kind=r.sde.kind,
-        noise_level=r.sde.noise_level,
-        prev_sample=chunk.x_next.to(device),
-        sigma_max=sigma_max,
-    )
-    terms = ppo_clip_loss(
-        step.log_prob, chunk.old_log_prob.to(device), chunk.advantage.to(device), t.clip_range
-    )
-    loss = terms.loss
-    kl = torch.zeros_like(loss)
-    if t.kl_beta > 0:
-        with torch.no_grad(), policy.reference_mode():
-            v_ref = policy.velocity(x, sigma, e, r.guidance_scale)
-        ref = sde_step(
-            v_ref,
-            x,
-            sigma,
-            sigma_next,
-            kind=r.sde.kind,
-            noise_level=r.sde.noise_level,
-            prev_sample=chunk.x_next.to(device),
-            sigma_max=sigma_max,
-        )
-        kl = kl_to_reference(step.mean, ref.mean, step.std)
-        loss = loss + t.kl_beta * kl
-    return loss, terms, kl
