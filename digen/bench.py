@@ -45,7 +45,7 @@ from digen.sim.bounds import lp_bound
 log = logging.getLogger(__name__)
 
 BASE_MODES = ("reference", "colocated", "disaggregated", "digen")
-TOGGLES = {"gap": "gap", "tsp": "tsp", "tag": "tag", "async": "max_staleness"}
+TOGGLES = {"gap": "gap", "tsp": "tsp", "tag": "tag", "rat": "rat", "async": "max_staleness"}
 ROLLOUT_KINDS = ("gen", "decode", "reward")
 Notify = Callable[[str], None]
 
@@ -57,7 +57,7 @@ Notify = Callable[[str], None]
 def parse_modes(text: str) -> list[str]:
     """``"reference,digen,digen-tag"`` -> the list, validated. A mode is a base mode
     (reference, colocated, disaggregated, digen) with optional ``-toggle`` / ``+toggle``
-    suffixes switching gap, tsp, tag or async (staleness 1) off / on: ``digen-tag``."""
+    suffixes switching gap, tsp, tag, rat or async (staleness 1) off / on: ``digen-tag``."""
     modes = [m.strip() for m in text.split(",") if m.strip()]
     if not modes:
         raise ConfigError("--modes is empty; e.g. --modes reference,colocated,disaggregated,digen")
@@ -122,7 +122,7 @@ def mode_config(cfg: Config, mode: str, workers: tuple[int, int] | None = None) 
     base, toggles = _mode_parts(mode)
     data = cfg.model_dump(mode="json")
     sched = data["schedule"]
-    sched.update({"mode": base, "gap": None, "tsp": None, "tag": None, "max_staleness": None})
+    sched.update({"mode": base, "gap": None, "tsp": None, "tag": None, "rat": None, "max_staleness": None})
     sched.update(toggles)
     if workers is not None:
         data["cluster"]["local"].update({"rollout_workers": workers[0], "trainer_workers": workers[1]})

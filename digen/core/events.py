@@ -101,12 +101,13 @@ class Release:
 
 @dataclass(frozen=True)
 class SetRole:
-    """Tag ``worker`` with ``role``; a trainer may also take up to ``gen_budget`` generation
-    tasks this iteration when no train task is ready (TAG)."""
+    """Tag ``worker`` with ``role``. ``budget``: off-role tasks it may take this iteration
+    when none of its own kind is ready: generation tasks for a trainer (TAG), train tasks
+    for a rollout worker (RAT)."""
 
     worker: str
     role: Role
-    gen_budget: int = 0
+    budget: int = 0
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 It decides *when* work is released (generation of an iteration once its weights exist and the
 staleness bound allows it; training of a group once it is scored, GAP; or once the whole
-iteration is scored), *who* may pull what (role tags and TAG budgets, set at iteration
+iteration is scored), *who* may pull what (role tags and TAG/RAT budgets, set at iteration
 boundaries, which is also when joining workers start), and *when* the optimizer steps. It
 learns each worker's seconds per task kind from the durations on ``TaskDone`` events.
 
@@ -37,7 +37,7 @@ from digen.core.events import (
     WorkerJoined,
     WorkerLeft,
 )
-from digen.core.policy import tag_budgets
+from digen.core.policy import assist_budgets
 
 
 @dataclass(frozen=True)
@@ -49,13 +49,16 @@ class SchedulerConfig:
     """Release a group's training as soon as it is scored (else when the iteration is)."""
     tag: bool = False
     """Let idle trainers generate when the measured speeds say it shortens the iteration."""
+    rat: bool = False
+    """Let idle rollout workers train when the measured speeds say it shortens the iteration
+    (rollout-assisted training: the mirror of TAG for training-bound iterations)."""
     max_staleness: int = 0
     group_local_advantages: bool = True
     """False (``train.global_std``): advantages need the whole batch, so GAP cannot start a
     group early."""
     start_iteration: int = 0
     """First iteration to run (resume): versions before it are published."""
-    tag_margin: float = 0.03
+    tag_margin: float = 0.02
 
 
 @dataclass
@@ -64,7 +67,7 @@ class WorkerState:
     gpu_type: str
     active: bool = False
     """Has a role tag (joined before start or at an iteration boundary)."""
-    gen_budget: int = 0
+    budget: int = 0
 
 
 @dataclass
@@ -176,35 +179,45 @@ class Scheduler:
         return out
 
     def _retag(self) -> list[Instruction]:
-        """Iteration boundary: start joined workers, and (TAG) re-balance trainers."""
+        """Iteration boundary: start joined workers, and (TAG, RAT) re-balance the roles."""
         out: list[Instruction] = []
-        budgets = self._tag_budgets() if self.cfg.tag else {}
+        budgets = self._budgets() if self.cfg.tag or self.cfg.rat else {}
         for name, w in sorted(self.workers.items()):
             budget = budgets.get(name, 0)
             # a budget is spent in the queue as trainers steal, so a positive one is re-issued
             # every iteration, even when its value did not change
-            if not w.active or budget != w.gen_budget or budget > 0:
-                w.active, w.gen_budget = True, budget
+            if not w.active or budget != w.budget or budget > 0:
+                w.active, w.budget = True, budget
                 out.append(SetRole(name, w.role, budget))
         return out
 
-    def _tag_budgets(self) -> dict[str, int]:
+    def _budgets(self) -> dict[str, int]:
+        """Off-role budgets from the learned seconds per task: TAG for trainers when
+        generation is the bottleneck, RAT for rollout workers when training is. A worker
+        without a measured duration of a kind counts as the mean worker that has one;
+        nothing is decided before each side has measured its own kind at least once."""
         active = {n: w for n, w in self.workers.items() if w.active}
-        rollout_gen = [
-            s
-            for n, w in active.items()
-            if w.role is Role.ROLLOUT
-            if (s := self.seconds.get((n, TaskKind.GEN))) is not None
-        ]
-        trainers = [n for n, w in active.items() if w.role is Role.TRAINER]
-        if not rollout_gen or not trainers:
+        rollouts = sorted(n for n, w in active.items() if w.role is Role.ROLLOUT)
+        trainers = sorted(n for n, w in active.items() if w.role is Role.TRAINER)
+        gen_m = [s for n in rollouts if (s := self.seconds.get((n, TaskKind.GEN))) is not None]
+        train_m = [s for n in trainers if (s := self.seconds.get((n, TaskKind.TRAIN))) is not None]
+        if not gen_m or not train_m:
             return {}
-        mean_gen = sum(rollout_gen) / len(rollout_gen)
-        if any((n, TaskKind.TRAIN) not in self.seconds for n in trainers):
-            return {}
-        train_s = {n: self.seconds[(n, TaskKind.TRAIN)] for n in trainers}
-        gen_s = {n: self.seconds.get((n, TaskKind.GEN), mean_gen) for n in trainers}
-        return tag_budgets(self.cfg.groups, rollout_gen, train_s, gen_s, margin=self.cfg.tag_margin)
+        mean_gen, mean_train = sum(gen_m) / len(gen_m), sum(train_m) / len(train_m)
+
+        def secs(names: list[str], kind: TaskKind, default: float) -> dict[str, float]:
+            return {n: self.seconds.get((n, kind), default) for n in names}
+
+        gen, train = secs(rollouts, TaskKind.GEN, mean_gen), secs(trainers, TaskKind.TRAIN, mean_train)
+        g, margin = self.cfg.groups, self.cfg.tag_margin
+        out: dict[str, int] = {}
+        if self.cfg.tag:
+            gen_t = secs(trainers, TaskKind.GEN, mean_gen)
+            out.update(assist_budgets(g, list(gen.values()), train, gen_t, margin=margin))
+        if self.cfg.rat and not any(out.values()):
+            train_r = secs(rollouts, TaskKind.TRAIN, mean_train)
+            out.update(assist_budgets(g, list(train.values()), gen, train_r, margin=margin))
+        return out
 
     def _learn(self, worker: str, kind: TaskKind, seconds: float, alpha: float = 0.5) -> None:
         key = (worker, kind)

@@ -2,7 +2,7 @@
 
 Keys (``P = digen:<job_id>:``)::
 
-    P tag:<worker>     hash    role, gen_budget (TAG), iteration (when it was set)
+    P tag:<worker>     hash    role, budget (TAG/RAT off-role tasks), iteration (when it was set)
     P weights:<v>      string  safetensors of version v's trained tensors (LoRA adapter only
                                when LoRA), metadata {"version": v}
     P data:<task_id>   string  safetensors a task produced (trajectories, gradients)
@@ -25,25 +25,25 @@ class JobState:
         self.p = f"digen:{job_id}:"
 
     # --- role tags --------------------------------------------------------------------
-    def set_tag(self, worker: str, role: Role, gen_budget: int) -> None:
-        self.r.hset(self.p + f"tag:{worker}", mapping={"role": role.value, "gen_budget": gen_budget})
+    def set_tag(self, worker: str, role: Role, budget: int) -> None:
+        self.r.hset(self.p + f"tag:{worker}", mapping={"role": role.value, "budget": budget})
 
     def tag(self, worker: str) -> tuple[Role, int] | None:
         raw = self.r.hgetall(self.p + f"tag:{worker}")
         if not raw:
             return None
-        return Role(raw[b"role"].decode()), int(raw.get(b"gen_budget", b"0"))
+        return Role(raw[b"role"].decode()), int(raw.get(b"budget", b"0"))
 
-    def take_gen_budget(self, worker: str) -> bool:
-        """Spend one unit of the worker's TAG budget; False (nothing spent) when none left."""
-        left = self.r.hincrby(self.p + f"tag:{worker}", "gen_budget", -1)
+    def take_budget(self, worker: str) -> bool:
+        """Spend one unit of the worker's off-role (TAG/RAT) budget; False (nothing spent) when none left."""
+        left = self.r.hincrby(self.p + f"tag:{worker}", "budget", -1)
         if left < 0:
-            self.r.hincrby(self.p + f"tag:{worker}", "gen_budget", 1)
+            self.r.hincrby(self.p + f"tag:{worker}", "budget", 1)
             return False
         return True
 
-    def return_gen_budget(self, worker: str) -> None:
-        self.r.hincrby(self.p + f"tag:{worker}", "gen_budget", 1)
+    def return_budget(self, worker: str) -> None:
+        self.r.hincrby(self.p + f"tag:{worker}", "budget", 1)
 
     # --- weights ----------------------------------------------------------------------
     def publish(self, version: int, weights: dict[str, torch.Tensor]) -> int:

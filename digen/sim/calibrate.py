@@ -103,6 +103,7 @@ def run_mode_of(cfg: dict) -> Mode:
         gap=bool(s.get("gap")),
         tsp=bool(s.get("tsp")),
         tag=bool(s.get("tag")),
+        rat=bool(s.get("rat")),
         max_staleness=int(s.get("max_staleness") or 0),
     )
 

@@ -9,8 +9,9 @@ workers of the runtime (``digen/runtime/controller.py``, ``workers/loop.py``):
   into the role tags and TAG budgets, ``Step``, ``Finish``);
 - idle simulated workers *pull* from the queues in :func:`digen.core.policy.pull_order` of
   their tag, as ``workers.loop.next_task`` does: a trainer takes a generation task only when
-  no train task is ready and its TAG budget (reset by each ``SetRole``) is positive, and each
-  stolen task spends 1.
+  no train task is ready and its TAG budget (reset by each ``SetRole``) is positive, a rollout
+  worker takes a train task only when no generation task is ready and its RAT budget is
+  positive, and each stolen task spends 1.
 
 Task durations come from a :class:`~digen.sim.costmodel.CostModel`. A worker loading a new
 weights version pays ``load_s``; one switching between generation and training pays
@@ -59,6 +60,7 @@ class Mode:
     gap: bool = False
     tsp: bool = False
     tag: bool = False
+    rat: bool = False
     max_staleness: int = 0
     peer_overheads: bool = False
     """Colocated as veRL-Omni / GenRL run it: offload/reload at each phase switch and an
@@ -81,7 +83,7 @@ def _ladder() -> dict[str, Mode]:
         Mode("disagg+gap", gap=True),
         Mode("disagg+gap+tsp", gap=True, tsp=True),
         Mode("disagg+gap+tsp+tag", gap=True, tsp=True, tag=True),
-        Mode("digen", gap=True, tsp=True, tag=True, max_staleness=1),
+        Mode("digen", gap=True, tsp=True, tag=True, rat=True, max_staleness=1),
         # each technique alone (disagg+gap is the first rung)
         Mode("disagg+tsp", tsp=True),
         Mode("disagg+tag", tag=True),
@@ -183,8 +185,8 @@ class _Sim:
                         f"{ins.role.value}; the simulator keeps roles fixed"
                     )
                 idle_trainer = w.role is Role.TRAINER and w.idle
-                self.stealers += idle_trainer * ((ins.gen_budget > 0) - (w.budget > 0))
-                w.budget = ins.gen_budget
+                self.stealers += idle_trainer * ((ins.budget > 0) - (w.budget > 0))
+                w.budget = ins.budget
             elif isinstance(ins, Step):
                 self.step(ins.iteration)
             elif isinstance(ins, Finish):
@@ -267,6 +269,15 @@ class _Sim:
                     w.budget -= 1
                     self.run(w, *self.gen_q.popleft())
                     progressed = True
+            if self.mode.rat and self.train_q and not self.gen_q and idle[Role.ROLLOUT]:
+                w = next(
+                    (x for x in idle[Role.ROLLOUT] if TaskKind.TRAIN in pull_order(x.role, x.budget)), None
+                )
+                if w is not None:  # RAT: a rollout worker trains one task, one unit of budget
+                    idle[Role.ROLLOUT].remove(w)
+                    w.budget -= 1
+                    self.run(w, *self.train_q.popleft())
+                    progressed = True
             if not progressed:
                 break
 
@@ -348,6 +359,7 @@ def simulate(
             groups=cost.tasks,
             gap=mode.gap,
             tag=mode.tag,
+            rat=mode.rat,
             max_staleness=mode.max_staleness,
         )
     )

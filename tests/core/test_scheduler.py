@@ -19,7 +19,7 @@ from digen.core.events import (
     WorkerJoined,
     WorkerLeft,
 )
-from digen.core.policy import pull_order, split_by_speed, tag_budgets
+from digen.core.policy import assist_budgets, pull_order, split_by_speed
 from digen.core.scheduler import Scheduler, SchedulerConfig
 
 GEN, TRAIN = TaskKind.GEN, TaskKind.TRAIN
@@ -149,7 +149,7 @@ def test_tag_gives_idle_trainer_a_budget_when_generation_is_the_bottleneck():
         s.handle(done(TRAIN, 0, g, "t0", 0, 1.0))  # training: 1 s per group
     out = s.handle(StepDone(0, 10, 10.1))
     tags = [i for i in out if isinstance(i, SetRole) and i.worker == "t0"]
-    assert tags and tags[0].gen_budget > 0
+    assert tags and tags[0].budget > 0
 
 
 def test_tag_stays_off_when_training_is_the_bottleneck():
@@ -160,21 +160,52 @@ def test_tag_stays_off_when_training_is_the_bottleneck():
     for g in range(8):
         s.handle(done(TRAIN, 0, g, "t0", 0, 3.0))
     out = s.handle(StepDone(0, 10, 10.1))
-    assert not [i for i in out if isinstance(i, SetRole) and i.gen_budget > 0]
+    assert not [i for i in out if isinstance(i, SetRole) and i.budget > 0]
 
 
-def test_tag_budgets_balance_and_never_lengthen():
-    # gen 3 s/group on one rollout, train 1 s/group: best is to move ~2 of 8 groups
-    b = tag_budgets(8, [3.0], {"t0": 1.0}, {"t0": 3.0})
+def test_assist_budgets_balance_and_never_lengthen():
+    # TAG: gen 3 s/group on one rollout, train 1 s/group: best is to move ~2 of 8 groups
+    b = assist_budgets(8, [3.0], {"t0": 1.0}, {"t0": 3.0})
     assert 1 <= b["t0"] <= 3
-    assert tag_budgets(8, [1.0], {"t0": 3.0}, {"t0": 1.0}) == {"t0": 0}
+    assert assist_budgets(8, [1.0], {"t0": 3.0}, {"t0": 1.0}) == {"t0": 0}
+    # RAT (owners = trainers): train 1.2 s/group, gen 1.0 s/group on the rollout, which trains
+    # at 1.2 s/group too: taking 1 of 10 groups gives max(10 + 1.2, 9 * 1.2) = 11.2 < 12
+    assert assist_budgets(10, [1.2], {"r0": 1.0}, {"r0": 1.2}) == {"r0": 1}
+    # a near-balanced iteration gains less than the margin: nothing moves
+    assert assist_budgets(10, [1.01], {"r0": 1.0}, {"r0": 1.01}) == {"r0": 0}
     assert split_by_speed(5, {"a": 1.0, "b": 4.0}, ["a", "b"]) == {"a": 1, "b": 4}
 
 
 def test_pull_order():
-    assert pull_order(Role.ROLLOUT, 5) == [GEN]
+    assert pull_order(Role.ROLLOUT, 0) == [GEN]
+    assert pull_order(Role.ROLLOUT, 5) == [GEN, TRAIN]
     assert pull_order(Role.TRAINER, 0) == [TRAIN]
     assert pull_order(Role.TRAINER, 2) == [TRAIN, GEN]
+    assert pull_order(Role.COLOCATED, 0) == [GEN, TRAIN]
+
+
+def test_rat_gives_idle_rollout_a_train_budget_when_training_is_the_bottleneck():
+    s = make(gap=True, tag=True, rat=True, groups=10, iterations=3)
+    s.start(0.0)
+    for g in range(10):
+        s.handle(done(GEN, 0, g, "r0", 0, 1.0))
+    for g in range(10):
+        s.handle(done(TRAIN, 0, g, "t0", 0, 1.2))
+    out = s.handle(StepDone(0, 12, 12.1))
+    budgets = {i.worker: i.budget for i in out if isinstance(i, SetRole)}
+    assert budgets["r0"] == 1 and budgets.get("t0", 0) == 0
+
+
+def test_rat_stays_off_when_disabled_or_generation_is_the_bottleneck():
+    for rat, gen_s, train_s in ((False, 1.0, 1.2), (True, 3.0, 1.0)):
+        s = make(gap=True, rat=rat, groups=10, iterations=3)
+        s.start(0.0)
+        for g in range(10):
+            s.handle(done(GEN, 0, g, "r0", 0, gen_s))
+        for g in range(10):
+            s.handle(done(TRAIN, 0, g, "t0", 0, train_s))
+        out = s.handle(StepDone(0, 12, 12.1))
+        assert not [i for i in out if isinstance(i, SetRole) and i.budget > 0], (rat, gen_s)
 
 
 def test_resume_starts_at_the_checkpointed_iteration():
@@ -199,4 +230,4 @@ def test_tag_budget_is_reissued_every_iteration():
             s.handle(done(TRAIN, it, g, "t0", 0, 1.0))
         out = s.handle(StepDone(it, 10 + it, 10.1 + it))
         tags = [i for i in out if isinstance(i, SetRole) and i.worker == "t0"]
-        assert tags and tags[0].gen_budget > 0, f"no budget after iteration {it}"
+        assert tags and tags[0].budget > 0, f"no budget after iteration {it}"

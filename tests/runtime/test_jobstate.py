@@ -9,15 +9,15 @@ from digen.runtime.codec import looks_like_pickle
 from digen.runtime.jobstate import JobState
 
 
-def test_tags_and_gen_budget(redis_client):
+def test_tags_and_budget(redis_client):
     job = JobState(redis_client, "j1")
     assert job.tag("w") is None
     job.set_tag("w", Role.TRAINER, 2)
     assert job.tag("w") == (Role.TRAINER, 2)
-    assert job.take_gen_budget("w") and job.take_gen_budget("w")
-    assert not job.take_gen_budget("w")
+    assert job.take_budget("w") and job.take_budget("w")
+    assert not job.take_budget("w")
     assert job.tag("w") == (Role.TRAINER, 0)  # never below zero
-    job.return_gen_budget("w")
+    job.return_budget("w")
     assert job.tag("w") == (Role.TRAINER, 1)
 
 
