@@ -87,7 +87,25 @@ def lora_state_dict(transformer: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def load_lora_state_dict(transformer: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Copy adapter tensors (keys as :func:`lora_state_dict` gives them) into the adapter."""
+    """Copy adapter tensors (keys as :func:`lora_state_dict` gives them) into the adapter.
+
+    Workers load a new version every iteration, so the common case is a direct copy into the
+    adapter's parameters (their names minus the adapter name are the state-dict keys); an
+    adapter whose keys do not map that way (embedding LoRA, DoRA) goes through peft."""
+    params = {
+        name.replace(f".{ADAPTER}.", "."): prm
+        for name, prm in transformer.named_parameters()
+        if f".{ADAPTER}." in name
+    }
+    if set(params) == set(state):
+        with torch.no_grad():
+            for k, prm in params.items():
+                if state[k].shape != prm.shape:
+                    raise CheckpointError(
+                        f"LoRA weight {k} has shape {tuple(state[k].shape)}, the adapter's is {tuple(prm.shape)}"
+                    )
+                prm.copy_(state[k])
+        return
     from peft import set_peft_model_state_dict
 
     _check_keys(set(state), set(lora_state_dict_keys(transformer)), "LoRA adapter")

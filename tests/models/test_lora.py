@@ -138,3 +138,24 @@ def test_save_pretrained_transformer_merges_lora(sd3_policy, tmp_path):
         torch.testing.assert_close(
             merged_v, sd3_policy.velocity(x, sigmas, embeds, 1.0), atol=1e-5, rtol=1e-5
         )
+
+
+def test_direct_adapter_copy_equals_peft_loading(policy, tiny_paths):
+    """Workers load an adapter every iteration by copying into its parameters; peft's own
+    loader gives the same adapter, and a wrong shape is refused."""
+    from peft import set_peft_model_state_dict
+
+    from digen.models.lora import ADAPTER
+
+    policy.enable_lora(rank=4, alpha=8)
+    state = _randomise(policy, seed=3)
+    other = load_policy(tiny_paths[policy.family], height=RES, width=RES)
+    other.enable_lora(rank=4, alpha=8)
+    with torch.no_grad():
+        set_peft_model_state_dict(other.transformer, state, adapter_name=ADAPTER)
+    mine, theirs = policy.trainable_state_dict(), other.trainable_state_dict()
+    assert set(mine) == set(state) and all(torch.equal(mine[k], theirs[k]) for k in mine)
+    assert all(torch.equal(mine[k], state[k]) for k in state)
+    k0 = next(iter(state))
+    with pytest.raises(CheckpointError, match="shape"):
+        policy.load_trainable_state_dict({**state, k0: torch.zeros(3, 3)})
