@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from digen.errors import ConfigError
 
@@ -117,6 +117,15 @@ class TrainConfig(_Section):
     rows_per_forward: int = Field(64, ge=1)
     """TSP packing limit: (sample, timestep) rows in one batched forward/backward."""
     ema: EmaConfig = EmaConfig()
+    fsdp: bool = False
+    """Shard the trained weights, gradients and AdamW state over the job's trainer workers
+    (FSDP2), for a model whose full fine-tune does not fit one device. The trainer workers
+    then act as one trainer (one torch.distributed group, ``digen.parallel.fsdp``); needs
+    schedule.mode disaggregated or digen; turns TAG off; no EMA. The group is fixed at job
+    start: a trainer that dies fails the job (rerun with --resume), one that joins later idles."""
+    activation_checkpointing: bool = False
+    """With ``fsdp``: recompute each transformer block in the backward instead of keeping its
+    activations (less memory, about one more forward of time). Ignored without ``fsdp``."""
 
 
 class RewardSpec(_Section):
@@ -133,7 +142,12 @@ class ScheduleConfig(_Section):
     tsp: bool | None = None
     """Time-step parallelism: K timesteps of a task in one batched forward. None: on in digen."""
     tag: bool | None = None
-    """Trainer-assisted generation. None: on in digen mode."""
+    """Trainer-assisted generation. None: on in digen mode, off with ``train.fsdp`` (sharded
+    trainer ranks cannot generate on their own)."""
+    rat: bool | None = None
+    """Rollout-assisted training, TAG's mirror for training-bound iterations: idle rollout
+    workers train when the measured speeds say it shortens the iteration. None: on in digen
+    mode. Off when rollout workers cannot hold a training step (memory)."""
     max_staleness: Literal[0, 1] | None = None
     """Policy lag of rollouts. None: 1 in digen mode, else 0."""
     lease_s: float = Field(120.0, gt=0.0)
@@ -147,13 +161,16 @@ class ScheduleConfig(_Section):
     failover) before the job fails."""
 
     def resolved(self) -> ScheduleConfig:
-        """A copy with every None toggle replaced by the mode's default."""
+        """A copy with every None toggle replaced by the mode's default. With ``train.fsdp``
+        the :class:`Config` sets ``tag`` and ``rat`` to False when they are None (the trainer
+        group's weights are sharded: no trainer generates alone, no rollout worker trains)."""
         digen = self.mode == "digen"
         return self.model_copy(
             update={
                 "gap": digen if self.gap is None else self.gap,
                 "tsp": digen if self.tsp is None else self.tsp,
                 "tag": digen if self.tag is None else self.tag,
+                "rat": digen if self.rat is None else self.rat,
                 "max_staleness": (1 if digen else 0) if self.max_staleness is None else self.max_staleness,
             }
         )
@@ -222,6 +239,19 @@ class Config(_Section):
     security: SecurityConfig = SecurityConfig()
     source_dir: str | None = Field(None, exclude=True)
     """Folder of the YAML file (relative paths resolve against it); not user-set."""
+
+    @model_validator(mode="after")
+    def _sharded_trainers_only_train(self) -> Config:
+        """With ``train.fsdp`` TAG and RAT default to off: a trainer rank holds 1/N of the
+        weights, so it cannot generate on its own, and a rollout worker's gradient would never
+        reach the sharded optimizer. Explicit ``true`` values are reported by the cross-checks."""
+        if self.train.fsdp:
+            s = self.schedule
+            if s.tag is None:
+                s.tag = False
+            if s.rat is None:
+                s.rat = False
+        return self
 
     def resolve_path(self, value: str) -> Path:
         """A path from the config: absolute, else relative to the config file's folder
@@ -318,6 +348,7 @@ def _cross_checks(cfg: Config, check_paths: bool) -> list[str]:
         )
     if s.mode == "colocated" and cl.rollout_workers + cl.trainer_workers < 1:
         problems.append("schedule.mode colocated needs at least one worker in cluster.local")
+    problems += _fsdp_checks(cfg)
     if not cfg.reward:
         problems.append("reward: list at least one reward, e.g. [{name: brightness}]")
     if check_paths:
@@ -349,6 +380,36 @@ def _cross_checks(cfg: Config, check_paths: bool) -> list[str]:
                 )
     if cfg.prompts.file is None and not cfg.prompts.items:
         problems.append("prompts: give prompts.items or prompts.file")
+    return problems
+
+
+def _fsdp_checks(cfg: Config) -> list[str]:
+    """``train.fsdp`` needs a separate trainer group (no reference, no colocated), no EMA,
+    and trainers that only train."""
+    t, s = cfg.train, cfg.schedule
+    if not t.fsdp:
+        return []
+    problems = []
+    if s.mode not in ("disaggregated", "digen"):
+        why = "it runs in one process" if s.mode == "reference" else "every worker both generates and trains"
+        problems.append(
+            f"train.fsdp (true) needs schedule.mode disaggregated or digen, got {s.mode} ({why}); "
+            f"set schedule.mode=disaggregated or train.fsdp=false"
+        )
+    if t.ema.enabled:
+        problems.append(
+            "train.fsdp (true) does not support train.ema.enabled (true): the sharded optimizer keeps no "
+            "EMA copy; set train.ema.enabled=false"
+        )
+    reasons = {
+        "tag": "a trainer rank holds 1/N of the weights and cannot generate on its own",
+        "rat": "a rollout worker's gradient cannot reach the sharded optimizer",
+    }
+    for key, reason in reasons.items():
+        if getattr(s, key):
+            problems.append(
+                f"schedule.{key} (true) cannot be used with train.fsdp: {reason}; drop schedule.{key}"
+            )
     return problems
 
 

@@ -230,6 +230,21 @@ def sum_gradients(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tenso
     return total
 
 
+def spec_rows(
+    spec: TrainSpec, latents: torch.Tensor, log_probs: torch.Tensor, sigmas: torch.Tensor
+) -> TrainRows:
+    """The rows a train task trains, from its group's stored trajectories (shapes as
+    :func:`train_group`); ``rows.sample`` indexes ``spec.samples``."""
+    keep = torch.tensor(spec.samples, dtype=torch.long)
+    return build_rows(
+        latents.index_select(0, keep),
+        log_probs.index_select(0, keep),
+        sigmas,
+        torch.tensor(spec.advantages, dtype=torch.float32),
+        spec.steps,
+    )
+
+
 def train_group(
     policy: FlowPolicy,
     spec: TrainSpec,
@@ -246,14 +261,7 @@ def train_group(
     latents ``[G, T+1, *latent]``, log_probs ``[G, T]``, sigmas ``[T+1]`` as generated;
     embeds: the prompt's embeddings, one row (repeated to the trained samples here).
     """
-    keep = torch.tensor(spec.samples, dtype=torch.long)
-    rows = build_rows(
-        latents.index_select(0, keep),
-        log_probs.index_select(0, keep),
-        sigmas,
-        torch.tensor(spec.advantages, dtype=torch.float32),
-        spec.steps,
-    )
+    rows = spec_rows(spec, latents, log_probs, sigmas)
     return task_gradient(
         policy, rows, embeds.repeat_rows(len(spec.samples)), cfg, tsp=tsp, sigma_max=float(sigmas[1])
     )

@@ -151,20 +151,22 @@ def run_train(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> dict:
 
 
 def next_task(rt: WorkerRuntime, role: Role, budget: int) -> LeasedTask | None:
-    """Lease by the tag's pull order. A trainer takes a generation task only when no train
-    task is ready and its TAG budget allows (spent atomically in Redis)."""
+    """Lease by the tag's pull order. A worker takes an off-role task (a trainer: generation,
+    TAG; a rollout worker: training, RAT) only when none of its own kind is ready and its
+    budget allows (spent atomically in Redis, given back when the queue had nothing)."""
     order = pull_order(role, budget)
-    if role is not Role.TRAINER or TaskKind.GEN not in order:
+    if role is Role.COLOCATED or len(order) == 1:
         return rt.queue.lease([k.value for k in order], rt.name, block_s=0.05)
-    leased = rt.queue.lease([TaskKind.TRAIN.value], rt.name, block_s=0.0)
+    own, other = order
+    leased = rt.queue.lease([own.value], rt.name, block_s=0.0)
     if leased is not None:
         return leased
-    if rt.job.take_gen_budget(rt.name):
-        leased = rt.queue.lease([TaskKind.GEN.value], rt.name, block_s=0.0)
+    if rt.job.take_budget(rt.name):
+        leased = rt.queue.lease([other.value], rt.name, block_s=0.0)
         if leased is not None:
             return leased
-        rt.job.return_gen_budget(rt.name)
-    return rt.queue.lease([TaskKind.TRAIN.value], rt.name, block_s=0.05)
+        rt.job.return_budget(rt.name)
+    return rt.queue.lease([own.value], rt.name, block_s=0.05)
 
 
 def worker_loop(
@@ -209,6 +211,10 @@ def worker_loop(
             time.sleep(0.05)
             continue
         role, budget = tag
+        if cfg.train.fsdp and role is Role.TRAINER:  # a rank of the job's FSDP group from now on
+            from workers.fsdp_loop import run_fsdp_rank
+
+            return run_fsdp_rank(rt)
         leased = next_task(rt, role, budget)
         if leased is None:
             continue

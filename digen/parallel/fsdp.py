@@ -15,24 +15,37 @@ its norm clipped to ``train.grad_clip``. FSDP's reduce-scatter averages over ran
 :meth:`ShardedTrainer.step` divides by the global row count, so the sharded update equals the
 unsharded one however rows are spread over ranks.
 
-How the runtime will use it (not wired yet)
--------------------------------------------
-With ``train.fsdp: true`` the trainer workers of a job form one process group (``gloo`` on
-CPU, ``nccl`` on GPU; rank 0 = the first trainer, rendezvous address published by the
-controller) and act as ONE logical trainer:
+How the runtime uses it (``train.fsdp: true``)
+---------------------------------------------
+The trainer workers of a job (fixed at job start, sorted by name) form one process group
+(``gloo`` on CPU, ``nccl`` on GPU) and act as ONE logical trainer that owns the optimizer
+(the rank loop: :mod:`workers.fsdp_loop`; the controller's side and the Redis keys:
+:mod:`digen.runtime.fsdp_group`):
 
-1. each rank loads the policy, calls ``ShardedTrainer(policy, cfg.train)`` (which shards it);
-2. for every train task, every rank calls :meth:`ShardedTrainer.accumulate` *together* on its
-   share of the task's rows (:func:`shard_rows`), since forwards and backwards are collectives.
-   A rank with fewer forwards pads with zero-weight ones, so uneven shares cannot deadlock; the
-   gradient accumulates in the sharded ``.grad`` (nothing leaves the ranks per task);
-3. at the optimizer step every rank calls :meth:`ShardedTrainer.step` together (it agrees on
-   the row total itself when not given one);
-4. :meth:`ShardedTrainer.full_state_dict` gathers the full weights (or the LoRA adapter) once
-   per version; rank 0 publishes them to the rollout workers like ParameterStore's weights.
+1. rendezvous through Redis: rank 0 serves a ``TCPStore`` on its host and publishes its
+   address; every rank loads the start version's weights from Redis and calls
+   ``ShardedTrainer(policy, cfg.train, activation_checkpointing=...)`` (which shards it); on
+   ``--resume`` rank 0 reads the checkpoint's ``optimizer.safetensors`` and
+   :meth:`ShardedTrainer.load_optimizer_state` scatters each rank's shard;
+2. rank 0 leases train tasks and step commands from Redis and broadcasts each as JSON
+   (:mod:`digen.parallel.comm`, never pickle). For a train task every rank reads the group's
+   trajectories itself and calls :meth:`ShardedTrainer.accumulate` *together* on its share of
+   the rows (:func:`shard_rows`); a rank with fewer forwards pads with zero-weight ones, so
+   uneven shares cannot deadlock. The gradient stays in the sharded ``.grad``: rank 0
+   acknowledges with the stats summed over ranks and every rank's timeline event only;
+3. the controller queues a step command once every train task of the iteration is in; every
+   rank calls :meth:`ShardedTrainer.step` (the row total is checked against the controller's);
+4. :meth:`ShardedTrainer.full_state_dict` gathers the weights on rank 0, which publishes
+   version v+1 to Redis for the rollout workers; on a checkpointing step
+   :meth:`ShardedTrainer.optimizer_state` gathers AdamW's moments and rank 0 writes them in
+   :meth:`digen.optim.ParameterStore.save`'s format, so checkpoints resume in either mode.
 
-The trainer ranks then neither run TAG generation nor take train tasks independently: the
-scheduler sees the group as a single trainer whose speed is the group's.
+The trainer ranks neither run TAG generation nor take train tasks independently (the config
+turns TAG and RAT off), and the scheduler sees them as trainers whose tasks all finish on rank 0.
+The group is not elastic: a rank that dies fails the job (the others hit a collective error or
+timeout; rerun with ``--resume``), and a trainer that joins mid-job idles until the next job.
+Checkpoints need a run directory that rank 0 and the controller share (a shared filesystem
+across machines).
 """
 
 from __future__ import annotations
@@ -287,3 +300,62 @@ class ShardedTrainer:
         """The current version's whole trained weights for publishing (see
         :func:`gather_trainable_state`; a collective, ``{}`` on ranks other than ``to_rank``)."""
         return gather_trainable_state(self.policy, to_rank=to_rank)
+
+    # --- optimizer state (checkpoints) ---------------------------------------------------
+    def optimizer_state(
+        self, names: list[str], *, to_rank: int = 0
+    ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        """AdamW's moments, whole, keyed as :meth:`digen.optim.ParameterStore.save` writes
+        ``optimizer.safetensors`` (``exp_avg/<name>``, ``exp_avg_sq/<name>``), and the AdamW
+        step count per name (``state.json``'s ``adam_steps``). ``names``: the trained tensors'
+        names in ``self.params`` order (:meth:`FlowPolicy.named_trainable_parameters`, taken
+        before sharding). A collective gathering one tensor at a time; ``({}, {})`` on ranks
+        other than ``to_rank``."""
+        if len(names) != len(self.params):
+            raise ValueError(f"{len(names)} names for {len(self.params)} trained parameters")
+        keep = self.rank == to_rank
+        tensors: dict[str, torch.Tensor] = {}
+        steps: dict[str, float] = {}
+        for name, p in zip(names, self.params, strict=True):
+            st = self.optimizer.state.get(p, {})
+            for key in ("exp_avg", "exp_avg_sq"):
+                if key in st:
+                    whole = _full(st[key])
+                    if keep:
+                        tensors[f"{key}/{name}"] = whole.to("cpu", torch.float32).contiguous()
+            if "step" in st and keep:
+                steps[name] = float(st["step"])
+        return tensors, steps
+
+    def load_optimizer_state(
+        self,
+        names: list[str],
+        tensors: dict[str, torch.Tensor] | None,
+        steps: dict[str, float],
+        *,
+        src_rank: int = 0,
+    ) -> None:
+        """Restore AdamW from whole tensors in :meth:`optimizer_state`'s format (a checkpoint
+        of a sharded or an unsharded run): rank ``src_rank`` passes them (read from
+        ``optimizer.safetensors``), the others None; each rank receives its shard
+        (``distribute_tensor`` scatters from ``src_rank``). ``steps``: every rank's copy of
+        the step counts; a name without one has no state yet. A collective."""
+        if len(names) != len(self.params):
+            raise ValueError(f"{len(names)} names for {len(self.params)} trained parameters")
+        from torch.distributed.tensor import distribute_tensor
+
+        is_src = self.rank == src_rank
+        for name, p in zip(names, self.params, strict=True):
+            if name not in steps:
+                continue
+            state: dict[str, torch.Tensor] = {"step": torch.tensor(float(steps[name]))}
+            for key in ("exp_avg", "exp_avg_sq"):
+                if is_src:
+                    assert tensors is not None
+                    if f"{key}/{name}" not in tensors:
+                        raise ValueError(f"optimizer state lacks {key}/{name}")
+                    whole = tensors[f"{key}/{name}"].to(p.device, p.dtype)
+                else:
+                    whole = torch.empty(p.shape, dtype=p.dtype, device=p.device)
+                state[key] = distribute_tensor(whole, p.device_mesh, p.placements, src_data_rank=src_rank)
+            self.optimizer.state[p] = state

@@ -40,6 +40,7 @@ from digen.iteration import IterationBook
 from digen.rollout import Trajectories, plan_groups
 from digen.rundir import RunDir
 from digen.runtime.cluster import WorkerInfo, connect_scheduler, list_workers, start_local_cluster
+from digen.runtime.fsdp_group import FsdpControl, is_step_id
 from digen.runtime.jobstate import JobState
 from digen.runtime.queue import DeadLetter, TaskQueue
 from digen.runtime.redis_conn import SecretURL, connect, embedded_url, mask_url
@@ -94,6 +95,10 @@ class Controller:
     """Workers asked to restart their process after a loop failure, since when."""
     ignored: set[str] = field(default_factory=set)
     """Workers whose GPU type is outside ``cluster.gpu_types`` (warned once)."""
+    deferred: list = field(default_factory=list)
+    """Work :meth:`apply` runs after the instructions at hand (see :meth:`step`)."""
+    fsdp: FsdpControl | None = None
+    """With ``train.fsdp``: the trainer group owns the optimizer (digen.runtime.fsdp_group)."""
 
     # --- set-up -----------------------------------------------------------------------
     def role_of(self, w: WorkerInfo) -> Role:
@@ -174,6 +179,22 @@ class Controller:
             self.cfg.schedule.max_attempts,
         )
 
+    def wait_ready(self, sched: Scheduler, timeout_s: float = 600.0) -> None:
+        """Before the first release: wait until every worker's loop has loaded the model, so
+        the first tasks do not all go to whichever worker loaded first (and iteration 0's
+        wall time measures training, not loading). A loop that fails is restarted as during
+        the run; after ``timeout_s`` the job starts with the workers that are ready."""
+        deadline = time.time() + timeout_s
+        while True:
+            waiting = sorted(n for n in self.workers if not self.job.is_ready(n))
+            if not waiting:
+                return
+            if time.time() > deadline:
+                log.warning("starting without %s: not ready after %.0f s", ", ".join(waiting), timeout_s)
+                return
+            time.sleep(0.1)
+            self.sync_workers(sched, time.time())
+
     def check_gpu_types(self) -> None:
         """At start: the job's mode needs a worker of each role whose type may run tasks."""
         if not self.ignored:
@@ -214,16 +235,20 @@ class Controller:
             if isinstance(ins, Release):
                 pending += self.release(sched, ins, prompts, store)
             elif isinstance(ins, SetRole):
-                self.tags[ins.worker] = (ins.role, ins.gen_budget)
-                self.job.set_tag(ins.worker, ins.role, ins.gen_budget)
+                self.tags[ins.worker] = (ins.role, ins.budget)
+                self.job.set_tag(ins.worker, ins.role, ins.budget)
             elif isinstance(ins, RequeueWorker):
                 lost = self.queue.requeue_worker(ins.worker)
                 if lost:
                     log.warning("worker %s left; re-queued %s", ins.worker, lost)
+            elif isinstance(ins, Step) and self.fsdp is not None:  # the trainer group steps
+                pending += self.fsdp.request_step(self, ins.iteration)
             elif isinstance(ins, Step):
                 pending += self.step(sched, ins.iteration, store)
             elif isinstance(ins, Finish):
                 finished = True
+        while self.deferred:  # an iteration's bookkeeping, once the next one's tasks are out
+            self.deferred.pop(0)()
         return finished
 
     def book(self, iteration: int, prompts: list[str]) -> IterationBook:
@@ -245,8 +270,8 @@ class Controller:
             queue, payload = "gen", {"task": task.to_json()}
         else:
             spec = book.train_spec(t.group)
-            if not spec.samples:
-                book.add_gradient(t.group, zero_gradient(store), TrainStats())
+            if not spec.samples:  # with FSDP nothing is sent: the group's gradient stays as it is
+                book.add_gradient(t.group, {} if self.fsdp else zero_gradient(store), TrainStats())
                 self.collected.add(t.id)
                 return sched.handle(TaskDone(t, "", time.time(), time.time()))
             queue, payload = (
@@ -279,7 +304,9 @@ class Controller:
             {**ctl, "kind": "optim", "version": store.version - 1, "start": t0, "end": t1},
             {**ctl, "kind": "sync", "version": store.version, "start": t1, "end": t2},
         ]
-        self.finish_iteration(book, opt_stats, store, previous, t2)
+        # metrics, checkpoint and sample grid wait until the tasks StepDone releases are queued:
+        # the trainers start the next iteration while the controller writes files
+        self.deferred.append(lambda: self.finish_iteration(book, opt_stats, store, previous, t2))
         return sched.handle(StepDone(iteration, t0, t2))
 
     def finish_iteration(self, book: IterationBook, opt_stats: dict, store, previous, now: float) -> None:
@@ -335,6 +362,8 @@ class Controller:
         """Count an acknowledged task's result, once."""
         if task_id in self.collected:
             return []
+        if self.fsdp is not None and is_step_id(task_id):
+            return self.fsdp.collect_step(self, sched, task_id)
         ref = TaskRef.parse(task_id)
         res = self.queue.get_result(task_id)
         if not isinstance(res, dict) or ref.iteration not in self.books:
@@ -348,7 +377,8 @@ class Controller:
             book.add_rewards(ref.group, torch.tensor(res["rewards"], dtype=torch.float32))
             self.gen_versions.setdefault(ref.iteration, {})[ref.group] = book.groups[ref.group].version
         else:
-            book.add_gradient(ref.group, self.job.data(task_id), TrainStats.from_json(res["stats"]))
+            grads = {} if self.fsdp is not None else self.job.data(task_id)  # FSDP: it stays sharded
+            book.add_gradient(ref.group, grads, TrainStats.from_json(res["stats"]))
         return sched.handle(TaskDone(ref, res["worker"], res["start"], res["end"]))
 
     def poisoned(self, sched: Scheduler, dead: DeadLetter, store) -> list[Instruction]:
@@ -374,6 +404,8 @@ class Controller:
                 }
             ],
         )
+        if self.fsdp is not None and (is_step_id(dead.task_id) or dead.queue == TaskKind.TRAIN.value):
+            raise self.fsdp.dead_task(dead.task_id, dead.error)  # the group's gradient is incomplete
         if action == "fail":
             raise PoisonTask(
                 f"task {dead.task_id} failed {dead.attempts} time(s): {first}; fix the cause and rerun "
@@ -480,6 +512,9 @@ def run_distributed(
     state = open_store(cfg, run, policy, resume)
     del policy
     store = state.store
+    fsdp = FsdpControl.create(queue, job, store.version, store.weights()) if cfg.train.fsdp else None
+    if fsdp is not None:  # the trainer group owns the optimizer
+        store = fsdp.store
     job.publish(store.version, store.weights())
     if state.previous_weights is not None:
         job.publish(store.version - 1, state.previous_weights)
@@ -493,6 +528,7 @@ def run_distributed(
     ctl = Controller(
         cfg, run, queue, job, client, url, progress, cluster=cluster, previous_weights=state.previous_weights
     )
+    ctl.fsdp = fsdp
     groups = cfg.rollout.prompts_per_iteration
     sched = Scheduler(
         SchedulerConfig(
@@ -500,6 +536,7 @@ def run_distributed(
             groups=groups,
             gap=bool(s.gap),
             tag=bool(s.tag),
+            rat=bool(s.rat),
             max_staleness=int(s.max_staleness or 0),
             group_local_advantages=not cfg.train.global_std,
             start_iteration=state.start_iteration,
@@ -511,6 +548,9 @@ def run_distributed(
     try:
         ctl.sync_workers(sched, time.time())
         ctl.check_gpu_types()
+        ctl.wait_ready(sched)
+        if fsdp is not None:
+            fsdp.start(ctl, run.latest_checkpoint() if resume else None)
         if progress is not None:
             progress(
                 {
@@ -536,6 +576,8 @@ def run_distributed(
                 if getattr(retry, "outages", 0) != outages:
                     outages = retry.outages
                     ctl.reconcile(store)
+                if fsdp is not None:
+                    fsdp.check(ctl)
                 instructions += ctl.sync_workers(sched, now)
                 queue.requeue_expired(max_attempts=s.max_attempts)
                 for dead in queue.dead_letters():

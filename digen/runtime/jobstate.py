@@ -63,7 +63,7 @@ class JobState:
         return bool(self.r.exists(self.p + f"weights:{version}"))
 
     def drop_weights_before(self, version: int) -> None:
-        for key in self.r.scan_iter(match=self.p + "weights:*"):
+        for key in self.r.scan_iter(match=self.p + "weights:*", count=1000):
             if int(key.decode().rsplit(":", 1)[1]) < version:
                 self.r.delete(key)
 

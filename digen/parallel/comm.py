@@ -1,0 +1,66 @@
+"""Small messages between the ranks of a trainer group, as JSON in uint8 tensors.
+
+``torch.distributed``'s object collectives (``broadcast_object_list``, ``all_gather_object``)
+pickle their payloads; digen never unpickles anything that crossed a process boundary
+(DESIGN.md: payloads are JSON, msgpack or safetensors). These helpers send a JSON document as
+its UTF-8 bytes, length first, over the group's own backend (gloo on CPU, NCCL on GPU: pass
+the rank's device as ``device``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from digen.training import TrainStats
+
+
+def _to_bytes(obj: Any) -> torch.Tensor:
+    return torch.frombuffer(bytearray(json.dumps(obj).encode()), dtype=torch.uint8)
+
+
+def _from_bytes(t: torch.Tensor) -> Any:
+    return json.loads(bytes(t.cpu().tolist()).decode())
+
+
+def broadcast_json(obj: Any, *, src: int = 0, group=None, device: str | torch.device = "cpu") -> Any:
+    """Every rank gets rank ``src``'s ``obj`` (a JSON-serialisable value; ignored elsewhere).
+    A collective: every rank of ``group`` calls it."""
+    is_src = dist.get_rank(group) == src
+    payload = _to_bytes(obj).to(device) if is_src else None
+    n = torch.tensor([payload.numel() if payload is not None else 0], dtype=torch.int64, device=device)
+    dist.broadcast(n, group_src=src, group=group)
+    buf = payload if payload is not None else torch.empty(int(n.item()), dtype=torch.uint8, device=device)
+    dist.broadcast(buf, group_src=src, group=group)
+    return _from_bytes(buf)
+
+
+def all_gather_json(obj: Any, *, group=None, device: str | torch.device = "cpu") -> list[Any]:
+    """Every rank's ``obj``, in rank order, on every rank. A collective."""
+    world = dist.get_world_size(group)
+    mine = _to_bytes(obj).to(device)
+    n = torch.tensor([mine.numel()], dtype=torch.int64, device=device)
+    sizes = [torch.zeros_like(n) for _ in range(world)]
+    dist.all_gather(sizes, n, group=group)
+    longest = max(int(s.item()) for s in sizes)
+    padded = torch.zeros(longest, dtype=torch.uint8, device=device)
+    padded[: mine.numel()] = mine
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded, group=group)
+    return [_from_bytes(p[: int(s.item())]) for p, s in zip(parts, sizes, strict=True)]
+
+
+def all_reduce_stats(stats: TrainStats, *, group=None, device: str | torch.device = "cpu") -> TrainStats:
+    """The group's :class:`TrainStats`: sums over every rank's rows (``ratio_max_dev``: the
+    maximum). A collective."""
+    sums = torch.tensor(
+        [stats.rows, stats.loss, stats.approx_kl, stats.clipped, stats.kl], dtype=torch.float64, device=device
+    )
+    dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=group)
+    peak = torch.tensor([stats.ratio_max_dev], dtype=torch.float64, device=device)
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
+    rows, loss, approx_kl, clipped, kl = sums.tolist()
+    return TrainStats(int(round(rows)), loss, approx_kl, clipped, kl, float(peak.item()))

@@ -1,0 +1,180 @@
+"""``train.fsdp: true`` in the runtime: the trainer workers form one FSDP group and the job
+computes what the reference computes.
+
+Real embedded Redis, real Dask local cluster, real worker processes (1 rollout + 2 trainer
+ranks over gloo). Full fine-tuning (LoRA off) with staleness 0: per-sample rewards equal the
+reference run's, final weights within 1e-5, checkpoints interchangeable both ways."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from digen.config import build_config
+from digen.errors import ConfigError
+from digen.optim import ParameterStore
+from tests.conftest import small_config_data
+
+ITERATIONS = 3
+
+
+def _config(model: Path, **sections):
+    data = small_config_data(
+        model,
+        iterations=ITERATIONS,
+        model__lora={"enabled": False},
+        output__keep_checkpoints=ITERATIONS,
+        output__sample_grid_every=0,
+        **sections,
+    )
+    return build_config(data)
+
+
+def _fsdp_config(model: Path):
+    return _config(
+        model,
+        train__fsdp=True,
+        schedule={"mode": "disaggregated", "max_staleness": 0},
+        cluster__local={"rollout_workers": 1, "trainer_workers": 2},
+    )
+
+
+def _rewards(run: Path) -> dict[int, list[float]]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["iteration"]: r["rewards"] for r in rows}
+
+
+def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+# --- config -----------------------------------------------------------------------------
+def test_fsdp_config_rules(tiny_sd3):
+    with pytest.raises(ConfigError) as err:
+        build_config(
+            small_config_data(
+                tiny_sd3, train={"fsdp": True, "ema": {"enabled": True}}, schedule={"mode": "colocated"}
+            )
+        )
+    text = "\n".join(err.value.problems)
+    assert "train.fsdp (true) needs schedule.mode disaggregated or digen, got colocated" in text
+    assert "train.ema.enabled" in text
+    with pytest.raises(ConfigError, match="schedule.tag \\(true\\) cannot be used with train.fsdp"):
+        build_config(small_config_data(tiny_sd3, train__fsdp=True, schedule={"mode": "digen", "tag": True}))
+    # digen mode: TAG (and RAT) resolve to off, the rest of the mode stays
+    s = build_config(
+        small_config_data(tiny_sd3, train__fsdp=True, schedule__mode="digen")
+    ).schedule.resolved()
+    assert (s.gap, s.tsp, s.tag, s.rat, s.max_staleness) == (True, True, False, False, 1)
+    assert build_config(small_config_data(tiny_sd3, schedule__mode="digen")).schedule.resolved().tag is True
+
+
+# --- end to end ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def reference_run(tiny_sd3, tmp_path_factory) -> Path:
+    from digen.trainer import run_reference
+
+    out = tmp_path_factory.mktemp("ref") / "run"
+    run_reference(_config(tiny_sd3), out)
+    return out
+
+
+@pytest.mark.slow
+def test_fsdp_job_equals_reference(reference_run, tiny_sd3, tmp_path):
+    """From scratch: every iteration's rewards and the final weights match the reference; the
+    trainer ranks both train every task; each checkpoint holds the reference's files and
+    keys, and its AdamW moments are the reference's (so a non-FSDP run resumes from it)."""
+    from digen.runtime.controller import run_distributed
+
+    out = tmp_path / "fsdp"
+    run_distributed(_fsdp_config(tiny_sd3), out)
+
+    ref, got = _rewards(reference_run), _rewards(out)
+    assert sorted(got) == list(range(ITERATIONS))
+    for k in range(ITERATIONS):
+        assert got[k] == pytest.approx(ref[k], abs=1e-6), f"iteration {k}"
+
+    for k in range(ITERATIONS):
+        folder = f"checkpoints/iter_{k:04d}"
+        r_dir, g_dir = reference_run / folder, out / folder
+        assert sorted(p.name for p in g_dir.iterdir()) == sorted(p.name for p in r_dir.iterdir())
+        r_state, g_state = (json.loads((d / "state.json").read_text()) for d in (r_dir, g_dir))
+        assert g_state["version"] == r_state["version"] == k + 1
+        assert g_state["adam_steps"] == r_state["adam_steps"]
+        assert (
+            _max_diff(
+                load_file(str(g_dir / "weights.safetensors")), load_file(str(r_dir / "weights.safetensors"))
+            )
+            <= 1e-5
+        )
+        g_opt, r_opt = (load_file(str(d / "optimizer.safetensors")) for d in (g_dir, r_dir))
+        assert g_opt.keys() == r_opt.keys() and any(k.startswith("exp_avg_sq/") for k in g_opt)
+        for name in g_opt:
+            torch.testing.assert_close(g_opt[name], r_opt[name], rtol=1e-4, atol=1e-8, msg=f"{folder} {name}")
+    first, last = (
+        load_file(str(out / f"checkpoints/iter_{k:04d}/weights.safetensors")) for k in (0, ITERATIONS - 1)
+    )
+    assert _max_diff(first, last) > 1e-4, "training did not move the weights: the comparison would be vacuous"
+    store, _ = ParameterStore.load(out / f"checkpoints/iter_{ITERATIONS - 1:04d}", _config(tiny_sd3).train)
+    assert store.version == ITERATIONS
+
+    timeline = [json.loads(line) for line in (out / "timeline.jsonl").read_text().splitlines()]
+    train_workers = {e["worker"] for e in timeline if e["kind"] == "train"}
+    assert train_workers == {"trainer-0", "trainer-1"}  # every rank trains its share of each task
+    assert {e["worker"] for e in timeline if e["kind"] == "optim"} == {"trainer-0", "trainer-1"}
+    assert all(e["version"] == e["iteration"] for e in timeline if e["kind"] in ("gen", "train"))
+
+
+@pytest.mark.slow
+def test_fsdp_resumes_a_reference_checkpoint(reference_run, tiny_sd3, tmp_path):
+    """A non-FSDP checkpoint (after iteration 0) resumes in an FSDP job: the ranks load its
+    weights and their shards of its AdamW state, and iterations 1.. equal the reference's."""
+    from digen.runtime.controller import run_distributed
+
+    out = tmp_path / "resumed"
+    shutil.copytree(reference_run, out)
+    for later in range(1, ITERATIONS):
+        shutil.rmtree(out / f"checkpoints/iter_{later:04d}")
+    run_distributed(_fsdp_config(tiny_sd3), out, resume=True)
+
+    ref, got = _rewards(reference_run), _rewards(out)
+    assert sorted(got) == list(range(ITERATIONS))
+    for k in range(1, ITERATIONS):
+        assert got[k] == pytest.approx(ref[k], abs=1e-6), f"iteration {k}"
+    last = f"checkpoints/iter_{ITERATIONS - 1:04d}/weights.safetensors"
+    assert _max_diff(load_file(str(out / last)), load_file(str(reference_run / last))) <= 1e-5
+
+
+@pytest.mark.slow
+def test_a_dead_rank_fails_the_job_with_a_resume_hint(tiny_sd3, tmp_path, monkeypatch):
+    """trainer-1 is killed while training in iteration 1 (its Nanny restarts it, but an FSDP
+    group cannot take a rank back): the job fails naming the FSDP group and --resume, after
+    iteration 0's checkpoint."""
+    from digen.runtime.controller import run_distributed
+    from digen.runtime.fsdp_group import FsdpGroupFailed
+    from digen.runtime.redis_conn import connect
+    from digen.testing.faults import Fault, arm, clear, fired
+
+    monkeypatch.setenv("DIGEN_FAULTS", "1")  # the local workers inherit it
+    cfg = _fsdp_config(tiny_sd3)
+    cfg.schedule.lease_s = 10.0  # also the collective timeout of the rank left waiting
+    job_id = "fsdp-dead-rank"
+    r = connect(None)
+    clear(r, job_id)
+    arm(r, job_id, Fault("train", "kill", worker="trainer-1", iteration=1))
+    out = tmp_path / "killed"
+    try:
+        with pytest.raises(FsdpGroupFailed, match=r"FSDP trainer group .* rerun with --resume"):
+            run_distributed(cfg, out, job_id=job_id)
+        assert [f["worker"] for f in fired(r, job_id)] == ["trainer-1"]
+    finally:
+        clear(r, job_id)
+        r.close()
+    assert sorted(_rewards(out)) == [0]
+    assert (out / "checkpoints/iter_0000/optimizer.safetensors").exists()
