@@ -121,6 +121,7 @@ def _all(folder: Path, mode_list: list[str], md_out: Path | None) -> None:
     studies, notes = [studies[i] for i in ranked], [notes[i] for i in ranked]
     text = markdown_results(studies) + "\n\nWhy (from the simulation):\n\n" + "\n".join(notes) + "\n"
     if md_out is not None:
+        md_out.parent.mkdir(parents=True, exist_ok=True)  # --out runs/sim/results.md on a fresh clone
         md_out.write_text(text)
     print(text)
 

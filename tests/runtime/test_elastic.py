@@ -156,3 +156,26 @@ def test_tag_idle_trainer_generates_when_generation_is_the_bottleneck(small_conf
     # TAG starts only once speeds are measured (after iteration 0), and only with a budget
     assert min(e["iteration"] for e in stolen) >= 1
     assert [m["samples"] for m in metrics(out)] == [16] * 5
+
+
+def test_rat_idle_rollout_trains_when_training_is_the_bottleneck(small_config, tmp_path):
+    # training-heavy: every one of the 4 sampling steps is trained (fwd + bwd per row)
+    cfg = small_config(
+        iterations=5,
+        schedule__mode="digen",
+        rollout__num_steps=4,
+        train__timesteps={"strategy": "prefix", "fraction": 1.0},
+        rollout__batch_size=16,
+        cluster__local={"rollout_workers": 1, "trainer_workers": 1},
+    )
+    out = tmp_path / "run"
+    run_distributed(cfg, out)
+    events = timeline(out)
+    helped = [e for e in events if e["worker"].startswith("rollout") and e["kind"] == "train"]
+    assert helped, "the rollout worker never trained"
+    # RAT starts only once speeds are measured (after iteration 0); a rollout worker trains
+    # the version it generated the next iteration with (staleness 1: iteration k, version k)
+    assert min(e["iteration"] for e in helped) >= 1
+    assert all(e["version"] == e["iteration"] for e in helped)
+    assert not [e for e in events if e["worker"].startswith("trainer") and e["kind"] == "gen"]
+    assert [m["samples"] for m in metrics(out)] == [16] * 5
