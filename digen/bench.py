@@ -146,7 +146,8 @@ class WorkerStats:
     gpu_type: str
     gen_groups: int = 0
     gen_s: float = 0.0
-    train_groups: int = 0
+    train_groups: float = 0.0
+    """Groups trained (a half group, RAT's unit, counts 0.5)."""
     train_s: float = 0.0
     busy_s: float = 0.0
     window_s: float = 0.0
@@ -217,7 +218,7 @@ def worker_stats(timeline: list[dict], warmup: int) -> dict[str, WorkerStats]:
             st.gen_groups += kind == "gen"
         elif kind == "train":
             st.train_s += e - s
-            st.train_groups += 1
+            st.train_groups += float(r.get("share", 1.0))
     for w, counts in role_counts.items():
         out[w].role = max(counts, key=lambda k: counts[k])
     return out

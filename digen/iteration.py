@@ -30,9 +30,12 @@ class IterationBook:
     iteration: int
     groups: list[GroupTask]
     rewards: dict[int, torch.Tensor] = field(default_factory=dict)
-    grads: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
-    stats: dict[int, TrainStats] = field(default_factory=dict)
+    grads: dict[tuple[int, int], dict[str, torch.Tensor]] = field(default_factory=dict)
+    """Per train task, keyed (group, part): part 0 or 1 for a group trained as two halves,
+    0 for a whole group; summed in key order."""
+    stats: dict[tuple[int, int], TrainStats] = field(default_factory=dict)
     released: set[int] = field(default_factory=set)
+    specs: dict[int, TrainSpec] = field(default_factory=dict)
     _adv: dict[int, torch.Tensor] = field(default_factory=dict)
     zero_std_groups: int = 0
 
@@ -86,7 +89,9 @@ class IterationBook:
         return adv
 
     def train_spec(self, group: int) -> TrainSpec:
-        """The train task of a scored group (marks it released)."""
+        """The train task of a scored group (marks it released; the same spec every call)."""
+        if group in self.specs:
+            return self.specs[group]
         adv = self._advantages(group)
         task = self.groups[group]
         keep = [i for i in range(len(adv)) if math.isfinite(float(adv[i]))]
@@ -99,7 +104,7 @@ class IterationBook:
                 dropped,
             )
         self.released.add(group)
-        return TrainSpec(
+        self.specs[group] = TrainSpec(
             iteration=self.iteration,
             group=group,
             gen_version=task.version,
@@ -107,18 +112,24 @@ class IterationBook:
             advantages=[float(adv[i]) for i in keep],
             steps=[trained_steps(self.cfg, self.iteration, task.sample_ids[i]) for i in keep],
         )
+        return self.specs[group]
+
+    def task_spec(self, group: int, part: int | None) -> TrainSpec:
+        """The spec of one train task: the group's, or its half ``part``."""
+        spec = self.train_spec(group)
+        return spec if part is None else spec.half(part)
 
     # --- training side -------------------------------------------------------------
-    def add_gradient(self, group: int, grads: dict[str, torch.Tensor], stats: TrainStats) -> None:
-        self.grads.setdefault(group, grads)
-        self.stats.setdefault(group, stats)
-
-    @property
-    def complete(self) -> bool:
-        return len(self.grads) == len(self.groups)
+    def add_gradient(
+        self, group: int, grads: dict[str, torch.Tensor], stats: TrainStats, part: int | None = None
+    ) -> None:
+        key = (group, part or 0)
+        self.grads.setdefault(key, grads)
+        self.stats.setdefault(key, stats)
 
     def gradient(self) -> tuple[dict[str, torch.Tensor], int]:
-        """Summed gradient (group order) and the number of trained rows.
+        """Summed gradient (group order, a split group's halves in order) and the number of
+        trained rows.
 
         Raises :class:`RewardError` when no row trained (every reward NaN or inf, or every
         group's task dropped): there is nothing to step on."""

@@ -56,6 +56,21 @@ class TrainSpec:
     def rows(self) -> int:
         return sum(len(s) for s in self.steps)
 
+    def half(self, part: int) -> TrainSpec:
+        """The first (``part`` 0) or second (1) half of the samples: a group's train task
+        split in two (the first half gets the odd sample). The halves' gradient sums add
+        up to the whole group's (up to float summation order)."""
+        h = (len(self.samples) + 1) // 2
+        cut = slice(0, h) if part == 0 else slice(h, None)
+        return TrainSpec(
+            self.iteration,
+            self.group,
+            self.gen_version,
+            self.samples[cut],
+            self.advantages[cut],
+            self.steps[cut],
+        )
+
 
 @dataclass
 class TrainRows:

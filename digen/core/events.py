@@ -24,20 +24,30 @@ class Role(str, Enum):
 
 @dataclass(frozen=True)
 class TaskRef:
-    """One task: a prompt group of an iteration, to generate or to train."""
+    """One task: a prompt group of an iteration, to generate or to train. ``part``: a train
+    task split in two halves of the group's samples (0 or 1; None: the whole group), which
+    the scheduler does for the last groups of an iteration when an idle rollout worker
+    should take half a group's training (RAT at half-group granularity)."""
 
     kind: TaskKind
     iteration: int
     group: int
+    part: int | None = None
 
     @property
     def id(self) -> str:
-        return f"{self.kind.value}:{self.iteration}:{self.group}"
+        base = f"{self.kind.value}:{self.iteration}:{self.group}"
+        return base if self.part is None else f"{base}:{self.part}"
+
+    @property
+    def share(self) -> float:
+        """The fraction of its group's work this task is."""
+        return 1.0 if self.part is None else 0.5
 
     @staticmethod
     def parse(task_id: str) -> TaskRef:
-        kind, it, g = task_id.split(":")
-        return TaskRef(TaskKind(kind), int(it), int(g))
+        kind, it, g, *part = task_id.split(":")
+        return TaskRef(TaskKind(kind), int(it), int(g), int(part[0]) if part else None)
 
 
 # --- events ---------------------------------------------------------------------------

@@ -9,9 +9,12 @@ Elastic roles work both ways, with one search (:func:`assist_budgets`):
 - **TAG** (trainer-assisted generation, generation-bound iterations): trainers take up to
   ``n`` generation groups when no train task is ready;
 - **RAT** (rollout-assisted training, training-bound iterations): rollout workers take up to
-  ``n`` train groups when no generation task is ready. Iteration ``k`` trains version ``k``,
-  the version a staleness-1 rollout worker already holds for generating ``k + 1``, so an idle
-  rollout worker trains without loading other weights.
+  ``n`` *half* groups of training when no generation task is ready. Iteration ``k`` trains
+  version ``k``, the version a staleness-1 rollout worker already holds for generating
+  ``k + 1``, so an idle rollout worker trains without loading other weights. Half groups
+  because the imbalance to fill is often less than one group: the scheduler splits the last
+  ``n`` groups of the iteration into halves (released last, so they are what an idle rollout
+  worker finds in the queue); every other group trains whole, in one batched forward.
 
 The search balances a pipelined iteration from the measured speeds. The *owners* of a kind
 of work (rollout workers for generation, trainers for training) need ``(G - n) / R_own``
@@ -39,7 +42,7 @@ def pull_order(role: Role, budget: int) -> list[TaskKind]:
 
 
 def predicted_makespan(
-    groups: int, taken: int, owner_rate: float, helper_home_rate: float, helper_rate: float
+    groups: int, taken: float, owner_rate: float, helper_home_rate: float, helper_rate: float
 ) -> float:
     """Steady-state seconds per iteration when helpers take ``taken`` of the owners' groups
     (rates in groups/s, summed over the workers of each side; helpers also do all ``groups``
@@ -61,12 +64,14 @@ def assist_budgets(
     helper_s: dict[str, float],
     *,
     margin: float = 0.03,
+    parts: int = 1,
 ) -> dict[str, int]:
     """Per-helper budgets of the owners' tasks for the next iteration (all zero when helping
     does not pay). Durations are seconds per group: ``owner_s`` of each owner at its own
     work, ``helper_home_s`` of each helper at its own work, ``helper_s`` of each helper at
     the owners' work. TAG: owners = rollout workers (generation), helpers = trainers.
-    RAT: owners = trainers (training), helpers = rollout workers."""
+    RAT: owners = trainers (training), helpers = rollout workers. ``parts``: budgets count
+    tasks of ``1 / parts`` of a group (RAT takes half groups: ``parts=2``)."""
     helpers = sorted(helper_home_s)
     zero = {w: 0 for w in helpers}
     if not helpers or groups <= 0:
@@ -79,8 +84,8 @@ def assist_budgets(
         return zero
     base = predicted_makespan(groups, 0, r_own, r_home, r_help)
     best_n, best = 0, base
-    for n in range(1, groups + 1):
-        m = predicted_makespan(groups, n, r_own, r_home, r_help)
+    for n in range(1, groups * parts + 1):
+        m = predicted_makespan(groups, n / parts, r_own, r_home, r_help)
         if m < best:
             best_n, best = n, m
     if best_n == 0 or best >= base * (1 - margin):

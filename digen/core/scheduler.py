@@ -82,9 +82,12 @@ class Scheduler:
     gen_released: set[int] = field(default_factory=set)
     gen_done: dict[int, set[int]] = field(default_factory=dict)
     train_released: dict[int, set[int]] = field(default_factory=dict)
-    train_done: dict[int, set[int]] = field(default_factory=dict)
+    train_done: dict[int, set[tuple[int, int | None]]] = field(default_factory=dict)
+    """Per iteration: (group, part) of every trained task."""
+    splits: dict[int, int] = field(default_factory=dict)
+    """Per iteration: how many of its last groups train as two halves (RAT)."""
     seconds: dict[tuple[str, TaskKind], float] = field(default_factory=dict)
-    """Learned seconds per task, per (worker, kind) (exponential average)."""
+    """Learned seconds per group, per (worker, kind) (exponential average, :meth:`_learn`)."""
 
     def __post_init__(self) -> None:
         self.stepped = self.cfg.start_iteration - 1
@@ -133,10 +136,12 @@ class Scheduler:
         raise TypeError(f"unknown event {ev!r}")
 
     def _task_done(self, ev: TaskDone) -> list[Instruction]:
-        it, g = ev.task.iteration, ev.task.group
-        self._learn(ev.worker, ev.task.kind, ev.end - ev.start)
-        done = self.gen_done if ev.task.kind is TaskKind.GEN else self.train_done
-        done.setdefault(it, set()).add(g)
+        t = ev.task
+        self._learn(ev.worker, t.kind, (ev.end - ev.start) / t.share)  # seconds per whole group
+        if t.kind is TaskKind.GEN:
+            self.gen_done.setdefault(t.iteration, set()).add(t.group)
+        else:
+            self.train_done.setdefault(t.iteration, set()).add((t.group, t.part))
         return self._advance() if self.started else []
 
     def _step_done(self, ev: StepDone) -> list[Instruction]:
@@ -144,7 +149,7 @@ class Scheduler:
             raise ValueError(f"step of iteration {ev.iteration} reported, expected {self.stepped + 1}")
         self.stepped = ev.iteration
         self.stepping = False
-        for d in (self.gen_done, self.train_done, self.train_released):
+        for d in (self.gen_done, self.train_done, self.train_released, self.splits):
             d.pop(ev.iteration, None)
         self.gen_released.discard(ev.iteration)
         if self.stepped + 1 >= self.cfg.iterations:
@@ -170,10 +175,13 @@ class Scheduler:
             released = self.train_released.setdefault(i, set())
             whole = len(scored) == c.groups
             if len(released) < len(scored) and ((c.gap and c.group_local_advantages) or whole):
+                halves = c.groups - self.splits.get(i, 0)  # groups from here on train as halves
                 for g in sorted(scored - released):
                     released.add(g)
-                    out.append(Release(TaskRef(TaskKind.TRAIN, i, g), i))
-            if not self.stepping and len(self.train_done.get(i, ())) == c.groups:
+                    parts: list[int | None] = [0, 1] if g >= halves else [None]
+                    out += [Release(TaskRef(TaskKind.TRAIN, i, g, p), i) for p in parts]
+            tasks = c.groups + self.splits.get(i, 0)
+            if not self.stepping and len(self.train_done.get(i, ())) == tasks:
                 self.stepping = True
                 out.append(Step(i))
         return out
@@ -182,6 +190,9 @@ class Scheduler:
         """Iteration boundary: start joined workers, and (TAG, RAT) re-balance the roles."""
         out: list[Instruction] = []
         budgets = self._budgets() if self.cfg.tag or self.cfg.rat else {}
+        rat = sum(b for n, b in budgets.items() if self.workers[n].role is Role.ROLLOUT)
+        if rat > 0:  # the rollout workers may take `rat` halves: split that many last groups
+            self.splits[self.stepped + 1] = min(rat, self.cfg.groups)
         for name, w in sorted(self.workers.items()):
             budget = budgets.get(name, 0)
             # a budget is spent in the queue as trainers steal, so a positive one is re-issued
@@ -193,7 +204,8 @@ class Scheduler:
 
     def _budgets(self) -> dict[str, int]:
         """Off-role budgets from the learned seconds per task: TAG for trainers when
-        generation is the bottleneck, RAT for rollout workers when training is. A worker
+        generation is the bottleneck (in groups), RAT for rollout workers when training is
+        (in half groups). A worker
         without a measured duration of a kind counts as the mean worker that has one;
         nothing is decided before each side has measured its own kind at least once."""
         active = {n: w for n, w in self.workers.items() if w.active}
@@ -216,10 +228,13 @@ class Scheduler:
             out.update(assist_budgets(g, list(gen.values()), train, gen_t, margin=margin))
         if self.cfg.rat and not any(out.values()):
             train_r = secs(rollouts, TaskKind.TRAIN, mean_train)
-            out.update(assist_budgets(g, list(train.values()), gen, train_r, margin=margin))
+            out.update(assist_budgets(g, list(train.values()), gen, train_r, margin=margin, parts=2))
         return out
 
-    def _learn(self, worker: str, kind: TaskKind, seconds: float, alpha: float = 0.5) -> None:
+    def _learn(self, worker: str, kind: TaskKind, seconds: float, alpha: float = 0.2) -> None:
+        """Exponential average of a worker's seconds per group of a kind: alpha 0.2 weighs
+        about the last iteration's tasks (one task's noise alone would flip TAG/RAT
+        decisions), while a worker's first measurement is taken as it is."""
         key = (worker, kind)
         old = self.seconds.get(key)
         self.seconds[key] = seconds if old is None else (1 - alpha) * old + alpha * seconds

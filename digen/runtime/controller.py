@@ -84,8 +84,8 @@ class Controller:
     """Done tasks found by :meth:`reconcile`, collected with the next done ids."""
     dead: dict[int, list[str]] = field(default_factory=dict)
     """Dropped dead tasks per iteration (``schedule.on_poison: drop``)."""
-    untrained: dict[int, set[int]] = field(default_factory=dict)
-    """Groups per iteration whose train task died: their samples do not count as trained."""
+    untrained: dict[int, set[tuple[int, int | None]]] = field(default_factory=dict)
+    """(group, part) per iteration whose train task died: its samples do not count as trained."""
     tags: dict[str, tuple[Role, int]] = field(default_factory=dict)
     previous_weights: dict[str, torch.Tensor] | None = None
     """The version before the newest, while a staleness-1 rollout may still load it."""
@@ -269,9 +269,9 @@ class Controller:
             assert task.version == ins.version, (task.version, ins.version)
             queue, payload = "gen", {"task": task.to_json()}
         else:
-            spec = book.train_spec(t.group)
+            spec = book.task_spec(t.group, t.part)
             if not spec.samples:  # with FSDP nothing is sent: the group's gradient stays as it is
-                book.add_gradient(t.group, {} if self.fsdp else zero_gradient(store), TrainStats())
+                book.add_gradient(t.group, {} if self.fsdp else zero_gradient(store), TrainStats(), t.part)
                 self.collected.add(t.id)
                 return sched.handle(TaskDone(t, "", time.time(), time.time()))
             queue, payload = (
@@ -320,8 +320,8 @@ class Controller:
         metrics.update(opt_stats)
         if k in self.dead:
             metrics["dead_tasks"] = sorted(self.dead.pop(k))
-            for g in self.untrained.pop(k, set()):  # scored but never trained
-                n = int(torch.isfinite(book.rewards[g]).sum())
+            for g, part in self.untrained.pop(k, set()):  # scored but never trained
+                n = len(book.task_spec(g, part).samples)
                 metrics["samples"] -= n
                 metrics["dropped_samples"] += n
         n_workers = max(len(self.workers), 1)
@@ -349,7 +349,10 @@ class Controller:
         if (k + 1) % cfg.output.checkpoint_every == 0 or k == cfg.iterations - 1:
             lag = int(cfg.schedule.resolved().max_staleness or 0)
             save_checkpoint(self.run, store, k, previous if lag else None)
-        self.job.drop_data([TaskRef(kind, k, g.group).id for g in book.groups for kind in TaskKind])
+        parts = (None, 0, 1)  # a train task may have been split in halves
+        self.job.drop_data(
+            [TaskRef(kind, k, g.group, p).id for g in book.groups for kind in TaskKind for p in parts]
+        )
         del self.books[k]
         self.gen_versions.pop(k, None)
         self.collected = {t for t in self.collected if TaskRef.parse(t).iteration != k}
@@ -378,7 +381,7 @@ class Controller:
             self.gen_versions.setdefault(ref.iteration, {})[ref.group] = book.groups[ref.group].version
         else:
             grads = {} if self.fsdp is not None else self.job.data(task_id)  # FSDP: it stays sharded
-            book.add_gradient(ref.group, grads, TrainStats.from_json(res["stats"]))
+            book.add_gradient(ref.group, grads, TrainStats.from_json(res["stats"]), ref.part)
         return sched.handle(TaskDone(ref, res["worker"], res["start"], res["end"]))
 
     def poisoned(self, sched: Scheduler, dead: DeadLetter, store) -> list[Instruction]:
@@ -427,8 +430,8 @@ class Controller:
         if ref.kind is TaskKind.GEN:
             book.add_rewards(ref.group, torch.full((self.cfg.rollout.group_size,), float("nan")))
         else:
-            self.untrained.setdefault(ref.iteration, set()).add(ref.group)
-            book.add_gradient(ref.group, zero_gradient(store), TrainStats())
+            self.untrained.setdefault(ref.iteration, set()).add((ref.group, ref.part))
+            book.add_gradient(ref.group, zero_gradient(store), TrainStats(), ref.part)
         return sched.handle(TaskDone(ref, "", time.time(), time.time()))
 
     def reconcile(self, store) -> None:

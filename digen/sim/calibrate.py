@@ -154,7 +154,8 @@ def _calibrate(run: Path, warmup: int) -> tuple[CostModel, RunInfo]:
     for w in workers:
         mine = [r for r in steady if r["worker"] == w] or [r for r in rows if r["worker"] == w]
         for kind in (*PART_KINDS, "sync"):
-            m = _mean([r["end"] - r["start"] for r in mine if r["kind"] == kind])
+            # per whole group: a half group's train task (RAT) counts its share
+            m = _mean([(r["end"] - r["start"]) / r.get("share", 1.0) for r in mine if r["kind"] == kind])
             if m is not None:
                 means[(w, kind)] = m
         means[(w, "overhead")] = _overhead(mine)

@@ -160,6 +160,8 @@ class _Sim:
     gen_q: deque = field(default_factory=deque)
     train_q: deque = field(default_factory=deque)
     waiting: dict[tuple[int, int], list[TaskRef]] = field(default_factory=dict)
+    flushed: set[tuple[int, int]] = field(default_factory=set)
+    """Prompt groups whose train tasks went to the queue."""
     idle: dict[Role, deque] = field(default_factory=dict)
     rows: list[tuple] = field(default_factory=list)
     step_ends: list[float] = field(default_factory=list)
@@ -198,13 +200,18 @@ class _Sim:
             self.enqueue(t, ins.version)
             return
         # exact GRPO: a micro-batch trains once every micro-batch of its prompt group is scored
+        # (a micro-batch split in halves, RAT, counts once; its second half may come later)
         key = (t.iteration, t.group // self.cost.tasks_per_group)
+        if key in self.flushed:
+            self.enqueue(t, None)
+            return
         sib = self.waiting.setdefault(key, [])
         sib.append(t)
-        if len(sib) == self.cost.tasks_per_group:
-            for ref in sorted(sib, key=lambda r: r.group):
+        if len({r.group for r in sib}) == self.cost.tasks_per_group:
+            for ref in sorted(sib, key=lambda r: (r.group, r.part or 0)):
                 self.enqueue(ref, None)
             del self.waiting[key]
+            self.flushed.add(key)
 
     def enqueue(self, t: TaskRef, version: int | None) -> None:
         if not self.mode.static_shares:
@@ -312,7 +319,7 @@ class _Sim:
         else:
             if m.peer_overheads and c.recompute_s > 0:
                 parts.append(("train", c.recompute_s, "recompute"))  # old log-probs (peers)
-            parts.append(("train", c.train_tsp_s if m.tsp else c.train_s, ""))
+            parts.append(("train", (c.train_tsp_s if m.tsp else c.train_s) * task.share, ""))
         for kind, dur, part in parts:
             if dur > 0:
                 self.rows.append((w.index, kind, task.iteration, version, t, t + dur, part))

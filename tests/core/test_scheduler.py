@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from digen.core.events import (
     Finish,
     Release,
@@ -171,6 +173,8 @@ def test_assist_budgets_balance_and_never_lengthen():
     # RAT (owners = trainers): train 1.2 s/group, gen 1.0 s/group on the rollout, which trains
     # at 1.2 s/group too: taking 1 of 10 groups gives max(10 + 1.2, 9 * 1.2) = 11.2 < 12
     assert assist_budgets(10, [1.2], {"r0": 1.0}, {"r0": 1.2}) == {"r0": 1}
+    # in half groups: 2 halves give max(10 + 1.2, 12 - 1.2) = 11.2
+    assert assist_budgets(10, [1.2], {"r0": 1.0}, {"r0": 1.2}, parts=2) == {"r0": 2}
     # a near-balanced iteration gains less than the margin: nothing moves
     assert assist_budgets(10, [1.01], {"r0": 1.0}, {"r0": 1.01}) == {"r0": 0}
     assert split_by_speed(5, {"a": 1.0, "b": 4.0}, ["a", "b"]) == {"a": 1, "b": 4}
@@ -184,7 +188,7 @@ def test_pull_order():
     assert pull_order(Role.COLOCATED, 0) == [GEN, TRAIN]
 
 
-def test_rat_gives_idle_rollout_a_train_budget_when_training_is_the_bottleneck():
+def test_rat_gives_idle_rollout_half_groups_of_training_when_training_is_the_bottleneck():
     s = make(gap=True, tag=True, rat=True, groups=10, iterations=3)
     s.start(0.0)
     for g in range(10):
@@ -192,8 +196,29 @@ def test_rat_gives_idle_rollout_a_train_budget_when_training_is_the_bottleneck()
     for g in range(10):
         s.handle(done(TRAIN, 0, g, "t0", 0, 1.2))
     out = s.handle(StepDone(0, 12, 12.1))
+    # gen 1.0 s/group, train 1.2 s/group: 2 halves to the rollout worker give
+    # max(10 + 2 * 0.6, 12 - 2 * 0.6) = 11.2 s < 12 s
     budgets = {i.worker: i.budget for i in out if isinstance(i, SetRole)}
-    assert budgets["r0"] == 1 and budgets.get("t0", 0) == 0
+    assert budgets["r0"] == 2 and budgets.get("t0", 0) == 0
+    # the last 2 groups of iteration 1 train as halves (released last: what an idle rollout
+    # worker finds in the queue), the others whole
+    released = []
+    for g in range(10):
+        released += [i.task for i in s.handle(done(GEN, 1, g, "r0", 0, 1.0)) if isinstance(i, Release)]
+    train = [(t.group, t.part) for t in released if t.kind is TRAIN]
+    assert train == [(g, None) for g in range(8)] + [(8, 0), (8, 1), (9, 0), (9, 1)]
+    assert TaskRef.parse(TaskRef(TRAIN, 1, 9, 1).id) == TaskRef(TRAIN, 1, 9, 1)
+    # the step waits for every half; a half's duration is learned per whole group
+    steps = []
+    for t in released:
+        if t.kind is TRAIN:
+            steps += [
+                i
+                for i in s.handle(TaskDone(t, "r0" if t.part == 1 else "t0", 0, 0.6 * t.share / 0.5))
+                if isinstance(i, Step)
+            ]
+    assert steps == [Step(1)]
+    assert s.seconds[("r0", TRAIN)] == pytest.approx(1.2)
 
 
 def test_rat_stays_off_when_disabled_or_generation_is_the_bottleneck():
