@@ -122,7 +122,16 @@ class Scheduler:
     # --- events -----------------------------------------------------------------------
     def _handle(self, ev: Event) -> list[Instruction]:
         if isinstance(ev, WorkerJoined):
-            self.workers[ev.worker] = WorkerState(ev.role, ev.gpu_type)
+            joined = self.workers[ev.worker] = WorkerState(ev.role, ev.gpu_type)
+            if (
+                self.started
+                and not self.finished
+                and not any(x.active and x.role is ev.role for x in self.workers.values())
+            ):
+                # no active worker pulls this role's work: waiting for the next iteration
+                # boundary would wait forever (that boundary needs this very work)
+                joined.active = True
+                return [SetRole(ev.worker, ev.role, 0)]
             return []
         if isinstance(ev, WorkerLeft):
             w = self.workers.pop(ev.worker, None)

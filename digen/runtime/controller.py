@@ -179,18 +179,25 @@ class Controller:
             self.cfg.schedule.max_attempts,
         )
 
-    def wait_ready(self, sched: Scheduler, timeout_s: float = 600.0) -> None:
-        """Before the first release: wait until every worker's loop has loaded the model, so
-        the first tasks do not all go to whichever worker loaded first (and iteration 0's
-        wall time measures training, not loading). A loop that fails is restarted as during
-        the run; after ``timeout_s`` the job starts with the workers that are ready."""
+    def wait_ready(self, sched: Scheduler, expected: int = 0, timeout_s: float = 600.0) -> None:
+        """Before the first release: wait until ``expected`` workers have joined (the local
+        cluster's size; Dask's worker list can lag its start-up) and every worker's loop has
+        loaded the model, so the first tasks do not all go to whichever worker loaded first
+        (and iteration 0's wall time measures training, not loading). A loop that fails is
+        restarted as during the run; after ``timeout_s`` the job starts with the workers that
+        are ready."""
         deadline = time.time() + timeout_s
         while True:
             waiting = sorted(n for n in self.workers if not self.job.is_ready(n))
-            if not waiting:
+            if not waiting and len(self.workers) >= expected:
                 return
             if time.time() > deadline:
-                log.warning("starting without %s: not ready after %.0f s", ", ".join(waiting), timeout_s)
+                log.warning(
+                    "starting with %d worker(s), %s not ready after %.0f s",
+                    len(self.workers),
+                    ", ".join(waiting) or "none",
+                    timeout_s,
+                )
                 return
             time.sleep(0.1)
             self.sync_workers(sched, time.time())
@@ -551,7 +558,8 @@ def run_distributed(
     try:
         ctl.sync_workers(sched, time.time())
         ctl.check_gpu_types()
-        ctl.wait_ready(sched)
+        local = cfg.cluster.local
+        ctl.wait_ready(sched, expected=local.rollout_workers + local.trainer_workers if cluster else 0)
         if fsdp is not None:
             fsdp.start(ctl, run.latest_checkpoint() if resume else None)
         if progress is not None:

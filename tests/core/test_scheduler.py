@@ -256,3 +256,14 @@ def test_tag_budget_is_reissued_every_iteration():
         out = s.handle(StepDone(it, 10 + it, 10.1 + it))
         tags = [i for i in out if isinstance(i, SetRole) and i.worker == "t0"]
         assert tags and tags[0].budget > 0, f"no budget after iteration {it}"
+
+
+def test_a_role_without_active_workers_is_tagged_when_its_first_worker_joins():
+    # the job started before Dask listed any trainer: a trainer that joins later must not
+    # wait for an iteration boundary that needs its own work
+    s = Scheduler(SchedulerConfig(iterations=2, groups=1))
+    s.handle(WorkerJoined("r0", Role.ROLLOUT, "cpu", 0.0))
+    s.start(0.0)
+    assert s.handle(WorkerJoined("t0", Role.TRAINER, "cpu", 1.0)) == [SetRole("t0", Role.TRAINER, 0)]
+    # a second trainer joins at the next boundary, as any worker joining a running job
+    assert s.handle(WorkerJoined("t1", Role.TRAINER, "cpu", 1.0)) == []
