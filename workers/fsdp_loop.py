@@ -237,16 +237,7 @@ def _train(rk: Rank, cmd: dict) -> None:
     faults.point("train", rt.job, rt.name, task=cmd["id"], iteration=spec.iteration)
     total = all_reduce_stats(stats, device=rk.comm)
     events = all_gather_json(mine, device=rk.comm)
-    rk.tasks_run += 1
-    if rk.leader:
-        result = {
-            "stats": total.to_json(),
-            "events": events,
-            "worker": rt.name,
-            "start": t0,
-            "end": time.time(),
-        }
-        _ack(rk, cmd["id"], result)
+    _report(rk, cmd, t0, stats=total.to_json(), events=events)
 
 
 def _step(rk: Rank, cmd: dict) -> None:
@@ -268,18 +259,14 @@ def _step(rk: Rank, cmd: dict) -> None:
         rk.event("sync", iteration, trainer.version, t1, t2),
     ]
     events = [e for part in all_gather_json(mine, device=rk.comm) for e in part]
+    _report(rk, cmd, t0, grad_norm=opt["grad_norm"], version=trainer.version, adam_steps=steps, events=events)
+
+
+def _report(rk: Rank, cmd: dict, t0: float, **fields) -> None:
+    """Count a command this rank ran; the leader acknowledges it with ``fields`` and timings."""
     rk.tasks_run += 1
     if rk.leader:
-        result = {
-            "grad_norm": opt["grad_norm"],
-            "version": trainer.version,
-            "adam_steps": steps,
-            "events": events,
-            "worker": rt.name,
-            "start": t0,
-            "end": time.time(),
-        }
-        _ack(rk, cmd["id"], result)
+        _ack(rk, cmd["id"], {**fields, "worker": rk.rt.name, "start": t0, "end": time.time()})
 
 
 def _agreed_rows(rk: Rank, expected: int) -> int:

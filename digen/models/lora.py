@@ -98,13 +98,7 @@ def load_lora_state_dict(transformer: torch.nn.Module, state: dict[str, torch.Te
         if f".{ADAPTER}." in name
     }
     if set(params) == set(state):
-        with torch.no_grad():
-            for k, prm in params.items():
-                if state[k].shape != prm.shape:
-                    raise CheckpointError(
-                        f"LoRA weight {k} has shape {tuple(state[k].shape)}, the adapter's is {tuple(prm.shape)}"
-                    )
-                prm.copy_(state[k])
+        _copy_into(params, state, "LoRA weight", "the adapter's")
         return
     from peft import set_peft_model_state_dict
 
@@ -148,13 +142,22 @@ def load_full_state_dict(module: torch.nn.Module, state: dict[str, torch.Tensor]
     cast to each param's dtype and device."""
     params = {name: p for name, p in module.named_parameters() if p.requires_grad}
     _check_keys(set(state), set(params), "transformer")
+    _copy_into(params, state, "weight", "the transformer's")
+
+
+def _copy_into(
+    params: dict[str, torch.Tensor], state: dict[str, torch.Tensor], what: str, whose: str
+) -> None:
+    """Copy ``state[k]`` into ``params[k]`` in place (cast to its dtype and device), refusing
+    a shape mismatch before anything is written."""
+    for k, prm in params.items():
+        if state[k].shape != prm.shape:
+            raise CheckpointError(
+                f"{what} {k} has shape {tuple(state[k].shape)}, {whose} is {tuple(prm.shape)}"
+            )
     with torch.no_grad():
-        for name, p in params.items():
-            if state[name].shape != p.shape:
-                raise CheckpointError(
-                    f"weight {name} has shape {tuple(state[name].shape)}, the transformer's is {tuple(p.shape)}"
-                )
-            p.copy_(state[name])
+        for k, prm in params.items():
+            prm.copy_(state[k])
 
 
 def _check_keys(given: set[str], expected: set[str], what: str) -> None:

@@ -181,15 +181,20 @@ class Controller:
 
     def wait_ready(self, sched: Scheduler, expected: int = 0, timeout_s: float = 600.0) -> None:
         """Before the first release: wait until ``expected`` workers have joined (the local
-        cluster's size; Dask's worker list can lag its start-up) and every worker's loop has
+        cluster's size; Dask's worker list can lag its start-up), a worker of every role the
+        mode needs is there (an external scheduler's workers may register after the job
+        starts), and every worker's loop has
         loaded the model, so the first tasks do not all go to whichever worker loaded first
         (and iteration 0's wall time measures training, not loading). A loop that fails is
         restarted as during the run; after ``timeout_s`` the job starts with the workers that
         are ready."""
         deadline = time.time() + timeout_s
+        colocated = self.cfg.schedule.mode == "colocated"
+        needed = {Role.COLOCATED} if colocated else {Role.ROLLOUT, Role.TRAINER}
         while True:
             waiting = sorted(n for n in self.workers if not self.job.is_ready(n))
-            if not waiting and len(self.workers) >= expected:
+            roles = {self.role_of(w) for w in self.workers.values()}
+            if not waiting and len(self.workers) >= expected and needed <= roles:
                 return
             if time.time() > deadline:
                 log.warning(

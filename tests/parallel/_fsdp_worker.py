@@ -66,7 +66,7 @@ def task_rows(data: dict[str, torch.Tensor]) -> list[tuple[TrainRows, PromptEmbe
     return out
 
 
-def run_rank(rank: int, world: int, port: int, model: str, data_file: str, out_dir: str) -> None:
+def run_rank(rank: int, world: int, rendezvous: str, model: str, data_file: str, out_dir: str) -> None:
     """One trainer rank: for each of PHASES, shard a fresh policy, train OPT_STEPS steps on
     this rank's share of every task, gather the trained weights on rank 0."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -77,7 +77,7 @@ def run_rank(rank: int, world: int, port: int, model: str, data_file: str, out_d
 
     dist.init_process_group(
         "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
+        init_method=f"file://{rendezvous}",  # a file store: no port to race for
         rank=rank,
         world_size=world,
         timeout=timedelta(seconds=60),

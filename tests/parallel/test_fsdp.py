@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 from pathlib import Path
 
@@ -25,12 +24,6 @@ from . import _fsdp_worker as w  # noqa: E402
 
 torch.set_num_threads(1)
 WORLD = 2
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _trajectories(policy: FlowPolicy) -> dict[str, torch.Tensor]:
@@ -88,7 +81,7 @@ def _unsharded(
 def _spawn_ranks(model: Path, data_file: Path, out: Path, timeout_s: float = 150.0) -> None:
     ctx = mp.start_processes(
         w.run_rank,
-        args=(WORLD, _free_port(), str(model), str(data_file), str(out)),
+        args=(WORLD, str(out / "rendezvous"), str(model), str(data_file), str(out)),
         nprocs=WORLD,
         join=False,
         start_method="spawn",

@@ -159,12 +159,15 @@ def test_tag_idle_trainer_generates_when_generation_is_the_bottleneck(small_conf
 
 
 def test_rat_idle_rollout_trains_when_training_is_the_bottleneck(small_config, tmp_path):
-    # training-heavy: every one of the 4 sampling steps is trained (fwd + bwd per row)
+    # training-heavy: every one of the 4 sampling steps is trained, one forward + backward
+    # per step (no TSP), plus the KL term's reference forward
     cfg = small_config(
         iterations=5,
         schedule__mode="digen",
+        schedule__tsp=False,
         rollout__num_steps=4,
         train__timesteps={"strategy": "prefix", "fraction": 1.0},
+        train__kl_beta=0.04,
         rollout__batch_size=16,
         cluster__local={"rollout_workers": 1, "trainer_workers": 1},
     )
@@ -177,5 +180,6 @@ def test_rat_idle_rollout_trains_when_training_is_the_bottleneck(small_config, t
     # the version it generated the next iteration with (staleness 1: iteration k, version k)
     assert min(e["iteration"] for e in helped) >= 1
     assert all(e["version"] == e["iteration"] for e in helped)
+    assert all(e.get("share") == 0.5 for e in helped)  # RAT moves half groups
     assert not [e for e in events if e["worker"].startswith("trainer") and e["kind"] == "gen"]
     assert [m["samples"] for m in metrics(out)] == [16] * 5
