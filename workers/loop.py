@@ -17,6 +17,7 @@ import os
 import threading
 import time
 import traceback
+import uuid
 from dataclasses import dataclass, field
 
 import redis
@@ -202,12 +203,17 @@ def worker_loop(
         job=JobState(r, job_id),
         device=device or os.environ.get("DIGEN_DEVICE") or cfg.model.device,
     )
+    token = uuid.uuid4().hex
+    rt.job.claim_loop(name, token)  # one loop per worker: an older one stops
     faults.point("start", rt.job, name)
     rt.ensure_policy()  # load before taking tasks: a joining worker never stalls a task
     rt.reward = build_reward(cfg)
     rt.job.mark_ready(name, rt.gpu_type)
     log.info("worker %s (%s) joined job %s", name, rt.gpu_type, job_id)
     while rt.job.status() == "running":
+        if not rt.job.owns_loop(name, token):
+            log.info("worker %s: a newer loop took over; this one stops", name)
+            break
         tag = rt.job.tag(name)
         if tag is None:
             time.sleep(0.05)

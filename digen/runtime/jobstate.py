@@ -8,6 +8,7 @@ Keys (``P = digen:<job_id>:``)::
     P data:<task_id>   string  safetensors a task produced (trajectories, gradients)
     P status           string  running | cancel | done | failed
     P ready            hash    worker -> gpu type, for workers whose loop has loaded the model
+    P loop:<worker>    string  token of the worker's current loop (one loop per worker)
 """
 
 from __future__ import annotations
@@ -84,6 +85,15 @@ class JobState:
             self.r.delete(*[self.p + f"data:{t}" for t in task_ids])
 
     # --- workers ----------------------------------------------------------------------
+    def claim_loop(self, worker: str, token: str) -> None:
+        """Make ``token`` the worker's current loop: an older loop on it stops at its next
+        task boundary (a worker that seemed to leave and rejoin gets a second loop)."""
+        self.r.set(self.p + f"loop:{worker}", token)
+
+    def owns_loop(self, worker: str, token: str) -> bool:
+        raw = self.r.get(self.p + f"loop:{worker}")
+        return raw is None or raw.decode() == token
+
     def mark_ready(self, worker: str, gpu_type: str) -> None:
         self.r.hset(self.p + "ready", worker, gpu_type)
 

@@ -21,6 +21,17 @@ def test_tags_and_budget(redis_client):
     assert job.tag("w") == (Role.TRAINER, 1)
 
 
+def test_one_loop_per_worker(redis_client):
+    """A worker that seemed to leave and rejoin gets a second loop; the newer one owns it."""
+    job = JobState(redis_client, "j2")
+    assert job.owns_loop("w", "old")  # nothing claimed yet
+    job.claim_loop("w", "old")
+    assert job.owns_loop("w", "old")
+    job.claim_loop("w", "new")
+    assert not job.owns_loop("w", "old") and job.owns_loop("w", "new")
+    assert job.owns_loop("other", "old")  # per worker
+
+
 def test_lora_weight_sync_moves_only_the_adapter(redis_client, tiny_sd3):
     from digen.models import load_policy
 
