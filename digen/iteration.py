@@ -34,8 +34,8 @@ class IterationBook:
     """Per train task, keyed (group, part): part 0 or 1 for a group trained as two halves,
     0 for a whole group; summed in key order."""
     stats: dict[tuple[int, int], TrainStats] = field(default_factory=dict)
-    released: set[int] = field(default_factory=set)
     specs: dict[int, TrainSpec] = field(default_factory=dict)
+    """Released groups' train specs (a group is released once its spec is built)."""
     _adv: dict[int, torch.Tensor] = field(default_factory=dict)
     zero_std_groups: int = 0
 
@@ -49,7 +49,7 @@ class IterationBook:
             ready = list(range(len(self.groups))) if len(self.rewards) == len(self.groups) else []
         else:
             ready = sorted(self.rewards)
-        return [g for g in ready if g not in self.released]
+        return [g for g in ready if g not in self.specs]
 
     def _advantages(self, group: int) -> torch.Tensor:
         """Advantages of a group's samples (NaN where the sample is dropped)."""
@@ -103,7 +103,6 @@ class IterationBook:
                 group,
                 dropped,
             )
-        self.released.add(group)
         self.specs[group] = TrainSpec(
             iteration=self.iteration,
             group=group,

@@ -212,11 +212,11 @@ class Scheduler:
         return out
 
     def _budgets(self) -> dict[str, int]:
-        """Off-role budgets from the learned seconds per task: TAG for trainers when
+        """Off-role budgets from the learned seconds per group: TAG for trainers when
         generation is the bottleneck (in groups), RAT for rollout workers when training is
-        (in half groups). A worker
-        without a measured duration of a kind counts as the mean worker that has one;
-        nothing is decided before each side has measured its own kind at least once."""
+        (in half groups). A worker without a measured duration of a kind counts as the mean
+        worker that has one; nothing is decided before each side has measured its own kind
+        at least once."""
         active = {n: w for n, w in self.workers.items() if w.active}
         rollouts = sorted(n for n, w in active.items() if w.role is Role.ROLLOUT)
         trainers = sorted(n for n, w in active.items() if w.role is Role.TRAINER)

@@ -183,11 +183,10 @@ class Controller:
         """Before the first release: wait until ``expected`` workers have joined (the local
         cluster's size; Dask's worker list can lag its start-up), a worker of every role the
         mode needs is there (an external scheduler's workers may register after the job
-        starts), and every worker's loop has
-        loaded the model, so the first tasks do not all go to whichever worker loaded first
-        (and iteration 0's wall time measures training, not loading). A loop that fails is
-        restarted as during the run; after ``timeout_s`` the job starts with the workers that
-        are ready."""
+        starts), and every worker's loop has loaded the model, so the first tasks do not all
+        go to whichever worker loaded first (and iteration 0's wall time measures training,
+        not loading). A loop that fails is restarted as during the run; after ``timeout_s``
+        the job starts with the workers that are ready."""
         deadline = time.time() + timeout_s
         colocated = self.cfg.schedule.mode == "colocated"
         needed = {Role.COLOCATED} if colocated else {Role.ROLLOUT, Role.TRAINER}
@@ -361,9 +360,10 @@ class Controller:
         if (k + 1) % cfg.output.checkpoint_every == 0 or k == cfg.iterations - 1:
             lag = int(cfg.schedule.resolved().max_staleness or 0)
             save_checkpoint(self.run, store, k, previous if lag else None)
-        parts = (None, 0, 1)  # a train task may have been split in halves
-        self.job.drop_data(
-            [TaskRef(kind, k, g.group, p).id for g in book.groups for kind in TaskKind for p in parts]
+        groups = [g.group for g in book.groups]
+        self.job.drop_data(  # a train task may have been split in halves
+            [TaskRef(TaskKind.GEN, k, g).id for g in groups]
+            + [TaskRef(TaskKind.TRAIN, k, g, p).id for g in groups for p in (None, 0, 1)]
         )
         del self.books[k]
         self.gen_versions.pop(k, None)

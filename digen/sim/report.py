@@ -8,17 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from digen.plots import KIND_COLORS, OTHER_COLOR
 from digen.sim.driver import LADDER, SimResult, time_shares
 from digen.sim.study import Study
 
-KIND_COLORS = {
-    "gen": "#1f77b4",
-    "decode": "#17becf",
-    "reward": "#2ca02c",
-    "train": "#ff7f0e",
-    "optim": "#d62728",
-    "sync": "#7f7f7f",
-}
 TABLE_HEADERS = [
     "mode",
     "s/iteration",
@@ -217,7 +210,7 @@ def _panel(ax, res: SimResult, max_lanes: int) -> int:
             [min(r["end"], hi) - max(r["start"], lo) for r in rows],
             left=[max(r["start"], lo) - lo for r in rows],
             height=0.8,
-            color=KIND_COLORS.get(kind, "#9467bd"),
+            color=KIND_COLORS.get(kind, OTHER_COLOR),
             edgecolor="white",
             linewidth=0.4,
         )
