@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from digen.errors import ConfigError
 
 Mode = Literal["reference", "colocated", "disaggregated", "digen"]
+CfgGrad = Literal["cond", "both"]
 
 
 class _Section(BaseModel):
@@ -109,6 +110,19 @@ class TrainConfig(_Section):
     """DanceGRPO: torch.std (ddof 1) and eps 1e-8."""
     kl_beta: float = Field(0.0, ge=0.0)
     """KL-to-reference weight (needs LoRA: the reference is the base weights)."""
+    cfg_grad: CfgGrad = "both"
+    """Which CFG branch carries the gradient when the training forward uses true CFG
+    (``rollout.guidance_scale > 1`` on an SD3/Wan/Qwen-Image/FLUX-schnell-style model).
+    ``both``: back-propagate through ``uncond + s * (cond - uncond)`` whole, as
+    Flow-GRPO (yifan123/flow_grpo scripts/train_sd3.py ``compute_log_prob``), VeRL-Omni
+    (verl_omni/experimental/sd3_flow_grpo/diffusers_training_adapter.py
+    ``StableDiffusion3FlowGRPO.forward_and_sample_previous_step``) and GenRL
+    (ModelTC/GenRL genrl/trainer/diffusion.py ``wan_compute_log_prob``) do. ``cond``:
+    the unconditional branch is detached (``uncond.detach() + s * (cond - uncond.detach())``),
+    as derived copies of Flow-GRPO's ``compute_log_prob`` do; the forward value, hence every
+    log-prob and ratio, is the same, only the gradient differs. DanceGRPO
+    (XueZeyue/DanceGRPO fastvideo/train_grpo_flux.py ``grpo_one_step``) trains FLUX with
+    embedded guidance (one pass), where this setting has no effect."""
     lr: float = Field(3e-4, gt=0.0)
     weight_decay: float = Field(1e-4, ge=0.0)
     betas: tuple[float, float] = (0.9, 0.999)

@@ -184,7 +184,8 @@ def chunk_loss(
         "sigma_max": sigma_max,
     }
     # --- re-score the stored transition x -> x_next under the current policy
-    step = sde_step(policy.velocity(x, sigma, e, r.guidance_scale), x, sigma, sigma_next, **sde)
+    v = policy.velocity(x, sigma, e, r.guidance_scale, cfg_grad=t.cfg_grad)
+    step = sde_step(v, x, sigma, sigma_next, **sde)
     terms = ppo_clip_loss(
         step.log_prob, chunk.old_log_prob.to(device), chunk.advantage.to(device), t.clip_range
     )

@@ -2,10 +2,14 @@
 
 Strategies (indices i refer to the step s[i] -> s[i+1] of an ``num_steps``-step schedule):
 
-- ``"prefix"`` (Flow-GRPO): the first ``floor(num_steps * fraction)`` steps, in order;
-  fraction 0.99 drops only the last step.
-- ``"random"`` (DanceGRPO): a random subset of ``floor(num_steps * fraction)`` steps drawn
-  from ``[0, num_steps - 1)`` (the last step is never trained), one draw per call.
+- ``"prefix"`` (Flow-GRPO): the first ``int(num_steps * fraction)`` steps, in order;
+  fraction 0.99 drops only the last step. The count is Python's ``int`` of the float
+  product, as yifan123/flow_grpo scripts/train_sd3.py ``main`` computes
+  ``num_train_timesteps`` (so 100 * 0.29 = 28.999... trains 28 steps, as there).
+- ``"random"`` (DanceGRPO): ``int((num_steps - 1) * fraction)`` steps, the first of a
+  ``randperm(num_steps - 1)`` (the last step is never trained), one draw per call, as
+  XueZeyue/DanceGRPO fastvideo/train_grpo_flux.py ``train_one_step`` drops the last
+  timestep, permutes the rest per sample and trains ``int(len(timesteps) * fraction)``.
 - ``"window"`` (Flow-GRPO-Fast): a random contiguous window of ``window`` steps; only those
   steps use SDE noise, every other step is a deterministic Euler (ODE) step.
 
@@ -15,7 +19,6 @@ same seed gives the same steps on every machine.
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 import torch
@@ -24,9 +27,6 @@ from digen.errors import AlgorithmError
 
 TimestepStrategy = Literal["prefix", "random", "window"]
 TIMESTEP_STRATEGIES: tuple[str, ...] = ("prefix", "random", "window")
-
-# num_steps * fraction is floored after adding this, so 0.29 * 100 counts as 29, not 28.
-_FLOOR_SLACK = 1e-9
 
 
 def select_timesteps(
@@ -39,7 +39,8 @@ def select_timesteps(
 ) -> list[int]:
     """Sorted indices in ``[0, num_steps)`` of the steps to train.
 
-    fraction: in (0, 1], used by "prefix" and "random" (at least one step is kept);
+    fraction: in (0, 1], used by "prefix" (of ``num_steps``) and "random" (of the
+        ``num_steps - 1`` steps before the last); at least one step is kept;
     ignored by "window". window: the window length for "window", 1 <= window <= num_steps.
     generator: the source of randomness for "random" and "window".
     """
@@ -53,10 +54,9 @@ def select_timesteps(
         return _window(num_steps, window, generator)
     if not 0 < fraction <= 1:
         raise AlgorithmError(f"fraction={fraction} must be in (0, 1] (Flow-GRPO uses 0.99)")
-    count = max(1, math.floor(num_steps * fraction + _FLOOR_SLACK))
     if strategy == "prefix":
-        return list(range(count))
-    return _random_subset(num_steps, count, generator)
+        return list(range(max(1, int(num_steps * fraction))))
+    return _random_subset(num_steps, max(1, int((num_steps - 1) * fraction)), generator)
 
 
 def sde_step_mask(num_steps: int, trained: list[int], strategy: TimestepStrategy) -> list[bool]:

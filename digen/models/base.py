@@ -99,6 +99,7 @@ class FlowPolicy:
         sigmas: torch.Tensor,
         embeds: PromptEmbeds,
         guidance_scale: float,
+        cfg_grad: str = "both",
     ) -> torch.Tensor:
         """The model's velocity for a batch of (latent, sigma) pairs.
 
@@ -106,6 +107,8 @@ class FlowPolicy:
         a different timestep: TSP batches timesteps); embeds: ``B`` rows. CFG (two passes,
         ``uncond + s * (cond - uncond)``) when ``guidance_scale > 1`` and the family uses
         true CFG; embedded guidance families pass ``guidance_scale`` to the transformer.
+        ``cfg_grad`` (``train.cfg_grad``): ``"both"`` back-propagates through both CFG
+        branches, ``"cond"`` detaches the unconditional one (same value, other gradient).
         Returns float32 ``[B, *latent_shape]``; differentiable w.r.t. the trained params.
         """
         raise NotImplementedError

@@ -83,6 +83,7 @@ class FluxPolicy(PipelinePolicy):
         sigmas: torch.Tensor,
         embeds: PromptEmbeds,
         guidance_scale: float,
+        cfg_grad: str = "both",
     ) -> torch.Tensor:
         """latents ``[B, seq, C*4]`` float32, sigmas ``[B]`` -> velocity ``[B, seq, C*4]``."""
         cfg = not self.guidance_embeds and self.uses_cfg(embeds, guidance_scale)
@@ -109,7 +110,7 @@ class FluxPolicy(PipelinePolicy):
             **kwargs,
             return_dict=False,
         )[0]
-        return self._combine_cfg(out, guidance_scale) if cfg else out.float()
+        return self._combine_cfg(out, guidance_scale, cfg_grad) if cfg else out.float()
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:

@@ -93,6 +93,7 @@ class HunyuanVideoPolicy(VideoPolicy):
         sigmas: torch.Tensor,
         embeds: PromptEmbeds,
         guidance_scale: float,
+        cfg_grad: str = "both",
     ) -> torch.Tensor:
         """latents ``[B, C, F', h, w]`` float32, sigmas ``[B]`` -> velocity, same shape, float32."""
         cfg = not self.guidance_embeds and self.uses_cfg(embeds, guidance_scale)
@@ -111,7 +112,7 @@ class HunyuanVideoPolicy(VideoPolicy):
             **self._embed_kwargs(embeds, cfg),
             return_dict=False,
         )[0]
-        return self._combine_cfg(out, guidance_scale) if cfg else out.float()
+        return self._combine_cfg(out, guidance_scale, cfg_grad) if cfg else out.float()
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:

@@ -74,6 +74,21 @@ def _dtype_kwarg() -> str:
     return "dtype" if hasattr(deprecation_utils, "_resolve_dtype") else "torch_dtype"
 
 
+def cfg_branches(out: torch.Tensor, cfg_grad: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``out`` ``[2B, ...]`` as ``[uncond; cond]`` -> ``(uncond, cond)``; with ``cfg_grad``
+    ``"cond"`` the uncond half is detached, so only the conditional branch carries gradient
+    (``train.cfg_grad`` documents which peer does which)."""
+    uncond, cond = out.chunk(2)
+    return detach_uncond(uncond, cfg_grad), cond
+
+
+def detach_uncond(uncond: torch.Tensor, cfg_grad: str) -> torch.Tensor:
+    """``uncond`` itself (``cfg_grad`` ``"both"``) or detached (``"cond"``)."""
+    if cfg_grad not in ("cond", "both"):
+        raise ConfigError(f"train.cfg_grad ({cfg_grad!r}) must be 'cond' or 'both'")
+    return uncond.detach() if cfg_grad == "cond" else uncond
+
+
 class PipelinePolicy(FlowPolicy):
     """A :class:`FlowPolicy` over a loaded diffusers pipeline (see the module docstring).
 
@@ -154,9 +169,10 @@ class PipelinePolicy(FlowPolicy):
         return {k: v.to(self.device, self.dtype) for k, v in embeds.tensors.items()}
 
     @staticmethod
-    def _combine_cfg(out: torch.Tensor, guidance_scale: float) -> torch.Tensor:
-        """``out``: ``[2B, ...]`` as ``[uncond; cond]`` -> ``uncond + s * (cond - uncond)``."""
-        uncond, cond = out.float().chunk(2)
+    def _combine_cfg(out: torch.Tensor, guidance_scale: float, cfg_grad: str = "both") -> torch.Tensor:
+        """``out``: ``[2B, ...]`` as ``[uncond; cond]`` -> ``uncond + s * (cond - uncond)``
+        (``cfg_grad`` ``"cond"``: the uncond half detached, see :func:`cfg_branches`)."""
+        uncond, cond = cfg_branches(out.float(), cfg_grad)
         return uncond + guidance_scale * (cond - uncond)
 
     # --- trained parameters ---------------------------------------------------------

@@ -22,7 +22,7 @@ import torch
 
 from digen.models import lora, text
 from digen.models.base import PromptEmbeds
-from digen.models.pipeline_policy import PipelinePolicy
+from digen.models.pipeline_policy import PipelinePolicy, detach_uncond
 from digen.models.tiny import _sub_seed, check_resolution
 from digen.models.wan import unnormalize_latents
 
@@ -111,6 +111,7 @@ class QwenImagePolicy(PipelinePolicy):
         sigmas: torch.Tensor,
         embeds: PromptEmbeds,
         guidance_scale: float,
+        cfg_grad: str = "both",
     ) -> torch.Tensor:
         """latents ``[B, seq, C*4]`` float32, sigmas ``[B]`` -> velocity ``[B, seq, C*4]`` float32
         (CFG: a second pass on the negative prompt, then the pipeline's rescaled combination)."""
@@ -120,7 +121,7 @@ class QwenImagePolicy(PipelinePolicy):
         cond = self._forward(x, t, embeds.tensors)
         if not self.uses_cfg(embeds, guidance_scale):
             return cond.float()
-        uncond = self._forward(x, t, embeds.uncond)
+        uncond = detach_uncond(self._forward(x, t, embeds.uncond), cfg_grad)
         return rescaled_cfg(cond.float(), uncond.float(), guidance_scale)
 
     def _forward(self, x: torch.Tensor, t: torch.Tensor, tensors: dict[str, torch.Tensor]) -> torch.Tensor:

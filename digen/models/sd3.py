@@ -77,6 +77,7 @@ class Sd3Policy(PipelinePolicy):
         sigmas: torch.Tensor,
         embeds: PromptEmbeds,
         guidance_scale: float,
+        cfg_grad: str = "both",
     ) -> torch.Tensor:
         """latents ``[B, C, h, w]`` float32, sigmas ``[B]`` -> velocity ``[B, C, h, w]`` float32.
         CFG batches ``[uncond; cond]`` into one ``2B`` forward."""
@@ -91,7 +92,7 @@ class Sd3Policy(PipelinePolicy):
             **self._embed_kwargs(embeds, cfg),
             return_dict=False,
         )[0]
-        return self._combine_cfg(out, guidance_scale) if cfg else out.float()
+        return self._combine_cfg(out, guidance_scale, cfg_grad) if cfg else out.float()
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:

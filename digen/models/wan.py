@@ -84,6 +84,7 @@ class WanPolicy(VideoPolicy):
         sigmas: torch.Tensor,
         embeds: PromptEmbeds,
         guidance_scale: float,
+        cfg_grad: str = "both",
     ) -> torch.Tensor:
         """latents ``[B, C, F', h, w]`` float32, sigmas ``[B]`` -> velocity, same shape, float32.
         CFG batches ``[uncond; cond]`` into one ``2B`` forward."""
@@ -95,7 +96,7 @@ class WanPolicy(VideoPolicy):
         out = self.transformer(
             hidden_states=x, timestep=t, **self._embed_kwargs(embeds, cfg), return_dict=False
         )[0]
-        return self._combine_cfg(out, guidance_scale) if cfg else out.float()
+        return self._combine_cfg(out, guidance_scale, cfg_grad) if cfg else out.float()
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
