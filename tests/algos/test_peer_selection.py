@@ -1,0 +1,70 @@
+"""Advantages and trained-timestep selection equal the peers' own formulas, restated here.
+
+Flow-GRPO: yifan123/flow_grpo flow_grpo/stat_tracking.py ``PerPromptStatTracker.update``
+(``(r - mean_prompt) / (np.std + 1e-4)``, population std of the prompt's rewards or of all
+rewards with ``global_std``), clamped to ``+-adv_clip_max`` in scripts/train_sd3.py's loss;
+``num_train_timesteps = int(num_steps * timestep_fraction)`` in scripts/train_sd3.py ``main``.
+DanceGRPO: XueZeyue/DanceGRPO fastvideo/train_grpo_flux.py ``train_one_step``
+(``(r - mean) / (torch.std + 1e-8)`` per group of ``num_generations``, clamped in the loss;
+the last timestep dropped, a per-sample ``randperm`` of the rest, the first
+``int(len * timestep_fraction)`` trained).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from digen.algos import group_advantages, select_timesteps
+
+REWARDS = [0.31, 0.92, 0.47, 0.05, 1.7, -0.4, 2.2, 0.9, 0.5, 0.5, 0.5, 0.5]
+GROUPS = [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2]  # group 2 is flat: no signal
+
+
+def flow_grpo_advantages(rewards, groups, global_std: bool, clip: float = 5.0) -> np.ndarray:
+    r, g = np.asarray(rewards, dtype=np.float64), np.asarray(groups)
+    out = np.zeros_like(r)
+    for k in np.unique(g):
+        own = r[g == k]
+        std = (np.std(r) if global_std else np.std(own)) + 1e-4
+        out[g == k] = (own - np.mean(own)) / std
+    return np.clip(out, -clip, clip)
+
+
+def dance_grpo_advantages(rewards, group_size: int, clip: float = 5.0) -> torch.Tensor:
+    r = torch.tensor(rewards, dtype=torch.float32)
+    out = torch.zeros_like(r)
+    for i in range(len(r) // group_size):
+        own = r[i * group_size : (i + 1) * group_size]
+        out[i * group_size : (i + 1) * group_size] = (own - own.mean()) / (own.std() + 1e-8)
+    return out.clamp(-clip, clip)
+
+
+@pytest.mark.parametrize("global_std", [False, True])
+def test_advantages_equal_flow_grpo(global_std: bool) -> None:
+    ours = group_advantages(REWARDS, GROUPS, global_std=global_std, eps=1e-4, clip=5.0).values
+    theirs = torch.from_numpy(flow_grpo_advantages(REWARDS, GROUPS, global_std)).float()
+    torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-7)
+    assert ours[8:].abs().max() == 0  # the flat group: exactly no signal in both
+
+
+def test_advantages_equal_dance_grpo() -> None:
+    ours = group_advantages(REWARDS[:8], GROUPS[:8], unbiased=True, eps=1e-8, clip=5.0).values
+    torch.testing.assert_close(ours, dance_grpo_advantages(REWARDS[:8], 4), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("num_steps", [4, 10, 16, 20, 100])
+@pytest.mark.parametrize("fraction", [0.29, 0.4, 0.5, 0.6, 0.99, 1.0])
+def test_prefix_is_flow_grpos_count(num_steps: int, fraction: float) -> None:
+    expected = list(range(max(1, int(num_steps * fraction))))
+    assert select_timesteps(num_steps, strategy="prefix", fraction=fraction) == expected
+
+
+@pytest.mark.parametrize("num_steps, fraction", [(16, 0.6), (10, 0.6), (20, 0.4), (8, 0.5), (4, 1.0)])
+def test_random_is_dance_grpos_subset(num_steps: int, fraction: float) -> None:
+    for seed in range(5):
+        perm = torch.randperm(num_steps - 1, generator=torch.Generator().manual_seed(seed))
+        theirs = sorted(perm[: int((num_steps - 1) * fraction)].tolist())
+        gen = torch.Generator().manual_seed(seed)
+        assert select_timesteps(num_steps, strategy="random", fraction=fraction, generator=gen) == theirs

@@ -1,0 +1,359 @@
+"""One optimizer step of digen equals the peers' training step, down to the LoRA gradient.
+
+The peers' losses are restated here from their published code (written anew, not copied) and
+run on the same tiny SD3 transformer, LoRA weights, stored trajectories and advantages as
+digen's :func:`digen.training.train_group`:
+
+- Flow-GRPO (``sde``, ``cps``): yifan123/flow_grpo scripts/train_sd3.py, the training loop
+  of ``main`` and ``compute_log_prob``; flow_grpo/diffusers_patch/sd3_sde_with_logprob.py
+  ``sde_step_with_logprob``. Per micro-batch of samples and per trained timestep ``j`` (the
+  first ``int(T * fraction)``): ``policy_loss = mean_b max(-A r, -A clamp(r, 1 +- eps))``,
+  ``kl = mean_b(mean_elements((mean - mean_ref)**2) / (2 std_dev_t**2))``,
+  ``loss = policy_loss + beta * kl``, back-propagated divided by accelerate's
+  ``gradient_accumulation_steps = micro_batches * num_train_timesteps``.
+- DanceGRPO (``dance``): XueZeyue/DanceGRPO fastvideo/train_grpo_flux.py ``train_one_step``,
+  ``grpo_one_step`` and ``flux_step``. Per sample (batch 1) and per trained timestep:
+  ``mean(max(-A r, -A clamp(r))) / (gradient_accumulation_steps * train_timesteps)``; no KL
+  term (DanceGRPO has none). Its ``flux_step`` log-prob keeps only the quadratic term (the
+  constants sit on a line of their own there, a no-op), which leaves ratios and gradients as
+  a full Gaussian log density gives them.
+
+CFG in the training forward follows Flow-GRPO's ``compute_log_prob``: one ``[uncond; cond]``
+forward, ``uncond + s * (cond - uncond)``; ``train.cfg_grad: cond`` is its variant with
+``noise_pred_uncond.detach()``. The old log-probs are each side's own log-prob of the stored
+transition plus an offset that puts some rows outside the PPO trust region (clip active).
+
+Tolerance: relative L2 error of the whole LoRA gradient. The math is the same; what is left is
+float32 round-off of differently batched forwards (TSP packs rows of several timesteps, the
+peers batch one timestep), amplified by CFG's ``s * (cond - uncond)``: measured up to 6.8e-7
+without CFG and 2.5e-6 with CFG 4.5, while digen's own TSP-on and TSP-off gradients differ by
+up to 1.9e-6 (the float32 floor of this comparison). With the peer's batching (TSP off,
+Flow-GRPO kinds) the error is at most 9.6e-7. The test asserts 5e-6 (README, "What digen
+guarantees"). The AdamW step is checked against ``torch.optim.AdamW`` + ``clip_grad_norm_``
+over the LoRA tensors with each peer's hyper-parameters, to 1e-6.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from digen.algos import select_timesteps
+from digen.algos.sde import sde_step
+from digen.config import Config, build_config
+from digen.optim import ParameterStore
+from digen.trainer import build_policy
+from digen.training import TrainSpec, sum_gradients, train_group
+
+G, T, SCALE, CLIP, BETA = 4, 4, 4.5, 1e-4, 0.04
+ADVANTAGES = torch.tensor([1.3, -0.7, 0.4, -1.0])
+# Offsets of the stored old log-probs: r = exp(offset); |offset| > CLIP leaves the trust region.
+OFFSETS = torch.tensor(
+    [[0.0, 3e-4, 0.0, 0.0], [-3e-4, 0.0, 0.0, 0.0], [0.0, 0.0, 3e-4, 0.0], [3e-4, -3e-4, 0.0, 0.0]]
+)
+NOISE = {"sde": 0.7, "cps": 0.8, "dance": 0.3}
+TOLERANCE = 5e-6  # the float32 floor is ~2e-6 (module docstring)
+STEP_TOLERANCE = 1e-6
+
+
+@dataclass(frozen=True)
+class Case:
+    kind: str
+    cfg_grad: str | None  # None: no CFG in the training forward
+    kl_beta: float
+
+    @property
+    def guidance(self) -> float:
+        return SCALE if self.cfg_grad else 1.0
+
+
+CASES = [
+    Case(kind, cfg, kl)
+    for kind in ("sde", "cps", "dance")
+    for cfg in (None, "both", "cond")
+    for kl in ((0.0, BETA) if kind != "dance" else (0.0,))
+]
+
+
+@pytest.fixture(scope="module")
+def world(tiny_sd3):
+    from tests.conftest import small_config_data
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model: one thread is fastest on a shared machine
+    yield _world(build_config(small_config_data(tiny_sd3)))
+    torch.set_num_threads(threads)
+
+
+def _world(cfg: Config):
+    policy = build_policy(cfg)
+    gen = torch.Generator().manual_seed(7)
+    lora = {k: 0.05 * torch.randn(v.shape, generator=gen) for k, v in policy.trainable_state_dict().items()}
+    policy.load_trainable_state_dict(lora)  # B != 0: the policy differs from the reference
+    embeds = policy.encode_prompts(["a red square"], with_uncond=True)
+    return policy, embeds, policy.sigmas(T), cfg
+
+
+def case_config(base: Config, case: Case, *, rows_per_forward: int = 3) -> Config:
+    data = base.model_dump()
+    data["rollout"].update(guidance_scale=case.guidance, num_steps=T, group_size=G, batch_size=G)
+    data["rollout"]["sde"] = {"kind": case.kind, "noise_level": NOISE[case.kind]}
+    data["train"].update(
+        kl_beta=case.kl_beta,
+        cfg_grad=case.cfg_grad or "both",
+        clip_range=CLIP,
+        rows_per_forward=rows_per_forward,
+    )
+    return build_config(data)
+
+
+def trained_steps(kind: str) -> list[list[int]]:
+    if kind == "dance":  # DanceGRPO: a per-sample random subset, the last step dropped
+        return [
+            select_timesteps(T, strategy="random", fraction=0.67, generator=torch.Generator().manual_seed(b))
+            for b in range(G)
+        ]
+    return [select_timesteps(T, strategy="prefix", fraction=0.5)] * G  # Flow-GRPO: int(T * 0.5)
+
+
+@torch.no_grad()
+def rollout(policy, embeds, sigmas, case: Case) -> tuple[torch.Tensor, torch.Tensor]:
+    """digen's own trajectories of the case: latents [G, T+1, ...], log-probs [G, T]."""
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn((G, *policy.latent_shape()), generator=gen)
+    latents, log_probs = [x], []
+    rows = embeds.repeat_rows(G)
+    for i in range(T):
+        v = policy.velocity(x, sigmas[i].expand(G), rows, case.guidance)
+        step = sde_step(
+            v, x, sigmas[i], sigmas[i + 1], kind=case.kind, noise_level=NOISE[case.kind],
+            generator=gen, sigma_max=float(sigmas[1]),
+        )  # fmt: skip
+        x = step.prev_sample
+        latents.append(x)
+        log_probs.append(step.log_prob)
+    return torch.stack(latents, 1), torch.stack(log_probs, 1)
+
+
+# --- the peers, restated ---------------------------------------------------------------
+def peer_velocity(transformer, x, sigma, embeds, n: int, case: Case) -> torch.Tensor:
+    """Flow-GRPO ``compute_log_prob``'s transformer call (timestep = 1000 sigma)."""
+    cond = embeds.tensors["encoder_hidden_states"].expand(n, -1, -1)
+    pooled = embeds.tensors["pooled_projections"].expand(n, -1)
+    t = sigma * 1000.0
+    if case.cfg_grad is None:
+        return transformer(
+            hidden_states=x,
+            timestep=t,
+            encoder_hidden_states=cond,
+            pooled_projections=pooled,
+            return_dict=False,
+        )[0]
+    neg = embeds.uncond["encoder_hidden_states"].expand(n, -1, -1)
+    neg_pooled = embeds.uncond["pooled_projections"].expand(n, -1)
+    out = transformer(
+        hidden_states=torch.cat([x, x]),
+        timestep=torch.cat([t, t]),
+        encoder_hidden_states=torch.cat([neg, cond]),
+        pooled_projections=torch.cat([neg_pooled, pooled]),
+        return_dict=False,
+    )[0]
+    noise_pred_uncond, noise_pred_text = out.chunk(2)
+    if case.cfg_grad == "cond":
+        noise_pred_uncond = noise_pred_uncond.detach()
+    return noise_pred_uncond + SCALE * (noise_pred_text - noise_pred_uncond)
+
+
+def peer_step(case: Case, v, x, x_next, sigma, sigma_next, sigma_max):
+    """(log_prob [n], mean, std_dev_t) of the stored ``x_next``, in the peer's own form."""
+    s = sigma.view(-1, 1, 1, 1)
+    sn = sigma_next.view(-1, 1, 1, 1)
+    v, x = v.float(), x.float()
+    if case.kind == "sde":  # Flow-GRPO sde_step_with_logprob, sde_type 'sde'
+        dt = sn - s
+        std = torch.sqrt(s / (1 - torch.where(s == 1, torch.full_like(s, sigma_max), s))) * NOISE["sde"]
+        mean = x * (1 + std**2 / (2 * s) * dt) + v * (1 + std**2 * (1 - s) / (2 * s)) * dt
+        width = std * torch.sqrt(-dt)
+        lp = -((x_next - mean) ** 2) / (2 * width**2) - torch.log(width) - math.log(math.sqrt(2 * math.pi))
+    elif case.kind == "cps":  # Flow-GRPO sde_step_with_logprob, sde_type 'cps'
+        std = sn * math.sin(NOISE["cps"] * math.pi / 2)
+        mean = (x - s * v) * (1 - sn) + (x + v * (1 - s)) * torch.sqrt(sn**2 - std**2)
+        lp = -((x_next - mean) ** 2)
+    else:  # DanceGRPO flux_step with sde_solver
+        eta = NOISE["dance"]
+        mean = x + (sn - s) * v
+        score = -(x - (x - s * v) * (1 - s)) / s**2
+        mean = mean + (-0.5 * eta**2 * score) * (sn - s)
+        std = eta * torch.sqrt(s - sn)
+        lp = -((x_next - mean) ** 2) / (2 * std**2)
+    return lp.mean(dim=(1, 2, 3)), mean, std
+
+
+def peer_rows_loss(policy, embeds, sigmas, case: Case, latents, old, idx, j):
+    """The peer's loss of one forward: samples ``idx`` at timestep ``j``; also how many of
+    its rows the clip silences (the clamped term is the max)."""
+    tr = policy.transformer
+    n = len(idx)
+    x, x_next = latents[idx, j], latents[idx, j + 1]
+    sigma, sigma_next = sigmas[j].expand(n), sigmas[j + 1].expand(n)
+    logp, mean, std = peer_step(
+        case, peer_velocity(tr, x, sigma, embeds, n, case), x, x_next, sigma, sigma_next, float(sigmas[1])
+    )
+    adv = torch.clamp(ADVANTAGES[idx], -5.0, 5.0)
+    ratio = torch.exp(logp - old[idx, j])
+    unclipped, clipped = -adv * ratio, -adv * torch.clamp(ratio, 1.0 - CLIP, 1.0 + CLIP)
+    loss = torch.mean(torch.maximum(unclipped, clipped))
+    if case.kl_beta > 0:
+        with torch.no_grad():
+            tr.disable_adapters()
+            try:
+                v_ref = peer_velocity(tr, x, sigma, embeds, n, case)
+            finally:
+                tr.enable_adapters()
+            _, mean_ref, _ = peer_step(case, v_ref, x, x_next, sigma, sigma_next, float(sigmas[1]))
+        kl = ((mean - mean_ref) ** 2).mean(dim=(1, 2, 3), keepdim=True) / (2 * std**2)
+        loss = loss + case.kl_beta * torch.mean(kl)
+    return loss, int((clipped > unclipped).sum())
+
+
+def peer_gradient(policy, embeds, sigmas, case: Case, latents, old, steps) -> tuple[dict, int]:
+    """The accumulated LoRA gradient of one peer optimizer step over all G samples."""
+    params = policy.named_trainable_parameters()
+    for _, p in params:
+        p.grad = None
+    silenced = 0
+    if case.kind == "dance":  # per sample, batch 1; loss / (gradient_accumulation_steps * K)
+        for b in range(G):
+            for j in steps[b]:
+                loss, s = peer_rows_loss(policy, embeds, sigmas, case, latents, old, torch.tensor([b]), j)
+                (loss / (G * len(steps[b]))).backward()
+                silenced += s
+    else:  # micro-batches of 2 samples; accelerate divides by micro_batches * K
+        micro = [torch.tensor([0, 1]), torch.tensor([2, 3])]
+        k = len(steps[0])
+        for idx in micro:
+            for j in steps[0]:
+                loss, s = peer_rows_loss(policy, embeds, sigmas, case, latents, old, idx, j)
+                (loss / (len(micro) * k)).backward()
+                silenced += s
+    grads = {name: p.grad.detach().clone() for name, p in params}
+    for _, p in params:
+        p.grad = None
+    return grads, silenced
+
+
+@torch.no_grad()
+def peer_old_log_probs(policy, embeds, sigmas, case: Case, latents) -> torch.Tensor:
+    """What the peer stores at generation: its own log-prob of each transition [G, T]."""
+    out = torch.empty(G, T)
+    for j in range(T):
+        idx = torch.arange(G)
+        sig, sig_next = sigmas[j].expand(G), sigmas[j + 1].expand(G)
+        v = peer_velocity(policy.transformer, latents[:, j], sig, embeds, G, case)
+        out[:, j] = peer_step(case, v, latents[:, j], latents[idx, j + 1], sig, sig_next, float(sigmas[1]))[0]
+    return out
+
+
+# --- digen ---------------------------------------------------------------------------
+def digen_gradient(policy, embeds, sigmas, cfg: Config, latents, log_probs, steps, *, tsp: bool):
+    """digen's mean gradient of the iteration: the group as two train tasks (halves), their
+    sums added in order and divided by the trained rows, as ``ParameterStore.step`` does."""
+    spec = TrainSpec(0, 0, 0, list(range(G)), ADVANTAGES.tolist(), steps)
+    parts = [
+        train_group(policy, h, latents, log_probs, sigmas, embeds, cfg, tsp=tsp)
+        for h in (spec.half(0), spec.half(1))
+    ]
+    total = sum_gradients([g for g, _ in parts])
+    rows = sum(s.rows for _, s in parts)
+    return {k: v / rows for k, v in total.items()}, total, rows, sum(s.clipped for _, s in parts)
+
+
+def relative_error(ours: dict, theirs: dict) -> float:
+    a = torch.cat([ours[k].flatten().double() for k in sorted(theirs)])
+    b = torch.cat([theirs[k].flatten().double() for k in sorted(theirs)])
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.kind}-cfg_{c.cfg_grad}-kl_{c.kl_beta}")
+def test_one_step_gradient_equals_the_peers(world, case: Case) -> None:
+    policy, embeds, sigmas, base = world
+    latents, digen_lp = rollout(policy, embeds, sigmas, case)
+    steps = trained_steps(case.kind)
+    theirs, silenced = peer_gradient(
+        policy,
+        embeds,
+        sigmas,
+        case,
+        latents,
+        peer_old_log_probs(policy, embeds, sigmas, case, latents) + OFFSETS,
+        steps,
+    )
+    assert 0 < silenced < G * len(steps[0])  # the clip is active on some rows, not all
+    assert relative_error(theirs, {k: torch.zeros_like(v) for k, v in theirs.items()}) > 0
+    cfg = case_config(base, case)
+    for tsp in (True, False):
+        ours, _, rows, clipped = digen_gradient(
+            policy, embeds, sigmas, cfg, latents, digen_lp + OFFSETS, steps, tsp=tsp
+        )
+        assert rows == sum(len(s) for s in steps)  # the mean runs over every (sample, timestep) row
+        assert clipped == sum(int(OFFSETS[b, j] != 0) for b in range(G) for j in steps[b])
+        assert relative_error(ours, theirs) < TOLERANCE, (tsp, relative_error(ours, theirs))
+
+
+def test_cfg_grad_choice_changes_the_gradient(world) -> None:
+    """The two CFG gradients really differ (the oracle above can tell them apart)."""
+    policy, embeds, sigmas, base = world
+    cond, both = Case("sde", "cond", 0.0), Case("sde", "both", 0.0)
+    latents, lp = rollout(policy, embeds, sigmas, both)
+    steps = trained_steps("sde")
+    g_cond = digen_gradient(
+        policy, embeds, sigmas, case_config(base, cond), latents, lp + OFFSETS, steps, tsp=True
+    )[0]
+    g_both = digen_gradient(
+        policy, embeds, sigmas, case_config(base, both), latents, lp + OFFSETS, steps, tsp=True
+    )[0]
+    assert relative_error(g_cond, g_both) > 1e-2
+
+
+@pytest.mark.parametrize(
+    "peer, lr, weight_decay",
+    [("flow-grpo", 3e-4, 1e-4), ("dance-grpo", 1e-5, 1e-4)],  # config/base.py; finetune_flux_grpo_8gpus.sh
+)
+@pytest.mark.parametrize("grad_scale", [1.0, 1e4])  # 1e4: the norm exceeds max_grad_norm 1.0
+def test_adamw_step_equals_the_peers(
+    world, peer: str, lr: float, weight_decay: float, grad_scale: float
+) -> None:
+    """``ParameterStore.step`` = the peers' ``clip_grad_norm_(trainable, 1.0)`` then
+    ``torch.optim.AdamW(lr, betas (0.9, 0.999), eps 1e-8, weight_decay)`` on the mean gradient."""
+    policy, embeds, sigmas, base = world
+    case = Case("sde" if peer == "flow-grpo" else "dance", "both", 0.0)
+    cfg = case_config(base, case)
+    cfg.train.lr, cfg.train.weight_decay = lr, weight_decay
+    latents, lp = rollout(policy, embeds, sigmas, case)
+    steps = trained_steps(case.kind)
+    mean, total, rows, _ = digen_gradient(policy, embeds, sigmas, cfg, latents, lp + OFFSETS, steps, tsp=True)
+    weights = policy.trainable_state_dict()
+
+    store = ParameterStore(weights, cfg.train)
+    norm = store.step({k: v * grad_scale for k, v in total.items()}, rows)["grad_norm"]
+    ours = store.weights()
+
+    names = [n for n, _ in policy.named_trainable_parameters()]  # the peers' parameter order
+    params = [torch.nn.Parameter(weights[n].clone()) for n in names]
+    for n, p in zip(names, params, strict=True):
+        p.grad = mean[n] * grad_scale
+    their_norm = torch.nn.utils.clip_grad_norm_(params, max_norm=1.0)
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=weight_decay)
+    opt.step()
+    theirs = {n: p.detach() for n, p in zip(names, params, strict=True)}
+
+    assert math.isclose(norm, float(their_norm), rel_tol=1e-6)
+    assert (norm > 1.0) == (grad_scale > 1.0)  # clipping active exactly in the scaled case
+    deltas = relative_error(
+        {k: ours[k] - weights[k] for k in names}, {k: theirs[k] - weights[k] for k in names}
+    )
+    assert deltas < STEP_TOLERANCE
+    assert relative_error(ours, theirs) < STEP_TOLERANCE
