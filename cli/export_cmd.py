@@ -25,6 +25,9 @@ def export(
         ),
     ] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace a non-empty --out folder.")] = False,
+    ema: Annotated[
+        bool, typer.Option("--ema", help="Export the checkpoint's EMA weights (train.ema) instead.")
+    ] = False,
     model_path: Annotated[
         Path | None,
         typer.Option(
@@ -36,8 +39,10 @@ def export(
     (always for a full fine-tune) a pipeline folder for `DiffusionPipeline.from_pretrained(DIR)`."""
     from digen.export import export_run
 
-    r = export_run(run_dir, out_dir, iteration=checkpoint, merge=merge, force=force, model_path=model_path)
-    what = "LoRA" if r.kind == "lora" else "pipeline"
+    r = export_run(
+        run_dir, out_dir, iteration=checkpoint, merge=merge, force=force, model_path=model_path, ema=ema
+    )
+    what = ("LoRA" if r.kind == "lora" else "pipeline") + (" (EMA weights)" if r.weights == "ema" else "")
     out.print(
         f"[green]exported[/green] {r.family} {what} from {r.checkpoint} (iteration {r.iteration}, "
         f"policy v{r.policy_version}) to {r.out_dir}",

@@ -56,6 +56,7 @@ class ExportResult:
     iteration: int
     policy_version: int
     trained: Literal["lora", "full"]
+    weights: Literal["policy", "ema"]
     lora_rank: int | None
     lora_alpha: int | None
 
@@ -103,19 +104,30 @@ def read_run_config(run_dir: Path, model_path: str | Path | None = None) -> Conf
     return load_config(file, overrides, check_paths=False)
 
 
-def read_weights(checkpoint: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """``weights.safetensors`` and ``state.json`` of a checkpoint folder."""
+def read_weights(checkpoint: Path, *, ema: bool = False) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """``weights.safetensors`` (or with ``ema`` the EMA copy ``ParameterStore.save`` keeps in
+    ``optimizer.safetensors`` as ``ema/<name>``) and ``state.json`` of a checkpoint folder."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     try:
         state = json.loads((checkpoint / "state.json").read_text())
         weights = load_file(str(checkpoint / "weights.safetensors"))
+        if ema:
+            opt = load_file(str(checkpoint / "optimizer.safetensors"))
     except (OSError, ValueError, SafetensorError) as exc:
         raise CheckpointError(
             f"checkpoint {checkpoint} cannot be read ({exc.__class__.__name__}: {exc})"
         ) from None
-    return weights, state
+    if not ema:
+        return weights, state
+    averaged = {k.removeprefix("ema/"): v for k, v in opt.items() if k.startswith("ema/")}
+    if set(averaged) != set(weights):
+        raise CheckpointError(
+            f"--ema: checkpoint {checkpoint} holds no EMA weights (the run had train.ema.enabled: false); "
+            "export without --ema"
+        )
+    return averaged, state
 
 
 def is_lora_state(weights: dict[str, torch.Tensor]) -> bool:
@@ -304,15 +316,17 @@ def export_run(
     merge: bool = False,
     force: bool = False,
     model_path: str | Path | None = None,
+    ema: bool = False,
 ) -> ExportResult:
     """Export checkpoint ``iteration`` (None: the newest) of ``run_dir`` to ``out_dir``: a
     diffusers LoRA folder, or with ``merge`` (always for a full fine-tune) a pipeline folder.
-    ``model_path`` overrides the run's ``model.path`` (the base pipeline)."""
+    ``model_path`` overrides the run's ``model.path`` (the base pipeline); ``ema`` exports the
+    checkpoint's EMA weights instead of the policy's (Flow-GRPO saves and evaluates its EMA)."""
     run = Path(run_dir)
     out = Path(out_dir)
     cfg = read_run_config(run, model_path)
     checkpoint = find_checkpoint(run, iteration)
-    weights, state = read_weights(checkpoint)
+    weights, state = read_weights(checkpoint, ema=ema)
     trained_lora = is_lora_state(weights)
     if trained_lora != cfg.model.lora.enabled:
         raise CheckpointError(
@@ -342,6 +356,7 @@ def export_run(
             iteration=int(state.get("iteration", checkpoint.name.removeprefix("iter_"))),
             policy_version=int(state.get("version", -1)),
             trained="lora" if trained_lora else "full",
+            weights="ema" if ema else "policy",
             lora_rank=lora_rank(lora_pairs(weights)) if trained_lora else None,
             lora_alpha=alpha,
         )

@@ -183,6 +183,31 @@ def test_checkpoint_selects_the_iteration(lora_runs, tiny_models, tmp_path):
     assert (theirs - newest).abs().max() > 1e-3
 
 
+def test_ema_exports_the_checkpoints_averaged_weights(lora_runs, tiny_models, tmp_path):
+    """``--ema``: the EMA copy the checkpoint keeps (``ema/<name>`` in optimizer.safetensors)
+    instead of the policy; refused, by name, when the run kept none."""
+    from safetensors.torch import load_file
+
+    cfg = run_config(tiny_models("sd3"), "sd3")
+    cfg.train.ema.enabled = True
+    run = RunDir(tmp_path / "run", cfg)
+    policy = build_policy(cfg)
+    store = ParameterStore(random_weights(policy.trainable_state_dict(), seed=1, std=0.05), cfg.train, 1)
+    store.ema = random_weights(policy.trainable_state_dict(), seed=2, std=0.05)
+    save_checkpoint(run, store, 0)
+    result = export_run(tmp_path / "run", tmp_path / "ema", ema=True)
+    assert result.weights == "ema"
+    exported = load_file(str(tmp_path / "ema" / LORA_WEIGHT_NAME))
+    expected, _ = diffusers_lora(store.ema, alpha=ALPHA)
+    assert set(exported) == {f"transformer.{k}" for k in expected}
+    assert all(torch.equal(exported[f"transformer.{k}"], v) for k, v in expected.items())
+    assert not torch.equal(
+        expected[next(iter(expected))], diffusers_lora(store.weights(), alpha=ALPHA)[0][next(iter(expected))]
+    )
+    with pytest.raises(CheckpointError, match="--ema: checkpoint .* holds no EMA weights"):
+        export_run(lora_runs["sd3"][0], tmp_path / "none", ema=True)
+
+
 # --- pipeline folder -------------------------------------------------------------------
 @pytest.mark.parametrize("arch", list(FAMILIES))
 def test_merged_export_is_a_pipeline_folder_that_samples_like_digen(arch, lora_runs, tiny_models, tmp_path):
