@@ -246,15 +246,15 @@ def finish_out_dir(staging: Path, out_dir: Path) -> None:
 
 def write_lora(folder: Path, pipeline_class: str, layers: dict[str, torch.Tensor], metadata: dict) -> None:
     """``pytorch_lora_weights.safetensors`` through the pipeline class's ``save_lora_weights``."""
+    import inspect
+
     import diffusers
 
-    pipeline_cls = getattr(diffusers, pipeline_class)
-    pipeline_cls.save_lora_weights(
-        str(folder),
-        transformer_lora_layers=layers,
-        transformer_lora_adapter_metadata=metadata,
-        weight_name=LORA_WEIGHT_NAME,
-    )
+    save = getattr(diffusers, pipeline_class).save_lora_weights
+    extra = {}
+    if "transformer_lora_adapter_metadata" in inspect.signature(save).parameters:  # diffusers >= 0.34
+        extra["transformer_lora_adapter_metadata"] = metadata  # older: none, and the folded scale needs none
+    save(str(folder), transformer_lora_layers=layers, weight_name=LORA_WEIGHT_NAME, **extra)
 
 
 def write_pipeline(
@@ -338,7 +338,7 @@ def export_run(
     pipeline_class = str(read_model_index(base_dir)["_class_name"])
     alpha = cfg.model.lora.alpha if trained_lora else None
     kind: Literal["lora", "pipeline"] = "lora" if trained_lora and not merge else "pipeline"
-    _refuse_overlap(out, {"RUN_DIR": run, "model.path": base_dir})
+    _refuse_overlap(out, {"RUN_DIR": run, "the checkpoint": checkpoint, "model.path": base_dir})
     staging = prepare_out_dir(out, force=force)
     try:
         if kind == "lora":

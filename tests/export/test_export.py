@@ -265,6 +265,8 @@ def test_out_dir_must_be_empty_unless_forced(lora_runs, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["digen_export.json", LORA_WEIGHT_NAME]
     with pytest.raises(ConfigError, match="is or contains RUN_DIR"):
         export_run(run, run.parent, force=True)
+    with pytest.raises(ConfigError, match="is or contains the checkpoint"):
+        export_run(run, run / "checkpoints", force=True)
     assert (run / "config.yaml").exists()
 
 
