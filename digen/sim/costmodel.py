@@ -101,8 +101,11 @@ class Workload:
 
     @property
     def trained_timesteps(self) -> int:
-        """K: the count Flow-GRPO's prefix / DanceGRPO's random selection trains
-        (``floor(steps * fraction)``, as :func:`digen.algos.timesteps.select_timesteps`)."""
+        """K: the trained steps per trajectory as the workload's paper states them
+        (``steps * fraction``, the count of Flow-GRPO's prefix selection; DanceGRPO's random
+        selection trains ``int((steps - 1) * fraction)``, see
+        :func:`digen.algos.timesteps.select_timesteps`). The small slack keeps a product
+        such as 20 * 0.6 from rounding down in float."""
         return max(1, math.floor(self.steps * self.timestep_fraction + 1e-6))
 
     @property
