@@ -131,7 +131,7 @@ def generate_group(
     policy: FlowPolicy,
     task: GroupTask,
     cfg: Config,
-    reward_fn: Callable[[torch.Tensor, list[str]], torch.Tensor],
+    reward_fn: Callable[..., torch.Tensor],
     embeds: PromptEmbeds | None = None,
     timer: Timer | None = None,
 ) -> Trajectories:
@@ -181,7 +181,11 @@ def generate_group(
     t1 = time.time()
     images = policy.decode(x).float().cpu()
     t2 = time.time()
-    rewards = reward_fn(images, [task.prompt] * n).float().cpu()
+    meta = cfg.prompt_metadata(task.prompt)  # GenEval-style datasets: the rewards get it
+    if meta is None:
+        rewards = reward_fn(images, [task.prompt] * n).float().cpu()
+    else:
+        rewards = reward_fn(images, [task.prompt] * n, [meta] * n).float().cpu()
     t3 = time.time()
     if timer is not None:
         timer("gen", t0, t1)
