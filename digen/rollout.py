@@ -18,6 +18,7 @@ from digen.algos.sde import euler_step, sde_step
 from digen.algos.timesteps import sde_step_mask, select_timesteps
 from digen.config import Config
 from digen.models.base import FlowPolicy, PromptEmbeds
+from digen.rewards.base import call_reward
 from digen.seeding import iteration_generator, sample_generator
 
 
@@ -182,10 +183,8 @@ def generate_group(
     images = policy.decode(x).float().cpu()
     t2 = time.time()
     meta = cfg.prompt_metadata(task.prompt)  # GenEval-style datasets: the rewards get it
-    if meta is None:
-        rewards = reward_fn(images, [task.prompt] * n).float().cpu()
-    else:
-        rewards = reward_fn(images, [task.prompt] * n, [meta] * n).float().cpu()
+    rewards = call_reward(reward_fn, images, [task.prompt] * n, None if meta is None else [meta] * n)
+    rewards = rewards.float().cpu()
     t3 = time.time()
     if timer is not None:
         timer("gen", t0, t1)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -56,6 +57,14 @@ class Reward(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"
+
+
+def call_reward(
+    reward: Callable[..., torch.Tensor], images: torch.Tensor, prompts: list[str], metadata: Metadata | None
+) -> torch.Tensor:
+    """``reward(images, prompts[, metadata])``: metadata is passed only when there is some, so a
+    reward written as ``__call__(images, prompts)`` keeps working."""
+    return reward(images, prompts) if metadata is None else reward(images, prompts, metadata)
 
 
 def check_batch(images: torch.Tensor, prompts: list[str], metadata: Metadata | None = None) -> None:

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import torch
 
 from digen.errors import ConfigError, RewardError
-from digen.rewards.base import Metadata, Reward
+from digen.rewards.base import Metadata, Reward, call_reward
 
 RewardFactory = Callable[..., Reward]
 F = TypeVar("F", bound=RewardFactory)
@@ -98,7 +98,7 @@ class WeightedReward(Reward):
         total = torch.zeros(images.shape[0], dtype=torch.float32)
         scores: dict[str, torch.Tensor] = {}
         for reward, weight in self.parts:
-            s = reward(images, prompts, metadata).detach().float().cpu()
+            s = call_reward(reward, images, prompts, metadata).detach().float().cpu()
             if s.shape != total.shape:
                 raise RewardError(
                     f"reward '{reward.name}' returned shape {tuple(s.shape)} for {images.shape[0]} samples; "
