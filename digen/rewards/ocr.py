@@ -19,6 +19,8 @@ frames and averages the positive ones; digen's rule is the plain mean).
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 import torch
 
@@ -74,17 +76,32 @@ class OcrReward(FrameReward):
 
     Args:
         text_score: lines recognised with a lower confidence are ignored (RapidOCR's default).
+        det_limit_side_len, det_limit_type: the detector's input size rule; ``960``/``max``
+            (the longer side scaled down to 960, never up) are PaddleOCR's defaults, which
+            Flow-GRPO runs; RapidOCR's own (736/min) scales small images up, 5-10x slower.
         batch_size: frames per chunk (OCR runs one image at a time inside a chunk).
         device: accepted for the registry; OCR always runs on the CPU.
     """
 
     name = "ocr"
 
-    def __init__(self, text_score: float = 0.5, batch_size: int = 16, device: str = "cpu"):
+    def __init__(
+        self,
+        text_score: float = 0.5,
+        det_limit_side_len: int = 960,
+        det_limit_type: Literal["max", "min"] = "max",
+        batch_size: int = 16,
+        device: str = "cpu",
+    ):
         require_package("rapidocr_onnxruntime", self.name, "rapidocr-onnxruntime")
         from rapidocr_onnxruntime import RapidOCR
 
-        self.engine = RapidOCR(text_score=float(text_score), use_cls=False)
+        self.engine = RapidOCR(
+            text_score=float(text_score),
+            use_cls=False,
+            det_limit_side_len=int(det_limit_side_len),
+            det_limit_type=det_limit_type,
+        )
         self.batch_size = int(batch_size)
 
     def read(self, pixels: np.ndarray) -> str:

@@ -66,3 +66,27 @@ def test_nan_sample_batching_and_video(reward):
     video = torch.stack([render("OPEN"), render("ZZZZ")])[None]  # one sample, two frames
     frames = [reward(video[:, f], ['"open"']) for f in range(2)]
     assert reward(video, ['"open"']) == pytest.approx(float((frames[0] + frames[1]) / 2))
+
+
+def test_digen_train_with_the_ocr_reward_runs_offline(tiny_sd3, tmp_path, monkeypatch):
+    import json
+
+    import yaml
+    from typer.testing import CliRunner
+
+    from cli.main import app
+    from tests.conftest import small_config_data
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    data = small_config_data(
+        tiny_sd3,
+        iterations=1,
+        prompts={"items": ['a sign that says "open"', 'a poster with the word "sale"']},
+        reward=[{"name": "ocr"}],
+    )
+    path = tmp_path / "ocr.yaml"
+    path.write_text(yaml.safe_dump(data))
+    result = CliRunner().invoke(app, ["train", str(path), "--out", str(tmp_path / "run"), "--log-format", "quiet"])
+    assert result.exit_code == 0, result.output
+    row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert 0.0 <= row["reward_mean"] <= 1.0 and len(row["rewards"]) == 8
