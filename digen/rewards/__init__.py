@@ -3,7 +3,7 @@
 Importing this package registers the built-ins: ``jpeg_compressibility``,
 ``jpeg_incompressibility``, ``brightness``, ``color``, ``digit_classifier`` (the digits demo),
 ``http`` (a remote reward server), the model rewards ``pickscore``, ``clipscore``,
-``aesthetic``, ``ocr`` (their packages and weights load only when one is built) and
+``hpsv2``, ``aesthetic``, ``ocr`` (their packages and weights load only when one is built) and
 ``geneval`` (a GenEval reward server).
 """
 
@@ -13,6 +13,7 @@ from digen.rewards import (  # noqa: F401  (registers the built-ins)
     clipscore,
     digits,
     geneval,
+    hpsv2,
     http,
     jpeg,
     ocr,

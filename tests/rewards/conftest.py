@@ -34,7 +34,7 @@ def serve() -> Iterator[Callable[..., RewardServer]]:
         thread.join(timeout=5)
 
 
-def save_tiny_clip(folder, *, seed: int = 0, projection_dim: int = 16):
+def save_tiny_clip(folder, *, seed: int = 0, projection_dim: int = 16, hidden_act: str = "quick_gelu"):
     """A random-weight CLIP in the ``save_pretrained`` layout of openai/clip-vit-large-patch14
     and PickScore_v1 (``config.json``, ``model.safetensors``, tokenizer and
     ``preprocessor_config.json``), small enough for the CPU. Returns the folder."""
@@ -43,7 +43,13 @@ def save_tiny_clip(folder, *, seed: int = 0, projection_dim: int = 16):
     from digen.models.text import tiny_clip_tokenizer
 
     tokenizer = tiny_clip_tokenizer()
-    small = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2, "num_hidden_layers": 2}
+    small = {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_attention_heads": 2,
+        "num_hidden_layers": 2,
+        "hidden_act": hidden_act,
+    }
     config = CLIPConfig(
         text_config={
             **small,

@@ -86,7 +86,9 @@ def test_digen_train_with_the_ocr_reward_runs_offline(tiny_sd3, tmp_path, monkey
     )
     path = tmp_path / "ocr.yaml"
     path.write_text(yaml.safe_dump(data))
-    result = CliRunner().invoke(app, ["train", str(path), "--out", str(tmp_path / "run"), "--log-format", "quiet"])
+    result = CliRunner().invoke(
+        app, ["train", str(path), "--out", str(tmp_path / "run"), "--log-format", "quiet"]
+    )
     assert result.exit_code == 0, result.output
     row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert 0.0 <= row["reward_mean"] <= 1.0 and len(row["rewards"]) == 8
