@@ -5,7 +5,8 @@ their own Python environment, behind ``digen reward-server`` (:mod:`digen.reward
 
 Protocol (JSON both ways, no pickle):
 
-- ``POST {url}/score`` with ``{"prompts": [B str], "images": [B*F base64 PNG], "frames": F}``;
+- ``POST {url}/score`` with ``{"prompts": [B str], "images": [B*F base64 PNG], "frames": F,
+  "metadata": [B object] (optional: the prompts' metadata, passed to the server's reward)}``;
   ``frames`` (default 1) is the number of video frames per sample, sample b owning images
   ``b*F .. b*F+F-1`` in order. The server rebuilds ``[B, 3, H, W]`` (F = 1) or
   ``[B, F, 3, H, W]`` and calls its reward, so frames are handled as that reward documents.
