@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from digen.errors import ConfigError
+from digen.prompts import metadata_by_prompt, read_prompts, split_file
 
 Mode = Literal["reference", "colocated", "disaggregated", "digen"]
 CfgGrad = Literal["cond", "both"]
@@ -50,10 +51,17 @@ class ModelConfig(_Section):
 
 
 class PromptsConfig(_Section):
+    dataset: str | None = None
+    """Prompt dataset folder (Flow-GRPO's layout): ``train.txt``/``test.txt``, one prompt a
+    line, or GenEval-style ``train_metadata.jsonl``/``test_metadata.jsonl`` whose per-prompt
+    metadata reaches the rewards. Training uses its train split (see :mod:`digen.prompts`)."""
     file: str | None = None
-    """Text file, one prompt per line (relative paths resolve against the config file)."""
+    """Text file, one prompt per line (``.jsonl``: one ``{"prompt": ..., ...}`` object a line,
+    with metadata); used when ``dataset`` is unset. Relative paths resolve against the config file."""
     items: list[str] = ["a red square", "a blue circle", "a green tree", "a yellow sun"]
-    """Inline prompts, used when ``file`` is unset."""
+    """Inline prompts, used when ``dataset`` and ``file`` are unset."""
+    test_file: str | None = None
+    """Held-out prompts (``.txt`` or ``.jsonl``); unset: ``dataset``'s test split, if any."""
 
 
 class SdeConfig(_Section):
@@ -278,10 +286,35 @@ class Config(_Section):
         return p
 
     def prompt_list(self) -> list[str]:
-        if self.prompts.file is None:
-            return list(self.prompts.items)
-        path = self.resolve_path(self.prompts.file)
-        return [ln.strip() for ln in path.read_text().splitlines() if ln.strip()]
+        """The training prompts: ``prompts.dataset``'s train split, else ``file``, else ``items``."""
+        return self._train_prompts()[0]
+
+    def test_prompt_list(self) -> tuple[list[str], list[dict[str, Any]] | None]:
+        """Held-out prompts and their metadata (None without): ``prompts.test_file``, else
+        ``prompts.dataset``'s test split; ``([], None)`` when there is neither."""
+        p = self.prompts
+        if p.test_file is not None:
+            return read_prompts(self.resolve_path(p.test_file))
+        if p.dataset is not None:
+            folder = self.resolve_path(p.dataset)
+            if any((folder / n).is_file() for n in ("test_metadata.jsonl", "test.txt")):
+                return read_prompts(split_file(folder, "test"))
+        return [], None
+
+    def prompt_metadata(self, prompt: str) -> dict[str, Any] | None:
+        """A training or test prompt's metadata (None when its file carries none)."""
+        for prompts, metadata in (self._train_prompts(), self.test_prompt_list()):
+            if metadata is not None and prompt in prompts:
+                return metadata_by_prompt(prompts, metadata)[prompt]
+        return None
+
+    def _train_prompts(self) -> tuple[list[str], list[dict[str, Any]] | None]:
+        p = self.prompts
+        if p.dataset is not None:
+            return read_prompts(split_file(self.resolve_path(p.dataset), "train"))
+        if p.file is not None:
+            return read_prompts(self.resolve_path(p.file))
+        return list(p.items), None
 
 
 # ---------------------------------------------------------------------------------------
@@ -376,8 +409,10 @@ def _cross_checks(cfg: Config, check_paths: bool) -> list[str]:
             problems.append(
                 f"model.path ({cfg.model.path}) is not a diffusers pipeline folder (no model_index.json)"
             )
-        if cfg.prompts.file is not None and not cfg.resolve_path(cfg.prompts.file).exists():
-            problems.append(f"prompts.file ({cfg.prompts.file}) does not exist")
+        for key in ("dataset", "file", "test_file"):
+            value = getattr(cfg.prompts, key)
+            if value is not None and not cfg.resolve_path(value).exists():
+                problems.append(f"prompts.{key} ({value}) does not exist")
     else:
         pass
     sec = cfg.security
@@ -392,8 +427,8 @@ def _cross_checks(cfg: Config, check_paths: bool) -> list[str]:
                 problems.append(
                     f"security.{name} ({value}) does not exist; docs/deploy.md shows how to make it"
                 )
-    if cfg.prompts.file is None and not cfg.prompts.items:
-        problems.append("prompts: give prompts.items or prompts.file")
+    if cfg.prompts.dataset is None and cfg.prompts.file is None and not cfg.prompts.items:
+        problems.append("prompts: give prompts.items, prompts.file or prompts.dataset")
     return problems
 
 
@@ -430,7 +465,12 @@ def _fsdp_checks(cfg: Config) -> list[str]:
 def _absolute_paths(cfg: Config) -> None:
     """Paths that exist relative to the config file become absolute, so every process of a
     job (worker loops start elsewhere) reads the same files. Other paths stay as written."""
-    for section, key in ((cfg.model, "path"), (cfg.prompts, "file")):
+    for section, key in (
+        (cfg.model, "path"),
+        (cfg.prompts, "file"),
+        (cfg.prompts, "dataset"),
+        (cfg.prompts, "test_file"),
+    ):
         value = getattr(section, key)
         if value is not None and not Path(value).expanduser().is_absolute():
             resolved = cfg.resolve_path(value)

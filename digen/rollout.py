@@ -18,6 +18,7 @@ from digen.algos.sde import euler_step, sde_step
 from digen.algos.timesteps import sde_step_mask, select_timesteps
 from digen.config import Config
 from digen.models.base import FlowPolicy, PromptEmbeds
+from digen.rewards.base import call_reward
 from digen.seeding import iteration_generator, sample_generator
 
 
@@ -131,7 +132,7 @@ def generate_group(
     policy: FlowPolicy,
     task: GroupTask,
     cfg: Config,
-    reward_fn: Callable[[torch.Tensor, list[str]], torch.Tensor],
+    reward_fn: Callable[..., torch.Tensor],
     embeds: PromptEmbeds | None = None,
     timer: Timer | None = None,
 ) -> Trajectories:
@@ -181,7 +182,9 @@ def generate_group(
     t1 = time.time()
     images = policy.decode(x).float().cpu()
     t2 = time.time()
-    rewards = reward_fn(images, [task.prompt] * n).float().cpu()
+    meta = cfg.prompt_metadata(task.prompt)  # GenEval-style datasets: the rewards get it
+    rewards = call_reward(reward_fn, images, [task.prompt] * n, None if meta is None else [meta] * n)
+    rewards = rewards.float().cpu()
     t3 = time.time()
     if timer is not None:
         timer("gen", t0, t1)

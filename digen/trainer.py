@@ -54,8 +54,9 @@ def build_policy(cfg: Config, device: str | None = None) -> FlowPolicy:
     return policy
 
 
-def build_reward(cfg: Config):
-    return build_rewards([spec.model_dump() for spec in cfg.reward])
+def build_reward(cfg: Config, device: str | None = None):
+    """The configured reward; model-based rewards load on ``device`` (default ``model.device``)."""
+    return build_rewards([spec.model_dump() for spec in cfg.reward], device=device or cfg.model.device)
 
 
 class EmbedCache:

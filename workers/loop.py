@@ -103,7 +103,7 @@ def run_gen(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> dict:
     if time.time() - t0 > 1e-3:
         events.append(_event(rt, role, "sync", ref, task.version, t0, time.time()))
     if rt.reward is None:
-        rt.reward = build_reward(rt.cfg)
+        rt.reward = build_reward(rt.cfg, device=rt.device)
     assert rt.embed is not None
 
     def timer(kind: str, s: float, e: float) -> None:
@@ -207,7 +207,7 @@ def worker_loop(
     rt.job.claim_loop(name, token)  # one loop per worker: an older one stops
     faults.point("start", rt.job, name)
     rt.ensure_policy()  # load before taking tasks: a joining worker never stalls a task
-    rt.reward = build_reward(cfg)
+    rt.reward = build_reward(cfg, device=rt.device)
     rt.job.mark_ready(name, rt.gpu_type)
     log.info("worker %s (%s) joined job %s", name, rt.gpu_type, job_id)
     while rt.job.status() == "running":

@@ -11,7 +11,7 @@ from typing import Literal
 import torch
 
 from digen.errors import ConfigError
-from digen.rewards.base import Reward, check_batch
+from digen.rewards.base import Metadata, Reward, check_batch
 from digen.rewards.registry import register
 
 _CHANNELS = {"red": 0, "green": 1, "blue": 2}
@@ -30,7 +30,9 @@ class Brightness(Reward):
 
     name = "brightness"
 
-    def __call__(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+    def __call__(
+        self, images: torch.Tensor, prompts: list[str], metadata: Metadata | None = None
+    ) -> torch.Tensor:
         check_batch(images, prompts)
         return _channel_means(images).mean(dim=1)
 
@@ -50,7 +52,9 @@ class Color(Reward):
             raise ConfigError(f"color reward: channel {channel!r} is not one of {', '.join(_CHANNELS)}")
         self.channel = channel
 
-    def __call__(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+    def __call__(
+        self, images: torch.Tensor, prompts: list[str], metadata: Metadata | None = None
+    ) -> torch.Tensor:
         check_batch(images, prompts)
         means = _channel_means(images)
         c = _CHANNELS[self.channel]

@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from digen.errors import ConfigError
-from digen.rewards.base import Reward, check_batch, flatten_frames, mean_over_frames
+from digen.rewards.base import Metadata, Reward, check_batch, flatten_frames, mean_over_frames
 from digen.rewards.registry import register
 
 CLASSIFIER_SIZE = 8
@@ -122,7 +122,9 @@ class DigitClassifierReward(Reward):
         """``[B, C, H, W]`` in ``[0, 1]`` -> class probabilities ``[B, 10]`` float32."""
         return self.model(to_classifier_input(images)).softmax(dim=-1)
 
-    def __call__(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+    def __call__(
+        self, images: torch.Tensor, prompts: list[str], metadata: Metadata | None = None
+    ) -> torch.Tensor:
         check_batch(images, prompts)
         digits = torch.tensor([parse_digit(p) for p in prompts], dtype=torch.long)
         frames, n = flatten_frames(images)

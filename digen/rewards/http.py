@@ -5,7 +5,8 @@ their own Python environment, behind ``digen reward-server`` (:mod:`digen.reward
 
 Protocol (JSON both ways, no pickle):
 
-- ``POST {url}/score`` with ``{"prompts": [B str], "images": [B*F base64 PNG], "frames": F}``;
+- ``POST {url}/score`` with ``{"prompts": [B str], "images": [B*F base64 PNG], "frames": F,
+  "metadata": [B object] (optional: the prompts' metadata, passed to the server's reward)}``;
   ``frames`` (default 1) is the number of video frames per sample, sample b owning images
   ``b*F .. b*F+F-1`` in order. The server rebuilds ``[B, 3, H, W]`` (F = 1) or
   ``[B, F, 3, H, W]`` and calls its reward, so frames are handled as that reward documents.
@@ -34,7 +35,7 @@ import torch
 from PIL import Image
 
 from digen.errors import ConfigError, RewardError
-from digen.rewards.base import Reward, check_batch, finite_rows, flatten_frames, to_uint8
+from digen.rewards.base import Metadata, Reward, check_batch, finite_rows, flatten_frames, to_uint8
 from digen.rewards.registry import register
 
 log = logging.getLogger(__name__)
@@ -117,12 +118,21 @@ class HttpReward(Reward):
         self.name = name
         self._session = requests.Session()
 
-    def __call__(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
-        check_batch(images, prompts)
+    def __call__(
+        self, images: torch.Tensor, prompts: list[str], metadata: Metadata | None = None
+    ) -> torch.Tensor:
+        check_batch(images, prompts, metadata)
         b = images.shape[0]
         step = self.batch_size or b
         scores = torch.cat(
-            [self._score_chunk(images[i : i + step], prompts[i : i + step]) for i in range(0, b, step)]
+            [
+                self._score_chunk(
+                    images[i : i + step],
+                    prompts[i : i + step],
+                    None if metadata is None else metadata[i : i + step],
+                )
+                for i in range(0, b, step)
+            ]
         )
         frames, n_frames = flatten_frames(images)
         scores[~finite_rows(frames).reshape(b, n_frames).all(dim=1)] = float("nan")
@@ -142,19 +152,31 @@ class HttpReward(Reward):
     def close(self) -> None:
         self._session.close()
 
-    def _score_chunk(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+    def _score_chunk(
+        self, images: torch.Tensor, prompts: list[str], metadata: Metadata | None
+    ) -> torch.Tensor:
+        """One request: ``[b, (F,) 3, H, W]`` -> ``[b]`` scores."""
         frames, n_frames = flatten_frames(images)
-        payload = {"prompts": list(prompts), "images": encode_pngs(frames), "frames": n_frames}
-        body = self._post(payload)
+        payload: dict[str, Any] = {
+            "prompts": list(prompts),
+            "images": encode_pngs(frames),
+            "frames": n_frames,
+        }
+        if metadata is not None:
+            payload["metadata"] = list(metadata)
+        return self._scores_from(self._post("/score", json=payload), len(prompts))
+
+    def _scores_from(self, body: Any, n: int) -> torch.Tensor:
+        """``{"scores": [n float|null]}`` -> float32 ``[n]`` (null -> NaN)."""
         scores = body.get("scores") if isinstance(body, dict) else None
-        if not isinstance(scores, list) or len(scores) != len(prompts):
+        if not isinstance(scores, list) or len(scores) != n:
             got = (
                 f"{len(scores)} scores"
                 if isinstance(scores, list)
                 else f"no 'scores' list ({str(body)[:80]})"
             )
             raise RewardError(
-                f"reward server {self.url} returned {got} for {len(prompts)} samples; "
+                f"reward server {self.url} returned {got} for {n} samples; "
                 'the server must answer {"scores": [one float per sample]}'
             )
         try:
@@ -162,14 +184,15 @@ class HttpReward(Reward):
         except (TypeError, ValueError):
             raise RewardError(f"reward server {self.url} returned non-numeric scores {scores[:5]}") from None
 
-    def _post(self, payload: dict[str, Any]) -> Any:
-        """POST ``/score`` with retries; returns the decoded JSON body."""
+    def _post(self, path: str, **request: Any) -> Any:
+        """POST ``{url}{path}`` with retries (``request``: the body, as ``requests`` takes it);
+        returns the body decoded by :meth:`_decode`."""
         failure = ""
         for attempt in range(self.retries):
             if attempt:
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
             try:
-                resp = self._session.post(f"{self.url}/score", json=payload, timeout=self.timeout_s)
+                resp = self._session.post(f"{self.url}{path}", timeout=self.timeout_s, **request)
             except requests.Timeout:
                 failure = f"did not answer within {self.timeout_s:g} s after {self.retries} tries; raise timeout_s or lower batch_size"
             except requests.ConnectionError as exc:
@@ -185,6 +208,7 @@ class HttpReward(Reward):
         raise RewardError(f"reward server {self.url} {failure}")
 
     def _decode(self, resp: requests.Response) -> Any:
+        """A non-5xx answer -> its JSON body; raises :class:`RewardError` on 4xx or bad JSON."""
         if resp.status_code != 200:
             raise RewardError(
                 f"reward server {self.url} rejected the request (HTTP {resp.status_code}: {_error_text(resp)}); "

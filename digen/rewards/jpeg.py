@@ -17,7 +17,15 @@ import io
 import torch
 from PIL import Image
 
-from digen.rewards.base import Reward, check_batch, finite_rows, flatten_frames, mean_over_frames, to_uint8
+from digen.rewards.base import (
+    Metadata,
+    Reward,
+    check_batch,
+    finite_rows,
+    flatten_frames,
+    mean_over_frames,
+    to_uint8,
+)
 from digen.rewards.registry import register
 
 
@@ -48,7 +56,9 @@ class _JpegSize(Reward):
         self.scale = float(scale)
         self.quality = int(quality)
 
-    def __call__(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+    def __call__(
+        self, images: torch.Tensor, prompts: list[str], metadata: Metadata | None = None
+    ) -> torch.Tensor:
         check_batch(images, prompts)
         frames, n_frames = flatten_frames(images)
         per_frame = self.sign * self.scale * jpeg_size_kb(frames, self.quality)

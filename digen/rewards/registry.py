@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import torch
 
 from digen.errors import ConfigError, RewardError
-from digen.rewards.base import Reward
+from digen.rewards.base import Metadata, Reward, call_reward
 
 RewardFactory = Callable[..., Reward]
 F = TypeVar("F", bound=RewardFactory)
@@ -83,11 +83,13 @@ class WeightedReward(Reward):
         self.parts = list(parts)
         self.name = "+".join(f"{w:g}*{r.name}" for r, w in self.parts)
 
-    def __call__(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
-        return self.score_parts(images, prompts)[0]
+    def __call__(
+        self, images: torch.Tensor, prompts: list[str], metadata: Metadata | None = None
+    ) -> torch.Tensor:
+        return self.score_parts(images, prompts, metadata)[0]
 
     def score_parts(
-        self, images: torch.Tensor, prompts: list[str]
+        self, images: torch.Tensor, prompts: list[str], metadata: Metadata | None = None
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Total ``[B]`` and each part's unweighted scores ``{name: [B]}`` (for logging).
 
@@ -96,7 +98,7 @@ class WeightedReward(Reward):
         total = torch.zeros(images.shape[0], dtype=torch.float32)
         scores: dict[str, torch.Tensor] = {}
         for reward, weight in self.parts:
-            s = reward(images, prompts).detach().float().cpu()
+            s = call_reward(reward, images, prompts, metadata).detach().float().cpu()
             if s.shape != total.shape:
                 raise RewardError(
                     f"reward '{reward.name}' returned shape {tuple(s.shape)} for {images.shape[0]} samples; "
@@ -122,11 +124,12 @@ def _unique_key(name: str, taken: dict[str, torch.Tensor]) -> str:
 _SPEC_KEYS = {"name", "weight", "kwargs"}
 
 
-def build_rewards(specs: list[dict[str, Any]]) -> Reward:
+def build_rewards(specs: list[dict[str, Any]], device: str | None = None) -> Reward:
     """Build the reward a config asks for from ``[{name, weight=1.0, kwargs={}}, ...]``.
 
     Every problem in the list is reported at once. A single spec with weight 1 returns that
-    reward itself; anything else returns a :class:`WeightedReward`.
+    reward itself; anything else returns a :class:`WeightedReward`. ``device`` (the worker's)
+    goes to every reward that takes a ``device`` argument and whose kwargs do not set one.
     """
     if not isinstance(specs, list) or not specs:
         raise ConfigError(f"reward specs must be a non-empty list of {{name, weight, kwargs}}, got {specs!r}")
@@ -138,9 +141,8 @@ def build_rewards(specs: list[dict[str, Any]]) -> Reward:
     parts: list[tuple[Reward, float]] = []
     try:
         for spec in specs:
-            parts.append(
-                (build_reward(spec["name"], **spec.get("kwargs", {})), float(spec.get("weight", 1.0)))
-            )
+            kwargs = _with_device(spec["name"], dict(spec.get("kwargs", {})), device)
+            parts.append((build_reward(spec["name"], **kwargs), float(spec.get("weight", 1.0))))
     except Exception:
         for reward, _ in parts:
             reward.close()
@@ -148,6 +150,13 @@ def build_rewards(specs: list[dict[str, Any]]) -> Reward:
     if len(parts) == 1 and parts[0][1] == 1.0:
         return parts[0][0]
     return WeightedReward(parts)
+
+
+def _with_device(name: str, kwargs: dict[str, Any], device: str | None) -> dict[str, Any]:
+    if device is not None and "device" not in kwargs:
+        if "device" in inspect.signature(_REGISTRY[name]).parameters:
+            kwargs["device"] = device
+    return kwargs
 
 
 def _spec_problems(i: int, spec: Any) -> list[str]:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from digen.errors import ConfigError
-from digen.rewards.base import Reward
+from digen.rewards.base import Metadata, Reward, call_reward
 from digen.rewards.http import decode_pngs, scores_to_json
 
 log = logging.getLogger(__name__)
@@ -41,13 +41,17 @@ class RewardServer(ThreadingHTTPServer):
             host = host.decode()
         return f"http://{host}:{port}"
 
-    def score(self, images: torch.Tensor, prompts: list[str]) -> list[float | None]:
-        """Run the reward on ``images`` ``[B, (F,) 3, H, W]`` in chunks of ``max_batch``."""
+    def score(
+        self, images: torch.Tensor, prompts: list[str], metadata: Metadata | None = None
+    ) -> list[float | None]:
+        """Run the reward on ``images`` ``[B, (F,) 3, H, W]`` in chunks of ``max_batch``
+        (``metadata``, when the request carries it, goes to the reward with its samples)."""
         out: list[float | None] = []
         for i in range(0, len(prompts), self.max_batch):
             chunk = prompts[i : i + self.max_batch]
+            meta = None if metadata is None else metadata[i : i + self.max_batch]
             with self.lock:
-                s = self.reward(images[i : i + self.max_batch], chunk)
+                s = call_reward(self.reward, images[i : i + self.max_batch], chunk, meta)
             if tuple(s.shape) != (len(chunk),):
                 raise RuntimeError(
                     f"reward '{self.reward.name}' returned shape {tuple(s.shape)} for {len(chunk)} samples"
@@ -77,12 +81,12 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(404, {"error": f"no route POST {self.path}; use POST /score"})
             return
         try:
-            images, prompts = _parse_score_request(self._read_json())
+            images, prompts, metadata = _parse_score_request(self._read_json())
         except _BadRequest as exc:
             self._reply(400, {"error": str(exc)})
             return
         try:
-            scores = self.server.score(images, prompts)
+            scores = self.server.score(images, prompts, metadata)
         except Exception as exc:  # the reward failed: tell the client, keep serving
             log.exception("reward '%s' failed on a batch of %d", self.server.reward.name, len(prompts))
             self._reply(500, {"error": f"{type(exc).__name__}: {exc}"})
@@ -114,8 +118,9 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("%s - " + format, self.address_string(), *args)
 
 
-def _parse_score_request(body: Any) -> tuple[torch.Tensor, list[str]]:
-    """Protocol body -> (images ``[B, 3, H, W]`` or ``[B, F, 3, H, W]``, B prompts)."""
+def _parse_score_request(body: Any) -> tuple[torch.Tensor, list[str], Metadata | None]:
+    """Protocol body -> (images ``[B, 3, H, W]`` or ``[B, F, 3, H, W]``, B prompts, B metadata
+    dicts or None)."""
     if not isinstance(body, dict):
         raise _BadRequest('body must be {"prompts": [...], "images": [...], "frames": F}')
     prompts, encoded, frames = body.get("prompts"), body.get("images"), body.get("frames", 1)
@@ -130,13 +135,20 @@ def _parse_score_request(body: Any) -> tuple[torch.Tensor, list[str]]:
             f"got {len(encoded)} images for {len(prompts)} prompts x {frames} frames; expected one image per "
             "prompt per frame, at least one prompt"
         )
+    metadata = body.get("metadata")
+    if metadata is not None and (
+        not isinstance(metadata, list)
+        or len(metadata) != len(prompts)
+        or not all(isinstance(m, dict) for m in metadata)
+    ):
+        raise _BadRequest("'metadata' must be a list of one JSON object per prompt")
     try:
         images = decode_pngs(encoded)
     except ValueError as exc:
         raise _BadRequest(str(exc)) from None
     if frames > 1:
         images = images.reshape(len(prompts), frames, *images.shape[1:])
-    return images, prompts
+    return images, prompts, metadata
 
 
 def make_server(

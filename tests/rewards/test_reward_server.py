@@ -106,3 +106,27 @@ def test_port_in_use_is_a_config_error(serve):
     server = serve(build_reward("brightness"))
     with pytest.raises(ConfigError, match=f"cannot serve reward on 127.0.0.1:{server.server_address[1]}"):
         make_server(build_reward("brightness"), "127.0.0.1", server.server_address[1])
+
+
+class _MetadataEcho(Reward):
+    """Scores each sample with its metadata's ``target`` (NaN without metadata)."""
+
+    name = "metadata_echo"
+
+    def __call__(self, images, prompts, metadata=None):
+        if metadata is None:
+            return torch.full((len(prompts),), float("nan"))
+        return torch.tensor([float(m["target"]) for m in metadata])
+
+
+def test_metadata_travels_from_the_http_client_to_the_servers_reward(serve):
+    server = serve(_MetadataEcho(), max_batch=2)
+    client = build_reward("http", url=server.url, batch_size=3)
+    images = torch.zeros(4, 3, 8, 8)
+    meta = [{"target": t, "tag": "x"} for t in (0.5, 1.5, 2.5, 3.5)]
+    assert client(images, ["a"] * 4, meta).tolist() == [0.5, 1.5, 2.5, 3.5]
+    assert torch.isnan(client(images, ["a"] * 4)).all()  # none sent, none received
+    bad = requests.post(
+        f"{server.url}/score", json={"prompts": ["a"], "images": encode_pngs(images[:1]), "metadata": [1]}
+    )
+    assert bad.status_code == 400 and "metadata" in bad.json()["error"]
