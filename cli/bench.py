@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from cli.main import SetOpt, _setup_logging, app, err, handles_errors, out
+from cli.main import SetOpt, _setup_logging, app, err, handles_errors, open_run_log, out
 from digen.errors import ConfigError
 
 DEFAULT_MODES = "reference,colocated,disaggregated,digen"
@@ -105,6 +105,7 @@ def bench(
     from digen.config import load_config
 
     _setup_logging(verbose, out_dir / "digen.log", dask=True)  # Dask logs every cluster start and stop
+    open_run_log()  # the bench writes its own folder
     mode_list = parse_modes(modes)
     counts = parse_workers(workers)
     ks = _ks(tsp_k)

@@ -102,12 +102,62 @@ class ConsoleFormatter(logging.Formatter):
         )
 
 
+class RunLog(logging.Handler):
+    """``RUN_DIR/digen.log`` (appended, INFO and up), held in memory until :meth:`open`: a
+    command that fails before its run starts (bad input) leaves a stored run untouched; a
+    fresh run directory gets the held lines at exit either way (:meth:`close`)."""
+
+    def __init__(self, path: Path):
+        super().__init__(logging.INFO)
+        self.path = path
+        self.fresh = not path.parent.exists() or not any(path.parent.iterdir())
+        self.held: list[logging.LogRecord] = []
+        self.file: logging.FileHandler | None = None
+        self.setFormatter(logging.Formatter(LOG_FORMAT))
+
+    def open(self) -> None:
+        if self.file is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.file = logging.FileHandler(self.path, encoding="utf-8")
+            self.file.setFormatter(self.formatter)
+            for rec in self.held:
+                self.file.emit(rec)
+            self.held = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.file is not None:
+            self.file.emit(record)
+        elif len(self.held) < 100_000:
+            self.held.append(record)
+
+    def flush(self) -> None:
+        if self.file is not None:
+            self.file.flush()
+
+    def close(self) -> None:
+        if self.file is None and self.held and self.fresh:
+            self.open()
+        if self.file is not None:
+            self.file.close()
+        super().close()
+
+
+def open_run_log() -> None:
+    """Start writing ``RUN_DIR/digen.log`` (the run has started: its directory is checked)."""
+    for h in logging.getLogger().handlers:
+        if isinstance(h, RunLog):
+            h.open()
+
+
 def _quiet_dask(record: logging.LogRecord) -> bool:
     return not _is_dask(record) or record.levelno >= logging.ERROR
 
 
-def _setup_logging(verbose: bool, log_file: Path | None = None, dask: bool = False) -> None:
-    """Console: digen's warnings (everything at INFO with ``verbose``); ``log_file`` (appended):
+def _setup_logging(
+    verbose: bool, log_file: Path | None = None, dask: bool = False, quiet: bool = False
+) -> None:
+    """Console: digen's warnings (errors only with ``quiet``, everything at INFO with
+    ``verbose``); ``log_file`` (appended):
     INFO and up of digen and, with ``dask``, of Dask, whose own stderr handler is removed so
     its records reach these two. Without ``verbose`` Dask's worker processes print errors only."""
     root = logging.getLogger()
@@ -116,17 +166,13 @@ def _setup_logging(verbose: bool, log_file: Path | None = None, dask: bool = Fal
             root.removeHandler(h)
             h.close()
     console = logging.StreamHandler(sys.stderr)
-    console.setLevel(logging.INFO if verbose else logging.WARNING)
+    console.setLevel(logging.INFO if verbose else logging.ERROR if quiet else logging.WARNING)
     console.setFormatter(ConsoleFormatter(verbose, log_file))
     if not verbose:
         console.addFilter(_quiet_dask)
     handlers: list[logging.Handler] = [console]
     if log_file is not None:
-        log_file.parent.mkdir(parents=True, exist_ok=True)
-        fh = logging.FileHandler(log_file, encoding="utf-8")
-        fh.setLevel(logging.INFO)
-        fh.setFormatter(logging.Formatter(LOG_FORMAT))
-        handlers.append(fh)
+        handlers.append(RunLog(log_file))
     for h in handlers:
         h.digen = True  # type: ignore[attr-defined]
         root.addHandler(h)
@@ -236,6 +282,7 @@ class Progress:
                 )
 
     def __call__(self, m: dict) -> None:
+        open_run_log()  # the run has started (its directory is checked)
         if "event" in m:
             self.event(m)
             return
@@ -264,7 +311,9 @@ def train(
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue from the run directory's newest checkpoint.")
     ] = False,
-    log_format: Annotated[str, typer.Option("--log-format", help="rich | json | quiet")] = "rich",
+    log_format: Annotated[
+        str, typer.Option("--log-format", help="rich | json | quiet (quiet: errors only on the console)")
+    ] = "rich",
     verbose: Annotated[
         bool, typer.Option("--verbose", "-v", help="Also show Dask's log (always in RUN_DIR/digen.log).")
     ] = False,
@@ -286,7 +335,9 @@ def train(
     profile = _start_profile() if profile_startup else None
     cfg = load_config(config, set_ or [])
     out_dir = out_dir or Path("runs") / config.stem
-    _setup_logging(verbose, out_dir / "digen.log", dask=cfg.schedule.mode != "reference")
+    _setup_logging(
+        verbose, out_dir / "digen.log", dask=cfg.schedule.mode != "reference", quiet=log_format == "quiet"
+    )
     with _profiled(profile, out_dir) as report, Progress(cfg.iterations, log_format) as progress:
         summary = run_training(
             cfg, out_dir, resume=resume, redis_url=redis_url, scheduler=scheduler, progress=progress
