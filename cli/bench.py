@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import logging
 import shlex
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from cli.main import SetOpt, _setup_logging, app, err, handles_errors, out
+from cli.main import SetOpt, _setup_logging, app, err, handles_errors, open_run_log, out
 from digen.errors import ConfigError
 
 DEFAULT_MODES = "reference,colocated,disaggregated,digen"
@@ -105,11 +104,8 @@ def bench(
     from digen.bench import parse_modes, parse_workers, run_bench, write_outputs
     from digen.config import load_config
 
-    _setup_logging(verbose)
-    if not verbose:  # Dask logs every cluster start and stop at INFO; the bench starts several
-        import distributed  # noqa: F401 - its import sets the level the next line overrides
-
-        logging.getLogger("distributed").setLevel(logging.WARNING)
+    _setup_logging(verbose, out_dir / "digen.log", dask=True)  # Dask logs every cluster start and stop
+    open_run_log()  # the bench writes its own folder
     mode_list = parse_modes(modes)
     counts = parse_workers(workers)
     ks = _ks(tsp_k)

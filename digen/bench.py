@@ -176,6 +176,9 @@ class RunRecord:
     timeline: list[dict]
     tsp: bool
     peak_rss_mb: dict[str, float] = field(default_factory=dict)
+    startup: dict = field(default_factory=dict)
+    """The run's start-up profile (:meth:`digen.startup.StartupProfile.to_json`), its clock
+    starting when the run starts (the bench process has imported everything by then)."""
 
 
 def measured_window(timeline: list[dict], warmup: int) -> tuple[float, float]:
@@ -339,9 +342,59 @@ def summarize(mode: str, records: list[RunRecord], pool: RatePool, group_size: i
         "bound_samples_per_s": bound,
         "fraction_of_bound": sps / bound if bound > 0 else None,
         "controller_peak_rss_mb": round(max(ctl_peak), 1) if ctl_peak else None,
+        "startup": startup_summary([rec.startup for rec in records]),
         "per_worker": workers,
         "run_dirs": [str(rec.run_dir) for rec in records],
     }
+
+
+def startup_summary(profiles: list[dict]) -> dict:
+    """A mode's start-up over its rounds: median seconds from the run's start to its first
+    task and to the end of its first iteration, the median duration of each phase (the
+    slowest worker's, for per-worker phases) and the largest process-tree peaks."""
+    profiles = [p for p in profiles if p]
+    durations: dict[str, list[float]] = {}
+    for p in profiles:
+        longest: dict[str, float] = {}
+        for ph in p["phases"]:
+            if ph["phase"] not in ("first task", "first iteration"):
+                longest[ph["phase"]] = max(longest.get(ph["phase"], 0.0), float(ph["duration_s"]))
+        for name, d in longest.items():
+            durations.setdefault(name, []).append(d)
+
+    def med(key: str) -> float | None:
+        xs = [float(p[key]) for p in profiles if p.get(key) is not None]
+        return round(_median(xs), 3) if xs else None
+
+    def peak(key: str) -> float | None:
+        xs = [float(p[key]) for p in profiles if p.get(key) is not None]
+        return max(xs) if xs else None
+
+    return {
+        "first_task_s": med("first_task_s"),
+        "first_iteration_s": med("first_iteration_s"),
+        "phase_s": {k: round(_median(v), 3) for k, v in durations.items()},
+        "peak_tree_rss_mb": peak("peak_tree_rss_mb"),
+        "peak_tree_pss_mb": peak("peak_tree_pss_mb"),
+        "first_iteration_vs_reference_s": None,
+        "tree_pss_vs_reference": None,
+    }
+
+
+def add_startup_ratios(rows: list[dict]) -> None:
+    """Fill each mode's start-up excess over ``reference`` (seconds to the end of the first
+    iteration, and process-tree PSS as a ratio) where the reference ran."""
+    ref = next((r["startup"] for r in rows if r["mode"] == "reference"), None)
+    if ref is None:
+        return
+    for r in rows:
+        st = r["startup"]
+        if st.get("first_iteration_s") is not None and ref.get("first_iteration_s") is not None:
+            st["first_iteration_vs_reference_s"] = round(
+                st["first_iteration_s"] - ref["first_iteration_s"], 3
+            )
+        if st.get("peak_tree_pss_mb") and ref.get("peak_tree_pss_mb"):
+            st["tree_pss_vs_reference"] = round(st["peak_tree_pss_mb"] / ref["peak_tree_pss_mb"], 3)
 
 
 def add_speedups(rows: list[dict]) -> None:
@@ -426,10 +479,13 @@ def run_one(
 ) -> RunRecord:
     """One training run of ``cfg`` in ``out`` (wiped first), with its peak memory per process;
     ``plots`` draws its timeline.png and rewards.png afterwards."""
+    from digen.startup import StartupProfile, TreeMemorySampler, profiling
+
     if out.exists():
         shutil.rmtree(out)
     reset_peak_rss()
-    with MemorySampler() as mem:
+    profile = StartupProfile(t0=time.time())
+    with MemorySampler() as mem, TreeMemorySampler() as tree, profiling(profile):
         mem.watch("controller", os.getpid())
         if cfg.schedule.mode == "reference":
             _run_reference(cfg, out)
@@ -450,14 +506,16 @@ def run_one(
         write_run_plots(out)
     if cfg.schedule.mode == "reference":  # the trainer is this process
         peaks["reference"] = peaks["controller"]
+    timeline = _read_jsonl(out / "timeline.jsonl")
     return RunRecord(
         mode,
         round_,
         out,
         _read_jsonl(out / "metrics.jsonl"),
-        _read_jsonl(out / "timeline.jsonl"),
+        timeline,
         bool(cfg.schedule.resolved().tsp),
         peaks,
+        profile.to_json(timeline, tree.peak_mb, tree.peak_pss_mb),
     )
 
 
@@ -548,6 +606,7 @@ def run_bench(
         for m in modes
     ]
     add_speedups(rows)
+    add_startup_ratios(rows)
     tsp = []
     if tsp_ks:
         notify(f"TSP micro-benchmark, K in {list(tsp_ks)}")
@@ -661,6 +720,7 @@ def markdown_table(
             f"| {_fmt(r['speedup_vs_disaggregated'], '.2f', 'x')} | {r['bound_samples_per_s']:.2f} "
             f"| {_fmt(r['fraction_of_bound'], '.0%')} | {rss} |"
         )
+    lines += startup_table(rows)
     if tsp:
         lines += [
             "",
@@ -676,6 +736,30 @@ def markdown_table(
                 f"{t['sequential_ms_per_row']:.2f} | {_fmt(t['speedup'], '.2f', 'x')} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def startup_table(rows: list[dict]) -> list[str]:
+    """Markdown lines of the modes' start-up (:func:`startup_summary`); none without profiles."""
+    if not any(r.get("startup", {}).get("first_iteration_s") is not None for r in rows):
+        return []
+    lines = [
+        "",
+        "Start-up (seconds from the run's start in the bench process; process-tree peak memory):",
+        "",
+        "| mode | first task s | first iteration s | vs reference s | tree RSS MiB | tree PSS MiB "
+        "| PSS vs reference | slowest phases s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        st = r["startup"]
+        slow = sorted(st["phase_s"].items(), key=lambda kv: -kv[1])[:3]
+        lines.append(
+            f"| {r['mode']} | {_fmt(st['first_task_s'], '.2f')} | {_fmt(st['first_iteration_s'], '.2f')} "
+            f"| {_fmt(st['first_iteration_vs_reference_s'], '+.2f')} | {_fmt(st['peak_tree_rss_mb'], '.0f')} "
+            f"| {_fmt(st['peak_tree_pss_mb'], '.0f')} | {_fmt(st['tree_pss_vs_reference'], '.2f', 'x')} "
+            f"| {', '.join(f'{k} {v:.2f}' for k, v in slow) or 'n/a'} |"
+        )
+    return lines
 
 
 def write_outputs(

@@ -204,6 +204,10 @@ class LocalClusterConfig(_Section):
     gpu_type: str = "cpu"
     """Resource tag of the embedded workers (``gpu-<TYPE>``)."""
     threads_per_worker: int = Field(1, ge=1)
+    start_method: Literal["forkserver", "spawn"] = "forkserver"
+    """How the embedded workers' processes start. ``forkserver``: one server process imports
+    torch, diffusers and digen once and forks every worker from it (fast, the imported code
+    shared between them); ``spawn``: each worker imports everything itself (Dask's default)."""
 
 
 class ClusterConfig(_Section):

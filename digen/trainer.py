@@ -27,6 +27,7 @@ from digen.optim import ParameterStore
 from digen.rewards import build_rewards
 from digen.rollout import Trajectories, generate_group, plan_groups
 from digen.rundir import RunDir
+from digen.startup import phase
 from digen.training import train_group
 from digen.viz import write_sample_grid
 
@@ -142,7 +143,8 @@ def run_reference(
     """Train with the single-process reference loop; returns ``summary.json``'s contents."""
     torch.manual_seed(cfg.seed)  # nothing should draw from it; set for third-party code
     run = RunDir(out, cfg, resume=resume)
-    policy = build_policy(cfg)
+    with phase("model load"):
+        policy = build_policy(cfg)
     reward = build_reward(cfg)
     prompts = cfg.prompt_list()
     embed = EmbedCache(policy, cfg.rollout.guidance_scale > 1.0)

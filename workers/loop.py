@@ -30,12 +30,13 @@ from digen.rollout import GroupTask, generate_group
 from digen.runtime.jobstate import JobState
 from digen.runtime.queue import LeasedTask, TaskQueue
 from digen.runtime.redis_conn import connect
+from digen.startup import process_start_time
 from digen.testing import faults
-from digen.trainer import EmbedCache, build_policy, build_reward
+from digen.trainer import EmbedCache, build_reward
 from digen.training import TrainSpec, train_group
+from workers.preload import LOAD_TIMES, take_policy, worker_device
 
 log = logging.getLogger(__name__)
-_LOAD_LOCK = threading.Lock()
 
 
 @dataclass
@@ -57,8 +58,7 @@ class WorkerRuntime:
 
     def ensure_policy(self):
         if self.policy is None:
-            with _LOAD_LOCK:  # the libraries' lazy imports and meta-device loading are not thread-safe
-                self.policy = build_policy(self.cfg, device=self.device)
+            self.policy = take_policy(self.cfg, self.device)  # preloaded, or built now
             self.embed = EmbedCache(self.policy, self.cfg.rollout.guidance_scale > 1.0)
         return self.policy
 
@@ -182,6 +182,7 @@ def worker_loop(
     threads: int = 1,
 ) -> dict:
     """Run tasks of ``job_id`` until the job stops. Returns counts for the controller's log."""
+    started = time.time()
     try:  # inside a Dask worker: mark the task long-running so it does not block the pool
         from distributed import get_worker, secede
 
@@ -201,13 +202,16 @@ def worker_loop(
         cfg=cfg,
         queue=TaskQueue(r, job_id, lease_s=cfg.schedule.lease_s),
         job=JobState(r, job_id),
-        device=device or os.environ.get("DIGEN_DEVICE") or cfg.model.device,
+        device=worker_device(cfg, device),
     )
     token = uuid.uuid4().hex
     rt.job.claim_loop(name, token)  # one loop per worker: an older one stops
     faults.point("start", rt.job, name)
     rt.ensure_policy()  # load before taking tasks: a joining worker never stalls a task
     rt.reward = build_reward(cfg, device=rt.device)
+    rt.job.note_startup(
+        name, {"process": process_start_time(), "loop": started, **LOAD_TIMES, "ready": time.time()}
+    )
     rt.job.mark_ready(name, rt.gpu_type)
     log.info("worker %s (%s) joined job %s", name, rt.gpu_type, job_id)
     while rt.job.status() == "running":

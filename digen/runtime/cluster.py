@@ -9,12 +9,18 @@ workers were started with ``digen worker``.
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 
 from digen.core.events import Role
 from digen.errors import ConnectionFailure
+from digen.startup import phase
 
 log = logging.getLogger(__name__)
+
+worker_console_level: int = logging.WARNING
+"""Level at which a local worker process prints Dask's log to its stderr (the console); the
+CLI sets ERROR (INFO with --verbose) once it routes the log to the run's file."""
 
 
 @dataclass(frozen=True)
@@ -29,13 +35,47 @@ def worker_resources(role: str, gpu_type: str) -> dict[str, float]:
     return {role: 1, f"gpu-{gpu_type}": 1}
 
 
-def start_local_cluster(rollout: int, trainer: int, gpu_type: str, threads: int, dashboard: bool = True):
+FORKSERVER_PRELOAD = (
+    "distributed",
+    "workers.loop",
+    "workers.preload",
+    "diffusers.models.modeling_utils",
+    "transformers.modeling_utils",
+    "peft",
+)
+"""Modules the fork server imports once for every worker it forks: what a worker loop and a
+policy load need (a missing one is skipped)."""
+
+
+def use_start_method(method: str) -> None:
+    """Make this process's Dask nannies start worker processes with ``method``
+    (``forkserver``: from a server that imported :data:`FORKSERVER_PRELOAD`; ``spawn``)."""
+    import dask
+    from distributed.utils import get_mp_context
+
+    dask.config.set({"distributed.worker.multiprocessing-method": method})
+    ctx = get_mp_context()  # Dask sets its own preload list on the first call; ours replaces it
+    if method == "forkserver":
+        ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+
+
+def start_local_cluster(
+    rollout: int,
+    trainer: int,
+    gpu_type: str,
+    threads: int,
+    dashboard: bool = True,
+    start_method: str = "forkserver",
+):
     """A local Dask cluster of ``rollout`` + ``trainer`` worker processes with role resources.
 
     Returns ``(cluster, client)``. Each worker is a separate process (a Nanny restarts it if
-    it dies), named ``rollout-0``, ``trainer-0``, ...
+    it dies), named ``rollout-0``, ``trainer-0``, ..., started by ``start_method``
+    (:func:`use_start_method`); the nannies start them all at once.
     """
     from distributed import Client, Nanny, Scheduler, SpecCluster
+
+    use_start_method(start_method)
 
     workers = {}
     for role, n in (("rollout", rollout), ("trainer", trainer)):
@@ -47,17 +87,76 @@ def start_local_cluster(rollout: int, trainer: int, gpu_type: str, threads: int,
                     "resources": worker_resources(role, gpu_type),
                     "name": f"{role}-{i}",
                     "memory_limit": 0,
-                    "silence_logs": logging.WARNING,
+                    "silence_logs": worker_console_level,
                 },
             }
     scheduler = {
         "cls": Scheduler,
         "options": {"dashboard": dashboard, "dashboard_address": "127.0.0.1:0", "host": "127.0.0.1"},
     }
-    cluster = SpecCluster(workers=workers, scheduler=scheduler, silence_logs=logging.WARNING)
+    cluster = SpecCluster(workers=workers, scheduler=scheduler, silence_logs=worker_console_level)
     client = Client(cluster)
     client.wait_for_workers(rollout + trainer, timeout=120)
     return cluster, client
+
+
+class LocalClusterStart:
+    """:func:`start_local_cluster` in a thread, so the caller loads its own copy of the model
+    meanwhile; once the workers are up, each gets :func:`workers.preload.preload_policy` of
+    ``cfg_json`` (its job loop then finds the model loaded). :meth:`result` waits for the
+    cluster; :meth:`discard` closes it when the caller fails before taking it."""
+
+    def __init__(
+        self,
+        rollout: int,
+        trainer: int,
+        gpu_type: str,
+        threads: int,
+        start_method: str = "forkserver",
+        cfg_json: dict | None = None,
+    ):
+        self._args = (rollout, trainer, gpu_type, threads)
+        self._start_method = start_method
+        self._cfg_json = cfg_json
+        self._made: tuple | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True, name="digen-cluster-start")
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            with phase("cluster start"):
+                self._made = start_local_cluster(*self._args, start_method=self._start_method)
+            if self._cfg_json is not None:
+                self._preload(self._made[1])
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller by result()
+            self._error = exc
+
+    def _preload(self, client) -> None:
+        from distributed import fire_and_forget
+
+        from workers.preload import preload_policy
+
+        for w in list_workers(client):
+            fire_and_forget(
+                client.submit(preload_policy, self._cfg_json, self._args[3], workers=[w.address], pure=False)
+            )
+
+    def result(self):
+        """``(cluster, client)`` once started; raises what the start raised."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._made is not None
+        return self._made
+
+    def discard(self) -> None:
+        """Close the cluster (when started) without using it."""
+        self._thread.join()
+        if self._made is not None:
+            cluster, client = self._made
+            client.close()
+            cluster.close()
 
 
 def add_local_worker(cluster, role: str, gpu_type: str, threads: int = 1) -> str:
@@ -73,7 +172,7 @@ def add_local_worker(cluster, role: str, gpu_type: str, threads: int = 1) -> str
             "resources": worker_resources(role, gpu_type),
             "name": name,
             "memory_limit": 0,
-            "silence_logs": logging.WARNING,
+            "silence_logs": worker_console_level,
         },
     }
     cluster.sync(cluster._correct_state)

@@ -39,11 +39,12 @@ from digen.errors import ConfigError, ConnectionFailure, DigenError
 from digen.iteration import IterationBook
 from digen.rollout import Trajectories, plan_groups
 from digen.rundir import RunDir
-from digen.runtime.cluster import WorkerInfo, connect_scheduler, list_workers, start_local_cluster
+from digen.runtime.cluster import LocalClusterStart, WorkerInfo, connect_scheduler, list_workers
 from digen.runtime.fsdp_group import FsdpControl, is_step_id
 from digen.runtime.jobstate import JobState
 from digen.runtime.queue import DeadLetter, TaskQueue
 from digen.runtime.redis_conn import SecretURL, connect, embedded_url, mask_url
+from digen.startup import add_worker_notes, phase
 from digen.trainer import ProgressFn, build_policy, build_reward, open_store, save_checkpoint, timing_metrics
 from digen.training import TrainStats
 from digen.viz import write_sample_grid
@@ -496,6 +497,11 @@ def preflight(cfg: Config, local: bool) -> None:
         reward.close()
 
 
+def _local_args(cfg: Config) -> tuple[int, int, str, int, str]:
+    cl = cfg.cluster.local
+    return cl.rollout_workers, cl.trainer_workers, cl.gpu_type, cl.threads_per_worker, cl.start_method
+
+
 def run_distributed(
     cfg: Config,
     out: Path,
@@ -515,31 +521,39 @@ def run_distributed(
     """
     s = cfg.schedule.resolved()
     preflight(cfg, local=scheduler is None)
-    r = connect(redis_url, outage_s=s.redis_outage_s)
+    with phase("redis start"):
+        r = connect(redis_url, outage_s=s.redis_outage_s)
     url = redis_url or embedded_url(r)
     client = connect_scheduler(scheduler, timeout_s=5.0) if scheduler is not None else None
     run = RunDir(out, cfg, resume=resume)
     job_id = job_id or uuid.uuid4().hex[:12]
     queue, job = TaskQueue(r, job_id, lease_s=s.lease_s), JobState(r, job_id)
     queue.clear()
-    torch.manual_seed(cfg.seed)  # the LoRA init draws from it, exactly as in the reference
-    policy = build_policy(cfg, device="cpu")
-    state = open_store(cfg, run, policy, resume)
-    del policy
-    store = state.store
-    fsdp = FsdpControl.create(queue, job, store.version, store.weights()) if cfg.train.fsdp else None
-    if fsdp is not None:  # the trainer group owns the optimizer
-        store = fsdp.store
-    job.publish(store.version, store.weights())
-    if state.previous_weights is not None:
-        job.publish(store.version - 1, state.previous_weights)
-    job.set_status("running")
-
-    cluster = None
-    if client is None:
-        cl = cfg.cluster.local
-        n_roll, n_train = cl.rollout_workers, cl.trainer_workers
-        cluster, client = start_local_cluster(n_roll, n_train, cl.gpu_type, cl.threads_per_worker)
+    # the local cluster starts, and its workers load their models, while this process loads its own
+    starting = (
+        None if client is not None else LocalClusterStart(*_local_args(cfg), cfg.model_dump(mode="json"))
+    )
+    try:
+        torch.manual_seed(cfg.seed)  # the LoRA init draws from it, exactly as in the reference
+        with phase("controller model load"):
+            policy = build_policy(cfg, device="cpu")
+            state = open_store(cfg, run, policy, resume)
+        del policy
+        store = state.store
+        fsdp = FsdpControl.create(queue, job, store.version, store.weights()) if cfg.train.fsdp else None
+        if fsdp is not None:  # the trainer group owns the optimizer
+            store = fsdp.store
+        job.publish(store.version, store.weights())
+        if state.previous_weights is not None:
+            job.publish(store.version - 1, state.previous_weights)
+        job.set_status("running")
+        cluster = None
+        if starting is not None:
+            cluster, client = starting.result()
+    except BaseException:
+        if starting is not None:
+            starting.discard()
+        raise
     ctl = Controller(
         cfg, run, queue, job, client, url, progress, cluster=cluster, previous_weights=state.previous_weights
     )
@@ -564,7 +578,9 @@ def run_distributed(
         ctl.sync_workers(sched, time.time())
         ctl.check_gpu_types()
         local = cfg.cluster.local
-        ctl.wait_ready(sched, expected=local.rollout_workers + local.trainer_workers if cluster else 0)
+        with phase("workers ready"):
+            ctl.wait_ready(sched, expected=local.rollout_workers + local.trainer_workers if cluster else 0)
+        add_worker_notes(job.startup_notes())
         if fsdp is not None:
             fsdp.start(ctl, run.latest_checkpoint() if resume else None)
         if progress is not None:

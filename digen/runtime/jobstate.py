@@ -13,6 +13,8 @@ Keys (``P = digen:<job_id>:``)::
 
 from __future__ import annotations
 
+import json
+
 import torch
 
 from digen.core.events import Role
@@ -99,6 +101,14 @@ class JobState:
 
     def is_ready(self, worker: str) -> bool:
         return bool(self.r.hexists(self.p + "ready", worker))
+
+    def note_startup(self, worker: str, times: dict[str, float]) -> None:
+        """The worker's start-up times (wall clock; see :mod:`digen.startup`), as JSON."""
+        self.r.hset(self.p + "startup", worker, json.dumps(times))
+
+    def startup_notes(self) -> dict[str, dict[str, float]]:
+        raw = self.r.hgetall(self.p + "startup")
+        return {k.decode(): json.loads(v) for k, v in raw.items()}
 
     # --- status -----------------------------------------------------------------------
     def set_status(self, status: str) -> None:

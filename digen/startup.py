@@ -1,0 +1,229 @@
+"""Where a run's start-up goes: timed phases and the process tree's peak memory.
+
+``digen train --profile-startup`` (and ``digen bench --startup-rounds``) record:
+
+- phases with start and end times (seconds since the ``digen`` process started):
+  ``imports`` (interpreter and CLI imports), ``redis start``, ``controller model load``,
+  ``cluster start``, per worker ``worker process start`` (process creation to its loop
+  running: interpreter, Dask, digen imports) and ``worker model load``, ``workers ready``,
+  and the derived ``first task`` (the first task's start) and ``first iteration`` (its end);
+- the peak, over the run, of the summed memory of the ``digen`` process and all its
+  descendants (Redis, the fork server, the Dask workers), sampled by :class:`TreeMemorySampler`:
+  resident (RSS, pages shared between processes counted in each) and proportional (PSS,
+  a shared page split between its processes: what the tree takes from the machine).
+
+The code that starts things marks its phases with :func:`phase`, a no-op unless a profile is
+active in this process (:func:`profiling`). Worker processes write their own times to Redis
+(:meth:`~digen.runtime.jobstate.JobState.note_startup`) and the controller copies them in
+(:func:`add_worker_notes`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+PHASE_ORDER = (
+    "imports",
+    "redis start",
+    "controller model load",
+    "cluster start",
+    "worker process start",
+    "worker model load",
+    "workers ready",
+    "model load",
+    "first task",
+    "first iteration",
+)
+"""The phases a profile can hold, in the order of a run (``model load``: the reference's)."""
+
+
+def process_start_time(pid: int | None = None) -> float:
+    """Wall-clock creation time of process ``pid`` (default: this one)."""
+    import os
+
+    import psutil
+
+    return float(psutil.Process(pid or os.getpid()).create_time())
+
+
+@dataclass
+class Phase:
+    name: str
+    start: float
+    end: float
+    worker: str | None = None
+
+    def to_json(self, t0: float) -> dict:
+        out: dict = {
+            "phase": self.name,
+            "start_s": round(self.start - t0, 3),
+            "end_s": round(self.end - t0, 3),
+            "duration_s": round(self.end - self.start, 3),
+        }
+        if self.worker is not None:
+            out["worker"] = self.worker
+        return out
+
+
+@dataclass
+class StartupProfile:
+    """The phases of one run; ``t0`` is the wall-clock time the process started."""
+
+    t0: float = field(default_factory=process_start_time)
+    phases: list[Phase] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, name: str, start: float, end: float, worker: str | None = None) -> None:
+        with self._lock:
+            self.phases.append(Phase(name, float(start), float(end), worker))
+
+    def to_json(
+        self,
+        timeline: list[dict] | None = None,
+        peak_tree_mb: float | None = None,
+        peak_tree_pss_mb: float | None = None,
+    ) -> dict:
+        """The profile as JSON: phases sorted by start, with ``first task`` and ``first
+        iteration`` derived from the run's ``timeline`` rows (worker tasks, not the controller's)."""
+        phases = list(self.phases)
+        first = first_task_times(timeline or [])
+        if first is not None:
+            phases.append(Phase("first task", self.t0, first[0]))
+            phases.append(Phase("first iteration", self.t0, first[1]))
+        phases.sort(key=lambda p: (p.start, p.end))
+        return {
+            "phases": [p.to_json(self.t0) for p in phases],
+            "first_task_s": round(first[0] - self.t0, 3) if first else None,
+            "first_iteration_s": round(first[1] - self.t0, 3) if first else None,
+            "peak_tree_rss_mb": round(peak_tree_mb, 1) if peak_tree_mb is not None else None,
+            "peak_tree_pss_mb": round(peak_tree_pss_mb, 1) if peak_tree_pss_mb is not None else None,
+        }
+
+
+def first_task_times(timeline: list[dict]) -> tuple[float, float] | None:
+    """(start of the first worker task, end of iteration 0's last row) from timeline rows."""
+    rows = [r for r in timeline if str(r.get("worker")) != "controller"]
+    if not rows:
+        return None
+    first_iter = min(int(r["iteration"]) for r in timeline)
+    end = max(float(r["end"]) for r in timeline if int(r["iteration"]) == first_iter)
+    return min(float(r["start"]) for r in rows), end
+
+
+_ACTIVE: StartupProfile | None = None
+
+
+@contextmanager
+def profiling(profile: StartupProfile) -> Iterator[StartupProfile]:
+    """Make ``profile`` the one :func:`phase` records into while the block runs."""
+    global _ACTIVE
+    previous, _ACTIVE = _ACTIVE, profile
+    try:
+        yield profile
+    finally:
+        _ACTIVE = previous
+
+
+@contextmanager
+def phase(name: str) -> Iterator[None]:
+    """Time the block as phase ``name`` of the active profile (nothing when none is active)."""
+    if _ACTIVE is None:
+        yield
+        return
+    profile, start = _ACTIVE, time.time()
+    try:
+        yield
+    finally:
+        profile.add(name, start, time.time())
+
+
+def add_worker_notes(notes: dict[str, dict]) -> None:
+    """Copy the workers' own start-up times (wall clock, from workers.loop: ``process``
+    created, ``load_start`` / ``load_end`` of its model, ``loop`` started) into the active
+    profile as ``worker process start`` (creation to the first of model load and loop: the
+    interpreter, Dask and digen imports) and ``worker model load``."""
+    if _ACTIVE is None:
+        return
+    for worker, n in sorted(notes.items()):
+        if {"process", "loop"} <= set(n):
+            _ACTIVE.add(
+                "worker process start", n["process"], min(n["loop"], n.get("load_start", n["loop"])), worker
+            )
+        if {"load_start", "load_end"} <= set(n):
+            _ACTIVE.add("worker model load", n["load_start"], n["load_end"], worker)
+
+
+# ---------------------------------------------------------------------------------------
+# memory
+
+
+def tree_memory_mb(pid: int, pss: bool = False) -> float:
+    """Summed memory (MiB) of process ``pid`` and all its descendants (0 if gone): resident
+    set sizes, or with ``pss`` proportional set sizes (a page shared by k of them counts 1/k:
+    what the tree takes from the machine; Linux only)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0.0
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_full_info().pss if pss else p.memory_info().rss
+        except (psutil.Error, AttributeError):
+            continue  # exited between the listing and the read; no PSS on this OS
+    return total / 2**20
+
+
+class TreeMemorySampler:
+    """Samples :func:`tree_memory_mb` of ``pid`` (RSS and PSS) every ``period_s`` in a thread;
+    ``peak_mb`` / ``peak_pss_mb`` are the largest sums seen (a last sample ends the block)."""
+
+    def __init__(self, pid: int | None = None, period_s: float = 0.25):
+        import os
+
+        self.pid = pid or os.getpid()
+        self.period_s = period_s
+        self.peak_mb = 0.0
+        self.peak_pss_mb = 0.0
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="digen-tree-memory")
+
+    def sample(self) -> None:
+        self.peak_mb = max(self.peak_mb, tree_memory_mb(self.pid))
+        self.peak_pss_mb = max(self.peak_pss_mb, tree_memory_mb(self.pid, pss=True))
+        self.samples += 1
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            self.sample()
+
+    def __enter__(self) -> TreeMemorySampler:
+        self.sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+
+def format_profile(profile: dict) -> list[str]:
+    """Text lines of a profile's JSON (:meth:`StartupProfile.to_json`) for the console."""
+    lines = [f"{'phase':<24} {'worker':<12} {'start s':>8} {'duration s':>10}"]
+    for p in profile["phases"]:
+        lines.append(
+            f"{p['phase']:<24} {p.get('worker', ''):<12} {p['start_s']:>8.2f} {p['duration_s']:>10.2f}"
+        )
+    rss, pss = profile.get("peak_tree_rss_mb"), profile.get("peak_tree_pss_mb")
+    if rss is not None:
+        lines.append(f"peak memory of the process tree: RSS {rss:.0f} MiB, PSS {pss or 0:.0f} MiB")
+    return lines

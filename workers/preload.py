@@ -1,0 +1,63 @@
+"""Load a worker's policy ahead of its loop: while the controller still loads its own copy.
+
+The local cluster (:class:`digen.runtime.cluster.LocalClusterStart`) submits
+:func:`preload_policy` to each worker as soon as the worker is up; the job's loop
+(:mod:`workers.loop`) then takes that policy (:func:`take_policy`) instead of building a
+second one. A worker that was never preloaded (an external cluster, a restarted process)
+builds its policy in the loop as before. Either way a worker holds one copy of the model.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from digen.config import Config
+
+LOAD_LOCK = threading.Lock()
+"""The libraries' lazy imports and meta-device loading are not thread-safe: one load at a time."""
+
+_PRELOADED: dict[str, object] = {}
+"""Model config (JSON) + device -> the policy :func:`preload_policy` built, until taken."""
+
+LOAD_TIMES: dict[str, float] = {}
+"""Wall-clock ``load_start`` / ``load_end`` of this process's last policy load (start-up profile)."""
+
+
+def worker_device(cfg: Config, device: str | None = None) -> str:
+    """The device a worker loads onto: ``device``, else ``$DIGEN_DEVICE``, else ``model.device``."""
+    return device or os.environ.get("DIGEN_DEVICE") or cfg.model.device
+
+
+def _key(cfg: Config, device: str) -> str:
+    return f"{device}|{cfg.model.model_dump_json()}"
+
+
+def _build(cfg: Config, device: str):
+    from digen.trainer import build_policy
+
+    start = time.time()
+    policy = build_policy(cfg, device=device)
+    LOAD_TIMES.update({"load_start": start, "load_end": time.time()})
+    return policy
+
+
+def preload_policy(cfg_json: dict, threads: int = 1) -> None:
+    """Build the policy of ``cfg_json``'s model on this worker and keep it for the loop."""
+    import torch
+
+    torch.set_num_threads(threads)
+    cfg = Config.model_validate(cfg_json)
+    device = worker_device(cfg)
+    with LOAD_LOCK:
+        key = _key(cfg, device)
+        if key not in _PRELOADED:
+            _PRELOADED[key] = _build(cfg, device)
+
+
+def take_policy(cfg: Config, device: str):
+    """The preloaded policy of ``cfg``'s model on ``device`` (handed over once), else a new one."""
+    with LOAD_LOCK:
+        policy = _PRELOADED.pop(_key(cfg, device), None)
+        return policy if policy is not None else _build(cfg, device)
