@@ -53,6 +53,9 @@ class PromptsConfig(_Section):
     """Text file, one prompt per line (relative paths resolve against the config file)."""
     items: list[str] = ["a red square", "a blue circle", "a green tree", "a yellow sun"]
     """Inline prompts, used when ``file`` is unset."""
+    test_file: str | None = None
+    """Held-out prompts for ``eval``: a text file, one prompt per line (relative paths resolve
+    against the config file)."""
 
 
 class SdeConfig(_Section):
@@ -179,6 +182,9 @@ class ScheduleConfig(_Section):
 class LocalClusterConfig(_Section):
     rollout_workers: int = Field(1, ge=0)
     trainer_workers: int = Field(1, ge=0)
+    reward_workers: int = Field(0, ge=0)
+    """Workers that only score (``digen worker --role reward``): with any, generation tasks
+    hand their decoded images to ``reward`` tasks instead of scoring inline."""
     gpu_type: str = "cpu"
     """Resource tag of the embedded workers (``gpu-<TYPE>``)."""
     threads_per_worker: int = Field(1, ge=1)
@@ -218,6 +224,22 @@ class OutputConfig(_Section):
     """Write timeline.png and rewards.png at the end."""
 
 
+class EvalConfig(_Section):
+    """Held-out evaluation: the current policy samples ``prompts.test_file`` with the
+    deterministic ODE sampler (Euler, ``rollout.eval_steps``) and fixed seeds, scored by every
+    reward of ``reward`` separately (``RUN_DIR/eval.jsonl``, ``RUN_DIR/eval/iter_NNNN.png``)."""
+
+    every: int = Field(0, ge=0)
+    """Evaluate after every N iterations and after the last one (0: never)."""
+    num_prompts: int = Field(0, ge=0)
+    """The first N test prompts (0: all of them)."""
+    seed: int = 0
+    """Seed of the evaluation noise: sample i starts from the same noise at every evaluation,
+    drawn from its own stream (training's streams are untouched)."""
+    batch_size: int = Field(4, ge=1)
+    """Test prompts per evaluation task (one batched ODE sampling, one sample per prompt)."""
+
+
 class LoggingConfig(_Section):
     tensorboard: bool = False
     wandb: bool = False
@@ -235,6 +257,7 @@ class Config(_Section):
     schedule: ScheduleConfig = ScheduleConfig()
     cluster: ClusterConfig = ClusterConfig()
     output: OutputConfig = OutputConfig()
+    eval: EvalConfig = EvalConfig()
     logging: LoggingConfig = LoggingConfig()
     security: SecurityConfig = SecurityConfig()
     source_dir: str | None = Field(None, exclude=True)
@@ -349,6 +372,16 @@ def _cross_checks(cfg: Config, check_paths: bool) -> list[str]:
     if s.mode == "colocated" and cl.rollout_workers + cl.trainer_workers < 1:
         problems.append("schedule.mode colocated needs at least one worker in cluster.local")
     problems += _fsdp_checks(cfg)
+    if cfg.eval.every and cfg.prompts.test_file is None:
+        problems.append(
+            f"eval.every ({cfg.eval.every}) needs prompts.test_file (held-out prompts, one per line); "
+            f"set it or eval.every=0"
+        )
+    if cl.reward_workers and s.mode == "reference":
+        problems.append(
+            f"cluster.local.reward_workers ({cl.reward_workers}) needs a distributed schedule.mode: "
+            f"reference scores in its one process"
+        )
     if not cfg.reward:
         problems.append("reward: list at least one reward, e.g. [{name: brightness}]")
     if check_paths:
@@ -364,6 +397,9 @@ def _cross_checks(cfg: Config, check_paths: bool) -> list[str]:
             )
         if cfg.prompts.file is not None and not cfg.resolve_path(cfg.prompts.file).exists():
             problems.append(f"prompts.file ({cfg.prompts.file}) does not exist")
+        test = cfg.prompts.test_file
+        if test is not None and not cfg.resolve_path(test).exists():
+            problems.append(f"prompts.test_file ({test}) does not exist")
     else:
         pass
     sec = cfg.security
@@ -416,7 +452,7 @@ def _fsdp_checks(cfg: Config) -> list[str]:
 def _absolute_paths(cfg: Config) -> None:
     """Paths that exist relative to the config file become absolute, so every process of a
     job (worker loops start elsewhere) reads the same files. Other paths stay as written."""
-    for section, key in ((cfg.model, "path"), (cfg.prompts, "file")):
+    for section, key in ((cfg.model, "path"), (cfg.prompts, "file"), (cfg.prompts, "test_file")):
         value = getattr(section, key)
         if value is not None and not Path(value).expanduser().is_absolute():
             resolved = cfg.resolve_path(value)

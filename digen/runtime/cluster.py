@@ -29,8 +29,11 @@ def worker_resources(role: str, gpu_type: str) -> dict[str, float]:
     return {role: 1, f"gpu-{gpu_type}": 1}
 
 
-def start_local_cluster(rollout: int, trainer: int, gpu_type: str, threads: int, dashboard: bool = True):
-    """A local Dask cluster of ``rollout`` + ``trainer`` worker processes with role resources.
+def start_local_cluster(
+    rollout: int, trainer: int, gpu_type: str, threads: int, dashboard: bool = True, reward: int = 0
+):
+    """A local Dask cluster of ``rollout`` + ``trainer`` (+ ``reward``) worker processes with
+    role resources.
 
     Returns ``(cluster, client)``. Each worker is a separate process (a Nanny restarts it if
     it dies), named ``rollout-0``, ``trainer-0``, ...
@@ -38,7 +41,7 @@ def start_local_cluster(rollout: int, trainer: int, gpu_type: str, threads: int,
     from distributed import Client, Nanny, Scheduler, SpecCluster
 
     workers = {}
-    for role, n in (("rollout", rollout), ("trainer", trainer)):
+    for role, n in (("rollout", rollout), ("trainer", trainer), ("reward", reward)):
         for i in range(n):
             workers[f"{role}-{i}"] = {
                 "cls": Nanny,
@@ -56,7 +59,7 @@ def start_local_cluster(rollout: int, trainer: int, gpu_type: str, threads: int,
     }
     cluster = SpecCluster(workers=workers, scheduler=scheduler, silence_logs=logging.WARNING)
     client = Client(cluster)
-    client.wait_for_workers(rollout + trainer, timeout=120)
+    client.wait_for_workers(rollout + trainer + reward, timeout=120)
     return cluster, client
 
 
@@ -103,7 +106,7 @@ def list_workers(client) -> list[WorkerInfo]:
     out = []
     for addr, w in info.items():
         res = w.get("resources", {}) or {}
-        role = Role.ROLLOUT if "rollout" in res else Role.TRAINER if "trainer" in res else None
+        role = next((r for r in (Role.ROLLOUT, Role.TRAINER, Role.REWARD) if r.value in res), None)
         if role is None:
             continue
         gpu = next((k[4:] for k in res if k.startswith("gpu-")), "unknown")

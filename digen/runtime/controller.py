@@ -36,10 +36,12 @@ from digen.core.events import (
 )
 from digen.core.scheduler import Scheduler, SchedulerConfig
 from digen.errors import ConfigError, ConnectionFailure, DigenError
+from digen.evaluation import eval_task_count, held_out_prompts
 from digen.iteration import IterationBook
 from digen.rollout import Trajectories, plan_groups
 from digen.rundir import RunDir
 from digen.runtime.cluster import WorkerInfo, connect_scheduler, list_workers, start_local_cluster
+from digen.runtime.evals import Evaluations
 from digen.runtime.fsdp_group import FsdpControl, is_step_id
 from digen.runtime.jobstate import JobState
 from digen.runtime.queue import DeadLetter, TaskQueue
@@ -99,9 +101,13 @@ class Controller:
     """Work :meth:`apply` runs after the instructions at hand (see :meth:`step`)."""
     fsdp: FsdpControl | None = None
     """With ``train.fsdp``: the trainer group owns the optimizer (digen.runtime.fsdp_group)."""
+    evals: Evaluations | None = None
+    """Held-out evaluation (``eval.every``): its tasks' payloads and results."""
 
     # --- set-up -----------------------------------------------------------------------
     def role_of(self, w: WorkerInfo) -> Role:
+        if w.role is Role.REWARD:  # scores in every mode
+            return w.role
         return Role.COLOCATED if self.cfg.schedule.mode == "colocated" else w.role
 
     def sync_workers(self, sched: Scheduler, now: float) -> list[Instruction]:
@@ -274,11 +280,18 @@ class Controller:
         """Queue a task. A train task with no sample left (every reward NaN, or its generation
         task dead) is settled here with a zero gradient, as the reference trains it."""
         t = ins.task
+        if t.kind is TaskKind.EVAL:
+            assert self.evals is not None
+            return self.put(t, "eval", self.evals.payload(t))
         book = self.book(t.iteration, prompts)
         if t.kind is TaskKind.GEN:
             task = book.groups[t.group]
             assert task.version == ins.version, (task.version, ins.version)
-            queue, payload = "gen", {"task": task.to_json()}
+            queue, payload = "gen", {"task": task.to_json(), "score": not sched.reward_tasks}
+        elif t.kind is TaskKind.REWARD:
+            if TaskRef(TaskKind.GEN, t.iteration, t.group).id in self.dead.get(t.iteration, []):
+                return sched.handle(TaskDone(t, "", time.time(), time.time()))  # NaN rewards already
+            queue, payload = "reward", {"task": book.groups[t.group].to_json()}
         else:
             spec = book.task_spec(t.group, t.part)
             if not spec.samples:  # with FSDP nothing is sent: the group's gradient stays as it is
@@ -293,6 +306,9 @@ class Controller:
                     "tsp": bool(self.cfg.schedule.resolved().tsp),
                 },
             )
+        return self.put(t, queue, payload)
+
+    def put(self, t: TaskRef, queue: str, payload: dict) -> list[Instruction]:
         self.outstanding[t.id] = (queue, payload)
         self.queue.put(queue, t.id, payload)
         return []
@@ -308,7 +324,8 @@ class Controller:
         self.job.publish(store.version, store.weights())
         lag = int(self.cfg.schedule.resolved().max_staleness or 0)
         self.previous_weights = previous if lag else None
-        self.job.drop_weights_before(store.version - 1 - lag)
+        oldest = store.version - 1 - lag
+        self.job.drop_weights_before(self.evals.keep_from(oldest) if self.evals else oldest)
         t2 = time.time()
         ctl = {"worker": "controller", "gpu_type": "cpu", "role": "controller", "iteration": iteration}
         self.events += [
@@ -356,6 +373,7 @@ class Controller:
                 data = self.job.data(TaskRef(TaskKind.GEN, k, g.group).id)
                 if data is not None:
                     trajs[g.group] = Trajectories.from_tensors(g, data)
+                    trajs[g.group].rewards = book.rewards.get(g.group, trajs[g.group].rewards)
             write_sample_grid(self.run.samples / f"iter_{k:04d}.png", trajs, book.groups)
         if (k + 1) % cfg.output.checkpoint_every == 0 or k == cfg.iterations - 1:
             lag = int(cfg.schedule.resolved().max_staleness or 0)
@@ -381,6 +399,8 @@ class Controller:
             return self.fsdp.collect_step(self, sched, task_id)
         ref = TaskRef.parse(task_id)
         res = self.queue.get_result(task_id)
+        if ref.kind is TaskKind.EVAL:
+            return self.collect_eval(sched, ref, res)
         if not isinstance(res, dict) or ref.iteration not in self.books:
             return []
         self.collected.add(task_id)
@@ -389,11 +409,24 @@ class Controller:
         book = self.books[ref.iteration]
         self.events += res["events"]
         if ref.kind is TaskKind.GEN:
-            book.add_rewards(ref.group, torch.tensor(res["rewards"], dtype=torch.float32))
+            if not sched.reward_tasks:
+                book.add_rewards(ref.group, torch.tensor(res["rewards"], dtype=torch.float32))
             self.gen_versions.setdefault(ref.iteration, {})[ref.group] = book.groups[ref.group].version
+        elif ref.kind is TaskKind.REWARD:
+            book.add_rewards(ref.group, torch.tensor(res["rewards"], dtype=torch.float32))
         else:
             grads = {} if self.fsdp is not None else self.job.data(task_id)  # FSDP: it stays sharded
             book.add_gradient(ref.group, grads, TrainStats.from_json(res["stats"]), ref.part)
+        return sched.handle(TaskDone(ref, res["worker"], res["start"], res["end"]))
+
+    def collect_eval(self, sched: Scheduler, ref: TaskRef, res) -> list[Instruction]:
+        """An ``eval`` task's scores and images; its evaluation's timeline rows are written
+        when it completes (an evaluation runs after its iteration's rows are out)."""
+        if not isinstance(res, dict) or self.evals is None or not self.evals.pending(ref):
+            return []
+        self.collected.add(ref.id)
+        self.outstanding.pop(ref.id, None)
+        self.run.append("timeline.jsonl", self.evals.collect(ref, res))
         return sched.handle(TaskDone(ref, res["worker"], res["start"], res["end"]))
 
     def poisoned(self, sched: Scheduler, dead: DeadLetter, store) -> list[Instruction]:
@@ -427,6 +460,10 @@ class Controller:
                 f"with --resume, or set schedule.on_poison=drop to drop such samples"
             )
         ref = TaskRef.parse(dead.task_id)
+        if ref.kind is TaskKind.EVAL and self.evals is not None and self.evals.pending(ref):
+            self.outstanding.pop(dead.task_id, None)
+            self.run.append("timeline.jsonl", self.evals.drop(ref))
+            return sched.handle(TaskDone(ref, "", time.time(), time.time()))
         if dead.task_id in self.collected or ref.iteration not in self.books:
             return []
         log.warning(
@@ -439,7 +476,7 @@ class Controller:
         self.outstanding.pop(dead.task_id, None)
         self.dead.setdefault(ref.iteration, []).append(dead.task_id)
         book = self.books[ref.iteration]
-        if ref.kind is TaskKind.GEN:
+        if ref.kind in (TaskKind.GEN, TaskKind.REWARD):
             book.add_rewards(ref.group, torch.full((self.cfg.rollout.group_size,), float("nan")))
         else:
             self.untrained.setdefault(ref.iteration, set()).add((ref.group, ref.part))
@@ -539,11 +576,15 @@ def run_distributed(
     if client is None:
         cl = cfg.cluster.local
         n_roll, n_train = cl.rollout_workers, cl.trainer_workers
-        cluster, client = start_local_cluster(n_roll, n_train, cl.gpu_type, cl.threads_per_worker)
+        cluster, client = start_local_cluster(
+            n_roll, n_train, cl.gpu_type, cl.threads_per_worker, reward=cl.reward_workers
+        )
     ctl = Controller(
         cfg, run, queue, job, client, url, progress, cluster=cluster, previous_weights=state.previous_weights
     )
     ctl.fsdp = fsdp
+    if cfg.eval.every:
+        ctl.evals = Evaluations(cfg, run, job, held_out_prompts(cfg), progress)
     groups = cfg.rollout.prompts_per_iteration
     sched = Scheduler(
         SchedulerConfig(
@@ -555,6 +596,8 @@ def run_distributed(
             max_staleness=int(s.max_staleness or 0),
             group_local_advantages=not cfg.train.global_std,
             start_iteration=state.start_iteration,
+            eval_every=cfg.eval.every,
+            eval_tasks=eval_task_count(cfg),
         )
     )
     prompts = cfg.prompt_list()
@@ -564,7 +607,8 @@ def run_distributed(
         ctl.sync_workers(sched, time.time())
         ctl.check_gpu_types()
         local = cfg.cluster.local
-        ctl.wait_ready(sched, expected=local.rollout_workers + local.trainer_workers if cluster else 0)
+        n_local = local.rollout_workers + local.trainer_workers + local.reward_workers
+        ctl.wait_ready(sched, expected=n_local if cluster else 0)
         if fsdp is not None:
             fsdp.start(ctl, run.latest_checkpoint() if resume else None)
         if progress is not None:
