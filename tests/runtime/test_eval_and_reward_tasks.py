@@ -53,16 +53,18 @@ def test_distributed_eval_equals_reference_eval(reference_eval_run, tiny_sd3, tm
 
 def test_digen_mode_evaluates_in_the_bubbles_with_the_recorded_version(tiny_sd3, tmp_path):
     cfg = eval_config(tiny_sd3, tmp_path, schedule={"mode": "digen"})
+    cfg.eval.every = 1
     run_distributed(cfg, tmp_path / "run")
     rows = eval_rows(tmp_path / "run")
-    assert [(r["iteration"], r["policy_version"]) for r in rows] == [(1, 2), (2, 3)]
+    assert [(r["iteration"], r["policy_version"]) for r in rows] == [(0, 1), (1, 2), (2, 3)]
     events = timeline(tmp_path / "run")
     evals = [e for e in events if e["kind"] == "eval"]
-    assert {(e["iteration"], e["version"]) for e in evals} == {(1, 2), (2, 3)}
-    # released only once the rollout worker had no generation task: none overlaps one of its
+    assert {(e["iteration"], e["version"]) for e in evals} == {(0, 1), (1, 2), (2, 3)}
+    # the step of iteration k releases the generation of k + 2 (staleness 1) before the
+    # evaluation of version k + 1, which goes only once no generation task is outstanding
     for e in evals:
-        gens = [g for g in events if g["kind"] == "gen" and g["worker"] == e["worker"]]
-        assert all(g["end"] <= e["start"] or g["start"] >= e["end"] for g in gens)
+        before = [g for g in events if g["kind"] == "gen" and g["iteration"] <= e["iteration"] + 2]
+        assert all(g["end"] <= e["start"] for g in before), e
 
 
 def test_reward_workers_give_the_reference_rewards_and_weights(reference_eval_run, tiny_sd3, tmp_path):
