@@ -325,7 +325,8 @@ class Controller:
         lag = int(self.cfg.schedule.resolved().max_staleness or 0)
         self.previous_weights = previous if lag else None
         oldest = store.version - 1 - lag
-        self.job.drop_weights_before(self.evals.keep_from(oldest) if self.evals else oldest)
+        keep = self.evals.keep_from(oldest, sched.evals_waiting) if self.evals else oldest
+        self.job.drop_weights_before(keep)
         t2 = time.time()
         ctl = {"worker": "controller", "gpu_type": "cpu", "role": "controller", "iteration": iteration}
         self.events += [

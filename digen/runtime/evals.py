@@ -47,9 +47,10 @@ class Evaluations:
         book = self.books.get(ref.iteration)
         return book is not None and ref.group not in book.results
 
-    def keep_from(self, default: int) -> int:
-        """The oldest weight version still needed: ``default`` or an unfinished evaluation's."""
-        return min([default, *(b.version for b in self.books.values())])
+    def keep_from(self, default: int, waiting: list[int]) -> int:
+        """The oldest weight version still needed: ``default``, an unfinished evaluation's, or
+        that of an evaluation the scheduler holds back (``waiting``: its iterations)."""
+        return min([default, *(b.version for b in self.books.values()), *(k + 1 for k in waiting)])
 
     def collect(self, ref: TaskRef, res: dict) -> list[dict]:
         """Count one chunk's result (once); returns the timeline rows of an evaluation that
