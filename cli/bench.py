@@ -72,7 +72,8 @@ def bench(
         str,
         typer.Option(
             "--modes",
-            help="Comma-separated modes; ablations as digen-tag, digen-tsp, digen-gap, digen-async.",
+            help="Comma-separated modes; ablations as digen-tag, digen-tsp, digen-gap, digen-async; "
+            "digen+eval / digen-eval: held-out evaluation on / off.",
         ),
     ] = DEFAULT_MODES,
     workers: Annotated[

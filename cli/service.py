@@ -289,7 +289,7 @@ def worker(
             "--scheduler", envvar="DIGEN_SCHEDULER", help="Dask scheduler address, e.g. tcp://head:8786."
         ),
     ],
-    role: Annotated[str, typer.Option("--role", help="rollout | trainer")],
+    role: Annotated[str, typer.Option("--role", help="rollout | trainer | reward (only scores)")],
     gpu_type: Annotated[str, typer.Option("--gpu-type", help="GPU type tag, e.g. h100, a10g, cpu.")],
     device: Annotated[
         str | None,

@@ -16,7 +16,11 @@ its ``metrics.jsonl`` and ``timeline.jsonl`` and reports per mode, over iteratio
 - ``bound_samples_per_s``: the zero-bubble bound of the mode's workers from their measured
   task durations (DESIGN.md section 4, :func:`digen.sim.bounds.lp_bound`) and
   ``fraction_of_bound``;
-- per worker: measured generation and training rates, busy fraction and peak RSS.
+- per worker: measured generation and training rates, busy fraction and peak RSS;
+- held-out evaluation's cost (``+eval`` / ``-eval`` on a mode turns ``eval`` on, with the
+  config's ``eval.every`` or 1, or off): ``evaluations`` per run and ``eval_worker_s``, the
+  worker-seconds its ``eval`` tasks took per run; run ``digen+eval,digen-eval`` side by side
+  to read its effect on ``s_per_iteration``.
 
 Plus the TSP micro-benchmark: one train task of K timesteps per sample as one batched
 forward/backward (``tsp=True``) vs K sequential forwards (``tsp=False``), per K.
@@ -45,7 +49,7 @@ from digen.sim.bounds import lp_bound
 log = logging.getLogger(__name__)
 
 BASE_MODES = ("reference", "colocated", "disaggregated", "digen")
-TOGGLES = {"gap": "gap", "tsp": "tsp", "tag": "tag", "rat": "rat", "async": "max_staleness"}
+TOGGLES = {"gap": "gap", "tsp": "tsp", "tag": "tag", "rat": "rat", "async": "max_staleness", "eval": "eval"}
 ROLLOUT_KINDS = ("gen", "decode", "reward")
 Notify = Callable[[str], None]
 
@@ -57,7 +61,8 @@ Notify = Callable[[str], None]
 def parse_modes(text: str) -> list[str]:
     """``"reference,digen,digen-tag"`` -> the list, validated. A mode is a base mode
     (reference, colocated, disaggregated, digen) with optional ``-toggle`` / ``+toggle``
-    suffixes switching gap, tsp, tag, rat or async (staleness 1) off / on: ``digen-tag``."""
+    suffixes switching gap, tsp, tag, rat, async (staleness 1) or eval (held-out evaluation)
+    off / on: ``digen-tag``, ``digen+eval``."""
     modes = [m.strip() for m in text.split(",") if m.strip()]
     if not modes:
         raise ConfigError("--modes is empty; e.g. --modes reference,colocated,disaggregated,digen")
@@ -96,8 +101,8 @@ def _mode_parts(mode: str) -> tuple[str, dict[str, Any]]:
             token, sign = "", ch
         else:
             token += ch
-    if base == "reference" and toggles:
-        raise ValueError(f"mode {mode!r}: reference takes no toggles")
+    if base == "reference" and set(toggles) - {"eval"}:
+        raise ValueError(f"mode {mode!r}: reference takes no toggles but eval")
     return base, toggles
 
 
@@ -121,6 +126,8 @@ def mode_config(cfg: Config, mode: str, workers: tuple[int, int] | None = None) 
     and no sample grids (disk writes are not what the bench measures)."""
     base, toggles = _mode_parts(mode)
     data = cfg.model_dump(mode="json")
+    if "eval" in toggles:
+        data["eval"]["every"] = (cfg.eval.every or 1) if toggles.pop("eval") else 0
     sched = data["schedule"]
     sched.update({"mode": base, "gap": None, "tsp": None, "tag": None, "rat": None, "max_staleness": None})
     sched.update(toggles)
@@ -343,6 +350,7 @@ def summarize(mode: str, records: list[RunRecord], pool: RatePool, group_size: i
         "fraction_of_bound": sps / bound if bound > 0 else None,
         "controller_peak_rss_mb": round(max(ctl_peak), 1) if ctl_peak else None,
         "startup": startup_summary([rec.startup for rec in records]),
+        **eval_cost(records),
         "per_worker": workers,
         "run_dirs": [str(rec.run_dir) for rec in records],
     }
@@ -395,6 +403,22 @@ def add_startup_ratios(rows: list[dict]) -> None:
             )
         if st.get("peak_tree_pss_mb") and ref.get("peak_tree_pss_mb"):
             st["tree_pss_vs_reference"] = round(st["peak_tree_pss_mb"] / ref["peak_tree_pss_mb"], 3)
+
+
+def eval_cost(records: list[RunRecord]) -> dict[str, float]:
+    """Held-out evaluation per run: ``evaluations`` (``eval.jsonl`` rows) and ``eval_worker_s``
+    (worker-seconds of its ``eval`` tasks on the timeline; the reference's inline evaluation
+    is its rows' ``cost_s``)."""
+    n, secs = 0, 0.0
+    for rec in records:
+        rows = _read_jsonl(rec.run_dir / "eval.jsonl")
+        n += len(rows)
+        tasks = [e for e in rec.timeline if e["kind"] == "eval"]
+        secs += (
+            sum(e["end"] - e["start"] for e in tasks) if tasks else sum(r.get("cost_s", 0.0) for r in rows)
+        )
+    runs = max(len(records), 1)
+    return {"evaluations": n / runs, "eval_worker_s": secs / runs}
 
 
 def add_speedups(rows: list[dict]) -> None:
@@ -721,6 +745,19 @@ def markdown_table(
             f"| {_fmt(r['fraction_of_bound'], '.0%')} | {rss} |"
         )
     lines += startup_table(rows)
+    evaluated = [r for r in rows if r.get("evaluations")]
+    if evaluated:
+        lines += [
+            "",
+            "Held-out evaluation (per run):",
+            "",
+            "| mode | evaluations | eval worker-s | s/iteration |",
+        ]
+        lines.append("|---|---|---|---|")
+        for r in evaluated:
+            lines.append(
+                f"| {r['mode']} | {r['evaluations']:g} | {r['eval_worker_s']:.2f} | {r['s_per_iteration']:.3f} |"
+            )
     if tsp:
         lines += [
             "",

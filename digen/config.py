@@ -61,7 +61,8 @@ class PromptsConfig(_Section):
     items: list[str] = ["a red square", "a blue circle", "a green tree", "a yellow sun"]
     """Inline prompts, used when ``dataset`` and ``file`` are unset."""
     test_file: str | None = None
-    """Held-out prompts (``.txt`` or ``.jsonl``); unset: ``dataset``'s test split, if any."""
+    """Held-out prompts for ``eval`` (``.txt`` one prompt a line, or ``.jsonl``; relative paths
+    resolve against the config file); unset: ``dataset``'s test split, if any."""
 
 
 class SdeConfig(_Section):
@@ -201,6 +202,9 @@ class ScheduleConfig(_Section):
 class LocalClusterConfig(_Section):
     rollout_workers: int = Field(1, ge=0)
     trainer_workers: int = Field(1, ge=0)
+    reward_workers: int = Field(0, ge=0)
+    """Workers that only score (``digen worker --role reward``): with any, generation tasks
+    hand their decoded images to ``reward`` tasks instead of scoring inline."""
     gpu_type: str = "cpu"
     """Resource tag of the embedded workers (``gpu-<TYPE>``)."""
     threads_per_worker: int = Field(1, ge=1)
@@ -244,6 +248,22 @@ class OutputConfig(_Section):
     """Write timeline.png and rewards.png at the end."""
 
 
+class EvalConfig(_Section):
+    """Held-out evaluation: the current policy samples ``prompts.test_file`` with the
+    deterministic ODE sampler (Euler, ``rollout.eval_steps``) and fixed seeds, scored by every
+    reward of ``reward`` separately (``RUN_DIR/eval.jsonl``, ``RUN_DIR/eval/iter_NNNN.png``)."""
+
+    every: int = Field(0, ge=0)
+    """Evaluate after every N iterations and after the last one (0: never)."""
+    num_prompts: int = Field(0, ge=0)
+    """The first N test prompts (0: all of them)."""
+    seed: int = 0
+    """Seed of the evaluation noise: sample i starts from the same noise at every evaluation,
+    drawn from its own stream (training's streams are untouched)."""
+    batch_size: int = Field(4, ge=1)
+    """Test prompts per evaluation task (one batched ODE sampling, one sample per prompt)."""
+
+
 class LoggingConfig(_Section):
     tensorboard: bool = False
     wandb: bool = False
@@ -261,6 +281,7 @@ class Config(_Section):
     schedule: ScheduleConfig = ScheduleConfig()
     cluster: ClusterConfig = ClusterConfig()
     output: OutputConfig = OutputConfig()
+    eval: EvalConfig = EvalConfig()
     logging: LoggingConfig = LoggingConfig()
     security: SecurityConfig = SecurityConfig()
     source_dir: str | None = Field(None, exclude=True)
@@ -400,6 +421,16 @@ def _cross_checks(cfg: Config, check_paths: bool) -> list[str]:
     if s.mode == "colocated" and cl.rollout_workers + cl.trainer_workers < 1:
         problems.append("schedule.mode colocated needs at least one worker in cluster.local")
     problems += _fsdp_checks(cfg)
+    if cfg.eval.every and cfg.prompts.test_file is None and cfg.prompts.dataset is None:
+        problems.append(
+            f"eval.every ({cfg.eval.every}) needs prompts.test_file (held-out prompts, one per line) "
+            f"or a prompts.dataset with a test split; set one or eval.every=0"
+        )
+    if cl.reward_workers and s.mode == "reference":
+        problems.append(
+            f"cluster.local.reward_workers ({cl.reward_workers}) needs a distributed schedule.mode: "
+            f"reference scores in its one process"
+        )
     if not cfg.reward:
         problems.append("reward: list at least one reward, e.g. [{name: brightness}]")
     if check_paths:

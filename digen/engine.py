@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from digen.config import Config
+from digen.evaluation import eval_metrics
 from digen.loggers import MetricsLogger, check_loggers, make_loggers
 from digen.trainer import ProgressFn, run_reference
 
@@ -30,10 +31,11 @@ def run_training(
 
     def observe(m: dict) -> None:
         nonlocal logger
-        if "iteration" in m and "event" not in m:
+        scalars = eval_metrics(m) if m.get("event") == "eval" else m if "event" not in m else None
+        if scalars is not None and "iteration" in m:
             if logger is None:  # opened on the first iteration: the run directory is checked by then
                 logger = make_loggers(cfg, out)
-            logger.log(m, int(m["iteration"]))
+            logger.log(scalars, int(m["iteration"]))
         if progress is not None:
             progress(m)
 

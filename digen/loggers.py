@@ -48,6 +48,8 @@ WANDB_MISSING = (
 
 def namespace(key: str) -> str:
     """The logger name of a flat metric key: ``reward_mean`` -> ``rollout/reward_mean``."""
+    if key.startswith("eval/"):  # held-out evaluation (digen.evaluation.eval_metrics)
+        return key
     if key.startswith("reward") or key in ROLLOUT_KEYS:
         return f"rollout/{key}"
     if key in TRAIN_KEYS:

@@ -26,10 +26,11 @@ KIND_COLORS = {
     "train": "#ff7f0e",
     "optim": "#d62728",
     "sync": "#7f7f7f",
+    "eval": "#bcbd22",
 }
 OTHER_COLOR = "#9467bd"
 ROLLOUT_KINDS = ("gen", "decode", "reward")
-_ROLE_ORDER = {"reference": 0, "colocated": 1, "rollout": 2, "trainer": 3, "controller": 9}
+_ROLE_ORDER = {"reference": 0, "colocated": 1, "rollout": 2, "trainer": 3, "reward": 4, "controller": 9}
 
 Out = str | Path | IO[bytes]
 

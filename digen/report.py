@@ -1,7 +1,8 @@
 """``digen report RUN_DIR``: one self-contained HTML page of a run.
 
 The page holds the summary table, the timeline and reward charts, sample grids, the
-per-iteration metrics and the resolved config. Images are embedded as base64 PNG data URIs
+held-out evaluations (``eval.jsonl``: a table of each reward's mean and std, and the grids of
+``eval/``), the per-iteration metrics and the resolved config. Images are embedded as base64 PNG data URIs
 and the style is inline, so the file can be mailed or attached to a CI run as is. Charts
 missing from the run directory (a run still going, or ``output.plots: false``) are drawn in
 memory from ``timeline.jsonl`` / ``metrics.jsonl``; the run directory is only read.
@@ -105,6 +106,34 @@ def _metrics_table(rows: list[dict]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
+def _eval_table(rows: list[dict]) -> str:
+    """One row per evaluation: iteration, version, prompts, ``mean ± std`` of each reward."""
+    names = [k[: -len("_mean")] for k in rows[0] if k.endswith("_mean")]
+    head = "".join(
+        f"<th>{html.escape(c)}</th>" for c in ["iteration", "policy_version", "num_prompts", *names]
+    )
+    body = ""
+    for r in rows:
+        cells = [_fmt(r.get("iteration")), _fmt(r.get("policy_version")), _fmt(r.get("num_prompts"))]
+        cells += [f"{_fmt(r.get(n + '_mean'))} ± {_fmt(r.get(n + '_std'))}" for n in names]
+        body += "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>"
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _eval_section(root: Path, max_grids: int) -> list[str]:
+    rows = _read_jsonl(root / "eval.jsonl")
+    if not rows:
+        return []
+    grids = pick_grids(list((root / "eval").glob("iter_*.png")), max(1, max_grids // 2))
+    return [
+        "<h2>Held-out evaluation</h2>",
+        '<p class="muted">ODE sampler, fixed seeds, one sample per test prompt; '
+        "<code>reward</code> is the weighted sum of the rewards</p>",
+        _eval_table(rows),
+        *[_img(p.read_bytes(), p.name, "eval " + p.stem.replace("_", " ")) for p in grids],
+    ]
+
+
 def render_report(run_dir: str | Path, *, max_grids: int = 8) -> str:
     """The HTML page of ``run_dir`` as a string."""
     from digen.plots import plot_rewards, plot_timeline
@@ -153,6 +182,7 @@ def render_report(run_dir: str | Path, *, max_grids: int = 8) -> str:
         parts += [_img(p.read_bytes(), p.name, p.stem.replace("_", " ")) for p in grids]
     else:
         parts.append('<p class="muted">no sample grids (output.sample_grid_every: 0?)</p>')
+    parts += _eval_section(root, max_grids)
     parts += [
         "<h2>Iterations</h2>",
         _metrics_table(metrics) if metrics else '<p class="muted">none</p>',

@@ -61,6 +61,8 @@ class Trajectories:
     sigmas: ``[T+1]`` float32 schedule
     images: ``[B, 3, H, W]`` uint8 (video ``[B, F, 3, H, W]``)
     rewards: ``[B]`` float32 (NaN/inf: the sample is dropped)
+    decoded: the float32 images in ``[0, 1]`` the reward scores, kept only when a ``reward``
+    task scores them (:func:`generate_group` without ``reward_fn``; rewards are NaN until then)
     """
 
     task: GroupTask
@@ -69,15 +71,19 @@ class Trajectories:
     sigmas: torch.Tensor
     images: torch.Tensor
     rewards: torch.Tensor
+    decoded: torch.Tensor | None = None
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        return {
+        out = {
             "latents": self.latents.contiguous(),
             "log_probs": self.log_probs.contiguous(),
             "sigmas": self.sigmas.contiguous(),
             "images": self.images.contiguous(),
             "rewards": self.rewards.contiguous(),
         }
+        if self.decoded is not None:
+            out["decoded"] = self.decoded.contiguous()
+        return out
 
     @staticmethod
     def from_tensors(task: GroupTask, t: dict[str, torch.Tensor]) -> Trajectories:
@@ -132,11 +138,12 @@ def generate_group(
     policy: FlowPolicy,
     task: GroupTask,
     cfg: Config,
-    reward_fn: Callable[..., torch.Tensor],
+    reward_fn: Callable[..., torch.Tensor] | None,
     embeds: PromptEmbeds | None = None,
     timer: Timer | None = None,
 ) -> Trajectories:
-    """Sample one group with the SDE sampler, decode it and score it."""
+    """Sample one group with the SDE sampler, decode it and score it (``reward_fn`` None: a
+    ``reward`` task scores it later from ``decoded``; the ``reward`` phase is not timed)."""
     r = cfg.rollout
     t0 = time.time()
     n = len(task.sample_ids)
@@ -182,14 +189,19 @@ def generate_group(
     t1 = time.time()
     images = policy.decode(x).float().cpu()
     t2 = time.time()
-    meta = cfg.prompt_metadata(task.prompt)  # GenEval-style datasets: the rewards get it
-    rewards = call_reward(reward_fn, images, [task.prompt] * n, None if meta is None else [meta] * n)
-    rewards = rewards.float().cpu()
+    scored = reward_fn is not None
+    if not scored:  # a reward worker scores the stored images
+        rewards = torch.full((n,), float("nan"))
+    else:
+        meta = cfg.prompt_metadata(task.prompt)  # GenEval-style datasets: the rewards get it
+        rewards = call_reward(reward_fn, images, [task.prompt] * n, None if meta is None else [meta] * n)
+        rewards = rewards.float().cpu()
     t3 = time.time()
     if timer is not None:
         timer("gen", t0, t1)
         timer("decode", t1, t2)
-        timer("reward", t2, t3)
+        if scored:
+            timer("reward", t2, t3)
     return Trajectories(
         task=task,
         latents=torch.stack(latents, dim=1),
@@ -197,4 +209,5 @@ def generate_group(
         sigmas=sigmas,
         images=(images * 255).round().clamp(0, 255).to(torch.uint8),
         rewards=rewards,
+        decoded=None if scored else images,
     )

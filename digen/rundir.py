@@ -78,7 +78,7 @@ class RunDir:
         """Resume from ``iteration``'s checkpoint: drop metrics and timeline rows of later
         iterations and write this run's ``config.yaml``."""
         self.write_config()
-        for name in ("metrics.jsonl", "timeline.jsonl"):
+        for name in ("metrics.jsonl", "timeline.jsonl", "eval.jsonl"):
             path = self.root / name
             rows = [r for r in _read_jsonl(path) if int(r.get("iteration", -1)) <= iteration]
             path.write_text("".join(json.dumps(r) + "\n" for r in rows))

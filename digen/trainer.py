@@ -20,6 +20,7 @@ import torch
 
 from digen.config import Config
 from digen.errors import CheckpointError
+from digen.evaluation import evaluate_inline, evaluates, held_out_prompts, progress_row
 from digen.iteration import IterationBook
 from digen.models import load_policy
 from digen.models.base import FlowPolicy, PromptEmbeds
@@ -152,6 +153,7 @@ def run_reference(
     store = state.store
     policy.load_trainable_state_dict(store.weights())
     tsp = bool(cfg.schedule.resolved().tsp)
+    held_out = held_out_prompts(cfg) if cfg.eval.every else []
     worker = {"worker": "reference", "gpu_type": cfg.cluster.local.gpu_type, "role": "reference"}
 
     for k in range(state.start_iteration, cfg.iterations):
@@ -199,4 +201,8 @@ def run_reference(
             save_checkpoint(run, store, k)
         if progress is not None:
             progress(metrics)
+        if held_out and evaluates(cfg, k):  # the weights of version k + 1 are loaded
+            row = evaluate_inline(policy, cfg, reward, run, held_out, k)
+            if progress is not None:
+                progress(progress_row(row))
     return run.write_summary("reference")

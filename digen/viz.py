@@ -98,3 +98,46 @@ def write_sample_grid(
             draw.text((LABEL_W + c * cw + 2, y + ch), f"{float(t.rewards[c]):.3f}", fill=colors[c], font=font)
     path.parent.mkdir(parents=True, exist_ok=True)
     grid.save(path)
+
+
+def write_eval_grid(
+    path: Path,
+    images: torch.Tensor,
+    prompts: list[str],
+    rewards: torch.Tensor,
+    header: str,
+    columns: int = 8,
+    max_images: int = 64,
+    cell: int = 64,
+) -> None:
+    """A PNG of a held-out evaluation: one cell per test prompt (image, then its reward and the
+    start of its prompt), ``columns`` per row, the best reward in green and the worst in red.
+
+    ``images``: uint8 ``[N, 3, H, W]`` (video ``[N, F, 3, H, W]``); ``rewards``: ``[N]``.
+    """
+    n = min(images.shape[0], max_images)
+    if n == 0:
+        return
+    aspect = _frame(images[0]).width / _frame(images[0]).height
+    cw, ch = max(int(cell * aspect), LABEL_W // 2), cell
+    cols = min(columns, n)
+    rows = math.ceil(n / cols)
+    row_h = ch + 2 * LABEL_H
+    font = _font()
+    grid = Image.new("RGB", (cols * cw, HEADER_H + rows * row_h), "white")
+    draw = ImageDraw.Draw(grid)
+    draw.text((2, 2), header, fill=TEXT, font=font)
+    colors = _reward_colors(rewards[:n])
+    chars = max(4, cw // 6)
+    for i in range(n):
+        x, y = (i % cols) * cw, HEADER_H + (i // cols) * row_h
+        grid.paste(_frame(images[i]).resize((int(cell * aspect), ch), Image.Resampling.NEAREST), (x, y))
+        draw.text((x + 2, y + ch), f"{float(rewards[i]):.3f}", fill=colors[i], font=font)
+        draw.text(
+            (x + 2, y + ch + LABEL_H),
+            textwrap.shorten(prompts[i], chars, placeholder="…"),
+            fill=TEXT,
+            font=font,
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    grid.save(path)

@@ -8,6 +8,10 @@ returns when the job's status leaves ``running``.
 
 A generation task produces ``data:<id>`` (latents, log-probs, images, rewards) and a result
 with the rewards and timings; a train task reads its group's data and produces the gradient.
+With reward workers a generation task leaves the scoring to a ``reward`` task (its decoded
+float images travel in ``data:<gen id>`` as safetensors), which returns the rewards; an
+``eval`` task samples held-out prompts (:mod:`digen.evaluation`) and returns their scores and
+images (``data:<eval id>``).
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ import torch
 
 from digen.config import Config
 from digen.core.events import Role, TaskKind, TaskRef
-from digen.core.policy import pull_order
+from digen.core.policy import idle_kinds, pull_order
+from digen.evaluation import EvalTask, evaluate_chunk
+from digen.rewards.base import call_reward
 from digen.rollout import GroupTask, generate_group
 from digen.runtime.jobstate import JobState
 from digen.runtime.queue import LeasedTask, TaskQueue
@@ -109,7 +115,8 @@ def run_gen(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> dict:
     def timer(kind: str, s: float, e: float) -> None:
         events.append(_event(rt, role, kind, ref, task.version, s, e))
 
-    traj = generate_group(rt.policy, task, rt.cfg, rt.reward, embeds=rt.embed(task.prompt), timer=timer)
+    reward = rt.reward if leased.payload.get("score", True) else None  # else a reward task scores
+    traj = generate_group(rt.policy, task, rt.cfg, reward, embeds=rt.embed(task.prompt), timer=timer)
     faults.point("gen", rt.job, rt.name, task=leased.task_id, iteration=task.iteration)
     rt.job.put_data(leased.task_id, traj.tensors(), {"version": str(task.version)})
     return {
@@ -153,13 +160,70 @@ def run_train(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> dict:
     return {"stats": stats.to_json(), "events": events, "worker": rt.name, "start": t0, "end": time.time()}
 
 
+def run_reward(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> dict:
+    """Score a generated group from its decoded images (the same float32 tensor the
+    generation task would have scored inline, so the rewards are the same)."""
+    task = GroupTask.from_json(leased.payload["task"])
+    ref = TaskRef(TaskKind.REWARD, task.iteration, task.group)
+    gen_id = TaskRef(TaskKind.GEN, task.iteration, task.group).id
+    t0 = time.time()
+    data = rt.job.data(gen_id)
+    if data is None or "decoded" not in data:
+        raise RuntimeError(f"decoded images of {gen_id} are missing from Redis")
+    if rt.reward is None:
+        rt.reward = build_reward(rt.cfg, device=rt.device)
+    t1 = time.time()
+    n = len(task.sample_ids)
+    meta = rt.cfg.prompt_metadata(task.prompt)  # GenEval-style datasets: the rewards get it
+    rewards = call_reward(rt.reward, data["decoded"], [task.prompt] * n, None if meta is None else [meta] * n)
+    rewards = rewards.float().cpu()
+    t2 = time.time()
+    events = [_event(rt, role, "reward", ref, task.version, t1, t2)]
+    return {
+        "rewards": [float(x) for x in rewards],
+        "events": events,
+        "worker": rt.name,
+        "start": t0,
+        "end": t2,
+    }
+
+
+def run_eval(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> dict:
+    """Sample and score a chunk of held-out prompts with the version the task names."""
+    task = EvalTask.from_json(leased.payload["task"])
+    ref = TaskRef.parse(leased.task_id)
+    t0 = time.time()
+    rt.ensure_version(task.version)
+    if rt.reward is None:
+        rt.reward = build_reward(rt.cfg, device=rt.device)
+    t1 = time.time()
+    res = evaluate_chunk(rt.policy, task, rt.cfg, rt.reward)
+    rt.job.put_data(leased.task_id, {"images": res.images.contiguous()})
+    t2 = time.time()
+    events = [_event(rt, role, "eval", ref, task.version, t1, t2)]
+    if t1 - t0 > 1e-3:
+        events.insert(0, _event(rt, role, "sync", ref, task.version, t0, t1))
+    scores = {k: [float(x) for x in v] for k, v in res.scores.items()}
+    return {"scores": scores, "events": events, "worker": rt.name, "start": t0, "end": t2}
+
+
+RUNNERS = {
+    TaskKind.GEN.value: run_gen,
+    TaskKind.TRAIN.value: run_train,
+    TaskKind.REWARD.value: run_reward,
+    TaskKind.EVAL.value: run_eval,
+}
+"""Queue name -> the function that runs its tasks."""
+
+
 def next_task(rt: WorkerRuntime, role: Role, budget: int) -> LeasedTask | None:
     """Lease by the tag's pull order. A worker takes an off-role task (a trainer: generation,
     TAG; a rollout worker: training, RAT) only when none of its own kind is ready and its
     budget allows (spent atomically in Redis, given back when the queue had nothing)."""
     order = pull_order(role, budget)
+    idle = [k.value for k in idle_kinds(role)]  # evaluation: only when nothing else is queued
     if role is Role.COLOCATED or len(order) == 1:
-        return rt.queue.lease([k.value for k in order], rt.name, block_s=0.05)
+        return rt.queue.lease([k.value for k in order] + idle, rt.name, block_s=0.05)
     own, other = order
     leased = rt.queue.lease([own.value], rt.name, block_s=0.0)
     if leased is not None:
@@ -169,7 +233,7 @@ def next_task(rt: WorkerRuntime, role: Role, budget: int) -> LeasedTask | None:
         if leased is not None:
             return leased
         rt.job.return_budget(rt.name)
-    return rt.queue.lease([own.value], rt.name, block_s=0.05)
+    return rt.queue.lease([own.value, *idle], rt.name, block_s=0.05)
 
 
 def worker_loop(
@@ -181,8 +245,10 @@ def worker_loop(
     device: str | None = None,
     threads: int = 1,
 ) -> dict:
-    """Run tasks of ``job_id`` until the job stops. Returns counts for the controller's log."""
+    """Run tasks of ``job_id`` until the job stops. Returns counts for the controller's log.
+    A reward worker (Dask resource ``reward``) loads no policy: it only scores."""
     started = time.time()
+    scorer = False
     try:  # inside a Dask worker: mark the task long-running so it does not block the pool
         from distributed import get_worker, secede
 
@@ -190,6 +256,7 @@ def worker_loop(
         secede()
         name = name or str(w.name)
         gpu_type = gpu_type or next((k[4:] for k in w.state.total_resources if k.startswith("gpu-")), "cpu")
+        scorer = Role.REWARD.value in w.state.total_resources
     except (ImportError, ValueError):
         pass
     assert name is not None
@@ -207,7 +274,8 @@ def worker_loop(
     token = uuid.uuid4().hex
     rt.job.claim_loop(name, token)  # one loop per worker: an older one stops
     faults.point("start", rt.job, name)
-    rt.ensure_policy()  # load before taking tasks: a joining worker never stalls a task
+    if not scorer:
+        rt.ensure_policy()  # load before taking tasks: a joining worker never stalls a task
     rt.reward = build_reward(cfg, device=rt.device)
     rt.job.note_startup(
         name, {"process": process_start_time(), "loop": started, **LOAD_TIMES, "ready": time.time()}
@@ -231,11 +299,7 @@ def worker_loop(
         if leased is None:
             continue
         try:
-            result = (
-                run_gen(rt, leased, role)
-                if leased.queue == TaskKind.GEN.value
-                else run_train(rt, leased, role)
-            )
+            result = RUNNERS[leased.queue](rt, leased, role)
         except redis.ConnectionError:
             raise  # Redis gone for longer than schedule.redis_outage_s: not the task's fault
         except Exception as exc:  # a failing task is reported, never kills the loop

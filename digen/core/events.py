@@ -14,17 +14,24 @@ from enum import Enum
 class TaskKind(str, Enum):
     GEN = "gen"
     TRAIN = "train"
+    REWARD = "reward"
+    """Score a generated group (only when reward workers exist, see :class:`Role`)."""
+    EVAL = "eval"
+    """Sample and score a chunk of held-out prompts with the ODE sampler (``eval.*``)."""
 
 
 class Role(str, Enum):
     ROLLOUT = "rollout"
     TRAINER = "trainer"
     COLOCATED = "colocated"
+    REWARD = "reward"
+    """Only scores: takes ``reward`` tasks (a big reward model on its own GPU type)."""
 
 
 @dataclass(frozen=True)
 class TaskRef:
-    """One task: a prompt group of an iteration, to generate or to train. ``part``: a train
+    """One task: a prompt group of an iteration, to generate, score or train (for ``eval``:
+    a chunk of test prompts, evaluating the version after ``iteration``). ``part``: a train
     task split in two halves of the group's samples (0 or 1; None: the whole group), which
     the scheduler does for the last groups of an iteration when an idle rollout worker
     should take half a group's training (RAT at half-group granularity)."""

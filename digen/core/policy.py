@@ -38,7 +38,15 @@ def pull_order(role: Role, budget: int) -> list[TaskKind]:
         return [TaskKind.GEN, TaskKind.TRAIN] if budget > 0 else [TaskKind.GEN]
     if role is Role.TRAINER:
         return [TaskKind.TRAIN, TaskKind.GEN] if budget > 0 else [TaskKind.TRAIN]
+    if role is Role.REWARD:
+        return [TaskKind.REWARD]
     return [TaskKind.GEN, TaskKind.TRAIN]
+
+
+def idle_kinds(role: Role) -> list[TaskKind]:
+    """Queues a worker pulls only when those of :func:`pull_order` are empty: evaluation, on
+    the workers that generate (the scheduler also releases it only when they are idle)."""
+    return [TaskKind.EVAL] if role in (Role.ROLLOUT, Role.COLOCATED) else []
 
 
 def predicted_makespan(

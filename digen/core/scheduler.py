@@ -11,6 +11,16 @@ generates with version ``max(0, i - max_staleness)``. With staleness 1 the gener
 iteration i+1 overlaps the training of iteration i, and no trajectory ever lags more than one
 version. A generation task carries one version: a trajectory never mixes weights.
 
+Scoring: with reward workers (a worker of role ``reward`` known at :meth:`Scheduler.start`) a
+finished generation task releases a ``reward`` task for its group, and the group counts as
+scored when that one is done; without, generation tasks score inline.
+
+Evaluation (``eval_every``): after the step of every ``eval_every``-th iteration and of the
+last one, ``eval_tasks`` ``eval`` tasks of the new version wait until the workers that
+evaluate (rollout and colocated ones) have no generation task released and not done
+(colocated ones: no train task either), and are released then: they fill the bubbles and
+never delay the tasks an iteration needs. :class:`Finish` waits for every evaluation.
+
     sched = Scheduler(SchedulerConfig(iterations=3, groups=4, gap=True, tag=True, max_staleness=1))
     sched.handle(WorkerJoined("w0", Role.ROLLOUT, "cpu", t=0.0))
     sched.start(t=0.0)  # -> [SetRole(...), Release(TaskRef(GEN, 0, 0), version=0), ...]
@@ -59,6 +69,10 @@ class SchedulerConfig:
     start_iteration: int = 0
     """First iteration to run (resume): versions before it are published."""
     tag_margin: float = 0.02
+    eval_every: int = 0
+    """Evaluate the version after every ``eval_every``-th iteration and the last (0: never)."""
+    eval_tasks: int = 0
+    """``eval`` tasks per evaluation (chunks of the test prompts)."""
 
 
 @dataclass
@@ -88,6 +102,16 @@ class Scheduler:
     """Per iteration: how many of its last groups train as two halves (RAT)."""
     seconds: dict[tuple[str, TaskKind], float] = field(default_factory=dict)
     """Learned seconds per group, per (worker, kind) (exponential average, :meth:`_learn`)."""
+    reward_tasks: bool = False
+    """Scoring runs as ``reward`` tasks (reward workers were there at :meth:`start`)."""
+    scored: dict[int, set[int]] = field(default_factory=dict)
+    """Per iteration: the groups whose rewards are known."""
+    in_flight: dict[TaskKind, int] = field(default_factory=dict)
+    """Released and not yet done tasks, per kind."""
+    evals_waiting: list[int] = field(default_factory=list)
+    """Iterations whose evaluation (of version iteration + 1) is not released yet."""
+    evals_open: dict[int, set[int]] = field(default_factory=dict)
+    """Per evaluated iteration: its released ``eval`` tasks not done yet."""
 
     def __post_init__(self) -> None:
         self.stepped = self.cfg.start_iteration - 1
@@ -104,6 +128,7 @@ class Scheduler:
     def start(self, t: float) -> list[Instruction]:
         """Tag the workers known so far and release the first work."""
         self.started = True
+        self.reward_tasks = any(w.role is Role.REWARD for w in self.workers.values())
         out: list[Instruction] = []
         for name, w in sorted(self.workers.items()):
             w.active = True
@@ -147,24 +172,52 @@ class Scheduler:
     def _task_done(self, ev: TaskDone) -> list[Instruction]:
         t = ev.task
         self._learn(ev.worker, t.kind, (ev.end - ev.start) / t.share)  # seconds per whole group
+        self.in_flight[t.kind] = max(0, self.in_flight.get(t.kind, 0) - 1)
+        out: list[Instruction] = []
         if t.kind is TaskKind.GEN:
             self.gen_done.setdefault(t.iteration, set()).add(t.group)
+            if self.reward_tasks:
+                out += self._count(
+                    [Release(TaskRef(TaskKind.REWARD, t.iteration, t.group), self.gen_version(t.iteration))]
+                )
+            else:
+                self.scored.setdefault(t.iteration, set()).add(t.group)
+        elif t.kind is TaskKind.REWARD:
+            self.scored.setdefault(t.iteration, set()).add(t.group)
+        elif t.kind is TaskKind.EVAL:
+            left = self.evals_open.get(t.iteration, set())
+            left.discard(t.group)
+            if not left:
+                self.evals_open.pop(t.iteration, None)
         else:
             self.train_done.setdefault(t.iteration, set()).add((t.group, t.part))
-        return self._advance() if self.started else []
+        if not self.started:
+            return out
+        if self.stepped + 1 >= self.cfg.iterations:  # trained: only evaluations are left
+            return out + self._release_evals() + self._finish()
+        return out + self._advance()
 
     def _step_done(self, ev: StepDone) -> list[Instruction]:
         if ev.iteration != self.stepped + 1:
             raise ValueError(f"step of iteration {ev.iteration} reported, expected {self.stepped + 1}")
         self.stepped = ev.iteration
         self.stepping = False
-        for d in (self.gen_done, self.train_done, self.train_released, self.splits):
+        for d in (self.gen_done, self.scored, self.train_done, self.train_released, self.splits):
             d.pop(ev.iteration, None)
         self.gen_released.discard(ev.iteration)
+        if self.evaluates(ev.iteration):
+            self.evals_waiting.append(ev.iteration)
         if self.stepped + 1 >= self.cfg.iterations:
-            self.finished = True
-            return [Finish()]
+            return self._release_evals() + self._finish()
         return self._retag() + self._advance()
+
+    def evaluates(self, iteration: int) -> bool:
+        """Whether the version after ``iteration`` is evaluated."""
+        c = self.cfg
+        every = c.eval_every
+        return (
+            every > 0 and c.eval_tasks > 0 and ((iteration + 1) % every == 0 or iteration == c.iterations - 1)
+        )
 
     # --- policy -----------------------------------------------------------------------
     def _advance(self) -> list[Instruction]:
@@ -180,7 +233,7 @@ class Scheduler:
         # training of the current iteration (its version, i, is published)
         i = self.stepped + 1
         if i < c.iterations:
-            scored = self.gen_done.get(i, set())
+            scored = self.scored.get(i, set())
             released = self.train_released.setdefault(i, set())
             whole = len(scored) == c.groups
             if len(released) < len(scored) and ((c.gap and c.group_local_advantages) or whole):
@@ -193,7 +246,39 @@ class Scheduler:
             if not self.stepping and len(self.train_done.get(i, ())) == tasks:
                 self.stepping = True
                 out.append(Step(i))
+        return self._count(out) + self._release_evals()
+
+    def _count(self, out: list[Instruction]) -> list[Instruction]:
+        for ins in out:
+            if isinstance(ins, Release):
+                self.in_flight[ins.task.kind] = self.in_flight.get(ins.task.kind, 0) + 1
         return out
+
+    def _evaluators_busy(self) -> bool:
+        """A generation task (for colocated workers: or a train task) is released and not done:
+        the workers that evaluate have work an iteration needs."""
+        if self.in_flight.get(TaskKind.GEN, 0) > 0:
+            return True
+        colocated = any(w.role is Role.COLOCATED for w in self.workers.values())
+        return colocated and self.in_flight.get(TaskKind.TRAIN, 0) > 0
+
+    def _release_evals(self) -> list[Instruction]:
+        """Every waiting evaluation's tasks, once the evaluating workers are idle."""
+        if not self.evals_waiting or self._evaluators_busy():
+            return []
+        out: list[Instruction] = []
+        for k in self.evals_waiting:
+            self.evals_open[k] = set(range(self.cfg.eval_tasks))
+            out += [Release(TaskRef(TaskKind.EVAL, k, c), k + 1) for c in range(self.cfg.eval_tasks)]
+        self.evals_waiting = []
+        return self._count(out)
+
+    def _finish(self) -> list[Instruction]:
+        """Finish once the last step and every evaluation are done."""
+        if self.finished or self.evals_waiting or self.evals_open:
+            return []
+        self.finished = True
+        return [Finish()]
 
     def _retag(self) -> list[Instruction]:
         """Iteration boundary: start joined workers, and (TAG, RAT) re-balance the roles."""

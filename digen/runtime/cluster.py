@@ -66,8 +66,10 @@ def start_local_cluster(
     threads: int,
     dashboard: bool = True,
     start_method: str = "forkserver",
+    reward: int = 0,
 ):
-    """A local Dask cluster of ``rollout`` + ``trainer`` worker processes with role resources.
+    """A local Dask cluster of ``rollout`` + ``trainer`` (+ ``reward``) worker processes with
+    role resources.
 
     Returns ``(cluster, client)``. Each worker is a separate process (a Nanny restarts it if
     it dies), named ``rollout-0``, ``trainer-0``, ..., started by ``start_method``
@@ -78,7 +80,7 @@ def start_local_cluster(
     use_start_method(start_method)
 
     workers = {}
-    for role, n in (("rollout", rollout), ("trainer", trainer)):
+    for role, n in (("rollout", rollout), ("trainer", trainer), ("reward", reward)):
         for i in range(n):
             workers[f"{role}-{i}"] = {
                 "cls": Nanny,
@@ -96,7 +98,7 @@ def start_local_cluster(
     }
     cluster = SpecCluster(workers=workers, scheduler=scheduler, silence_logs=worker_console_level)
     client = Client(cluster)
-    client.wait_for_workers(rollout + trainer, timeout=120)
+    client.wait_for_workers(rollout + trainer + reward, timeout=120)
     return cluster, client
 
 
@@ -114,9 +116,10 @@ class LocalClusterStart:
         threads: int,
         start_method: str = "forkserver",
         cfg_json: dict | None = None,
+        reward: int = 0,
     ):
         self._args = (rollout, trainer, gpu_type, threads)
-        self._start_method = start_method
+        self._start_method, self._reward = start_method, reward
         self._cfg_json = cfg_json
         self._made: tuple | None = None
         self._error: BaseException | None = None
@@ -126,7 +129,9 @@ class LocalClusterStart:
     def _run(self) -> None:
         try:
             with phase("cluster start"):
-                self._made = start_local_cluster(*self._args, start_method=self._start_method)
+                self._made = start_local_cluster(
+                    *self._args, start_method=self._start_method, reward=self._reward
+                )
             if self._cfg_json is not None:
                 self._preload(self._made[1])
         except BaseException as exc:  # noqa: BLE001 - handed to the caller by result()
@@ -138,6 +143,8 @@ class LocalClusterStart:
         from workers.preload import preload_policy
 
         for w in list_workers(client):
+            if w.role == Role.REWARD:  # a reward worker loads no policy
+                continue
             fire_and_forget(
                 client.submit(preload_policy, self._cfg_json, self._args[3], workers=[w.address], pure=False)
             )
@@ -202,7 +209,7 @@ def list_workers(client) -> list[WorkerInfo]:
     out = []
     for addr, w in info.items():
         res = w.get("resources", {}) or {}
-        role = Role.ROLLOUT if "rollout" in res else Role.TRAINER if "trainer" in res else None
+        role = next((r for r in (Role.ROLLOUT, Role.TRAINER, Role.REWARD) if r.value in res), None)
         if role is None:
             continue
         gpu = next((k[4:] for k in res if k.startswith("gpu-")), "unknown")

@@ -36,10 +36,12 @@ from digen.core.events import (
 )
 from digen.core.scheduler import Scheduler, SchedulerConfig
 from digen.errors import ConfigError, ConnectionFailure, DigenError
+from digen.evaluation import eval_task_count, held_out_prompts
 from digen.iteration import IterationBook
 from digen.rollout import Trajectories, plan_groups
 from digen.rundir import RunDir
 from digen.runtime.cluster import LocalClusterStart, WorkerInfo, connect_scheduler, list_workers
+from digen.runtime.evals import Evaluations
 from digen.runtime.fsdp_group import FsdpControl, is_step_id
 from digen.runtime.jobstate import JobState
 from digen.runtime.queue import DeadLetter, TaskQueue
@@ -100,9 +102,13 @@ class Controller:
     """Work :meth:`apply` runs after the instructions at hand (see :meth:`step`)."""
     fsdp: FsdpControl | None = None
     """With ``train.fsdp``: the trainer group owns the optimizer (digen.runtime.fsdp_group)."""
+    evals: Evaluations | None = None
+    """Held-out evaluation (``eval.every``): its tasks' payloads and results."""
 
     # --- set-up -----------------------------------------------------------------------
     def role_of(self, w: WorkerInfo) -> Role:
+        if w.role is Role.REWARD:  # scores in every mode
+            return w.role
         return Role.COLOCATED if self.cfg.schedule.mode == "colocated" else w.role
 
     def sync_workers(self, sched: Scheduler, now: float) -> list[Instruction]:
@@ -275,11 +281,18 @@ class Controller:
         """Queue a task. A train task with no sample left (every reward NaN, or its generation
         task dead) is settled here with a zero gradient, as the reference trains it."""
         t = ins.task
+        if t.kind is TaskKind.EVAL:
+            assert self.evals is not None
+            return self.put(t, "eval", self.evals.payload(t))
         book = self.book(t.iteration, prompts)
         if t.kind is TaskKind.GEN:
             task = book.groups[t.group]
             assert task.version == ins.version, (task.version, ins.version)
-            queue, payload = "gen", {"task": task.to_json()}
+            queue, payload = "gen", {"task": task.to_json(), "score": not sched.reward_tasks}
+        elif t.kind is TaskKind.REWARD:
+            if TaskRef(TaskKind.GEN, t.iteration, t.group).id in self.dead.get(t.iteration, []):
+                return sched.handle(TaskDone(t, "", time.time(), time.time()))  # NaN rewards already
+            queue, payload = "reward", {"task": book.groups[t.group].to_json()}
         else:
             spec = book.task_spec(t.group, t.part)
             if not spec.samples:  # with FSDP nothing is sent: the group's gradient stays as it is
@@ -294,6 +307,9 @@ class Controller:
                     "tsp": bool(self.cfg.schedule.resolved().tsp),
                 },
             )
+        return self.put(t, queue, payload)
+
+    def put(self, t: TaskRef, queue: str, payload: dict) -> list[Instruction]:
         self.outstanding[t.id] = (queue, payload)
         self.queue.put(queue, t.id, payload)
         return []
@@ -309,7 +325,9 @@ class Controller:
         self.job.publish(store.version, store.weights())
         lag = int(self.cfg.schedule.resolved().max_staleness or 0)
         self.previous_weights = previous if lag else None
-        self.job.drop_weights_before(store.version - 1 - lag)
+        oldest = store.version - 1 - lag
+        keep = self.evals.keep_from(oldest, sched.evals_waiting) if self.evals else oldest
+        self.job.drop_weights_before(keep)
         t2 = time.time()
         ctl = {"worker": "controller", "gpu_type": "cpu", "role": "controller", "iteration": iteration}
         self.events += [
@@ -357,6 +375,7 @@ class Controller:
                 data = self.job.data(TaskRef(TaskKind.GEN, k, g.group).id)
                 if data is not None:
                     trajs[g.group] = Trajectories.from_tensors(g, data)
+                    trajs[g.group].rewards = book.rewards.get(g.group, trajs[g.group].rewards)
             write_sample_grid(self.run.samples / f"iter_{k:04d}.png", trajs, book.groups)
         if (k + 1) % cfg.output.checkpoint_every == 0 or k == cfg.iterations - 1:
             lag = int(cfg.schedule.resolved().max_staleness or 0)
@@ -382,6 +401,8 @@ class Controller:
             return self.fsdp.collect_step(self, sched, task_id)
         ref = TaskRef.parse(task_id)
         res = self.queue.get_result(task_id)
+        if ref.kind is TaskKind.EVAL:
+            return self.collect_eval(sched, ref, res)
         if not isinstance(res, dict) or ref.iteration not in self.books:
             return []
         self.collected.add(task_id)
@@ -390,11 +411,24 @@ class Controller:
         book = self.books[ref.iteration]
         self.events += res["events"]
         if ref.kind is TaskKind.GEN:
-            book.add_rewards(ref.group, torch.tensor(res["rewards"], dtype=torch.float32))
+            if not sched.reward_tasks:
+                book.add_rewards(ref.group, torch.tensor(res["rewards"], dtype=torch.float32))
             self.gen_versions.setdefault(ref.iteration, {})[ref.group] = book.groups[ref.group].version
+        elif ref.kind is TaskKind.REWARD:
+            book.add_rewards(ref.group, torch.tensor(res["rewards"], dtype=torch.float32))
         else:
             grads = {} if self.fsdp is not None else self.job.data(task_id)  # FSDP: it stays sharded
             book.add_gradient(ref.group, grads, TrainStats.from_json(res["stats"]), ref.part)
+        return sched.handle(TaskDone(ref, res["worker"], res["start"], res["end"]))
+
+    def collect_eval(self, sched: Scheduler, ref: TaskRef, res) -> list[Instruction]:
+        """An ``eval`` task's scores and images; its evaluation's timeline rows are written
+        when it completes (an evaluation runs after its iteration's rows are out)."""
+        if not isinstance(res, dict) or self.evals is None or not self.evals.pending(ref):
+            return []
+        self.collected.add(ref.id)
+        self.outstanding.pop(ref.id, None)
+        self.run.append("timeline.jsonl", self.evals.collect(ref, res))
         return sched.handle(TaskDone(ref, res["worker"], res["start"], res["end"]))
 
     def poisoned(self, sched: Scheduler, dead: DeadLetter, store) -> list[Instruction]:
@@ -428,6 +462,10 @@ class Controller:
                 f"with --resume, or set schedule.on_poison=drop to drop such samples"
             )
         ref = TaskRef.parse(dead.task_id)
+        if ref.kind is TaskKind.EVAL and self.evals is not None and self.evals.pending(ref):
+            self.outstanding.pop(dead.task_id, None)
+            self.run.append("timeline.jsonl", self.evals.drop(ref))
+            return sched.handle(TaskDone(ref, "", time.time(), time.time()))
         if dead.task_id in self.collected or ref.iteration not in self.books:
             return []
         log.warning(
@@ -440,7 +478,7 @@ class Controller:
         self.outstanding.pop(dead.task_id, None)
         self.dead.setdefault(ref.iteration, []).append(dead.task_id)
         book = self.books[ref.iteration]
-        if ref.kind is TaskKind.GEN:
+        if ref.kind in (TaskKind.GEN, TaskKind.REWARD):
             book.add_rewards(ref.group, torch.full((self.cfg.rollout.group_size,), float("nan")))
         else:
             self.untrained.setdefault(ref.iteration, set()).add((ref.group, ref.part))
@@ -497,9 +535,18 @@ def preflight(cfg: Config, local: bool) -> None:
         reward.close()
 
 
-def _local_args(cfg: Config) -> tuple[int, int, str, int, str]:
+def _local_cluster(cfg: Config) -> LocalClusterStart:
+    """Start the embedded local cluster of ``cluster.local`` (in a thread; see LocalClusterStart)."""
     cl = cfg.cluster.local
-    return cl.rollout_workers, cl.trainer_workers, cl.gpu_type, cl.threads_per_worker, cl.start_method
+    return LocalClusterStart(
+        cl.rollout_workers,
+        cl.trainer_workers,
+        cl.gpu_type,
+        cl.threads_per_worker,
+        cl.start_method,
+        cfg.model_dump(mode="json"),
+        reward=cl.reward_workers,
+    )
 
 
 def run_distributed(
@@ -530,9 +577,7 @@ def run_distributed(
     queue, job = TaskQueue(r, job_id, lease_s=s.lease_s), JobState(r, job_id)
     queue.clear()
     # the local cluster starts, and its workers load their models, while this process loads its own
-    starting = (
-        None if client is not None else LocalClusterStart(*_local_args(cfg), cfg.model_dump(mode="json"))
-    )
+    starting = None if client is not None else _local_cluster(cfg)
     try:
         torch.manual_seed(cfg.seed)  # the LoRA init draws from it, exactly as in the reference
         with phase("controller model load"):
@@ -558,6 +603,8 @@ def run_distributed(
         cfg, run, queue, job, client, url, progress, cluster=cluster, previous_weights=state.previous_weights
     )
     ctl.fsdp = fsdp
+    if cfg.eval.every:
+        ctl.evals = Evaluations(cfg, run, job, held_out_prompts(cfg), progress)
     groups = cfg.rollout.prompts_per_iteration
     sched = Scheduler(
         SchedulerConfig(
@@ -569,6 +616,8 @@ def run_distributed(
             max_staleness=int(s.max_staleness or 0),
             group_local_advantages=not cfg.train.global_std,
             start_iteration=state.start_iteration,
+            eval_every=cfg.eval.every,
+            eval_tasks=eval_task_count(cfg),
         )
     )
     prompts = cfg.prompt_list()
@@ -578,8 +627,9 @@ def run_distributed(
         ctl.sync_workers(sched, time.time())
         ctl.check_gpu_types()
         local = cfg.cluster.local
+        n_local = local.rollout_workers + local.trainer_workers + local.reward_workers
         with phase("workers ready"):
-            ctl.wait_ready(sched, expected=local.rollout_workers + local.trainer_workers if cluster else 0)
+            ctl.wait_ready(sched, expected=n_local if cluster else 0)
         add_worker_notes(job.startup_notes())
         if fsdp is not None:
             fsdp.start(ctl, run.latest_checkpoint() if resume else None)

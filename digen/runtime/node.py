@@ -31,7 +31,7 @@ from digen.runtime.cluster import worker_resources
 
 log = logging.getLogger(__name__)
 
-ROLES = ("rollout", "trainer")
+ROLES = ("rollout", "trainer", "reward")
 
 
 def worker_name(role: str, gpu_type: str) -> str:
@@ -159,7 +159,7 @@ def run_worker(
     """Run a Dask worker for digen until it is stopped (SIGTERM, SIGINT, or the scheduler
     closing). ``on_ready(name, address)`` is called once it has joined the scheduler."""
     if role not in ROLES:
-        raise ConfigError(f"--role ({role}) must be rollout or trainer")
+        raise ConfigError(f"--role ({role}) must be rollout, trainer or reward")
     if not gpu_type or not all(c.isalnum() or c in "-_." for c in gpu_type):
         raise ConfigError(f"--gpu-type ({gpu_type!r}) must be a short name such as h100, a10g or cpu")
     if nthreads < 1:

@@ -74,7 +74,7 @@ def test_unreachable_scheduler_fails_within_10_s_naming_the_address():
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--role", "critic", "--gpu-type", "h100"], "--role (critic) must be rollout or trainer"),
+        (["--role", "critic", "--gpu-type", "h100"], "--role (critic) must be rollout, trainer or reward"),
         (["--role", "rollout", "--gpu-type", "h 100"], "--gpu-type"),
         (["--role", "rollout", "--gpu-type", "h100", "--device", "gpu0"], "--device (gpu0)"),
         (["--role", "rollout", "--gpu-type", "h100", "--nthreads", "0"], "--nthreads (0)"),

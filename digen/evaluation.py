@@ -1,0 +1,245 @@
+"""Held-out evaluation: the current policy on the test prompts, ODE sampler, fixed seeds.
+
+Every ``eval.every`` iterations (and after the last one) the policy samples the first
+``eval.num_prompts`` prompts of ``prompts.test_file``, one sample per prompt, with the
+deterministic Euler ODE sampler (no SDE noise, as Flow-GRPO's ``eval`` uses
+``noise_level=0`` in ``flow_grpo/diffusers_patch/sd3_pipeline_with_logprob.py``) at
+``rollout.eval_steps`` steps. Test prompt ``i`` always starts from the same noise, drawn from
+its own stream ``(\"eval\", eval.seed, i)`` (:mod:`digen.seeding`): training's streams are
+untouched, so evaluating does not change what is trained. Every reward of the config is
+reported separately, plus their weighted sum (``reward``).
+
+The test prompts are cut in chunks of ``eval.batch_size`` (:class:`EvalTask`), one batched
+sampling each: the reference trainer runs them in turn, the distributed modes as ``eval``
+tasks on rollout workers, and both produce the same numbers for the same weights.
+
+``RUN_DIR/eval.jsonl`` gets one row per evaluation (:meth:`EvalBook.row`), and
+``RUN_DIR/eval/iter_NNNN.png`` its grid.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from digen.algos.sde import euler_step
+from digen.config import Config
+from digen.models.base import FlowPolicy
+from digen.rewards.base import call_reward
+from digen.rundir import RunDir
+from digen.seeding import generator
+
+TOTAL = "reward"
+"""Key of the weighted sum of the rewards (what training maximises)."""
+
+
+def held_out_prompts(cfg: Config) -> list[str]:
+    """The evaluated prompts: the first ``eval.num_prompts`` of ``prompts.test_file`` or the
+    ``prompts.dataset``'s test split (all with 0); empty without either."""
+    prompts, _ = cfg.test_prompt_list()
+    n = cfg.eval.num_prompts
+    return prompts[:n] if n else prompts
+
+
+@dataclass(frozen=True)
+class EvalTask:
+    """One chunk of an evaluation: test prompts ``indices`` with weights ``version``
+    (the version after ``iteration``'s step)."""
+
+    iteration: int
+    chunk: int
+    version: int
+    indices: tuple[int, ...]
+    prompts: tuple[str, ...]
+
+    def to_json(self) -> dict:
+        return {
+            "iteration": self.iteration,
+            "chunk": self.chunk,
+            "version": self.version,
+            "indices": list(self.indices),
+            "prompts": list(self.prompts),
+        }
+
+    @staticmethod
+    def from_json(d: dict) -> EvalTask:
+        return EvalTask(
+            int(d["iteration"]),
+            int(d["chunk"]),
+            int(d["version"]),
+            tuple(int(i) for i in d["indices"]),
+            tuple(str(p) for p in d["prompts"]),
+        )
+
+
+def plan_eval(cfg: Config, prompts: list[str], iteration: int) -> list[EvalTask]:
+    """The chunks of the evaluation after ``iteration`` (of version ``iteration + 1``)."""
+    b = cfg.eval.batch_size
+    return [
+        EvalTask(
+            iteration, c, iteration + 1, tuple(range(s, min(s + b, len(prompts)))), tuple(prompts[s : s + b])
+        )
+        for c, s in enumerate(range(0, len(prompts), b))
+    ]
+
+
+def eval_task_count(cfg: Config) -> int:
+    """Chunks per evaluation (0 when evaluation is off)."""
+    if not cfg.eval.every:
+        return 0
+    return math.ceil(len(held_out_prompts(cfg)) / cfg.eval.batch_size)
+
+
+def evaluates(cfg: Config, iteration: int) -> bool:
+    """Whether the version after ``iteration`` is evaluated (the scheduler's rule)."""
+    e = cfg.eval.every
+    return e > 0 and ((iteration + 1) % e == 0 or iteration == cfg.iterations - 1)
+
+
+def score_components(
+    reward, images: torch.Tensor, prompts: list[str], metadata: list[dict] | None = None
+) -> dict[str, torch.Tensor]:
+    """``{"reward": weighted sum [B], <name>: that reward's own scores [B], ...}``.
+    metadata: per-prompt metadata (GenEval-style test sets), or None."""
+    if callable(getattr(reward, "score_parts", None)):
+        total, parts = reward.score_parts(images, prompts, metadata)
+    else:
+        total = call_reward(reward, images, prompts, metadata).detach().float().cpu()
+        parts = {reward.name or "reward": total}
+    return {TOTAL: total.float().cpu(), **{k: v.float().cpu() for k, v in parts.items() if k != TOTAL}}
+
+
+@dataclass
+class EvalResult:
+    """One chunk's samples: ``images`` uint8 ``[B, 3, H, W]`` (video ``[B, F, 3, H, W]``),
+    ``scores`` ``{component: [B] float32}``."""
+
+    task: EvalTask
+    images: torch.Tensor
+    scores: dict[str, torch.Tensor]
+
+
+@torch.no_grad()
+def evaluate_chunk(policy: FlowPolicy, task: EvalTask, cfg: Config, reward) -> EvalResult:
+    """ODE-sample the chunk's prompts with the loaded weights, decode, score.
+
+    latents ``[B, *latent]``; sigmas ``[eval_steps + 1]``; one Euler step per sigma pair.
+    """
+    r = cfg.rollout
+    prompts = list(task.prompts)
+    embeds = policy.encode_prompts(prompts, with_uncond=r.guidance_scale > 1.0)
+    x = torch.stack([policy.initial_noise(generator("eval", cfg.eval.seed, i)) for i in task.indices])
+    sigmas = policy.sigmas(r.eval_steps).float().cpu()
+    n = x.shape[0]
+    for i in range(r.eval_steps):
+        s, s_next = float(sigmas[i]), float(sigmas[i + 1])
+        v = policy.velocity(x, torch.full((n,), s, device=x.device), embeds, r.guidance_scale)
+        x = euler_step(v, x, s, s_next)
+    images = policy.decode(x).float().cpu()
+    metadata = [cfg.prompt_metadata(p) for p in prompts]
+    scores = score_components(reward, images, prompts, None if None in metadata else metadata)
+    return EvalResult(task, (images * 255).round().clamp(0, 255).to(torch.uint8), scores)
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and population std of the finite values (NaN when there is none)."""
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return float("nan"), float("nan")
+    t = torch.tensor(finite, dtype=torch.float64)
+    return float(t.mean()), float(t.std(unbiased=False))
+
+
+@dataclass
+class EvalBook:
+    """The chunks of one evaluation as they arrive, in any order, each counted once."""
+
+    iteration: int
+    version: int
+    tasks: int
+    results: dict[int, EvalResult] = field(default_factory=dict)
+    cost_s: float = 0.0
+    """Worker-seconds its tasks took."""
+    events: list[dict] = field(default_factory=list)
+    """Timeline rows of its tasks (distributed modes)."""
+
+    def add(self, result: EvalResult, seconds: float = 0.0) -> None:
+        if result.task.chunk not in self.results:
+            self.results[result.task.chunk] = result
+            self.cost_s += seconds
+
+    @property
+    def complete(self) -> bool:
+        return len(self.results) == self.tasks
+
+    def ordered(self) -> list[EvalResult]:
+        return [self.results[c] for c in sorted(self.results)]
+
+    def row(self) -> dict:
+        """The ``eval.jsonl`` row: ``iteration``, ``policy_version``, ``num_prompts``, then
+        ``<component>_mean`` / ``<component>_std`` of each reward (``reward`` = weighted sum),
+        ``cost_s`` and the per-prompt ``scores`` (test-prompt order)."""
+        parts = self.ordered()
+        names = list(parts[0].scores) if parts else [TOTAL]
+        scores = {k: [float(x) for p in parts for x in p.scores[k]] for k in names}
+        row: dict = {
+            "iteration": self.iteration,
+            "policy_version": self.version,
+            "num_prompts": sum(len(p.task.indices) for p in parts),
+        }
+        for k in names:
+            row[f"{k}_mean"], row[f"{k}_std"] = _mean_std(scores[k])
+        row["cost_s"] = self.cost_s
+        row["scores"] = scores
+        return row
+
+
+def write_evaluation(run: RunDir, book: EvalBook) -> dict:
+    """Append the evaluation's row to ``eval.jsonl`` and draw ``eval/iter_NNNN.png``."""
+    from digen.viz import write_eval_grid
+
+    row = book.row()
+    run.append("eval.jsonl", [row])
+    parts = book.ordered()
+    if parts:
+        write_eval_grid(
+            run.root / "eval" / f"iter_{book.iteration:04d}.png",
+            torch.cat([p.images for p in parts]),
+            [q for p in parts for q in p.task.prompts],
+            torch.tensor(row["scores"][TOTAL]),
+            header=f"eval after iteration {book.iteration} · policy v{book.version} · ODE {row['num_prompts']} prompts",
+        )
+    return row
+
+
+def evaluate_inline(
+    policy: FlowPolicy, cfg: Config, reward, run: RunDir, prompts: list[str], iteration: int
+) -> dict:
+    """The reference trainer's evaluation: every chunk in turn, with the policy's current
+    weights (version ``iteration + 1``); returns the row written."""
+    import time
+
+    tasks = plan_eval(cfg, prompts, iteration)
+    book = EvalBook(iteration, iteration + 1, len(tasks))
+    for task in tasks:
+        t0 = time.time()
+        book.add(evaluate_chunk(policy, task, cfg, reward), time.time() - t0)
+    return write_evaluation(run, book)
+
+
+def progress_row(row: dict) -> dict:
+    """The progress message of an evaluation: ``{"event": "eval", ...}``, the row without its
+    per-prompt scores (loggers read it with :func:`eval_metrics`)."""
+    return {"event": "eval", **{k: v for k, v in row.items() if k != "scores"}}
+
+
+def eval_metrics(row: dict) -> dict[str, float]:
+    """An ``eval.jsonl`` row as logger scalars ``eval/<component>_mean`` ... (namespaced)."""
+    skip = ("event", "iteration", "scores")
+    return {
+        f"eval/{k}": float(v)
+        for k, v in row.items()
+        if k not in skip and isinstance(v, int | float) and not isinstance(v, bool)
+    }

@@ -1,0 +1,95 @@
+"""The controller's side of held-out evaluation: ``eval`` tasks out, their scores in.
+
+The scheduler decides when an evaluation's tasks are released (:mod:`digen.core.scheduler`:
+only when the workers that evaluate have no generation task left); :class:`Evaluations`
+builds their payloads (:class:`~digen.evaluation.EvalTask`), collects each chunk's scores
+(task result, JSON) and images (``data:<eval id>``, safetensors), writes ``eval.jsonl`` and
+the grid once an evaluation is complete, and says which weight versions must stay published
+until their evaluation has run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from digen.config import Config
+from digen.core.events import TaskRef
+from digen.evaluation import TOTAL, EvalBook, EvalResult, EvalTask, plan_eval, progress_row, write_evaluation
+from digen.rundir import RunDir
+from digen.runtime.jobstate import JobState
+
+
+@dataclass
+class Evaluations:
+    cfg: Config
+    run: RunDir
+    job: JobState
+    prompts: list[str]
+    progress: object = None
+    books: dict[int, EvalBook] = field(default_factory=dict)
+    plans: dict[int, list[EvalTask]] = field(default_factory=dict)
+    rows: list[dict] = field(default_factory=list)
+    """Rows written so far (one per finished evaluation)."""
+
+    def payload(self, ref: TaskRef) -> dict:
+        """The queued payload of ``eval`` task ``ref`` (chunk ``ref.group`` of the evaluation
+        after iteration ``ref.iteration``)."""
+        k = ref.iteration
+        if k not in self.plans:
+            self.plans[k] = plan_eval(self.cfg, self.prompts, k)
+            self.books[k] = EvalBook(k, k + 1, len(self.plans[k]))
+        return {"task": self.plans[k][ref.group].to_json()}
+
+    def pending(self, ref: TaskRef) -> bool:
+        """True while ``eval`` task ``ref``'s result is awaited (not counted yet)."""
+        book = self.books.get(ref.iteration)
+        return book is not None and ref.group not in book.results
+
+    def keep_from(self, default: int, waiting: list[int]) -> int:
+        """The oldest weight version still needed: ``default``, an unfinished evaluation's, or
+        that of an evaluation the scheduler holds back (``waiting``: its iterations)."""
+        return min([default, *(b.version for b in self.books.values()), *(k + 1 for k in waiting)])
+
+    def collect(self, ref: TaskRef, res: dict) -> list[dict]:
+        """Count one chunk's result (once); returns the timeline rows of an evaluation that
+        completed with it (empty otherwise), after writing its ``eval.jsonl`` row and grid."""
+        book = self.books.get(ref.iteration)
+        if book is None or ref.group in book.results:
+            return []
+        data = self.job.data(ref.id)
+        if data is None:
+            raise RuntimeError(f"images of {ref.id} are missing from Redis")
+        task = self.plans[ref.iteration][ref.group]
+        scores = {k: torch.tensor(v, dtype=torch.float32) for k, v in res["scores"].items()}
+        book.add(EvalResult(task, data["images"], scores), float(res["end"]) - float(res["start"]))
+        book.events += res["events"]
+        if not book.complete:
+            return []
+        return self._finish(ref.iteration)
+
+    def drop(self, ref: TaskRef) -> list[dict]:
+        """A dead ``eval`` task (``schedule.on_poison: drop``): its prompts score NaN."""
+        book = self.books.get(ref.iteration)
+        if book is None or ref.group in book.results:
+            return []
+        task = self.plans[ref.iteration][ref.group]
+        n = len(task.indices)
+        other = next(iter(book.results.values()), None)
+        names = list(other.scores) if other is not None else [TOTAL]
+        side = self.cfg.model.resolution
+        blank = other.images[:1].expand(n, *other.images.shape[1:]) * 0 if other is not None else None
+        images = blank if blank is not None else torch.zeros((n, 3, side, side), dtype=torch.uint8)
+        book.add(EvalResult(task, images, {k: torch.full((n,), float("nan")) for k in names}))
+        return self._finish(ref.iteration) if book.complete else []
+
+    def _finish(self, k: int) -> list[dict]:
+        book = self.books.pop(k)
+        self.plans.pop(k, None)
+        row = write_evaluation(self.run, book)
+        self.rows.append(row)
+        self.job.drop_data([TaskRef.parse(f"eval:{k}:{c}").id for c in range(book.tasks)])
+        if callable(self.progress):
+            self.progress(progress_row(row))
+        return book.events

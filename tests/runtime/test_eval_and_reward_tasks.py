@@ -1,0 +1,85 @@
+"""``eval`` and ``reward`` tasks through the real queue (embedded Redis, Dask LocalCluster).
+
+The distributed modes evaluate what the reference evaluates (same version, ODE sampler, fixed
+seeds: same scores), and scoring on reward workers gives the reference's per-sample rewards
+and final weights (staleness 0)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from digen.runtime.controller import run_distributed
+from digen.trainer import run_reference
+from tests.runtime.test_equivalence import max_diff, rewards, weights
+from tests.trainer.test_evaluation import eval_config, eval_rows
+
+pytestmark = pytest.mark.slow
+
+
+def timeline(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "timeline.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def reference_eval_run(tiny_sd3, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ref-eval")
+    run_reference(eval_config(tiny_sd3, tmp), tmp / "run")
+    return tmp / "run"
+
+
+def test_distributed_eval_equals_reference_eval(reference_eval_run, tiny_sd3, tmp_path):
+    cfg = eval_config(tiny_sd3, tmp_path, schedule={"mode": "disaggregated", "max_staleness": 0})
+    run_distributed(cfg, tmp_path / "run")
+    ref, got = eval_rows(reference_eval_run), eval_rows(tmp_path / "run")
+    assert [(r["iteration"], r["policy_version"]) for r in got] == [(1, 2), (2, 3)]
+    for r, g in zip(ref, got, strict=True):
+        assert g["scores"].keys() == r["scores"].keys()
+        for k in r["scores"]:
+            assert g["scores"][k] == pytest.approx(r["scores"][k], abs=1e-4), k
+    # evaluating did not change training: the reference's rewards and weights
+    assert rewards(tmp_path / "run") == [pytest.approx(x, abs=1e-6) for x in rewards(reference_eval_run)]
+    assert max_diff(weights(reference_eval_run), weights(tmp_path / "run")) <= 1e-5
+    evals = [e for e in timeline(tmp_path / "run") if e["kind"] == "eval"]
+    assert evals and {e["role"] for e in evals} == {"rollout"}
+    assert {(e["iteration"], e["version"]) for e in evals} == {(1, 2), (2, 3)}
+    assert sorted(p.name for p in (tmp_path / "run" / "eval").glob("*.png")) == [
+        "iter_0001.png",
+        "iter_0002.png",
+    ]
+
+
+def test_digen_mode_evaluates_in_the_bubbles_with_the_recorded_version(tiny_sd3, tmp_path):
+    cfg = eval_config(tiny_sd3, tmp_path, schedule={"mode": "digen"})
+    cfg.eval.every = 1
+    run_distributed(cfg, tmp_path / "run")
+    rows = eval_rows(tmp_path / "run")
+    assert [(r["iteration"], r["policy_version"]) for r in rows] == [(0, 1), (1, 2), (2, 3)]
+    events = timeline(tmp_path / "run")
+    evals = [e for e in events if e["kind"] == "eval"]
+    assert {(e["iteration"], e["version"]) for e in evals} == {(0, 1), (1, 2), (2, 3)}
+    # the step of iteration k releases the generation of k + 2 (staleness 1) before the
+    # evaluation of version k + 1, which goes only once no generation task is outstanding
+    for e in evals:
+        before = [g for g in events if g["kind"] == "gen" and g["iteration"] <= e["iteration"] + 2]
+        assert all(g["end"] <= e["start"] for g in before), e
+
+
+def test_reward_workers_give_the_reference_rewards_and_weights(reference_eval_run, tiny_sd3, tmp_path):
+    cfg = eval_config(
+        tiny_sd3,
+        tmp_path,
+        schedule={"mode": "disaggregated", "max_staleness": 0},
+        cluster__local={"rollout_workers": 1, "trainer_workers": 1, "reward_workers": 1},
+    )
+    cfg.eval.every = 0
+    run_distributed(cfg, tmp_path / "run")
+    got, ref = rewards(tmp_path / "run"), rewards(reference_eval_run)
+    assert got == [pytest.approx(x, abs=1e-6) for x in ref]
+    assert max_diff(weights(reference_eval_run), weights(tmp_path / "run")) <= 1e-5
+    events = timeline(tmp_path / "run")
+    scored = [e for e in events if e["kind"] == "reward"]
+    assert len(scored) == 3 * 2  # every group of every iteration, on the reward worker
+    assert {(e["role"], e["worker"]) for e in scored} == {("reward", "reward-0")}

@@ -1,0 +1,115 @@
+"""Held-out evaluation in the reference trainer: rows, components, determinism, no effect on
+training."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from digen.config import build_config
+from digen.errors import ConfigError
+from digen.evaluation import EvalBook, EvalResult, EvalTask, evaluate_chunk, held_out_prompts, plan_eval
+from digen.trainer import build_policy, build_reward, run_reference
+from tests.conftest import small_config_data
+
+TEST_PROMPTS = ["a purple cube", "an orange cat", "a white cloud", "a black road", "a pink flower"]
+REWARDS = [{"name": "brightness"}, {"name": "jpeg_compressibility", "weight": 0.5}]
+
+
+def eval_config(model: Path, tmp: Path, **sections):
+    path = tmp / "test.txt"
+    path.write_text("\n".join(TEST_PROMPTS) + "\n")
+    data = small_config_data(
+        model,
+        iterations=3,
+        reward=REWARDS,
+        prompts__test_file=str(path),
+        rollout__eval_steps=3,
+        eval={"every": 2, "num_prompts": 4, "seed": 7, "batch_size": 3},
+        **sections,
+    )
+    return build_config(data)
+
+
+def eval_rows(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()]
+
+
+def weights(run: Path) -> dict[str, torch.Tensor]:
+    last = sorted((run / "checkpoints").glob("iter_*"))[-1]
+    return load_file(str(last / "weights.safetensors"))
+
+
+def test_eval_rows_every_n_iterations_and_at_the_end(tiny_sd3, tmp_path):
+    run_reference(eval_config(tiny_sd3, tmp_path), tmp_path / "run")
+    rows = eval_rows(tmp_path / "run")
+    assert [(r["iteration"], r["policy_version"]) for r in rows] == [(1, 2), (2, 3)]
+    for r in rows:
+        assert r["num_prompts"] == 4
+        assert set(r["scores"]) == {"reward", "brightness", "jpeg_compressibility"}
+        assert all(len(v) == 4 for v in r["scores"].values())
+        b, j = torch.tensor(r["scores"]["brightness"]), torch.tensor(r["scores"]["jpeg_compressibility"])
+        assert torch.allclose(torch.tensor(r["scores"]["reward"]), b + 0.5 * j, atol=1e-5)
+        assert r["brightness_mean"] == pytest.approx(float(b.double().mean()))
+        assert r["brightness_std"] == pytest.approx(float(b.double().std(unbiased=False)))
+    assert rows[0]["scores"] != rows[1]["scores"]  # another version, other images
+    assert sorted(p.name for p in (tmp_path / "run" / "eval").glob("*.png")) == [
+        "iter_0001.png",
+        "iter_0002.png",
+    ]
+
+
+def test_eval_does_not_change_training(tiny_sd3, tmp_path):
+    on = eval_config(tiny_sd3, tmp_path)
+    off = on.model_copy(update={"eval": on.eval.model_copy(update={"every": 0})})
+    run_reference(on, tmp_path / "on")
+    run_reference(off, tmp_path / "off")
+    assert not (tmp_path / "off" / "eval.jsonl").exists()
+    a, b = weights(tmp_path / "on"), weights(tmp_path / "off")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    metrics = [(tmp_path / r / "metrics.jsonl").read_text().splitlines() for r in ("on", "off")]
+    assert [json.loads(x)["rewards"] for x in metrics[0]] == [json.loads(x)["rewards"] for x in metrics[1]]
+
+
+def test_evaluate_chunk_is_deterministic_and_uses_the_ode_sampler(tiny_sd3, tmp_path):
+    cfg = eval_config(tiny_sd3, tmp_path)
+    policy, reward = build_policy(cfg), build_reward(cfg)
+    task = plan_eval(cfg, held_out_prompts(cfg), 0)[0]
+    a, b = evaluate_chunk(policy, task, cfg, reward), evaluate_chunk(policy, task, cfg, reward)
+    assert torch.equal(a.images, b.images) and a.scores.keys() == b.scores.keys()
+    assert all(torch.equal(a.scores[k], b.scores[k]) for k in a.scores)
+    other = evaluate_chunk(
+        policy, task, cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"seed": 8})}), reward
+    )
+    assert not torch.equal(a.images, other.images)  # the seed decides the noise
+
+
+def test_plan_eval_chunks_the_first_num_prompts(tiny_sd3, tmp_path):
+    cfg = eval_config(tiny_sd3, tmp_path)
+    tasks = plan_eval(cfg, held_out_prompts(cfg), 4)
+    assert [t.indices for t in tasks] == [(0, 1, 2), (3,)]
+    assert [t.prompts for t in tasks] == [tuple(TEST_PROMPTS[:3]), (TEST_PROMPTS[3],)]
+    assert {t.version for t in tasks} == {5}
+    assert EvalTask.from_json(json.loads(json.dumps(tasks[0].to_json()))) == tasks[0]
+
+
+def test_eval_book_counts_a_chunk_once_in_any_order():
+    book = EvalBook(0, 1, 2)
+    img = torch.zeros((1, 3, 8, 8), dtype=torch.uint8)
+    r1 = EvalResult(EvalTask(0, 1, 1, (1,), ("b",)), img, {"reward": torch.tensor([2.0])})
+    r0 = EvalResult(EvalTask(0, 0, 1, (0,), ("a",)), img, {"reward": torch.tensor([1.0])})
+    book.add(r1)
+    book.add(r1)
+    assert not book.complete
+    book.add(r0)
+    row = book.row()
+    assert row["scores"] == {"reward": [1.0, 2.0]} and row["reward_mean"] == 1.5 and row["reward_std"] == 0.5
+
+
+def test_eval_needs_a_test_file(tiny_sd3):
+    with pytest.raises(ConfigError, match="eval.every"):
+        build_config(small_config_data(tiny_sd3, eval={"every": 1}))
