@@ -555,6 +555,7 @@ def run_distributed(
             max_staleness=int(s.max_staleness or 0),
             group_local_advantages=not cfg.train.global_std,
             start_iteration=state.start_iteration,
+            task_seconds={TaskKind(k): v for k, v in s.task_seconds.items()},
         )
     )
     prompts = cfg.prompt_list()
