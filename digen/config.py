@@ -9,7 +9,7 @@ at once (unknown keys, wrong types, impossible sizes, a missing model folder) as
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -171,6 +171,11 @@ class ScheduleConfig(_Section):
     """Rollout-assisted training, TAG's mirror for training-bound iterations: idle rollout
     workers train when the measured speeds say it shortens the iteration. None: on in digen
     mode. Off when rollout workers cannot hold a training step (memory)."""
+    task_seconds: dict[Literal["gen", "train"], Annotated[float, Field(gt=0.0)]] = {}
+    """Pinned seconds per prompt group of generation (``gen``) and of training (``train``), the
+    same on every worker, that TAG and RAT decide from instead of the measured durations (read
+    from an earlier run's timeline.jsonl, say). Pinned, every iteration's roles and half-group splits
+    follow from the config alone, not from how fast the machine was that minute. Empty: measured."""
     max_staleness: Literal[0, 1] | None = None
     """Policy lag of rollouts. None: 1 in digen mode, else 0."""
     lease_s: float = Field(120.0, gt=0.0)

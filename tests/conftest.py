@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -27,6 +29,21 @@ def _digen_home(tmp_path_factory: pytest.TempPathFactory):
         os.environ.pop("DIGEN_HOME", None)
     else:
         os.environ["DIGEN_HOME"] = old
+
+
+@contextmanager
+def faults_on() -> Iterator[None]:
+    """Worker processes started inside run the fault hooks of digen.testing.faults (they
+    inherit the environment)."""
+    old = os.environ.get("DIGEN_FAULTS")
+    os.environ["DIGEN_FAULTS"] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("DIGEN_FAULTS", None)
+        else:
+            os.environ["DIGEN_FAULTS"] = old
 
 
 @pytest.fixture(scope="session")

@@ -73,6 +73,10 @@ class SchedulerConfig:
     """Evaluate the version after every ``eval_every``-th iteration and the last (0: never)."""
     eval_tasks: int = 0
     """``eval`` tasks per evaluation (chunks of the test prompts)."""
+    task_seconds: dict[TaskKind, float] = field(default_factory=dict)
+    """Seconds per group of a kind on every worker, pinned (``schedule.task_seconds``): TAG and
+    RAT decide from these instead of the measured durations, so every iteration's roles and
+    half-group splits follow from the config alone. Kinds left out are measured."""
 
 
 @dataclass
@@ -171,7 +175,8 @@ class Scheduler:
 
     def _task_done(self, ev: TaskDone) -> list[Instruction]:
         t = ev.task
-        self._learn(ev.worker, t.kind, (ev.end - ev.start) / t.share)  # seconds per whole group
+        if t.kind not in self.cfg.task_seconds:
+            self._learn(ev.worker, t.kind, (ev.end - ev.start) / t.share)  # seconds per whole group
         self.in_flight[t.kind] = max(0, self.in_flight.get(t.kind, 0) - 1)
         out: list[Instruction] = []
         if t.kind is TaskKind.GEN:
@@ -297,7 +302,7 @@ class Scheduler:
         return out
 
     def _budgets(self) -> dict[str, int]:
-        """Off-role budgets from the learned seconds per group: TAG for trainers when
+        """Off-role budgets from the learned (or pinned: ``task_seconds``) seconds per group: TAG for trainers when
         generation is the bottleneck (in groups), RAT for rollout workers when training is
         (in half groups). A worker without a measured duration of a kind counts as the mean
         worker that has one; nothing is decided before each side has measured its own kind
@@ -305,14 +310,20 @@ class Scheduler:
         active = {n: w for n, w in self.workers.items() if w.active}
         rollouts = sorted(n for n, w in active.items() if w.role is Role.ROLLOUT)
         trainers = sorted(n for n, w in active.items() if w.role is Role.TRAINER)
-        gen_m = [s for n in rollouts if (s := self.seconds.get((n, TaskKind.GEN))) is not None]
-        train_m = [s for n in trainers if (s := self.seconds.get((n, TaskKind.TRAIN))) is not None]
+        pinned = self.cfg.task_seconds
+
+        def known(n: str, kind: TaskKind) -> float | None:
+            return pinned.get(kind, self.seconds.get((n, kind)))
+
+        gen_m = [s for n in rollouts if (s := known(n, TaskKind.GEN)) is not None]
+        train_m = [s for n in trainers if (s := known(n, TaskKind.TRAIN)) is not None]
         if not gen_m or not train_m:
             return {}
         mean_gen, mean_train = sum(gen_m) / len(gen_m), sum(train_m) / len(train_m)
 
         def secs(names: list[str], kind: TaskKind, default: float) -> dict[str, float]:
-            return {n: self.seconds.get((n, kind), default) for n in names}
+            out = {n: known(n, kind) for n in names}
+            return {n: default if s is None else s for n, s in out.items()}
 
         gen, train = secs(rollouts, TaskKind.GEN, mean_gen), secs(trainers, TaskKind.TRAIN, mean_train)
         g, margin = self.cfg.groups, self.cfg.tag_margin

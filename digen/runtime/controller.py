@@ -618,6 +618,7 @@ def run_distributed(
             start_iteration=state.start_iteration,
             eval_every=cfg.eval.every,
             eval_tasks=eval_task_count(cfg),
+            task_seconds={TaskKind(k): v for k, v in s.task_seconds.items()},
         )
     )
     prompts = cfg.prompt_list()

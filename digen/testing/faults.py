@@ -21,6 +21,11 @@ Actions:
 ``drop_redis``  close this process's Redis connections; new ones are refused for ``seconds``
 ``raise``       the task raises :class:`InjectedFault` (a poison task when ``times`` >=
                 ``schedule.max_attempts``)
+``signal``      set the job's flag ``flag`` (the task goes on)
+``hold``        wait until the flag ``flag`` is set, then go on: an order between two
+                workers' tasks that does not depend on their speeds. ``seconds`` only
+                guards against a deadlock: a hold that outlives it goes on and records
+                ``hold_expired`` in :func:`fired`
 
 A fault fires ``times`` times in all, whichever processes hit it (claimed atomically in
 Redis, so a restarted worker does not die again). :func:`fired` lists what fired.
@@ -30,6 +35,7 @@ Keys (outside the job's ``digen:<job>:`` prefix, so they survive the job's clean
     digen:faults:<job>:plan   hash  fault id -> JSON spec
     digen:faults:<job>:left   hash  fault id -> firings left
     digen:faults:<job>:fired  list  JSON {fault, point, action, worker, task, iteration, pid, t}
+    digen:faults:<job>:flags  set   flags set by ``signal`` faults
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ log = logging.getLogger(__name__)
 
 ENV = "DIGEN_FAULTS"
 POINTS = ("gen", "train", "sync", "ack", "start")
-Action = Literal["kill", "stall", "drop_redis", "raise"]
+Action = Literal["kill", "stall", "drop_redis", "raise", "signal", "hold"]
 
 
 class InjectedFault(RuntimeError):
@@ -65,6 +71,8 @@ class Fault:
     iteration: int | None = None
     seconds: float = 0.0
     times: int = 1
+    flag: str = ""
+    """What a ``signal`` fault sets and a ``hold`` fault waits for."""
 
     def matches(self, where: str, worker: str, task: str, iteration: int | None) -> bool:
         return (
@@ -75,17 +83,19 @@ class Fault:
         )
 
 
-def _keys(job_id: str) -> tuple[str, str, str]:
+def _keys(job_id: str) -> tuple[str, str, str, str]:
     p = f"digen:faults:{job_id}:"
-    return p + "plan", p + "left", p + "fired"
+    return p + "plan", p + "left", p + "fired", p + "flags"
 
 
 def arm(r, job_id: str, *faults: Fault) -> None:
     """Add ``faults`` to the plan of ``job_id`` (Redis client ``r``)."""
-    plan, left, _ = _keys(job_id)
+    plan, left, _, _ = _keys(job_id)
     for f in faults:
         if f.point not in POINTS:
             raise ValueError(f"fault point {f.point!r} is not one of {POINTS}")
+        if f.action in ("signal", "hold") and not f.flag:
+            raise ValueError(f"a {f.action} fault needs a flag")
         fid = f"f{r.hlen(plan)}"
         r.hset(plan, fid, json.dumps(asdict(f)))
         r.hset(left, fid, f.times)
@@ -106,7 +116,7 @@ def point(where: str, job, worker: str, *, task: str = "", iteration: int | None
     if os.environ.get(ENV) != "1":
         return
     r = job.r
-    plan, left, done = _keys(job.job_id)
+    plan, left, done, flags = _keys(job.job_id)
     for fid, raw in sorted(r.hgetall(plan).items()):
         f = Fault(**json.loads(raw))
         if not f.matches(where, worker, task, iteration):
@@ -125,8 +135,25 @@ def point(where: str, job, worker: str, *, task: str = "", iteration: int | None
         }
         r.rpush(done, json.dumps(record))
         log.warning("injected fault %s: %s at %s (%s, task %s)", fid.decode(), f.action, where, worker, task)
-        _act(f, r)
+        if f.action == "signal":
+            r.sadd(flags, f.flag)
+        elif f.action == "hold":
+            if not _hold(r, flags, f):
+                r.rpush(done, json.dumps({**record, "action": "hold_expired", "t": time.time()}))
+        else:
+            _act(f, r)
         return
+
+
+def _hold(r, flags: str, f: Fault) -> bool:
+    """Wait until ``f.flag`` is set (True), or ``f.seconds`` passed (False)."""
+    deadline = time.monotonic() + f.seconds
+    while not r.sismember(flags, f.flag):
+        if time.monotonic() > deadline:
+            log.warning("fault hold on flag %r expired after %g s", f.flag, f.seconds)
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def _act(f: Fault, r) -> None:

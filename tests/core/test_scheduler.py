@@ -233,6 +233,25 @@ def test_rat_stays_off_when_disabled_or_generation_is_the_bottleneck():
         assert not [i for i in out if isinstance(i, SetRole) and i.budget > 0], (rat, gen_s)
 
 
+def test_pinned_task_seconds_decide_tag_and_rat_whatever_was_measured():
+    # measured: generation 1 s/group, training 1 s/group (balanced: nothing would move)
+    def budgets(pinned: dict[TaskKind, float]) -> dict[str, int]:
+        s = make(gap=True, tag=True, rat=True, groups=4, iterations=3, task_seconds=pinned)
+        s.start(0.0)
+        for g in range(4):
+            s.handle(done(GEN, 0, g, "r0", 0, 1.0), done(TRAIN, 0, g, "t0", 0, 1.0))
+        out = s.handle(StepDone(0, 8, 8.1))
+        assert s.seconds.keys().isdisjoint({(w, k) for w in ("r0", "t0") for k in pinned})
+        given = {i.worker: i.budget for i in out if isinstance(i, SetRole)}
+        return {w: given.get(w, 0) for w in ("r0", "t0")}
+
+    assert budgets({}) == {"r0": 0, "t0": 0}
+    # pinned training 3 s/group: 3 halves to the rollout worker, max(4 + 4.5, 12 - 4.5) = 8.5 < 12
+    assert budgets({TRAIN: 3.0}) == {"r0": 3, "t0": 0}
+    # pinned generation 8 s/group (the trainer generates at 8 s too): 2 groups to the trainer
+    assert budgets({GEN: 8.0}) == {"r0": 0, "t0": 2}
+
+
 def test_resume_starts_at_the_checkpointed_iteration():
     s = Scheduler(SchedulerConfig(iterations=4, groups=1, start_iteration=2, max_staleness=1))
     out = s.start(0.0)

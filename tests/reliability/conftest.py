@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -14,19 +13,14 @@ import torch
 from safetensors.torch import load_file
 
 from digen.config import Config, build_config
-from tests.conftest import small_config_data
+from tests.conftest import faults_on, small_config_data
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _faults_on() -> Iterator[None]:
     """Worker processes started in this module run the fault hooks (they inherit the env)."""
-    old = os.environ.get("DIGEN_FAULTS")
-    os.environ["DIGEN_FAULTS"] = "1"
-    yield
-    if old is None:
-        os.environ.pop("DIGEN_FAULTS", None)
-    else:
-        os.environ["DIGEN_FAULTS"] = old
+    with faults_on():
+        yield
 
 
 def fault_config(model_dir: Path, **sections) -> Config:

@@ -5,11 +5,12 @@ Faults are injected inside the worker processes at named points (digen.testing.f
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
 
-from digen.testing.faults import Fault
+from digen.testing.faults import Fault, arm, clear, fired, point
 from tests.reliability.conftest import assert_equals_reference, assert_exactly_once, fault_config, run_job
 
 pytestmark = pytest.mark.slow
@@ -86,3 +87,46 @@ def test_a_worker_loop_that_keeps_crashing_fails_the_job_with_its_error(tiny_sd3
         "the worker loop on trainer-0 failed 2 times in a row (InjectedFault: injected fault"
     )
     assert "--resume" in msg and "\n" not in msg and err.value.exit_code == 1
+
+
+def test_hold_waits_for_the_signal_of_another_worker():
+    from digen.runtime.jobstate import JobState
+    from digen.runtime.redis_conn import connect
+
+    r = connect(None)
+    job = JobState(r, "faults-hold")
+    clear(r, "faults-hold")
+    try:
+        arm(
+            r,
+            "faults-hold",
+            Fault("train", "hold", worker="t0", flag="helped", seconds=300),
+            Fault("train", "signal", worker="r0", flag="helped"),
+            Fault("gen", "hold", worker="t0", flag="never", seconds=0.05),
+        )
+        went_on: list[bool] = []
+
+        def hold() -> None:
+            point("train", job, "t0", task="a")
+            went_on.append(True)
+
+        held = threading.Thread(target=hold)
+        held.start()
+        held.join(timeout=0.2)
+        assert held.is_alive()  # no signal yet: it waits (for up to 300 s)
+        point("train", job, "r0", task="b")
+        held.join(timeout=60)
+        assert went_on == [True]  # the task goes on once signalled
+        point("gen", job, "t0", task="c")  # never signalled: goes on after its guard
+        got = [(f["action"], f["worker"], f["task"]) for f in fired(r, "faults-hold")]
+        assert got == [
+            ("hold", "t0", "a"),
+            ("signal", "r0", "b"),
+            ("hold", "t0", "c"),
+            ("hold_expired", "t0", "c"),
+        ]
+        with pytest.raises(ValueError, match="needs a flag"):
+            arm(r, "faults-hold", Fault("gen", "hold"))
+    finally:
+        clear(r, "faults-hold")
+        r.close()

@@ -4,16 +4,18 @@ own timeline (not from the code's claims)."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import threading
 import time
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from digen.runtime.cluster import add_local_worker, list_workers
 from digen.runtime.controller import run_distributed
+from digen.testing.faults import Fault, arm
+from tests.conftest import faults_on
+from tests.reliability.conftest import run_job
 
 pytestmark = pytest.mark.slow
 
@@ -26,28 +28,24 @@ def metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def after_iterations(out: Path, n: int, action, timeout: float = 240) -> threading.Thread:
-    """Run ``action()`` in a thread once ``n`` iterations are in metrics.jsonl."""
-
-    def wait():
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            p = out / "metrics.jsonl"
-            if p.exists() and len(p.read_text().splitlines()) >= n:
-                action()
-                return
-            time.sleep(0.05)
-
-    t = threading.Thread(target=wait, daemon=True)
-    t.start()
-    return t
-
-
-def wait_for(cond, what: str, timeout: float = 180) -> None:
+def wait_for(cond, what: str, timeout: float = 300) -> None:
+    """Poll ``cond`` until true; the timeout only guards against a hang."""
     deadline = time.time() + timeout
     while not cond():
         assert time.time() < deadline, what
         time.sleep(0.1)
+
+
+@pytest.fixture(autouse=True)
+def _faults() -> Iterator[None]:
+    """Fault hooks on in the workers: tests order two workers' tasks with hold/signal faults
+    (digen.testing.faults), so what they check does not depend on the machine's speed."""
+    with faults_on():
+        yield
+
+
+def no_hold_expired(fired: list[dict]) -> bool:
+    return not [f for f in fired if f["action"] == "hold_expired"]
 
 
 def test_staleness_one_is_bounded_and_never_mixes_versions(small_config, tmp_path):
@@ -91,15 +89,26 @@ def test_worker_joining_mid_job_gets_tasks_from_the_next_iteration(small_config,
             name = add_local_worker(ctl.cluster, "rollout", "cpu")
             joined.update(name=name, after=m["iteration"] + 1)
             wait_for(lambda: name in {w.name for w in list_workers(ctl.client)}, "worker never joined Dask")
+            # the newcomer has a role by step 3 at the latest (the controller sees it joined
+            # right after this wait): in iteration 4, rollout-0 holds its first group until
+            # the newcomer has generated the other one
+            arm(
+                ctl.job.r,
+                ctl.job.job_id,
+                Fault("gen", "hold", worker="rollout-0", iteration=4, flag="newcomer", seconds=300),
+                Fault("gen", "signal", worker=name, iteration=4, flag="newcomer"),
+            )
         elif m["iteration"] == 2:
             # hold the controller (as a slow iteration would) until the newcomer's loop has
             # loaded the model, so the job cannot end before it can take work
             wait_for(lambda: ctl.job.is_ready(joined["name"]), "worker loop never became ready")
 
-    run_distributed(cfg, out, on_start=on_start, progress=progress)
+    fired = run_job(cfg, out, "elastic-join", on_start=on_start, progress=progress)
     assert joined, "the worker was never added"
+    assert no_hold_expired(fired), fired
+    assert {(f["action"], f["worker"]) for f in fired} == {("hold", "rollout-0"), ("signal", joined["name"])}
     newcomer = [e for e in timeline(out) if e["worker"] == joined["name"]]
-    assert newcomer, f"{joined['name']} received no task"
+    assert 4 in {e["iteration"] for e in newcomer}, f"{joined['name']} received no task of iteration 4"
     assert min(e["iteration"] for e in newcomer) >= joined["after"]
     assert [m["samples"] for m in metrics(out)] == [8] * 6
 
@@ -111,25 +120,15 @@ def test_worker_killed_mid_job_loses_no_sample(small_config, tmp_path):
         iterations=4,
         schedule__mode="disaggregated",
         schedule__gap=True,
-        schedule__lease_s=5.0,
+        schedule__lease_s=20.0,
         cluster__local={"rollout_workers": 1, "trainer_workers": 1},
     )
     ref = tmp_path / "ref"
     run_reference(small_config(iterations=4), ref)
     out = tmp_path / "run"
-    killed = {}
-
-    def on_start(ctl):
-        def kill():
-            info = next(w for w in ctl.workers.values() if w.name == "rollout-0")
-            pid = ctl.client.run(os.getpid, workers=[info.address])[info.address]
-            os.kill(pid, signal.SIGKILL)
-            killed["pid"] = pid
-
-        after_iterations(out, 1, kill)
-
-    run_distributed(cfg, out, on_start=on_start)
-    assert killed
+    # killed with a generated group of iteration 1 in hand, before it is stored
+    fired = run_job(cfg, out, "elastic-kill", Fault("gen", "kill", worker="rollout-0", iteration=1))
+    assert [(f["action"], f["worker"], f["iteration"]) for f in fired] == [("kill", "rollout-0", 1)]
     got = metrics(out)
     assert [m["iteration"] for m in got] == [0, 1, 2, 3]
     assert [m["samples"] for m in got] == [8] * 4
@@ -139,47 +138,79 @@ def test_worker_killed_mid_job_loses_no_sample(small_config, tmp_path):
 
 
 def test_tag_idle_trainer_generates_when_generation_is_the_bottleneck(small_config, tmp_path):
-    # generation-heavy: 8 sampling steps per sample, 1 trained step per sample
+    # pinned speeds: generation 8 s per group, training 1 s: TAG gives the trainer 2 groups
+    # of generation per iteration (tests/core/test_scheduler.py checks that search)
     cfg = small_config(
         iterations=5,
         schedule__mode="digen",
-        rollout__num_steps=8,
-        train__timesteps={"strategy": "prefix", "fraction": 0.125},
+        schedule__task_seconds={"gen": 8.0, "train": 1.0},
         rollout__batch_size=16,
         cluster__local={"rollout_workers": 1, "trainer_workers": 1},
     )
     out = tmp_path / "run"
-    run_distributed(cfg, out)
+    # rollout-0 holds its first group of iteration 2 until the trainer has generated a group:
+    # the trainer, idle once iteration 1 is trained, finds generation in the queue
+    fired = run_job(
+        cfg,
+        out,
+        "elastic-tag",
+        Fault("gen", "hold", worker="rollout-0", task="gen:2:0", flag="stolen", seconds=300),
+        Fault("gen", "signal", worker="trainer-0", flag="stolen"),
+    )
+    assert no_hold_expired(fired), fired
+    # the trainer may also take gen:2:0 itself, before rollout-0 does: then nothing holds
+    assert ("signal", "trainer-0") in {(f["action"], f["worker"]) for f in fired}
     events = timeline(out)
     stolen = [e for e in events if e["worker"].startswith("trainer") and e["kind"] == "gen"]
     assert stolen, "the trainer never generated"
-    # TAG starts only once speeds are measured (after iteration 0), and only with a budget
+    # the first budget comes at the first iteration boundary; the trainer generates with
+    # the version the iteration's rollouts use (staleness 1), one version per trajectory
     assert min(e["iteration"] for e in stolen) >= 1
+    assert all(e["version"] == e["iteration"] - 1 for e in stolen)
+    assert not [e for e in events if e["worker"].startswith("rollout") and e["kind"] == "train"]
     assert [m["samples"] for m in metrics(out)] == [16] * 5
 
 
-def test_rat_idle_rollout_trains_when_training_is_the_bottleneck(small_config, tmp_path):
-    # training-heavy: every one of the 4 sampling steps is trained, one forward + backward
-    # per step (no TSP), plus the KL term's reference forward
+def test_rat_idle_rollout_trains_half_groups_when_training_is_the_bottleneck(small_config, tmp_path):
+    # pinned speeds: generation 1 s per group, training 3 s: from iteration 1 on, RAT gives
+    # the rollout worker 3 half groups, so groups 1-3 of each iteration train as halves
+    # (tests/core/test_scheduler.py checks that search)
     cfg = small_config(
         iterations=5,
         schedule__mode="digen",
-        schedule__tsp=False,
-        rollout__num_steps=4,
-        train__timesteps={"strategy": "prefix", "fraction": 1.0},
-        train__kl_beta=0.04,
+        schedule__task_seconds={"gen": 1.0, "train": 3.0},
         rollout__batch_size=16,
         cluster__local={"rollout_workers": 1, "trainer_workers": 1},
     )
     out = tmp_path / "run"
-    run_distributed(cfg, out)
+    # the order of iterations 1-3, whatever the speeds: the trainer trains the whole group 0
+    # before rollout-0 stores its last group of the next iteration; then the trainer holds
+    # its first half until rollout-0 has trained a half. The last iteration has nothing to
+    # generate after it: left to the race (any task, to either worker)
+    faults = []
+    for k in (1, 2, 3):
+        faults += [
+            Fault("train", "signal", worker="trainer-0", task=f"train:{k}:0", flag=f"whole-{k}"),
+            Fault("gen", "hold", worker="rollout-0", task=f"gen:{k + 1}:3", flag=f"whole-{k}", seconds=300),
+            Fault(
+                "train", "hold", worker="trainer-0", task=f"train:{k}:1:0", flag=f"helped-{k}", seconds=300
+            ),
+            Fault("train", "signal", worker="rollout-0", iteration=k, flag=f"helped-{k}"),
+        ]
+    fired = run_job(cfg, out, "elastic-rat", *faults)
+    assert no_hold_expired(fired), fired
     events = timeline(out)
-    helped = [e for e in events if e["worker"].startswith("rollout") and e["kind"] == "train"]
-    assert helped, "the rollout worker never trained"
-    # RAT starts only once speeds are measured (after iteration 0); a rollout worker trains
-    # the version it generated the next iteration with (staleness 1: iteration k, version k)
+    train = [e for e in events if e["kind"] == "train"]
+    # iteration 0 trains 4 whole groups (no speeds known at start), then 1 whole + 3 x 2 halves
+    assert Counter(e["iteration"] for e in train) == {0: 4, 1: 7, 2: 7, 3: 7, 4: 7}
+    for k in range(5):
+        assert sum(e.get("share", 1.0) for e in train if e["iteration"] == k) == 4.0
+    helped = [e for e in train if e["worker"].startswith("rollout")]
+    assert {1, 2, 3} <= {e["iteration"] for e in helped}, "the rollout worker never trained"
     assert min(e["iteration"] for e in helped) >= 1
+    # a rollout worker trains the version it generated the next iteration with (staleness 1:
+    # iteration k, version k), and while it generates next, halves only
     assert all(e["version"] == e["iteration"] for e in helped)
-    assert all(e.get("share") == 0.5 for e in helped)  # RAT moves half groups
+    assert all(e.get("share") == 0.5 for e in helped if e["iteration"] < 4)
     assert not [e for e in events if e["worker"].startswith("trainer") and e["kind"] == "gen"]
     assert [m["samples"] for m in metrics(out)] == [16] * 5

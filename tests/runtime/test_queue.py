@@ -21,6 +21,31 @@ def q(redis_client: redis.Redis) -> TaskQueue:
     return TaskQueue(redis_client, "job1", lease_s=30.0)
 
 
+def lease_deadline(queue: TaskQueue, task_id: str) -> float:
+    """When ``task_id``'s lease expires (Redis server clock), as the lease record says: tests
+    pass it to ``requeue_expired(now=...)`` instead of sleeping past it."""
+    deadline = queue.redis.zscore(queue.prefix + "leases", task_id)
+    assert deadline is not None, f"{task_id} is not leased"
+    return deadline
+
+
+def blocked_clients(r: redis.Redis, command: str) -> int:
+    """Clients of ``r``'s server blocked in ``command`` right now (CLIENT LIST)."""
+    return sum(1 for c in r.client_list() if c.get("cmd") == command and "b" in c.get("flags", ""))
+
+
+def wait_until(cond, what: str, timeout_s: float = 60) -> None:
+    """Poll ``cond``; the timeout only guards against a hang."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.005)
+
+
+def calls(r: redis.Redis, command: str) -> int:
+    return r.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0)
+
+
 def _drain(queue: TaskQueue, names: list[str], worker: str = "w") -> list[str]:
     out = []
     while (task := queue.lease(names, worker)) is not None:
@@ -92,14 +117,14 @@ def test_results_filters_by_prefix(q: TaskQueue):
     assert len(q.results()) == 4
 
 
-def test_expired_lease_is_redelivered_at_the_front(redis_client: redis.Redis):
-    q = TaskQueue(redis_client, "job1", lease_s=0.2)
+def test_expired_lease_is_redelivered_at_the_front(q: TaskQueue):
     for tid in ["t1", "t2", "t3"]:
         q.put("gen", tid, {"x": tid})
     assert q.lease(["gen"], "slow").task_id == "t1"
-    assert q.requeue_expired() == []  # not yet
-    time.sleep(0.3)
-    assert q.requeue_expired() == ["t1"]
+    deadline = lease_deadline(q, "t1")
+    assert q.requeue_expired() == []  # 30 s leases: not yet
+    assert q.requeue_expired(now=deadline - 0.001) == []
+    assert q.requeue_expired(now=deadline) == ["t1"]
     again = q.lease(["gen"], "fast")
     assert again == LeasedTask("gen", "t1", {"x": "t1"}, attempt=2)
     # the slow worker finishes late: its result still counts, once; the queue stays consistent
@@ -122,27 +147,28 @@ def test_requeue_expired_with_explicit_now_and_earliest_first(q: TaskQueue):
     assert _drain(q, ["gen"]) == ["a", "b", "c", "d"]
 
 
-def test_requeued_task_acked_late_is_not_delivered_again(redis_client: redis.Redis):
-    q = TaskQueue(redis_client, "job1", lease_s=0.1)
+def test_requeued_task_acked_late_is_not_delivered_again(q: TaskQueue):
     q.put("gen", "t1", {})
     q.lease(["gen"], "w1")
-    time.sleep(0.15)
-    assert q.requeue_expired() == ["t1"] and q.pending_count("gen") == 1
+    assert q.requeue_expired(now=lease_deadline(q, "t1")) == ["t1"] and q.pending_count("gen") == 1
     assert q.ack("t1", b"late", worker="w1")
     assert q.pending_count("gen") == 0 and q.lease(["gen"], "w2") is None
 
 
-def test_extend_keeps_a_long_task_leased(redis_client: redis.Redis):
-    q = TaskQueue(redis_client, "job1", lease_s=0.3)
+def test_extend_keeps_a_long_task_leased(q: TaskQueue):
     q.put("train", "t1", {})
     q.lease(["train"], "w1")
+    first = deadline = lease_deadline(q, "t1")
     for _ in range(3):
-        time.sleep(0.15)
         assert q.extend("t1", worker="w1")
-        assert q.requeue_expired() == []
+        renewed = lease_deadline(q, "t1")
+        assert renewed > deadline  # lease_s from the server's now
+        assert q.requeue_expired(now=renewed - 0.001) == []
+        deadline = renewed
+    assert q.requeue_expired(now=first) == []  # the first deadline passed: still leased
     assert not q.extend("t1", worker="other")
-    time.sleep(0.35)
-    assert q.requeue_expired() == ["t1"]
+    assert lease_deadline(q, "t1") == deadline
+    assert q.requeue_expired(now=deadline) == ["t1"]
     assert not q.extend("t1", worker="w1")  # lease lost
 
 
@@ -183,30 +209,32 @@ def test_nack_by_a_worker_that_lost_the_lease_is_ignored(q: TaskQueue):
     assert q.state("t") == "leased"
 
 
-def test_requeue_expired_dead_letters_after_max_attempts(redis_client: redis.Redis):
-    q = TaskQueue(redis_client, "job1", lease_s=0.05)
+def test_requeue_expired_dead_letters_after_max_attempts(q: TaskQueue):
     q.put("gen", "oom", {})
     for _ in range(2):
         q.lease(["gen"], "w")
-        time.sleep(0.08)
-        q.requeue_expired(max_attempts=3)
+        assert q.requeue_expired(now=lease_deadline(q, "oom"), max_attempts=3) == ["oom"]
     q.lease(["gen"], "w")
-    time.sleep(0.08)
-    assert q.requeue_expired(max_attempts=3) == []
+    assert q.requeue_expired(now=lease_deadline(q, "oom"), max_attempts=3) == []
     assert [d.task_id for d in q.dead_letters()] == ["oom"]
     assert "lease lost 3 times" in q.dead_letters()[0].error
 
 
-def test_blocking_lease_wakes_on_put_without_spinning(q: TaskQueue):
-    timer = threading.Timer(0.3, q.put, args=("train", "late", {"k": 1}))
-    start_cpu, start = time.process_time(), time.monotonic()
-    timer.start()
-    task = q.lease(["gen", "train"], "w", block_s=5.0)
-    waited = time.monotonic() - start
-    timer.join()
+def test_blocking_lease_wakes_on_put_without_spinning(q: TaskQueue, redis_client: redis.Redis):
+    def put_once_blocked() -> None:
+        wait_until(lambda: blocked_clients(redis_client, "blpop") == 1, "lease never blocked")
+        q.put("train", "late", {"k": 1})
+
+    q._block_slice = 600.0  # no 1 s re-check (for tokens lost in a restart): only a put wakes it
+    putter = threading.Thread(target=put_once_blocked)
+    scripts, blpops = calls(redis_client, "evalsha"), calls(redis_client, "blpop")
+    putter.start()
+    task = q.lease(["gen", "train"], "w", block_s=600.0)
+    putter.join()
     assert task is not None and task.task_id == "late"
-    assert 0.25 < waited < 0.8  # woken by the put, not by the 1 s re-check
-    assert time.process_time() - start_cpu < 0.2  # blocked in BLPOP, not polling
+    # one look, one BLPOP woken by the put's token, one look that leases: no polling
+    assert calls(redis_client, "blpop") - blpops == 1
+    assert calls(redis_client, "evalsha") - scripts == 3  # the 2 lease looks + the put
 
 
 def test_blocking_lease_on_a_drained_queue_does_not_spin(q: TaskQueue, redis_client: redis.Redis):
@@ -218,23 +246,32 @@ def test_blocking_lease_on_a_drained_queue_does_not_spin(q: TaskQueue, redis_cli
     assert scripts <= 3, f"{scripts} lease attempts in 0.3 s"
 
 
-def test_blocking_lease_times_out(q: TaskQueue):
-    start = time.monotonic()
+def test_blocking_lease_times_out(q: TaskQueue, redis_client: redis.Redis):
+    start, blpops = time.monotonic(), calls(redis_client, "blpop")
     assert q.lease(["gen"], "w", block_s=0.3) is None
-    assert 0.25 < time.monotonic() - start < 1.5
+    assert time.monotonic() - start >= 0.3
+    assert calls(redis_client, "blpop") - blpops >= 1  # it waited in BLPOP, not in a loop
 
 
-def test_pop_done_blocks_for_the_first_and_drains_the_rest(q: TaskQueue):
+def test_pop_done_blocks_for_the_first_and_drains_the_rest(q: TaskQueue, redis_client: redis.Redis):
     assert q.pop_done(timeout_s=0.2) == []
     for tid in ["a", "b", "c", "d"]:
         q.put("gen", tid, {})
     for tid in ["a", "b", "c"]:
         q.ack(tid, b"", worker="w")
     assert q.pop_done(timeout_s=1.0) == ["a", "b", "c"]  # all in one call
-    threading.Timer(0.2, q.ack, args=("d", b""), kwargs={"worker": "w"}).start()
-    start = time.monotonic()
-    assert q.pop_done(timeout_s=5.0) == ["d"]
-    assert time.monotonic() - start < 2.0
+
+    def ack_once_blocked() -> None:
+        wait_until(lambda: blocked_clients(redis_client, "blpop") == 1, "pop_done never blocked")
+        q.ack("d", b"", worker="w")
+
+    q._block_slice = 600.0  # no 1 s re-check: only the ack wakes it
+    acker = threading.Thread(target=ack_once_blocked)
+    blpops = calls(redis_client, "blpop")
+    acker.start()
+    assert q.pop_done(timeout_s=600.0) == ["d"]  # woken by the ack (else: 600 s)
+    acker.join()
+    assert calls(redis_client, "blpop") - blpops == 1
 
 
 def test_jobs_are_isolated_and_clear_removes_only_its_keys(redis_client: redis.Redis):
@@ -253,8 +290,13 @@ def test_concurrent_consumers_run_every_task_exactly_once(q: TaskQueue):
     n_tasks, n_workers = 2000, 4
     q.put_many("gen", [(f"t{i}", {"i": i}) for i in range(n_tasks)])
     stored: list[list[str]] = [[] for _ in range(n_workers)]
+    all_leased = threading.Barrier(n_workers)
 
     def consume(k: int) -> None:
+        first = q.lease(["gen"], f"w{k}")  # every consumer holds a task at once: concurrent
+        all_leased.wait(timeout=120)
+        if first is not None and q.ack(first.task_id, first.task_id.encode(), worker=f"w{k}"):
+            stored[k].append(first.task_id)
         while (task := q.lease(["gen"], f"w{k}", block_s=0.05)) is not None:
             assert task.payload == {"i": int(task.task_id[1:])}
             if q.ack(task.task_id, task.task_id.encode(), worker=f"w{k}"):

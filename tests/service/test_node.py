@@ -8,7 +8,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -59,12 +58,13 @@ def test_worker_names_are_unique_and_say_role_and_gpu():
     assert a != b and a.startswith("trainer-a100-") and b.startswith("trainer-a100-")
 
 
-def test_unreachable_scheduler_fails_within_10_s_naming_the_address():
+def test_unreachable_scheduler_fails_at_once_naming_the_address():
     addr = f"tcp://127.0.0.1:{free_port()}"
-    t0 = time.monotonic()
-    with pytest.raises(ConnectionFailure, match=f"cannot reach the Dask scheduler at {addr}"):
+    # refused, not timed out: it answered the first connection attempt
+    with pytest.raises(
+        ConnectionFailure, match=rf"cannot reach the Dask scheduler at {addr} \(Connection refused\)"
+    ):
         node.check_reachable(addr)
-    assert time.monotonic() - t0 < 10
     res = cli("worker", "--scheduler", addr, "--role", "rollout", "--gpu-type", "h100")
     assert res.exit_code == 1 and f"cannot reach the Dask scheduler at {addr}" in res.output
     res = cli("serve", "--scheduler", addr, "--burst", "--burst-wait", "0")
