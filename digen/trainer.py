@@ -122,9 +122,21 @@ def save_checkpoint(
     run.prune_checkpoints()
 
 
-def timing_metrics(events: list[dict], workers: int, wall_s: float, samples: int) -> dict:
-    """``wall_s``, ``samples_per_s`` and the bubble ratio of one iteration's timeline."""
-    busy = sum(e["end"] - e["start"] for e in events if e["kind"] != "sync")
+def busy_seconds(events: list[dict], start: float | None = None, end: float | None = None) -> float:
+    """Worker-seconds of non-``sync`` task time within ``[start, end]`` (unbounded when None):
+    each event counts by its overlap with the window, whatever iteration it belongs to, so a
+    task straddling an iteration boundary (GAP, staleness 1) counts on both sides, as
+    :func:`digen.bench.worker_stats` clips it."""
+    lo, hi = float("-inf") if start is None else start, float("inf") if end is None else end
+    return sum(max(0.0, min(e["end"], hi) - max(e["start"], lo)) for e in events if e["kind"] != "sync")
+
+
+def timing_metrics(
+    events: list[dict], workers: int, wall_s: float, samples: int, window: tuple[float, float] | None = None
+) -> dict:
+    """``wall_s``, ``samples_per_s`` and the bubble ratio of one iteration's timeline; with
+    ``window`` (start, end), busy time is the events' overlap with it (:func:`busy_seconds`)."""
+    busy = busy_seconds(events, *(window or (None, None)))
     worker_s = workers * wall_s
     return {
         "wall_s": wall_s,

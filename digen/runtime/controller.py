@@ -323,9 +323,7 @@ class Controller:
     def finish_iteration(self, book: IterationBook, opt_stats: dict, store, previous, now: float) -> None:
         k = book.iteration
         window = [e for e in self.events if e["end"] > self.window_start and e["worker"] != "controller"]
-        busy = sum(
-            min(e["end"], now) - max(e["start"], self.window_start) for e in window if e["kind"] != "sync"
-        )
+        window += in_flight_events(self.queue, list(self.outstanding), now)  # next iteration's, under GAP
         wall = now - self.window_start
         metrics = book.metrics()
         metrics.update(opt_stats)
@@ -336,9 +334,9 @@ class Controller:
                 metrics["samples"] -= n
                 metrics["dropped_samples"] += n
         n_workers = max(len(self.workers), 1)
-        metrics.update(timing_metrics([], n_workers, wall, metrics["samples"]))
-        metrics["busy_s"] = busy
-        metrics["bubble_ratio"] = max(0.0, 1 - busy / (n_workers * wall)) if wall > 0 else 0.0
+        metrics.update(
+            timing_metrics(window, n_workers, wall, metrics["samples"], window=(self.window_start, now))
+        )
         lags = [k - v for v in self.gen_versions.get(k, {}).values()]
         metrics.update(
             {"policy_version": store.version, "max_staleness": max(lags) if lags else 0, "workers": n_workers}
@@ -470,6 +468,21 @@ class Controller:
                 self.queue.put(queue, tid, payload)
             elif state == "done":
                 self.backlog.append(tid)
+
+
+def in_flight_events(queue: TaskQueue, task_ids: list[str], now: float) -> list[dict]:
+    """Busy spans of released tasks whose results are not collected yet, for the bubble ratio
+    of the window ending at ``now``: a leased task as one span from its lease (the worker's
+    clock) to ``now``, an acknowledged one by its result's events. A task straddling the
+    iteration boundary counts in both windows, each time clipped to that window
+    (:func:`~digen.trainer.busy_seconds`); a pending one has not run."""
+    out: list[dict] = []
+    for tid, (state, started) in queue.progress(task_ids).items():
+        if state == "leased" and started is not None:
+            out.append({"kind": "task", "start": started, "end": now})
+        elif state == "done" and isinstance(res := queue.get_result(tid), dict):
+            out += [e for e in res.get("events", []) if e["start"] < now]
+    return out
 
 
 def zero_gradient(store) -> dict[str, torch.Tensor]:
