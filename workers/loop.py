@@ -29,7 +29,7 @@ from digen.core.policy import pull_order
 from digen.rollout import GroupTask, generate_group
 from digen.runtime.jobstate import JobState
 from digen.runtime.queue import LeasedTask, TaskQueue
-from digen.runtime.redis_conn import connect
+from digen.runtime.redis_conn import RoundTrips, connect, count_round_trips
 from digen.testing import faults
 from digen.trainer import EmbedCache, build_policy, build_reward
 from digen.training import TrainSpec, train_group
@@ -54,6 +54,24 @@ class WorkerRuntime:
     version: int | None = None
     weights_cache: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
     tasks_run: int = 0
+    round_trips: RoundTrips | None = None
+    """Requests this loop has sent to Redis (reported on each task's last timeline event)."""
+    cycles: int = 0
+    """Passes through the loop (one per leased task, plus idle ones)."""
+    reported: tuple[int, int] = (0, 0)
+    """(round_trips, cycles) at the last report."""
+
+    def report_redis(self, events: list[dict]) -> None:
+        """Mark the task's last event with the round trips and loop cycles since the last task,
+        for ``digen bench`` (:func:`digen.bench.worker_stats`)."""
+        if self.round_trips is None or not events:
+            return
+        now = (self.round_trips.count, self.cycles)
+        events[-1]["redis_round_trips"], events[-1]["cycles"] = (
+            now[0] - self.reported[0],
+            now[1] - self.reported[1],
+        )
+        self.reported = now
 
     def ensure_policy(self):
         if self.policy is None:
@@ -195,6 +213,7 @@ def worker_loop(
     torch.set_num_threads(threads)
     cfg = Config.model_validate(cfg_json)
     r = connect(redis_url, outage_s=cfg.schedule.redis_outage_s)  # a Redis restart pauses the loop
+    round_trips = count_round_trips(r)
     rt = WorkerRuntime(
         name=name,
         gpu_type=gpu_type or "cpu",
@@ -202,6 +221,7 @@ def worker_loop(
         queue=TaskQueue(r, job_id, lease_s=cfg.schedule.lease_s),
         job=JobState(r, job_id),
         device=device or os.environ.get("DIGEN_DEVICE") or cfg.model.device,
+        round_trips=round_trips,
     )
     token = uuid.uuid4().hex
     rt.job.claim_loop(name, token)  # one loop per worker: an older one stops
@@ -211,6 +231,7 @@ def worker_loop(
     rt.job.mark_ready(name, rt.gpu_type)
     log.info("worker %s (%s) joined job %s", name, rt.gpu_type, job_id)
     while rt.job.status() == "running":
+        rt.cycles += 1
         if not rt.job.owns_loop(name, token):
             log.info("worker %s: a newer loop took over; this one stops", name)
             break
@@ -243,6 +264,7 @@ def worker_loop(
                 worker=name,
             )
             continue
+        rt.report_redis(result["events"])
         faults.point(
             "ack", rt.job, name, task=leased.task_id, iteration=TaskRef.parse(leased.task_id).iteration
         )
