@@ -171,6 +171,22 @@ def run_train(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> dict:
     return {"stats": stats.to_json(), "events": events, "worker": rt.name, "start": t0, "end": time.time()}
 
 
+def poll(rt: WorkerRuntime, token: str) -> tuple[Role, int] | None:
+    """The top of a loop cycle: the worker's role tag (role, off-role budget), or None when
+    the loop must stop (the job left ``running``, or a newer loop took the worker). One round
+    trip (:meth:`JobState.loop_state`); waits while the worker has no tag yet."""
+    while True:
+        state = rt.job.loop_state(rt.name, token)
+        if state.status != "running":
+            return None
+        if not state.owns_loop:
+            log.info("worker %s: a newer loop took over; this one stops", rt.name)
+            return None
+        if state.tag is not None:
+            return state.tag
+        time.sleep(0.05)
+
+
 def next_task(rt: WorkerRuntime, role: Role, budget: int) -> LeasedTask | None:
     """Lease by the tag's pull order. A worker takes an off-role task (a trainer: generation,
     TAG; a rollout worker: training, RAT) only when none of its own kind is ready and its
@@ -230,15 +246,8 @@ def worker_loop(
     rt.reward = build_reward(cfg)
     rt.job.mark_ready(name, rt.gpu_type)
     log.info("worker %s (%s) joined job %s", name, rt.gpu_type, job_id)
-    while rt.job.status() == "running":
+    while (tag := poll(rt, token)) is not None:
         rt.cycles += 1
-        if not rt.job.owns_loop(name, token):
-            log.info("worker %s: a newer loop took over; this one stops", name)
-            break
-        tag = rt.job.tag(name)
-        if tag is None:
-            time.sleep(0.05)
-            continue
         role, budget = tag
         if cfg.train.fsdp and role is Role.TRAINER:  # a rank of the job's FSDP group from now on
             from workers.fsdp_loop import run_fsdp_rank
