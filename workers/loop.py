@@ -26,6 +26,7 @@ import torch
 from digen.config import Config
 from digen.core.events import Role, TaskKind, TaskRef
 from digen.core.policy import pull_order
+from digen.errors import TaskDropped
 from digen.rollout import GroupTask, generate_group
 from digen.runtime.jobstate import JobState
 from digen.runtime.queue import LeasedTask, TaskQueue
@@ -36,6 +37,8 @@ from digen.training import TrainSpec, train_group
 
 log = logging.getLogger(__name__)
 _LOAD_LOCK = threading.Lock()
+STOP_CHECK_S = 0.2
+"""How often, at most, a running generation task reads the job's status (one GET)."""
 
 
 @dataclass
@@ -60,6 +63,16 @@ class WorkerRuntime:
     """Passes through the loop (one per leased task, plus idle ones)."""
     reported: tuple[int, int] = (0, 0)
     """(round_trips, cycles) at the last report."""
+    stop_checked: float = 0.0
+
+    def job_stopped(self) -> bool:
+        """True once the job left ``running`` (``digen cancel``): read at most every
+        :data:`STOP_CHECK_S`, between denoising steps (:func:`~digen.rollout.generate_group`)."""
+        now = time.monotonic()
+        if now - self.stop_checked < STOP_CHECK_S:
+            return False
+        self.stop_checked = now
+        return self.job.status() != "running"
 
     def report_redis(self, events: list[dict]) -> None:
         """Mark the task's last event with the round trips and loop cycles since the last task,
@@ -127,7 +140,9 @@ def run_gen(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> dict:
     def timer(kind: str, s: float, e: float) -> None:
         events.append(_event(rt, role, kind, ref, task.version, s, e))
 
-    traj = generate_group(rt.policy, task, rt.cfg, rt.reward, embeds=rt.embed(task.prompt), timer=timer)
+    traj = generate_group(
+        rt.policy, task, rt.cfg, rt.reward, embeds=rt.embed(task.prompt), timer=timer, stop=rt.job_stopped
+    )
     faults.point("gen", rt.job, rt.name, task=leased.task_id, iteration=task.iteration)
     rt.job.put_data(leased.task_id, traj.tensors(), {"version": str(task.version)})
     return {
@@ -264,6 +279,9 @@ def worker_loop(
             )
         except redis.ConnectionError:
             raise  # Redis gone for longer than schedule.redis_outage_s: not the task's fault
+        except TaskDropped as exc:  # the job stopped: the loop ends at its next poll
+            log.info("worker %s: %s", name, exc)
+            continue
         except Exception as exc:  # a failing task is reported, never kills the loop
             log.error("task %s failed on %s: %s", leased.task_id, name, exc)
             rt.queue.nack(

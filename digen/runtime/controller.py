@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,12 +36,13 @@ from digen.core.events import (
     WorkerLeft,
 )
 from digen.core.scheduler import Scheduler, SchedulerConfig
-from digen.errors import ConfigError, ConnectionFailure, DigenError
+from digen.errors import ConfigError, ConnectionFailure, DigenError, JobCancelled
 from digen.iteration import IterationBook
+from digen.optim import ParameterStore
 from digen.rollout import Trajectories, plan_groups
 from digen.rundir import RunDir
 from digen.runtime.cluster import WorkerInfo, connect_scheduler, list_workers, start_local_cluster
-from digen.runtime.fsdp_group import FsdpControl, is_step_id
+from digen.runtime.fsdp_group import FsdpControl, ShardedStore, is_step_id
 from digen.runtime.jobstate import JobState
 from digen.runtime.queue import DeadLetter, TaskQueue
 from digen.runtime.redis_conn import SecretURL, connect, embedded_url, mask_url
@@ -49,10 +51,6 @@ from digen.training import TrainStats
 from digen.viz import write_sample_grid
 
 log = logging.getLogger(__name__)
-
-
-class JobCancelled(DigenError):
-    exit_code = 1
 
 
 class PoisonTask(DigenError):
@@ -370,6 +368,16 @@ class Controller:
         if self.progress is not None:
             self.progress(metrics)
 
+    def cancel(self) -> JobCancelled:
+        """Stop releasing and tell the worker loops to drop their work (the job's status
+        leaves ``running``); the error to raise, naming the checkpoint kept."""
+        self.job.set_status("cancel")
+        ckpt = self.run.latest_checkpoint()
+        kept = f"the checkpoint {ckpt} is kept" if ckpt is not None else "no iteration had finished"
+        unfinished = sorted(self.books)
+        during = f" during iteration {unfinished[0]}" if unfinished else ""
+        return JobCancelled(f"job {self.job.job_id} cancelled{during}; {kept}: continue it with --resume")
+
     # --- results ----------------------------------------------------------------------
     def collect(self, sched: Scheduler, task_id: str) -> list[Instruction]:
         """Count an acknowledged task's result, once."""
@@ -519,8 +527,15 @@ def run_distributed(
     progress: ProgressFn | None = None,
     job_id: str | None = None,
     on_start=None,
+    cancelled: Callable[[], bool] | None = None,
 ) -> dict:
     """Run a job in ``colocated``, ``disaggregated`` or ``digen`` mode; returns the summary.
+
+    ``cancelled()`` (``digen cancel``; also the job's Redis status ``cancel``) is checked each
+    time the controller has collected what the workers acknowledged, before it releases
+    anything: a cancelled job stops mid-iteration, the worker loops drop their task (between
+    denoising steps, or after the task in hand) and :class:`JobCancelled` is raised, the run
+    directory holding the last complete iteration's checkpoint.
 
     Inputs are checked before anything is written or started (rewards, Redis, the Dask
     scheduler: errors within seconds, naming what and where). A Redis restart pauses the job
@@ -537,12 +552,11 @@ def run_distributed(
     queue.clear()
     torch.manual_seed(cfg.seed)  # the LoRA init draws from it, exactly as in the reference
     policy = build_policy(cfg, device="cpu")
-    state = open_store(cfg, run, policy, resume)
+    # with FSDP the trainer group owns the optimizer: the controller keeps the weights only
+    state = open_store(cfg, run, policy, resume, ShardedStore if cfg.train.fsdp else ParameterStore)
     del policy
     store = state.store
-    fsdp = FsdpControl.create(queue, job, store.version, store.weights()) if cfg.train.fsdp else None
-    if fsdp is not None:  # the trainer group owns the optimizer
-        store = fsdp.store
+    fsdp = FsdpControl.create(queue, job, store) if cfg.train.fsdp else None
     job.publish(store.version, store.weights())
     if state.previous_weights is not None:
         job.publish(store.version - 1, state.previous_weights)
@@ -599,6 +613,8 @@ def run_distributed(
             instructions: list[Instruction] = []
             for tid in ids:
                 instructions += ctl.collect(sched, tid)
+            if job.status() == "cancel" or (cancelled is not None and cancelled()):
+                raise ctl.cancel()
             now = time.time()
             if now - last_check > 0.5:
                 last_check = now
@@ -611,8 +627,6 @@ def run_distributed(
                 queue.requeue_expired(max_attempts=s.max_attempts)
                 for dead in queue.dead_letters():
                     instructions += ctl.poisoned(sched, dead, store)
-                if job.status() == "cancel":
-                    raise JobCancelled(f"job {job_id} cancelled; the last checkpoint is kept in {out}")
             finished = ctl.apply(sched, instructions, prompts, store)
         job.set_status("done")
     except (redis.ConnectionError, redis.TimeoutError) as exc:
