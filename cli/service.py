@@ -269,7 +269,8 @@ def cancel(
     was = service.cancel(r, job)
     if was in ("running", "starting", "cancelling"):
         err.print(
-            f"job {job}: cancel requested; it stops after the current iteration's checkpoint", highlight=False
+            f"job {job}: cancel requested; it stops within one task, keeping the last checkpoint",
+            highlight=False,
         )
         if wait:
             info = service.follow(r, job, lambda line: None)

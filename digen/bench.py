@@ -21,6 +21,9 @@ its ``metrics.jsonl`` and ``timeline.jsonl`` and reports per mode, over iteratio
   config's ``eval.every`` or 1, or off): ``evaluations`` per run and ``eval_worker_s``, the
   worker-seconds its ``eval`` tasks took per run; run ``digen+eval,digen-eval`` side by side
   to read its effect on ``s_per_iteration``.
+- ``worker_redis_round_trips_per_s`` / ``_per_cycle``: the requests the worker loops sent to
+  Redis (counted by their client, :func:`digen.runtime.redis_conn.count_round_trips`) per
+  second of the measured window, summed over workers, and per pass through a loop.
 
 Plus the TSP micro-benchmark: one train task of K timesteps per sample as one batched
 forward/backward (``tsp=True``) vs K sequential forwards (``tsp=False``), per K.
@@ -160,6 +163,10 @@ class WorkerStats:
     window_s: float = 0.0
     peak_rss_mb: float | None = None
     peak_gpu_mb: float | None = None
+    redis_round_trips: int = 0
+    """Requests the worker's loop sent to Redis (commands, pipelines, scripts) for its tasks."""
+    cycles: int = 0
+    """Passes through the worker's loop meanwhile (one per task, plus idle polls)."""
 
     def gen_rate(self, group_size: int) -> float | None:
         """Samples/s while generating (gen + decode + reward time per group)."""
@@ -223,6 +230,8 @@ def worker_stats(timeline: list[dict], warmup: int) -> dict[str, WorkerStats]:
             st.busy_s += max(0.0, min(e, hi) - max(s, lo))
         if int(r["iteration"]) < warmup:
             continue
+        st.redis_round_trips += int(r.get("redis_round_trips", 0))  # on a task's last event
+        st.cycles += int(r.get("cycles", 0))
         if kind in ROLLOUT_KINDS:
             st.gen_s += e - s
             st.gen_groups += kind == "gen"
@@ -296,7 +305,16 @@ def summarize(mode: str, records: list[RunRecord], pool: RatePool, group_size: i
         bubbles.append(max(0.0, 1 - sum(st.busy_s for st in stats.values()) / window) if window > 0 else 0.0)
         for w, st in stats.items():
             m = merged.setdefault(w, WorkerStats(w, st.role, st.gpu_type))
-            for key in ("gen_groups", "gen_s", "train_groups", "train_s", "busy_s", "window_s"):
+            for key in (
+                "gen_groups",
+                "gen_s",
+                "train_groups",
+                "train_s",
+                "busy_s",
+                "window_s",
+                "redis_round_trips",
+                "cycles",
+            ):
                 setattr(m, key, getattr(m, key) + getattr(st, key))
             peaks = [p for p in (m.peak_rss_mb, st.peak_rss_mb, rec.peak_rss_mb.get(w)) if p is not None]
             m.peak_rss_mb = max(peaks) if peaks else None
@@ -332,6 +350,8 @@ def summarize(mode: str, records: list[RunRecord], pool: RatePool, group_size: i
     for wd, f in zip(workers, solution.fractions, strict=True):
         wd["bound_gen_fraction"] = round(f, 4)
     sps = _median([float(m["samples_per_s"]) for m in rows])
+    trips, cycles = sum(m.redis_round_trips for m in merged.values()), sum(m.cycles for m in merged.values())
+    window_s = sum(m.window_s for m in merged.values())
     ctl_peak = [rec.peak_rss_mb["controller"] for rec in records if "controller" in rec.peak_rss_mb]
     return {
         "mode": mode,
@@ -351,6 +371,8 @@ def summarize(mode: str, records: list[RunRecord], pool: RatePool, group_size: i
         "controller_peak_rss_mb": round(max(ctl_peak), 1) if ctl_peak else None,
         "startup": startup_summary([rec.startup for rec in records]),
         **eval_cost(records),
+        "worker_redis_round_trips_per_s": round(trips / window_s, 2) if trips and window_s > 0 else None,
+        "worker_redis_round_trips_per_cycle": round(trips / cycles, 3) if cycles else None,
         "per_worker": workers,
         "run_dirs": [str(rec.run_dir) for rec in records],
     }

@@ -7,6 +7,7 @@ W&B: :mod:`digen.loggers`) and, at the end, draws ``timeline.png`` and ``rewards
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from digen.config import Config
@@ -23,9 +24,12 @@ def run_training(
     redis_url: str | None = None,
     scheduler: str | None = None,
     progress: ProgressFn | None = None,
+    cancelled: Callable[[], bool] | None = None,
 ) -> dict:
     """Run ``cfg`` to completion in ``out``; returns the summary. ``reference`` mode runs in
-    this process; the others start (or join) Redis and a Dask cluster."""
+    this process; the others start (or join) Redis and a Dask cluster. A true ``cancelled()``
+    stops the run within one task (:class:`~digen.errors.JobCancelled`), keeping the last
+    complete checkpoint."""
     check_loggers(cfg)
     logger: MetricsLogger | None = None
 
@@ -41,12 +45,18 @@ def run_training(
 
     try:
         if cfg.schedule.mode == "reference":
-            summary = run_reference(cfg, out, resume=resume, progress=observe)
+            summary = run_reference(cfg, out, resume=resume, progress=observe, cancelled=cancelled)
         else:
             from digen.runtime.controller import run_distributed
 
             summary = run_distributed(
-                cfg, out, resume=resume, redis_url=redis_url, scheduler=scheduler, progress=observe
+                cfg,
+                out,
+                resume=resume,
+                redis_url=redis_url,
+                scheduler=scheduler,
+                progress=observe,
+                cancelled=cancelled,
             )
     finally:
         if logger is not None:

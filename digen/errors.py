@@ -41,6 +41,15 @@ class CheckpointError(DigenError):
     exit_code = 2
 
 
+class JobCancelled(DigenError):
+    """A job stopped by ``digen cancel`` (or its ``cancelled`` check): the run directory keeps
+    the last complete checkpoint, from which ``--resume`` continues."""
+
+
+class TaskDropped(DigenError):
+    """A task given up half-way because its job stopped (``digen cancel``): nothing is stored."""
+
+
 class PayloadError(DigenError):
     """A payload read from Redis that is not a valid digen message (never unpickled)."""
 

@@ -1,7 +1,8 @@
 """The optimizer owner: master copy of the trained tensors, AdamW, EMA, checkpoints.
 
 One :class:`ParameterStore` exists per job (in the reference trainer's process, or in the
-controller for the distributed modes). It receives summed task gradients, steps AdamW and
+controller for the distributed modes; with ``train.fsdp`` the trainer group holds it sharded
+and the controller keeps only the weights, :class:`digen.runtime.fsdp_group.ShardedStore`). It receives summed task gradients, steps AdamW and
 yields the next policy version's weights, which workers load. Only the trained tensors live
 here (the LoRA adapter, or the full transformer for a full fine-tune).
 """
@@ -39,6 +40,11 @@ class ParameterStore:
         self.ema: dict[str, torch.Tensor] | None = (
             {k: v.detach().clone() for k, v in self.params.items()} if train.ema.enabled else None
         )
+
+    @classmethod
+    def fresh(cls, weights: dict[str, torch.Tensor], train: TrainConfig) -> ParameterStore:
+        """Version 0 of a job from the policy's trained tensors."""
+        return cls(weights, train)
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The current version's weights (detached, contiguous CPU float32)."""
@@ -86,15 +92,7 @@ class ParameterStore:
     @staticmethod
     def load(folder: Path, train: TrainConfig) -> tuple[ParameterStore, dict]:
         """A store restored from :meth:`save`; also the ``state.json`` contents."""
-        try:
-            state = json.loads((folder / "state.json").read_text())
-            weights = load_file(str(folder / "weights.safetensors"))
-            opt = load_file(str(folder / "optimizer.safetensors"))
-        except (OSError, ValueError, KeyError, json.JSONDecodeError, SafetensorError) as exc:
-            raise CheckpointError(
-                f"checkpoint {folder} cannot be read ({exc.__class__.__name__}: {exc}); delete it to resume "
-                f"from the one before, or start without --resume"
-            ) from None
+        state, weights, opt = read_checkpoint(folder)
         store = ParameterStore(weights, train, version=int(state["version"]))
         for k in store.names:
             if f"exp_avg/{k}" in opt:
@@ -106,3 +104,20 @@ class ParameterStore:
         if store.ema is not None and any(k.startswith("ema/") for k in opt):
             store.ema = {k: opt[f"ema/{k}"].clone() for k in store.names}
         return store, state
+
+
+def read_checkpoint(
+    folder: Path, *, optimizer: bool = True
+) -> tuple[dict, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(``state.json``, weights, optimizer tensors or ``{}`` without ``optimizer``) of a
+    checkpoint folder written by :meth:`ParameterStore.save`."""
+    try:
+        state = json.loads((folder / "state.json").read_text())
+        weights = load_file(str(folder / "weights.safetensors"))
+        opt = load_file(str(folder / "optimizer.safetensors")) if optimizer else {}
+    except (OSError, ValueError, KeyError, json.JSONDecodeError, SafetensorError) as exc:
+        raise CheckpointError(
+            f"checkpoint {folder} cannot be read ({exc.__class__.__name__}: {exc}); delete it to resume "
+            f"from the one before, or start without --resume"
+        ) from None
+    return state, weights, opt

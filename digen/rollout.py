@@ -17,6 +17,7 @@ import torch
 from digen.algos.sde import euler_step, sde_step
 from digen.algos.timesteps import sde_step_mask, select_timesteps
 from digen.config import Config
+from digen.errors import TaskDropped
 from digen.models.base import FlowPolicy, PromptEmbeds
 from digen.rewards.base import call_reward
 from digen.seeding import iteration_generator, sample_generator
@@ -141,9 +142,11 @@ def generate_group(
     reward_fn: Callable[..., torch.Tensor] | None,
     embeds: PromptEmbeds | None = None,
     timer: Timer | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> Trajectories:
     """Sample one group with the SDE sampler, decode it and score it (``reward_fn`` None: a
-    ``reward`` task scores it later from ``decoded``; the ``reward`` phase is not timed)."""
+    ``reward`` task scores it later from ``decoded``; the ``reward`` phase is not timed). A
+    true ``stop()``, checked before each denoising step, drops the group (:class:`TaskDropped`)."""
     r = cfg.rollout
     t0 = time.time()
     n = len(task.sample_ids)
@@ -167,6 +170,10 @@ def generate_group(
     latents = [x.cpu()]
     log_probs = []
     for i in range(r.num_steps):
+        if stop is not None and stop():
+            raise TaskDropped(
+                f"group {task.group} of iteration {task.iteration} dropped at step {i}: the job stopped"
+            )
         s, s_next = float(sigmas[i]), float(sigmas[i + 1])
         v = policy.velocity(x, torch.full((n,), s, device=x.device), batch_embeds, r.guidance_scale)
         eps = torch.stack([torch.randn(x.shape[1:], generator=g, dtype=torch.float32) for g in gens])

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from digen.config import Config
-from digen.errors import CheckpointError
+from digen.errors import CheckpointError, JobCancelled
 from digen.evaluation import evaluate_inline, evaluates, held_out_prompts, progress_row
 from digen.iteration import IterationBook
 from digen.models import load_policy
@@ -75,18 +75,22 @@ class EmbedCache:
 
 @dataclass
 class Resumed:
-    store: ParameterStore
+    store: ParameterStore  # or a ShardedStore (train.fsdp), which quacks like one
     start_iteration: int
     previous_weights: dict[str, torch.Tensor] | None
 
 
-def open_store(cfg: Config, run: RunDir, policy: FlowPolicy, resume: bool) -> Resumed:
-    """A fresh parameter store from the policy, or the newest checkpoint's when resuming."""
+def open_store(
+    cfg: Config, run: RunDir, policy: FlowPolicy, resume: bool, store_type: type = ParameterStore
+) -> Resumed:
+    """A fresh parameter store from the policy, or the newest checkpoint's when resuming.
+    ``store_type`` (``fresh(weights, train)``, ``load(folder, train)``) is the kind of store:
+    the controller of an FSDP job keeps only the weights (no optimizer state)."""
     if resume:
         ckpt = run.latest_checkpoint()
         if ckpt is None:
             raise CheckpointError(f"--resume: {run.root} has no checkpoint yet; start without --resume")
-        store, state = ParameterStore.load(ckpt, cfg.train)
+        store, state = store_type.load(ckpt, cfg.train)
         prev = None
         if (ckpt / "previous_weights.safetensors").exists():
             from safetensors.torch import load_file
@@ -95,7 +99,7 @@ def open_store(cfg: Config, run: RunDir, policy: FlowPolicy, resume: bool) -> Re
         last = int(state["iteration"])
         run.truncate_after(last)
         return Resumed(store, last + 1, prev)
-    return Resumed(ParameterStore(policy.trainable_state_dict(), cfg.train), 0, None)
+    return Resumed(store_type.fresh(policy.trainable_state_dict(), cfg.train), 0, None)
 
 
 def save_checkpoint(
@@ -125,9 +129,21 @@ def save_checkpoint(
     run.prune_checkpoints()
 
 
-def timing_metrics(events: list[dict], workers: int, wall_s: float, samples: int) -> dict:
-    """``wall_s``, ``samples_per_s`` and the bubble ratio of one iteration's timeline."""
-    busy = sum(e["end"] - e["start"] for e in events if e["kind"] != "sync")
+def busy_seconds(events: list[dict], start: float | None = None, end: float | None = None) -> float:
+    """Worker-seconds of non-``sync`` task time within ``[start, end]`` (unbounded when None):
+    each event counts by its overlap with the window, whatever iteration it belongs to, so a
+    task straddling an iteration boundary (GAP, staleness 1) counts on both sides, as
+    :func:`digen.bench.worker_stats` clips it."""
+    lo, hi = float("-inf") if start is None else start, float("inf") if end is None else end
+    return sum(max(0.0, min(e["end"], hi) - max(e["start"], lo)) for e in events if e["kind"] != "sync")
+
+
+def timing_metrics(
+    events: list[dict], workers: int, wall_s: float, samples: int, window: tuple[float, float] | None = None
+) -> dict:
+    """``wall_s``, ``samples_per_s`` and the bubble ratio of one iteration's timeline; with
+    ``window`` (start, end), busy time is the events' overlap with it (:func:`busy_seconds`)."""
+    busy = busy_seconds(events, *(window or (None, None)))
     worker_s = workers * wall_s
     return {
         "wall_s": wall_s,
@@ -139,9 +155,23 @@ def timing_metrics(events: list[dict], workers: int, wall_s: float, samples: int
 
 
 def run_reference(
-    cfg: Config, out: Path, *, resume: bool = False, progress: ProgressFn | None = None
+    cfg: Config,
+    out: Path,
+    *,
+    resume: bool = False,
+    progress: ProgressFn | None = None,
+    cancelled: Callable[[], bool] | None = None,
 ) -> dict:
-    """Train with the single-process reference loop; returns ``summary.json``'s contents."""
+    """Train with the single-process reference loop; returns ``summary.json``'s contents.
+    ``cancelled()`` is checked before each task: true, the run stops with
+    :class:`JobCancelled`, its last complete iteration's checkpoint kept."""
+
+    def check_cancel(k: int) -> None:
+        if cancelled is not None and cancelled():
+            ckpt = run.latest_checkpoint()
+            kept = f"the checkpoint {ckpt} is kept" if ckpt is not None else "no iteration had finished"
+            raise JobCancelled(f"run cancelled during iteration {k}; {kept}: continue it with --resume")
+
     torch.manual_seed(cfg.seed)  # nothing should draw from it; set for third-party code
     run = RunDir(out, cfg, resume=resume)
     with phase("model load"):
@@ -169,10 +199,12 @@ def run_reference(
         book = IterationBook(cfg, k, groups)
         trajs: dict[int, Trajectories] = {}
         for task in groups:
+            check_cancel(k)
             traj = generate_group(policy, task, cfg, reward, embeds=embed(task.prompt), timer=timer)
             trajs[task.group] = traj
             book.add_rewards(task.group, traj.rewards)
         for g in book.trainable_groups():
+            check_cancel(k)
             spec = book.train_spec(g)
             t0 = time.time()
             traj = trajs[g]

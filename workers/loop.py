@@ -30,12 +30,13 @@ import torch
 from digen.config import Config
 from digen.core.events import Role, TaskKind, TaskRef
 from digen.core.policy import idle_kinds, pull_order
+from digen.errors import TaskDropped
 from digen.evaluation import EvalTask, evaluate_chunk
 from digen.rewards.base import call_reward
 from digen.rollout import GroupTask, generate_group
 from digen.runtime.jobstate import JobState
 from digen.runtime.queue import LeasedTask, TaskQueue
-from digen.runtime.redis_conn import connect
+from digen.runtime.redis_conn import RoundTrips, connect, count_round_trips
 from digen.startup import process_start_time
 from digen.testing import faults
 from digen.trainer import EmbedCache, build_reward
@@ -43,6 +44,8 @@ from digen.training import TrainSpec, train_group
 from workers.preload import LOAD_TIMES, take_policy, worker_device
 
 log = logging.getLogger(__name__)
+STOP_CHECK_S = 0.2
+"""How often, at most, a running generation task reads the job's status (one GET)."""
 
 
 @dataclass
@@ -61,6 +64,34 @@ class WorkerRuntime:
     version: int | None = None
     weights_cache: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
     tasks_run: int = 0
+    round_trips: RoundTrips | None = None
+    """Requests this loop has sent to Redis (reported on each task's last timeline event)."""
+    cycles: int = 0
+    """Passes through the loop (one per leased task, plus idle ones)."""
+    reported: tuple[int, int] = (0, 0)
+    """(round_trips, cycles) at the last report."""
+    stop_checked: float = 0.0
+
+    def job_stopped(self) -> bool:
+        """True once the job left ``running`` (``digen cancel``): read at most every
+        :data:`STOP_CHECK_S`, between denoising steps (:func:`~digen.rollout.generate_group`)."""
+        now = time.monotonic()
+        if now - self.stop_checked < STOP_CHECK_S:
+            return False
+        self.stop_checked = now
+        return self.job.status() != "running"
+
+    def report_redis(self, events: list[dict]) -> None:
+        """Mark the task's last event with the round trips and loop cycles since the last task,
+        for ``digen bench`` (:func:`digen.bench.worker_stats`)."""
+        if self.round_trips is None or not events:
+            return
+        now = (self.round_trips.count, self.cycles)
+        events[-1]["redis_round_trips"], events[-1]["cycles"] = (
+            now[0] - self.reported[0],
+            now[1] - self.reported[1],
+        )
+        self.reported = now
 
     def ensure_policy(self):
         if self.policy is None:
@@ -116,7 +147,9 @@ def run_gen(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> dict:
         events.append(_event(rt, role, kind, ref, task.version, s, e))
 
     reward = rt.reward if leased.payload.get("score", True) else None  # else a reward task scores
-    traj = generate_group(rt.policy, task, rt.cfg, reward, embeds=rt.embed(task.prompt), timer=timer)
+    traj = generate_group(
+        rt.policy, task, rt.cfg, reward, embeds=rt.embed(task.prompt), timer=timer, stop=rt.job_stopped
+    )
     faults.point("gen", rt.job, rt.name, task=leased.task_id, iteration=task.iteration)
     rt.job.put_data(leased.task_id, traj.tensors(), {"version": str(task.version)})
     return {
@@ -216,6 +249,22 @@ RUNNERS = {
 """Queue name -> the function that runs its tasks."""
 
 
+def poll(rt: WorkerRuntime, token: str) -> tuple[Role, int] | None:
+    """The top of a loop cycle: the worker's role tag (role, off-role budget), or None when
+    the loop must stop (the job left ``running``, or a newer loop took the worker). One round
+    trip (:meth:`JobState.loop_state`); waits while the worker has no tag yet."""
+    while True:
+        state = rt.job.loop_state(rt.name, token)
+        if state.status != "running":
+            return None
+        if not state.owns_loop:
+            log.info("worker %s: a newer loop took over; this one stops", rt.name)
+            return None
+        if state.tag is not None:
+            return state.tag
+        time.sleep(0.05)
+
+
 def next_task(rt: WorkerRuntime, role: Role, budget: int) -> LeasedTask | None:
     """Lease by the tag's pull order. A worker takes an off-role task (a trainer: generation,
     TAG; a rollout worker: training, RAT) only when none of its own kind is ready and its
@@ -263,6 +312,7 @@ def worker_loop(
     torch.set_num_threads(threads)
     cfg = Config.model_validate(cfg_json)
     r = connect(redis_url, outage_s=cfg.schedule.redis_outage_s)  # a Redis restart pauses the loop
+    round_trips = count_round_trips(r)
     rt = WorkerRuntime(
         name=name,
         gpu_type=gpu_type or "cpu",
@@ -270,6 +320,7 @@ def worker_loop(
         queue=TaskQueue(r, job_id, lease_s=cfg.schedule.lease_s),
         job=JobState(r, job_id),
         device=worker_device(cfg, device),
+        round_trips=round_trips,
     )
     token = uuid.uuid4().hex
     rt.job.claim_loop(name, token)  # one loop per worker: an older one stops
@@ -282,14 +333,8 @@ def worker_loop(
     )
     rt.job.mark_ready(name, rt.gpu_type)
     log.info("worker %s (%s) joined job %s", name, rt.gpu_type, job_id)
-    while rt.job.status() == "running":
-        if not rt.job.owns_loop(name, token):
-            log.info("worker %s: a newer loop took over; this one stops", name)
-            break
-        tag = rt.job.tag(name)
-        if tag is None:
-            time.sleep(0.05)
-            continue
+    while (tag := poll(rt, token)) is not None:
+        rt.cycles += 1
         role, budget = tag
         if cfg.train.fsdp and role is Role.TRAINER:  # a rank of the job's FSDP group from now on
             from workers.fsdp_loop import run_fsdp_rank
@@ -302,6 +347,9 @@ def worker_loop(
             result = RUNNERS[leased.queue](rt, leased, role)
         except redis.ConnectionError:
             raise  # Redis gone for longer than schedule.redis_outage_s: not the task's fault
+        except TaskDropped as exc:  # the job stopped: the loop ends at its next poll
+            log.info("worker %s: %s", name, exc)
+            continue
         except Exception as exc:  # a failing task is reported, never kills the loop
             log.error("task %s failed on %s: %s", leased.task_id, name, exc)
             rt.queue.nack(
@@ -311,6 +359,7 @@ def worker_loop(
                 worker=name,
             )
             continue
+        rt.report_redis(result["events"])
         faults.point(
             "ack", rt.job, name, task=leased.task_id, iteration=TaskRef.parse(leased.task_id).iteration
         )

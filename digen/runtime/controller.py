@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,14 +36,15 @@ from digen.core.events import (
     WorkerLeft,
 )
 from digen.core.scheduler import Scheduler, SchedulerConfig
-from digen.errors import ConfigError, ConnectionFailure, DigenError
+from digen.errors import ConfigError, ConnectionFailure, DigenError, JobCancelled
 from digen.evaluation import eval_task_count, held_out_prompts
 from digen.iteration import IterationBook
+from digen.optim import ParameterStore
 from digen.rollout import Trajectories, plan_groups
 from digen.rundir import RunDir
 from digen.runtime.cluster import LocalClusterStart, WorkerInfo, connect_scheduler, list_workers
 from digen.runtime.evals import Evaluations
-from digen.runtime.fsdp_group import FsdpControl, is_step_id
+from digen.runtime.fsdp_group import FsdpControl, ShardedStore, is_step_id
 from digen.runtime.jobstate import JobState
 from digen.runtime.queue import DeadLetter, TaskQueue
 from digen.runtime.redis_conn import SecretURL, connect, embedded_url, mask_url
@@ -52,10 +54,6 @@ from digen.training import TrainStats
 from digen.viz import write_sample_grid
 
 log = logging.getLogger(__name__)
-
-
-class JobCancelled(DigenError):
-    exit_code = 1
 
 
 class PoisonTask(DigenError):
@@ -342,9 +340,7 @@ class Controller:
     def finish_iteration(self, book: IterationBook, opt_stats: dict, store, previous, now: float) -> None:
         k = book.iteration
         window = [e for e in self.events if e["end"] > self.window_start and e["worker"] != "controller"]
-        busy = sum(
-            min(e["end"], now) - max(e["start"], self.window_start) for e in window if e["kind"] != "sync"
-        )
+        window += in_flight_events(self.queue, list(self.outstanding), now)  # next iteration's, under GAP
         wall = now - self.window_start
         metrics = book.metrics()
         metrics.update(opt_stats)
@@ -355,9 +351,9 @@ class Controller:
                 metrics["samples"] -= n
                 metrics["dropped_samples"] += n
         n_workers = max(len(self.workers), 1)
-        metrics.update(timing_metrics([], n_workers, wall, metrics["samples"]))
-        metrics["busy_s"] = busy
-        metrics["bubble_ratio"] = max(0.0, 1 - busy / (n_workers * wall)) if wall > 0 else 0.0
+        metrics.update(
+            timing_metrics(window, n_workers, wall, metrics["samples"], window=(self.window_start, now))
+        )
         lags = [k - v for v in self.gen_versions.get(k, {}).values()]
         metrics.update(
             {"policy_version": store.version, "max_staleness": max(lags) if lags else 0, "workers": n_workers}
@@ -391,6 +387,16 @@ class Controller:
         self.window_start = now
         if self.progress is not None:
             self.progress(metrics)
+
+    def cancel(self) -> JobCancelled:
+        """Stop releasing and tell the worker loops to drop their work (the job's status
+        leaves ``running``); the error to raise, naming the checkpoint kept."""
+        self.job.set_status("cancel")
+        ckpt = self.run.latest_checkpoint()
+        kept = f"the checkpoint {ckpt} is kept" if ckpt is not None else "no iteration had finished"
+        unfinished = sorted(self.books)
+        during = f" during iteration {unfinished[0]}" if unfinished else ""
+        return JobCancelled(f"job {self.job.job_id} cancelled{during}; {kept}: continue it with --resume")
 
     # --- results ----------------------------------------------------------------------
     def collect(self, sched: Scheduler, task_id: str) -> list[Instruction]:
@@ -511,6 +517,21 @@ class Controller:
                 self.backlog.append(tid)
 
 
+def in_flight_events(queue: TaskQueue, task_ids: list[str], now: float) -> list[dict]:
+    """Busy spans of released tasks whose results are not collected yet, for the bubble ratio
+    of the window ending at ``now``: a leased task as one span from its lease (the worker's
+    clock) to ``now``, an acknowledged one by its result's events. A task straddling the
+    iteration boundary counts in both windows, each time clipped to that window
+    (:func:`~digen.trainer.busy_seconds`); a pending one has not run."""
+    out: list[dict] = []
+    for tid, (state, started) in queue.progress(task_ids).items():
+        if state == "leased" and started is not None:
+            out.append({"kind": "task", "start": started, "end": now})
+        elif state == "done" and isinstance(res := queue.get_result(tid), dict):
+            out += [e for e in res.get("events", []) if e["start"] < now]
+    return out
+
+
 def zero_gradient(store) -> dict[str, torch.Tensor]:
     """A zero gradient for every trained tensor (a group that trains nothing)."""
     return {k: torch.zeros_like(v.detach()) for k, v in store.params.items()}
@@ -559,8 +580,15 @@ def run_distributed(
     progress: ProgressFn | None = None,
     job_id: str | None = None,
     on_start=None,
+    cancelled: Callable[[], bool] | None = None,
 ) -> dict:
     """Run a job in ``colocated``, ``disaggregated`` or ``digen`` mode; returns the summary.
+
+    ``cancelled()`` (``digen cancel``; also the job's Redis status ``cancel``) is checked each
+    time the controller has collected what the workers acknowledged, before it releases
+    anything: a cancelled job stops mid-iteration, the worker loops drop their task (between
+    denoising steps, or after the task in hand) and :class:`JobCancelled` is raised, the run
+    directory holding the last complete iteration's checkpoint.
 
     Inputs are checked before anything is written or started (rewards, Redis, the Dask
     scheduler: errors within seconds, naming what and where). A Redis restart pauses the job
@@ -582,12 +610,11 @@ def run_distributed(
         torch.manual_seed(cfg.seed)  # the LoRA init draws from it, exactly as in the reference
         with phase("controller model load"):
             policy = build_policy(cfg, device="cpu")
-            state = open_store(cfg, run, policy, resume)
+            # with FSDP the trainer group owns the optimizer: the controller keeps the weights only
+            state = open_store(cfg, run, policy, resume, ShardedStore if cfg.train.fsdp else ParameterStore)
         del policy
         store = state.store
-        fsdp = FsdpControl.create(queue, job, store.version, store.weights()) if cfg.train.fsdp else None
-        if fsdp is not None:  # the trainer group owns the optimizer
-            store = fsdp.store
+        fsdp = FsdpControl.create(queue, job, store) if cfg.train.fsdp else None
         job.publish(store.version, store.weights())
         if state.previous_weights is not None:
             job.publish(store.version - 1, state.previous_weights)
@@ -653,6 +680,8 @@ def run_distributed(
             instructions: list[Instruction] = []
             for tid in ids:
                 instructions += ctl.collect(sched, tid)
+            if job.status() == "cancel" or (cancelled is not None and cancelled()):
+                raise ctl.cancel()
             now = time.time()
             if now - last_check > 0.5:
                 last_check = now
@@ -665,8 +694,6 @@ def run_distributed(
                 queue.requeue_expired(max_attempts=s.max_attempts)
                 for dead in queue.dead_letters():
                     instructions += ctl.poisoned(sched, dead, store)
-                if job.status() == "cancel":
-                    raise JobCancelled(f"job {job_id} cancelled; the last checkpoint is kept in {out}")
             finished = ctl.apply(sched, instructions, prompts, store)
         job.set_status("done")
     except (redis.ConnectionError, redis.TimeoutError) as exc:

@@ -34,8 +34,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from digen.config import TrainConfig
 from digen.core.events import Instruction, Role, StepDone
 from digen.errors import DigenError
+from digen.optim import read_checkpoint
 from digen.runtime.jobstate import JobState
 from digen.runtime.queue import TaskQueue
 
@@ -105,6 +107,17 @@ class ShardedStore:
     adam_steps: dict[str, float] = field(default_factory=dict)
     """The step counts of the last checkpointing step command (the leader sends them)."""
 
+    @classmethod
+    def fresh(cls, weights: dict[str, torch.Tensor], train: TrainConfig) -> ShardedStore:
+        """Version 0 from the policy's trained tensors, as :meth:`ParameterStore.weights` gives them."""
+        return cls(0, {k: weights[k].detach().float().cpu().clone().contiguous() for k in sorted(weights)})
+
+    @classmethod
+    def load(cls, folder: Path, train: TrainConfig) -> tuple[ShardedStore, dict]:
+        """A checkpoint's weights and ``state.json`` (its ``optimizer.safetensors`` is the ranks' to read)."""
+        state, weights, _ = read_checkpoint(folder, optimizer=False)
+        return cls(int(state["version"]), weights, dict(state.get("adam_steps", {}))), state
+
     def weights(self) -> dict[str, torch.Tensor]:
         return self.current
 
@@ -135,10 +148,8 @@ class FsdpControl:
     """Step commands queued and not yet acknowledged: id -> when queued."""
 
     @staticmethod
-    def create(
-        queue: TaskQueue, job: JobState, version: int, weights: dict[str, torch.Tensor]
-    ) -> FsdpControl:
-        return FsdpControl(FsdpGroup(queue.redis, job.job_id), queue, job, ShardedStore(version, weights))
+    def create(queue: TaskQueue, job: JobState, store: ShardedStore) -> FsdpControl:
+        return FsdpControl(FsdpGroup(queue.redis, job.job_id), queue, job, store)
 
     def start(self, ctl, resume_from: Path | None) -> None:
         """Fix the group: the trainer workers known now, sorted by name (rank 0 first). A

@@ -14,11 +14,21 @@ Keys (``P = digen:<job_id>:``)::
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import torch
 
 from digen.core.events import Role
 from digen.runtime.codec import pack_tensors, unpack_tensors
+
+
+@dataclass(frozen=True)
+class LoopState:
+    """A worker loop's view of the job at the top of a cycle (:meth:`JobState.loop_state`)."""
+
+    status: str | None
+    owns_loop: bool
+    tag: tuple[Role, int] | None
 
 
 class JobState:
@@ -32,10 +42,7 @@ class JobState:
         self.r.hset(self.p + f"tag:{worker}", mapping={"role": role.value, "budget": budget})
 
     def tag(self, worker: str) -> tuple[Role, int] | None:
-        raw = self.r.hgetall(self.p + f"tag:{worker}")
-        if not raw:
-            return None
-        return Role(raw[b"role"].decode()), int(raw.get(b"budget", b"0"))
+        return _tag(self.r.hgetall(self.p + f"tag:{worker}"))
 
     def take_budget(self, worker: str) -> bool:
         """Spend one unit of the worker's off-role (TAG/RAT) budget; False (nothing spent) when none left."""
@@ -93,8 +100,17 @@ class JobState:
         self.r.set(self.p + f"loop:{worker}", token)
 
     def owns_loop(self, worker: str, token: str) -> bool:
-        raw = self.r.get(self.p + f"loop:{worker}")
-        return raw is None or raw.decode() == token
+        return _owns(self.r.get(self.p + f"loop:{worker}"), token)
+
+    def loop_state(self, worker: str, token: str) -> LoopState:
+        """What a worker loop reads before each task (the job's status, whether this loop is
+        still the worker's, the worker's role tag), in one round trip."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.get(self.p + "status")
+        pipe.get(self.p + f"loop:{worker}")
+        pipe.hgetall(self.p + f"tag:{worker}")
+        status, owner, tag = pipe.execute()
+        return LoopState(None if status is None else status.decode(), _owns(owner, token), _tag(tag))
 
     def mark_ready(self, worker: str, gpu_type: str) -> None:
         self.r.hset(self.p + "ready", worker, gpu_type)
@@ -117,3 +133,13 @@ class JobState:
     def status(self) -> str | None:
         s = self.r.get(self.p + "status")
         return None if s is None else s.decode()
+
+
+def _tag(raw: dict) -> tuple[Role, int] | None:
+    if not raw:
+        return None
+    return Role(raw[b"role"].decode()), int(raw.get(b"budget", b"0"))
+
+
+def _owns(raw: bytes | None, token: str) -> bool:
+    return raw is None or raw.decode() == token

@@ -3,7 +3,8 @@
 Keys (``P = digen:<job_id>:``)::
 
     P q:<queue>        list   ids of pending tasks, leased from the left (FIFO)
-    P task:<id>        hash   queue, payload (msgpack), attempts, state, worker, error, result_kind
+    P task:<id>        hash   queue, payload (msgpack), attempts, state, worker, started (the
+                              leasing worker's clock), error, result_kind
     P leases           zset   id -> lease deadline (seconds, Redis server clock)
     P result:<id>      string the result bytes, written once (SET NX)
     P done             list   ids acknowledged, in order; the controller pops it
@@ -51,17 +52,17 @@ return 1
 """
 
 _LEASE = """
-local p, lease_s, worker = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local p, lease_s, worker, started = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-for i = 4, #ARGV do
+for i = 5, #ARGV do
   local q = ARGV[i]
   local id = redis.call('LPOP', p .. 'q:' .. q)
   while id do
     local tkey = p .. 'task:' .. id
     if redis.call('HGET', tkey, 'state') == 'pending' then
       local n = redis.call('HINCRBY', tkey, 'attempts', 1)
-      redis.call('HSET', tkey, 'state', 'leased', 'worker', worker)
+      redis.call('HSET', tkey, 'state', 'leased', 'worker', worker, 'started', started)
       redis.call('ZADD', p .. 'leases', now + lease_s, id)
       return {q, id, redis.call('HGET', tkey, 'payload'), n}
     end
@@ -69,7 +70,7 @@ for i = 4, #ARGV do
   end
 end
 -- nothing to lease: drop stale wake tokens, atomically with having looked
-for i = 4, #ARGV do redis.call('DEL', p .. 'wake:' .. ARGV[i]) end
+for i = 5, #ARGV do redis.call('DEL', p .. 'wake:' .. ARGV[i]) end
 return false
 """
 
@@ -232,7 +233,7 @@ class TaskQueue:
         deadline = time.monotonic() + block_s
         wake_keys = [self._key("wake", q) for q in queue_names]
         while True:
-            reply = self._lease(args=[self.prefix, self.lease_s, worker, *queue_names])
+            reply = self._lease(args=[self.prefix, self.lease_s, worker, repr(time.time()), *queue_names])
             if reply:
                 queue, task_id, payload, attempt = reply
                 try:
@@ -342,6 +343,16 @@ class TaskQueue:
             )
             out.append(DeadLetter(task_id, _text(queue or b""), _text(error or b""), int(attempts or 0)))
         return out
+
+    def progress(self, task_ids: list[str]) -> dict[str, tuple[str | None, float | None]]:
+        """(state, when the leasing worker took it by its clock) of each id, in one round trip."""
+        pipe = self.redis.pipeline(transaction=False)
+        for task_id in task_ids:
+            pipe.hmget(self._key("task", task_id), ["state", "started"])
+        return {
+            task_id: (None if state is None else _text(state), None if started is None else float(started))
+            for task_id, (state, started) in zip(task_ids, pipe.execute() if task_ids else [], strict=True)
+        }
 
     def state(self, task_id: str) -> str | None:
         """``pending``, ``leased``, ``done``, ``dead``, or None for an unknown id."""

@@ -117,6 +117,37 @@ def connect(
     return client
 
 
+class RoundTrips:
+    """Requests a client has sent to Redis: one per command, one per pipeline (its commands
+    travel together), one per Lua script call. Thread-safe; see :func:`count_round_trips`."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._lock = threading.Lock()
+
+    def add(self) -> None:
+        with self._lock:
+            self.count += 1
+
+
+def count_round_trips(client: redis.Redis) -> RoundTrips:
+    """Count every request ``client`` sends from now on (its pooled connections are replaced
+    by counting ones of the same kind; the client otherwise behaves as before)."""
+    counter = RoundTrips()
+    pool = client.connection_pool
+    base = pool.connection_class
+
+    class Counting(base):  # type: ignore[misc, valid-type]
+        def send_packed_command(self, command, check_health=True):
+            counter.add()
+            return super().send_packed_command(command, check_health)
+
+    pool.disconnect()
+    pool.connection_class = Counting
+    pool.reset()
+    return counter
+
+
 class PatientRetry(Retry):
     """Retry a Redis command through an outage (a restart, a failover, a network cut) of up
     to ``outage_s`` seconds, with exponential backoff (0.1 s doubling to 2 s), then raise.

@@ -50,7 +50,7 @@ from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
 from digen.config import Config, build_config
-from digen.errors import ConfigError, DigenError
+from digen.errors import ConfigError, DigenError, JobCancelled
 
 log = logging.getLogger(__name__)
 
@@ -68,10 +68,6 @@ STARTING_GRACE_S = 20.0  # rq says started but the job has not beaten yet: still
 STATES = ("queued", "starting", "running", "cancelling", "done", "failed", "cancelled", "lost", "resumed")
 TERMINAL = frozenset({"done", "failed", "cancelled", "resumed"})
 TIMING_KEYS = frozenset({"wall_s", "samples_per_s", "busy_s", "worker_s", "bubble_ratio"})
-
-
-class JobCancelled(DigenError):
-    """A job stopped by ``digen cancel``."""
 
 
 class UnknownJob(ConfigError):
@@ -267,8 +263,10 @@ def _enqueue(r: redis.Redis, args: dict, *, job_id: str, retries: int, timeout_s
 
 
 def cancel(r: redis.Redis, job_id: str) -> str:
-    """Stop ``job_id``: a queued job is dropped, a running one stops at its next iteration
-    boundary (after the checkpoint). Returns the state the request was made in."""
+    """Stop ``job_id``: a queued job is dropped; a running one stops within one task (its
+    controller stops releasing, the workers drop their task at the next denoising step or
+    task boundary), keeping the last complete iteration's checkpoint. Returns the state the
+    request was made in."""
     info = job_info(r, job_id)
     if info.state in TERMINAL:
         raise ConfigError(f"job {job_id} is already {info.state}; nothing to cancel")
@@ -282,7 +280,7 @@ def cancel(r: redis.Redis, job_id: str) -> str:
     elif info.state == "lost":
         push_log(r, job_id, "cancelled (its runner had died); the run directory keeps the last checkpoint")
     else:
-        push_log(r, job_id, "cancel requested: stopping after the current iteration's checkpoint")
+        push_log(r, job_id, "cancel requested: stopping within one task, keeping the last checkpoint")
     return info.state
 
 
@@ -627,10 +625,6 @@ def _run(
             f"± {m.get('reward_std', float('nan')):.4f}  loss {m.get('loss', float('nan')):.3g}  "
             f"{m.get('samples_per_s', 0.0):.1f} samples/s  bubble {m.get('bubble_ratio', 0.0):.2f}",
         )
-        if r.hexists(info_key(jid), "cancel"):
-            raise JobCancelled(
-                f"job {jid} cancelled after iteration {k}; the last checkpoint is kept in {out}"
-            )
 
     scheduler = ctx.scheduler if ctx else None
     if scheduler and scheduler.startswith("tls://") and not cfg.security.enabled:
@@ -646,6 +640,7 @@ def _run(
             redis_url=ctx.redis_url if ctx else None,
             scheduler=scheduler,
             progress=progress,
+            cancelled=lambda: bool(r.hexists(info_key(jid), "cancel")),  # digen cancel
         )
     _finish_meta(job, "done")
     push_log(

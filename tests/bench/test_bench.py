@@ -290,3 +290,30 @@ def test_cli_bench_reference_and_digen(tiny_sd3, tmp_path):
     md = (out / "bench.md").read_text()
     assert md.startswith("`digen bench ") and "| digen | 2 |" in md
     assert "| digen | 2 |" in res.output
+
+
+def test_summarize_reports_the_worker_loops_redis_round_trips():
+    timeline = disaggregated_timeline()
+    for row in timeline:  # the loops mark each task's last event (iteration 0 is warm-up)
+        if row["kind"] == "reward":
+            row.update(redis_round_trips=6, cycles=3)
+        elif row["kind"] == "train":
+            row.update(redis_round_trips=4, cycles=2)
+    rec = RunRecord("disaggregated", 0, Path("d"), metrics(3, 1.6, 1.2, 2), timeline, False, {})
+    pool = RatePool()
+    d = summarize("disaggregated", [rec], pool, G, 1)
+    # iterations 1-2: 4 generation tasks (6 round trips each) + 4 train tasks (4 each) in
+    # 2 workers x 3.2 s of measured window; 3 + 2 loop cycles per pair of tasks
+    assert d["worker_redis_round_trips_per_s"] == pytest.approx(40 / 6.4, abs=0.01)
+    assert d["worker_redis_round_trips_per_cycle"] == pytest.approx(2.0)
+    plain = summarize(
+        "disaggregated",
+        [RunRecord("d", 0, Path("d"), rec.metrics, disaggregated_timeline(), False)],
+        pool,
+        G,
+        1,
+    )
+    assert (
+        plain["worker_redis_round_trips_per_s"] is None
+        and plain["worker_redis_round_trips_per_cycle"] is None
+    )

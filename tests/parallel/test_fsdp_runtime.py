@@ -7,6 +7,7 @@ reference run's, final weights within 1e-5, checkpoints interchangeable both way
 
 from __future__ import annotations
 
+import gc
 import json
 import shutil
 from pathlib import Path
@@ -47,6 +48,17 @@ def _fsdp_config(model: Path):
 def _rewards(run: Path) -> dict[int, list[float]]:
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     return {r["iteration"]: r["rewards"] for r in rows}
+
+
+def _full_stores_held(ctl) -> list[str]:
+    """What of a full optimizer the controller's process holds (its store must be weights only)."""
+    from digen.runtime.fsdp_group import ShardedStore
+
+    gc.collect()
+    held = [
+        type(o).__name__ for o in gc.get_objects() if isinstance(o, ParameterStore | torch.optim.Optimizer)
+    ]
+    return held if isinstance(ctl.fsdp.store, ShardedStore) else [*held, type(ctl.fsdp.store).__name__]
 
 
 def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -93,7 +105,13 @@ def test_fsdp_job_equals_reference(reference_run, tiny_sd3, tmp_path):
     from digen.runtime.controller import run_distributed
 
     out = tmp_path / "fsdp"
-    run_distributed(_fsdp_config(tiny_sd3), out)
+    held = ["not started"]
+    run_distributed(
+        _fsdp_config(tiny_sd3),
+        out,
+        on_start=lambda ctl: held.__setitem__(slice(None), _full_stores_held(ctl)),
+    )
+    assert held == []  # the ranks hold the optimizer, sharded; the controller only the weights
 
     ref, got = _rewards(reference_run), _rewards(out)
     assert sorted(got) == list(range(ITERATIONS))
@@ -141,7 +159,14 @@ def test_fsdp_resumes_a_reference_checkpoint(reference_run, tiny_sd3, tmp_path):
     shutil.copytree(reference_run, out)
     for later in range(1, ITERATIONS):
         shutil.rmtree(out / f"checkpoints/iter_{later:04d}")
-    run_distributed(_fsdp_config(tiny_sd3), out, resume=True)
+    held = ["not started"]
+    run_distributed(
+        _fsdp_config(tiny_sd3),
+        out,
+        resume=True,
+        on_start=lambda ctl: held.__setitem__(slice(None), _full_stores_held(ctl)),
+    )
+    assert held == []  # resuming reads the checkpoint's weights only; the ranks read its AdamW state
 
     ref, got = _rewards(reference_run), _rewards(out)
     assert sorted(got) == list(range(ITERATIONS))

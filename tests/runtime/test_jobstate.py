@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from digen.core.events import Role
 from digen.runtime.codec import looks_like_pickle
-from digen.runtime.jobstate import JobState
+from digen.runtime.jobstate import JobState, LoopState
+from digen.runtime.queue import TaskQueue
+from digen.runtime.redis_conn import connect, count_round_trips, embedded_url
 
 
 def test_tags_and_budget(redis_client):
@@ -30,6 +33,49 @@ def test_one_loop_per_worker(redis_client):
     job.claim_loop("w", "new")
     assert not job.owns_loop("w", "old") and job.owns_loop("w", "new")
     assert job.owns_loop("other", "old")  # per worker
+
+
+def test_loop_state_reads_status_owner_and_tag(redis_client):
+    job = JobState(redis_client, "j3")
+    assert job.loop_state("w", "t") == LoopState(None, True, None)
+    job.set_status("running")
+    job.claim_loop("w", "t")
+    job.set_tag("w", Role.ROLLOUT, 1)
+    assert job.loop_state("w", "t") == LoopState("running", True, (Role.ROLLOUT, 1))
+    job.claim_loop("w", "newer")
+    assert job.loop_state("w", "t").owns_loop is False
+
+
+@pytest.mark.parametrize(
+    ("role", "queue"), [(Role.COLOCATED, "gen"), (Role.ROLLOUT, "gen"), (Role.TRAINER, "train")]
+)
+def test_a_worker_loop_cycle_takes_two_round_trips(redis_client, role, queue):
+    """Counted on the wire (a counting connection around the real client): the top of a cycle
+    (status, loop owner, tag) is one pipelined round trip, the lease one script call; the
+    three separate reads it replaces were three round trips."""
+    from workers.loop import WorkerRuntime, next_task, poll
+
+    counted = connect(embedded_url(redis_client))
+    trips = count_round_trips(counted)
+    job, tasks = JobState(counted, "cycle"), TaskQueue(counted, "cycle")
+    job.set_status("running")
+    job.claim_loop("w", "token")
+    job.set_tag("w", role, 1)
+    assert tasks.lease([queue], "w") is None  # Redis caches the lease script (as after a first cycle)
+    tasks.put(queue, f"{queue}:0:0", {"n": 0})
+    rt = WorkerRuntime("w", "cpu", None, tasks, job, "cpu", round_trips=trips)  # type: ignore[arg-type]
+
+    before = trips.count
+    tag = poll(rt, "token")
+    assert tag == (role, 1)
+    leased = next_task(rt, *tag)
+    assert leased is not None and leased.task_id == f"{queue}:0:0"
+    assert trips.count - before == 2
+
+    before = trips.count  # the reads a cycle made before they were pipelined
+    assert job.status() == "running" and job.owns_loop("w", "token") and job.tag("w") == (role, 1)
+    assert trips.count - before == 3
+    counted.close()
 
 
 def test_lora_weight_sync_moves_only_the_adapter(redis_client, tiny_sd3):

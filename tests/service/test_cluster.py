@@ -1,6 +1,6 @@
 """A digen-mode job on an external Dask scheduler with `digen worker` processes of different
 GPU types: the job uses both, a third worker started mid-job receives tasks, and `digen
-cancel` stops the job at an iteration boundary with its checkpoint (`submit --wait` exits 1)."""
+cancel` stops the job mid-iteration with its last checkpoint (`submit --wait` exits 1)."""
 
 from __future__ import annotations
 
@@ -114,7 +114,7 @@ def test_external_scheduler_gpu_types_and_a_worker_joining_mid_job(
     assert submit.wait(timeout=120) == 1  # --wait exits with the job's outcome
     assert serve.wait(timeout=120) == 0, procs.output(serve)
 
-    # cancelled at an iteration boundary: every finished iteration logged once, its checkpoint kept
+    # cancelled mid-iteration: every finished iteration logged once, the last one's checkpoint kept
     info = service.job_info(r, job_id)
     assert info.state == "cancelled" and 2 <= info.iteration < 300
     assert f"job {job_id}: cancelled" in procs.output(submit)

@@ -1,0 +1,65 @@
+"""The controller's per-iteration timing: busy time is each task's overlap with the
+iteration's window, whatever iteration the task belongs to (a hand-built timeline), and the
+tasks still running at the window's end count up to it (real embedded Redis)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from digen.runtime.controller import in_flight_events
+from digen.runtime.queue import TaskQueue
+from digen.trainer import busy_seconds, timing_metrics
+
+
+def ev(worker: str, kind: str, iteration: int, start: float, end: float) -> dict:
+    return {"worker": worker, "kind": kind, "iteration": iteration, "start": start, "end": end}
+
+
+# two workers, iteration 0 in [0, 10], iteration 1 in [10, 20]; with GAP the rollout worker
+# generates iteration 1's group from t=6 while the trainer still trains iteration 0
+TIMELINE = [
+    ev("rollout-0", "gen", 0, 0, 4),
+    ev("rollout-0", "gen", 1, 6, 14),  # straddles the boundary at t=10
+    ev("trainer-0", "train", 0, 4, 9),
+    ev("trainer-0", "sync", 1, 9, 10),  # loading weights is not busy time
+    ev("trainer-0", "train", 1, 14, 19),
+]
+
+
+def test_a_task_straddling_the_boundary_counts_in_both_windows():
+    assert busy_seconds(TIMELINE, 0, 10) == 4 + 4 + 5
+    assert busy_seconds(TIMELINE, 10, 20) == 4 + 5
+    # nothing counted twice, nothing lost: the windows add up to the whole timeline's busy time
+    assert busy_seconds(TIMELINE, 0, 10) + busy_seconds(TIMELINE, 10, 20) == busy_seconds(TIMELINE) == 22
+    m = timing_metrics(TIMELINE, 2, 10.0, 8, window=(0, 10))
+    assert m["busy_s"] == 13 and m["worker_s"] == 20
+    assert m["bubble_ratio"] == pytest.approx(1 - 13 / 20)
+    # by iteration instead of by window, iteration 0 would be 9 s busy and iteration 1 13 s
+    assert busy_seconds([e for e in TIMELINE if e["iteration"] == 0], 0, 10) == 9
+
+
+def test_tasks_in_flight_at_the_window_end_count_up_to_it(redis_client):
+    queue = TaskQueue(redis_client, "timing", lease_s=30)
+    ids = ["gen:1:0", "gen:1:1", "gen:1:2"]
+    for tid in ids:
+        queue.put("gen", tid, {"n": 1})
+    before = time.time()
+    running = queue.lease(["gen"], "rollout-0")
+    after = time.time()
+    finished = queue.lease(["gen"], "rollout-1")
+    assert running is not None and finished is not None
+    done_events = [ev("rollout-1", "gen", 1, 100.0, 101.5), ev("rollout-1", "sync", 1, 99.5, 100.0)]
+    assert queue.ack(finished.task_id, {"events": done_events}, worker="rollout-1")
+    # ids[2] is still pending: it has not run
+
+    now = after + 5.0
+    got = in_flight_events(queue, ids, now)
+    spans = [e for e in got if e["kind"] == "task"]
+    assert len(spans) == 1 and before <= spans[0]["start"] <= after and spans[0]["end"] == now
+    assert [e for e in got if e["kind"] != "task"] == done_events
+    # clipped to the window: the running task from its lease to now, the done one's gen step
+    window = (spans[0]["start"] - 1.0, now)
+    assert busy_seconds(got, *window) == pytest.approx(now - spans[0]["start"])
+    assert in_flight_events(queue, [ids[2]], now) == []
