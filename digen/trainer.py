@@ -12,7 +12,8 @@ prompt-embedding cache, run-directory handling (checkpoints, resume) and the met
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -154,6 +155,26 @@ def timing_metrics(
     }
 
 
+@contextmanager
+def compute_threads(cfg: Config) -> Iterator[None]:
+    """Run the block with ``cluster.local.threads_per_worker`` intra-op CPU threads (the
+    count before is restored after).
+
+    A CPU matmul, convolution or norm splits its sums across threads, so its float result
+    depends on the thread count (measured on the digits model: a reward 1.8e-7 apart at 1 and
+    2 threads). Every process that computes a float of a run uses this one count: the
+    reference loop, each worker loop (:func:`workers.loop.worker_loop`) and the controller's
+    optimizer step. With the same count, the same batches and the same summation order, the
+    synchronous modes compute the reference's bits (docs: README "bit for bit").
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(cfg.cluster.local.threads_per_worker)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def run_reference(
     cfg: Config,
     out: Path,
@@ -164,8 +185,22 @@ def run_reference(
 ) -> dict:
     """Train with the single-process reference loop; returns ``summary.json``'s contents.
     ``cancelled()`` is checked before each task: true, the run stops with
-    :class:`JobCancelled`, its last complete iteration's checkpoint kept."""
+    :class:`JobCancelled`, its last complete iteration's checkpoint kept.
 
+    It computes with one worker's thread count (:func:`compute_threads`): it is the oracle of
+    the distributed modes, whose workers compute with that count."""
+    with compute_threads(cfg):
+        return _reference_loop(cfg, out, resume=resume, progress=progress, cancelled=cancelled)
+
+
+def _reference_loop(
+    cfg: Config,
+    out: Path,
+    *,
+    resume: bool,
+    progress: ProgressFn | None,
+    cancelled: Callable[[], bool] | None,
+) -> dict:
     def check_cancel(k: int) -> None:
         if cancelled is not None and cancelled():
             ckpt = run.latest_checkpoint()

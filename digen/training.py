@@ -9,6 +9,15 @@ A task returns the *sum* over its rows of the loss gradient. The optimizer step 
 gradients in task order and divides by the iteration's row count, so the update equals the
 Flow-GRPO mean over all trained (sample, timestep) pairs whichever worker computed which
 task, and the same code serves the reference trainer and the distributed modes.
+
+Float order, the reason the synchronous modes equal the reference bit for bit: a task's
+gradient is a function of its rows and their packing alone (:func:`forward_chunks`, chosen by
+``schedule.tsp`` in every mode, the reference included); its forwards' gradients accumulate
+in ``.grad`` in chunk order; :meth:`digen.iteration.IterationBook.gradient` sums tasks in
+(group, part) order whatever order they arrive in; every process computes with one thread
+count (:func:`digen.trainer.compute_threads`). Two choices sum in another order, each
+legitimately: TSP's packing against one forward per step, and a group trained as two half
+tasks (RAT), whose two partial sums are added (tolerance: tests/runtime/test_equivalence.py).
 """
 
 from __future__ import annotations

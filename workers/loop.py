@@ -309,7 +309,7 @@ def worker_loop(
     except (ImportError, ValueError):
         pass
     assert name is not None
-    torch.set_num_threads(threads)
+    torch.set_num_threads(threads)  # cluster.local.threads_per_worker, as the reference (compute_threads)
     cfg = Config.model_validate(cfg_json)
     r = connect(redis_url, outage_s=cfg.schedule.redis_outage_s)  # a Redis restart pauses the loop
     round_trips = count_round_trips(r)

@@ -49,7 +49,15 @@ from digen.runtime.jobstate import JobState
 from digen.runtime.queue import DeadLetter, TaskQueue
 from digen.runtime.redis_conn import SecretURL, connect, embedded_url, mask_url
 from digen.startup import add_worker_notes, phase
-from digen.trainer import ProgressFn, build_policy, build_reward, open_store, save_checkpoint, timing_metrics
+from digen.trainer import (
+    ProgressFn,
+    build_policy,
+    build_reward,
+    compute_threads,
+    open_store,
+    save_checkpoint,
+    timing_metrics,
+)
 from digen.training import TrainStats
 from digen.viz import write_sample_grid
 
@@ -316,9 +324,10 @@ class Controller:
         """Sum the iteration's gradients, step AdamW, publish the next version, log."""
         book = self.books[iteration]
         t0 = time.time()
-        grad, rows = book.gradient()
+        grad, rows = book.gradient()  # group order, as the reference sums
         previous = store.weights()
-        opt_stats = store.step(grad, rows)
+        with compute_threads(self.cfg):  # the grad-norm reduction: the reference's thread count
+            opt_stats = store.step(grad, rows)
         t1 = time.time()
         self.job.publish(store.version, store.weights())
         lag = int(self.cfg.schedule.resolved().max_staleness or 0)

@@ -78,7 +78,7 @@ def started(monkeypatch) -> list[str]:
         return call
 
     monkeypatch.setattr(controller, "build_policy", refuse("build_policy"))
-    monkeypatch.setattr(controller, "start_local_cluster", refuse("start_local_cluster"))
+    monkeypatch.setattr(controller, "_local_cluster", refuse("_local_cluster"))
     return calls
 
 
