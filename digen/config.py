@@ -77,6 +77,10 @@ class RolloutConfig(_Section):
     sde: SdeConfig = SdeConfig()
     shared_noise: bool = False
     """DanceGRPO: every member of a group starts from the same initial noise."""
+    sequence_parallel: int = Field(1, ge=1)
+    """Ulysses sequence-parallel degree d of a rollout replica (Wan family): model-level
+    support only (``digen.parallel.ulysses.sequence_parallel``); runtime replicas of d workers
+    are not yet formed, so values above 1 are not used by ``digen train`` yet."""
 
     @property
     def prompts_per_iteration(self) -> int:
@@ -130,6 +134,10 @@ class TrainConfig(_Section):
     grad_clip: float = Field(1.0, gt=0.0)
     rows_per_forward: int = Field(64, ge=1)
     """TSP packing limit: (sample, timestep) rows in one batched forward/backward."""
+    sequence_parallel: int = Field(1, ge=1)
+    """Ulysses sequence-parallel degree of a trainer replica (Wan family): model-level support
+    only (``digen.parallel.ulysses``, gradients summed over the group); runtime replicas are
+    not yet formed, so values above 1 are not used by ``digen train`` yet."""
     ema: EmaConfig = EmaConfig()
     fsdp: bool = False
     """Shard the trained weights, gradients and AdamW state over the job's trainer workers
