@@ -66,3 +66,15 @@ def test_lora_gradient_d2_equals_d1(runs):
 def test_indivisible_sizes_are_refused():
     with pytest.raises(SequenceParallelError, match=r"sequence length \(7\).*degree \(2\)"):
         check_divisible("sequence length", 7, 2)
+
+
+def test_sequence_parallel_degree_is_at_least_one():
+    from pydantic import ValidationError
+
+    from digen.config import RolloutConfig, TrainConfig
+
+    assert RolloutConfig().sequence_parallel == 1 and TrainConfig().sequence_parallel == 1
+    assert RolloutConfig(sequence_parallel=2).sequence_parallel == 2
+    for section in (RolloutConfig, TrainConfig):
+        with pytest.raises(ValidationError, match="sequence_parallel"):
+            section(sequence_parallel=0)
