@@ -86,6 +86,10 @@ class RolloutConfig(_Section):
     sde: SdeConfig = SdeConfig()
     shared_noise: bool = False
     """DanceGRPO: every member of a group starts from the same initial noise."""
+    sequence_parallel: int = Field(1, ge=1)
+    """Ulysses sequence-parallel degree d of a rollout replica (Wan family): model-level
+    support only (``digen.parallel.ulysses.sequence_parallel``); runtime replicas of d workers
+    are not yet formed, so ``digen train`` refuses values above 1 for now."""
 
     @property
     def prompts_per_iteration(self) -> int:
@@ -139,6 +143,10 @@ class TrainConfig(_Section):
     grad_clip: float = Field(1.0, gt=0.0)
     rows_per_forward: int = Field(64, ge=1)
     """TSP packing limit: (sample, timestep) rows in one batched forward/backward."""
+    sequence_parallel: int = Field(1, ge=1)
+    """Ulysses sequence-parallel degree of a trainer replica (Wan family): model-level support
+    only (``digen.parallel.ulysses``, gradients summed over the group); runtime replicas are
+    not yet formed, so ``digen train`` refuses values above 1 for now."""
     ema: EmaConfig = EmaConfig()
     fsdp: bool = False
     """Shard the trained weights, gradients and AdamW state over the job's trainer workers
@@ -426,6 +434,12 @@ def _cross_checks(cfg: Config, check_paths: bool) -> list[str]:
     if s.mode == "colocated" and cl.rollout_workers + cl.trainer_workers < 1:
         problems.append("schedule.mode colocated needs at least one worker in cluster.local")
     problems += _fsdp_checks(cfg)
+    for key, d in (("rollout", cfg.rollout.sequence_parallel), ("train", cfg.train.sequence_parallel)):
+        if d > 1:  # refused rather than silently run at d = 1
+            problems.append(
+                f"{key}.sequence_parallel ({d}): digen train does not form sequence-parallel "
+                f"replicas yet (only digen.parallel.ulysses at model level); set it to 1"
+            )
     if cfg.eval.every and cfg.prompts.test_file is None and cfg.prompts.dataset is None:
         problems.append(
             f"eval.every ({cfg.eval.every}) needs prompts.test_file (held-out prompts, one per line) "
