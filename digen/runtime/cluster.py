@@ -9,6 +9,7 @@ workers were started with ``digen worker``.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from dataclasses import dataclass
 
@@ -59,6 +60,21 @@ def use_start_method(method: str) -> None:
         ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
 
 
+def nanny_options(name: str, role: str, gpu_type: str, threads: int) -> dict:
+    """A local worker's Nanny options. ``env`` hands the worker this process's environment as
+    it is now: a worker forked from the fork server would otherwise see the environment the
+    server started with, not variables set since (``DIGEN_HOME``, ``DIGEN_FAULTS``, ...), which
+    a spawned worker inherits."""
+    return {
+        "nthreads": threads,
+        "resources": worker_resources(role, gpu_type),
+        "name": name,
+        "memory_limit": 0,
+        "silence_logs": worker_console_level,
+        "env": dict(os.environ),
+    }
+
+
 def start_local_cluster(
     rollout: int,
     trainer: int,
@@ -84,13 +100,7 @@ def start_local_cluster(
         for i in range(n):
             workers[f"{role}-{i}"] = {
                 "cls": Nanny,
-                "options": {
-                    "nthreads": threads,
-                    "resources": worker_resources(role, gpu_type),
-                    "name": f"{role}-{i}",
-                    "memory_limit": 0,
-                    "silence_logs": worker_console_level,
-                },
+                "options": nanny_options(f"{role}-{i}", role, gpu_type, threads),
             }
     scheduler = {
         "cls": Scheduler,
@@ -172,16 +182,7 @@ def add_local_worker(cluster, role: str, gpu_type: str, threads: int = 1) -> str
 
     n = sum(1 for k in cluster.worker_spec if k.startswith(role))
     name = f"{role}-{n}"
-    cluster.worker_spec[name] = {
-        "cls": Nanny,
-        "options": {
-            "nthreads": threads,
-            "resources": worker_resources(role, gpu_type),
-            "name": name,
-            "memory_limit": 0,
-            "silence_logs": worker_console_level,
-        },
-    }
+    cluster.worker_spec[name] = {"cls": Nanny, "options": nanny_options(name, role, gpu_type, threads)}
     cluster.sync(cluster._correct_state)
     return name
 
