@@ -137,7 +137,9 @@ def restart_run(tiny_sd3: Path, tmp_path_factory) -> Iterator[RestartRun]:
     cfg = fault_config(
         tiny_sd3,
         schedule={"mode": "disaggregated", "gap": True, "max_staleness": 0, "redis_outage_s": 60.0},
-        cluster__local={"rollout_workers": 1, "trainer_workers": 1},
+        # spawned workers: they inherit this process's fd 2, which the test redirects to a file
+        # (workers forked from the fork server write to the server's own stderr)
+        cluster__local={"rollout_workers": 1, "trainer_workers": 1, "start_method": "spawn"},
     )
     out = folder / "run"
     restarted: dict[str, int] = {}
