@@ -72,6 +72,11 @@ class WorkerRuntime:
     """(round_trips, cycles) at the last report."""
     stop_checked: float = 0.0
 
+    def ensure_reward(self) -> None:
+        """Build the config's reward once per worker, on the worker's device."""
+        if self.reward is None:
+            self.reward = build_reward(self.cfg, device=self.device)
+
     def job_stopped(self) -> bool:
         """True once the job left ``running`` (``digen cancel``): read at most every
         :data:`STOP_CHECK_S`, between denoising steps (:func:`~digen.rollout.generate_group`)."""
@@ -139,8 +144,7 @@ def run_gen(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> dict:
     events = []
     if time.time() - t0 > 1e-3:
         events.append(_event(rt, role, "sync", ref, task.version, t0, time.time()))
-    if rt.reward is None:
-        rt.reward = build_reward(rt.cfg, device=rt.device)
+    rt.ensure_reward()
     assert rt.embed is not None
 
     def timer(kind: str, s: float, e: float) -> None:
@@ -203,8 +207,7 @@ def run_reward(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> dict:
     data = rt.job.data(gen_id)
     if data is None or "decoded" not in data:
         raise RuntimeError(f"decoded images of {gen_id} are missing from Redis")
-    if rt.reward is None:
-        rt.reward = build_reward(rt.cfg, device=rt.device)
+    rt.ensure_reward()
     t1 = time.time()
     n = len(task.sample_ids)
     meta = rt.cfg.prompt_metadata(task.prompt)  # GenEval-style datasets: the rewards get it
@@ -227,8 +230,7 @@ def run_eval(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> dict:
     ref = TaskRef.parse(leased.task_id)
     t0 = time.time()
     rt.ensure_version(task.version)
-    if rt.reward is None:
-        rt.reward = build_reward(rt.cfg, device=rt.device)
+    rt.ensure_reward()
     t1 = time.time()
     res = evaluate_chunk(rt.policy, task, rt.cfg, rt.reward)
     rt.job.put_data(leased.task_id, {"images": res.images.contiguous()})
@@ -327,7 +329,7 @@ def worker_loop(
     faults.point("start", rt.job, name)
     if not scorer:
         rt.ensure_policy()  # load before taking tasks: a joining worker never stalls a task
-    rt.reward = build_reward(cfg, device=rt.device)
+    rt.ensure_reward()
     rt.job.note_startup(
         name, {"process": process_start_time(), "loop": started, **LOAD_TIMES, "ready": time.time()}
     )
