@@ -3,8 +3,8 @@
 Importing this package registers the built-ins: ``jpeg_compressibility``,
 ``jpeg_incompressibility``, ``brightness``, ``color``, ``digit_classifier`` (the digits demo),
 ``http`` (a remote reward server), the model rewards ``pickscore``, ``clipscore``,
-``hpsv2``, ``aesthetic``, ``ocr`` (their packages and weights load only when one is built) and
-``geneval`` (a GenEval reward server).
+``hpsv2``, ``imagereward``, ``aesthetic``, ``ocr`` (their packages and weights load only when
+one is built) and ``geneval`` (a GenEval reward server).
 """
 
 from digen.rewards import (  # noqa: F401  (registers the built-ins)
@@ -15,6 +15,7 @@ from digen.rewards import (  # noqa: F401  (registers the built-ins)
     geneval,
     hpsv2,
     http,
+    imagereward,
     jpeg,
     ocr,
     pickscore,
