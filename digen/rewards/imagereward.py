@@ -133,6 +133,10 @@ def vision_config(state: dict[str, torch.Tensor]) -> Any:
     ``VisionTransformer``: LayerNorm eps 1e-6, exact GELU, MLP ratio from ``fc1``)."""
     from transformers import BlipVisionConfig
 
+    needed = ("patch_embed.proj.weight", "pos_embed", "blocks.0.mlp.fc1.weight")
+    absent = [f"blip.visual_encoder.{k}" for k in needed if k not in state]
+    if absent:
+        raise ConfigError(f"reward 'imagereward': checkpoint lacks {absent}; it is not an ImageReward ViT")
     width, _, patch, _ = state["patch_embed.proj.weight"].shape
     grid = math.isqrt(state["pos_embed"].shape[1] - 1)
     depth = 1 + max(int(k.split(".")[1]) for k in state if k.startswith("blocks."))

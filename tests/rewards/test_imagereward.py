@@ -311,6 +311,11 @@ def test_not_an_imagereward_checkpoint_is_refused(files, tmp_path):
     torch.save({"visual.conv1.weight": torch.zeros(1)}, wrong)
     with pytest.raises(ConfigError, match=r"has no blip.visual_encoder.\*, blip.text_encoder.\*, mlp.\*"):
         build_reward("imagereward", **kwargs(files, checkpoint=str(wrong)))
+    no_vit = tmp_path / "no-vit.pt"
+    state = {k: v for k, v in torch.load(files[0], weights_only=True).items() if "pos_embed" not in k}
+    torch.save(state, no_vit)
+    with pytest.raises(ConfigError, match=r"lacks \['blip.visual_encoder.pos_embed'\]"):
+        build_reward("imagereward", **kwargs(files, checkpoint=str(no_vit)))
     small = tmp_path / "med_small.json"
     small.write_text(json.dumps({**json.loads(files[1].read_text()), "num_hidden_layers": 1}))
     with pytest.raises(ConfigError, match="text weights .* do not fit"):
