@@ -285,9 +285,18 @@ def test_preprocess_resizes_short_side_and_centre_crops_as_clip(files):
     )  # landscape too
 
 
-def test_config_reward_spec_builds_it(files):
+def test_config_reward_spec_builds_it(files, tmp_path):
+    import yaml
+
+    from digen.config import load_config
+    from digen.trainer import build_reward as build_configured_reward
+
     assert "imagereward" in available()
-    reward = build_rewards([{"name": "imagereward", "weight": 1.0, "kwargs": kwargs(files)}], device="cpu")
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        yaml.safe_dump({"reward": [{"name": "imagereward", "weight": 1.0, "kwargs": kwargs(files)}]})
+    )
+    reward = build_configured_reward(load_config(path, check_paths=False), device="cpu")
     assert isinstance(reward, ImageRewardScore) and reward.device == "cpu"
     weighted = build_rewards([{"name": "imagereward", "weight": 2.0, "kwargs": kwargs(files)}])
     images = grid_images(2)
