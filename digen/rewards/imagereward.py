@@ -24,7 +24,7 @@ or in the Hugging Face cache, never downloaded.
 
 Why digen's own loader and not the ``image-reward`` package: that package pins
 ``timm==0.6.13`` and ``fairscale==0.4.13``, installs OpenAI's ``clip`` from a GitHub zip (not
-on PyPI, so not installable here), pulls ``diffusers``/``datasets``/``accelerate`` versions of
+on PyPI), pulls ``diffusers``/``datasets``/``accelerate`` versions of
 its own, downloads weights in ``load`` and reads them with ``torch.load`` without
 ``weights_only``. The network is BLIP, which transformers already ships: the checkpoint's ViT
 is loaded into ``BlipVisionModel`` (timm's names renamed, :func:`vision_weights`; the fused
