@@ -154,7 +154,9 @@ class TrainConfig(_Section):
     (it needs no equal micro-batches), so ``drop`` is Flow-GRPO's mean whenever its count
     divides. An iteration with every sample dropped has nothing to step on and fails (as
     Flow-GRPO's empty rebatch does). Default ``keep`` (the plain GRPO mean, unchanged
-    behaviour); the Flow-GRPO recipes (configs/models/*_flow-grpo.yaml) set ``drop``."""
+    behaviour, and Flow-GRPO's scripts/train_flux.py, which has no such filter); the SD3.5
+    recipes (configs/models/sd3.5-medium_flow-grpo.yaml, configs/examples/*-sd35.yaml) set
+    ``drop``."""
     lr: float = Field(3e-4, gt=0.0)
     weight_decay: float = Field(1e-4, ge=0.0)
     betas: tuple[float, float] = (0.9, 0.999)
