@@ -41,8 +41,11 @@ class ModelConfig(_Section):
     """Square image side in pixels for rollouts."""
     num_frames: int | None = Field(None, ge=1)
     """Frames per video (video families only)."""
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Transformer compute dtype. SDE math and stored latents/log-probs are float32 always."""
+    dtype: Literal["float32", "bfloat16", "float16", "float64"] = "float32"
+    """Transformer compute dtype. SDE math and stored latents/log-probs are float32 for the
+    first three. ``float64`` (model, LoRA adapters, SDE math, loss and task gradients all in
+    float64; ``digen.algos.precision``) is for numerical checks of the training math against a
+    peer's formula (tests/trainer/test_gradient_oracle.py), not for training runs."""
     device: str = "cpu"
     """Device for the reference trainer and the embedded cluster's workers (``cuda:0``...)."""
     max_sequence_length: int = Field(32, ge=1)
@@ -136,6 +139,24 @@ class TrainConfig(_Section):
     log-prob and ratio, is the same, only the gradient differs. DanceGRPO
     (XueZeyue/DanceGRPO fastvideo/train_grpo_flux.py ``grpo_one_step``) trains FLUX with
     embedded guidance (one pass), where this setting has no effect."""
+    zero_advantage: Literal["keep", "drop"] = "keep"
+    """Samples whose advantage is exactly 0 (every sample of a flat group, whose rewards are all
+    equal; digen sets those to 0 exactly). ``keep``: they train like the others and count in
+    the loss's mean (their policy term is 0, their KL term is not), as DanceGRPO does
+    (XueZeyue/DanceGRPO fastvideo/train_grpo_flux.py ``train_one_step``: every sample trains,
+    each loss divided by ``gradient_accumulation_steps * train_timesteps``). ``drop``: they
+    train no row and the mean runs over the other rows only (policy and KL terms alike, in
+    every mode: the optimizer step divides by the rows that trained), as Flow-GRPO does
+    (yifan123/flow_grpo scripts/train_sd3.py ``main``: ``mask = advantages.abs().sum(dim=1)
+    != 0``, ``samples = samples[mask]``, before rebatching into
+    ``sample.num_batches_per_epoch`` micro-batches). Flow-GRPO then switches random dropped
+    samples back on until the kept count divides ``num_batches_per_epoch``; digen does not
+    (it needs no equal micro-batches), so ``drop`` is Flow-GRPO's mean whenever its count
+    divides. An iteration with every sample dropped has nothing to step on and fails (as
+    Flow-GRPO's empty rebatch does). Default ``keep`` (the plain GRPO mean, unchanged
+    behaviour, and Flow-GRPO's scripts/train_flux.py, which has no such filter); the SD3.5
+    recipes (configs/models/sd3.5-medium_flow-grpo.yaml, configs/examples/*-sd35.yaml) set
+    ``drop``."""
     lr: float = Field(3e-4, gt=0.0)
     weight_decay: float = Field(1e-4, ge=0.0)
     betas: tuple[float, float] = (0.9, 0.999)

@@ -38,6 +38,8 @@ class IterationBook:
     """Released groups' train specs (a group is released once its spec is built)."""
     _adv: dict[int, torch.Tensor] = field(default_factory=dict)
     zero_std_groups: int = 0
+    zero_advantage_dropped: int = 0
+    """Samples released groups left out for a zero advantage (``train.zero_advantage: drop``)."""
 
     # --- generation side -----------------------------------------------------------
     def add_rewards(self, group: int, rewards: torch.Tensor) -> None:
@@ -96,6 +98,10 @@ class IterationBook:
         task = self.groups[group]
         keep = [i for i in range(len(adv)) if math.isfinite(float(adv[i]))]
         dropped = len(adv) - len(keep)
+        if self.cfg.train.zero_advantage == "drop":  # Flow-GRPO's filter (TrainConfig.zero_advantage)
+            trained = [i for i in keep if float(adv[i]) != 0.0]
+            self.zero_advantage_dropped += len(keep) - len(trained)
+            keep = trained
         if dropped:
             log.warning(
                 "iteration %d group %d: %d sample(s) with non-finite reward dropped",
@@ -134,6 +140,12 @@ class IterationBook:
         group's task dropped): there is nothing to step on."""
         order = sorted(self.grads)
         rows = sum(self.stats[g].rows for g in order)
+        if rows == 0 and self.zero_advantage_dropped:
+            raise RewardError(
+                f"iteration {self.iteration}: every trainable sample has advantage 0 (all "
+                f"{len(self.groups)} groups flat) and train.zero_advantage is 'drop', so no row trains; "
+                f"use train.zero_advantage: keep, or more samples per group"
+            )
         if rows == 0:
             r = torch.cat([self.rewards[g] for g in sorted(self.rewards)]) if self.rewards else torch.empty(0)
             bad = int((~torch.isfinite(r)).sum())
@@ -164,6 +176,7 @@ class IterationBook:
             "kl": total.kl / rows,
             "ratio_max_dev": total.ratio_max_dev,
             "zero_std_ratio": self.zero_std_groups / len(self.groups),
+            "zero_advantage_dropped": self.zero_advantage_dropped,
             "trained_rows": total.rows,
             "rewards": [round(float(x), 7) for x in r],
         }

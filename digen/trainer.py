@@ -33,7 +33,12 @@ from digen.startup import phase
 from digen.training import train_group
 from digen.viz import write_sample_grid
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float64": torch.float64,
+}
 
 ProgressFn = Callable[[dict], None]
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from digen.algos.loss import LossTerms, ppo_clip_loss
+from digen.algos.precision import at_least_float32
 from digen.algos.sde import kl_to_reference, sde_step
 from digen.config import Config
 from digen.models.base import FlowPolicy, PromptEmbeds
@@ -223,7 +224,7 @@ def task_gradient(
 
     ``embeds`` has one row per sample of the task (``rows.sample`` indexes it). The gradient
     starts from zero (whatever ``.grad`` held is discarded) and comes back as float32 CPU
-    tensors keyed like :meth:`FlowPolicy.trainable_state_dict` of the trained parameters.
+    tensors (float64 for a float64 model) keyed like :meth:`FlowPolicy.trainable_state_dict` of the trained parameters.
     """
     t = cfg.train
     params = dict(policy.named_trainable_parameters())
@@ -237,7 +238,9 @@ def task_gradient(
         stats.add_chunk(len(chunk), loss, terms, kl)
     grads = {
         name: (
-            p.grad.detach().float().cpu().clone() if p.grad is not None else torch.zeros_like(p, device="cpu")
+            at_least_float32(p.grad.detach()).cpu().clone()
+            if p.grad is not None
+            else torch.zeros_like(p, device="cpu")
         )
         for name, p in params.items()
     }

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from digen.algos.precision import at_least_float32
 from digen.errors import AlgorithmError
 
 
@@ -38,7 +39,7 @@ def ppo_clip_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, cl
     log_prob: [B] log-prob of the stored x_{t+1} under the current policy (with gradient).
     old_log_prob: [B] the behaviour policy's log-prob, stored at generation (no gradient).
     advantages: [B] (no gradient). clip_range: eps > 0.
-    All computed in float32. The gradient of ``loss`` w.r.t. ``log_prob`` is ``-A * r``
+    All computed in float32 (float64 when ``log_prob`` is: :mod:`digen.algos.precision`). The gradient of ``loss`` w.r.t. ``log_prob`` is ``-A * r``
     inside the trust region and 0 where the clamp is the larger term.
     """
     if log_prob.ndim != 1 or old_log_prob.shape != log_prob.shape or advantages.shape != log_prob.shape:
@@ -48,9 +49,9 @@ def ppo_clip_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, cl
         )
     if not math.isfinite(clip_range) or clip_range <= 0:
         raise AlgorithmError(f"clip_range={clip_range} must be a finite number > 0 (Flow-GRPO uses 1e-4)")
-    logp = log_prob.float()
-    old = old_log_prob.detach().to(device=logp.device, dtype=torch.float32)
-    adv = advantages.detach().to(device=logp.device, dtype=torch.float32)
+    logp = at_least_float32(log_prob)
+    old = old_log_prob.detach().to(device=logp.device, dtype=logp.dtype)
+    adv = advantages.detach().to(device=logp.device, dtype=logp.dtype)
 
     ratio = torch.exp(logp - old)
     unclipped = -adv * ratio

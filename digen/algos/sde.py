@@ -9,7 +9,8 @@ Three step kinds, exactly as /work/shared/reference/algorithms.md writes them:
 
 Shapes: ``sample, velocity: [B, ...]`` (any trailing shape); ``sigma, sigma_next``: a python
 float, a 0-d tensor or a ``[B]`` tensor (one timestep per row, as time-step parallelism packs
-rows at different timesteps). All the math runs in float32. ``log_prob`` is the MEAN over the
+rows at different timesteps). All the math runs in float32 (float64 when ``sample`` is
+float64: :mod:`digen.algos.precision`). ``log_prob`` is the MEAN over the
 non-batch elements, not the sum (this is why clip ranges are ~1e-4).
 """
 
@@ -22,6 +23,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from digen.algos.precision import at_least_float32, compute_dtype
 from digen.errors import AlgorithmError
 
 SdeKind = Literal["sde", "cps", "dance"]
@@ -52,9 +54,11 @@ class SdeStep:
     transition_std: Tensor
 
 
-def _per_sample(value: Sigma, batch: int, ndim: int, device: torch.device, name: str) -> Tensor:
-    """A scalar or ``[B]`` value as a float32 column ``[B, 1, ..., 1]`` with ``ndim`` dims."""
-    t = torch.as_tensor(value, dtype=torch.float32, device=device)
+def _per_sample(
+    value: Sigma, batch: int, ndim: int, device: torch.device, name: str, dtype: torch.dtype = torch.float32
+) -> Tensor:
+    """A scalar or ``[B]`` value as a ``dtype`` column ``[B, 1, ..., 1]`` with ``ndim`` dims."""
+    t = torch.as_tensor(value, dtype=dtype, device=device)
     if t.numel() == 1:
         t = t.reshape(1).expand(batch)
     elif t.numel() == batch and all(d == 1 for d in t.shape[1:]) and t.shape[0] == batch:
@@ -75,8 +79,8 @@ def _rows_mean(x: Tensor) -> Tensor:
 def euler_step(velocity: Tensor, sample: Tensor, sigma: Sigma, sigma_next: Sigma) -> Tensor:
     """The deterministic ODE step ``x + v * (sigma_next - sigma)``: [B, ...] float32."""
     x, v = _as_float32_pair(velocity, sample)
-    sig = _per_sample(sigma, x.shape[0], x.ndim, x.device, "sigma")
-    sig_next = _per_sample(sigma_next, x.shape[0], x.ndim, x.device, "sigma_next")
+    sig = _per_sample(sigma, x.shape[0], x.ndim, x.device, "sigma", x.dtype)
+    sig_next = _per_sample(sigma_next, x.shape[0], x.ndim, x.device, "sigma_next", x.dtype)
     return x + v * (sig_next - sig)
 
 
@@ -109,15 +113,15 @@ def sde_step(
         raise AlgorithmError(f"noise_level={noise_level} must be a finite number >= 0")
     x, v = _as_float32_pair(velocity, sample)
     batch = x.shape[0]
-    sig = _per_sample(sigma, batch, x.ndim, x.device, "sigma")
-    sig_next = _per_sample(sigma_next, batch, x.ndim, x.device, "sigma_next")
+    sig = _per_sample(sigma, batch, x.ndim, x.device, "sigma", x.dtype)
+    sig_next = _per_sample(sigma_next, batch, x.ndim, x.device, "sigma_next", x.dtype)
     dt = sig_next - sig
 
     if kind != "cps" and noise_level == 0:
         mean = x + v * dt
-        zeros = torch.zeros(batch, dtype=torch.float32, device=x.device)
+        zeros = torch.zeros(batch, dtype=x.dtype, device=x.device)
         x_next = mean if prev_sample is None else _match(prev_sample, x, "prev_sample")
-        nan = torch.full((batch,), float("nan"), dtype=torch.float32, device=x.device)
+        nan = torch.full((batch,), float("nan"), dtype=x.dtype, device=x.device)
         return SdeStep(x_next, nan, mean, zeros, zeros)
 
     if kind == "cps":
@@ -154,12 +158,12 @@ def kl_to_reference(mean: Tensor, ref_mean: Tensor, std_dev_t: Sigma) -> Tensor:
     non-batch elements of ``(mean - ref_mean)**2 / (2 * std_dev_t**2)`` (inf/NaN when
     std_dev_t is 0, i.e. a noiseless step).
     """
-    m, ref = mean.float(), ref_mean.float()
+    m, ref = at_least_float32(mean), at_least_float32(ref_mean)
     if m.shape != ref.shape or m.ndim == 0:
         raise AlgorithmError(
             f"mean {tuple(m.shape)} and ref_mean {tuple(ref.shape)} must have the same [B, ...] shape"
         )
-    std = _per_sample(std_dev_t, m.shape[0], m.ndim, m.device, "std_dev_t")
+    std = _per_sample(std_dev_t, m.shape[0], m.ndim, m.device, "std_dev_t", m.dtype)
     return _rows_mean((m - ref) ** 2 / (2 * std**2))
 
 
@@ -193,19 +197,20 @@ def _cps_moments(
 
 
 def _as_float32_pair(velocity: Tensor, sample: Tensor) -> tuple[Tensor, Tensor]:
-    """(sample, velocity) as float32, checked to share one [B, ...] shape."""
+    """(sample, velocity) as float32 (float64 if ``sample`` is), checked to share one [B, ...] shape."""
     if velocity.shape != sample.shape or sample.ndim == 0:
         raise AlgorithmError(
             f"velocity {tuple(velocity.shape)} and sample {tuple(sample.shape)} must have the same [B, ...] shape"
         )
-    return sample.float(), velocity.float().to(sample.device)
+    dtype = compute_dtype(sample)
+    return sample.to(dtype), velocity.to(device=sample.device, dtype=dtype)
 
 
 def _match(t: Tensor, like: Tensor, name: str) -> Tensor:
-    """``t`` as float32 on ``like``'s device, checked to have ``like``'s shape."""
+    """``t`` in ``like``'s dtype and on its device, checked to have ``like``'s shape."""
     if t.shape != like.shape:
         raise AlgorithmError(f"{name} has shape {tuple(t.shape)}; it must match sample {tuple(like.shape)}")
-    return t.to(device=like.device, dtype=torch.float32)
+    return t.to(device=like.device, dtype=like.dtype)
 
 
 def _standard_normal(like: Tensor, noise: Tensor | None, generator: torch.Generator | None) -> Tensor:
@@ -214,4 +219,4 @@ def _standard_normal(like: Tensor, noise: Tensor | None, generator: torch.Genera
         return _match(noise, like, "noise")
     device = generator.device if generator is not None else like.device
     eps = torch.randn(like.shape, generator=generator, dtype=torch.float32, device=device)
-    return eps.to(like.device)
+    return eps.to(device=like.device, dtype=like.dtype)

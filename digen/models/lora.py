@@ -3,7 +3,7 @@
 The adapter is injected in place with ``transformer.add_adapter`` (diffusers' peft
 integration), so the transformer keeps its class and call signature; peft freezes every base
 weight. Adapter weights start as peft's ``"gaussian"`` init (A random, B zero: the wrapped
-model equals the base model exactly) and are float32 whatever the transformer's dtype (peft
+model equals the base model exactly) and are float32 whatever the transformer's dtype, float64 for a float64 one (peft
 casts activations to the adapter dtype and back). A is drawn from a fixed seed so every process
 that enables LoRA starts from the same adapter.
 
@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from digen.algos.precision import at_least_float32
 from digen.errors import CheckpointError, ConfigError
 
 ADAPTER = "default"
@@ -71,7 +72,7 @@ def add_lora(
             ) from e
     for p in transformer.parameters():
         if p.requires_grad:
-            p.data = p.data.float()
+            p.data = at_least_float32(p.data)  # float64 adapters for a float64 model
 
 
 def has_lora(transformer: torch.nn.Module) -> bool:

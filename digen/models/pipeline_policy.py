@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from digen.algos.precision import at_least_float32
 from digen.errors import ConfigError, ModelError
 from digen.models import lora
 from digen.models.base import FlowPolicy, PromptEmbeds
@@ -172,7 +173,7 @@ class PipelinePolicy(FlowPolicy):
     def _combine_cfg(out: torch.Tensor, guidance_scale: float, cfg_grad: str = "both") -> torch.Tensor:
         """``out``: ``[2B, ...]`` as ``[uncond; cond]`` -> ``uncond + s * (cond - uncond)``
         (``cfg_grad`` ``"cond"``: the uncond half detached, see :func:`cfg_branches`)."""
-        uncond, cond = cfg_branches(out.float(), cfg_grad)
+        uncond, cond = cfg_branches(at_least_float32(out), cfg_grad)
         return uncond + guidance_scale * (cond - uncond)
 
     # --- trained parameters ---------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from digen.algos.precision import at_least_float32
 from digen.models import lora
 from digen.models.base import PromptEmbeds
 from digen.models.pipeline_policy import PipelinePolicy
@@ -79,7 +80,8 @@ class Sd3Policy(PipelinePolicy):
         guidance_scale: float,
         cfg_grad: str = "both",
     ) -> torch.Tensor:
-        """latents ``[B, C, h, w]`` float32, sigmas ``[B]`` -> velocity ``[B, C, h, w]`` float32.
+        """latents ``[B, C, h, w]`` float32, sigmas ``[B]`` -> velocity ``[B, C, h, w]`` float32
+        (float64 for a float64 transformer).
         CFG batches ``[uncond; cond]`` into one ``2B`` forward."""
         cfg = self.uses_cfg(embeds, guidance_scale)
         x = latents.to(self.device, self.dtype)
@@ -92,7 +94,7 @@ class Sd3Policy(PipelinePolicy):
             **self._embed_kwargs(embeds, cfg),
             return_dict=False,
         )[0]
-        return self._combine_cfg(out, guidance_scale, cfg_grad) if cfg else out.float()
+        return self._combine_cfg(out, guidance_scale, cfg_grad) if cfg else at_least_float32(out)
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:

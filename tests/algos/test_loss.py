@@ -68,3 +68,17 @@ def test_bad_inputs_raise() -> None:
         ppo_clip_loss(torch.zeros(3), torch.zeros(2), torch.zeros(3), 0.1)
     with pytest.raises(ValueError, match="clip_range"):
         ppo_clip_loss(torch.zeros(3), torch.zeros(3), torch.zeros(3), 0.0)
+
+
+def test_float64_log_probs_keep_float64_and_float32_ones_stay_float32() -> None:
+    """``model.dtype: float64`` (numerical checks) keeps the loss in float64; anything else
+    computes in float32, as before."""
+    logp = torch.tensor([-1.0, -2.0, -3.0])
+    adv = torch.tensor([1.0, -1.0, 0.5])
+    for dtype, want in (
+        (torch.float64, torch.float64),
+        (torch.float32, torch.float32),
+        (torch.bfloat16, torch.float32),
+    ):
+        terms = ppo_clip_loss(logp.to(dtype), logp + 1e-3, adv, 1e-4)
+        assert terms.loss.dtype == terms.ratio.dtype == want

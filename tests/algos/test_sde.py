@@ -138,6 +138,20 @@ def test_computes_in_float32_and_log_prob_differentiates_the_mean_only() -> None
     assert v64.grad is not None and v64.grad.abs().sum() > 0
 
 
+def test_a_float64_sample_keeps_float64() -> None:
+    """``model.dtype: float64`` (numerical checks): the step, its log-prob and the KL stay in
+    float64, and equal the float32 step to float32 precision."""
+    v, x = _inputs()
+    eps = torch.randn(SHAPE, generator=torch.Generator().manual_seed(5))
+    for kind in ("sde", "cps", "dance"):
+        lo = sde_step(v, x, 0.6, 0.4, kind=kind, noise=eps)
+        hi = sde_step(v.double(), x.double(), 0.6, 0.4, kind=kind, noise=eps)
+        fields = (hi.prev_sample, hi.log_prob, hi.mean, hi.std, hi.transition_std)
+        assert all(t.dtype == torch.float64 for t in fields)
+        torch.testing.assert_close(hi.log_prob.float(), lo.log_prob, rtol=1e-5, atol=1e-5)
+        assert kl_to_reference(hi.mean, hi.mean.detach() + 1, hi.std).dtype == torch.float64
+
+
 def test_kl_to_reference_by_hand() -> None:
     mean = torch.tensor([[1.0, 3.0], [0.0, 0.0]])
     ref = torch.tensor([[0.0, 1.0], [0.0, 2.0]])
