@@ -6,13 +6,16 @@ Real embedded Redis, real Dask local cluster, real worker processes, a tiny rand
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from digen.config import build_config
 from digen.runtime.controller import run_distributed
-from tests.conftest import small_config_data
+from digen.testing.faults import Fault
+from tests.conftest import faults_on, small_config_data
+from tests.reliability.conftest import run_job
 
 pytestmark = pytest.mark.slow
 
@@ -61,3 +64,27 @@ def test_two_workers_at_d2_give_the_rewards_of_one_worker_at_d1(tiny_wan, d1_run
     assert len(gens) == 4  # 2 iterations x 2 groups, each acknowledged once, by the replica
     assert {e["worker"] for e in gens} == {"rollout-0"}
     assert all(e["sp_degree"] == 2 and e["ranks"] == ["rollout-0", "rollout-1"] for e in gens)
+
+
+@pytest.fixture()
+def _faults() -> Iterator[None]:
+    with faults_on():
+        yield
+
+
+def test_a_follower_killed_mid_task_fails_the_task_and_the_survivor_works_on_at_d1(
+    tiny_wan, d1_run, tmp_path, _faults
+):
+    """The follower dies with group 0 of iteration 0 generated (fault ``gen``): the leader's
+    closing collective fails, it gives the task back and leaves the replica; the task is run
+    again at d=1 (by the leader or the restarted follower, which does not re-join). No
+    replica re-forms, so every acknowledged generation is a d=1 one, and the rewards are the
+    d=1 run's."""
+    out = tmp_path / "killed"
+    cfg = wan_config(tiny_wan, 2, 2, schedule__lease_s=30.0)
+    fired = run_job(cfg, out, "sp-kill", Fault("gen", "kill", worker="rollout-1", iteration=0))
+    assert [(f["action"], f["worker"], f["iteration"]) for f in fired] == [("kill", "rollout-1", 0)]
+    assert rewards(out) == rewards(d1_run)
+    gens = [e for e in timeline(out) if e["kind"] == "gen"]
+    assert len(gens) == 4
+    assert not [e for e in gens if e.get("sp_degree", 1) != 1]
