@@ -11,9 +11,10 @@ The leader reads its role tag, leases ``gen`` tasks (then ``eval`` ones) and bro
 as a JSON command; every rank loads the task's weights version and runs the same denoising
 loop under :func:`~digen.parallel.ulysses.sequence_parallel` (each rank computes 1/d of the
 tokens; every rank ends with the whole sample). The ranks then meet once more (an
-all-gather of their names), so a rank that died during the task fails it on the others; the
-leader alone scores (a follower skips the reward), stores the data and acknowledges, once
-per task, its timeline events carrying ``sp_degree`` and ``ranks`` (the replica, leader
+all-gather of their names), so a rank that died during the task fails it on the others. In
+a ``gen`` task the leader alone scores (a follower skips the reward); in an ``eval`` chunk
+every rank scores its (identical) images, the leader alone stores them. The leader
+acknowledges once per task, its timeline events carrying ``sp_degree`` and ``ranks`` (the replica, leader
 first). Commands ``idle`` (nothing leased for a second: collectives stay within their
 timeout, ``schedule.lease_s``) and ``stop`` (the job left ``running``).
 

@@ -88,3 +88,17 @@ def test_a_follower_killed_mid_task_fails_the_task_and_the_survivor_works_on_at_
     gens = [e for e in timeline(out) if e["kind"] == "gen"]
     assert len(gens) == 4
     assert not [e for e in gens if e.get("sp_degree", 1) != 1]
+
+
+def test_a_leader_killed_mid_task_loses_no_sample(tiny_wan, d1_run, tmp_path, _faults):
+    """The leader dies with group 0 of iteration 0 generated: its lease is re-queued when it
+    leaves the cluster, the follower's next collective fails and it works on at d=1 (the
+    controller hands it to the scheduler); the restarted leader runs at d=1 too."""
+    out = tmp_path / "leader"
+    cfg = wan_config(tiny_wan, 2, 2, schedule__lease_s=30.0)
+    fired = run_job(cfg, out, "sp-kill-leader", Fault("gen", "kill", worker="rollout-0", iteration=0))
+    assert [(f["action"], f["worker"], f["iteration"]) for f in fired] == [("kill", "rollout-0", 0)]
+    assert rewards(out) == rewards(d1_run)
+    gens = [e for e in timeline(out) if e["kind"] == "gen"]
+    assert len(gens) == 4
+    assert not [e for e in gens if e.get("sp_degree", 1) != 1]
