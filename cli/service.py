@@ -312,6 +312,14 @@ def worker(
             "--security", help="YAML with a security: section (TLS certificates); a job config works."
         ),
     ] = None,
+    sp_group: Annotated[
+        str | None,
+        typer.Option(
+            "--sp-group",
+            help="Rollout workers with the same group name form sequence-parallel replicas together "
+            "(rollout.sequence_parallel), instead of grouping by GPU type.",
+        ),
+    ] = None,
 ) -> None:
     """Start a Dask worker with a role and GPU type; running jobs use it from their next iteration."""
     from digen.runtime.node import load_security, run_worker
@@ -334,4 +342,5 @@ def worker(
         host=host,
         security=sec,
         on_ready=ready,
+        sp_group=sp_group,
     )

@@ -90,9 +90,10 @@ class RolloutConfig(_Section):
     shared_noise: bool = False
     """DanceGRPO: every member of a group starts from the same initial noise."""
     sequence_parallel: int = Field(1, ge=1)
-    """Ulysses sequence-parallel degree d of a rollout replica (Wan family): model-level
-    support only (``digen.parallel.ulysses.sequence_parallel``); runtime replicas of d workers
-    are not yet formed, so ``digen train`` refuses values above 1 for now."""
+    """Ulysses sequence-parallel degree d of a rollout replica (Wan family; disaggregated or
+    digen mode): d rollout workers of one GPU type (or one ``digen worker --sp-group``)
+    generate each sample together, 1/d of its tokens each (``digen.runtime.sp_group``);
+    leftover workers run at d=1."""
 
     @property
     def prompts_per_iteration(self) -> int:
@@ -166,8 +167,8 @@ class TrainConfig(_Section):
     """TSP packing limit: (sample, timestep) rows in one batched forward/backward."""
     sequence_parallel: int = Field(1, ge=1)
     """Ulysses sequence-parallel degree of a trainer replica (Wan family): model-level support
-    only (``digen.parallel.ulysses``, gradients summed over the group); runtime replicas are
-    not yet formed, so ``digen train`` refuses values above 1 for now."""
+    only (``digen.parallel.ulysses``, gradients summed over the group); trainer replicas are
+    not formed, so ``digen train`` refuses values above 1."""
     ema: EmaConfig = EmaConfig()
     fsdp: bool = False
     """Shard the trained weights, gradients and AdamW state over the job's trainer workers
@@ -455,12 +456,7 @@ def _cross_checks(cfg: Config, check_paths: bool) -> list[str]:
     if s.mode == "colocated" and cl.rollout_workers + cl.trainer_workers < 1:
         problems.append("schedule.mode colocated needs at least one worker in cluster.local")
     problems += _fsdp_checks(cfg)
-    for key, d in (("rollout", cfg.rollout.sequence_parallel), ("train", cfg.train.sequence_parallel)):
-        if d > 1:  # refused rather than silently run at d = 1
-            problems.append(
-                f"{key}.sequence_parallel ({d}): digen train does not form sequence-parallel "
-                f"replicas yet (only digen.parallel.ulysses at model level); set it to 1"
-            )
+    problems += _sp_checks(cfg, check_paths)
     if cfg.eval.every and cfg.prompts.test_file is None and cfg.prompts.dataset is None:
         problems.append(
             f"eval.every ({cfg.eval.every}) needs prompts.test_file (held-out prompts, one per line) "
@@ -504,6 +500,38 @@ def _cross_checks(cfg: Config, check_paths: bool) -> list[str]:
                 )
     if cfg.prompts.dataset is None and cfg.prompts.file is None and not cfg.prompts.items:
         problems.append("prompts: give prompts.items, prompts.file or prompts.dataset")
+    return problems
+
+
+def _sp_checks(cfg: Config, check_paths: bool) -> list[str]:
+    """``rollout.sequence_parallel`` > 1 needs separate rollout workers (disaggregated or
+    digen) and a family with a Ulysses processor; ``train.sequence_parallel`` > 1 is refused
+    (trainer replicas are not formed: gradients at d > 1 exist at model level only)."""
+    d, problems = cfg.rollout.sequence_parallel, []
+    if cfg.train.sequence_parallel > 1:  # refused rather than silently run at d = 1
+        problems.append(
+            f"train.sequence_parallel ({cfg.train.sequence_parallel}): digen train does not form "
+            f"sequence-parallel trainer replicas (only rollout ones, rollout.sequence_parallel); set it to 1"
+        )
+    if d == 1:
+        return problems
+    mode = cfg.schedule.resolved().mode
+    if mode not in ("disaggregated", "digen"):
+        problems.append(
+            f"rollout.sequence_parallel ({d}) needs schedule.mode disaggregated or digen (replicas of "
+            f"rollout workers), got {mode}; set schedule.mode=disaggregated or rollout.sequence_parallel=1"
+        )
+    model_dir = cfg.resolve_path(cfg.model.path)
+    if check_paths and (model_dir / "model_index.json").exists():
+        from digen.models.registry import detect_family
+        from digen.parallel.ulysses import SP_FAMILIES
+
+        family = detect_family(model_dir)
+        if family not in SP_FAMILIES:
+            problems.append(
+                f"rollout.sequence_parallel ({d}): the {family} family has no Ulysses attention processor "
+                f"(supported: {', '.join(SP_FAMILIES)}); set rollout.sequence_parallel=1"
+            )
     return problems
 
 

@@ -64,20 +64,28 @@ def staleness(row: dict[str, Any]) -> int:
 
 def worker_lanes(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
     """``(worker, label)`` per lane, top to bottom: workers ordered by role, then name; the
-    label names the roles the worker ran tasks under and its GPU type."""
+    label names the roles the worker ran tasks under and its GPU type. A sequence-parallel
+    replica (rows with ``ranks``, under its leader's name) is one lane naming its other ranks."""
     roles: dict[str, list[str]] = {}
     gpus: dict[str, str] = {}
+    peers: dict[str, list[str]] = {}
     for r in rows:
         w = str(r["worker"])
         seen = roles.setdefault(w, [])
         if r.get("role") and r["role"] not in seen:
             seen.append(str(r["role"]))
         gpus.setdefault(w, str(r.get("gpu_type", "?")))
+        for p in r.get("ranks", [])[1:]:
+            if p not in peers.setdefault(w, []):
+                peers[w].append(str(p))
 
     def key(w: str) -> tuple[int, str]:
         return (min((_ROLE_ORDER.get(x, 5) for x in roles[w]), default=5), w)
 
-    return [(w, f"{w}\n{'/'.join(roles[w]) or '?'} · {gpus[w]}") for w in sorted(roles, key=key)]
+    def name(w: str) -> str:
+        return f"{w} + {', '.join(peers[w])} (sp)" if peers.get(w) else w
+
+    return [(w, f"{name(w)}\n{'/'.join(roles[w]) or '?'} · {gpus[w]}") for w in sorted(roles, key=key)]
 
 
 def iteration_ends(rows: list[dict[str, Any]]) -> dict[int, float]:

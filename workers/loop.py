@@ -136,7 +136,9 @@ def _event(rt: WorkerRuntime, role: Role, kind: str, task: TaskRef, version: int
     }
 
 
-def run_gen(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> dict:
+def generate(rt: WorkerRuntime, leased: LeasedTask, role: Role, *, score: bool, stop) -> tuple:
+    """A generation task's group and timeline events (scored when ``score``), nothing stored:
+    ``(trajectories, events, start)``. Also what every rank of a sequence-parallel replica runs."""
     task = GroupTask.from_json(leased.payload["task"])
     ref = TaskRef(TaskKind.GEN, task.iteration, task.group)
     t0 = time.time()
@@ -150,12 +152,18 @@ def run_gen(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> dict:
     def timer(kind: str, s: float, e: float) -> None:
         events.append(_event(rt, role, kind, ref, task.version, s, e))
 
-    reward = rt.reward if leased.payload.get("score", True) else None  # else a reward task scores
+    reward = rt.reward if score else None  # else a reward task scores
     traj = generate_group(
-        rt.policy, task, rt.cfg, reward, embeds=rt.embed(task.prompt), timer=timer, stop=rt.job_stopped
+        rt.policy, task, rt.cfg, reward, embeds=rt.embed(task.prompt), timer=timer, stop=stop
     )
     faults.point("gen", rt.job, rt.name, task=leased.task_id, iteration=task.iteration)
-    rt.job.put_data(leased.task_id, traj.tensors(), {"version": str(task.version)})
+    return traj, events, t0
+
+
+def gen_result(rt: WorkerRuntime, leased: LeasedTask, traj, events: list[dict], t0: float) -> dict:
+    """Store a generated group's data; the task's result."""
+    version = GroupTask.from_json(leased.payload["task"]).version
+    rt.job.put_data(leased.task_id, traj.tensors(), {"version": str(version)})
     return {
         "rewards": [float(x) for x in traj.rewards],
         "events": events,
@@ -163,6 +171,12 @@ def run_gen(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> dict:
         "start": t0,
         "end": time.time(),
     }
+
+
+def run_gen(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> dict:
+    score = leased.payload.get("score", True)
+    traj, events, t0 = generate(rt, leased, role, score=score, stop=rt.job_stopped)
+    return gen_result(rt, leased, traj, events, t0)
 
 
 def run_train(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> dict:
@@ -224,8 +238,9 @@ def run_reward(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> dict:
     }
 
 
-def run_eval(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> dict:
-    """Sample and score a chunk of held-out prompts with the version the task names."""
+def run_eval(rt: WorkerRuntime, leased: LeasedTask, role: Role, *, store: bool = True) -> dict:
+    """Sample and score a chunk of held-out prompts with the version the task names
+    (``store`` False: the images are not written to Redis; a replica's follower ranks)."""
     task = EvalTask.from_json(leased.payload["task"])
     ref = TaskRef.parse(leased.task_id)
     t0 = time.time()
@@ -233,7 +248,8 @@ def run_eval(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> dict:
     rt.ensure_reward()
     t1 = time.time()
     res = evaluate_chunk(rt.policy, task, rt.cfg, rt.reward)
-    rt.job.put_data(leased.task_id, {"images": res.images.contiguous()})
+    if store:
+        rt.job.put_data(leased.task_id, {"images": res.images.contiguous()})
     t2 = time.time()
     events = [_event(rt, role, "eval", ref, task.version, t1, t2)]
     if t1 - t0 > 1e-3:
@@ -335,6 +351,10 @@ def worker_loop(
     )
     rt.job.mark_ready(name, rt.gpu_type)
     log.info("worker %s (%s) joined job %s", name, rt.gpu_type, job_id)
+    if cfg.rollout.sequence_parallel > 1 and not scorer:  # a rank of a replica first, if planned so
+        from workers.sp_loop import run_sp_rank
+
+        rt.tasks_run += run_sp_rank(rt, token)
     while (tag := poll(rt, token)) is not None:
         rt.cycles += 1
         role, budget = tag

@@ -196,6 +196,8 @@ def _install_wan(transformer: Any, group) -> list[Any]:
 
 
 _INSTALLERS = {"wan": _install_wan}
+SP_FAMILIES = tuple(_INSTALLERS)
+"""Families :func:`sequence_parallel` can split (the config refuses d > 1 for the others)."""
 
 
 @contextmanager

@@ -30,10 +30,16 @@ class WorkerInfo:
     name: str
     role: Role
     gpu_type: str
+    sp_group: str | None = None
+    """``digen worker --sp-group NAME`` (Dask resource ``sp-NAME``): the workers of one named
+    group form sequence-parallel replicas together (:mod:`digen.runtime.sp_group`)."""
 
 
-def worker_resources(role: str, gpu_type: str) -> dict[str, float]:
-    return {role: 1, f"gpu-{gpu_type}": 1}
+def worker_resources(role: str, gpu_type: str, sp_group: str | None = None) -> dict[str, float]:
+    res: dict[str, float] = {role: 1, f"gpu-{gpu_type}": 1}
+    if sp_group:
+        res[f"sp-{sp_group}"] = 1
+    return res
 
 
 FORKSERVER_PRELOAD = (
@@ -214,7 +220,8 @@ def list_workers(client) -> list[WorkerInfo]:
         if role is None:
             continue
         gpu = next((k[4:] for k in res if k.startswith("gpu-")), "unknown")
-        out.append(WorkerInfo(addr, str(w.get("name", addr)), role, gpu))
+        sp = next((k[3:] for k in res if k.startswith("sp-")), None)
+        out.append(WorkerInfo(addr, str(w.get("name", addr)), role, gpu, sp))
     return sorted(out, key=lambda w: w.name)
 
 

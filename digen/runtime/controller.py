@@ -48,6 +48,7 @@ from digen.runtime.fsdp_group import FsdpControl, ShardedStore, is_step_id
 from digen.runtime.jobstate import JobState
 from digen.runtime.queue import DeadLetter, TaskQueue
 from digen.runtime.redis_conn import SecretURL, connect, embedded_url, mask_url
+from digen.runtime.sp_group import SpControl, SpGroup
 from digen.startup import add_worker_notes, phase
 from digen.trainer import (
     ProgressFn,
@@ -110,6 +111,8 @@ class Controller:
     """With ``train.fsdp``: the trainer group owns the optimizer (digen.runtime.fsdp_group)."""
     evals: Evaluations | None = None
     """Held-out evaluation (``eval.every``): its tasks' payloads and results."""
+    sp: SpControl | None = None
+    """With ``rollout.sequence_parallel`` > 1: the replicas (digen.runtime.sp_group)."""
 
     # --- set-up -----------------------------------------------------------------------
     def role_of(self, w: WorkerInfo) -> Role:
@@ -670,6 +673,9 @@ def run_distributed(
         add_worker_notes(job.startup_notes())
         if fsdp is not None:
             fsdp.start(ctl, run.latest_checkpoint() if resume else None)
+        if cfg.rollout.sequence_parallel > 1:
+            ctl.sp = SpControl(SpGroup(r, job_id), cfg.rollout.sequence_parallel)
+            ctl.sp.start(ctl, sched, time.time())
         if progress is not None:
             progress(
                 {
@@ -700,6 +706,8 @@ def run_distributed(
                 if fsdp is not None:
                     fsdp.check(ctl)
                 instructions += ctl.sync_workers(sched, now)
+                if ctl.sp is not None:
+                    instructions += ctl.sp.check(ctl, sched, now)
                 queue.requeue_expired(max_attempts=s.max_attempts)
                 for dead in queue.dead_letters():
                     instructions += ctl.poisoned(sched, dead, store)

@@ -144,6 +144,16 @@ def dask_tls_config(sec: SecurityConfig | None) -> dict[str, object]:
 # the worker process
 
 
+def check_sp_group(sp_group: str | None, role: str) -> None:
+    """``ConfigError`` unless ``--sp-group`` is unset or a short name on a rollout worker."""
+    if sp_group is None:
+        return
+    if not sp_group or not all(c.isalnum() or c in "-_." for c in sp_group):
+        raise ConfigError(f"--sp-group ({sp_group!r}) must be a short name such as node3 or rack-a")
+    if role != "rollout":
+        raise ConfigError(f"--sp-group ({sp_group}) is for rollout workers; this one has --role {role}")
+
+
 def run_worker(
     scheduler: str,
     role: str,
@@ -155,9 +165,13 @@ def run_worker(
     host: str | None = None,
     security: SecurityConfig | None = None,
     on_ready: Callable[[str, str], None] | None = None,
+    sp_group: str | None = None,
 ) -> None:
     """Run a Dask worker for digen until it is stopped (SIGTERM, SIGINT, or the scheduler
-    closing). ``on_ready(name, address)`` is called once it has joined the scheduler."""
+    closing). ``on_ready(name, address)`` is called once it has joined the scheduler.
+    ``sp_group``: the rollout workers of one named group form sequence-parallel replicas
+    together (``rollout.sequence_parallel``; :func:`check_sp_group`)."""
+    check_sp_group(sp_group, role)
     if role not in ROLES:
         raise ConfigError(f"--role ({role}) must be rollout, trainer or reward")
     if not gpu_type or not all(c.isalnum() or c in "-_." for c in gpu_type):
@@ -174,7 +188,7 @@ def run_worker(
     asyncio.run(
         _serve(
             scheduler,
-            worker_resources(role, gpu_type),
+            worker_resources(role, gpu_type, sp_group),
             name or worker_name(role, gpu_type),
             nthreads,
             env,

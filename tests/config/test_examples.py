@@ -45,8 +45,20 @@ def _load(path: Path):
     return build_config(data, check_paths=False), pending
 
 
+SP_EXAMPLES = ("wan-sp2.yaml",)
+"""Examples of a runtime feature (not a peer recipe): checked by their own test."""
+
+
 def test_every_example_is_listed():
-    assert sorted(p.name for p in EXAMPLES.glob("*.yaml")) == sorted(EXPECTED)
+    assert sorted(p.name for p in EXAMPLES.glob("*.yaml")) == sorted([*EXPECTED, *SP_EXAMPLES])
+
+
+def test_wan_sp2_example_forms_replicas_of_two():
+    cfg = load_config(EXAMPLES / "wan-sp2.yaml", check_paths=False)
+    assert cfg.rollout.sequence_parallel == 2 and cfg.schedule.mode == "disaggregated"
+    assert cfg.cluster.local.rollout_workers % 2 == 0 and cfg.train.sequence_parallel == 1
+    frames = (cfg.model.num_frames - 1) // 4 + 1  # Wan's VAE: 4x in time, 8x in space; patch (1, 2, 2)
+    assert frames * (cfg.model.resolution // 16) ** 2 % cfg.rollout.sequence_parallel == 0
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))

@@ -66,6 +66,15 @@ def test_worker_lanes_name_every_role_a_worker_ran():
     assert lanes["trainer-0"] == "trainer-0\ntrainer/trainer+gen · l40s"
 
 
+def test_a_sequence_parallel_replica_is_one_lane_naming_its_ranks():
+    gen = {"role": "rollout", "gpu_type": "h100", "kind": "gen", "iteration": 0, "version": 0}
+    rows = [
+        {**gen, "worker": "r0", "start": 0.0, "end": 1.0, "sp_degree": 2, "ranks": ["r0", "r1"]},
+        {**gen, "worker": "r2", "start": 0.0, "end": 1.0},  # a d=1 worker beside it
+    ]
+    assert worker_lanes(rows) == [("r0", "r0 + r1 (sp)\nrollout · h100"), ("r2", "r2\nrollout · h100")]
+
+
 def test_rewards_png(tmp_path):
     rows = metrics_rows(iterations=6)
     assert plot_rewards(list(reversed(rows)), tmp_path / "rewards.png") == 6

@@ -1,0 +1,104 @@
+"""Sequence-parallel rollout replicas in the runtime (``rollout.sequence_parallel``).
+
+Real embedded Redis, real Dask local cluster, real worker processes, a tiny random-weight Wan
+(32 px, 5 frames: 8 video tokens, 2 heads) in float32."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from digen.config import build_config
+from digen.runtime.controller import run_distributed
+from digen.testing.faults import Fault
+from tests.conftest import faults_on, small_config_data
+from tests.reliability.conftest import run_job
+
+pytestmark = pytest.mark.slow
+
+
+def wan_config(model: Path, rollout: int, degree: int, **sections):
+    return build_config(
+        small_config_data(
+            model,
+            iterations=2,
+            model__num_frames=5,
+            rollout__sequence_parallel=degree,
+            schedule__mode="disaggregated",
+            schedule__max_staleness=0,
+            cluster__local={"rollout_workers": rollout, "trainer_workers": 1},
+            output__sample_grid_every=0,
+            **sections,
+        )
+    )
+
+
+def timeline(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "timeline.jsonl").read_text().splitlines()]
+
+
+def rewards(run: Path) -> list[list[float]]:
+    return [json.loads(line)["rewards"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def tiny_wan(tiny_models) -> Path:
+    return tiny_models("wan")
+
+
+@pytest.fixture(scope="module")
+def d1_run(tiny_wan, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("d1") / "run"
+    run_distributed(wan_config(tiny_wan, 1, 1), out)
+    return out
+
+
+def test_two_workers_at_d2_give_the_rewards_of_one_worker_at_d1(tiny_wan, d1_run, tmp_path):
+    out = tmp_path / "sp2"
+    run_distributed(wan_config(tiny_wan, 2, 2), out)
+    assert rewards(out) == rewards(d1_run)
+    gens = [e for e in timeline(out) if e["kind"] == "gen"]
+    assert len(gens) == 4  # 2 iterations x 2 groups, each acknowledged once, by the replica
+    assert {e["worker"] for e in gens} == {"rollout-0"}
+    assert all(e["sp_degree"] == 2 and e["ranks"] == ["rollout-0", "rollout-1"] for e in gens)
+
+
+@pytest.fixture()
+def _faults() -> Iterator[None]:
+    with faults_on():
+        yield
+
+
+def test_a_follower_killed_mid_task_fails_the_task_and_the_survivor_works_on_at_d1(
+    tiny_wan, d1_run, tmp_path, _faults
+):
+    """The follower dies with group 0 of iteration 0 generated (fault ``gen``): the leader's
+    closing collective fails, it gives the task back and leaves the replica; the task is run
+    again at d=1 (by the leader or the restarted follower, which does not re-join). No
+    replica re-forms, so every acknowledged generation is a d=1 one, and the rewards are the
+    d=1 run's."""
+    out = tmp_path / "killed"
+    cfg = wan_config(tiny_wan, 2, 2, schedule__lease_s=30.0)
+    fired = run_job(cfg, out, "sp-kill", Fault("gen", "kill", worker="rollout-1", iteration=0))
+    assert [(f["action"], f["worker"], f["iteration"]) for f in fired] == [("kill", "rollout-1", 0)]
+    assert rewards(out) == rewards(d1_run)
+    gens = [e for e in timeline(out) if e["kind"] == "gen"]
+    assert len(gens) == 4
+    assert not [e for e in gens if e.get("sp_degree", 1) != 1]
+
+
+def test_a_leader_killed_mid_task_loses_no_sample(tiny_wan, d1_run, tmp_path, _faults):
+    """The leader dies with group 0 of iteration 0 generated: its lease is re-queued when it
+    leaves the cluster, the follower's next collective fails and it works on at d=1 (the
+    controller hands it to the scheduler); the restarted leader runs at d=1 too."""
+    out = tmp_path / "leader"
+    cfg = wan_config(tiny_wan, 2, 2, schedule__lease_s=30.0)
+    fired = run_job(cfg, out, "sp-kill-leader", Fault("gen", "kill", worker="rollout-0", iteration=0))
+    assert [(f["action"], f["worker"], f["iteration"]) for f in fired] == [("kill", "rollout-0", 0)]
+    assert rewards(out) == rewards(d1_run)
+    gens = [e for e in timeline(out) if e["kind"] == "gen"]
+    assert len(gens) == 4
+    assert not [e for e in gens if e.get("sp_degree", 1) != 1]

@@ -1,0 +1,200 @@
+"""A rollout worker's part in a sequence-parallel replica (``rollout.sequence_parallel: d``).
+
+:func:`workers.loop.worker_loop` calls :func:`run_sp_rank` once its worker is ready; it
+returns at once for a worker outside the controller's plan (:mod:`digen.runtime.sp_group`),
+else this worker is one rank of its replica until the job stops or the replica breaks, and
+then the ordinary (d=1) loop goes on. Rendezvous as the FSDP group does
+(:mod:`workers.fsdp_loop`): the leader (rank 0) starts a ``TCPStore`` and writes its address
+to Redis, the others connect; one torch.distributed group (gloo on CPU, NCCL on CUDA).
+
+The leader reads its role tag, leases ``gen`` tasks (then ``eval`` ones) and broadcasts each
+as a JSON command; every rank loads the task's weights version and runs the same denoising
+loop under :func:`~digen.parallel.ulysses.sequence_parallel` (each rank computes 1/d of the
+tokens; every rank ends with the whole sample). The ranks then meet once more (an
+all-gather of their names), so a rank that died during the task fails it on the others. In
+a ``gen`` task the leader alone scores (a follower skips the reward); in an ``eval`` chunk
+every rank scores its (identical) images, the leader alone stores them. The leader
+acknowledges once per task, its timeline events carrying ``sp_degree`` and ``ranks`` (the replica, leader
+first). Commands ``idle`` (nothing leased for a second: collectives stay within their
+timeout, ``schedule.lease_s``) and ``stop`` (the job left ``running``).
+
+Cancellation: a replica's task is not dropped between denoising steps (the ranks would
+disagree on the step at which they stop); the job stops after the task in hand.
+
+Failure: any error on a rank (a peer that died makes the next collective fail; a task that
+raises) ends the replica for this rank: the leader gives its task back (a failed attempt,
+re-queued at once, :meth:`~digen.runtime.queue.TaskQueue.nack`), the rank records that it
+left (``sp:solo``) and runs on as a d=1 worker. A restarted rank does not re-join.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+
+import redis
+import torch
+import torch.distributed as dist
+
+from digen.core.events import Role, TaskKind, TaskRef
+from digen.parallel.comm import all_gather_json, broadcast_json
+from digen.parallel.ulysses import sequence_parallel
+from digen.runtime.queue import LeasedTask
+from digen.runtime.sp_group import SpGroup
+from digen.testing import faults
+from workers.fsdp_loop import _wait_for, dask_worker_host
+from workers.loop import WorkerRuntime, gen_result, generate, poll, run_eval
+
+log = logging.getLogger(__name__)
+
+LEASE_BLOCK_S = 1.0
+"""The leader waits this long for a task before broadcasting ``idle``."""
+
+
+@dataclass
+class Rank:
+    """One rank of a replica."""
+
+    rt: WorkerRuntime
+    group: SpGroup
+    token: str
+    """The worker loop's ownership token (the leader reads its role tag with it)."""
+    replica: list[str]
+    rank: int
+    comm: torch.device
+    """Where collective buffers live: CPU for gloo, the rank's GPU for NCCL."""
+    current: str | None = None
+    """The leader's leased task in hand."""
+    tasks_run: int = 0
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def world(self) -> int:
+        return len(self.replica)
+
+
+def run_sp_rank(rt: WorkerRuntime, token: str, host: str | None = None) -> int:
+    """Be this worker's rank of its replica while the replica holds; the tasks it ran (0 for a
+    worker outside the plan). ``host``: where the leader serves the rendezvous (default: the
+    host of its Dask worker address)."""
+    group = SpGroup(rt.queue.redis, rt.job.job_id)
+    plan = _wait_for(rt, group.plan, "the sequence-parallel plan")
+    replica = next((r for r in (plan or {}).get("replicas", []) if rt.name in r), None)
+    if replica is None:
+        return 0
+    if not group.join(rt.name):
+        group.leave(rt.name, "its worker loop restarted, and a replica does not take a rank back")
+        return 0
+    rk = Rank(rt, group, token, list(replica), replica.index(rt.name), torch.device(rt.device))
+    try:
+        if _init_process_group(rk, host or dask_worker_host()):
+            _serve(rk)
+    except redis.ConnectionError:
+        raise  # Redis gone for longer than schedule.redis_outage_s: the controller fails the job
+    except Exception as exc:  # a peer died, a collective timed out or a task raised: go on at d=1
+        _leave(rk, exc)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return rk.tasks_run
+
+
+def _leave(rk: Rank, exc: Exception) -> None:
+    rt = rk.rt
+    why = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+    log.warning("%s leaves its sequence-parallel replica (%s): %s", rt.name, ", ".join(rk.replica), why)
+    if rk.leader and rk.current is not None:
+        rt.queue.nack(
+            rk.current,
+            f"sequence-parallel replica {', '.join(rk.replica)} broke: {why}\n{traceback.format_exc(limit=5)}",
+            max_attempts=rt.cfg.schedule.max_attempts,
+            worker=rt.name,
+        )
+    rk.group.leave(rt.name, why)
+
+
+def _init_process_group(rk: Rank, host: str) -> bool:
+    """Join the replica's group; False when the job stopped or the leader left first."""
+    timeout = timedelta(seconds=rk.rt.cfg.schedule.lease_s)
+    leader = rk.replica[0]
+    if rk.leader:
+        backend = "nccl" if rk.comm.type == "cuda" else "gloo"
+        store = dist.TCPStore(host, 0, rk.world, is_master=True, timeout=timeout, wait_for_workers=False)
+        rk.group.set_address(leader, host, store.port, backend)
+        addr = {"host": host, "port": store.port, "backend": backend}
+    else:
+        addr = _wait_for(rk.rt, lambda: _leader_address(rk.group, leader), "the replica's rendezvous")
+        if addr is None or "gone" in addr:
+            return False
+        store = dist.TCPStore(addr["host"], int(addr["port"]), rk.world, is_master=False, timeout=timeout)
+    if rk.comm.type == "cuda":
+        torch.cuda.set_device(rk.comm)
+    dist.init_process_group(addr["backend"], store=store, rank=rk.rank, world_size=rk.world, timeout=timeout)
+    log.info("%s is rank %d of replica %s (%s)", rk.rt.name, rk.rank, ", ".join(rk.replica), addr["backend"])
+    return True
+
+
+def _leader_address(group: SpGroup, leader: str) -> dict | None:
+    """The leader's rendezvous address; ``{"gone": why}`` once it left (it restarted)."""
+    addr = group.address(leader)
+    if addr is not None:
+        return addr
+    why = group.solo().get(leader)
+    if why is not None:
+        return {"gone": why}
+    return None
+
+
+# --- commands -----------------------------------------------------------------------
+def _serve(rk: Rank) -> None:
+    while True:
+        cmd = broadcast_json(_next_command(rk) if rk.leader else None, device=rk.comm)
+        if cmd["op"] == "stop":
+            return
+        if cmd["op"] in (TaskKind.GEN.value, TaskKind.EVAL.value):
+            _run(rk, LeasedTask(cmd["op"], cmd["id"], cmd["payload"], int(cmd["attempt"])))
+
+
+def _next_command(rk: Rank) -> dict:
+    """The leader's next command: a generation task, else an evaluation chunk, else ``idle``.
+    A replica takes no off-role work (its rollout budget for train tasks stays unused)."""
+    rt = rk.rt
+    if poll(rt, rk.token) is None:  # the job stopped, or a newer loop took this worker
+        return {"op": "stop"}
+    rt.cycles += 1
+    leased = rt.queue.lease([TaskKind.GEN.value, TaskKind.EVAL.value], rt.name, block_s=LEASE_BLOCK_S)
+    if leased is None:
+        return {"op": "idle"}
+    rk.current = leased.task_id
+    return {"op": leased.queue, "id": leased.task_id, "payload": leased.payload, "attempt": leased.attempt}
+
+
+def _run(rk: Rank, leased: LeasedTask) -> None:
+    """Every rank runs the task under Ulysses; the leader stores and acknowledges it."""
+    rt = rk.rt
+    with sequence_parallel(rt.policy, None):
+        if leased.queue == TaskKind.GEN.value:
+            score = rk.leader and leased.payload.get("score", True)
+            traj, events, t0 = generate(rt, leased, Role.ROLLOUT, score=score, stop=None)
+        else:
+            result = run_eval(rt, leased, Role.ROLLOUT, store=rk.leader)
+    ranks = all_gather_json(rt.name, device=rk.comm)  # every rank finished: a dead one fails the task here
+    rk.tasks_run += 1
+    if not rk.leader:
+        return
+    if leased.queue == TaskKind.GEN.value:
+        result = gen_result(rt, leased, traj, events, t0)
+    for e in result["events"]:
+        e["sp_degree"], e["ranks"] = rk.world, ranks
+    rt.report_redis(result["events"])
+    faults.point(
+        "ack", rt.job, rt.name, task=leased.task_id, iteration=TaskRef.parse(leased.task_id).iteration
+    )
+    if not rt.queue.ack(leased.task_id, result, worker=rt.name):
+        log.info("task %s was already acknowledged (it ran twice); this result is discarded", leased.task_id)
+    rk.current = None
