@@ -3,7 +3,9 @@
 ``digen train --profile-startup`` (and ``digen bench --startup-rounds``) record:
 
 - phases with start and end times (seconds since the ``digen`` process started):
-  ``imports`` (interpreter and CLI imports), ``redis start``, ``controller model load``,
+  ``imports`` (interpreter and CLI imports), ``redis start``, ``controller model load`` (the
+  version-0 weights: from a local worker's seeded build, or the controller's own with an
+  external cluster),
   ``cluster start``, per worker ``worker process start`` (process creation to its loop
   running: interpreter, Dask, digen imports) and ``worker model load``, ``workers ready``,
   and the derived ``first task`` (the first task's start) and ``first iteration`` (its end);

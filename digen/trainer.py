@@ -87,9 +87,14 @@ class Resumed:
 
 
 def open_store(
-    cfg: Config, run: RunDir, policy: FlowPolicy, resume: bool, store_type: type = ParameterStore
+    cfg: Config,
+    run: RunDir,
+    initial: Callable[[], dict[str, torch.Tensor]],
+    resume: bool,
+    store_type: type = ParameterStore,
 ) -> Resumed:
-    """A fresh parameter store from the policy, or the newest checkpoint's when resuming.
+    """A fresh parameter store of the trained tensors ``initial()`` returns (the policy's
+    ``trainable_state_dict``; called only when not resuming), or the newest checkpoint's.
     ``store_type`` (``fresh(weights, train)``, ``load(folder, train)``) is the kind of store:
     the controller of an FSDP job keeps only the weights (no optimizer state)."""
     if resume:
@@ -105,7 +110,7 @@ def open_store(
         last = int(state["iteration"])
         run.truncate_after(last)
         return Resumed(store, last + 1, prev)
-    return Resumed(store_type.fresh(policy.trainable_state_dict(), cfg.train), 0, None)
+    return Resumed(store_type.fresh(initial(), cfg.train), 0, None)
 
 
 def save_checkpoint(
@@ -219,7 +224,7 @@ def _reference_loop(
     reward = build_reward(cfg)
     prompts = cfg.prompt_list()
     embed = EmbedCache(policy, cfg.rollout.guidance_scale > 1.0)
-    state = open_store(cfg, run, policy, resume)
+    state = open_store(cfg, run, policy.trainable_state_dict, resume)
     store = state.store
     policy.load_trainable_state_dict(store.weights())
     tsp = bool(cfg.schedule.resolved().tsp)

@@ -5,6 +5,10 @@ The local cluster (:class:`digen.runtime.cluster.LocalClusterStart`) submits
 (:mod:`workers.loop`) then takes that policy (:func:`take_policy`) instead of building a
 second one. A worker that was never preloaded (an external cluster, a restarted process)
 builds its policy in the loop as before. Either way a worker holds one copy of the model.
+
+A local cluster's controller loads no model: it takes version 0 of the trained tensors from a
+worker (:func:`initial_weights`), drawn there after ``torch.manual_seed(seed)`` as the
+reference draws them, so it needs neither diffusers nor transformers in its process.
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ LOAD_LOCK = threading.Lock()
 _PRELOADED: dict[str, object] = {}
 """Model config (JSON) + device -> the policy :func:`preload_policy` built, until taken."""
 
+_INITIAL: dict[str, dict] = {}
+"""Model config (JSON) + device -> the trained tensors of a seeded build, as first built."""
+
 LOAD_TIMES: dict[str, float] = {}
 """Wall-clock ``load_start`` / ``load_end`` of this process's last policy load (start-up profile)."""
 
@@ -35,12 +42,22 @@ def _key(cfg: Config, device: str) -> str:
 
 
 def _build(cfg: Config, device: str):
+    """The policy, built after ``torch.manual_seed(cfg.seed)`` (the LoRA init draws from it,
+    as in the reference loop); its trained tensors as built are kept for :func:`initial_weights`."""
+    import torch
+
     from digen.trainer import build_policy
 
     start = time.time()
+    torch.manual_seed(cfg.seed)
     policy = build_policy(cfg, device=device)
+    _INITIAL[_key(cfg, device)] = _cpu_copy(policy.trainable_state_dict())
     LOAD_TIMES.update({"load_start": start, "load_end": time.time()})
     return policy
+
+
+def _cpu_copy(weights: dict) -> dict:
+    return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in weights.items()}
 
 
 def preload_policy(cfg_json: dict, threads: int = 1) -> None:
@@ -61,3 +78,23 @@ def take_policy(cfg: Config, device: str):
     with LOAD_LOCK:
         policy = _PRELOADED.pop(_key(cfg, device), None)
         return policy if policy is not None else _build(cfg, device)
+
+
+def initial_weights(cfg_json: dict, threads: int = 1) -> bytes:
+    """Version 0 of the trained tensors (safetensors bytes), as the controller and the
+    reference build them: seeded, on CPU. A worker on CPU hands over its own build's
+    (preloaded, or built now and kept for its loop); one on another device builds a CPU copy
+    once for this (the init must not draw from another device's generator)."""
+    import torch
+    from safetensors.torch import save
+
+    torch.set_num_threads(threads)
+    cfg = Config.model_validate(cfg_json)
+    device = worker_device(cfg)
+    with LOAD_LOCK:
+        key = _key(cfg, "cpu")
+        if key not in _INITIAL:
+            policy = _build(cfg, "cpu")
+            if device == "cpu":
+                _PRELOADED.setdefault(key, policy)  # the loop takes this build
+        return save(_INITIAL[key])

@@ -49,9 +49,11 @@ FORKSERVER_PRELOAD = (
     "diffusers.models.modeling_utils",
     "transformers.modeling_utils",
     "peft",
+    "workers.forkserver",
 )
 """Modules the fork server imports once for every worker it forks: what a worker loop and a
-policy load need (a missing one is skipped)."""
+policy load need (a missing one is skipped). The last, :mod:`workers.forkserver`, imports the
+families' pipeline code and freezes the server's objects, so its forked workers share them."""
 
 
 def use_start_method(method: str) -> None:

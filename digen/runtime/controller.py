@@ -582,6 +582,38 @@ def _local_cluster(cfg: Config) -> LocalClusterStart:
     )
 
 
+def _own_initial(cfg: Config) -> Callable[[], dict[str, torch.Tensor]]:
+    """Version 0 of the trained tensors from this process's own seeded CPU build (an external
+    cluster's workers may not have joined yet)."""
+
+    def build() -> dict[str, torch.Tensor]:
+        torch.manual_seed(cfg.seed)  # the LoRA init draws from it, exactly as in the reference
+        return build_policy(cfg, device="cpu").trainable_state_dict()
+
+    return build
+
+
+def _worker_initial(cfg: Config, client) -> Callable[[], dict[str, torch.Tensor]]:
+    """Version 0 of the trained tensors from the first policy-holding local worker, which
+    draws them as the reference does (:func:`workers.preload.initial_weights`)."""
+
+    def fetch() -> dict[str, torch.Tensor]:
+        from safetensors.torch import load
+
+        from workers.preload import initial_weights
+
+        w = next((w for w in list_workers(client) if w.role is not Role.REWARD), None)
+        if w is None:  # reward workers only: nothing holds the policy
+            return _own_initial(cfg)()
+        threads = cfg.cluster.local.threads_per_worker
+        blob = client.submit(
+            initial_weights, cfg.model_dump(mode="json"), threads, workers=[w.address], pure=False
+        ).result()
+        return load(blob)
+
+    return fetch
+
+
 def run_distributed(
     cfg: Config,
     out: Path,
@@ -616,24 +648,23 @@ def run_distributed(
     job_id = job_id or uuid.uuid4().hex[:12]
     queue, job = TaskQueue(r, job_id, lease_s=s.lease_s), JobState(r, job_id)
     queue.clear()
-    # the local cluster starts, and its workers load their models, while this process loads its own
+    # the local cluster starts, and its workers load their models; the version-0 weights come
+    # from one of them (workers.preload.initial_weights): this process loads no model
     starting = None if client is not None else _local_cluster(cfg)
     try:
-        torch.manual_seed(cfg.seed)  # the LoRA init draws from it, exactly as in the reference
+        cluster = None
+        if starting is not None:
+            cluster, client = starting.result()
         with phase("controller model load"):
-            policy = build_policy(cfg, device="cpu")
+            initial = _worker_initial(cfg, client) if starting is not None else _own_initial(cfg)
             # with FSDP the trainer group owns the optimizer: the controller keeps the weights only
-            state = open_store(cfg, run, policy, resume, ShardedStore if cfg.train.fsdp else ParameterStore)
-        del policy
+            state = open_store(cfg, run, initial, resume, ShardedStore if cfg.train.fsdp else ParameterStore)
         store = state.store
         fsdp = FsdpControl.create(queue, job, store) if cfg.train.fsdp else None
         job.publish(store.version, store.weights())
         if state.previous_weights is not None:
             job.publish(store.version - 1, state.previous_weights)
         job.set_status("running")
-        cluster = None
-        if starting is not None:
-            cluster, client = starting.result()
     except BaseException:
         if starting is not None:
             starting.discard()

@@ -1,23 +1,42 @@
 """The embedded local cluster: workers forked from the fork server see the environment the
 controller has when it starts them, not the one the fork server started with (a spawned
-worker would inherit it; fault hooks and DIGEN_HOME rely on that)."""
+worker would inherit it; fault hooks and DIGEN_HOME rely on that); they start with the
+families' pipeline code imported and the fork server's objects frozen (workers.forkserver)."""
 
 from __future__ import annotations
 
+import gc
 import os
+import sys
 
 import pytest
 
 from digen.runtime.cluster import start_local_cluster
 
 
-def worker_env(name: str) -> list[str | None]:
+def on_worker(fn) -> list:
+    """``fn()`` run in the one worker of a fresh forked local cluster."""
     cluster, client = start_local_cluster(1, 0, "cpu", 1, dashboard=False, start_method="forkserver")
     try:
-        return list(client.run(lambda: os.environ.get(name)).values())
+        return list(client.run(fn).values())
     finally:
         client.close()
         cluster.close()
+
+
+def worker_env(name: str) -> list[str | None]:
+    return on_worker(lambda: os.environ.get(name))
+
+
+def forked_state() -> tuple[int, bool, bool]:
+    """(objects frozen, SD3 pipeline module imported, Wan pipeline module imported) in a worker
+    that has loaded no policy yet."""
+    mods = sys.modules
+    return (
+        gc.get_freeze_count(),
+        "diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3" in mods,
+        "diffusers.pipelines.wan.pipeline_wan" in mods,
+    )
 
 
 @pytest.mark.slow
@@ -26,3 +45,10 @@ def test_forked_workers_see_variables_set_after_the_fork_server_started(monkeypa
     assert worker_env("DIGEN_TEST_MARK") == [None]  # the fork server is up from here on
     monkeypatch.setenv("DIGEN_TEST_MARK", "set-later")
     assert worker_env("DIGEN_TEST_MARK") == ["set-later"]
+
+
+@pytest.mark.slow
+def test_forked_workers_start_with_the_pipeline_code_imported_and_frozen():
+    [(frozen, sd3, wan)] = on_worker(forked_state)
+    assert sd3 and wan  # imported by the fork server, before any policy load
+    assert frozen > 10_000  # the fork server's imports sit in the permanent generation
