@@ -181,7 +181,22 @@ class LocalClusterStart:
         if self._made is not None:
             cluster, client = self._made
             client.close()
-            cluster.close()
+            close_local_cluster(cluster)
+
+
+def close_local_cluster(cluster) -> None:
+    """Close a local cluster workers first, then its scheduler.
+
+    ``SpecCluster.close`` stops the scheduler while its workers still run, so a worker's next
+    heartbeat meets a closed stream and Dask logs an ERROR traceback to the console (seen on a
+    loaded machine, where the workers' shutdown lags). Retiring the workers while the scheduler
+    still answers (the same ``_correct_state`` path :func:`add_local_worker` scales up with)
+    leaves none to heartbeat when the scheduler goes."""
+    try:
+        cluster.worker_spec.clear()
+        cluster.sync(cluster._correct_state)
+    finally:
+        cluster.close()
 
 
 def add_local_worker(cluster, role: str, gpu_type: str, threads: int = 1) -> str:

@@ -42,7 +42,13 @@ from digen.iteration import IterationBook
 from digen.optim import ParameterStore
 from digen.rollout import Trajectories, plan_groups
 from digen.rundir import RunDir
-from digen.runtime.cluster import LocalClusterStart, WorkerInfo, connect_scheduler, list_workers
+from digen.runtime.cluster import (
+    LocalClusterStart,
+    WorkerInfo,
+    close_local_cluster,
+    connect_scheduler,
+    list_workers,
+)
 from digen.runtime.evals import Evaluations
 from digen.runtime.fsdp_group import FsdpControl, ShardedStore, is_step_id
 from digen.runtime.jobstate import JobState
@@ -761,7 +767,7 @@ def run_distributed(
                 pass
         client.close()
         if cluster is not None:
-            cluster.close()
+            close_local_cluster(cluster)
         if not redis_down:
             queue.clear()
     return run.write_summary(cfg.schedule.mode)
