@@ -1,8 +1,9 @@
-"""digen CLI commands: simulate (registered on cli.main.app)."""
+"""digen CLI commands: simulate and sp-bench (registered on cli.main.app)."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
@@ -53,6 +54,14 @@ def simulate(
             help="Calibrate the cost model from a run directory and compare prediction with measurement.",
         ),
     ] = None,
+    calibration: Annotated[
+        Path | None,
+        typer.Option(
+            "--calibration",
+            help="Sequence-parallel efficiency measured by digen sp-bench (JSON) or from a run directory "
+            "whose replicas carry sp_degree; replaces the catalog's cited constants at those degrees.",
+        ),
+    ] = None,
 ) -> None:
     """Simulate a job's iterations through the real Scheduler with a cost model: per mode
     s/iteration, samples/s, bubble ratio, speedup vs colocated and fraction of the bound."""
@@ -63,7 +72,7 @@ def simulate(
         _from_run(from_run, mode_list if modes else [], json_out)
         return
     if all_:
-        _all(config or SIM_CONFIGS, mode_list, md_out)
+        _all(config or SIM_CONFIGS, mode_list, md_out, calibration)
         return
     if config is None:
         raise ConfigError("CONFIG is missing: pass a configs/sim/*.yaml file, --all, or --from-run RUN_DIR")
@@ -71,7 +80,7 @@ def simulate(
     from digen.sim.report import explain, json_rows, plot_gantt, text_table
     from digen.sim.study import run_study
 
-    setup = load_sim_config(config, testbed=testbed)
+    setup = load_sim_config(config, testbed=testbed, calibration=calibration)
     study = run_study(setup.cost, mode_list, setup.settings)
     if not no_gantt:
         path = gantt or Path("runs") / "sim" / f"{config.stem}{'_' + testbed if testbed else ''}.png"
@@ -80,22 +89,25 @@ def simulate(
         plot_gantt(shown or [r.sim for r in study.results[:3]], path, title=setup.name)
         err.print(f"gantt chart: {path}", highlight=False)
     if json_out:
-        print(json.dumps(json_rows(study), indent=1))
+        sp = [asdict(c) for c in setup.cost.sp]
+        print(json.dumps([{**row, "sequence_parallel": sp} for row in json_rows(study)], indent=1))
         return
     out.print(
         f"[bold]{setup.name}[/bold]: {setup.cost.gpu_count} GPUs ({'; '.join(setup.cost.notes)}), "
         f"{setup.cost.samples} samples per iteration, bound {study.bound.x:.4g} samples/s",
         highlight=False,
     )
+    for choice in setup.cost.sp:
+        out.print(choice.describe(), highlight=False, soft_wrap=True)
     out.print(text_table(study), highlight=False, soft_wrap=True)
     note = explain(study)
     if note:
         out.print(note, highlight=False)
 
 
-def _all(folder: Path, mode_list: list[str], md_out: Path | None) -> None:
+def _all(folder: Path, mode_list: list[str], md_out: Path | None, calibration: Path | None) -> None:
     from digen.sim.catalog import is_run_config, load_sim_config
-    from digen.sim.report import explain, markdown_results
+    from digen.sim.report import explain, markdown_results, sp_summary
     from digen.sim.study import run_study
 
     if not folder.is_dir():
@@ -107,13 +119,13 @@ def _all(folder: Path, mode_list: list[str], md_out: Path | None) -> None:
         )
     studies, notes = [], []
     for p in files:
-        setup = load_sim_config(p)
+        setup = load_sim_config(p, calibration=calibration)
         err.print(f"simulating {setup.name} ({setup.cost.gpu_count} GPUs)", highlight=False)
         st = run_study(
             setup.cost, list(dict.fromkeys([*mode_list, "digen", "colocated-digen"])), setup.settings
         )
         studies.append((setup.workload.name, setup.testbed.name, st))
-        notes.append(f"- {explain(st)}")
+        notes.append(f"- {explain(st)} {sp_summary(setup.cost.sp)}")
     order = {"A": 0, "B": 1, "C": 2, "A+C": 3}
     ranked = sorted(
         range(len(studies)), key=lambda i: (studies[i][0], order.get(studies[i][1], 9), studies[i][1])
@@ -146,3 +158,40 @@ def _from_run(run_dir: Path, modes: list[str], json_out: bool) -> None:
             f"{c.predicted_bubble_ratio:.3f}; {meas}",
             highlight=False,
         )
+
+
+@app.command("sp-bench")
+@handles_errors
+def sp_bench(
+    out_file: Annotated[
+        Path, typer.Option("--out", help="Calibration JSON to write (digen simulate --calibration FILE).")
+    ] = Path("runs/sim/sp_calibration.json"),
+    degree: Annotated[int, typer.Option("--sp", help="Sequence-parallel degree (ranks).")] = 2,
+    resolution: Annotated[int, typer.Option("--resolution", help="Pixels (height = width).")] = 128,
+    frames: Annotated[int, typer.Option("--frames", help="Video frames (4k + 1).")] = 17,
+    steps: Annotated[int, typer.Option("--steps", help="Denoising steps.")] = 4,
+    repeats: Annotated[int, typer.Option("--repeats", help="Timed generations per degree.")] = 3,
+    warmup: Annotated[int, typer.Option("--warmup", help="Untimed generations per degree first.")] = 1,
+    threads: Annotated[int, typer.Option("--threads", help="CPU threads per rank.")] = 1,
+    workdir: Annotated[
+        Path, typer.Option("--workdir", help="Folder for the tiny Wan and the rendezvous file.")
+    ] = Path("runs/sim/sp_bench"),
+) -> None:
+    """Time tiny-Wan generation at d=1 and d=--sp over gloo (one process per rank) on this
+    machine; print speedup and efficiency and write a calibration file. On CPUs this
+    calibrates the mechanism, not GPU numbers."""
+    from digen.sim.sp_bench import SpBenchSpec, run_sp_bench
+    from digen.sim.sp_calibration import save_calibration
+
+    spec = SpBenchSpec(degree, resolution, frames, steps, repeats=repeats, warmup=warmup, threads=threads)
+    cal = run_sp_bench(spec, workdir)
+    path = save_calibration(cal, out_file)
+    d = degree
+    out.print(
+        f"sequence parallel {d}: {cal.gen_s_per_sample[1]:.4g} s/sample at d=1, {cal.gen_s_per_sample[d]:.4g} "
+        f"at d={d} (median of {repeats}; {spec.tokens} tokens/sample, {steps} steps); speedup "
+        f"{cal.speedup[d]:.3f}x, efficiency {cal.efficiency[d]:.3f}; d={d} latents within "
+        f"{cal.setup['max_abs_latent_diff']:.2g} of d=1",
+        highlight=False,
+    )
+    out.print(f"calibration: {path} ({cal.source})", highlight=False)

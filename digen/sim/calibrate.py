@@ -2,12 +2,15 @@
 
 A run directory written by ``digen train`` (:mod:`digen.rundir`) holds ``config.yaml``,
 ``timeline.jsonl`` (one row per task part: ``worker``, ``gpu_type``, ``role``, ``kind``,
-``iteration``, ``version``, ``start``, ``end``) and ``metrics.jsonl``.
+``iteration``, ``version``, ``start``, ``end``; a sequence-parallel replica's rows also
+``sp_degree`` and ``ranks``) and ``metrics.jsonl``.
 :func:`costmodel_from_run` turns the timeline into a :class:`~digen.sim.costmodel.CostModel`:
 per worker and kind, the mean seconds of its ``gen`` / ``decode`` / ``reward`` / ``train``
 rows, of its weight loads (``sync`` rows), and of the controller's ``optim`` and ``sync``;
 plus the per-task overhead the timeline does not cover (queue lease, data transfer,
-acknowledgement), the median gap between back-to-back tasks on a worker. The first
+acknowledgement), the median gap between back-to-back tasks on a worker. A replica of
+``sp_degree`` ranks is one simulated worker of that many GPUs (its lane; the leader's rows);
+its efficiency against d=1 workers is :func:`digen.sim.sp_calibration.sp_from_run`. The first
 ``warmup`` iterations (model loading, compilation) are left out when later ones exist.
 
 :func:`compare_run` then simulates the run's own mode and workers with that cost model and
@@ -28,6 +31,7 @@ from digen.core.events import Role
 from digen.errors import ConfigError
 from digen.sim.costmodel import CostModel, SimWorker, WorkerCost
 from digen.sim.driver import MODES, Mode, SimResult, simulate
+from digen.sim.sp_calibration import is_follower_row
 from digen.sim.study import SimSettings, run_mode
 
 PART_KINDS = ("gen", "decode", "reward", "train")
@@ -135,7 +139,7 @@ def costmodel_from_run(run_dir: str | Path, *, warmup: int = 1) -> CostModel:
 
 def _calibrate(run: Path, warmup: int) -> tuple[CostModel, RunInfo]:
     cfg = _config(run)
-    rows = _jsonl(run / "timeline.jsonl")
+    rows = [r for r in _jsonl(run / "timeline.jsonl") if not is_follower_row(r)]
     iterations = max((int(r["iteration"]) for r in rows), default=-1) + 1
     if iterations == 0:
         raise ConfigError(f"{run}/timeline.jsonl has no rows")
@@ -146,6 +150,9 @@ def _calibrate(run: Path, warmup: int) -> tuple[CostModel, RunInfo]:
 
     workers = sorted({r["worker"] for r in rows if r["worker"] != "controller"})
     gpu = {r["worker"]: r.get("gpu_type", "?") for r in rows}
+    gpus: dict[str, int] = {}  # a sequence-parallel replica is one worker of sp_degree GPUs
+    for r in rows:
+        gpus[r["worker"]] = max(gpus.get(r["worker"], 1), int(r.get("sp_degree", 1)))
     role_seen: dict[str, str] = {}
     for r in rows:
         if r["worker"] != "controller":
@@ -188,7 +195,7 @@ def _calibrate(run: Path, warmup: int) -> tuple[CostModel, RunInfo]:
             load_s=means.get((w, "sync"), 0.0),
             overhead_s=means[(w, "overhead")],
         )
-        sim_workers.append(SimWorker(w, gpu[w], 1, cost))
+        sim_workers.append(SimWorker(w, gpu[w], gpus[w], cost))
     ctl = [r for r in steady if r["worker"] == "controller"] or [
         r for r in rows if r["worker"] == "controller"
     ]

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from digen.errors import ConfigError
 from digen.sim.costmodel import CostModel, GpuType, ModelSpec, Testbed, Workload, paper_costmodel
+from digen.sim.sp_calibration import calibrated_model, load_calibration
 from digen.sim.study import SimSettings
 
 
@@ -145,8 +146,12 @@ def is_run_config(path: Path) -> bool:
     return "workload" in data and "testbed" in data
 
 
-def load_sim_config(path: str | Path, *, testbed: str | None = None) -> SimSetup:
-    """Read a run config and its catalog; build the paper-scale cost model."""
+def load_sim_config(
+    path: str | Path, *, testbed: str | None = None, calibration: str | Path | None = None
+) -> SimSetup:
+    """Read a run config and its catalog; build the paper-scale cost model. ``calibration``:
+    a sequence-parallel calibration file or run directory whose measured efficiencies replace
+    the catalog's cited ones (:mod:`digen.sim.sp_calibration`)."""
     p = Path(path)
     run = _validate(SimRunConfig, _read_yaml(p), p)
     assert isinstance(run, SimRunConfig)
@@ -172,6 +177,9 @@ def load_sim_config(path: str | Path, *, testbed: str | None = None) -> SimSetup
             f"workload {run.workload}"
         )
     model = ModelSpec(name=wl.model, **m.model_dump())
+    if calibration is not None:
+        cal = load_calibration(calibration)
+        model = calibrated_model(model, cal, f"{calibration}: {cal.source}")
     workload = Workload(
         run.workload, model, wl.steps, wl.timestep_fraction, run.prompts or wl.prompts, wl.group_size, spt
     )

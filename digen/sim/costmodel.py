@@ -74,6 +74,20 @@ class ModelSpec:
     train_cfg: int | None = None
     """Passes per trained timestep (None: as ``cfg``; the log-prob of a guided step needs
     both branches)."""
+    sp_calibrated: dict[int, str] = field(default_factory=dict)
+    """Degrees of ``sp_efficiency`` measured rather than cited, and where (a calibration file
+    or run directory, :mod:`digen.sim.sp_calibration`)."""
+
+    def sp_eff_source(self, degree: int) -> str:
+        """Where :meth:`sp_eff` ``(degree)`` comes from, in words."""
+        if degree == 1:
+            return "1 by definition"
+        if degree in self.sp_calibrated:
+            return f"calibrated from {self.sp_calibrated[degree]}"
+        if degree in self.sp_efficiency:
+            return "cited constant (catalog)"
+        listed = sorted({1, *self.sp_efficiency})
+        return f"interpolated between the listed degrees {listed}"
 
     def sp_eff(self, degree: int) -> float:
         """Efficiency at ``degree`` (log-linear interpolation between listed degrees)."""
@@ -190,6 +204,8 @@ class CostModel:
     label: str = ""
     notes: list[str] = field(default_factory=list)
     """Derived choices to report (parallel degrees, FSDP, bytes moved)."""
+    sp: list[SpChoice] = field(default_factory=list)
+    """The sequence-parallel degree chosen per GPU type (paper-scale models)."""
 
     @property
     def samples(self) -> int:
@@ -209,15 +225,69 @@ class CostModel:
 
 
 # --- paper-scale builder ---------------------------------------------------------------
+def sample_memory_gb(model: ModelSpec, degree: int) -> float:
+    """GPU memory of generating one sample at sequence-parallel ``degree``: SP replicates the
+    weights and splits the activations."""
+    return model.weights_gb + model.activation_gb / degree
+
+
 def sp_degree(model: ModelSpec, gpu: GpuType) -> int:
-    """Smallest sequence-parallel degree at which one sample fits: SP replicates the weights
-    and splits the activations."""
+    """Smallest sequence-parallel degree at which one sample fits (:func:`sample_memory_gb`
+    within :data:`USABLE_MEMORY` of the GPU's memory)."""
     for d in SP_DEGREES:
-        if model.weights_gb + model.activation_gb / d <= USABLE_MEMORY * gpu.memory_gb:
+        if sample_memory_gb(model, d) <= USABLE_MEMORY * gpu.memory_gb:
             return d
     raise ConfigError(
         f"model {model.name} ({model.weights_gb} GB weights + {model.activation_gb} GB activations) does not fit "
         f"on {gpu.name} ({gpu.memory_gb} GB) even with sequence parallelism {SP_DEGREES[-1]}; use a GPU with more memory"
+    )
+
+
+@dataclass(frozen=True)
+class SpChoice:
+    """The sequence-parallel degree the cost model chose on one GPU type, and why."""
+
+    gpu_type: str
+    degree: int
+    replicas: int
+    memory_gb: float
+    """One sample's memory at ``degree`` (:func:`sample_memory_gb`)."""
+    usable_gb: float
+    smaller_gb: float | None
+    """One sample's memory at the next smaller degree (None at degree 1): above ``usable_gb``."""
+    efficiency: float
+    efficiency_source: str
+
+    def describe(self) -> str:
+        """One line: degree, the memory reason, the efficiency and its source."""
+        fits = f"{self.memory_gb:.1f} GB per sample fits {self.usable_gb:.1f} GB usable"
+        if self.smaller_gb is not None:
+            below = SP_DEGREES[SP_DEGREES.index(self.degree) - 1]
+            fits += f"; at SP {below} {self.smaller_gb:.1f} GB does not"
+        return (
+            f"{self.gpu_type}: sequence parallel {self.degree} ({fits}), {self.replicas} replicas x "
+            f"{self.degree} GPU, efficiency {self.efficiency:.3f} ({self.efficiency_source})"
+        )
+
+
+def sp_choice(model: ModelSpec, gpu: GpuType, count: int) -> SpChoice:
+    """:func:`sp_degree` on ``count`` GPUs of type ``gpu``, with its reason and efficiency."""
+    d = sp_degree(model, gpu)
+    if count % d:
+        raise ConfigError(
+            f"{count} x {gpu.name} is not a multiple of the sequence-parallel degree {d} that "
+            f"{model.name} needs there"
+        )
+    smaller = SP_DEGREES[SP_DEGREES.index(d) - 1] if d > 1 else None
+    return SpChoice(
+        gpu_type=gpu.name,
+        degree=d,
+        replicas=count // d,
+        memory_gb=sample_memory_gb(model, d),
+        usable_gb=USABLE_MEMORY * gpu.memory_gb,
+        smaller_gb=sample_memory_gb(model, smaller) if smaller else None,
+        efficiency=model.sp_eff(d),
+        efficiency_source=model.sp_eff_source(d),
     )
 
 
@@ -279,14 +349,15 @@ def paper_costmodel(w: Workload, tb: Testbed, *, tsp_batch_gain: float = 1.0) ->
     """Cost model of workload ``w`` on testbed ``tb`` from FLOPs, bytes and bandwidths."""
     workers: list[SimWorker] = []
     notes: list[str] = []
+    choices: list[SpChoice] = []
     for gpu, count in tb.gpus:
-        degree = sp_degree(w.model, gpu)
+        try:
+            choice = sp_choice(w.model, gpu, count)
+        except ConfigError as exc:
+            raise ConfigError(f"testbed {tb.name}: {exc}") from None
+        choices.append(choice)
+        degree = choice.degree
         cost, fsdp = worker_cost(w, gpu, degree, tsp_batch_gain=tsp_batch_gain)
-        if count % degree:
-            raise ConfigError(
-                f"testbed {tb.name}: {count} x {gpu.name} is not a multiple of the sequence-parallel "
-                f"degree {degree} that {w.model.name} needs there"
-            )
         notes.append(
             f"{gpu.name}: {count // degree} workers x {degree} GPU (SP {degree}, eff "
             f"{w.model.sp_eff(degree):.2f}){', FSDP training' if fsdp else ''}"
@@ -303,4 +374,5 @@ def paper_costmodel(w: Workload, tb: Testbed, *, tsp_batch_gain: float = 1.0) ->
         sync_s=trained_gb / tb.net_gbps,  # broadcast of the new version
         label=f"{w.name} on {tb.name}",
         notes=notes,
+        sp=choices,
     )

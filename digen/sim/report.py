@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from digen.plots import KIND_COLORS, OTHER_COLOR
+from digen.sim.costmodel import SpChoice
 from digen.sim.driver import LADDER, SimResult, time_shares
 from digen.sim.study import Study
 
@@ -105,6 +106,12 @@ def markdown_results(studies: list[tuple[str, str, Study]]) -> str:
             ]
         )
     return _markdown(headers, rows)
+
+
+def sp_summary(choices: list[SpChoice]) -> str:
+    """The sequence-parallel degree chosen per GPU type, short (the ``--all`` notes)."""
+    parts = [f"{c.gpu_type} SP {c.degree} (eff {c.efficiency:.3f}, {c.efficiency_source})" for c in choices]
+    return f"Sequence parallel: {'; '.join(parts)}." if parts else ""
 
 
 def explain(study: Study) -> str:
