@@ -440,7 +440,50 @@ def eval_cost(records: list[RunRecord]) -> dict[str, float]:
             sum(e["end"] - e["start"] for e in tasks) if tasks else sum(r.get("cost_s", 0.0) for r in rows)
         )
     runs = max(len(records), 1)
-    return {"evaluations": n / runs, "eval_worker_s": secs / runs}
+    return {"evaluations": n / runs, "eval_worker_s": secs / runs, **eval_interference_per_run(records)}
+
+
+def eval_interference_per_run(records: list[RunRecord]) -> dict[str, float]:
+    """:func:`digen.evaluation.eval_interference` of each run's timeline: sums per run, except
+    the maxima (``eval_max_wait_s``, ``eval_max_task_s``: over all runs)."""
+    from digen.evaluation import eval_interference
+
+    per = [eval_interference(rec.timeline) for rec in records]
+    if not per:
+        return {}
+    runs = len(per)
+    out = {k: sum(p[k] for p in per) / runs for k in per[0]}
+    out.update({k: max(p[k] for p in per) for k in ("eval_max_wait_s", "eval_max_task_s")})
+    return out
+
+
+def eval_table(rows: list[dict]) -> list[str]:
+    """The report's held-out evaluation section: eval's cost from the timeline, per mode,
+    and the wall ratio of each ``X+eval`` mode to its ``X-eval`` twin measured beside it."""
+    evaluated = [r for r in rows if r.get("evaluations")]
+    if not evaluated:
+        return []
+    by_mode = {r["mode"]: r for r in rows}
+    lines = [
+        "",
+        "Held-out evaluation (per run; waits: released gen/train tasks held up while their worker ran an "
+        "eval task, from the timeline's release and lease times):",
+        "",
+        "| mode | evaluations | eval worker-s | in bubbles s | outside s | task wait caused s "
+        "| longest wait / longest eval task s | overtakes | s/iteration | vs -eval |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in evaluated:
+        twin = by_mode.get(r["mode"].replace("+eval", "-eval"))
+        ratio = r["s_per_iteration"] / twin["s_per_iteration"] if twin and twin["s_per_iteration"] else None
+        lines.append(
+            f"| {r['mode']} | {r['evaluations']:g} | {r['eval_worker_s']:.2f} "
+            f"| {r.get('eval_in_bubbles_s', 0.0):.2f} | {r.get('eval_outside_bubbles_s', 0.0):.2f} "
+            f"| {r.get('eval_wait_s', 0.0):.2f} "
+            f"| {r.get('eval_max_wait_s', 0.0):.2f} / {r.get('eval_max_task_s', 0.0):.2f} "
+            f"| {r.get('eval_overtakes', 0.0):g} | {r['s_per_iteration']:.3f} | {_fmt(ratio, '.2f', 'x')} |"
+        )
+    return lines
 
 
 def add_speedups(rows: list[dict]) -> None:
@@ -767,19 +810,7 @@ def markdown_table(
             f"| {_fmt(r['fraction_of_bound'], '.0%')} | {rss} |"
         )
     lines += startup_table(rows)
-    evaluated = [r for r in rows if r.get("evaluations")]
-    if evaluated:
-        lines += [
-            "",
-            "Held-out evaluation (per run):",
-            "",
-            "| mode | evaluations | eval worker-s | s/iteration |",
-        ]
-        lines.append("|---|---|---|---|")
-        for r in evaluated:
-            lines.append(
-                f"| {r['mode']} | {r['evaluations']:g} | {r['eval_worker_s']:.2f} | {r['s_per_iteration']:.3f} |"
-            )
+    lines += eval_table(rows)
     if tsp:
         lines += [
             "",

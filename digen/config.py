@@ -295,8 +295,11 @@ class EvalConfig(_Section):
     seed: int = 0
     """Seed of the evaluation noise: sample i starts from the same noise at every evaluation,
     drawn from its own stream (training's streams are untouched)."""
-    batch_size: int = Field(4, ge=1)
-    """Test prompts per evaluation task (one batched ODE sampling, one sample per prompt)."""
+    batch_size: int = Field(0, ge=0)
+    """Test prompts per evaluation task (one batched ODE sampling, one sample per prompt).
+    0 (auto): the most whose denoising steps (``batch_size x rollout.eval_steps``) do not
+    exceed one generation task's (``group_size x num_steps``), at least 1: an evaluation task
+    in flight delays the next generation task by at most about one generation task."""
 
 
 class LoggingConfig(_Section):

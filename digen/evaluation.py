@@ -9,8 +9,8 @@ its own stream ``(\"eval\", eval.seed, i)`` (:mod:`digen.seeding`): training's s
 untouched, so evaluating does not change what is trained. Every reward of the config is
 reported separately, plus their weighted sum (``reward``).
 
-The test prompts are cut in chunks of ``eval.batch_size`` (:class:`EvalTask`), one batched
-sampling each: the reference trainer runs them in turn, the distributed modes as ``eval``
+The test prompts are cut in chunks of :func:`eval_batch_size` prompts (:class:`EvalTask`),
+one batched sampling each: the reference trainer runs them in turn, the distributed modes as ``eval``
 tasks on rollout workers, and both produce the same numbers for the same weights.
 
 ``RUN_DIR/eval.jsonl`` gets one row per evaluation (:meth:`EvalBook.row`), and
@@ -74,9 +74,25 @@ class EvalTask:
         )
 
 
+def eval_batch_size(cfg: Config) -> int:
+    """Test prompts per ``eval`` task: ``eval.batch_size``, or with 0 (auto) the most whose
+    denoising steps do not exceed one generation task's: ``floor(group_size x num_steps /
+    eval_steps)``, at least 1 (defaults: 4 x 8 / 20 -> 1).
+
+    Why small: a running ``eval`` task is never interrupted, so a generation task released
+    while it runs waits for its remainder (the scheduler and the pull order guarantee no
+    more, :mod:`digen.core.scheduler`); with this size that wait is at most about one
+    generation task, the granularity the pipeline already works at. Larger chunks batch
+    better on a big accelerator; set ``eval.batch_size`` when the bubbles are long enough."""
+    if cfg.eval.batch_size:
+        return cfg.eval.batch_size
+    r = cfg.rollout
+    return max(1, (r.group_size * r.num_steps) // r.eval_steps)
+
+
 def plan_eval(cfg: Config, prompts: list[str], iteration: int) -> list[EvalTask]:
     """The chunks of the evaluation after ``iteration`` (of version ``iteration + 1``)."""
-    b = cfg.eval.batch_size
+    b = eval_batch_size(cfg)
     return [
         EvalTask(
             iteration, c, iteration + 1, tuple(range(s, min(s + b, len(prompts)))), tuple(prompts[s : s + b])
@@ -89,7 +105,7 @@ def eval_task_count(cfg: Config) -> int:
     """Chunks per evaluation (0 when evaluation is off)."""
     if not cfg.eval.every:
         return 0
-    return math.ceil(len(held_out_prompts(cfg)) / cfg.eval.batch_size)
+    return math.ceil(len(held_out_prompts(cfg)) / eval_batch_size(cfg))
 
 
 def evaluates(cfg: Config, iteration: int) -> bool:
@@ -242,4 +258,106 @@ def eval_metrics(row: dict) -> dict[str, float]:
         f"eval/{k}": float(v)
         for k, v in row.items()
         if k not in skip and isinstance(v, int | float) and not isinstance(v, bool)
+    }
+
+
+# --- cost on the timeline ------------------------------------------------------------------
+WAITERS = {"rollout": ("gen",), "colocated": ("gen", "train")}
+"""Per role of a worker that evaluates: the kinds it pulls before ``eval``
+(:func:`digen.core.policy.pull_order`), whose waits an ``eval`` task can cause."""
+
+
+@dataclass(frozen=True)
+class TaskSpan:
+    """One task on the timeline: released (controller clock; None when not recorded), leased
+    (the worker's clock before the lease; its first row's start when not recorded), end."""
+
+    task: str
+    kind: str
+    worker: str
+    role: str
+    released: float | None
+    leased: float
+    end: float
+
+
+def task_spans(rows: list[dict]) -> list[TaskSpan]:
+    """The timeline's rows grouped by task (rows with a ``task`` id), in order of lease."""
+    by_task: dict[str, list[dict]] = {}
+    for r in rows:
+        if "task" in r:
+            by_task.setdefault(r["task"], []).append(r)
+    spans = [
+        TaskSpan(
+            task,
+            task.split(":", 1)[0],
+            rs[0]["worker"],
+            rs[0]["role"],
+            rs[0].get("released"),
+            float(rs[0].get("leased", min(r["start"] for r in rs))),
+            max(float(r["end"]) for r in rs),
+        )
+        for task, rs in by_task.items()
+    ]
+    return sorted(spans, key=lambda s: s.leased)
+
+
+def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
+    return max(0.0, min(a1, b1) - max(a0, b0))
+
+
+def _union_overlap(windows: list[tuple[float, float]], lo: float, hi: float) -> float:
+    """Seconds of ``[lo, hi]`` covered by the union of ``windows``."""
+    covered, edge = 0.0, lo
+    for a, b in sorted(windows):
+        a, b = max(a, edge), min(b, hi)
+        if b > a:
+            covered += b - a
+            edge = b
+    return covered
+
+
+def eval_interference(rows: list[dict]) -> dict[str, float]:
+    """What ``eval`` tasks cost the tasks an iteration needs, from the timeline rows:
+
+    - ``eval_wait_s``: seconds released gen (colocated: and train) tasks waited while the
+      worker that then ran them ran an ``eval`` task (from release to lease, overlapped with
+      that worker's ``eval`` spans); the rule allows one ``eval`` task's remainder per wait,
+      so ``eval_max_wait_s`` (the longest of one task) is at most ``eval_max_task_s``;
+    - ``eval_overtakes``: ``eval`` tasks a worker leased while a task it then ran was already
+      released, each a break of the rule (the pull order puts ``eval`` last, and the
+      scheduler releases it only when no generation task is outstanding): must be 0;
+    - ``eval_busy_s``: seconds of ``eval`` tasks (lease to end); ``eval_in_bubbles_s`` of it
+      while no task of a kind the worker pulls first (:data:`WAITERS`) waited in a queue,
+      ``eval_outside_bubbles_s`` the rest;
+    - ``eval_max_task_s``: the longest ``eval`` task (the bound on one wait).
+
+    A released time is the controller's, a lease time the worker's: one clock on one machine
+    (the local cluster), skewed by the hosts' offset otherwise."""
+    spans = task_spans(rows)
+    evals = [s for s in spans if s.kind == "eval"]
+    waits = [s for s in spans if s.kind in ("gen", "train") and s.released is not None]
+    wait_s, longest, overtakes = 0.0, 0.0, 0
+    for t in waits:
+        assert t.released is not None
+        mine = 0.0
+        for e in evals:
+            if e.worker == t.worker and t.kind in WAITERS.get(e.role, ()):
+                mine += _overlap(t.released, t.leased, e.leased, e.end)
+                overtakes += t.released <= e.leased < t.leased
+        wait_s, longest = wait_s + mine, max(longest, mine)
+    busy = sum(e.end - e.leased for e in evals)
+    outside = 0.0
+    for e in evals:
+        kinds = WAITERS.get(e.role, ())
+        windows = [(t.released, t.leased) for t in waits if t.kind in kinds and t.released is not None]
+        outside += _union_overlap(windows, e.leased, e.end)
+    return {
+        "eval_wait_s": wait_s,
+        "eval_max_wait_s": longest,
+        "eval_overtakes": float(overtakes),
+        "eval_busy_s": busy,
+        "eval_in_bubbles_s": busy - outside,
+        "eval_outside_bubbles_s": outside,
+        "eval_max_task_s": max((e.end - e.leased for e in evals), default=0.0),
     }

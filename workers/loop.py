@@ -381,6 +381,8 @@ def worker_loop(
                 worker=name,
             )
             continue
+        for e in result["events"]:  # when it left the queue: the bench's eval waits read it
+            e["leased"] = leased.leased_at
         rt.report_redis(result["events"])
         faults.point(
             "ack", rt.job, name, task=leased.task_id, iteration=TaskRef.parse(leased.task_id).iteration

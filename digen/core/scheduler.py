@@ -16,10 +16,13 @@ finished generation task releases a ``reward`` task for its group, and the group
 scored when that one is done; without, generation tasks score inline.
 
 Evaluation (``eval_every``): after the step of every ``eval_every``-th iteration and of the
-last one, ``eval_tasks`` ``eval`` tasks of the new version wait until the workers that
-evaluate (rollout and colocated ones) have no generation task released and not done
-(colocated ones: no train task either), and are released then: they fill the bubbles and
-never delay the tasks an iteration needs. :class:`Finish` waits for every evaluation.
+last one, ``eval_tasks`` ``eval`` tasks of the new version wait. They are released while the
+workers that evaluate (rollout and colocated ones) have no generation task released and not
+done (colocated ones: no train task either), and at most one per such worker in flight, so
+that none is left queued when work comes back: workers pull ``eval`` last
+(:func:`~digen.core.policy.idle_kinds`), so a task released while an ``eval`` task runs
+waits for its remainder only, never for another one. :class:`Finish` waits for every
+evaluation.
 
     sched = Scheduler(SchedulerConfig(iterations=3, groups=4, gap=True, tag=True, max_staleness=1))
     sched.handle(WorkerJoined("w0", Role.ROLLOUT, "cpu", t=0.0))
@@ -113,7 +116,9 @@ class Scheduler:
     in_flight: dict[TaskKind, int] = field(default_factory=dict)
     """Released and not yet done tasks, per kind."""
     evals_waiting: list[int] = field(default_factory=list)
-    """Iterations whose evaluation (of version iteration + 1) is not released yet."""
+    """Iterations whose evaluation (of version iteration + 1) is not all released yet."""
+    evals_released: dict[int, int] = field(default_factory=dict)
+    """Per waiting evaluation: how many of its tasks are released (in chunk order)."""
     evals_open: dict[int, set[int]] = field(default_factory=dict)
     """Per evaluated iteration: its released ``eval`` tasks not done yet."""
 
@@ -267,15 +272,27 @@ class Scheduler:
         colocated = any(w.role is Role.COLOCATED for w in self.workers.values())
         return colocated and self.in_flight.get(TaskKind.TRAIN, 0) > 0
 
+    def _evaluators(self) -> int:
+        """Workers that pull ``eval`` tasks (at least 1: a later one will)."""
+        kinds = (Role.ROLLOUT, Role.COLOCATED)
+        return max(1, sum(w.active and w.role in kinds for w in self.workers.values()))
+
     def _release_evals(self) -> list[Instruction]:
-        """Every waiting evaluation's tasks, once the evaluating workers are idle."""
-        if not self.evals_waiting or self._evaluators_busy():
-            return []
+        """Waiting evaluations' next tasks, oldest first, while the evaluating workers are
+        idle: one per evaluating worker in flight at most, so none waits in the queue for
+        the moment work comes back (it would take an idle worker between two tasks)."""
         out: list[Instruction] = []
-        for k in self.evals_waiting:
-            self.evals_open[k] = set(range(self.cfg.eval_tasks))
-            out += [Release(TaskRef(TaskKind.EVAL, k, c), k + 1) for c in range(self.cfg.eval_tasks)]
-        self.evals_waiting = []
+        slots = self._evaluators() - self.in_flight.get(TaskKind.EVAL, 0)
+        while self.evals_waiting and slots > 0 and not self._evaluators_busy():
+            k = self.evals_waiting[0]
+            c = self.evals_released.get(k, 0)
+            self.evals_open.setdefault(k, set()).add(c)
+            out.append(Release(TaskRef(TaskKind.EVAL, k, c), k + 1))
+            slots -= 1
+            self.evals_released[k] = c + 1
+            if c + 1 == self.cfg.eval_tasks:
+                self.evals_waiting.pop(0)
+                del self.evals_released[k]
         return self._count(out)
 
     def _finish(self) -> list[Instruction]:

@@ -94,6 +94,9 @@ class Controller:
     """The local Dask cluster when digen started one (tests scale it)."""
     outstanding: dict[str, tuple[str, dict]] = field(default_factory=dict)
     """Released tasks not yet collected: id -> (queue, payload), to queue again if Redis lost them."""
+    released_at: dict[str, float] = field(default_factory=dict)
+    """When each outstanding task went into its queue (controller clock): its timeline rows get
+    it as ``released`` (:func:`digen.evaluation.eval_interference` reads the waits)."""
     collected: set[str] = field(default_factory=set)
     """Tasks of unfinished iterations whose result (or death) is counted: never twice."""
     backlog: list[str] = field(default_factory=list)
@@ -327,6 +330,7 @@ class Controller:
     def put(self, t: TaskRef, queue: str, payload: dict) -> list[Instruction]:
         self.outstanding[t.id] = (queue, payload)
         self.queue.put(queue, t.id, payload)
+        self.released_at.setdefault(t.id, time.time())  # after the put: a later lease saw it queued
         return []
 
     def step(self, sched: Scheduler, iteration: int, store) -> list[Instruction]:
@@ -433,7 +437,7 @@ class Controller:
         self.outstanding.pop(task_id, None)
         self.loop_failures.pop(res["worker"], None)
         book = self.books[ref.iteration]
-        self.events += res["events"]
+        self.events += self.stamp(task_id, res["events"])
         if ref.kind is TaskKind.GEN:
             if not sched.reward_tasks:
                 book.add_rewards(ref.group, torch.tensor(res["rewards"], dtype=torch.float32))
@@ -445,6 +449,15 @@ class Controller:
             book.add_gradient(ref.group, grads, TrainStats.from_json(res["stats"]), ref.part)
         return sched.handle(TaskDone(ref, res["worker"], res["start"], res["end"]))
 
+    def stamp(self, task_id: str, events: list[dict]) -> list[dict]:
+        """Mark a collected task's timeline rows with its id (``task``) and release time."""
+        released = self.released_at.pop(task_id, None)
+        for e in events:
+            e["task"] = task_id
+            if released is not None:
+                e["released"] = released
+        return events
+
     def collect_eval(self, sched: Scheduler, ref: TaskRef, res) -> list[Instruction]:
         """An ``eval`` task's scores and images; its evaluation's timeline rows are written
         when it completes (an evaluation runs after its iteration's rows are out)."""
@@ -452,6 +465,7 @@ class Controller:
             return []
         self.collected.add(ref.id)
         self.outstanding.pop(ref.id, None)
+        self.stamp(ref.id, res["events"])
         self.run.append("timeline.jsonl", self.evals.collect(ref, res))
         return sched.handle(TaskDone(ref, res["worker"], res["start"], res["end"]))
 
@@ -463,6 +477,7 @@ class Controller:
         if dead.task_id in self.dead_seen:
             return []
         self.dead_seen.add(dead.task_id)
+        self.released_at.pop(dead.task_id, None)
         action = self.cfg.schedule.on_poison
         first = (dead.error.strip().splitlines() or ["no error recorded"])[0]
         self.run.append(

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -169,6 +169,8 @@ class LeasedTask:
     task_id: str
     payload: dict[str, Any]
     attempt: int
+    leased_at: float = field(default=0.0, compare=False)
+    """The leasing worker's clock just before the lease (the ``started`` it records)."""
 
 
 @dataclass(frozen=True)
@@ -233,11 +235,12 @@ class TaskQueue:
         deadline = time.monotonic() + block_s
         wake_keys = [self._key("wake", q) for q in queue_names]
         while True:
-            reply = self._lease(args=[self.prefix, self.lease_s, worker, repr(time.time()), *queue_names])
+            now = time.time()
+            reply = self._lease(args=[self.prefix, self.lease_s, worker, repr(now), *queue_names])
             if reply:
                 queue, task_id, payload, attempt = reply
                 try:
-                    return LeasedTask(queue.decode(), task_id.decode(), unpack(payload), int(attempt))
+                    return LeasedTask(queue.decode(), task_id.decode(), unpack(payload), int(attempt), now)
                 except PayloadError as err:  # never runs: straight to the dead letters, lease the next
                     self.nack(task_id.decode(), f"PayloadError: {err}", max_attempts=1, worker=worker)
                     continue

@@ -317,3 +317,23 @@ def test_summarize_reports_the_worker_loops_redis_round_trips():
         plain["worker_redis_round_trips_per_s"] is None
         and plain["worker_redis_round_trips_per_cycle"] is None
     )
+
+
+def test_eval_table_reports_timeline_cost_and_the_ratio_to_the_eval_less_twin():
+    from digen.bench import eval_table
+
+    row = {
+        "mode": "digen+eval",
+        "evaluations": 3,
+        "eval_worker_s": 6.0,
+        "eval_in_bubbles_s": 5.0,
+        "eval_outside_bubbles_s": 1.0,
+        "eval_wait_s": 0.5,
+        "eval_max_wait_s": 0.25,
+        "eval_max_task_s": 0.75,
+        "eval_overtakes": 0.0,
+        "s_per_iteration": 3.0,
+    }
+    lines = eval_table([row, {"mode": "digen-eval", "evaluations": 0, "s_per_iteration": 2.0}])
+    assert lines[-1] == "| digen+eval | 3 | 6.00 | 5.00 | 1.00 | 0.50 | 0.25 / 0.75 | 0 | 3.000 | 1.50x |"
+    assert eval_table([{"mode": "digen", "evaluations": 0}]) == []

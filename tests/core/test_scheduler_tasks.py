@@ -48,8 +48,34 @@ def test_eval_tasks_wait_until_no_generation_task_is_ready():
     assert released(out, EVAL) == []
     assert released(s.handle(done(GEN, 1, 0)), EVAL) == []  # one generation task still ready
     out = s.handle(done(GEN, 1, 1))
-    assert released(out, EVAL) == [(0, 0, 1), (0, 1, 1)]  # the rollout worker is idle now
+    # the rollout worker is idle now: one task per evaluating worker, the next when it is done
+    assert released(out, EVAL) == [(0, 0, 1)]
     assert released(out, TRAIN) == [(1, 0, 1), (1, 1, 1)]
+    assert released(s.handle(done(EVAL, 0, 0)), EVAL) == [(0, 1, 1)]
+
+
+def test_eval_tasks_in_flight_at_most_one_per_evaluating_worker_none_left_queued():
+    s = make(
+        ("r0", Role.ROLLOUT),
+        ("r1", Role.ROLLOUT),
+        ("t0", Role.TRAINER),
+        iterations=3,
+        eval_every=1,
+        eval_tasks=3,
+    )
+    s.start(0.0)
+    out = run_iteration(s, 0)
+    out = s.handle(done(GEN, 1, 0), done(GEN, 1, 1))
+    assert released(out, EVAL) == [(0, 0, 1), (0, 1, 1)]  # two rollout workers
+    for g in range(2):
+        s.handle(done(TRAIN, 1, g, "t0"))
+    out = s.handle(StepDone(1, 0.0, 1.0))  # generation of iteration 2 is out: no more eval
+    assert released(out, GEN) and released(out, EVAL) == []
+    assert released(s.handle(done(EVAL, 0, 0)), EVAL) == []
+    out = s.handle(done(GEN, 2, 0), done(GEN, 2, 1))
+    # idle again: chunk 2 of the first evaluation, then the next evaluation's first chunk
+    assert released(out, EVAL) == [(0, 2, 1)]
+    assert released(s.handle(done(EVAL, 0, 1)), EVAL) == [(1, 0, 2)]
 
 
 def test_eval_every_n_iterations_and_at_the_end_and_finish_waits_for_it():

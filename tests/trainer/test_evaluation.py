@@ -113,3 +113,17 @@ def test_eval_book_counts_a_chunk_once_in_any_order():
 def test_eval_needs_a_test_file(tiny_sd3):
     with pytest.raises(ConfigError, match="eval.every"):
         build_config(small_config_data(tiny_sd3, eval={"every": 1}))
+
+
+def test_auto_eval_batch_size_matches_one_generation_task(tiny_sd3, tmp_path):
+    from digen.evaluation import eval_batch_size
+
+    cfg = eval_config(tiny_sd3, tmp_path)
+    assert eval_batch_size(cfg) == 3  # set explicitly
+    cfg.eval.batch_size = 0
+    cfg.rollout.group_size, cfg.rollout.num_steps, cfg.rollout.eval_steps = 4, 8, 20
+    assert eval_batch_size(cfg) == 1  # 4 x 8 = 32 denoising steps hold one 20-step prompt
+    cfg.rollout.group_size, cfg.rollout.num_steps, cfg.rollout.eval_steps = 16, 10, 40
+    assert eval_batch_size(cfg) == 4  # Flow-GRPO-like: 160 steps per group, 40 per eval prompt
+    cfg.rollout.eval_steps = 3
+    assert len(plan_eval(cfg, TEST_PROMPTS, 0)) == 1  # 53 prompts fit: one chunk
