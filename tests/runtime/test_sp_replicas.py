@@ -72,32 +72,27 @@ def _faults() -> Iterator[None]:
         yield
 
 
-def test_a_follower_killed_mid_task_fails_the_task_and_the_survivor_works_on_at_d1(
-    tiny_wan, d1_run, tmp_path, _faults
+@pytest.mark.parametrize(
+    "killed",
+    [
+        pytest.param("rollout-1", id="follower"),
+        pytest.param("rollout-0", id="leader"),
+    ],
+)
+def test_a_rank_killed_mid_task_loses_no_sample_and_the_survivor_works_on_at_d1(
+    tiny_wan, d1_run, tmp_path, _faults, killed
 ):
-    """The follower dies with group 0 of iteration 0 generated (fault ``gen``): the leader's
-    closing collective fails, it gives the task back and leaves the replica; the task is run
-    again at d=1 (by the leader or the restarted follower, which does not re-join). No
-    replica re-forms, so every acknowledged generation is a d=1 one, and the rewards are the
-    d=1 run's."""
+    """A rank dies with group 0 of iteration 0 generated (fault ``gen`` ``kill``).
+
+    The follower: the leader's closing collective fails, it gives the task back and leaves the
+    replica. The leader: its lease is re-queued when it leaves the cluster, the follower's next
+    collective fails and it works on at d=1 (the controller hands it to the scheduler). The task
+    is run again at d=1, and the restarted rank does not re-join: no replica re-forms, so every
+    acknowledged generation is a d=1 one, and the rewards are the d=1 run's."""
     out = tmp_path / "killed"
     cfg = wan_config(tiny_wan, 2, 2, schedule__lease_s=30.0)
-    fired = run_job(cfg, out, "sp-kill", Fault("gen", "kill", worker="rollout-1", iteration=0))
-    assert [(f["action"], f["worker"], f["iteration"]) for f in fired] == [("kill", "rollout-1", 0)]
-    assert rewards(out) == rewards(d1_run)
-    gens = [e for e in timeline(out) if e["kind"] == "gen"]
-    assert len(gens) == 4
-    assert not [e for e in gens if e.get("sp_degree", 1) != 1]
-
-
-def test_a_leader_killed_mid_task_loses_no_sample(tiny_wan, d1_run, tmp_path, _faults):
-    """The leader dies with group 0 of iteration 0 generated: its lease is re-queued when it
-    leaves the cluster, the follower's next collective fails and it works on at d=1 (the
-    controller hands it to the scheduler); the restarted leader runs at d=1 too."""
-    out = tmp_path / "leader"
-    cfg = wan_config(tiny_wan, 2, 2, schedule__lease_s=30.0)
-    fired = run_job(cfg, out, "sp-kill-leader", Fault("gen", "kill", worker="rollout-0", iteration=0))
-    assert [(f["action"], f["worker"], f["iteration"]) for f in fired] == [("kill", "rollout-0", 0)]
+    fired = run_job(cfg, out, f"sp-kill-{killed}", Fault("gen", "kill", worker=killed, iteration=0))
+    assert [(f["action"], f["worker"], f["iteration"]) for f in fired] == [("kill", killed, 0)]
     assert rewards(out) == rewards(d1_run)
     gens = [e for e in timeline(out) if e["kind"] == "gen"]
     assert len(gens) == 4
