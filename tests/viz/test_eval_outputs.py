@@ -82,7 +82,11 @@ def test_bench_eval_toggle_and_cost(tmp_path):
         {"kind": "gen", "start": 0.0, "end": 9.0},
     ]
     cost = eval_cost([RunRecord("digen+eval", 0, tmp_path / "run", [], tl, True)])
-    assert cost == {"evaluations": 1.0, "eval_worker_s": 0.75}
+    assert {k: cost[k] for k in ("evaluations", "eval_worker_s")} == {
+        "evaluations": 1.0,
+        "eval_worker_s": 0.75,
+    }
+    assert cost["eval_overtakes"] == 0 and cost["eval_wait_s"] == 0  # no task was released during them
     md = markdown_table(
         [
             {
@@ -102,4 +106,5 @@ def test_bench_eval_toggle_and_cost(tmp_path):
         ],
         [],
     )
-    assert "| digen+eval | 1 | 0.75 | 1.000 |" in md
+    # evaluations, eval worker-s, in/outside bubbles, wait caused, longest wait/task, overtakes, s/iteration
+    assert "| digen+eval | 1 | 0.75 | 0.00 | 0.00 | 0.00 | 0.00 / 0.00 | 0 | 1.000 | n/a |" in md
