@@ -33,7 +33,6 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 
 import redis
@@ -42,7 +41,7 @@ import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
 from digen.core.events import Role, TaskKind, TaskRef
-from digen.parallel.comm import all_gather_json, all_reduce_stats, broadcast_json
+from digen.parallel.comm import all_gather_json, all_reduce_stats, broadcast_json, join_process_group
 from digen.parallel.fsdp import ShardedTrainer, shard_rows
 from digen.runtime.fsdp_group import STEP_QUEUE, FsdpGroup
 from digen.testing import faults
@@ -153,20 +152,18 @@ def _wait_for(rt: WorkerRuntime, read, what: str):
 # --- set-up -------------------------------------------------------------------------
 def _init_process_group(rk: Rank, host: str) -> bool:
     """Join the group (see the module docstring); False when the job stopped first."""
-    timeout = timedelta(seconds=rk.rt.cfg.schedule.lease_s)
-    if rk.leader:
-        backend = "nccl" if rk.comm.type == "cuda" else "gloo"
-        store = dist.TCPStore(host, 0, rk.world, is_master=True, timeout=timeout, wait_for_workers=False)
-        rk.group.set_address(host, store.port, backend)
-        addr = {"host": host, "port": store.port, "backend": backend}
-    else:
-        addr = _wait_for(rk.rt, rk.group.address, "the FSDP rendezvous address")
-        if addr is None:
-            return False
-        store = dist.TCPStore(addr["host"], int(addr["port"]), rk.world, is_master=False, timeout=timeout)
-    if rk.comm.type == "cuda":
-        torch.cuda.set_device(rk.comm)
-    dist.init_process_group(addr["backend"], store=store, rank=rk.rank, world_size=rk.world, timeout=timeout)
+    addr = join_process_group(
+        leader=rk.leader,
+        host=host,
+        rank=rk.rank,
+        world=rk.world,
+        device=rk.comm,
+        timeout_s=rk.rt.cfg.schedule.lease_s,
+        publish=rk.group.set_address,
+        await_address=lambda: _wait_for(rk.rt, rk.group.address, "the FSDP rendezvous address"),
+    )
+    if addr is None:
+        return False
     log.info("%s is rank %d of %d of the FSDP group (%s)", rk.rt.name, rk.rank, rk.world, addr["backend"])
     return True
 

@@ -32,14 +32,13 @@ from __future__ import annotations
 import logging
 import traceback
 from dataclasses import dataclass
-from datetime import timedelta
 
 import redis
 import torch
 import torch.distributed as dist
 
 from digen.core.events import Role, TaskKind, TaskRef
-from digen.parallel.comm import all_gather_json, broadcast_json
+from digen.parallel.comm import all_gather_json, broadcast_json, join_process_group
 from digen.parallel.ulysses import sequence_parallel
 from digen.runtime.queue import LeasedTask
 from digen.runtime.sp_group import SpGroup
@@ -120,21 +119,24 @@ def _leave(rk: Rank, exc: Exception) -> None:
 
 def _init_process_group(rk: Rank, host: str) -> bool:
     """Join the replica's group; False when the job stopped or the leader left first."""
-    timeout = timedelta(seconds=rk.rt.cfg.schedule.lease_s)
     leader = rk.replica[0]
-    if rk.leader:
-        backend = "nccl" if rk.comm.type == "cuda" else "gloo"
-        store = dist.TCPStore(host, 0, rk.world, is_master=True, timeout=timeout, wait_for_workers=False)
-        rk.group.set_address(leader, host, store.port, backend)
-        addr = {"host": host, "port": store.port, "backend": backend}
-    else:
+
+    def await_address() -> dict | None:
         addr = _wait_for(rk.rt, lambda: _leader_address(rk.group, leader), "the replica's rendezvous")
-        if addr is None or "gone" in addr:
-            return False
-        store = dist.TCPStore(addr["host"], int(addr["port"]), rk.world, is_master=False, timeout=timeout)
-    if rk.comm.type == "cuda":
-        torch.cuda.set_device(rk.comm)
-    dist.init_process_group(addr["backend"], store=store, rank=rk.rank, world_size=rk.world, timeout=timeout)
+        return None if addr is None or "gone" in addr else addr
+
+    addr = join_process_group(
+        leader=rk.leader,
+        host=host,
+        rank=rk.rank,
+        world=rk.world,
+        device=rk.comm,
+        timeout_s=rk.rt.cfg.schedule.lease_s,
+        publish=lambda h, port, backend: rk.group.set_address(leader, h, port, backend),
+        await_address=await_address,
+    )
+    if addr is None:
+        return False
     log.info("%s is rank %d of replica %s (%s)", rk.rt.name, rk.rank, ", ".join(rk.replica), addr["backend"])
     return True
 

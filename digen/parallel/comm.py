@@ -10,6 +10,8 @@ the rank's device as ``device``).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -64,3 +66,40 @@ def all_reduce_stats(stats: TrainStats, *, group=None, device: str | torch.devic
     dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
     rows, loss, approx_kl, clipped, kl = sums.tolist()
     return TrainStats(int(round(rows)), loss, approx_kl, clipped, kl, float(peak.item()))
+
+
+def join_process_group(
+    *,
+    leader: bool,
+    host: str,
+    rank: int,
+    world: int,
+    device: torch.device,
+    timeout_s: float,
+    publish: Callable[[str, int, str], None],
+    await_address: Callable[[], dict | None],
+) -> dict | None:
+    """Form a group's ``torch.distributed`` process group through a rendezvous in Redis.
+
+    The leader (rank 0) serves a ``TCPStore`` on ``host`` (OS-assigned port) and ``publish``es
+    host, port and backend (gloo on CPU, NCCL on CUDA); the others ``await_address`` (None: give
+    up, the job stopped or the leader left) and connect. Every rank then joins with
+    ``init_process_group``. Returns the address, or None when a rank gave up. The FSDP trainer
+    group (:mod:`workers.fsdp_loop`) and the sequence-parallel replicas (:mod:`workers.sp_loop`)
+    form their groups this way."""
+    timeout = timedelta(seconds=timeout_s)
+    if leader:
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        store = dist.TCPStore(host, 0, world, is_master=True, timeout=timeout, wait_for_workers=False)
+        publish(host, store.port, backend)
+        addr = {"host": host, "port": store.port, "backend": backend}
+    else:
+        found = await_address()
+        if found is None:
+            return None
+        addr = found
+        store = dist.TCPStore(addr["host"], int(addr["port"]), world, is_master=False, timeout=timeout)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(addr["backend"], store=store, rank=rank, world_size=world, timeout=timeout)
+    return addr
