@@ -225,11 +225,7 @@ def connect_scheduler(address: str, timeout_s: float = 10.0, security=None):
 
 def list_workers(client) -> list[WorkerInfo]:
     """Workers with a role resource, sorted by name. Untagged workers are ignored."""
-    info = (
-        client.scheduler_info(n_workers=-1)["workers"]
-        if _takes_n_workers(client)
-        else client.scheduler_info()["workers"]
-    )
+    info = scheduler_identity(client)["workers"]
     out = []
     for addr, w in info.items():
         res = w.get("resources", {}) or {}
@@ -240,6 +236,19 @@ def list_workers(client) -> list[WorkerInfo]:
         sp = next((k[3:] for k in res if k.startswith("sp-")), None)
         out.append(WorkerInfo(addr, str(w.get("name", addr)), role, gpu, sp))
     return sorted(out, key=lambda w: w.name)
+
+
+def scheduler_identity(client) -> dict:
+    """The scheduler's identity with every worker, asked of the scheduler itself.
+
+    Not ``client.scheduler_info(n_workers=-1)``: that refreshes the client's cached identity
+    and then returns the cache, which the client's own periodic refresh overwrites with
+    ``n_workers=0`` (no workers listed; distributed ``Client._update_scheduler_info``). Read
+    between the two, every worker seems to have left at once: on a loaded machine the
+    controller then re-queued the leased tasks of workers that were alive."""
+    if _takes_n_workers(client):
+        return client.sync(client.scheduler.identity, n_workers=-1)
+    return client.scheduler_info()
 
 
 def _takes_n_workers(client) -> bool:
