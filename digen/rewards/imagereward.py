@@ -26,12 +26,29 @@ Why digen's own loader and not the ``image-reward`` package: that package pins
 ``timm==0.6.13`` and ``fairscale==0.4.13``, installs OpenAI's ``clip`` from a GitHub zip (not
 on PyPI), pulls ``diffusers``/``datasets``/``accelerate`` versions of
 its own, downloads weights in ``load`` and reads them with ``torch.load`` without
-``weights_only``. The network is BLIP, which transformers already ships: the checkpoint's ViT
+``weights_only``; its ``med.py`` imports helpers from ``transformers.modeling_utils`` that
+transformers 5 no longer has, and timm 0.6.13 imports ``torchvision``. The network is BLIP,
+which transformers already ships: the checkpoint's ViT
 is loaded into ``BlipVisionModel`` (timm's names renamed, :func:`vision_weights`; the fused
 ``qkv`` stays fused) and its BERT into ``BlipTextModel``, transformers' port of BLIP's
 ``med.py`` with the same parameter names and a cross-attention in every layer whose keys and
 values come from the image width. The MLP is LAION's aesthetic head
 (:class:`~digen.rewards.aesthetic.AestheticMLP`), which ImageReward's ``MLP`` is.
+
+Checked against the ``image-reward`` package (1.5) itself: ``scripts/check_imagereward_package.py``
+builds the package's own network (``vit.py`` ``VisionTransformer``, ``med.py`` ``BertModel``,
+``blip.py`` ``init_tokenizer``, ``ImageReward.py`` ``MLP``/``_transform``) at tiny sizes with
+random weights, saves its ``state_dict`` as ``ImageReward.pt`` and scores five PNG images of
+five sizes (crops with odd offsets; one prompt truncated at 35 tokens) with
+``ImageReward.score`` and ``inference_rank``; this loader on the same files gives the same
+token ids and scores within 3.8e-5 absolute on scores of 49 to 56 (6.8e-7 relative, float32
+rounding), measured with ``PYTHONPATH=$PWD python scripts/check_imagereward_package.py --pkgs
+/tmp/irpkgs --tf4 /tmp/irtf4`` (set-up in the script). The real-size ``ImageReward(med_config)``
+the package builds (ViT-L/16 at 224: width 1024, 24 blocks, 16 heads, LayerNorm eps 1e-6) has
+446,665,953 parameters; digen's build of the same shapes has 446,206,689, the difference being
+exactly BLIP's ``vision_proj`` and ``text_proj`` (459,264), which the score never reads. One
+difference kept on purpose: the package loads with ``strict=False`` (a missing weight stays at
+its random init); digen refuses a checkpoint that lacks one.
 
 Video: mean over frames (:class:`~digen.rewards.base.FrameReward`).
 """
@@ -83,7 +100,7 @@ _VIT_BLOCK = {
 _PREFIXES = {"vision": "blip.visual_encoder.", "text": "blip.text_encoder.", "head": "mlp."}
 
 
-def split_checkpoint(state: dict[str, torch.Tensor], path: Path) -> dict[str, dict[str, torch.Tensor]]:
+def split_checkpoint(state: dict[str, torch.Tensor], where: str | Path) -> dict[str, dict[str, torch.Tensor]]:
     """``ImageReward.pt`` -> ``{"vision", "text", "head"}`` state dicts, prefixes removed.
 
     Keys outside the three parts the score uses (BLIP's ``vision_proj``/``text_proj``) and
@@ -101,7 +118,7 @@ def split_checkpoint(state: dict[str, torch.Tensor], path: Path) -> dict[str, di
     empty = [f"{_PREFIXES[name]}*" for name, part in parts.items() if not part]
     if empty:
         raise ConfigError(
-            f"reward 'imagereward': checkpoint {str(path)!r} has no {', '.join(empty)} weights; "
+            f"reward 'imagereward': checkpoint {str(where)!r} has no {', '.join(empty)} weights; "
             "pass THUDM/ImageReward's ImageReward.pt as kwargs.checkpoint"
         )
     return parts
@@ -213,10 +230,20 @@ def load_imagereward(checkpoint: Path, med_config: Path) -> ImageRewardModel:
     Raises:
         ConfigError: the checkpoint is not an ImageReward one or does not fit ``med_config``.
     """
+    return build_imagereward(load_state_dict(checkpoint), med_config, str(checkpoint)).float().eval()
+
+
+def build_imagereward(state: dict[str, torch.Tensor], med_config: Path, where: str) -> ImageRewardModel:
+    """An :class:`ImageRewardModel` holding the weights of ImageReward state dict ``state``
+    (``where`` names it in errors); built on the current default device (``meta`` too).
+
+    Raises:
+        ConfigError: ``state`` is not an ImageReward one or does not fit ``med_config``.
+    """
     from transformers import BlipVisionModel
     from transformers.models.blip.modeling_blip_text import BlipTextModel
 
-    parts = split_checkpoint(load_state_dict(checkpoint), checkpoint)
+    parts = split_checkpoint(state, where)
     vcfg = vision_config(parts["vision"])
     model = ImageRewardModel(
         BlipVisionModel(vcfg),
@@ -228,8 +255,8 @@ def load_imagereward(checkpoint: Path, med_config: Path) -> ImageRewardModel:
         ("text", model.text, parts["text"]),
         ("head", model.head, parts["head"]),
     ):
-        _load_part(name, module, weights, f"{str(checkpoint)!r} (med_config {str(med_config)!r})")
-    return model.float().eval()
+        _load_part(name, module, weights, f"{where!r} (med_config {str(med_config)!r})")
+    return model
 
 
 def _load_part(name: str, module: nn.Module, weights: dict[str, torch.Tensor], where: str) -> None:

@@ -329,3 +329,88 @@ def test_not_an_imagereward_checkpoint_is_refused(files, tmp_path):
     small.write_text(json.dumps({**json.loads(files[1].read_text()), "num_hidden_layers": 1}))
     with pytest.raises(ConfigError, match="text weights .* do not fit"):
         build_reward("imagereward", **kwargs(files, med_config=str(small)))
+
+
+# The real checkpoint's architecture, as the image-reward package (1.5) builds it:
+# ``blip.create_vit('large', 224)`` (ViT-L/16: width 1024, 24 blocks, 16 heads, MLP ratio 4) and
+# ``med_config.json`` (BLIP's BERT-base: 768 wide, 12 layers, 12 heads, vocab 30522 + 2), ``MLP(768)``.
+REAL_MED = {
+    "hidden_size": 768,
+    "intermediate_size": 3072,
+    "num_attention_heads": 12,
+    "num_hidden_layers": 12,
+    "max_position_embeddings": 512,
+    "vocab_size": 30524,
+    "layer_norm_eps": 1e-12,
+    "hidden_act": "gelu",
+    "pad_token_id": 0,
+    "encoder_width": 768,
+    "add_cross_attention": True,
+}
+REAL_PARAMETERS = 446_665_953 - (1024 * 256 + 256) - (768 * 256 + 256)
+"""``ImageReward(med_config)``'s parameter count, measured with the package's own classes by
+scripts/check_imagereward_package.py, less BLIP's ``vision_proj``/``text_proj`` (1024 -> 256,
+768 -> 256), which the score never uses and digen does not build."""
+
+
+def real_shapes() -> dict[str, tuple[int, ...]]:
+    """Key -> shape of THUDM/ImageReward's ImageReward.pt (the parts the score reads)."""
+    v, t, inner, grid = 1024, 768, 3072, (224 // 16) ** 2
+    shapes: dict[str, tuple[int, ...]] = {
+        "blip.visual_encoder.cls_token": (1, 1, v),
+        "blip.visual_encoder.pos_embed": (1, grid + 1, v),
+        "blip.visual_encoder.patch_embed.proj.weight": (v, 3, 16, 16),
+        "blip.visual_encoder.patch_embed.proj.bias": (v,),
+        "blip.visual_encoder.norm.weight": (v,),
+        "blip.visual_encoder.norm.bias": (v,),
+        "blip.text_encoder.embeddings.word_embeddings.weight": (30524, t),
+        "blip.text_encoder.embeddings.position_embeddings.weight": (512, t),
+        "blip.text_encoder.embeddings.LayerNorm.weight": (t,),
+        "blip.text_encoder.embeddings.LayerNorm.bias": (t,),
+    }
+    linear = {"attn.qkv": (3 * v, v), "attn.proj": (v, v), "mlp.fc1": (4 * v, v), "mlp.fc2": (v, 4 * v)}
+    for i in range(24):
+        for name, (o, n) in linear.items():
+            shapes |= {f"blip.visual_encoder.blocks.{i}.{name}.weight": (o, n)}
+            shapes |= {f"blip.visual_encoder.blocks.{i}.{name}.bias": (o,)}
+        for norm in ("norm1", "norm2"):
+            shapes |= {f"blip.visual_encoder.blocks.{i}.{norm}.{k}": (v,) for k in ("weight", "bias")}
+    for i in range(12):
+        layer = f"blip.text_encoder.encoder.layer.{i}"
+        for attention, kv in (("attention", t), ("crossattention", v)):
+            for name, (o, n) in {"query": (t, t), "key": (t, kv), "value": (t, kv)}.items():
+                shapes |= {f"{layer}.{attention}.self.{name}.weight": (o, n)}
+                shapes |= {f"{layer}.{attention}.self.{name}.bias": (o,)}
+            shapes |= {
+                f"{layer}.{attention}.output.dense.weight": (t, t),
+                f"{layer}.{attention}.output.dense.bias": (t,),
+            }
+            shapes |= {f"{layer}.{attention}.output.LayerNorm.{k}": (t,) for k in ("weight", "bias")}
+        shapes |= {
+            f"{layer}.intermediate.dense.weight": (inner, t),
+            f"{layer}.intermediate.dense.bias": (inner,),
+        }
+        shapes |= {f"{layer}.output.dense.weight": (t, inner), f"{layer}.output.dense.bias": (t,)}
+        shapes |= {f"{layer}.output.LayerNorm.{k}": (t,) for k in ("weight", "bias")}
+    for i, (n, o) in zip(
+        (0, 2, 4, 6, 7), ((t, 1024), (1024, 128), (128, 64), (64, 16), (16, 1)), strict=True
+    ):
+        shapes |= {f"mlp.layers.{i}.weight": (o, n), f"mlp.layers.{i}.bias": (o,)}
+    return shapes
+
+
+def test_real_size_checkpoint_builds_blip_large_with_the_package_parameter_count(tmp_path):
+    from digen.rewards.imagereward import build_imagereward
+
+    med = tmp_path / "med_config.json"
+    med.write_text(json.dumps(REAL_MED))
+    state = {k: torch.empty(s, device="meta") for k, s in real_shapes().items()}
+    with torch.device("meta"):
+        model = build_imagereward(state, med, "real-size shapes")
+    vision, text = model.vision.config, model.text.config
+    assert (vision.hidden_size, vision.num_hidden_layers, vision.num_attention_heads) == (1024, 24, 16)
+    assert (vision.patch_size, vision.image_size, vision.intermediate_size) == (16, 224, 4096)
+    assert (vision.layer_norm_eps, text.layer_norm_eps, text.encoder_hidden_size) == (1e-6, 1e-12, 1024)
+    assert model.text.encoder.layer[11].crossattention.self.key.in_features == 1024
+    assert sum(p.numel() for p in model.parameters()) == REAL_PARAMETERS == 446_206_689
+    assert sum(math.prod(s) for s in real_shapes().values()) == REAL_PARAMETERS  # every weight is loaded
