@@ -16,7 +16,8 @@ from digen.training import build_rows, task_gradient
 
 RES = 32
 NUM_FRAMES = 5
-TOKENS = 8  # 2 latent frames x (4 x 4) latent pixels / patch (1, 2, 2); the tiny Wan has 2 heads
+TOKENS = 8  # 2 latent frames x (4 x 4) latent pixels / patch (1, 2, 2); both tiny models have 2 heads
+FAMILIES = ("wan", "hunyuan-video")
 TASK = GroupTask(iteration=0, group=0, prompt="a red square", sample_ids=(0, 1), version=0)
 STEPS = [[0, 1, 2], [1, 2]]  # trained steps per sample
 ADVANTAGES = torch.tensor([1.0, -0.7])
@@ -31,7 +32,7 @@ def make_cfg() -> Config:
 
 
 def make_policy(model: str) -> FlowPolicy:
-    """The tiny Wan with LoRA whose A and B are seeded random (LoRA's zero B would leave
+    """The tiny model with LoRA whose A and B are seeded random (LoRA's zero B would leave
     every A gradient zero)."""
     from digen.models import load_policy
 
@@ -82,6 +83,20 @@ def check_all_to_all(rank: int, world: int, group) -> dict[str, torch.Tensor]:
     }
 
 
+def first_attention(policy: FlowPolicy):
+    """The first block's video self-/joint attention module (its output's dim 1 counts the video
+    tokens this rank attends for)."""
+    transformer = policy.transformer
+    if policy.family == "wan":
+        return transformer.blocks[0].attn1
+    return transformer.transformer_blocks[0].attn
+
+
+def video_tokens(output) -> int:
+    """Video tokens in an attention module's output (joint attention returns (video, text))."""
+    return (output[0] if isinstance(output, tuple) else output).shape[1]
+
+
 def run_rank(rank: int, world: int, rendezvous: str, model: str, out_dir: str) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(1)
@@ -99,10 +114,8 @@ def run_rank(rank: int, world: int, rendezvous: str, model: str, out_dir: str) -
     try:
         out = check_all_to_all(rank, world, None)
         policy = make_policy(model)
-        seen: list[int] = []  # tokens entering the first self-attention, per call
-        hook = policy.transformer.blocks[0].attn1.register_forward_hook(
-            lambda m, a, o: seen.append(o.shape[1])
-        )
+        seen: list[int] = []  # video tokens out of the first attention, per call
+        hook = first_attention(policy).register_forward_hook(lambda m, a, o: seen.append(video_tokens(o)))
         with sequence_parallel(policy, None):
             result = run_problem(policy)
         hook.remove()
