@@ -234,6 +234,8 @@ def _split_tokens(first: Any, last: Any, group, check: Any = None) -> list[Any]:
     def shard_input(_module, args, kwargs):
         if check is not None:
             check(args, kwargs)
+        if not args:  # FLUX passes its blocks' inputs by keyword
+            return args, {**kwargs, "hidden_states": shard_sequence(kwargs["hidden_states"], 1, group)}
         hidden, *rest = args
         return (shard_sequence(hidden, 1, group), *rest), kwargs
 
@@ -255,11 +257,12 @@ def _head_slice(x: torch.Tensor, group) -> torch.Tensor:
     return x.narrow(2, rank * n, n)
 
 
-def _hunyuan_qkv(attn: Any, x: torch.Tensor, text: bool) -> list[torch.Tensor]:
+def _joint_qkv(attn: Any, x: torch.Tensor, text: bool) -> list[torch.Tensor]:
     """q, k, v ``[B, S, H, D]`` of ``x``, per-head RMS-normalised, as diffusers'
-    ``HunyuanVideoAttnProcessor2_0`` projects them: the text stream of a dual-stream block
-    through the ``add_*`` projections and norms, everything else through ``to_*``."""
-    added = text and attn.add_q_proj is not None
+    ``HunyuanVideoAttnProcessor2_0`` and ``FluxAttnProcessor`` project them: the text stream of
+    a dual-stream block through the ``add_*`` projections and norms, everything else through
+    ``to_*``."""
+    added = text and getattr(attn, "add_q_proj", None) is not None
     projections = (
         (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj) if added else (attn.to_q, attn.to_k, attn.to_v)
     )
@@ -310,8 +313,8 @@ class HunyuanVideoUlyssesProcessor:
             raise SequenceParallelError("HunyuanVideoUlyssesProcessor is for joint video + text attention")
         check_divisible("attention heads", attn.heads, dist.get_world_size(self.group))
         # video [B, S/d, H, D] -> [B, S, H/d, D]; text [B, L, H, D] -> [B, L, H/d, D]
-        video = [all_to_all(t, 2, 1, self.group) for t in _hunyuan_qkv(attn, hidden_states, False)]
-        text = [_head_slice(t, self.group) for t in _hunyuan_qkv(attn, encoder_hidden_states, True)]
+        video = [all_to_all(t, 2, 1, self.group) for t in _joint_qkv(attn, hidden_states, False)]
+        text = [_head_slice(t, self.group) for t in _joint_qkv(attn, encoder_hidden_states, True)]
         if image_rotary_emb is not None:
             rotate: Any = apply_rotary_emb  # annotated as returning a tuple; returns the tensor
             video[:2] = [rotate(t, image_rotary_emb, sequence_dim=1) for t in video[:2]]
@@ -348,17 +351,92 @@ def _install_hunyuan_video(transformer: Any, group) -> list[Any]:
                 f"{type(block).__name__} (HunyuanVideo image-to-video token replacement) is not "
                 "split by sequence parallelism"
             )
+    undo = _set_processors(blocks, HunyuanVideoUlyssesProcessor(group))
+    return undo + _split_tokens(blocks[0], transformer.proj_out, group)
+
+
+def _set_processors(blocks: list[Any], processor: Any) -> list[Any]:
+    """``processor`` on every block's ``attn``; returns the callables that put the old ones back."""
     undo: list[Any] = []
-    processor = HunyuanVideoUlyssesProcessor(group)
     for block in blocks:
         old = block.attn.processor
         block.attn.set_processor(processor)
         undo.append(lambda attn=block.attn, old=old: attn.set_processor(old))
+    return undo
 
-    return undo + _split_tokens(blocks[0], transformer.proj_out, group)
+
+# --- FLUX --------------------------------------------------------------------------------
+def _rope_rows(
+    rope: tuple[torch.Tensor, torch.Tensor], start: int, n: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return rope[0].narrow(0, start, n), rope[1].narrow(0, start, n)
 
 
-_INSTALLERS = {"wan": _install_wan, "hunyuan-video": _install_hunyuan_video}
+class FluxUlyssesProcessor:
+    """Joint attention of a diffusers ``FluxTransformer2DModel`` block over [text tokens,
+    image tokens] (FLUX puts text first), this rank holding 1/d of the image tokens and every
+    text token: the text-token rule of :class:`HunyuanVideoUlyssesProcessor` (this rank's heads
+    of the replicated text q/k/v; the text output all-gathered over heads with a reduce-scatter
+    backward) on the math of diffusers' ``FluxAttnProcessor`` (per-head RMS q/k norms; the
+    rotary embedding, built by the transformer over ``cat(txt_ids, img_ids)``, applied to
+    every token at its global position; no mask).
+
+    Dual-stream blocks pass text and image apart. Single-stream blocks pass one ``[B, L + S/d,
+    C]`` sequence, text first; the rotary table covers ``L + S`` tokens, so
+    ``S = (rows - local) * d / (d - 1)`` and ``L = rows - S``.
+    """
+
+    def __init__(self, group):
+        self.group = group
+
+    def __call__(
+        self,
+        attn: Any,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        image_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> Any:
+        from diffusers.models.attention_dispatch import dispatch_attention_fn
+        from diffusers.models.embeddings import apply_rotary_emb
+
+        world = dist.get_world_size(self.group)
+        if attention_mask is not None or image_rotary_emb is None:
+            raise SequenceParallelError(
+                "FluxUlyssesProcessor needs the rotary embedding and no attention mask"
+            )
+        check_divisible("attention heads", attn.heads, world)
+        single = encoder_hidden_states is None
+        if encoder_hidden_states is None:  # single-stream: [text, local image] in one sequence
+            local, rows = hidden_states.shape[1], image_rotary_emb[0].shape[0]
+            n_text = rows - (rows - local) * world // (world - 1)
+            encoder_hidden_states, hidden_states = hidden_states[:, :n_text], hidden_states[:, n_text:]
+        n_text = encoder_hidden_states.shape[1]
+        image = [all_to_all(t, 2, 1, self.group) for t in _joint_qkv(attn, hidden_states, False)]
+        text = [_head_slice(t, self.group) for t in _joint_qkv(attn, encoder_hidden_states, True)]
+        rotate: Any = apply_rotary_emb  # annotated as returning a tuple; returns the tensor
+        for part, start in ((text, 0), (image, n_text)):
+            rope = _rope_rows(image_rotary_emb, start, part[0].shape[1])
+            part[:2] = [rotate(t, rope, sequence_dim=1) for t in part[:2]]
+        q, k, v = (torch.cat(pair, dim=1) for pair in zip(text, image, strict=True))
+        out = dispatch_attention_fn(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False)
+        text_out = gather_shared(out[:, :n_text], 2, self.group).flatten(2, 3).to(q.dtype)
+        image_out = all_to_all(out[:, n_text:], 1, 2, self.group).flatten(2, 3).to(q.dtype)
+        if single:
+            return torch.cat([text_out, image_out], dim=1)
+        return attn.to_out[1](attn.to_out[0](image_out)), attn.to_add_out(text_out)
+
+
+def _install_flux(transformer: Any, group) -> list[Any]:
+    """Ulysses processors on every dual- and single-stream block's ``attn``; shard the image
+    tokens entering the first block, gather the output projection's tokens."""
+    blocks = [*transformer.transformer_blocks, *transformer.single_transformer_blocks]
+    return _set_processors(blocks, FluxUlyssesProcessor(group)) + _split_tokens(
+        blocks[0], transformer.proj_out, group
+    )
+
+
+_INSTALLERS = {"wan": _install_wan, "hunyuan-video": _install_hunyuan_video, "flux": _install_flux}
 SP_FAMILIES = tuple(_INSTALLERS)
 """Families :func:`sequence_parallel` can split (the config refuses d > 1 for the others)."""
 
@@ -370,7 +448,8 @@ def sequence_parallel(policy: Any, group) -> Iterator[Any]:
     inputs and gets the same full output, each having computed 1/d of the tokens.
     ``group`` of size 1 changes nothing. Gradients: see :func:`reduce_gradients`.
     Families: ``wan`` (``WanTransformer3DModel``), ``hunyuan-video``
-    (``HunyuanVideoTransformer3DModel``; text tokens replicated, never split)."""
+    (``HunyuanVideoTransformer3DModel``) and ``flux`` (``FluxTransformer2DModel``); text
+    tokens replicated, never split."""
     family = getattr(policy, "family", None)
     if family not in _INSTALLERS:
         raise SequenceParallelError(
