@@ -23,8 +23,9 @@ which is why the gather sits right after the per-token output projection, before
 (parameter-free) unpatchify.
 
 Text tokens are replicated, never split: every rank computes the whole text stream (Wan's
-cross-attention keys/values; HunyuanVideo's text stream, which joins the video tokens in joint
-attention through this rank's heads only, see :class:`HunyuanVideoUlyssesProcessor`). Each
+cross-attention keys/values; HunyuanVideo's and FLUX's text stream, which joins the video or
+image tokens in joint attention through this rank's heads only, see
+:class:`HunyuanVideoUlyssesProcessor` and :class:`FluxUlyssesProcessor`). Each
 rank's gradient on a replicated tensor is then a share too, so a gather whose result the
 ranks compute on further (not the loss) has a reduce-scatter backward (:func:`gather_shared`).
 """
