@@ -90,9 +90,10 @@ class RolloutConfig(_Section):
     shared_noise: bool = False
     """DanceGRPO: every member of a group starts from the same initial noise."""
     sequence_parallel: int = Field(1, ge=1)
-    """Ulysses sequence-parallel degree d of a rollout replica (Wan family; disaggregated or
-    digen mode): d rollout workers of one GPU type (or one ``digen worker --sp-group``)
-    generate each sample together, 1/d of its tokens each (``digen.runtime.sp_group``);
+    """Ulysses sequence-parallel degree d of a rollout replica (Wan, HunyuanVideo and FLUX
+    families; disaggregated or digen mode): d rollout workers of one GPU type (or one ``digen
+    worker --sp-group``) generate each sample together, 1/d of its video/image tokens each, text
+    tokens replicated on every rank (``digen.runtime.sp_group``, ``digen.parallel.ulysses``);
     leftover workers run at d=1."""
 
     @property

@@ -21,6 +21,13 @@ gradients are its tokens' share; the full gradient is their sum over the group
 (:func:`reduce_gradients`). Parameters used only after the gather would be counted d times,
 which is why the gather sits right after the per-token output projection, before the
 (parameter-free) unpatchify.
+
+Text tokens are replicated, never split: every rank computes the whole text stream (Wan's
+cross-attention keys/values; HunyuanVideo's and FLUX's text stream, which joins the video or
+image tokens in joint attention through this rank's heads only, see
+:class:`HunyuanVideoUlyssesProcessor` and :class:`FluxUlyssesProcessor`). Each
+rank's gradient on a replicated tensor is then a share too, so a gather whose result the
+ranks compute on further (not the loss) has a reduce-scatter backward (:func:`gather_shared`).
 """
 
 from __future__ import annotations
@@ -107,6 +114,38 @@ def gather_sequence(x: torch.Tensor, dim: int = 1, group=None) -> torch.Tensor:
     return _Gather.apply(x, dim, group)
 
 
+def _reduce_scatter(x: torch.Tensor, dim: int, group) -> torch.Tensor:
+    """This rank's slice along ``dim`` of the group's sum of ``x`` (an all-to-all, then a sum in
+    rank order, so gloo, which has no reduce-scatter, runs it too)."""
+    world = dist.get_world_size(group)
+    send = torch.stack(x.chunk(world, dim=dim)).contiguous()
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    return recv.sum(0)
+
+
+class _GatherShared(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, dim: int, group) -> torch.Tensor:
+        ctx.dim, ctx.group = dim, group
+        parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        return torch.cat(parts, dim=dim)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor):
+        return _reduce_scatter(grad, ctx.dim, ctx.group), None, None
+
+
+def gather_shared(x: torch.Tensor, dim: int, group=None) -> torch.Tensor:
+    """Every rank's slice concatenated along ``dim``, for a result every rank then computes on
+    further (replicated text tokens). Unlike :func:`gather_sequence`, whose output feeds the
+    one loss every rank computes whole, the gradient arriving here on each rank is only that
+    rank's share (the module docstring), so the backward is a reduce-scatter: the sum over
+    the group, this rank's slice. A collective."""
+    return _GatherShared.apply(x, dim, group)
+
+
 def reduce_gradients(grads: dict[str, torch.Tensor], group=None) -> dict[str, torch.Tensor]:
     """The full gradient from every rank's share: a sum over the group, in place, sorted by
     name so every rank issues the same collectives. A collective."""
@@ -178,24 +217,227 @@ def _install_wan(transformer: Any, group) -> list[Any]:
         block.attn1.set_processor(processor)
         undo.append(lambda attn=block.attn1, old=old: attn.set_processor(old))
 
-    def shard_input(_module, args, kwargs):
-        hidden, *rest = args
-        temb = rest[1] if len(rest) > 1 else kwargs.get("temb")
+    def check_input(args, kwargs):
+        temb = args[2] if len(args) > 2 else kwargs.get("temb")
         if temb is not None and temb.ndim == 4:
             raise SequenceParallelError(
                 "per-token timesteps (Wan2.2 TI2V, timestep [B, S]) are not split by sequence parallelism"
             )
+
+    return undo + _split_tokens(transformer.blocks[0], transformer.proj_out, group, check_input)
+
+
+def _split_tokens(first: Any, last: Any, group, check: Any = None) -> list[Any]:
+    """Hooks that shard the token sequence (first positional argument, dim 1) entering module
+    ``first`` and gather the output of module ``last`` (the per-token output projection);
+    ``check(args, kwargs)`` may refuse an input first. Returns the undo callables."""
+
+    def shard_input(_module, args, kwargs):
+        if check is not None:
+            check(args, kwargs)
+        if not args:  # FLUX passes its blocks' inputs by keyword
+            return args, {**kwargs, "hidden_states": shard_sequence(kwargs["hidden_states"], 1, group)}
+        hidden, *rest = args
         return (shard_sequence(hidden, 1, group), *rest), kwargs
 
     def gather_output(_module, _args, out):
         return gather_sequence(out, 1, group)
 
-    undo.append(transformer.blocks[0].register_forward_pre_hook(shard_input, with_kwargs=True).remove)
-    undo.append(transformer.proj_out.register_forward_hook(gather_output).remove)
+    return [
+        first.register_forward_pre_hook(shard_input, with_kwargs=True).remove,
+        last.register_forward_hook(gather_output).remove,
+    ]
+
+
+# --- HunyuanVideo -------------------------------------------------------------------------
+def _head_slice(x: torch.Tensor, group) -> torch.Tensor:
+    """This rank's H/d heads of a replicated ``[B, L, H, D]`` (backward: its slice of the
+    gradient, zeros elsewhere, so the ranks' gradients sum to the whole)."""
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    n = x.shape[2] // world
+    return x.narrow(2, rank * n, n)
+
+
+def _joint_qkv(attn: Any, x: torch.Tensor, text: bool) -> list[torch.Tensor]:
+    """q, k, v ``[B, S, H, D]`` of ``x``, per-head RMS-normalised, as diffusers'
+    ``HunyuanVideoAttnProcessor2_0`` and ``FluxAttnProcessor`` project them: the text stream of
+    a dual-stream block through the ``add_*`` projections and norms, everything else through
+    ``to_*``."""
+    added = text and getattr(attn, "add_q_proj", None) is not None
+    projections = (
+        (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj) if added else (attn.to_q, attn.to_k, attn.to_v)
+    )
+    norms = (attn.norm_added_q, attn.norm_added_k) if added else (attn.norm_q, attn.norm_k)
+    q, k, v = (proj(x).unflatten(2, (attn.heads, -1)) for proj in projections)
+    q, k = (t if norm is None else norm(t) for t, norm in zip((q, k), norms, strict=True))
+    return [q, k, v]
+
+
+class HunyuanVideoUlyssesProcessor:
+    """Joint attention of a diffusers ``HunyuanVideoTransformer3DModel`` block over
+    [video tokens, text tokens], with this rank holding 1/d of the video tokens and every
+    text token.
+
+    The math of diffusers' ``HunyuanVideoAttnProcessor2_0`` (dual-stream blocks: video through
+    ``to_*``, text through ``add_*``; single-stream blocks: both through ``to_*``; rotary
+    embedding on video tokens only; the transformer's ``[B, 1, 1, S + L]`` mask, true for every
+    video token and the prompt's real text tokens), split as DanceGRPO splits its HunyuanVideo
+    (XueZeyue/DanceGRPO ``fastvideo/models/hunyuan/modules/attenion.py``
+    ``parallel_attention``): video q/k/v go through the all-to-all (heads scattered, sequence
+    gathered); text tokens are never split: each rank projects all of them and keeps its own
+    H/d heads of text q/k/v; the rank attends over [full video, text] with its heads; the
+    video output returns by the inverse all-to-all and the text output is all-gathered over
+    heads, so every rank continues with the whole text stream.
+
+    Gradient: the text stream is replicated, so each rank's gradient on it is a share (its
+    heads' part); the head all-gather's backward therefore sums the shares over the group and
+    keeps this rank's heads (:func:`gather_shared`). DanceGRPO's ``all_gather`` backward keeps
+    the rank's own slice instead, which under this module's convention (full gradient = sum
+    over ranks) would lose the other ranks' shares of every text-stream gradient.
+    """
+
+    def __init__(self, group):
+        self.group = group
+
+    def __call__(
+        self,
+        attn: Any,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        image_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        from diffusers.models.attention_dispatch import dispatch_attention_fn
+        from diffusers.models.embeddings import apply_rotary_emb
+
+        if encoder_hidden_states is None:
+            raise SequenceParallelError("HunyuanVideoUlyssesProcessor is for joint video + text attention")
+        check_divisible("attention heads", attn.heads, dist.get_world_size(self.group))
+        # video [B, S/d, H, D] -> [B, S, H/d, D]; text [B, L, H, D] -> [B, L, H/d, D]
+        video = [all_to_all(t, 2, 1, self.group) for t in _joint_qkv(attn, hidden_states, False)]
+        text = [_head_slice(t, self.group) for t in _joint_qkv(attn, encoder_hidden_states, True)]
+        if image_rotary_emb is not None:
+            rotate: Any = apply_rotary_emb  # annotated as returning a tuple; returns the tensor
+            video[:2] = [rotate(t, image_rotary_emb, sequence_dim=1) for t in video[:2]]
+        n_video = video[0].shape[1]
+        if attention_mask is not None and attention_mask.shape[-1] != n_video + text[0].shape[1]:
+            raise SequenceParallelError(
+                f"attention mask over {attention_mask.shape[-1]} tokens, expected the full video "
+                f"({n_video}) + text ({text[0].shape[1]})"
+            )
+        q, k, v = (torch.cat(pair, dim=1) for pair in zip(video, text, strict=True))
+        out = dispatch_attention_fn(q, k, v, attn_mask=attention_mask, dropout_p=0.0, is_causal=False)
+        video_out = all_to_all(out[:, :n_video], 1, 2, self.group).flatten(2, 3).to(q.dtype)
+        text_out = gather_shared(out[:, n_video:], 2, self.group).flatten(2, 3).to(q.dtype)
+        if attn.to_out is not None:
+            video_out = attn.to_out[1](attn.to_out[0](video_out))
+        if attn.to_add_out is not None:
+            text_out = attn.to_add_out(text_out)
+        return video_out, text_out
+
+
+def _install_hunyuan_video(transformer: Any, group) -> list[Any]:
+    """Ulysses processors on every dual- and single-stream block's ``attn``; shard the video
+    tokens entering the first block (after the transformer has built the rotary embedding
+    and the attention mask for the full sequence), gather the output projection's tokens."""
+    from diffusers.models.transformers.transformer_hunyuan_video import (
+        HunyuanVideoSingleTransformerBlock,
+        HunyuanVideoTransformerBlock,
+    )
+
+    blocks = [*transformer.transformer_blocks, *transformer.single_transformer_blocks]
+    for block in blocks:
+        if type(block) not in (HunyuanVideoTransformerBlock, HunyuanVideoSingleTransformerBlock):
+            raise SequenceParallelError(
+                f"{type(block).__name__} (HunyuanVideo image-to-video token replacement) is not "
+                "split by sequence parallelism"
+            )
+    undo = _set_processors(blocks, HunyuanVideoUlyssesProcessor(group))
+    return undo + _split_tokens(blocks[0], transformer.proj_out, group)
+
+
+def _set_processors(blocks: list[Any], processor: Any) -> list[Any]:
+    """``processor`` on every block's ``attn``; returns the callables that put the old ones back."""
+    undo: list[Any] = []
+    for block in blocks:
+        old = block.attn.processor
+        block.attn.set_processor(processor)
+        undo.append(lambda attn=block.attn, old=old: attn.set_processor(old))
     return undo
 
 
-_INSTALLERS = {"wan": _install_wan}
+# --- FLUX --------------------------------------------------------------------------------
+def _rope_rows(
+    rope: tuple[torch.Tensor, torch.Tensor], start: int, n: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return rope[0].narrow(0, start, n), rope[1].narrow(0, start, n)
+
+
+class FluxUlyssesProcessor:
+    """Joint attention of a diffusers ``FluxTransformer2DModel`` block over [text tokens,
+    image tokens] (FLUX puts text first), this rank holding 1/d of the image tokens and every
+    text token: the text-token rule of :class:`HunyuanVideoUlyssesProcessor` (this rank's heads
+    of the replicated text q/k/v; the text output all-gathered over heads with a reduce-scatter
+    backward) on the math of diffusers' ``FluxAttnProcessor`` (per-head RMS q/k norms; the
+    rotary embedding, built by the transformer over ``cat(txt_ids, img_ids)``, applied to
+    every token at its global position; no mask).
+
+    Dual-stream blocks pass text and image apart. Single-stream blocks pass one ``[B, L + S/d,
+    C]`` sequence, text first; the rotary table covers ``L + S`` tokens, so
+    ``S = (rows - local) * d / (d - 1)`` and ``L = rows - S``.
+    """
+
+    def __init__(self, group):
+        self.group = group
+
+    def __call__(
+        self,
+        attn: Any,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        image_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> Any:
+        from diffusers.models.attention_dispatch import dispatch_attention_fn
+        from diffusers.models.embeddings import apply_rotary_emb
+
+        world = dist.get_world_size(self.group)
+        if attention_mask is not None or image_rotary_emb is None:
+            raise SequenceParallelError(
+                "FluxUlyssesProcessor needs the rotary embedding and no attention mask"
+            )
+        check_divisible("attention heads", attn.heads, world)
+        single = encoder_hidden_states is None
+        if encoder_hidden_states is None:  # single-stream: [text, local image] in one sequence
+            local, rows = hidden_states.shape[1], image_rotary_emb[0].shape[0]
+            n_text = rows - (rows - local) * world // (world - 1)
+            encoder_hidden_states, hidden_states = hidden_states[:, :n_text], hidden_states[:, n_text:]
+        n_text = encoder_hidden_states.shape[1]
+        image = [all_to_all(t, 2, 1, self.group) for t in _joint_qkv(attn, hidden_states, False)]
+        text = [_head_slice(t, self.group) for t in _joint_qkv(attn, encoder_hidden_states, True)]
+        rotate: Any = apply_rotary_emb  # annotated as returning a tuple; returns the tensor
+        for part, start in ((text, 0), (image, n_text)):
+            rope = _rope_rows(image_rotary_emb, start, part[0].shape[1])
+            part[:2] = [rotate(t, rope, sequence_dim=1) for t in part[:2]]
+        q, k, v = (torch.cat(pair, dim=1) for pair in zip(text, image, strict=True))
+        out = dispatch_attention_fn(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False)
+        text_out = gather_shared(out[:, :n_text], 2, self.group).flatten(2, 3).to(q.dtype)
+        image_out = all_to_all(out[:, n_text:], 1, 2, self.group).flatten(2, 3).to(q.dtype)
+        if single:
+            return torch.cat([text_out, image_out], dim=1)
+        return attn.to_out[1](attn.to_out[0](image_out)), attn.to_add_out(text_out)
+
+
+def _install_flux(transformer: Any, group) -> list[Any]:
+    """Ulysses processors on every dual- and single-stream block's ``attn``; shard the image
+    tokens entering the first block, gather the output projection's tokens."""
+    blocks = [*transformer.transformer_blocks, *transformer.single_transformer_blocks]
+    return _set_processors(blocks, FluxUlyssesProcessor(group)) + _split_tokens(
+        blocks[0], transformer.proj_out, group
+    )
+
+
+_INSTALLERS = {"wan": _install_wan, "hunyuan-video": _install_hunyuan_video, "flux": _install_flux}
 SP_FAMILIES = tuple(_INSTALLERS)
 """Families :func:`sequence_parallel` can split (the config refuses d > 1 for the others)."""
 
@@ -206,7 +448,9 @@ def sequence_parallel(policy: Any, group) -> Iterator[Any]:
     every rank calls ``policy.velocity`` (or any transformer forward) on the same full
     inputs and gets the same full output, each having computed 1/d of the tokens.
     ``group`` of size 1 changes nothing. Gradients: see :func:`reduce_gradients`.
-    Families: ``wan`` (``WanTransformer3DModel``)."""
+    Families: ``wan`` (``WanTransformer3DModel``), ``hunyuan-video``
+    (``HunyuanVideoTransformer3DModel``) and ``flux`` (``FluxTransformer2DModel``); text
+    tokens replicated, never split."""
     family = getattr(policy, "family", None)
     if family not in _INSTALLERS:
         raise SequenceParallelError(

@@ -16,7 +16,10 @@ from digen.training import build_rows, task_gradient
 
 RES = 32
 NUM_FRAMES = 5
-TOKENS = 8  # 2 latent frames x (4 x 4) latent pixels / patch (1, 2, 2); the tiny Wan has 2 heads
+FAMILIES = ("wan", "hunyuan-video", "flux")
+# Video/image tokens per sample (every tiny model has 2 heads): Wan and HunyuanVideo 2 latent
+# frames x (4 x 4) latent pixels / patch (1, 2, 2); FLUX (4 x 4) latent pixels / 2 x 2 packing.
+TOKENS = {"wan": 8, "hunyuan-video": 8, "flux": 4}
 TASK = GroupTask(iteration=0, group=0, prompt="a red square", sample_ids=(0, 1), version=0)
 STEPS = [[0, 1, 2], [1, 2]]  # trained steps per sample
 ADVANTAGES = torch.tensor([1.0, -0.7])
@@ -31,11 +34,15 @@ def make_cfg() -> Config:
 
 
 def make_policy(model: str) -> FlowPolicy:
-    """The tiny Wan with LoRA whose A and B are seeded random (LoRA's zero B would leave
+    """The tiny model with LoRA whose A and B are seeded random (LoRA's zero B would leave
     every A gradient zero)."""
-    from digen.models import load_policy
+    from pathlib import Path
 
-    policy = load_policy(model, height=RES, width=RES, num_frames=NUM_FRAMES)
+    from digen.models import load_policy
+    from digen.models.registry import detect_family
+
+    frames = None if detect_family(Path(model)) == "flux" else NUM_FRAMES
+    policy = load_policy(model, height=RES, width=RES, num_frames=frames)
     policy.enable_lora(rank=4, alpha=8)
     gen = torch.Generator().manual_seed(1)
     state = policy.trainable_state_dict()
@@ -82,12 +89,42 @@ def check_all_to_all(rank: int, world: int, group) -> dict[str, torch.Tensor]:
     }
 
 
-def run_rank(rank: int, world: int, rendezvous: str, model: str, out_dir: str) -> None:
+def first_attention(policy: FlowPolicy):
+    """The first block's self-/joint attention module (its output's dim 1 counts the video or
+    image tokens this rank attends for)."""
+    transformer = policy.transformer
+    if policy.family == "wan":
+        return transformer.blocks[0].attn1
+    return transformer.transformer_blocks[0].attn
+
+
+def video_tokens(output) -> int:
+    """Video/image tokens in an attention module's output (joint attention returns them first,
+    then the text tokens)."""
+    return (output[0] if isinstance(output, tuple) else output).shape[1]
+
+
+def run_split_problem(policy: FlowPolicy) -> dict[str, torch.Tensor]:
+    """:func:`run_problem` under Ulysses over the default group, with the video/image token
+    counts the first attention saw (``sp/tokens_seen``); gradients are this rank's shares."""
+    from digen.parallel.ulysses import sequence_parallel
+
+    seen: list[int] = []  # video tokens out of the first attention, per call
+    hook = first_attention(policy).register_forward_hook(lambda m, a, o: seen.append(video_tokens(o)))
+    with sequence_parallel(policy, None):
+        result = run_problem(policy)
+    hook.remove()
+    return {**result, "sp/tokens_seen": torch.tensor(sorted(set(seen)), dtype=torch.float32)}
+
+
+def run_rank(rank: int, world: int, rendezvous: str, models: dict[str, str], out_dir: str) -> None:
+    """One group member: the all-to-all check, then each family's problem under Ulysses
+    (``models``: family -> tiny model folder), one process start for them all."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(1)
     import torch.distributed as dist
 
-    from digen.parallel.ulysses import reduce_gradients, sequence_parallel
+    from digen.parallel.ulysses import reduce_gradients
 
     dist.init_process_group(
         "gloo",
@@ -97,21 +134,18 @@ def run_rank(rank: int, world: int, rendezvous: str, model: str, out_dir: str) -
         timeout=timedelta(seconds=120),
     )
     try:
-        out = check_all_to_all(rank, world, None)
-        policy = make_policy(model)
-        seen: list[int] = []  # tokens entering the first self-attention, per call
-        hook = policy.transformer.blocks[0].attn1.register_forward_hook(
-            lambda m, a, o: seen.append(o.shape[1])
-        )
-        with sequence_parallel(policy, None):
-            result = run_problem(policy)
-        hook.remove()
-        out["sp/tokens_seen"] = torch.tensor(sorted(set(seen)), dtype=torch.float32)
-        grads = reduce_gradients({k: v for k, v in result.items() if k.startswith("grad/")})
-        save_file({**result, **grads, **out}, os.path.join(out_dir, f"rank{rank}.safetensors"))
+        a2a = check_all_to_all(rank, world, None)
+        for family, model in models.items():
+            result = run_split_problem(make_policy(model))
+            grads = reduce_gradients({k: v for k, v in result.items() if k.startswith("grad/")})
+            save_file({**result, **grads, **a2a}, rank_file(out_dir, family, rank))
     finally:
         dist.destroy_process_group()
 
 
-def load_rank(out_dir: str, rank: int) -> dict[str, torch.Tensor]:
-    return load_file(os.path.join(out_dir, f"rank{rank}.safetensors"))
+def rank_file(out_dir: str, family: str, rank: int) -> str:
+    return os.path.join(out_dir, f"{family}-rank{rank}.safetensors")
+
+
+def load_rank(out_dir: str, family: str, rank: int) -> dict[str, torch.Tensor]:
+    return load_file(rank_file(out_dir, family, rank))

@@ -1,6 +1,6 @@
-"""Ulysses sequence parallelism on 2 gloo ranks equals the single-process tiny Wan:
-the all-to-all, a generated group (latents, log-probs, rewards) and a LoRA train step's
-gradient."""
+"""Ulysses sequence parallelism on 2 gloo ranks equals the single-process tiny Wan and tiny
+HunyuanVideo and FLUX (joint attention over replicated text tokens): the all-to-all, a generated group
+(latents, log-probs, rewards) and a LoRA train step's gradient."""
 
 from __future__ import annotations
 
@@ -20,16 +20,27 @@ from . import _ulysses_worker as w  # noqa: E402
 torch.set_num_threads(1)
 WORLD = 2
 TOL = 1e-5
+# Per LoRA tensor. HunyuanVideo's token-refiner q/k gradients are ~1e-3 of their neighbours'
+# (near-uniform text self-attention in the tiny model: softmax-gradient cancellation), so
+# float32 summation order alone moves them by up to 1.05e-5 relative (measured); the head
+# all-gather with a keep-own-slice backward instead of a reduce-scatter is off by 0.16-0.87.
+GRAD_TENSOR_TOL = {"wan": TOL, "hunyuan-video": 1e-4, "flux": TOL}
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """(d=1 reference computed here, [rank 0, rank 1] results of the d=2 group)."""
+def group_runs(tmp_path_factory):
+    """Every family's tiny model and the d=2 group's results for all of them (one spawn)."""
     root = tmp_path_factory.mktemp("ulysses")
-    model = str(make_tiny_model(root / "wan", "wan"))
-    reference = w.run_problem(w.make_policy(model))
-    mp.spawn(w.run_rank, args=(WORLD, str(root / "rdzv"), model, str(root)), nprocs=WORLD, join=True)
-    return reference, [w.load_rank(str(root), r) for r in range(WORLD)]
+    models = {family: str(make_tiny_model(root / family, family)) for family in w.FAMILIES}
+    mp.spawn(w.run_rank, args=(WORLD, str(root / "rdzv"), models, str(root)), nprocs=WORLD, join=True)
+    return models, {f: [w.load_rank(str(root), f, r) for r in range(WORLD)] for f in w.FAMILIES}
+
+
+@pytest.fixture(scope="module", params=w.FAMILIES)
+def runs(request, group_runs):
+    """(family, d=1 reference computed here, [rank 0, rank 1] results of the d=2 group)."""
+    models, ranks = group_runs
+    return request.param, w.run_problem(w.make_policy(models[request.param])), ranks[request.param]
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -37,7 +48,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def test_all_to_all_round_trip_and_gradient(runs):
-    _, ranks = runs
+    _, _, ranks = runs
     for out in ranks:
         assert out["a2a/err_forward"].item() == 0.0
         assert out["a2a/err_roundtrip"].item() == 0.0
@@ -45,22 +56,28 @@ def test_all_to_all_round_trip_and_gradient(runs):
 
 
 def test_sample_d2_equals_d1(runs):
-    ref, ranks = runs
+    family, ref, ranks = runs
     assert torch.isfinite(ref["log_probs"]).all()
-    for out in ranks:  # the same full result on every rank, each rank having run 4 of 8 tokens
-        assert out["sp/tokens_seen"].tolist() == [w.TOKENS / WORLD]
+    for (
+        out
+    ) in ranks:  # the same full result on every rank, each rank having run 1/d of the video or image tokens
+        assert out["sp/tokens_seen"].tolist() == [w.TOKENS[family] / WORLD]
         for key in ("latents", "log_probs", "rewards"):
             assert out[key].shape == ref[key].shape
             assert (out[key] - ref[key]).abs().max().item() <= TOL, key
 
 
 def test_lora_gradient_d2_equals_d1(runs):
-    ref, ranks = runs
-    keys = [k for k in ref if k.startswith("grad/")]
+    family, ref, ranks = runs
+    keys = sorted(k for k in ref if k.startswith("grad/"))
     assert keys and all(ref[k].abs().max() > 0 for k in keys)
-    for out in ranks:
+    if family != "wan":  # the text stream's projections, behind the head all-gather
+        assert any(".add_q_proj." in k for k in keys)
+    whole = torch.cat([ref[k].flatten() for k in keys])
+    for out in ranks:  # the summed d=2 gradient, whole and per tensor
+        assert _rel(torch.cat([out[k].flatten() for k in keys]), whole) <= TOL
         for k in keys:
-            assert _rel(out[k], ref[k]) <= TOL, k
+            assert _rel(out[k], ref[k]) <= GRAD_TENSOR_TOL[family], k
 
 
 def test_indivisible_sizes_are_refused():
