@@ -1,7 +1,7 @@
 """Sequence-parallel rollout replicas in the runtime (``rollout.sequence_parallel``).
 
-Real embedded Redis, real Dask local cluster, real worker processes, a tiny random-weight Wan
-(32 px, 5 frames: 8 video tokens, 2 heads) in float32."""
+Real embedded Redis, real Dask local cluster, real worker processes, tiny random-weight video
+models (Wan and HunyuanVideo, 32 px, 5 frames: 8 video tokens, 2 heads) in float32."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from tests.reliability.conftest import run_job
 pytestmark = pytest.mark.slow
 
 
-def wan_config(model: Path, rollout: int, degree: int, **sections):
+def video_config(model: Path, rollout: int, degree: int, **sections):
     return build_config(
         small_config_data(
             model,
@@ -52,14 +52,23 @@ def tiny_wan(tiny_models) -> Path:
 @pytest.fixture(scope="module")
 def d1_run(tiny_wan, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("d1") / "run"
-    run_distributed(wan_config(tiny_wan, 1, 1), out)
+    run_distributed(video_config(tiny_wan, 1, 1), out)
     return out
 
 
-def test_two_workers_at_d2_give_the_rewards_of_one_worker_at_d1(tiny_wan, d1_run, tmp_path):
+@pytest.mark.parametrize("family", ["wan", "hunyuan-video"])
+def test_two_workers_at_d2_give_the_rewards_of_one_worker_at_d1(
+    family, tiny_wan, d1_run, tiny_models, tmp_path
+):
+    model = tiny_wan if family == "wan" else tiny_models(family)
+    if family == "wan":
+        want = rewards(d1_run)
+    else:
+        run_distributed(video_config(model, 1, 1), tmp_path / "d1")
+        want = rewards(tmp_path / "d1")
     out = tmp_path / "sp2"
-    run_distributed(wan_config(tiny_wan, 2, 2), out)
-    assert rewards(out) == rewards(d1_run)
+    run_distributed(video_config(model, 2, 2), out)
+    assert rewards(out) == want
     gens = [e for e in timeline(out) if e["kind"] == "gen"]
     assert len(gens) == 4  # 2 iterations x 2 groups, each acknowledged once, by the replica
     assert {e["worker"] for e in gens} == {"rollout-0"}
@@ -90,7 +99,7 @@ def test_a_rank_killed_mid_task_loses_no_sample_and_the_survivor_works_on_at_d1(
     is run again at d=1, and the restarted rank does not re-join: no replica re-forms, so every
     acknowledged generation is a d=1 one, and the rewards are the d=1 run's."""
     out = tmp_path / "killed"
-    cfg = wan_config(tiny_wan, 2, 2, schedule__lease_s=30.0)
+    cfg = video_config(tiny_wan, 2, 2, schedule__lease_s=30.0)
     fired = run_job(cfg, out, f"sp-kill-{killed}", Fault("gen", "kill", worker=killed, iteration=0))
     assert [(f["action"], f["worker"], f["iteration"]) for f in fired] == [("kill", killed, 0)]
     assert rewards(out) == rewards(d1_run)
