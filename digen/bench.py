@@ -586,6 +586,7 @@ def run_one(
                 for name, w in ctl.workers.items():
                     if w.address in pids:
                         mem.watch(name, int(pids[w.address]))
+                        tree.name(int(pids[w.address]), name)
 
             run_distributed(cfg, out, redis_url=redis_url, on_start=on_start)
     peaks = dict(mem.peaks)
@@ -604,7 +605,7 @@ def run_one(
         timeline,
         bool(cfg.schedule.resolved().tsp),
         peaks,
-        profile.to_json(timeline, tree.peak_mb, tree.peak_pss_mb),
+        profile.to_json(timeline, tree.peak_mb, tree.peak_pss_mb, tree.peak_breakdown()),
     )
 
 

@@ -600,6 +600,7 @@ def _local_cluster(cfg: Config) -> LocalClusterStart:
         cl.start_method,
         cfg.model_dump(mode="json"),
         reward=cl.reward_workers,
+        dashboard=cl.dashboard,
     )
 
 
