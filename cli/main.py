@@ -325,6 +325,12 @@ def train(
             "RUN_DIR/startup.json and a table at the end.",
         ),
     ] = False,
+    dashboard: Annotated[
+        bool,
+        typer.Option(
+            "--dashboard", help="Serve the local cluster's Dask dashboard (cluster.local.dashboard)."
+        ),
+    ] = False,
 ) -> None:
     """Run a training job in the foreground (embedded Redis and Dask when no URL/address)."""
     from digen.config import load_config
@@ -333,7 +339,8 @@ def train(
     if log_format not in ("rich", "json", "quiet"):
         fail(ConfigError(f"--log-format ({log_format}) must be rich, json or quiet"))
     profile = _start_profile() if profile_startup else None
-    cfg = load_config(config, set_ or [])
+    dash = ["cluster.local.dashboard=true"] if dashboard else []
+    cfg = load_config(config, [*(set_ or []), *dash])
     out_dir = out_dir or Path("runs") / config.stem
     _setup_logging(
         verbose, out_dir / "digen.log", dask=cfg.schedule.mode != "reference", quiet=log_format == "quiet"
@@ -386,7 +393,8 @@ def _profiled(profile, out_dir: Path):
 
     with TreeMemorySampler() as mem, profiling(profile):
         yield report
-    report.update(profile.to_json(_read_jsonl(out_dir / "timeline.jsonl"), mem.peak_mb, mem.peak_pss_mb))
+    timeline = _read_jsonl(out_dir / "timeline.jsonl")
+    report.update(profile.to_json(timeline, mem.peak_mb, mem.peak_pss_mb, mem.peak_breakdown()))
     (out_dir / "startup.json").write_text(json.dumps(report, indent=1))
 
 

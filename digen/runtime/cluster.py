@@ -88,7 +88,7 @@ def start_local_cluster(
     trainer: int,
     gpu_type: str,
     threads: int,
-    dashboard: bool = True,
+    dashboard: bool = False,
     start_method: str = "forkserver",
     reward: int = 0,
 ):
@@ -97,7 +97,8 @@ def start_local_cluster(
 
     Returns ``(cluster, client)``. Each worker is a separate process (a Nanny restarts it if
     it dies), named ``rollout-0``, ``trainer-0``, ..., started by ``start_method``
-    (:func:`use_start_method`); the nannies start them all at once.
+    (:func:`use_start_method`); the nannies start them all at once. ``dashboard`` serves
+    Dask's dashboard (bokeh, about 50 MiB in the scheduler's process) on a free local port.
     """
     from distributed import Client, Nanny, Scheduler, SpecCluster
 
@@ -135,9 +136,10 @@ class LocalClusterStart:
         start_method: str = "forkserver",
         cfg_json: dict | None = None,
         reward: int = 0,
+        dashboard: bool = False,
     ):
         self._args = (rollout, trainer, gpu_type, threads)
-        self._start_method, self._reward = start_method, reward
+        self._start_method, self._reward, self._dashboard = start_method, reward, dashboard
         self._cfg_json = cfg_json
         self._made: tuple | None = None
         self._error: BaseException | None = None
@@ -148,7 +150,10 @@ class LocalClusterStart:
         try:
             with phase("cluster start"):
                 self._made = start_local_cluster(
-                    *self._args, start_method=self._start_method, reward=self._reward
+                    *self._args,
+                    dashboard=self._dashboard,
+                    start_method=self._start_method,
+                    reward=self._reward,
                 )
             if self._cfg_json is not None:
                 self._preload(self._made[1])

@@ -600,6 +600,7 @@ def _local_cluster(cfg: Config) -> LocalClusterStart:
         cl.start_method,
         cfg.model_dump(mode="json"),
         reward=cl.reward_workers,
+        dashboard=cl.dashboard,
     )
 
 
@@ -732,7 +733,10 @@ def run_distributed(
             progress(
                 {
                     "event": "start",
-                    "dashboard": getattr(client, "dashboard_link", None),
+                    # a local cluster without the dashboard still serves Dask's plain HTTP routes
+                    "dashboard": getattr(client, "dashboard_link", None)
+                    if scheduler is not None or cfg.cluster.local.dashboard
+                    else None,
                     "roles": {n: ctl.role_of(w).value for n, w in ctl.workers.items()},
                 }
             )

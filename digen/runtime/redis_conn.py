@@ -34,6 +34,7 @@ from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.retry import Retry
 
 from digen.errors import ConnectionFailure
+from digen.startup import track_process
 
 log = logging.getLogger(__name__)
 
@@ -266,6 +267,8 @@ def start_embedded(
         _EMBEDDED[db_path] = server
         if server.owned:
             atexit.register(stop_embedded, db_path)
+            if getattr(handle, "pid", None):  # daemonized: no child of this process
+                track_process(int(handle.pid), "redis-server")
         log.info("embedded Redis %s at %s", "started" if server.owned else "found", server.socket_path)
         return server
 

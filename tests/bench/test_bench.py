@@ -337,3 +337,24 @@ def test_eval_table_reports_timeline_cost_and_the_ratio_to_the_eval_less_twin():
     lines = eval_table([row, {"mode": "digen-eval", "evaluations": 0, "s_per_iteration": 2.0}])
     assert lines[-1] == "| digen+eval | 3 | 6.00 | 5.00 | 1.00 | 0.50 | 0.25 / 0.75 | 0 | 3.000 | 1.50x |"
     assert eval_table([{"mode": "digen", "evaluations": 0}]) == []
+
+
+def test_startup_summary_keeps_the_breakdown_of_the_largest_peak():
+    from digen.bench import startup_summary
+
+    def prof(pss: float, first: float) -> dict:
+        rows = [{"process": "controller", "pid": 1, "rss_mb": pss, "pss_mb": pss, "uss_mb": pss}]
+        return {
+            "phases": [{"phase": "cluster start", "start_s": 1.0, "end_s": 1.0 + first, "duration_s": first}],
+            "first_task_s": first,
+            "first_iteration_s": 2 * first,
+            "peak_tree_rss_mb": pss + 10,
+            "peak_tree_pss_mb": pss,
+            "peak_tree_processes": rows,
+        }
+
+    out = startup_summary([prof(500.0, 3.0), prof(700.0, 5.0), prof(600.0, 4.0)])
+    assert out["peak_tree_pss_mb"] == 700.0
+    assert out["peak_tree_processes"][0]["pss_mb"] == 700.0
+    assert (out["first_task_s"], out["phase_s"]["cluster start"]) == (4.0, 4.0)
+    assert startup_summary([])["peak_tree_processes"] == []

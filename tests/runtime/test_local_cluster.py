@@ -8,6 +8,8 @@ from __future__ import annotations
 import gc
 import os
 import sys
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -52,3 +54,21 @@ def test_forked_workers_start_with_the_pipeline_code_imported_and_frozen():
     [(frozen, sd3, wan)] = on_worker(forked_state)
     assert sd3 and wan  # imported by the fork server, before any policy load
     assert frozen > 10_000  # the fork server's imports sit in the permanent generation
+
+
+def test_the_local_cluster_serves_no_dashboard_unless_asked():
+    """The default local cluster (config and function) connects no bokeh dashboard to the
+    scheduler (Dask still serves its plain HTTP routes, so the start notice leaves the link
+    out by the config, not by the link)."""
+    from digen.config import LocalClusterConfig
+
+    assert LocalClusterConfig().dashboard is False
+    cluster, client = start_local_cluster(1, 0, "cpu", 1, start_method="forkserver")
+    try:
+        port = client.scheduler_info()["services"]["dashboard"]
+        with pytest.raises(urllib.error.HTTPError) as got:  # bokeh's page, missing
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=30)
+        assert got.value.code == 404
+    finally:
+        client.close()
+        cluster.close()

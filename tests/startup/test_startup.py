@@ -73,3 +73,42 @@ def test_tree_memory_counts_the_children():
 
 def test_process_start_time_is_this_processes_creation():
     assert startup.process_start_time() <= time.time()
+
+
+def test_peak_breakdown_names_each_process_of_the_tree():
+    """The breakdown at the peak has one row per process: the root as the controller, a
+    child by the name given to it, and a tracked outside process by its label."""
+    import os
+
+    code = "import sys; print('ok', flush=True); sys.stdin.read()"
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    outside = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout.readline().strip() == "ok"
+        assert outside.stdout.readline().strip() == "ok"
+        startup.track_process(outside.pid, "redis-server")
+        with startup.TreeMemorySampler(period_s=0.05) as mem:
+            mem.name(child.pid, "rollout-0")
+        rows = {r["pid"]: r for r in mem.peak_breakdown()}
+        assert rows[os.getpid()]["process"] == "controller"
+        assert rows[child.pid]["process"] == "other rollout-0"
+        assert rows[outside.pid]["process"] == "redis-server"
+        assert abs(sum(r["pss_mb"] for r in rows.values()) - mem.peak_pss_mb) < 1.0
+        lines = startup.format_profile(
+            {
+                "phases": [],
+                "peak_tree_rss_mb": 1.0,
+                "peak_tree_pss_mb": 1.0,
+                "peak_tree_processes": mem.peak_breakdown(),
+            }
+        )
+        assert any(line.startswith("redis-server") for line in lines)
+    finally:
+        for p in (child, outside):
+            p.stdin.close()
+            p.wait(timeout=30)
+        startup._TRACKED.pop(outside.pid, None)
