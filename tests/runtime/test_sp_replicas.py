@@ -1,7 +1,8 @@
 """Sequence-parallel rollout replicas in the runtime (``rollout.sequence_parallel``).
 
 Real embedded Redis, real Dask local cluster, real worker processes, tiny random-weight video
-models (Wan and HunyuanVideo, 32 px, 5 frames: 8 video tokens, 2 heads) in float32."""
+models (Wan and HunyuanVideo, 32 px, 5 frames: 8 video tokens, 2 heads) and FLUX (32 px: 4 image
+tokens beside its text tokens) in float32."""
 
 from __future__ import annotations
 
@@ -20,12 +21,14 @@ from tests.reliability.conftest import run_job
 pytestmark = pytest.mark.slow
 
 
-def video_config(model: Path, rollout: int, degree: int, **sections):
+def video_config(model: Path, rollout: int, degree: int, frames: int | None = 5, **sections):
+    """``frames=None`` for an image family (FLUX)."""
+    if frames is not None:
+        sections["model__num_frames"] = frames
     return build_config(
         small_config_data(
             model,
             iterations=2,
-            model__num_frames=5,
             rollout__sequence_parallel=degree,
             schedule__mode="disaggregated",
             schedule__max_staleness=0,
@@ -56,19 +59,33 @@ def d1_run(tiny_wan, tmp_path_factory) -> Path:
     return out
 
 
-@pytest.mark.parametrize("family", ["wan", "hunyuan-video"])
+# FLUX's joint attention puts the text tokens first and its single-stream blocks split the
+# rotary table at the text length: its d=2 samples differ from d=1 by float32 summation order
+# (model level: latents 4.8e-7, rewards 6e-8; tests/parallel/test_ulysses.py), so its rewards are
+# compared to 1e-5; Wan's and HunyuanVideo's are bit-identical.
+REWARD_TOL = {"wan": 0.0, "hunyuan-video": 0.0, "flux": 1e-5}
+
+
+@pytest.mark.parametrize("family", ["wan", "hunyuan-video", "flux"])
 def test_two_workers_at_d2_give_the_rewards_of_one_worker_at_d1(
     family, tiny_wan, d1_run, tiny_models, tmp_path
 ):
     model = tiny_wan if family == "wan" else tiny_models(family)
+    frames = None if family == "flux" else 5
     if family == "wan":
         want = rewards(d1_run)
     else:
-        run_distributed(video_config(model, 1, 1), tmp_path / "d1")
+        run_distributed(video_config(model, 1, 1, frames=frames), tmp_path / "d1")
         want = rewards(tmp_path / "d1")
     out = tmp_path / "sp2"
-    run_distributed(video_config(model, 2, 2), out)
-    assert rewards(out) == want
+    run_distributed(video_config(model, 2, 2, frames=frames), out)
+    got = rewards(out)
+    if REWARD_TOL[family] == 0.0:
+        assert got == want
+    else:
+        assert [len(r) for r in got] == [len(r) for r in want]
+        diffs = [abs(a - b) for g, w in zip(got, want, strict=True) for a, b in zip(g, w, strict=True)]
+        assert max(diffs) <= REWARD_TOL[family]
     gens = [e for e in timeline(out) if e["kind"] == "gen"]
     assert len(gens) == 4  # 2 iterations x 2 groups, each acknowledged once, by the replica
     assert {e["worker"] for e in gens} == {"rollout-0"}
