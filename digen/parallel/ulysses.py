@@ -124,13 +124,8 @@ def _reduce_scatter(x: torch.Tensor, dim: int, group) -> torch.Tensor:
     return recv.sum(0)
 
 
-class _GatherShared(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, dim: int, group) -> torch.Tensor:
-        ctx.dim, ctx.group = dim, group
-        parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(parts, x.contiguous(), group=group)
-        return torch.cat(parts, dim=dim)
+class _GatherShared(_Gather):
+    """:class:`_Gather`'s forward; the backward sums the ranks' gradients (a shared value's)."""
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor):
