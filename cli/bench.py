@@ -111,6 +111,10 @@ def bench(
     counts = parse_workers(workers)
     ks = _ks(tsp_k)
     cfg = load_config(config, set_ or [])
+    if cfg.cluster.local.start_method == "forkserver" and any(m != "reference" for m in mode_list):
+        from digen.runtime.cluster import prefork_server
+
+        prefork_server()  # before the reference run computes anything (see its docstring)
     result = run_bench(
         cfg,
         mode_list,

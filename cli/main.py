@@ -338,9 +338,17 @@ def train(
 
     if log_format not in ("rich", "json", "quiet"):
         fail(ConfigError(f"--log-format ({log_format}) must be rich, json or quiet"))
-    profile = _start_profile() if profile_startup else None
     dash = ["cluster.local.dashboard=true"] if dashboard else []
     cfg = load_config(config, [*(set_ or []), *dash])
+    if (
+        scheduler is None
+        and cfg.schedule.mode != "reference"
+        and cfg.cluster.local.start_method == "forkserver"
+    ):
+        from digen.runtime.cluster import prefork_server
+
+        prefork_server()  # before anything computes or starts a thread (see its docstring)
+    profile = _start_profile() if profile_startup else None
     out_dir = out_dir or Path("runs") / config.stem
     _setup_logging(
         verbose, out_dir / "digen.log", dask=cfg.schedule.mode != "reference", quiet=log_format == "quiet"

@@ -209,7 +209,7 @@ def process_label(proc, root_pid: int, server_pids: set[int]) -> str:
         return "other"
     if "redis-server" in cmd:
         return "redis-server"
-    if "forkserver" in cmd and parent == root_pid:
+    if parent == root_pid and ("forkserver" in cmd or proc.pid == _forked_server_pid()):
         return "fork server"
     if "resource_tracker" in cmd:
         return "resource tracker"
@@ -247,9 +247,16 @@ def tree_processes(pid: int, pss: bool = True) -> list[ProcessMemory]:
     return out
 
 
+def _forked_server_pid() -> int | None:
+    """This process's fork server when it was forked from here (its command line is ours)."""
+    import multiprocessing.forkserver as mpfs
+
+    return mpfs._forkserver._forkserver_pid
+
+
 def _is_fork_server(proc) -> bool:
     try:
-        return "forkserver" in " ".join(proc.cmdline())
+        return proc.pid == _forked_server_pid() or "forkserver" in " ".join(proc.cmdline())
     except Exception:  # noqa: BLE001 - psutil.Error: the process exited meanwhile
         return False
 

@@ -31,6 +31,28 @@ def _digen_home(tmp_path_factory: pytest.TempPathFactory):
         os.environ["DIGEN_HOME"] = old
 
 
+PURE_TEST_DIRS = {"core", "algos", "sim", "config"}
+"""Test folders that start no worker process."""
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fork_server(request: pytest.FixtureRequest) -> None:
+    """Fork the workers' fork server from this process before any test computes with torch,
+    as ``digen train`` does first thing (digen.runtime.cluster.prefork_server): forked after a
+    torch op, its workers would hang on their first parallel op (OpenMP), and forked during a
+    test it would keep that test's monkeypatches. A session of pure tests starts none."""
+    tests = Path(__file__).parent
+    dirs = {
+        item.path.relative_to(tests).parts[0]
+        for item in request.session.items
+        if item.path.is_relative_to(tests)
+    }
+    if dirs - PURE_TEST_DIRS:
+        from digen.runtime.cluster import prefork_server
+
+        prefork_server()
+
+
 @contextmanager
 def faults_on() -> Iterator[None]:
     """Worker processes started inside run the fault hooks of digen.testing.faults (they

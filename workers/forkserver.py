@@ -20,6 +20,7 @@ from __future__ import annotations
 import gc
 import importlib
 import logging
+from collections.abc import Sequence
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,144 @@ def in_fork_server() -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+# ---------------------------------------------------------------------------------------
+# the fork server as a fork of the controller
+
+_kept: list[object] = []
+"""What the forked server detached from the controller (log handlers, streams): kept alive so
+that no finalizer closes a file descriptor number the server has reused since."""
+
+
+def start_forked_server(preload: Sequence[str]) -> int | None:
+    """Start :mod:`multiprocessing`'s fork server as a fork of this process; its pid, or
+    ``None`` where it cannot be done safely (no ``os.fork``; CUDA initialised here), in which
+    case multiprocessing spawns its own server on first use, as it always does.
+
+    Why: a spawned server imports torch, diffusers and Dask again, about 140 MiB of private
+    memory that this process also holds; forked, the server and every worker it forks share
+    this process's pages copy-on-write. Python 3.11's ``ForkServer.ensure_running`` spawns
+    ``python -c 'from multiprocessing.forkserver import main; main(...)'``; this does what
+    that does (listener socket, "alive" pipe, the server's fields) but forks instead of
+    spawning, then runs the same ``main``.
+
+    Call it before this process computes anything with torch: the OpenMP runtime of torch's
+    CPU build keeps a thread pool that a forked child cannot use (a parallel op on the thread
+    that forked hangs; seen here with one matmul on the parent's main thread before
+    ``os.fork``, then one on the child's main thread, where a Dask worker runs
+    ``client.run``; its task threads start pools of their own). The CLI calls it first
+    thing in ``digen train`` and ``digen bench``, the test session before any test runs; any
+    other caller gets the spawned server. ``preload`` is imported here first (what this
+    process shares with the server); the families' pipeline code is imported by the server
+    (:func:`import_model_code`), which this process does not need."""
+    import multiprocessing.forkserver as mpfs
+    import os
+    import socket
+    import sys
+    import threading
+    from multiprocessing import connection, resource_tracker, util
+
+    if not hasattr(os, "fork") or not sys.platform.startswith("linux"):
+        return None
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return None  # CUDA cannot be used in a forked child
+    srv = mpfs._forkserver
+    if srv._forkserver_pid is not None:
+        return srv._forkserver_pid  # running already (ensure_running restarts one that died)
+    for name in preload:
+        if name != __name__:
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                pass
+    resource_tracker.ensure_running()
+    listener = socket.socket(socket.AF_UNIX)
+    address = connection.arbitrary_address("AF_UNIX")
+    listener.bind(address)
+    if not util.is_abstract_socket_namespace(address):
+        os.chmod(address, 0o600)
+    listener.listen()
+    alive_r, alive_w = os.pipe()
+    freeze()  # the pages this process holds now stay shared: no collection here writes to them
+    pid = os.fork()
+    if pid == 0:  # the server
+        code = 1
+        try:
+            srv._lock = threading.Lock()  # another thread of the parent may have held it
+            fd = listener.detach()
+            _become_server(keep={0, 1, 2, fd, alive_r})
+            import_model_code()
+            freeze()
+            code = 0
+            mpfs.main(fd, alive_r, [])
+        except SystemExit:
+            pass  # main's way out: every holder of the "alive" pipe closed it
+        except BaseException:  # noqa: BLE001 - reported on the server's stderr, then it exits
+            import traceback
+
+            traceback.print_exc()
+            code = 1
+        finally:
+            os._exit(code)  # never the parent's atexit hooks (embedded Redis, run files)
+    os.close(alive_r)
+    listener.close()
+    srv._forkserver_address = address
+    srv._forkserver_alive_fd = alive_w
+    srv._forkserver_pid = pid
+    log.debug("fork server %d forked from this process", pid)
+    return pid
+
+
+def _become_server(keep: set[int]) -> None:
+    """In the forked server: leave the parent's state a spawned server would not have: file
+    descriptors (all but ``keep``), signal handlers, fault handler, redirected streams and log
+    handlers (Dask's stderr handlers installed afresh, as its import does in a new process)."""
+    import faulthandler
+    import os
+    import signal
+    import sys
+
+    import dask
+    from distributed.config import initialize_logging
+
+    signal.set_wakeup_fd(-1)
+    for sig in signal.valid_signals():
+        try:
+            handler = signal.getsignal(sig)
+        except (OSError, ValueError):
+            continue
+        if callable(handler) and handler is not signal.default_int_handler:
+            signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    refault = faulthandler.is_enabled()
+    faulthandler.disable()
+    _kept.extend([sys.stdout, sys.stderr, sys.stdin])
+    sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+    names = [
+        None,
+        "distributed",
+        "distributed.client",
+        "distributed.gc",
+        "bokeh",
+        "tornado",
+        "tornado.application",
+    ]
+    for name in names:
+        lg = logging.getLogger(name)
+        _kept.extend(lg.handlers)
+        lg.handlers = []
+    logging.getLogger().setLevel(logging.WARNING)
+    fds = sorted(int(f) for f in os.listdir("/proc/self/fd") if int(f) not in keep)
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass  # the listing's own descriptor, closed already
+    initialize_logging(dask.config.config)
+    if refault:
+        faulthandler.enable()
 
 
 if in_fork_server():

@@ -68,6 +68,16 @@ def use_start_method(method: str) -> None:
         ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
 
 
+def prefork_server() -> int | None:
+    """Start the fork server now as a fork of this process (:func:`workers.forkserver.start_forked_server`),
+    before this process computes anything: the server and the workers it forks then share this
+    process's imported torch, diffusers and Dask instead of holding their own (about 140 MiB
+    less in all). Its pid, or ``None`` where forking is not safe (the spawned server is used)."""
+    from workers.forkserver import start_forked_server
+
+    return start_forked_server(FORKSERVER_PRELOAD)
+
+
 def nanny_options(name: str, role: str, gpu_type: str, threads: int) -> dict:
     """A local worker's Nanny options. ``env`` hands the worker this process's environment as
     it is now: a worker forked from the fork server would otherwise see the environment the

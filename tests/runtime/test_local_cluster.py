@@ -10,6 +10,7 @@ import os
 import sys
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -54,6 +55,57 @@ def test_forked_workers_start_with_the_pipeline_code_imported_and_frozen():
     [(frozen, sd3, wan)] = on_worker(forked_state)
     assert sd3 and wan  # imported by the fork server, before any policy load
     assert frozen > 10_000  # the fork server's imports sit in the permanent generation
+
+
+def parallel_matmul() -> float:
+    """A two-thread torch op. Run by ``client.run`` (on a worker's main thread, the thread the
+    fork server forked it on) it hangs when the server was forked from a process whose main
+    thread had run an OpenMP op (seen here: a worker thread, as ``client.submit`` uses, starts
+    a pool of its own and does not hang)."""
+    import torch
+
+    torch.set_num_threads(2)
+    a = torch.ones(512, 512)
+    return float((a @ a).sum())
+
+
+def worker_logging() -> tuple[int, list[str]]:
+    """(root handlers, the ``distributed`` logger's handler classes) in a worker."""
+    import logging
+
+    return len(logging.getLogger().handlers), [
+        type(h).__name__ for h in logging.getLogger("distributed").handlers
+    ]
+
+
+@pytest.mark.slow
+def test_the_fork_server_is_a_fork_of_this_process_and_its_workers_compute():
+    """The session forked the server from this process (tests/conftest.py), as ``digen train``
+    does: its parent is this process and its command line is this one's (a spawned server runs
+    ``-c 'from multiprocessing.forkserver import main...'``); a worker forked from it runs a
+    multi-threaded op, even though this process has computed since, and starts with Dask's
+    log set up as in a new process (none of this process's handlers)."""
+    import multiprocessing.forkserver as mpfs
+
+    import psutil
+
+    pid = mpfs._forkserver._forkserver_pid
+    assert pid is not None
+    server = psutil.Process(pid)
+    assert server.ppid() == os.getpid()
+    assert server.cmdline() == psutil.Process().cmdline()
+    parallel_matmul()  # this process's OpenMP pool runs now; the server was forked before
+    cluster, client = start_local_cluster(1, 0, "cpu", 2, dashboard=False, start_method="forkserver")
+    try:
+        on_main_thread = ThreadPoolExecutor(1).submit(client.run, parallel_matmul)
+        assert list(on_main_thread.result(timeout=120).values()) == [512.0**3]  # no hang
+        roots, dask_handlers = client.submit(worker_logging, pure=False).result(timeout=60)
+        assert roots == 0 and dask_handlers == ["StreamHandler"]
+        [worker_pid] = client.run(os.getpid).values()
+        assert psutil.Process(worker_pid).ppid() == pid
+    finally:
+        client.close()
+        cluster.close()
 
 
 def test_the_local_cluster_serves_no_dashboard_unless_asked():
