@@ -245,9 +245,12 @@ class LocalClusterConfig(_Section):
     """Resource tag of the embedded workers (``gpu-<TYPE>``)."""
     threads_per_worker: int = Field(1, ge=1)
     start_method: Literal["forkserver", "spawn"] = "forkserver"
-    """How the embedded workers' processes start. ``forkserver``: one server process imports
-    torch, diffusers and digen once and forks every worker from it (fast, the imported code
-    shared between them); ``spawn``: each worker imports everything itself (Dask's default)."""
+    """How the embedded workers' processes start. ``forkserver``: one server process forks
+    every worker, the imported code shared between them (fast); ``digen train`` and ``digen
+    bench`` fork that server from their own process before anything computes, so it shares
+    their torch, diffusers and Dask too (elsewhere, e.g. in a service job, or where CUDA is
+    initialised, multiprocessing spawns it and it imports them itself); ``spawn``: each worker
+    imports everything itself (Dask's default)."""
     dashboard: bool = False
     """Serve the Dask dashboard (bokeh) from the local scheduler; its link is in the start
     notice. Off: about 50 MiB less in the controller (``digen train --dashboard`` turns it on)."""
