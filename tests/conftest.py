@@ -35,18 +35,18 @@ PURE_TEST_DIRS = {"core", "algos", "sim", "config"}
 """Test folders that start no worker process."""
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _fork_server(request: pytest.FixtureRequest) -> None:
-    """Fork the workers' fork server from this process before any test computes with torch,
-    as ``digen train`` does first thing (digen.runtime.cluster.prefork_server): forked after a
-    torch op, its workers would hang on their first parallel op (OpenMP), and forked during a
-    test it would keep that test's monkeypatches. A session of pure tests starts none."""
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Fork the workers' fork server from this process before collection, as ``digen train``
+    does first thing (digen.runtime.cluster.prefork_server). Before collection, because
+    importing the test modules starts threads a fork must not copy (onnxruntime's, with
+    test_ocr; a torch op's OpenMP pool): forked after them, the server and its workers
+    inherited their locks and state, and in one CI run in several the server died mid-suite.
+    A session whose arguments all lie in pure test folders starts none."""
     tests = Path(__file__).parent
-    dirs = {
-        item.path.relative_to(tests).parts[0]
-        for item in request.session.items
-        if item.path.is_relative_to(tests)
-    }
+    dirs = set()
+    for arg in session.config.args or [str(tests)]:
+        path = (Path(session.config.invocation_params.dir) / arg.split("::")[0]).resolve()
+        dirs.add(path.relative_to(tests).parts[0] if path.is_relative_to(tests) and path != tests else "")
     if dirs - PURE_TEST_DIRS:
         from digen.runtime.cluster import prefork_server
 

@@ -68,6 +68,11 @@ _kept: list[object] = []
 that no finalizer closes a file descriptor number the server has reused since."""
 
 
+_FORK_UNSAFE = ("onnxruntime",)
+"""Modules whose import starts native thread pools that a forked child inherits broken (the
+OCR reward's onnxruntime): loaded before the fork, the server is spawned instead."""
+
+
 def start_forked_server(preload: Sequence[str]) -> int | None:
     """Start :mod:`multiprocessing`'s fork server as a fork of this process; its pid, or
     ``None`` where it cannot be done safely (no ``os.fork``; CUDA initialised here), in which
@@ -85,7 +90,7 @@ def start_forked_server(preload: Sequence[str]) -> int | None:
     that forked hangs; seen here with one matmul on the parent's main thread before
     ``os.fork``, then one on the child's main thread, where a Dask worker runs
     ``client.run``; its task threads start pools of their own). The CLI calls it first
-    thing in ``digen train`` and ``digen bench``, the test session before any test runs; any
+    thing in ``digen train`` and ``digen bench``, the test session before it collects; any
     other caller gets the spawned server. ``preload`` is imported here first (what this
     process shares with the server); the families' pipeline code is imported by the server
     (:func:`import_model_code`), which this process does not need."""
@@ -101,6 +106,10 @@ def start_forked_server(preload: Sequence[str]) -> int | None:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         return None  # CUDA cannot be used in a forked child
+    unsafe = [m for m in _FORK_UNSAFE if m in sys.modules]
+    if threading.active_count() > 1 or unsafe:
+        log.debug("fork server spawned, not forked: threads %s, loaded %s", threading.enumerate(), unsafe)
+        return None  # a fork copies no thread, only the locks they held
     srv = mpfs._forkserver
     if srv._forkserver_pid is not None:
         return srv._forkserver_pid  # running already (ensure_running restarts one that died)

@@ -108,6 +108,32 @@ def test_the_fork_server_is_a_fork_of_this_process_and_its_workers_compute():
         cluster.close()
 
 
+@pytest.mark.parametrize(
+    "before",
+    [
+        "import threading, time; threading.Thread(target=time.sleep, args=(30,), daemon=True).start()",
+        "import onnxruntime",
+        "",
+    ],
+    ids=["a-thread-runs", "onnxruntime-loaded", "nothing"],
+)
+def test_the_server_is_forked_only_from_a_process_with_no_thread_pool(before):
+    """A fork copies the forking thread alone, with every lock other threads held: with a
+    second thread running or onnxruntime's pools loaded, prefork_server forks nothing (the
+    spawned server is used); from a fresh process it forks. In a fresh interpreter: this
+    session's server is already running."""
+    import subprocess
+
+    if "onnxruntime" in before:
+        pytest.importorskip("onnxruntime")
+    code = f"{before}\nfrom digen.runtime.cluster import prefork_server\nprint(prefork_server())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    got = out.stdout.strip().splitlines()[-1]
+    assert (got == "None") == bool(before), out.stdout + out.stderr
+    if not before:
+        assert int(got) > 0
+
+
 def test_the_local_cluster_serves_no_dashboard_unless_asked():
     """The default local cluster (config and function) connects no bokeh dashboard to the
     scheduler (Dask still serves its plain HTTP routes, so the start notice leaves the link
