@@ -127,7 +127,9 @@ def test_the_server_is_forked_only_from_a_process_with_no_thread_pool(before):
     if "onnxruntime" in before:
         pytest.importorskip("onnxruntime")
     code = f"{before}\nfrom digen.runtime.cluster import prefork_server\nprint(prefork_server())"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    )
     got = out.stdout.strip().splitlines()[-1]
     assert (got == "None") == bool(before), out.stdout + out.stderr
     if not before:
