@@ -319,7 +319,10 @@ def worker_loop(
     try:  # inside a Dask worker: mark the task long-running so it does not block the pool
         from distributed import get_worker, secede
 
+        from digen.runtime.cluster import quiet_worker_heartbeat
+
         w = get_worker()
+        quiet_worker_heartbeat()
         secede()
         name = name or str(w.name)
         gpu_type = gpu_type or next((k[4:] for k in w.state.total_resources if k.startswith("gpu-")), "cpu")

@@ -28,6 +28,33 @@ def test_console_drops_dask_chatter_and_keeps_digen_warnings():
     assert _quiet_dask(_record("digen.runtime.controller", logging.WARNING, "worker left"))
 
 
+def test_a_workers_heartbeat_failure_leaves_the_console_and_other_errors_stay():
+    """A worker's failed heartbeat (the controller closing its scheduler) is a WARNING there,
+    without traceback, so a worker's console handler at ERROR drops it; Dask's other ERRORs
+    from the same logger pass unchanged."""
+    from digen.runtime.cluster import HeartbeatNotice, quiet_worker_heartbeat
+
+    lg = logging.getLogger("distributed.worker")
+    shown: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = shown.append  # type: ignore[method-assign]
+    lg.addHandler(handler)
+    try:
+        quiet_worker_heartbeat()
+        quiet_worker_heartbeat()
+        assert sum(isinstance(f, HeartbeatNotice) for f in lg.filters) == 1
+        try:
+            raise OSError("Stream is closed")
+        except OSError:
+            lg.exception(HeartbeatNotice.MESSAGE)
+            lg.exception("Compute Failed")
+        assert [r.getMessage() for r in shown] == ["Compute Failed"]
+        assert shown[0].exc_info is not None
+    finally:
+        lg.removeHandler(handler)
+        lg.filters = [f for f in lg.filters if not isinstance(f, HeartbeatNotice)]
+
+
 def test_a_dask_error_is_one_line_that_names_the_log(tmp_path: Path):
     log = tmp_path / "digen.log"
     rec = _record("distributed.nanny", logging.ERROR, "Failed to start process\nTraceback ...\n  more")
