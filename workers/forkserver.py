@@ -75,7 +75,8 @@ OCR reward's onnxruntime): loaded before the fork, the server is spawned instead
 
 def start_forked_server(preload: Sequence[str]) -> int | None:
     """Start :mod:`multiprocessing`'s fork server as a fork of this process; its pid, or
-    ``None`` where it cannot be done safely (no ``os.fork``; CUDA initialised here), in which
+    ``None`` where it cannot be done safely (no ``os.fork``; CUDA initialised here; a second
+    thread running or a :data:`_FORK_UNSAFE` module loaded), in which
     case multiprocessing spawns its own server on first use, as it always does.
 
     Why: a spawned server imports torch, diffusers and Dask again, about 140 MiB of private
@@ -106,13 +107,13 @@ def start_forked_server(preload: Sequence[str]) -> int | None:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         return None  # CUDA cannot be used in a forked child
+    srv = mpfs._forkserver
+    if srv._forkserver_pid is not None:
+        return srv._forkserver_pid  # running already (ensure_running restarts one that died)
     unsafe = [m for m in _FORK_UNSAFE if m in sys.modules]
     if threading.active_count() > 1 or unsafe:
         log.debug("fork server spawned, not forked: threads %s, loaded %s", threading.enumerate(), unsafe)
         return None  # a fork copies no thread, only the locks they held
-    srv = mpfs._forkserver
-    if srv._forkserver_pid is not None:
-        return srv._forkserver_pid  # running already (ensure_running restarts one that died)
     for name in preload:
         if name != __name__:
             try:
