@@ -6,8 +6,8 @@ import json
 import logging
 import socket
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -130,13 +130,14 @@ def test_server_error_after_all_retries_names_url_and_error(serve):
     assert server.url in msg and "after 2 tries" in msg and "RuntimeError: model not ready" in msg
 
 
-def test_unreachable_server_retries_then_clear_error(caplog):
+def test_unreachable_server_retries_then_clear_error(caplog, monkeypatch):
     port = _free_port()
     reward = HttpReward(f"http://127.0.0.1:{port}", retries=3, backoff_s=0.01)
-    start = time.monotonic()
+    slept: list[float] = []  # the waits between tries, read from the code, not the clock
+    monkeypatch.setattr("digen.rewards.http.time", SimpleNamespace(sleep=slept.append))
     with caplog.at_level(logging.WARNING, logger="digen.rewards.http"), pytest.raises(RewardError) as err:
         reward(_images(1), ["a"])
-    assert time.monotonic() - start < 5
+    assert slept == [0.01, 0.02]  # backoff_s before the 2nd try, doubled before the 3rd
     assert str(err.value) == (
         f"reward server http://127.0.0.1:{port} is unreachable after 3 tries (connection refused); "
         f"start it with digen reward-server --reward NAME --port {port}"
