@@ -367,11 +367,12 @@ def train(
     if log_format == "json":
         print(json.dumps({"summary": summary}), flush=True)
     elif log_format == "rich":
+        n = min(3, summary["iterations"])  # summary.json's reward windows (digen.rundir)
         out.print(
             f"[green]done[/green] {summary['iterations']} iterations, {summary['samples']} samples, "
             f"{summary['samples_per_s']:.2f} samples/s, bubble {summary['bubble_ratio']:.2f}\n"
-            f"reward first 3 iterations {summary['reward_first']:.4f} ± {summary['reward_first_se']:.4f} (s.e.), "
-            f"last 3 {summary['reward_last']:.4f} ± {summary['reward_last_se']:.4f}: "
+            f"reward first {n} iteration{'s' if n > 1 else ''} {summary['reward_first']:.4f} ± {summary['reward_first_se']:.4f} (s.e.), "
+            f"last {n} {summary['reward_last']:.4f} ± {summary['reward_last_se']:.4f}: "
             f"gain {summary['reward_gain_in_se']:.1f} s.e.\nrun directory: {out_dir}",
             highlight=False,
         )
