@@ -4,7 +4,11 @@ own timeline (not from the code's claims)."""
 from __future__ import annotations
 
 import json
+import pprint
+import sys
+import threading
 import time
+import traceback
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,6 +52,48 @@ def no_hold_expired(fired: list[dict]) -> bool:
     return not [f for f in fired if f["action"] == "hold_expired"]
 
 
+def thread_stacks() -> str:
+    """Every thread's stack in this process (run on a worker with ``client.run``)."""
+    frames = sys._current_frames().items()
+    return "\n".join(f"--- thread {tid}\n" + "".join(traceback.format_stack(f)) for tid, f in frames)
+
+
+def watch_newcomer(ctl, name: str, stop: threading.Event, report: dict, after_s: float = 60.0) -> None:
+    """Once a hold has waited ``after_s`` for ``name``'s signal, write into ``report`` what the
+    controller, Redis and ``name``'s own threads say of it: the failure message of a hold
+    that expires says where the newcomer was, not only that it never took work."""
+    from digen.testing.faults import fired
+
+    held = None
+    while held is None or time.time() - held < after_s:
+        if stop.wait(1.0):
+            return
+        got = {f["action"]: f["t"] for f in fired(ctl.job.r, ctl.job.job_id)}
+        if "signal" in got:
+            return
+        held = got.get("hold")
+    fut, job = ctl.loops.get(name), ctl.job
+    report["controller"] = {
+        "workers": sorted(ctl.workers),
+        "loop": None if fut is None else (fut.key, fut.status),
+        "tags": {n: (r.value, b) for n, (r, b) in ctl.tags.items()},
+        "restarting": dict(ctl.restarting),
+        "loop_failures": dict(ctl.loop_failures),
+    }
+    report["redis"] = {
+        "tag": job.tag(name),
+        "ready": job.is_ready(name),
+        "startup": job.startup_notes().get(name),
+        "tasks": ctl.queue.progress([f"gen:4:{g}" for g in range(2)]),
+    }
+    try:
+        report["dask"] = {w.name: w.address for w in list_workers(ctl.client)}
+        if name in ctl.workers:
+            report["stacks"] = ctl.client.run(thread_stacks, workers=[ctl.workers[name].address])
+    except Exception as exc:  # noqa: BLE001 - a report, whatever Dask says
+        report["dask_error"] = repr(exc)
+
+
 def test_staleness_one_is_bounded_and_never_mixes_versions(small_config, tmp_path):
     cfg = small_config(iterations=4, schedule__mode="digen", schedule__tag=False)
     out = tmp_path / "run"
@@ -77,6 +123,7 @@ def test_worker_joining_mid_job_gets_tasks_from_the_next_iteration(small_config,
     out = tmp_path / "run"
     joined = {}
     holder = {}
+    stop, report = threading.Event(), {}
 
     def on_start(ctl):
         holder["ctl"] = ctl
@@ -99,10 +146,14 @@ def test_worker_joining_mid_job_gets_tasks_from_the_next_iteration(small_config,
                 Fault("gen", "hold", worker="rollout-0", iteration=4, flag="newcomer", seconds=300),
                 Fault("gen", "signal", worker=name, iteration=4, flag="newcomer"),
             )
+            threading.Thread(target=watch_newcomer, args=(ctl, name, stop, report), daemon=True).start()
 
-    fired = run_job(cfg, out, "elastic-join", on_start=on_start, progress=progress)
+    try:
+        fired = run_job(cfg, out, "elastic-join", on_start=on_start, progress=progress)
+    finally:
+        stop.set()
     assert joined, "the worker was never added"
-    assert no_hold_expired(fired), fired
+    assert no_hold_expired(fired), f"{fired}\n{pprint.pformat(report, width=110)}"
     assert {(f["action"], f["worker"]) for f in fired} == {("hold", "rollout-0"), ("signal", joined["name"])}
     newcomer = [e for e in timeline(out) if e["worker"] == joined["name"]]
     assert 4 in {e["iteration"] for e in newcomer}, f"{joined['name']} received no task of iteration 4"
