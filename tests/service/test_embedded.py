@@ -17,7 +17,7 @@ from digen.runtime.embedded import connect_service
 r = connect_service(None)
 print(r.connection_pool.connection_kwargs["path"], r.incr("visits"), flush=True)
 stop = Path(sys.argv[1])
-deadline = time.monotonic() + 30
+deadline = time.monotonic() + 600  # only a guard against a leaked client: the tests release or kill it
 while not stop.exists() and time.monotonic() < deadline:
     time.sleep(0.05)
 """
