@@ -30,7 +30,7 @@ def start_server(port: int) -> subprocess.Popen:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    deadline = time.time() + 60
+    deadline = time.time() + 180  # a guard: importing torch in a new process is slow on a loaded machine
     while time.time() < deadline:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
