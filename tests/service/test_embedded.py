@@ -75,7 +75,7 @@ def test_a_process_leaving_does_not_stop_the_server_under_another(tmp_path: Path
         assert Path(socket).exists()  # still serving the holder
         (tmp_path / "release").touch()
         assert holder.wait(timeout=30) == 0
-        wait_for(lambda: not Path(socket).exists(), 10, "the last process out to stop the server")
+        wait_for(lambda: not Path(socket).exists(), 60, "the last process out to stop the server")
     finally:
         holder.kill()
     assert visits(home) == 2

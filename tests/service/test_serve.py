@@ -101,8 +101,8 @@ def test_a_dead_runner_resumes_without_repeating_or_losing_an_iteration(
     horse = int(service._fetch(r, job_id).meta["pid"])
     serve.send_signal(signal.SIGKILL)
     serve.wait(timeout=10)
-    wait_for(lambda: not pid_alive(horse), 10, "the work horse to die with serve")
-    wait_for(lambda: service.job_info(r, job_id).state == "lost", 30, "the job to show as lost")
+    wait_for(lambda: not pid_alive(horse), 60, "the work horse to die with serve")
+    wait_for(lambda: service.job_info(r, job_id).state == "lost", 120, "the job to show as lost")
     assert service.job_info(r, job_id).iteration < ITERATIONS
 
     # 3. digen submit --resume continues it in the same run directory
