@@ -616,7 +616,7 @@ def _run_reference(cfg: Config, out: Path) -> None:
     """The reference loop with the thread count of one worker (it is one worker)."""
     import torch
 
-    from digen.trainer import run_reference
+    from digen.reference import run_reference
 
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.cluster.local.threads_per_worker)
@@ -719,8 +719,8 @@ def tsp_microbench(cfg: Config, ks: Sequence[int] = (1, 2, 4, 8), repeats: int =
     """
     import torch
 
+    from digen.assembly import EmbedCache, build_policy, build_reward
     from digen.rollout import generate_group, plan_groups
-    from digen.trainer import EmbedCache, build_policy, build_reward
     from digen.training import build_rows, task_gradient
 
     threads = torch.get_num_threads()

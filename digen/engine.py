@@ -12,8 +12,9 @@ from pathlib import Path
 
 from digen.config import Config
 from digen.evaluation import eval_metrics
+from digen.iteration import ProgressFn
 from digen.loggers import MetricsLogger, check_loggers, make_loggers
-from digen.trainer import ProgressFn, run_reference
+from digen.reference import run_reference
 
 
 def run_training(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -22,6 +23,9 @@ from digen.rollout import GroupTask, trained_steps
 from digen.training import TrainSpec, TrainStats, sum_gradients
 
 log = logging.getLogger(__name__)
+
+ProgressFn = Callable[[dict], None]
+"""Called with each iteration's metrics row (and start/eval notices) as a run goes."""
 
 
 @dataclass
@@ -183,3 +187,28 @@ class IterationBook:
 
     def per_sample_rewards(self) -> list[float]:
         return [float(x) for g in sorted(self.rewards) for x in self.rewards[g]]
+
+
+def busy_seconds(events: list[dict], start: float | None = None, end: float | None = None) -> float:
+    """Worker-seconds of non-``sync`` task time within ``[start, end]`` (unbounded when None):
+    each event counts by its overlap with the window, whatever iteration it belongs to, so a
+    task straddling an iteration boundary (GAP, staleness 1) counts on both sides, as
+    :func:`digen.bench.worker_stats` clips it."""
+    lo, hi = float("-inf") if start is None else start, float("inf") if end is None else end
+    return sum(max(0.0, min(e["end"], hi) - max(e["start"], lo)) for e in events if e["kind"] != "sync")
+
+
+def timing_metrics(
+    events: list[dict], workers: int, wall_s: float, samples: int, window: tuple[float, float] | None = None
+) -> dict:
+    """``wall_s``, ``samples_per_s`` and the bubble ratio of one iteration's timeline; with
+    ``window`` (start, end), busy time is the events' overlap with it (:func:`busy_seconds`)."""
+    busy = busy_seconds(events, *(window or (None, None)))
+    worker_s = workers * wall_s
+    return {
+        "wall_s": wall_s,
+        "samples_per_s": samples / wall_s if wall_s > 0 else 0.0,
+        "busy_s": busy,
+        "worker_s": worker_s,
+        "bubble_ratio": max(0.0, 1 - busy / worker_s) if worker_s > 0 else 0.0,
+    }

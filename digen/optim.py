@@ -10,14 +10,18 @@ here (the LoRA adapter, or the full transformer for a full fine-tune).
 from __future__ import annotations
 
 import json
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from digen.config import TrainConfig
+from digen.config import Config, TrainConfig
 from digen.errors import CheckpointError
+from digen.rundir import RunDir
 
 
 class ParameterStore:
@@ -121,3 +125,58 @@ def read_checkpoint(
             f"from the one before, or start without --resume"
         ) from None
     return state, weights, opt
+
+
+@dataclass
+class Resumed:
+    store: ParameterStore  # or a ShardedStore (train.fsdp), which quacks like one
+    start_iteration: int
+    previous_weights: dict[str, torch.Tensor] | None
+
+
+def open_store(
+    cfg: Config,
+    run: RunDir,
+    initial: Callable[[], dict[str, torch.Tensor]],
+    resume: bool,
+    store_type: type = ParameterStore,
+) -> Resumed:
+    """A fresh parameter store of the trained tensors ``initial()`` returns (the policy's
+    ``trainable_state_dict``; called only when not resuming), or the newest checkpoint's.
+    ``store_type`` (``fresh(weights, train)``, ``load(folder, train)``) is the kind of store:
+    the controller of an FSDP job keeps only the weights (no optimizer state)."""
+    if resume:
+        ckpt = run.latest_checkpoint()
+        if ckpt is None:
+            raise CheckpointError(f"--resume: {run.root} has no checkpoint yet; start without --resume")
+        store, state = store_type.load(ckpt, cfg.train)
+        prev = None
+        if (ckpt / "previous_weights.safetensors").exists():
+            prev = load_file(str(ckpt / "previous_weights.safetensors"))
+        last = int(state["iteration"])
+        run.truncate_after(last)
+        return Resumed(store, last + 1, prev)
+    return Resumed(store_type.fresh(initial(), cfg.train), 0, None)
+
+
+def save_checkpoint(
+    run: RunDir,
+    store: ParameterStore,
+    iteration: int,
+    previous_weights: dict[str, torch.Tensor] | None = None,
+) -> None:
+    """State after ``iteration``'s step (plus the version before, which a staleness-1 rollout
+    of the next iteration uses)."""
+    folder = run.checkpoint_dir(iteration)
+    tmp = folder.with_name(folder.name + ".tmp")
+    if previous_weights is not None:
+        tmp.mkdir(parents=True, exist_ok=True)
+        save_file(
+            {k: v.contiguous() for k, v in previous_weights.items()},
+            str(tmp / "previous_weights.safetensors"),
+        )
+    store.save(tmp, {"iteration": iteration})
+    if folder.exists():
+        shutil.rmtree(folder)
+    tmp.rename(folder)
+    run.prune_checkpoints()

@@ -15,7 +15,7 @@ gradient is a function of its rows and their packing alone (:func:`forward_chunk
 ``schedule.tsp`` in every mode, the reference included); its forwards' gradients accumulate
 in ``.grad`` in chunk order; :meth:`digen.iteration.IterationBook.gradient` sums tasks in
 (group, part) order whatever order they arrive in; every process computes with one thread
-count (:func:`digen.trainer.compute_threads`). Two choices sum in another order, each
+count (:func:`digen.assembly.compute_threads`). Two choices sum in another order, each
 legitimately: TSP's packing against one forward per step, and a group trained as two half
 tasks (RAT), whose two partial sums are added (tolerance: tests/runtime/test_equivalence.py).
 """

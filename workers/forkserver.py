@@ -39,7 +39,7 @@ def import_model_code() -> None:
             except (AttributeError, ImportError) as exc:
                 log.debug("fork server: pipeline %s not imported (%s)", name, exc)
     importlib.import_module("digen.rewards")
-    importlib.import_module("digen.trainer")
+    importlib.import_module("digen.assembly")
 
 
 def freeze() -> None:

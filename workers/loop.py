@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import redis
 import torch
 
+from digen.assembly import EmbedCache, build_reward
 from digen.config import Config
 from digen.core.events import Role, TaskKind, TaskRef
 from digen.core.policy import idle_kinds, pull_order
@@ -39,7 +40,6 @@ from digen.runtime.queue import LeasedTask, TaskQueue
 from digen.runtime.redis_conn import RoundTrips, connect, count_round_trips
 from digen.startup import process_start_time
 from digen.testing import faults
-from digen.trainer import EmbedCache, build_reward
 from digen.training import TrainSpec, train_group
 from workers.preload import LOAD_TIMES, take_policy, worker_device
 

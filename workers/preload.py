@@ -7,8 +7,7 @@ second one. A worker that was never preloaded (an external cluster, a restarted 
 builds its policy in the loop as before. Either way a worker holds one copy of the model.
 
 A local cluster's controller loads no model: it takes version 0 of the trained tensors from a
-worker (:func:`initial_weights`), drawn there after ``torch.manual_seed(seed)`` as the
-reference draws them, so it needs neither diffusers nor transformers in its process.
+worker (:func:`initial_weights`), built there as the reference builds them, so it needs neither diffusers nor transformers in its process.
 """
 
 from __future__ import annotations
@@ -42,14 +41,11 @@ def _key(cfg: Config, device: str) -> str:
 
 
 def _build(cfg: Config, device: str):
-    """The policy, built after ``torch.manual_seed(cfg.seed)`` (the LoRA init draws from it,
-    as in the reference loop); its trained tensors as built are kept for :func:`initial_weights`."""
-    import torch
-
-    from digen.trainer import build_policy
+    """The policy, built as every mode builds it (:func:`digen.assembly.build_policy`); its
+    trained tensors as built are kept for :func:`initial_weights`."""
+    from digen.assembly import build_policy
 
     start = time.time()
-    torch.manual_seed(cfg.seed)
     policy = build_policy(cfg, device=device)
     _INITIAL[_key(cfg, device)] = _cpu_copy(policy.trainable_state_dict())
     LOAD_TIMES.update({"load_start": start, "load_end": time.time()})

@@ -19,6 +19,7 @@ from pathlib import Path
 import redis
 import torch
 
+from digen.assembly import build_policy, build_reward, compute_threads
 from digen.config import Config
 from digen.core.events import (
     Finish,
@@ -38,8 +39,8 @@ from digen.core.events import (
 from digen.core.scheduler import Scheduler, SchedulerConfig
 from digen.errors import ConfigError, ConnectionFailure, DigenError, JobCancelled
 from digen.evaluation import eval_task_count, held_out_prompts
-from digen.iteration import IterationBook
-from digen.optim import ParameterStore
+from digen.iteration import IterationBook, ProgressFn, timing_metrics
+from digen.optim import ParameterStore, open_store, save_checkpoint
 from digen.rollout import Trajectories, plan_groups
 from digen.rundir import RunDir
 from digen.runtime.cluster import (
@@ -56,15 +57,6 @@ from digen.runtime.queue import DeadLetter, TaskQueue
 from digen.runtime.redis_conn import SecretURL, connect, embedded_url, mask_url
 from digen.runtime.sp_group import SpControl, SpGroup
 from digen.startup import add_worker_notes, phase
-from digen.trainer import (
-    ProgressFn,
-    build_policy,
-    build_reward,
-    compute_threads,
-    open_store,
-    save_checkpoint,
-    timing_metrics,
-)
 from digen.training import TrainStats
 from digen.viz import write_sample_grid
 
@@ -555,7 +547,7 @@ def in_flight_events(queue: TaskQueue, task_ids: list[str], now: float) -> list[
     of the window ending at ``now``: a leased task as one span from its lease (the worker's
     clock) to ``now``, an acknowledged one by its result's events. A task straddling the
     iteration boundary counts in both windows, each time clipped to that window
-    (:func:`~digen.trainer.busy_seconds`); a pending one has not run."""
+    (:func:`~digen.iteration.busy_seconds`); a pending one has not run."""
     out: list[dict] = []
     for tid, (state, started) in queue.progress(task_ids).items():
         if state == "leased" and started is not None:
@@ -609,7 +601,6 @@ def _own_initial(cfg: Config) -> Callable[[], dict[str, torch.Tensor]]:
     cluster's workers may not have joined yet)."""
 
     def build() -> dict[str, torch.Tensor]:
-        torch.manual_seed(cfg.seed)  # the LoRA init draws from it, exactly as in the reference
         return build_policy(cfg, device="cpu").trainable_state_dict()
 
     return build

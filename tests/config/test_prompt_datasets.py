@@ -9,8 +9,8 @@ import torch
 
 from digen.config import build_config
 from digen.errors import ConfigError, RewardError
+from digen.reference import run_reference
 from digen.rewards import Reward, register
-from digen.trainer import run_reference
 from tests.conftest import small_config_data
 
 

@@ -19,13 +19,13 @@ import torch
 from safetensors import safe_open
 from typer.testing import CliRunner
 
+from digen.assembly import build_policy
 from digen.config import build_config
 from digen.errors import CheckpointError, ConfigError
 from digen.export import LORA_WEIGHT_NAME, diffusers_lora, export_run, find_checkpoint
 from digen.models.hunyuan_video import byte_level_tokenizer
-from digen.optim import ParameterStore
+from digen.optim import ParameterStore, save_checkpoint
 from digen.rundir import RunDir
-from digen.trainer import build_policy, save_checkpoint
 from tests.conftest import small_config_data
 from tests.models._helpers import RES, euler_sample, noise
 
@@ -293,7 +293,7 @@ def test_cli_exports_a_trained_run(tiny_sd3, tmp_path):
     from safetensors.torch import load_file
 
     from cli.main import app
-    from digen.trainer import run_reference
+    from digen.reference import run_reference
 
     data = small_config_data(
         tiny_sd3,

@@ -90,7 +90,7 @@ def test_fsdp_config_rules(tiny_sd3):
 # --- end to end ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def reference_run(tiny_sd3, tmp_path_factory) -> Path:
-    from digen.trainer import run_reference
+    from digen.reference import run_reference
 
     out = tmp_path_factory.mktemp("ref") / "run"
     run_reference(_config(tiny_sd3), out)

@@ -47,7 +47,7 @@ def one_thread() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def reference(tiny_sd3: Path, tmp_path_factory) -> Path:
     """The fault-free oracle: the reference trainer on :func:`fault_config`."""
-    from digen.trainer import run_reference
+    from digen.reference import run_reference
 
     out = tmp_path_factory.mktemp("reference") / "run"
     with one_thread():

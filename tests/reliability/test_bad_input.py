@@ -31,7 +31,7 @@ def snapshot(folder: Path) -> dict[str, str]:
 def stored_run(tiny_sd3: Path, tmp_path_factory) -> Path:
     """A finished one-iteration run: what a mistake must not damage."""
     from digen.config import build_config
-    from digen.trainer import run_reference
+    from digen.reference import run_reference
 
     out = tmp_path_factory.mktemp("stored") / "run"
     run_reference(build_config(small_config_data(tiny_sd3, iterations=1)), out)
@@ -203,7 +203,7 @@ def test_a_corrupted_checkpoint_on_resume(tiny_sd3: Path, stored_run: Path, tmp_
 
 
 def test_rewards_that_are_all_nan(tiny_sd3: Path, tmp_path: Path, monkeypatch):
-    import digen.trainer as trainer
+    import digen.reference as trainer
 
     real = trainer.build_reward
 

@@ -21,7 +21,7 @@ POISON = {"mode": "disaggregated", "gap": True, "max_staleness": 0, "max_attempt
 @pytest.fixture(scope="module")
 def reference_without_group(tiny_sd3: Path, tmp_path_factory) -> Path:
     """The reference run in which iteration 1's group 0 scored NaN (dropped samples)."""
-    import digen.trainer as trainer
+    import digen.reference as trainer
     from tests.reliability.conftest import fault_config
 
     real = trainer.build_reward

@@ -288,8 +288,8 @@ def test_preprocess_resizes_short_side_and_centre_crops_as_clip(files):
 def test_config_reward_spec_builds_it(files, tmp_path):
     import yaml
 
+    from digen.assembly import build_reward as build_configured_reward
     from digen.config import load_config
-    from digen.trainer import build_reward as build_configured_reward
 
     assert "imagereward" in available()
     path = tmp_path / "run.yaml"

@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 
 from digen.errors import RewardError
-from digen.trainer import run_reference
+from digen.reference import run_reference
 
 pytestmark = pytest.mark.slow
 

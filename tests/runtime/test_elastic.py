@@ -162,7 +162,7 @@ def test_worker_joining_mid_job_gets_tasks_from_the_next_iteration(small_config,
 
 
 def test_worker_killed_mid_job_loses_no_sample(small_config, tmp_path):
-    from digen.trainer import run_reference
+    from digen.reference import run_reference
 
     cfg = small_config(
         iterations=4,

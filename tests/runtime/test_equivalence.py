@@ -19,8 +19,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from digen.reference import run_reference
 from digen.runtime.controller import run_distributed
-from digen.trainer import run_reference
 
 pytestmark = pytest.mark.slow
 

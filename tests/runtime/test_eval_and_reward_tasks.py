@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from digen.reference import run_reference
 from digen.runtime.controller import run_distributed
-from digen.trainer import run_reference
 from tests.runtime.test_equivalence import assert_bit_identical, checkpoint, max_diff, metrics
 from tests.trainer.test_evaluation import eval_config, eval_rows
 

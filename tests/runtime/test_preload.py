@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from safetensors.torch import load
 
-from digen.trainer import build_policy
+from digen.assembly import build_policy
 from workers import preload
 
 

@@ -10,10 +10,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from digen.assembly import build_policy, build_reward
 from digen.config import build_config
 from digen.errors import ConfigError
 from digen.evaluation import EvalBook, EvalResult, EvalTask, evaluate_chunk, held_out_prompts, plan_eval
-from digen.trainer import build_policy, build_reward, run_reference
+from digen.reference import run_reference
 from tests.conftest import small_config_data
 
 TEST_PROMPTS = ["a purple cube", "an orange cat", "a white cloud", "a black road", "a pink flower"]

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
+from digen.reference import run_reference
 from digen.runtime.controller import run_distributed
-from digen.trainer import run_reference
 
 FAMILIES = ["sd3", "flux", "qwen-image", "wan", "hunyuan-video"]
 VIDEO_FRAMES = {"wan": 5, "hunyuan-video": 5}

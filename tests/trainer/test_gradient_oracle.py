@@ -46,11 +46,11 @@ import torch
 
 from digen.algos import select_timesteps
 from digen.algos.sde import sde_step
+from digen.assembly import build_policy
 from digen.config import Config, build_config
 from digen.iteration import IterationBook
 from digen.optim import ParameterStore
 from digen.rollout import GroupTask
-from digen.trainer import build_policy
 from digen.training import TrainSpec, TrainStats, sum_gradients, train_group
 
 G, T, SCALE, CLIP, BETA = 4, 4, 4.5, 1e-4, 0.04

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from digen.assembly import EmbedCache, build_policy, build_reward
 from digen.iteration import IterationBook
 from digen.rollout import generate_group, plan_groups
-from digen.trainer import EmbedCache, build_policy, build_reward
 from digen.training import TrainStats, sum_gradients, train_group
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from digen.trainer import run_reference
+from digen.reference import run_reference
 
 LEARNING = (
     "iteration",
@@ -125,7 +125,7 @@ def test_corrupt_checkpoint_is_a_clear_error(small_config, tmp_path):
 
 
 def test_nan_rewards_drop_samples_not_the_update(small_config, tmp_path, monkeypatch):
-    import digen.trainer as trainer
+    import digen.reference as trainer
 
     real = trainer.build_reward
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
+from digen.assembly import EmbedCache, build_policy, build_reward, compute_threads
 from digen.iteration import IterationBook
 from digen.rollout import generate_group, plan_groups
-from digen.trainer import EmbedCache, build_policy, build_reward, compute_threads
 from digen.training import train_group
 
 

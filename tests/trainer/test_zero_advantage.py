@@ -14,11 +14,11 @@ from safetensors.torch import load_file
 
 from digen.errors import RewardError
 from digen.iteration import IterationBook
+from digen.reference import run_reference
 from digen.rewards.base import Reward, check_batch
 from digen.rewards.server import make_server
 from digen.rollout import GroupTask
 from digen.runtime.controller import run_distributed
-from digen.trainer import run_reference
 from digen.training import TrainStats
 
 REWARDS = [

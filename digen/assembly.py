@@ -1,0 +1,87 @@
+"""Assembling a run's parts from its config: the policy, the reward, the prompt-embedding cache
+and the compute threads. Every mode builds them here (the reference loop, the worker loops,
+the local cluster's preload, the bench), so a policy is built one way and seeded one way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+from digen.config import Config
+from digen.models import load_policy
+from digen.models.base import FlowPolicy, PromptEmbeds
+from digen.rewards import build_rewards
+
+DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float64": torch.float64,
+}
+"""``model.dtype`` -> the torch dtype."""
+
+
+def build_policy(cfg: Config, device: str | None = None) -> FlowPolicy:
+    """Load ``model.path`` with diffusers and wrap LoRA as configured, on ``device`` (default
+    ``model.device``).
+
+    The one seeded build: the LoRA initialisation draws from its own fixed seed in a forked
+    generator (:func:`digen.models.lora.add_lora`), and the global generator is seeded with
+    ``cfg.seed`` first for any third-party code that draws while loading, so two builds on the
+    same kind of device give the same version 0 of the trained tensors."""
+    m = cfg.model
+    torch.manual_seed(cfg.seed)
+    policy = load_policy(
+        cfg.resolve_path(m.path),
+        height=m.resolution,
+        width=m.resolution,
+        dtype=DTYPES[m.dtype],
+        device=device or m.device,
+        num_frames=m.num_frames,
+        max_sequence_length=m.max_sequence_length,
+    )
+    if m.lora.enabled:
+        policy.enable_lora(m.lora.rank, m.lora.alpha, m.lora.target_modules)
+    else:
+        policy.transformer.requires_grad_(True)
+    return policy
+
+
+def build_reward(cfg: Config, device: str | None = None):
+    """The configured reward; model-based rewards load on ``device`` (default ``model.device``)."""
+    return build_rewards([spec.model_dump() for spec in cfg.reward], device=device or cfg.model.device)
+
+
+class EmbedCache:
+    """Prompt embeddings, computed once per prompt (text encoders are frozen)."""
+
+    def __init__(self, policy: FlowPolicy, with_uncond: bool):
+        self.policy, self.with_uncond, self._cache = policy, with_uncond, {}
+
+    def __call__(self, prompt: str) -> PromptEmbeds:
+        if prompt not in self._cache:
+            self._cache[prompt] = self.policy.encode_prompts([prompt], with_uncond=self.with_uncond)
+        return self._cache[prompt]
+
+
+@contextmanager
+def compute_threads(cfg: Config) -> Iterator[None]:
+    """Run the block with ``cluster.local.threads_per_worker`` intra-op CPU threads (the
+    count before is restored after).
+
+    A CPU matmul, convolution or norm splits its sums across threads, so its float result
+    depends on the thread count (measured on the digits model: a reward 1.8e-7 apart at 1 and
+    2 threads). Every process that computes a float of a run uses this one count: the
+    reference loop, each worker loop (:func:`workers.loop.worker_loop`) and the trainers'
+    optimizer step. With the same count, the same batches and the same summation order, the
+    synchronous modes compute the reference's bits (docs/guarantees.md).
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(cfg.cluster.local.threads_per_worker)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

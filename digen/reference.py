@@ -1,0 +1,127 @@
+"""The reference loop (``schedule.mode: reference``): one process, the correctness oracle of
+every other mode::
+
+    for iteration k:  prompts -> generate groups (version k) -> decode -> reward
+                      -> advantages -> gradient of K timesteps per trajectory -> AdamW step
+
+It builds its parts as every mode does (:mod:`digen.assembly`) and keeps the books and
+writes the run directory with the code the distributed controller uses
+(:mod:`digen.iteration`, :mod:`digen.optim`, :mod:`digen.rundir`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from digen.assembly import EmbedCache, build_policy, build_reward, compute_threads
+from digen.config import Config
+from digen.errors import JobCancelled
+from digen.evaluation import evaluate_inline, evaluates, held_out_prompts, progress_row
+from digen.iteration import IterationBook, ProgressFn, timing_metrics
+from digen.optim import open_store, save_checkpoint
+from digen.rollout import Trajectories, generate_group, plan_groups
+from digen.rundir import RunDir
+from digen.startup import phase
+from digen.training import train_group
+from digen.viz import write_sample_grid
+
+
+def run_reference(
+    cfg: Config,
+    out: Path,
+    *,
+    resume: bool = False,
+    progress: ProgressFn | None = None,
+    cancelled: Callable[[], bool] | None = None,
+) -> dict:
+    """Train with the single-process reference loop; returns ``summary.json``'s contents.
+    ``cancelled()`` is checked before each task: true, the run stops with
+    :class:`JobCancelled`, its last complete iteration's checkpoint kept.
+
+    It computes with one worker's thread count (:func:`compute_threads`): it is the oracle of
+    the distributed modes, whose workers compute with that count."""
+    with compute_threads(cfg):
+        return _reference_loop(cfg, out, resume=resume, progress=progress, cancelled=cancelled)
+
+
+def _reference_loop(
+    cfg: Config,
+    out: Path,
+    *,
+    resume: bool,
+    progress: ProgressFn | None,
+    cancelled: Callable[[], bool] | None,
+) -> dict:
+    def check_cancel(k: int) -> None:
+        if cancelled is not None and cancelled():
+            ckpt = run.latest_checkpoint()
+            kept = f"the checkpoint {ckpt} is kept" if ckpt is not None else "no iteration had finished"
+            raise JobCancelled(f"run cancelled during iteration {k}; {kept}: continue it with --resume")
+
+    run = RunDir(out, cfg, resume=resume)
+    with phase("model load"):
+        policy = build_policy(cfg)
+    reward = build_reward(cfg)
+    prompts = cfg.prompt_list()
+    embed = EmbedCache(policy, cfg.rollout.guidance_scale > 1.0)
+    state = open_store(cfg, run, policy.trainable_state_dict, resume)
+    store = state.store
+    policy.load_trainable_state_dict(store.weights())
+    tsp = bool(cfg.schedule.resolved().tsp)
+    held_out = held_out_prompts(cfg) if cfg.eval.every else []
+    worker = {"worker": "reference", "gpu_type": cfg.cluster.local.gpu_type, "role": "reference"}
+
+    for k in range(state.start_iteration, cfg.iterations):
+        t_start = time.time()
+        events: list[dict] = []
+
+        def timer(kind: str, s: float, e: float, _k: int = k, _events: list[dict] = events) -> None:
+            _events.append(
+                {**worker, "kind": kind, "iteration": _k, "version": store.version, "start": s, "end": e}
+            )
+
+        groups = plan_groups(cfg, prompts, k, version=store.version)
+        book = IterationBook(cfg, k, groups)
+        trajs: dict[int, Trajectories] = {}
+        for task in groups:
+            check_cancel(k)
+            traj = generate_group(policy, task, cfg, reward, embeds=embed(task.prompt), timer=timer)
+            trajs[task.group] = traj
+            book.add_rewards(task.group, traj.rewards)
+        for g in book.trainable_groups():
+            check_cancel(k)
+            spec = book.train_spec(g)
+            t0 = time.time()
+            traj = trajs[g]
+            grads, stats = train_group(
+                policy, spec, traj.latents, traj.log_probs, traj.sigmas, embed(groups[g].prompt), cfg, tsp=tsp
+            )
+            timer("train", t0, time.time())
+            book.add_gradient(g, grads, stats)
+        t0 = time.time()
+        grad, rows = book.gradient()
+        opt_stats = store.step(grad, rows)
+        policy.load_trainable_state_dict(store.weights())
+        timer("optim", t0, time.time())
+
+        metrics = book.metrics()
+        metrics.update(opt_stats)
+        metrics.update(timing_metrics(events, 1, time.time() - t_start, metrics["samples"]))
+        metrics.update({"policy_version": store.version, "max_staleness": 0})
+        run.append("timeline.jsonl", events)
+        run.append("metrics.jsonl", [metrics])
+        if cfg.output.sample_grid_every and (
+            k % cfg.output.sample_grid_every == 0 or k == cfg.iterations - 1
+        ):
+            write_sample_grid(run.samples / f"iter_{k:04d}.png", trajs, groups)
+        if (k + 1) % cfg.output.checkpoint_every == 0 or k == cfg.iterations - 1:
+            save_checkpoint(run, store, k)
+        if progress is not None:
+            progress(metrics)
+        if held_out and evaluates(cfg, k):  # the weights of version k + 1 are loaded
+            row = evaluate_inline(policy, cfg, reward, run, held_out, k)
+            if progress is not None:
+                progress(progress_row(row))
+    return run.write_summary("reference")
