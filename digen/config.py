@@ -171,6 +171,16 @@ class TrainConfig(_Section):
     only (``digen.parallel.ulysses``, gradients summed over the group); trainer replicas are
     not formed, so ``digen train`` refuses values above 1."""
     ema: EmaConfig = EmaConfig()
+    reduce: Literal["allreduce", "exact"] = "allreduce"
+    """How the trainers of a distributed mode sum a step's gradients (:mod:`digen.dataplane.reduce`).
+    ``allreduce``: each trainer adds the train tasks it ran into one running sum, and the
+    trainers all-reduce their sums (a gloo or NCCL ring: about twice the gradient's bytes per
+    trainer, whatever the task count); the result equals the reference's up to float32
+    summation order (docs/guarantees.md). ``exact``: every task's gradient stays where it was
+    computed and every trainer folds them all in (group, part) order, as the reference loop
+    sums: the synchronous modes then equal the reference bit for bit, but every gradient
+    travels to every trainer (for tests and checks, not for speed). The reference mode
+    ignores it."""
     fsdp: bool = False
     """Shard the trained weights, gradients and AdamW state over the job's trainer workers
     (FSDP2), for a model whose full fine-tune does not fit one device. The trainer workers

@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass, field
 
 import torch
+from PIL import Image
 
 from digen.algos.sde import euler_step
 from digen.config import Config
@@ -30,6 +31,7 @@ from digen.models.base import FlowPolicy
 from digen.rewards.base import call_reward
 from digen.rundir import RunDir
 from digen.seeding import generator
+from digen.viz import image_cells, write_eval_grid
 
 TOTAL = "reward"
 """Key of the weighted sum of the rewards (what training maximises)."""
@@ -129,12 +131,12 @@ def score_components(
 
 @dataclass
 class EvalResult:
-    """One chunk's samples: ``images`` uint8 ``[B, 3, H, W]`` (video ``[B, F, 3, H, W]``),
-    ``scores`` ``{component: [B] float32}``."""
+    """One chunk's samples: their grid ``cells`` (one per prompt, :func:`digen.viz.image_cells`)
+    and ``scores`` ``{component: one float per prompt}``."""
 
     task: EvalTask
-    images: torch.Tensor
-    scores: dict[str, torch.Tensor]
+    cells: Image.Image
+    scores: dict[str, list[float]]
 
 
 @torch.no_grad()
@@ -156,7 +158,8 @@ def evaluate_chunk(policy: FlowPolicy, task: EvalTask, cfg: Config, reward) -> E
     images = policy.decode(x).float().cpu()
     metadata = [cfg.prompt_metadata(p) for p in prompts]
     scores = score_components(reward, images, prompts, None if None in metadata else metadata)
-    return EvalResult(task, (images * 255).round().clamp(0, 255).to(torch.uint8), scores)
+    cells = image_cells((images * 255).round().clamp(0, 255).to(torch.uint8))
+    return EvalResult(task, cells, {k: [float(x) for x in v] for k, v in scores.items()})
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
@@ -164,8 +167,8 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
     finite = [v for v in values if math.isfinite(v)]
     if not finite:
         return float("nan"), float("nan")
-    t = torch.tensor(finite, dtype=torch.float64)
-    return float(t.mean()), float(t.std(unbiased=False))
+    mean = math.fsum(finite) / len(finite)
+    return mean, math.sqrt(math.fsum((v - mean) ** 2 for v in finite) / len(finite))
 
 
 @dataclass
@@ -214,17 +217,15 @@ class EvalBook:
 
 def write_evaluation(run: RunDir, book: EvalBook) -> dict:
     """Append the evaluation's row to ``eval.jsonl`` and draw ``eval/iter_NNNN.png``."""
-    from digen.viz import write_eval_grid
-
     row = book.row()
     run.append("eval.jsonl", [row])
     parts = book.ordered()
     if parts:
         write_eval_grid(
             run.root / "eval" / f"iter_{book.iteration:04d}.png",
-            torch.cat([p.images for p in parts]),
+            [(p.cells, len(p.task.indices)) for p in parts],
             [q for p in parts for q in p.task.prompts],
-            torch.tensor(row["scores"][TOTAL]),
+            row["scores"][TOTAL],
             header=f"eval after iteration {book.iteration} · policy v{book.version} · ODE {row['num_prompts']} prompts",
         )
     return row

@@ -3,8 +3,10 @@
 :class:`IterationBook` receives group rewards as groups finish generating, says which groups
 can train (GAP: a group's advantages need only its own rewards; with ``train.global_std`` they
 need the whole batch, so nothing trains before the last group is scored), builds each group's
-train-task spec (advantages, trained steps per sample), collects task gradients and, once
-every group is in, sums them in group order and produces the iteration's metrics.
+train-task spec (advantages, trained steps per sample), collects task gradients (in the
+reference loop; the distributed trainers keep theirs) and, once every group is in, sums them
+in group order and produces the iteration's metrics. :func:`finish_iteration` records an
+iteration's end the same way in every mode.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from digen.algos.advantages import group_advantages
 from digen.config import Config
 from digen.errors import RewardError
 from digen.rollout import GroupTask, trained_steps
+from digen.rundir import RunDir
 from digen.training import TrainSpec, TrainStats, sum_gradients
+from digen.viz import GridRow, write_sample_grid
 
 log = logging.getLogger(__name__)
 
@@ -136,14 +140,13 @@ class IterationBook:
         self.grads.setdefault(key, grads)
         self.stats.setdefault(key, stats)
 
-    def gradient(self) -> tuple[dict[str, torch.Tensor], int]:
-        """Summed gradient (group order, a split group's halves in order) and the number of
-        trained rows.
+    def trained_rows(self) -> int:
+        """The (sample, step) rows the iteration's train tasks trained: what the step divides
+        the summed gradient by.
 
         Raises :class:`RewardError` when no row trained (every reward NaN or inf, or every
         group's task dropped): there is nothing to step on."""
-        order = sorted(self.grads)
-        rows = sum(self.stats[g].rows for g in order)
+        rows = sum(s.rows for s in self.stats.values())
         if rows == 0 and self.zero_advantage_dropped:
             raise RewardError(
                 f"iteration {self.iteration}: every trainable sample has advantage 0 (all "
@@ -157,7 +160,13 @@ class IterationBook:
                 f"iteration {self.iteration}: no sample can be trained ({bad} of {len(r)} rewards are NaN or inf, "
                 f"the other groups were dropped); check the reward: it must give each sample a finite score"
             )
-        return sum_gradients([self.grads[g] for g in order]), rows
+        return rows
+
+    def gradient(self) -> tuple[dict[str, torch.Tensor], int]:
+        """Summed gradient (group order, a split group's halves in order) and the number of
+        trained rows (the reference loop; distributed trainers sum their own)."""
+        rows = self.trained_rows()
+        return sum_gradients([self.grads[g] for g in sorted(self.grads)]), rows
 
     def metrics(self) -> dict:
         """The iteration's learning metrics (timing metrics are added by the caller)."""
@@ -212,3 +221,65 @@ def timing_metrics(
         "worker_s": worker_s,
         "bubble_ratio": max(0.0, 1 - busy / worker_s) if worker_s > 0 else 0.0,
     }
+
+
+def draws_grid(cfg: Config, iteration: int) -> bool:
+    """Whether ``samples/iter_NNNN.png`` is drawn for ``iteration`` (``output.sample_grid_every``
+    and the last iteration)."""
+    every = cfg.output.sample_grid_every
+    return bool(every) and (iteration % every == 0 or iteration == cfg.iterations - 1)
+
+
+def checkpoints(cfg: Config, iteration: int) -> bool:
+    """Whether the state after ``iteration``'s step is checkpointed (``output.checkpoint_every``
+    and the last iteration)."""
+    return (iteration + 1) % cfg.output.checkpoint_every == 0 or iteration == cfg.iterations - 1
+
+
+@dataclass
+class IterationEnd:
+    """What the end of one iteration records, whoever ran it (the reference loop, the
+    distributed controller, an FSDP group's step)."""
+
+    step_stats: dict
+    """The optimizer step's numbers (``grad_norm``)."""
+    version: int
+    """The policy version after the step."""
+    max_staleness: int
+    """Largest (iteration - generating version) over the iteration's groups."""
+    workers: int
+    events: list[dict]
+    """Timeline rows of work done in the iteration's window (busy time); with ``window``, those
+    of other iterations count by their overlap with it."""
+    wall_s: float
+    window: tuple[float, float] | None = None
+    timeline: list[dict] = field(default_factory=list)
+    """The iteration's own timeline rows (``timeline.jsonl``)."""
+    grid: list[GridRow] | None = None
+    """The sample grid's rows (None: no grid this iteration)."""
+    dropped: int = 0
+    """Samples scored but never trained (their train task died: ``schedule.on_poison: drop``)."""
+    dead_tasks: list[str] = field(default_factory=list)
+
+
+def finish_iteration(run: RunDir, book: IterationBook, end: IterationEnd) -> dict:
+    """Write the iteration's metrics row, timeline rows and sample grid; returns the metrics
+    row. The caller then puts the iteration's checkpoint in place (after the row: a run
+    resumed from checkpoint k has row k) and tells its progress callback (after the
+    checkpoint: a job cancelled from there keeps it)."""
+    k = book.iteration
+    metrics = book.metrics()
+    metrics.update(end.step_stats)
+    if end.dead_tasks:
+        metrics["dead_tasks"] = sorted(end.dead_tasks)
+        metrics["samples"] -= end.dropped
+        metrics["dropped_samples"] += end.dropped
+    metrics.update(timing_metrics(end.events, end.workers, end.wall_s, metrics["samples"], window=end.window))
+    metrics.update(
+        {"policy_version": end.version, "max_staleness": end.max_staleness, "workers": end.workers}
+    )
+    run.append("timeline.jsonl", end.timeline)
+    run.append("metrics.jsonl", [metrics])
+    if end.grid:
+        write_sample_grid(run.samples / f"iter_{k:04d}.png", k, end.grid)
+    return metrics

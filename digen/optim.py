@@ -1,10 +1,11 @@
 """The optimizer owner: master copy of the trained tensors, AdamW, EMA, checkpoints.
 
-One :class:`ParameterStore` exists per job (in the reference trainer's process, or in the
-controller for the distributed modes; with ``train.fsdp`` the trainer group holds it sharded
-and the controller keeps only the weights, :class:`digen.runtime.fsdp_group.ShardedStore`). It receives summed task gradients, steps AdamW and
-yields the next policy version's weights, which workers load. Only the trained tensors live
-here (the LoRA adapter, or the full transformer for a full fine-tune).
+A :class:`ParameterStore` lives in the reference loop's process, and on every trainer of a
+distributed job (replicated: each applies the same step to the same summed gradient,
+:mod:`workers.trainer`; with ``train.fsdp`` the trainer group holds it sharded instead). It
+receives summed task gradients, steps AdamW and yields the next policy version's weights, which
+workers load. Only the trained tensors live here (the LoRA adapter, or the full transformer for
+a full fine-tune).
 """
 
 from __future__ import annotations
@@ -21,17 +22,21 @@ from safetensors.torch import load_file, save_file
 
 from digen.config import Config, TrainConfig
 from digen.errors import CheckpointError
-from digen.rundir import RunDir
+from digen.rundir import RunDir, finalize_checkpoint
 
 
 class ParameterStore:
     """Master float32 weights + AdamW. ``version`` counts optimizer steps taken."""
 
-    def __init__(self, weights: dict[str, torch.Tensor], train: TrainConfig, version: int = 0):
+    def __init__(
+        self, weights: dict[str, torch.Tensor], train: TrainConfig, version: int = 0, device: str = "cpu"
+    ):
         # sorted names: the same order whether weights come from a model or a checkpoint
         # (safetensors files sort their keys), so the grad-norm reduction order never changes
         self.names = sorted(weights)
-        self.params = {k: torch.nn.Parameter(weights[k].detach().float().cpu().clone()) for k in self.names}
+        self.params = {
+            k: torch.nn.Parameter(weights[k].detach().float().to(device, copy=True)) for k in self.names
+        }
         self.train = train
         self.optimizer = torch.optim.AdamW(
             [self.params[k] for k in self.names],
@@ -51,7 +56,7 @@ class ParameterStore:
         return cls(weights, train)
 
     def weights(self) -> dict[str, torch.Tensor]:
-        """The current version's weights (detached, contiguous CPU float32)."""
+        """The current version's weights (detached, contiguous float32 copies on the store's device)."""
         return {k: v.detach().clone().contiguous() for k, v in self.params.items()}
 
     def step(self, grad_sum: dict[str, torch.Tensor], rows: int) -> dict[str, float]:
@@ -74,40 +79,58 @@ class ParameterStore:
         return {"grad_norm": float(norm)}
 
     # --- checkpoints ---------------------------------------------------------------
-    def save(self, folder: Path, extra: dict | None = None) -> None:
-        """Write ``weights.safetensors``, ``optimizer.safetensors`` and ``state.json``."""
-        folder.mkdir(parents=True, exist_ok=True)
-        save_file(self.weights(), str(folder / "weights.safetensors"))
+    def state_parts(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict]:
+        """The whole state as (weights, optimizer tensors, ``state.json`` dict): what a
+        checkpoint writes and what a trainer that lost its copy fetches from another. The
+        tensors are the store's own (no copy): read them before the next step."""
         opt_tensors: dict[str, torch.Tensor] = {}
         steps: dict[str, float] = {}
         for k in self.names:
             st = self.optimizer.state.get(self.params[k], {})
             for field in ("exp_avg", "exp_avg_sq"):
                 if field in st:
-                    opt_tensors[f"{field}/{k}"] = st[field].contiguous()
+                    opt_tensors[f"{field}/{k}"] = st[field]
             if "step" in st:
                 steps[k] = float(st["step"])
         if self.ema is not None:
-            opt_tensors.update({f"ema/{k}": v.contiguous() for k, v in self.ema.items()})
-        save_file(opt_tensors, str(folder / "optimizer.safetensors"))
-        state = {"version": self.version, "adam_steps": steps, **(extra or {})}
-        (folder / "state.json").write_text(json.dumps(state, indent=1))
+            opt_tensors.update({f"ema/{k}": v for k, v in self.ema.items()})
+        weights = {k: v.detach() for k, v in self.params.items()}
+        return weights, opt_tensors, {"version": self.version, "adam_steps": steps}
 
     @staticmethod
-    def load(folder: Path, train: TrainConfig) -> tuple[ParameterStore, dict]:
-        """A store restored from :meth:`save`; also the ``state.json`` contents."""
-        state, weights, opt = read_checkpoint(folder)
-        store = ParameterStore(weights, train, version=int(state["version"]))
+    def restore(
+        weights: dict[str, torch.Tensor],
+        opt: dict[str, torch.Tensor],
+        state: dict,
+        train: TrainConfig,
+        device: str = "cpu",
+    ) -> ParameterStore:
+        """The store :meth:`state_parts` described (copies, on ``device``)."""
+        store = ParameterStore(weights, train, version=int(state["version"]), device=device)
         for k in store.names:
             if f"exp_avg/{k}" in opt:
                 store.optimizer.state[store.params[k]] = {
-                    "step": torch.tensor(state["adam_steps"][k]),
-                    "exp_avg": opt[f"exp_avg/{k}"].clone(),
-                    "exp_avg_sq": opt[f"exp_avg_sq/{k}"].clone(),
+                    "step": torch.tensor(float(state["adam_steps"][k])),
+                    "exp_avg": opt[f"exp_avg/{k}"].to(device, copy=True),
+                    "exp_avg_sq": opt[f"exp_avg_sq/{k}"].to(device, copy=True),
                 }
         if store.ema is not None and any(k.startswith("ema/") for k in opt):
-            store.ema = {k: opt[f"ema/{k}"].clone() for k in store.names}
-        return store, state
+            store.ema = {k: opt[f"ema/{k}"].to(device, copy=True) for k in store.names}
+        return store
+
+    def save(self, folder: Path, extra: dict | None = None) -> None:
+        """Write ``weights.safetensors``, ``optimizer.safetensors`` and ``state.json``."""
+        folder.mkdir(parents=True, exist_ok=True)
+        weights, opt, state = self.state_parts()
+        save_file({k: v.cpu().contiguous() for k, v in weights.items()}, str(folder / "weights.safetensors"))
+        save_file({k: v.cpu().contiguous() for k, v in opt.items()}, str(folder / "optimizer.safetensors"))
+        (folder / "state.json").write_text(json.dumps({**state, **(extra or {})}, indent=1))
+
+    @staticmethod
+    def load(folder: Path, train: TrainConfig, device: str = "cpu") -> tuple[ParameterStore, dict]:
+        """A store restored from :meth:`save`; also the ``state.json`` contents."""
+        state, weights, opt = read_checkpoint(folder)
+        return ParameterStore.restore(weights, opt, state, train, device), state
 
 
 def read_checkpoint(
@@ -160,23 +183,38 @@ def open_store(
 
 
 def save_checkpoint(
-    run: RunDir,
+    folder: Path,
     store: ParameterStore,
     iteration: int,
     previous_weights: dict[str, torch.Tensor] | None = None,
+    *,
+    keep: int,
 ) -> None:
-    """State after ``iteration``'s step (plus the version before, which a staleness-1 rollout
-    of the next iteration uses)."""
-    folder = run.checkpoint_dir(iteration)
+    """Write the state after ``iteration``'s step into ``folder`` (``checkpoints/iter_NNNN``)
+    and keep the newest ``keep`` checkpoints: :func:`stage_checkpoint`, then
+    :func:`~digen.rundir.finalize_checkpoint`."""
+    stage_checkpoint(folder, store, iteration, previous_weights)
+    finalize_checkpoint(folder, keep)
+
+
+def stage_checkpoint(
+    folder: Path,
+    store: ParameterStore,
+    iteration: int,
+    previous_weights: dict[str, torch.Tensor] | None = None,
+) -> Path:
+    """Write the state after ``iteration``'s step into ``folder``'s staging twin
+    ``iter_NNNN.tmp`` (the rename that makes it the checkpoint is
+    :func:`~digen.rundir.finalize_checkpoint`, so a crash leaves the older ones intact), plus the
+    version before (which a staleness-1 rollout of the next iteration uses); returns it."""
     tmp = folder.with_name(folder.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
     if previous_weights is not None:
-        tmp.mkdir(parents=True, exist_ok=True)
         save_file(
-            {k: v.contiguous() for k, v in previous_weights.items()},
+            {k: v.cpu().contiguous() for k, v in previous_weights.items()},
             str(tmp / "previous_weights.safetensors"),
         )
     store.save(tmp, {"iteration": iteration})
-    if folder.exists():
-        shutil.rmtree(folder)
-    tmp.rename(folder)
-    run.prune_checkpoints()
+    return tmp

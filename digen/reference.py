@@ -19,13 +19,13 @@ from digen.assembly import EmbedCache, build_policy, build_reward, compute_threa
 from digen.config import Config
 from digen.errors import JobCancelled
 from digen.evaluation import evaluate_inline, evaluates, held_out_prompts, progress_row
-from digen.iteration import IterationBook, ProgressFn, timing_metrics
+from digen.iteration import IterationBook, IterationEnd, ProgressFn, checkpoints, draws_grid, finish_iteration
 from digen.optim import open_store, save_checkpoint
 from digen.rollout import Trajectories, generate_group, plan_groups
 from digen.rundir import RunDir
 from digen.startup import phase
 from digen.training import train_group
-from digen.viz import write_sample_grid
+from digen.viz import GridRow, image_cells
 
 
 def run_reference(
@@ -105,19 +105,20 @@ def _reference_loop(
         opt_stats = store.step(grad, rows)
         policy.load_trainable_state_dict(store.weights())
         timer("optim", t0, time.time())
-
-        metrics = book.metrics()
-        metrics.update(opt_stats)
-        metrics.update(timing_metrics(events, 1, time.time() - t_start, metrics["samples"]))
-        metrics.update({"policy_version": store.version, "max_staleness": 0})
-        run.append("timeline.jsonl", events)
-        run.append("metrics.jsonl", [metrics])
-        if cfg.output.sample_grid_every and (
-            k % cfg.output.sample_grid_every == 0 or k == cfg.iterations - 1
-        ):
-            write_sample_grid(run.samples / f"iter_{k:04d}.png", trajs, groups)
-        if (k + 1) % cfg.output.checkpoint_every == 0 or k == cfg.iterations - 1:
-            save_checkpoint(run, store, k)
+        grid = None
+        if draws_grid(cfg, k):
+            grid = [
+                GridRow(
+                    g, t.task.prompt, t.task.version, [float(x) for x in t.rewards], image_cells(t.images)
+                )
+                for g, t in sorted(trajs.items())
+            ]
+        end = IterationEnd(
+            opt_stats, store.version, 0, 1, events, time.time() - t_start, timeline=events, grid=grid
+        )
+        metrics = finish_iteration(run, book, end)
+        if checkpoints(cfg, k):
+            save_checkpoint(run.checkpoint_dir(k), store, k, keep=cfg.output.keep_checkpoints)
         if progress is not None:
             progress(metrics)
         if held_out and evaluates(cfg, k):  # the weights of version k + 1 are loaded

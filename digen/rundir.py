@@ -70,9 +70,7 @@ class RunDir:
         return done[-1] if done else None
 
     def prune_checkpoints(self) -> None:
-        done = sorted(p for p in self.checkpoints.glob("iter_*") if (p / "state.json").exists())
-        for old in done[: -self.cfg.output.keep_checkpoints]:
-            shutil.rmtree(old, ignore_errors=True)
+        prune_checkpoints(self.checkpoints, self.cfg.output.keep_checkpoints)
 
     def truncate_after(self, iteration: int) -> None:
         """Resume from ``iteration``'s checkpoint: drop metrics and timeline rows of later
@@ -136,6 +134,23 @@ class RunDir:
         if events and wall > 0:
             return sum(e["end"] - e["start"] for e in events), workers * wall
         return sum(r.get("busy_s", 0.0) for r in rows), sum(r.get("worker_s", 0.0) for r in rows)
+
+
+def finalize_checkpoint(folder: Path, keep: int) -> None:
+    """Make the staged checkpoint ``iter_NNNN.tmp`` beside ``folder`` the checkpoint ``folder``
+    (one rename), then keep the newest ``keep`` of its parent (:func:`prune_checkpoints`)."""
+    tmp = folder.with_name(folder.name + ".tmp")
+    if folder.exists():
+        shutil.rmtree(folder)
+    tmp.rename(folder)
+    prune_checkpoints(folder.parent, keep)
+
+
+def prune_checkpoints(folder: Path, keep: int) -> None:
+    """Delete all but the newest ``keep`` complete checkpoints in ``folder`` (``iter_NNNN``)."""
+    done = sorted(p for p in folder.glob("iter_*") if (p / "state.json").exists())
+    for old in done[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _mean_se(rows: list[dict]) -> tuple[float, float]:

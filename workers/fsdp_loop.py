@@ -7,19 +7,22 @@ one torch.distributed process group, rendezvous through Redis (no pickle anywher
 1. rank 0 starts a ``TCPStore`` on its host (OS-assigned port) and writes host/port/backend
    to Redis (:class:`~digen.runtime.fsdp_group.FsdpGroup`); the others poll for it and
    connect; every rank calls ``init_process_group`` (gloo on CPU, NCCL on CUDA);
-2. every rank loads the start version's weights from Redis, shards them with
-   :class:`~digen.parallel.fsdp.ShardedTrainer` and, on ``--resume``, its share of the
-   checkpoint's AdamW state (rank 0 reads the file and scatters);
+2. every rank starts from version 0 (its own seeded build) or, on ``--resume``, the
+   checkpoint's weights (read from the file), shards them with
+   :class:`~digen.parallel.fsdp.ShardedTrainer` and takes its share of the checkpoint's AdamW
+   state (rank 0 reads the file and scatters);
 3. rank 0, the leader, leases step commands and train tasks from Redis and broadcasts each
    as a JSON command; every rank runs it together:
 
-   - ``train``: read the group's trajectories from Redis, build the task's rows, train this
-     rank's share (:func:`~digen.parallel.fsdp.shard_rows`); the leader acknowledges with the
-     stats summed over ranks and every rank's timeline event, no gradient (it stays sharded);
-   - ``step``: AdamW step, gather the whole weights on rank 0, which publishes version v+1;
-     on a checkpointing step also gather the AdamW state and rank 0 writes
-     ``optimizer.safetensors`` where the command says; the leader acknowledges with the grad
-     norm, the step counts and the ranks' events;
+   - ``train``: fetch the group's trajectories from the worker that generated them, build the
+     task's rows, train this rank's share (:func:`~digen.parallel.fsdp.shard_rows`); the leader
+     acknowledges with the stats summed over ranks and every rank's timeline event, no gradient
+     (it stays sharded). Trajectories that cannot be fetched (their worker died) park the task;
+   - ``step``: AdamW step; every rank serves its shard of version v+1 as a blob (rollout
+     workers fetch every rank's shard and put them together); on a checkpointing step the
+     whole weights and AdamW state are gathered on rank 0, which stages the checkpoint where
+     the command says; the leader acknowledges with the grad norm, the version and the ranks'
+     events;
    - ``idle`` (nothing leased for a second: keeps collectives inside their timeout) and
      ``stop`` (the job left ``running``).
 
@@ -30,6 +33,7 @@ rerun with --resume). A rank that waits on a dead peer fails at the collective t
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -40,13 +44,17 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
+from digen.assembly import DTYPES
 from digen.core.events import Role, TaskKind, TaskRef
+from digen.dataplane.blobs import BlobLost
+from digen.dataplane.weights import version_blob
 from digen.parallel.comm import all_gather_json, all_reduce_stats, broadcast_json, join_process_group
-from digen.parallel.fsdp import ShardedTrainer, shard_rows
+from digen.parallel.fsdp import ShardedTrainer, local_trainable_shards, shard_rows
 from digen.runtime.fsdp_group import STEP_QUEUE, FsdpGroup
 from digen.testing import faults
 from digen.training import TrainSpec, spec_rows
-from workers.loop import WorkerRuntime
+from workers.runtime import WorkerRuntime, dask_worker_host, wait_for
+from workers.tasks import group_tensors, park
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +101,7 @@ def run_fsdp_rank(rt: WorkerRuntime, host: str | None = None) -> dict:
     worker's address as the other trainers reach it, where rank 0 serves the rendezvous
     (default: the host of its Dask worker address)."""
     group = FsdpGroup(rt.queue.redis, rt.job.job_id)
-    plan = _wait_for(rt, group.plan, "the FSDP member list")
+    plan = wait_for(rt, group.plan, "the FSDP member list")
     if plan is None:
         return {"worker": rt.name, "tasks": 0}
     members = plan["members"]
@@ -105,7 +113,7 @@ def run_fsdp_rank(rt: WorkerRuntime, host: str | None = None) -> dict:
             rt.job.job_id,
             ", ".join(members),
         )
-        _wait_for(rt, lambda: None, "the end of the job")
+        wait_for(rt, lambda: None, "the end of the job")
         return {"worker": rt.name, "tasks": 0}
     if not group.join(rt.name):
         message = "its worker loop restarted, and an FSDP group cannot take a rank back"
@@ -127,28 +135,6 @@ def run_fsdp_rank(rt: WorkerRuntime, host: str | None = None) -> dict:
     return {"worker": rt.name, "tasks": rk.tasks_run}
 
 
-def dask_worker_host() -> str:
-    """The host of this process's Dask worker address (127.0.0.1 outside a Dask worker)."""
-    try:
-        from distributed import get_worker
-        from distributed.comm import get_address_host
-
-        return get_address_host(get_worker().address)
-    except (ImportError, ValueError):
-        return "127.0.0.1"
-
-
-def _wait_for(rt: WorkerRuntime, read, what: str):
-    """Poll Redis with ``read`` until it returns a value; None once the job stops running."""
-    while rt.job.status() == "running":
-        value = read()
-        if value is not None:
-            return value
-        time.sleep(POLL_S)
-    log.info("job %s stopped while %s waited for %s", rt.job.job_id, rt.name, what)
-    return None
-
-
 # --- set-up -------------------------------------------------------------------------
 def _init_process_group(rk: Rank, host: str) -> bool:
     """Join the group (see the module docstring); False when the job stopped first."""
@@ -160,7 +146,7 @@ def _init_process_group(rk: Rank, host: str) -> bool:
         device=rk.comm,
         timeout_s=rk.rt.cfg.schedule.lease_s,
         publish=rk.group.set_address,
-        await_address=lambda: _wait_for(rk.rt, rk.group.address, "the FSDP rendezvous address"),
+        await_address=lambda: wait_for(rk.rt, rk.group.address, "the FSDP rendezvous address"),
     )
     if addr is None:
         return False
@@ -169,20 +155,46 @@ def _init_process_group(rk: Rank, host: str) -> bool:
 
 
 def _build_trainer(rk: Rank, plan: dict) -> None:
-    """Load the start version, shard it, restore the optimizer on ``--resume``."""
+    """Start from version 0 (this rank's own build) or the checkpoint a resumed job names;
+    shard; restore the optimizer on ``--resume``."""
     rt = rk.rt
-    rt.ensure_version(int(plan["version"]))
-    rt.weights_cache.clear()  # the shards are the copy from now on
-    rk.names = [name for name, _ in rt.policy.named_trainable_parameters()]  # before sharding
+    policy = rt.ensure_policy()
+    folder = plan.get("checkpoint")
+    state: dict = {}
+    if folder:
+        policy.load_trainable_state_dict(load_file(str(Path(folder) / "weights.safetensors")))
+        state = json.loads((Path(folder) / "state.json").read_text())
+    rt.version = int(plan["version"])
+    rk.names = [name for name, _ in policy.named_trainable_parameters()]  # before sharding
     rk.trainer = ShardedTrainer(
-        rt.policy,
+        policy,
         rt.cfg.train,
         activation_checkpointing=rt.cfg.train.activation_checkpointing,
         version=int(plan["version"]),
     )
-    if plan.get("optimizer"):
-        tensors = load_file(plan["optimizer"]) if rk.leader else None
-        rk.trainer.load_optimizer_state(rk.names, tensors, plan["adam_steps"])
+    if folder and state.get("adam_steps"):
+        tensors = load_file(str(Path(folder) / "optimizer.safetensors")) if rk.leader else None
+        rk.trainer.load_optimizer_state(rk.names, tensors, state["adam_steps"])
+    _serve_shards(rk)
+
+
+def _serve_shards(rk: Rank) -> None:
+    """Offer this rank's shard of the current version (in the rollout's dtype) to the rollout
+    workers, and drop the older versions' shards."""
+    rt, trainer = rk.rt, rk.trainer
+    assert trainer is not None
+    job, v = rt.job.job_id, trainer.version
+    dtype = DTYPES[rt.cfg.model.dtype]
+    shards = {k: t.to(dtype).contiguous() for k, t in local_trainable_shards(rt.policy).items()}
+    rt.blobs.put(
+        version_blob(job, v), shards, {"version": str(v), "rank": str(rk.rank), "world": str(rk.world)}
+    )
+    lag = int(rt.cfg.schedule.resolved().max_staleness or 0)
+    keep = {version_blob(job, x) for x in range(v - lag, v + 1)}
+    stale = [n for n in rt.blobs.names() if n.startswith(f"{job}:weights:") and n not in keep]
+    rt.blobs.drop(*stale)
+    versions = sorted(int(n.rsplit(":", 1)[1]) for n in rt.blobs.names() if n.startswith(f"{job}:weights:"))
+    rt.group.set_holding(rt.name, rt.blob_addr, versions, None, shard=(rk.rank, rk.world))
 
 
 # --- commands -------------------------------------------------------------------------
@@ -220,9 +232,17 @@ def _train(rk: Rank, cmd: dict) -> None:
         )
     t0 = time.time()
     gen_id = TaskRef(TaskKind.GEN, spec.iteration, spec.group).id
-    data = rt.job.data(gen_id)
-    if data is None:
-        raise RuntimeError(f"trajectories of {gen_id} are missing from Redis")
+    lost: BlobLost | None = None
+    try:
+        data = group_tensors(rt, gen_id, ["latents", "log_probs", "sigmas"])
+    except BlobLost as exc:
+        lost = exc
+    missing = torch.tensor([0 if lost is None else 1], dtype=torch.int64, device=rk.comm)
+    dist.all_reduce(missing)  # every rank trains the task, or none does
+    if int(missing.item()):
+        if rk.leader:
+            park(rt, LeasedTaskRef(cmd["id"]), lost or BlobLost(f"the trajectories of {gen_id} are gone"))
+        return
     rows = shard_rows(spec_rows(spec, data["latents"], data["log_probs"], data["sigmas"]), rk.rank, rk.world)
     assert rt.embed is not None
     embeds = rt.embed(payload["prompt"]).repeat_rows(len(spec.samples))
@@ -244,19 +264,20 @@ def _step(rk: Rank, cmd: dict) -> None:
     t0 = time.time()
     rows = _agreed_rows(rk, int(cmd["payload"]["rows"]))
     opt = trainer.step(total_rows=rows)
+    rt.version = trainer.version
     t1 = time.time()
-    weights = trainer.full_state_dict()
-    if rk.leader:
-        rt.job.publish(trainer.version, weights)
-    del weights
-    steps = _save_optimizer(rk, cmd["payload"]["checkpoint"])
+    _serve_shards(rk)
+    folder = cmd["payload"]["checkpoint"]
+    _stage_checkpoint(rk, folder, iteration)
     t2 = time.time()
     mine = [
         rk.event("optim", iteration, version, t0, t1),
         rk.event("sync", iteration, trainer.version, t1, t2),
     ]
     events = [e for part in all_gather_json(mine, device=rk.comm) for e in part]
-    _report(rk, cmd, t0, grad_norm=opt["grad_norm"], version=trainer.version, adam_steps=steps, events=events)
+    _report(
+        rk, cmd, t0, grad_norm=opt["grad_norm"], version=trainer.version, events=events, checkpoint=folder
+    )
 
 
 def _report(rk: Rank, cmd: dict, t0: float, **fields) -> None:
@@ -280,19 +301,33 @@ def _agreed_rows(rk: Rank, expected: int) -> int:
     return rows
 
 
-def _save_optimizer(rk: Rank, folder: str | None) -> dict[str, float]:
-    """On a checkpointing step: gather AdamW's state; rank 0 writes ``optimizer.safetensors``
-    into ``folder`` (ParameterStore.save's format; the controller adds the rest)."""
+def _stage_checkpoint(rk: Rank, folder: str | None, iteration: int) -> None:
+    """On a checkpointing step: gather the whole weights and AdamW state on rank 0, which
+    stages the checkpoint in ``folder``'s twin ``iter_NNNN.tmp`` in the format of
+    :meth:`digen.optim.ParameterStore.save` (the controller puts it in place)."""
     if folder is None:
-        return {}
-    assert rk.trainer is not None
-    tensors, steps = rk.trainer.optimizer_state(rk.names)
-    if rk.leader:
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        save_file(tensors, str(Path(folder) / "optimizer.safetensors"))
-    return steps
+        return
+    trainer = rk.trainer
+    assert trainer is not None
+    weights = trainer.full_state_dict()
+    tensors, steps = trainer.optimizer_state(rk.names)
+    if not rk.leader:
+        return
+    tmp = Path(folder).with_name(Path(folder).name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    save_file(weights, str(tmp / "weights.safetensors"))
+    save_file(tensors, str(tmp / "optimizer.safetensors"))
+    state = {"version": trainer.version, "adam_steps": steps, "iteration": iteration}
+    (tmp / "state.json").write_text(json.dumps(state, indent=1))
 
 
 def _ack(rk: Rank, task_id: str, result: dict) -> None:
     if not rk.rt.queue.ack(task_id, result, worker=rk.rt.name):
         log.info("task %s was already acknowledged; this result is discarded", task_id)
+
+
+@dataclass(frozen=True)
+class LeasedTaskRef:
+    """The leased task a command carries, as :func:`workers.tasks.park` needs it."""
+
+    task_id: str

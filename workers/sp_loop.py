@@ -43,8 +43,8 @@ from digen.parallel.ulysses import sequence_parallel
 from digen.runtime.queue import LeasedTask
 from digen.runtime.sp_group import SpGroup
 from digen.testing import faults
-from workers.fsdp_loop import _wait_for, dask_worker_host
-from workers.loop import WorkerRuntime, gen_result, generate, poll, run_eval
+from workers.runtime import WorkerRuntime, dask_worker_host, poll, wait_for
+from workers.tasks import gen_result, generate, run_eval
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ def run_sp_rank(rt: WorkerRuntime, token: str, host: str | None = None) -> int:
     worker outside the plan). ``host``: where the leader serves the rendezvous (default: the
     host of its Dask worker address)."""
     group = SpGroup(rt.queue.redis, rt.job.job_id)
-    plan = _wait_for(rt, group.plan, "the sequence-parallel plan")
+    plan = wait_for(rt, group.plan, "the sequence-parallel plan")
     replica = next((r for r in (plan or {}).get("replicas", []) if rt.name in r), None)
     if replica is None:
         return 0
@@ -122,7 +122,7 @@ def _init_process_group(rk: Rank, host: str) -> bool:
     leader = rk.replica[0]
 
     def await_address() -> dict | None:
-        addr = _wait_for(rk.rt, lambda: _leader_address(rk.group, leader), "the replica's rendezvous")
+        addr = wait_for(rk.rt, lambda: _leader_address(rk.group, leader), "the replica's rendezvous")
         return None if addr is None or "gone" in addr else addr
 
     addr = join_process_group(
@@ -184,7 +184,7 @@ def _run(rk: Rank, leased: LeasedTask) -> None:
             score = rk.leader and leased.payload.get("score", True)
             traj, events, t0 = generate(rt, leased, Role.ROLLOUT, score=score, stop=None)
         else:
-            result = run_eval(rt, leased, Role.ROLLOUT, store=rk.leader)
+            result, _ = run_eval(rt, leased, Role.ROLLOUT)
     ranks = all_gather_json(rt.name, device=rk.comm)  # every rank finished: a dead one fails the task here
     rk.tasks_run += 1
     if not rk.leader:

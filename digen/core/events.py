@@ -93,6 +93,29 @@ class TaskLost:
 
 
 @dataclass(frozen=True)
+class GroupLost:
+    """A generated group's trajectories are gone (the worker that held them died) while its
+    training still needs them: generate it again. Same version, same per-sample seeds: the
+    same trajectories and rewards (at-least-once delivery, exactly-once effect)."""
+
+    iteration: int
+    group: int
+    t: float
+
+
+@dataclass(frozen=True)
+class TrainLost:
+    """Train tasks whose gradients are gone before the optimizer step counted them (the
+    trainer that held them died, or the step's commit was aborted): train them again. A step
+    of their iteration that was asked for is void; the scheduler asks again once they are done."""
+
+    iteration: int
+    tasks: tuple[tuple[int, int | None], ...]
+    """(group, part) of each lost train task."""
+    t: float
+
+
+@dataclass(frozen=True)
 class StepDone:
     """The optimizer step of ``iteration`` finished and version ``iteration + 1`` is
     published."""
@@ -102,7 +125,7 @@ class StepDone:
     end: float
 
 
-Event = WorkerJoined | WorkerLeft | TaskDone | TaskLost | StepDone
+Event = WorkerJoined | WorkerLeft | TaskDone | TaskLost | GroupLost | TrainLost | StepDone
 
 
 # --- instructions ---------------------------------------------------------------------

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from digen.core.events import (
     Event,
     Finish,
+    GroupLost,
     Instruction,
     Release,
     RequeueWorker,
@@ -47,6 +48,7 @@ from digen.core.events import (
     TaskKind,
     TaskLost,
     TaskRef,
+    TrainLost,
     WorkerJoined,
     WorkerLeft,
 )
@@ -121,6 +123,8 @@ class Scheduler:
     """Per waiting evaluation: how many of its tasks are released (in chunk order)."""
     evals_open: dict[int, set[int]] = field(default_factory=dict)
     """Per evaluated iteration: its released ``eval`` tasks not done yet."""
+    regenerating: set[tuple[int, int]] = field(default_factory=set)
+    """(iteration, group) generated again after :class:`GroupLost`, until done."""
 
     def __post_init__(self) -> None:
         self.stepped = self.cfg.start_iteration - 1
@@ -176,6 +180,10 @@ class Scheduler:
             return self._task_done(ev)
         if isinstance(ev, StepDone):
             return self._step_done(ev)
+        if isinstance(ev, GroupLost):
+            return self._group_lost(ev)
+        if isinstance(ev, TrainLost):
+            return self._train_lost(ev)
         raise TypeError(f"unknown event {ev!r}")
 
     def _task_done(self, ev: TaskDone) -> list[Instruction]:
@@ -186,6 +194,10 @@ class Scheduler:
         out: list[Instruction] = []
         if t.kind is TaskKind.GEN:
             self.gen_done.setdefault(t.iteration, set()).add(t.group)
+            regenerated = (t.iteration, t.group) in self.regenerating
+            self.regenerating.discard((t.iteration, t.group))
+            if regenerated and t.group in self.scored.get(t.iteration, set()):
+                return out  # its rewards stand; its training waits for the controller's repost
             if self.reward_tasks:
                 out += self._count(
                     [Release(TaskRef(TaskKind.REWARD, t.iteration, t.group), self.gen_version(t.iteration))]
@@ -220,6 +232,30 @@ class Scheduler:
         if self.stepped + 1 >= self.cfg.iterations:
             return self._release_evals() + self._finish()
         return self._retag() + self._advance()
+
+    def _group_lost(self, ev: GroupLost) -> list[Instruction]:
+        """Generate a group again (its trajectories are gone); its rewards, if known, stand
+        (the new run reproduces them), so it is not scored twice."""
+        i = ev.iteration
+        if i <= self.stepped or i not in self.gen_released:
+            return []
+        self.regenerating.add((i, ev.group))
+        return self._count([Release(TaskRef(TaskKind.GEN, i, ev.group), self.gen_version(i))])
+
+    def _train_lost(self, ev: TrainLost) -> list[Instruction]:
+        """Train tasks to run again; the iteration's step, if asked for, waits for them."""
+        i = ev.iteration
+        if i != self.stepped + 1:
+            return []
+        done = self.train_done.get(i, set())
+        out: list[Instruction] = []
+        for group, part in ev.tasks:
+            if (group, part) in done:
+                done.discard((group, part))
+                out.append(Release(TaskRef(TaskKind.TRAIN, i, group, part), i))
+        if out:
+            self.stepping = False
+        return self._count(out)
 
     def evaluates(self, iteration: int) -> bool:
         """Whether the version after ``iteration`` is evaluated."""

@@ -174,6 +174,19 @@ def gather_trainable_state(policy: FlowPolicy, *, to_rank: int | None = 0) -> di
     return out
 
 
+def local_trainable_shards(policy: FlowPolicy) -> dict[str, torch.Tensor]:
+    """This rank's shard of each trained tensor, keyed like :meth:`FlowPolicy.trainable_state_dict`:
+    FSDP2 shards dim 0 in rank order (``torch.chunk``'s split), so the ranks' shards
+    concatenated along dim 0 are the whole tensor. No collective; detached views."""
+    if lora.has_lora(policy.transformer):
+        from peft import get_peft_model_state_dict
+
+        named = get_peft_model_state_dict(policy.transformer, adapter_name=lora.ADAPTER).items()
+    else:
+        named = ((k, p) for k, p in policy.transformer.named_parameters() if p.requires_grad)
+    return {name: (t.to_local() if isinstance(t, DTensor) else t).detach() for name, t in named}
+
+
 # --- training ------------------------------------------------------------------------
 class ShardedTrainer:
     """One per trainer rank: the FSDP-sharded policy and an AdamW over its shards.

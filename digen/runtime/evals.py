@@ -2,23 +2,25 @@
 
 The scheduler decides when an evaluation's tasks are released (:mod:`digen.core.scheduler`:
 only when the workers that evaluate have no generation task left); :class:`Evaluations`
-builds their payloads (:class:`~digen.evaluation.EvalTask`), collects each chunk's scores
-(task result, JSON) and images (``data:<eval id>``, safetensors), writes ``eval.jsonl`` and
+builds their payloads (:class:`~digen.evaluation.EvalTask`), collects each chunk's scores and
+grid cells (the task's result: JSON, the cells a small PNG), writes ``eval.jsonl`` and
 the grid once an evaluation is complete, and says which weight versions must stay published
 until their evaluation has run.
 """
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass, field
 
-import torch
+from PIL import Image
 
 from digen.config import Config
 from digen.core.events import TaskRef
 from digen.evaluation import TOTAL, EvalBook, EvalResult, EvalTask, plan_eval, progress_row, write_evaluation
 from digen.rundir import RunDir
 from digen.runtime.jobstate import JobState
+from digen.viz import CELL, from_png
 
 
 @dataclass
@@ -58,12 +60,10 @@ class Evaluations:
         book = self.books.get(ref.iteration)
         if book is None or ref.group in book.results:
             return []
-        data = self.job.data(ref.id)
-        if data is None:
-            raise RuntimeError(f"images of {ref.id} are missing from Redis")
         task = self.plans[ref.iteration][ref.group]
-        scores = {k: torch.tensor(v, dtype=torch.float32) for k, v in res["scores"].items()}
-        book.add(EvalResult(task, data["images"], scores), float(res["end"]) - float(res["start"]))
+        scores = {k: [float(x) for x in v] for k, v in res["scores"].items()}
+        cells = from_png(base64.b64decode(res["cells"]))
+        book.add(EvalResult(task, cells, scores), float(res["end"]) - float(res["start"]))
         book.events += res["events"]
         if not book.complete:
             return []
@@ -78,10 +78,9 @@ class Evaluations:
         n = len(task.indices)
         other = next(iter(book.results.values()), None)
         names = list(other.scores) if other is not None else [TOTAL]
-        side = self.cfg.model.resolution
-        blank = other.images[:1].expand(n, *other.images.shape[1:]) * 0 if other is not None else None
-        images = blank if blank is not None else torch.zeros((n, 3, side, side), dtype=torch.uint8)
-        book.add(EvalResult(task, images, {k: torch.full((n,), float("nan")) for k in names}))
+        side = other.cells.height if other is not None else CELL
+        blank = Image.new("RGB", (n * side, side), "black")
+        book.add(EvalResult(task, blank, {k: [float("nan")] * n for k in names}))
         return self._finish(ref.iteration) if book.complete else []
 
     def _finish(self, k: int) -> list[dict]:
@@ -89,7 +88,6 @@ class Evaluations:
         self.plans.pop(k, None)
         row = write_evaluation(self.run, book)
         self.rows.append(row)
-        self.job.drop_data([TaskRef.parse(f"eval:{k}:{c}").id for c in range(book.tasks)])
         if callable(self.progress):
             self.progress(progress_row(row))
         return book.events

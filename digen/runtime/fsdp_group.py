@@ -2,17 +2,19 @@
 
 With FSDP the trainer workers of a job form one torch.distributed process group that holds
 the trained weights, their gradients and AdamW state sharded (:mod:`digen.parallel.fsdp`; the
-ranks run :mod:`workers.fsdp_loop`). The controller then does not own the optimizer: it
-queues train tasks as usual (rank 0, the *leader*, leases them and every rank trains its share),
-and at the optimizer step it queues a *step command* instead of summing gradients. The leader
-acknowledges it once the group has stepped and published version v+1; the controller then
-finishes the iteration as :meth:`Controller.step` does (metrics, checkpoint, ``StepDone``).
+ranks run :mod:`workers.fsdp_loop`). The controller queues train tasks as usual (rank 0, the
+*leader*, leases them and every rank trains its share), and at the optimizer step it queues a
+*step command*. The leader acknowledges it once the group has stepped: every rank then serves
+its shard of version v+1 (rollout workers fetch the shards and put them together: no rank
+gathers the whole model to publish it), and on a checkpointing step the leader has staged the
+checkpoint. The controller then ends the iteration as for the replicated trainer group
+(:meth:`digen.runtime.controller.Controller.end_iteration`).
 
 Keys (``P = digen:<job_id>:``, cleared with the job's other keys)::
 
     P fsdp:plan      string  JSON {"members": [sorted trainer names], "version": v,
-                             "optimizer": path or null, "adam_steps": {...}}: written once by
-                             the controller at job start
+                             "checkpoint": folder or null}: written once by the controller at
+                             job start (a resumed job's ranks load the checkpoint)
     P fsdp:store     string  JSON {"host", "port", "backend"}: rank 0's TCPStore, for the others
     P fsdp:joined    hash    member -> 1 once its loop joined (a second join is a restart)
     P fsdp:error     string  the first rank failure (set once)
@@ -29,36 +31,25 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import torch
-from safetensors.torch import save_file
-
-from digen.config import TrainConfig
-from digen.core.events import Instruction, Role, StepDone
+from digen.core.events import Role
 from digen.errors import DigenError
-from digen.optim import read_checkpoint
+from digen.iteration import checkpoints
+from digen.rundir import RunDir
 from digen.runtime.jobstate import JobState
-from digen.runtime.queue import TaskQueue
+from digen.runtime.ledger import Ledger
+from digen.runtime.queue import DeadLetter, TaskQueue
+from digen.runtime.steps import STEP_QUEUE, StepResult, is_step_id, step_id
 
 log = logging.getLogger(__name__)
 
-STEP_QUEUE = "step"
-STEP_PREFIX = "step:"
+__all__ = ["STEP_QUEUE", "FsdpControl", "FsdpGroup", "FsdpGroupFailed", "is_step_id", "step_id"]
 
 
 class FsdpGroupFailed(DigenError):
     """A rank of the FSDP trainer group failed or left; the group cannot continue."""
 
     exit_code = 1
-
-
-def step_id(iteration: int) -> str:
-    return f"{STEP_PREFIX}{iteration}"
-
-
-def is_step_id(task_id: str) -> bool:
-    return task_id.startswith(STEP_PREFIX)
 
 
 class FsdpGroup:
@@ -96,86 +87,43 @@ class FsdpGroup:
 
 
 @dataclass
-class ShardedStore:
-    """The controller's view of an optimizer that lives sharded on the trainer group: the
-    newest published version and its whole weights (kept for checkpoints and re-publishing
-    after a Redis outage). Quacks like :class:`~digen.optim.ParameterStore` where the
-    controller uses one (``version``, ``weights()``, ``save()``)."""
-
-    version: int
-    current: dict[str, torch.Tensor]
-    adam_steps: dict[str, float] = field(default_factory=dict)
-    """The step counts of the last checkpointing step command (the leader sends them)."""
-
-    @classmethod
-    def fresh(cls, weights: dict[str, torch.Tensor], train: TrainConfig) -> ShardedStore:
-        """Version 0 from the policy's trained tensors, as :meth:`ParameterStore.weights` gives them."""
-        return cls(0, {k: weights[k].detach().float().cpu().clone().contiguous() for k in sorted(weights)})
-
-    @classmethod
-    def load(cls, folder: Path, train: TrainConfig) -> tuple[ShardedStore, dict]:
-        """A checkpoint's weights and ``state.json`` (its ``optimizer.safetensors`` is the ranks' to read)."""
-        state, weights, _ = read_checkpoint(folder, optimizer=False)
-        return cls(int(state["version"]), weights, dict(state.get("adam_steps", {}))), state
-
-    def weights(self) -> dict[str, torch.Tensor]:
-        return self.current
-
-    def save(self, folder: Path, extra: dict | None = None) -> None:
-        """Complete a checkpoint folder in :meth:`ParameterStore.save`'s format: the leader
-        already wrote ``optimizer.safetensors`` there; add ``weights.safetensors`` and
-        ``state.json``."""
-        if not (folder / "optimizer.safetensors").exists():
-            raise FsdpGroupFailed(
-                f"the FSDP leader did not leave optimizer.safetensors in {folder}: the run directory must be "
-                f"on a filesystem that the controller and the first trainer worker share"
-            )
-        save_file({k: v.contiguous() for k, v in self.current.items()}, str(folder / "weights.safetensors"))
-        state = {"version": self.version, "adam_steps": self.adam_steps, **(extra or {})}
-        (folder / "state.json").write_text(json.dumps(state, indent=1))
-
-
-@dataclass
 class FsdpControl:
     """Controller hooks for ``train.fsdp`` (see the module docstring)."""
 
     group: FsdpGroup
     queue: TaskQueue
     job: JobState
-    store: ShardedStore
+    ledger: Ledger
+    run: RunDir
+    version: int
+    checkpoint: str | None
     members: list[str] = field(default_factory=list)
     steps: dict[str, float] = field(default_factory=dict)
     """Step commands queued and not yet acknowledged: id -> when queued."""
 
     @staticmethod
-    def create(queue: TaskQueue, job: JobState, store: ShardedStore) -> FsdpControl:
-        return FsdpControl(FsdpGroup(queue.redis, job.job_id), queue, job, store)
+    def create(
+        queue: TaskQueue, job: JobState, ledger: Ledger, run: RunDir, version: int, checkpoint: str | None
+    ) -> FsdpControl:
+        return FsdpControl(FsdpGroup(queue.redis, job.job_id), queue, job, ledger, run, version, checkpoint)
 
-    def start(self, ctl, resume_from: Path | None) -> None:
+    def start(self, membership) -> None:
         """Fix the group: the trainer workers known now, sorted by name (rank 0 first). A
-        resumed job's ranks load the checkpoint's optimizer state."""
-        self.members = sorted(n for n, w in ctl.workers.items() if ctl.role_of(w) is Role.TRAINER)
+        resumed job's ranks load the checkpoint's weights and optimizer state."""
+        self.members = sorted(
+            n for n, w in membership.workers.items() if membership.role_of(w) is Role.TRAINER
+        )
         if not self.members:
             raise FsdpGroupFailed(
                 "train.fsdp: no trainer worker joined the job; start one (digen worker --role trainer)"
             )
-        plan: dict = {
-            "members": self.members,
-            "version": self.store.version,
-            "optimizer": None,
-            "adam_steps": {},
-        }
-        if resume_from is not None:
-            state = json.loads((resume_from / "state.json").read_text())
-            plan["optimizer"] = str((resume_from / "optimizer.safetensors").resolve())
-            plan["adam_steps"] = state.get("adam_steps", {})
-        self.group.set_plan(plan)
+        self.group.set_plan({"members": self.members, "version": self.version, "checkpoint": self.checkpoint})
         log.info("FSDP trainer group: %s (rank 0 leads)", ", ".join(self.members))
 
-    def check(self, ctl) -> None:
+    def check(self, membership) -> None:
         """Fail the job when a rank reported a failure or a member left the cluster."""
         err = self.group.error()
-        gone = [m for m in self.members if m not in ctl.workers]
+        gone = [m for m in self.members if m not in membership.workers]
         if err is None and not gone:
             return
         what = err if err is not None else f"trainer worker(s) {', '.join(gone)} left the cluster"
@@ -185,55 +133,40 @@ class FsdpControl:
         )
 
     # --- the optimizer step -------------------------------------------------------------
-    def request_step(self, ctl, iteration: int) -> list[Instruction]:
+    def request_step(self, iteration: int) -> None:
         """Queue iteration ``iteration``'s step command (rows: the group checks its own count
-        against the controller's; checkpoint: where the leader writes optimizer.safetensors)."""
-        book = ctl.books[iteration]
-        _, rows = book.gradient()  # gradients stay on the ranks; this checks rows > 0
-        cfg = ctl.cfg
-        folder = None
-        if (iteration + 1) % cfg.output.checkpoint_every == 0 or iteration == cfg.iterations - 1:
-            final = ctl.run.checkpoint_dir(iteration)
-            folder = str(final.with_name(final.name + ".tmp").resolve())  # save_checkpoint's staging folder
+        against the controller's; checkpoint: the folder whose staging twin the leader writes)."""
+        rows = self.ledger.books[iteration].trained_rows()
+        cfg = self.ledger.cfg
+        folder = str(self.run.checkpoint_dir(iteration).resolve()) if checkpoints(cfg, iteration) else None
         tid = step_id(iteration)
         payload = {"iteration": iteration, "rows": rows, "checkpoint": folder}
         self.steps[tid] = time.time()
-        ctl.outstanding[tid] = (STEP_QUEUE, payload)
+        self.ledger.outstanding[tid] = (STEP_QUEUE, payload)
         self.queue.put(STEP_QUEUE, tid, payload)
-        return []
 
-    def collect_step(self, ctl, sched, task_id: str) -> list[Instruction]:
-        """The leader acknowledged a step command: version v+1 is published. Finish the
-        iteration as :meth:`Controller.step` does."""
-        res = self.queue.get_result(task_id)
+    def collect(self, task_id: str, res) -> StepResult | None:
+        """The leader acknowledged a step command: version v+1 is served by the ranks."""
         if task_id not in self.steps or not isinstance(res, dict):
-            return []
-        t0 = self.steps.pop(task_id)
-        ctl.outstanding.pop(task_id, None)
-        iteration, version = int(task_id[len(STEP_PREFIX) :]), int(res["version"])
-        weights = self.job.weights(version)
-        if weights is None:
-            raise FsdpGroupFailed(
-                f"the FSDP leader acknowledged step {iteration} but version {version} is not in Redis"
-            )
-        previous = self.store.current
-        self.store.version, self.store.current = version, weights
-        self.store.adam_steps = res.get("adam_steps") or {}
-        lag = int(ctl.cfg.schedule.resolved().max_staleness or 0)
-        ctl.previous_weights = previous if lag else None
-        self.job.drop_weights_before(version - 1 - lag)
-        ctl.events += res["events"]
-        t2 = time.time()
-        ctl.finish_iteration(
-            ctl.books[iteration], {"grad_norm": float(res["grad_norm"])}, self.store, previous, t2
+            return None
+        asked = self.steps.pop(task_id)
+        self.ledger.outstanding.pop(task_id, None)
+        self.version = int(res["version"])
+        iteration = int(task_id.split(":", 1)[1])
+        return StepResult(
+            iteration,
+            self.version,
+            {"grad_norm": float(res["grad_norm"])},
+            list(res["events"]),
+            res.get("checkpoint"),
+            asked,
         )
-        return sched.handle(StepDone(iteration, t0, t2))
 
-    def dead_task(self, task_id: str, error: str) -> FsdpGroupFailed:
+    def dead_task(self, dead: DeadLetter) -> FsdpGroupFailed:
         """The error for a dead train task or step command: the group's gradient (or its
         step) is incomplete, so no ``schedule.on_poison: drop`` can save the iteration."""
-        first = (error.strip().splitlines() or ["no error recorded"])[0]
+        first = (dead.error.strip().splitlines() or ["no error recorded"])[0]
         return FsdpGroupFailed(
-            f"task {task_id} of the FSDP trainer group failed ({first}); fix the cause and rerun with --resume "
+            f"task {dead.task_id} of the FSDP trainer group failed ({first}); fix the cause and rerun with --resume "
             f"to continue from the last checkpoint"
         )

@@ -1,14 +1,15 @@
-"""Per-job Redis state besides the task queue: role tags, weight versions, job status.
+"""Per-job Redis state besides the task queue: role tags, job status, what workers need to
+know at start. No tensor: those go worker to worker (:mod:`digen.dataplane`), and the trainer
+group's keys are :mod:`digen.runtime.trainer_group`'s.
 
 Keys (``P = digen:<job_id>:``)::
 
     P tag:<worker>     hash    role, budget (TAG/RAT off-role tasks), iteration (when it was set)
-    P weights:<v>      string  safetensors of version v's trained tensors (LoRA adapter only
-                               when LoRA), metadata {"version": v}
-    P data:<task_id>   string  safetensors a task produced (trajectories, gradients)
     P status           string  running | cancel | done | failed
     P ready            hash    worker -> gpu type, for workers whose loop has loaded the model
     P loop:<worker>    string  token of the worker's current loop (one loop per worker)
+    P stepped          string  the newest iteration whose optimizer step is done: workers drop
+                               the trajectories and gradients of it and older ones
 """
 
 from __future__ import annotations
@@ -16,10 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-import torch
-
 from digen.core.events import Role
-from digen.runtime.codec import pack_tensors, unpack_tensors
 
 
 @dataclass(frozen=True)
@@ -29,6 +27,10 @@ class LoopState:
     status: str | None
     owns_loop: bool
     tag: tuple[Role, int] | None
+    step: bytes | None = None
+    """The trainer group's newest step command (JSON), for members to act on."""
+    stepped: int = -1
+    """The newest iteration whose step is done."""
 
 
 class JobState:
@@ -55,43 +57,9 @@ class JobState:
     def return_budget(self, worker: str) -> None:
         self.r.hincrby(self.p + f"tag:{worker}", "budget", 1)
 
-    # --- weights ----------------------------------------------------------------------
-    def publish(self, version: int, weights: dict[str, torch.Tensor]) -> int:
-        """Store version ``version``; returns its size in bytes."""
-        blob = pack_tensors(weights, {"version": str(version)})
-        self.r.set(self.p + f"weights:{version}", blob)
-        return len(blob)
-
-    def weights(self, version: int) -> dict[str, torch.Tensor] | None:
-        blob = self.r.get(self.p + f"weights:{version}")
-        if blob is None:
-            return None
-        tensors, _ = unpack_tensors(blob)
-        return tensors
-
-    def has_weights(self, version: int) -> bool:
-        return bool(self.r.exists(self.p + f"weights:{version}"))
-
-    def drop_weights_before(self, version: int) -> None:
-        for key in self.r.scan_iter(match=self.p + "weights:*", count=1000):
-            if int(key.decode().rsplit(":", 1)[1]) < version:
-                self.r.delete(key)
-
-    # --- task data --------------------------------------------------------------------
-    def put_data(
-        self, task_id: str, tensors: dict[str, torch.Tensor], meta: dict[str, str] | None = None
-    ) -> str:
-        key = self.p + f"data:{task_id}"
-        self.r.set(key, pack_tensors(tensors, meta))
-        return key
-
-    def data(self, task_id: str) -> dict[str, torch.Tensor] | None:
-        blob = self.r.get(self.p + f"data:{task_id}")
-        return None if blob is None else unpack_tensors(blob)[0]
-
-    def drop_data(self, task_ids: list[str]) -> None:
-        if task_ids:
-            self.r.delete(*[self.p + f"data:{t}" for t in task_ids])
+    # --- progress ---------------------------------------------------------------
+    def set_stepped(self, iteration: int) -> None:
+        self.r.set(self.p + "stepped", iteration)
 
     # --- workers ----------------------------------------------------------------------
     def claim_loop(self, worker: str, token: str) -> None:
@@ -104,13 +72,22 @@ class JobState:
 
     def loop_state(self, worker: str, token: str) -> LoopState:
         """What a worker loop reads before each task (the job's status, whether this loop is
-        still the worker's, the worker's role tag), in one round trip."""
+        still the worker's, the worker's role tag, the trainer group's newest step command and
+        the newest stepped iteration), in one round trip."""
         pipe = self.r.pipeline(transaction=False)
         pipe.get(self.p + "status")
         pipe.get(self.p + f"loop:{worker}")
         pipe.hgetall(self.p + f"tag:{worker}")
-        status, owner, tag = pipe.execute()
-        return LoopState(None if status is None else status.decode(), _owns(owner, token), _tag(tag))
+        pipe.get(self.p + "tg:step")
+        pipe.get(self.p + "stepped")
+        status, owner, tag, step, stepped = pipe.execute()
+        return LoopState(
+            None if status is None else status.decode(),
+            _owns(owner, token),
+            _tag(tag),
+            step,
+            -1 if stepped is None else int(stepped),
+        )
 
     def mark_ready(self, worker: str, gpu_type: str) -> None:
         self.r.hset(self.p + "ready", worker, gpu_type)

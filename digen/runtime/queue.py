@@ -12,7 +12,11 @@ Keys (``P = digen:<job_id>:``)::
     P wake:<queue>     list   wake-up tokens for blocked ``lease`` calls
 
 A task's ``state`` is ``pending`` (its id is in exactly one queue list), ``leased`` (its id is
-in ``leases``), ``done`` (its result is stored) or ``dead``. Every transition is one Lua
+in ``leases``), ``done`` (its result is stored), ``dead``, or ``parked``: given back by its
+worker because an input it needs is gone (a generated group whose worker died before the
+trainer fetched it; :meth:`TaskQueue.park`), waiting for the controller to :meth:`repost` it
+once the input exists again. :meth:`repost` also runs a done task again (its result, held by a
+worker that died before the optimizer step counted it, is lost). Every transition is one Lua
 script, so a task is never lost or duplicated between two lists, whoever crashes when.
 
 Clock: lease deadlines use the Redis server's ``TIME`` inside the scripts, so workers with
@@ -119,6 +123,36 @@ redis.call('ZADD', p .. 'leases', tonumber(t[1]) + tonumber(t[2]) / 1000000 + le
 return 1
 """
 
+_PARK = """
+local p, id, worker, why = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local tkey = p .. 'task:' .. id
+if redis.call('HGET', tkey, 'state') ~= 'leased' then return 0 end
+if redis.call('HGET', tkey, 'worker') ~= worker then return 0 end
+redis.call('ZREM', p .. 'leases', id)
+redis.call('HINCRBY', tkey, 'attempts', -1)
+redis.call('HSET', tkey, 'state', 'parked', 'error', why)
+redis.call('HDEL', tkey, 'worker')
+redis.call('RPUSH', p .. 'parked', id)
+return 1
+"""
+
+_REPOST = """
+local p, id, q, payload = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local tkey = p .. 'task:' .. id
+local state = redis.call('HGET', tkey, 'state')
+if state == 'leased' then return 'leased' end
+if state == 'pending' then
+  redis.call('HSET', tkey, 'payload', payload)
+  return 'pending'
+end
+redis.call('DEL', p .. 'result:' .. id)
+redis.call('HSET', tkey, 'queue', q, 'payload', payload, 'attempts', 0, 'state', 'pending')
+redis.call('HDEL', tkey, 'worker', 'result_kind', 'error')
+redis.call('RPUSH', p .. 'q:' .. q, id)
+redis.call('RPUSH', p .. 'wake:' .. q, 1)
+return state or 'new'
+"""
+
 # ARGV: prefix, mode ('expired' | 'worker'), now ('' = server TIME) or worker, max_attempts (0 = none)
 _REQUEUE = """
 local p, mode, arg, max_attempts = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
@@ -205,6 +239,8 @@ class TaskQueue:
         self._nack = redis_client.register_script(_NACK)
         self._extend = redis_client.register_script(_EXTEND)
         self._requeue = redis_client.register_script(_REQUEUE)
+        self._park = redis_client.register_script(_PARK)
+        self._repost = redis_client.register_script(_REPOST)
         timeout = redis_client.connection_pool.connection_kwargs.get("socket_timeout")
         # a blocking call longer than the socket timeout would be cut (and retried) by redis-py
         self._block_slice = min(_MAX_BLOCK_S, timeout / 2) if timeout else _MAX_BLOCK_S
@@ -276,6 +312,13 @@ class TaskQueue:
             )
         return outcome
 
+    def park(self, task_id: str, *, worker: str, why: str) -> bool:
+        """Give a leased task back without counting an attempt because an input it needs is
+        gone (``why``); it waits, state ``parked``, until :meth:`repost`. The id goes onto the
+        ``parked`` list the controller reads (:meth:`pop_parked`). False when ``worker`` does
+        not hold its lease (nothing changes)."""
+        return bool(self._park(args=[self.prefix, task_id, worker, why]))
+
     def extend(self, task_id: str, *, worker: str | None = None) -> bool:
         """Renew the lease of a task still leased (by ``worker`` when given) for ``lease_s``
         from now. False means the lease is lost: another worker may be running the task."""
@@ -290,6 +333,23 @@ class TaskQueue:
         re-queued, earliest deadline first."""
         arg = "" if now is None else repr(float(now))
         return self._run_requeue("expired", arg, max_attempts)
+
+    def repost(self, queue_name: str, task_id: str, payload: dict[str, Any]) -> str:
+        """Run ``task_id`` (again): a parked, done or dead task is queued anew with ``payload``
+        and no attempts (a done one loses its result), a pending one gets ``payload``, an
+        unknown one is put. A leased one is left to its worker (returns ``"leased"``). Returns
+        the state the task was in (``"new"`` for an unknown one)."""
+        reply = self._repost(args=[self.prefix, task_id, queue_name, pack(payload)])
+        return reply.decode() if isinstance(reply, bytes) else str(reply)
+
+    def pop_parked(self) -> list[tuple[str, str]]:
+        """(task id, why) of the tasks parked since the last call."""
+        key = self.prefix + "parked"
+        ids = [_text(b) for b in (self.redis.lpop(key, 1_000_000) or [])]  # type: ignore[union-attr]
+        pipe = self.redis.pipeline(transaction=False)
+        for task_id in ids:
+            pipe.hget(self._key("task", task_id), "error")
+        return [(t, _text(e or b"")) for t, e in zip(ids, pipe.execute() if ids else [], strict=True)]
 
     def requeue_worker(self, worker: str, *, max_attempts: int = 0) -> list[str]:
         """Like :meth:`requeue_expired` for every task leased by ``worker`` (known dead)."""

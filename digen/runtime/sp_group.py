@@ -107,13 +107,13 @@ class SpControl:
     hidden: set[str] = field(default_factory=set)
     """Followers the scheduler does not see (their leader stands for the replica)."""
 
-    def start(self, ctl, sched, now: float) -> list[Instruction]:
+    def start(self, members, sched, now: float) -> list[Instruction]:
         """Fix the replicas from the rollout workers known now and hide their followers from
         the scheduler (before its :meth:`~digen.core.scheduler.Scheduler.start`)."""
         candidates = [
             Candidate(n, w.gpu_type, getattr(w, "sp_group", None))
-            for n, w in ctl.workers.items()
-            if ctl.role_of(w) is Role.ROLLOUT
+            for n, w in members.workers.items()
+            if members.role_of(w) is Role.ROLLOUT
         ]
         self.replicas = plan_replicas(candidates, self.degree)
         self.group.set_plan(self.degree, self.replicas)
@@ -130,7 +130,7 @@ class SpControl:
             log.info("rollout workers outside a replica (d=1): %s", ", ".join(solo))
         return out
 
-    def check(self, ctl, sched, now: float) -> list[Instruction]:
+    def check(self, members, sched, now: float) -> list[Instruction]:
         """Followers that left their replica (:meth:`SpGroup.leave`) become rollout workers
         the scheduler sees, unless they already re-joined it (a restarted process does)."""
         out: list[Instruction] = []
@@ -138,11 +138,11 @@ class SpControl:
             if name not in self.hidden:
                 continue
             self.hidden.discard(name)
-            w = ctl.workers.get(name)
+            w = members.workers.get(name)
             if w is None or name in sched.workers:
                 continue
             log.warning(
                 "worker %s left its sequence-parallel replica (%s); it runs as a d=1 worker", name, why
             )
-            out += sched.handle(WorkerJoined(name, ctl.role_of(w), w.gpu_type, now))
+            out += sched.handle(WorkerJoined(name, members.role_of(w), w.gpu_type, now))
         return out

@@ -4,8 +4,9 @@ The worker loop calls :func:`point` at each named place of a task:
 
 ``gen``    a generation task has generated and scored its group, nothing is stored yet
 ``train``  a train task has computed its gradient, nothing is stored yet
-``sync``   a worker has fetched a published weights version, before loading it
-``ack``    a task's data is stored in Redis, before its acknowledgement
+``sync``   a worker has fetched a weights version (or a trainer the optimizer state), before loading it
+``ack``    a task's data is stored (in the worker's blob store), before its acknowledgement
+``reduce`` a trainer has summed a step's gradient with the group, before it reports success
 ``start``  a worker loop starts, before it loads the model (``raise`` here crashes the loop)
 
 :func:`point` does nothing unless the worker process runs with ``DIGEN_FAULTS=1`` (set it
@@ -51,7 +52,7 @@ from typing import Literal
 log = logging.getLogger(__name__)
 
 ENV = "DIGEN_FAULTS"
-POINTS = ("gen", "train", "sync", "ack", "start")
+POINTS = ("gen", "train", "sync", "ack", "start", "reduce")
 Action = Literal["kill", "stall", "drop_redis", "raise", "signal", "hold"]
 
 

@@ -71,7 +71,12 @@ def make_run(root: Path, model_dir: Path, arch: str, *, lora: bool = True, itera
     saved = {}
     for it in iterations:
         weights = random_weights(policy.trainable_state_dict(), seed=100 + it, std=0.05 if lora else 0.02)
-        save_checkpoint(run, ParameterStore(weights, cfg.train, version=it + 1), it)
+        save_checkpoint(
+            run.checkpoint_dir(it),
+            ParameterStore(weights, cfg.train, version=it + 1),
+            it,
+            keep=cfg.output.keep_checkpoints,
+        )
         saved[it] = weights
     return root, saved
 
@@ -194,7 +199,7 @@ def test_ema_exports_the_checkpoints_averaged_weights(lora_runs, tiny_models, tm
     policy = build_policy(cfg)
     store = ParameterStore(random_weights(policy.trainable_state_dict(), seed=1, std=0.05), cfg.train, 1)
     store.ema = random_weights(policy.trainable_state_dict(), seed=2, std=0.05)
-    save_checkpoint(run, store, 0)
+    save_checkpoint(run.checkpoint_dir(0), store, 0, keep=cfg.output.keep_checkpoints)
     result = export_run(tmp_path / "run", tmp_path / "ema", ema=True)
     assert result.weights == "ema"
     exported = load_file(str(tmp_path / "ema" / LORA_WEIGHT_NAME))

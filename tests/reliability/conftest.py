@@ -24,9 +24,12 @@ def _faults_on() -> Iterator[None]:
 
 
 def fault_config(model_dir: Path, **sections) -> Config:
-    """The suite's job: 3 iterations of 2 groups x 4 samples, no grids or plots."""
+    """The suite's job: 3 iterations of 2 groups x 4 samples, no grids or plots; the trainers
+    sum gradients in the reference's order (``train.reduce: exact``), so a run that survived
+    its faults is compared with the reference bit for bit."""
     base = {"iterations": 3, "output": {"sample_grid_every": 0, "plots": False}}
     data = small_config_data(model_dir, **sections)
+    data["train"].setdefault("reduce", "exact")
     for key, value in base.items():
         if key not in {k.split("__")[0] for k in sections}:
             data[key] = value

@@ -83,13 +83,21 @@ def reference_tsp_run(tiny_sd3, tmp_path_factory):
 
 
 def run_mode(
-    small_config, out: Path, mode: str, iterations: int, rollout: int, trainers: int, **toggles
+    small_config,
+    out: Path,
+    mode: str,
+    iterations: int,
+    rollout: int,
+    trainers: int,
+    reduce: str = "exact",
+    **toggles,
 ) -> Path:
     cfg = small_config(
         iterations=iterations,
         schedule__mode=mode,
         schedule__max_staleness=0,
         cluster__local={"rollout_workers": rollout, "trainer_workers": trainers},
+        train__reduce=reduce,
         **{f"schedule__{k}": v for k, v in toggles.items()},
     )
     run_distributed(cfg, out)
@@ -121,7 +129,7 @@ def test_digen_without_rat_equals_the_reference_with_tsp_packing_bit_for_bit(
 
 def test_digen_mode_stays_within_its_tolerance_over_10_iterations(tiny_sd3, small_config, tmp_path):
     ref = reference(tiny_sd3, tmp_path / "ref", 10)
-    out = run_mode(small_config, tmp_path / "digen", "digen", 10, 1, 2)
+    out = run_mode(small_config, tmp_path / "digen", "digen", 10, 1, 2, reduce="allreduce")
     m_ref, m_got = metrics(ref), metrics(out)
     assert len(m_got) == 10
     assert m_got[0]["rewards"] == m_ref[0]["rewards"]  # version 0 generates the same samples

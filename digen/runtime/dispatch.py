@@ -1,0 +1,116 @@
+"""Carrying out the scheduler's instructions in Redis: tasks into their queues, role tags.
+
+:class:`Dispatcher` turns a :class:`~digen.core.events.Release` into a task in its queue with
+its payload (a generation task's group and version; a reward task's group; a train task's
+spec; an ``eval`` chunk), a :class:`~digen.core.events.SetRole` into the worker's tag, a
+:class:`~digen.core.events.RequeueWorker` into its leases going back to their queues. A task
+released again (its input or its result was lost) is re-posted: run anew with its payload.
+After a Redis outage it writes again what a restarted server may have lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from digen.core.events import Release, Role, TaskDone, TaskKind, TaskRef
+from digen.iteration import draws_grid
+from digen.runtime.evals import Evaluations
+from digen.runtime.jobstate import JobState
+from digen.runtime.ledger import Ledger
+from digen.runtime.queue import TaskQueue
+from digen.training import TrainStats
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Dispatcher:
+    ledger: Ledger
+    queue: TaskQueue
+    job: JobState
+    reward_tasks: bool = False
+    """Scoring runs as ``reward`` tasks (generation tasks keep the decoded images for them)."""
+    evals: Evaluations | None = None
+    tags: dict[str, tuple[Role, int]] = field(default_factory=dict)
+
+    def set_role(self, worker: str, role: Role, budget: int) -> None:
+        self.tags[worker] = (role, budget)
+        self.job.set_tag(worker, role, budget)
+
+    def requeue_worker(self, worker: str) -> None:
+        lost = self.queue.requeue_worker(worker)
+        if lost:
+            log.warning("worker %s left; re-queued %s", worker, lost)
+
+    def release(self, ins: Release) -> TaskDone | None:
+        """Queue a task. A train task with no sample left (every reward NaN, or its generation
+        task dead) is settled here: the returned :class:`TaskDone` tells the scheduler."""
+        t, led = ins.task, self.ledger
+        if t.kind is TaskKind.EVAL:
+            assert self.evals is not None
+            self.put(t, "eval", self.evals.payload(t))
+            return None
+        book = led.book(t.iteration)
+        if t.kind is TaskKind.GEN:
+            task = book.groups[t.group]
+            assert task.version == ins.version, (task.version, ins.version)
+            payload = {
+                "task": task.to_json(),
+                "score": not self.reward_tasks,
+                "grid": draws_grid(led.cfg, t.iteration),
+            }
+            self.put(t, "gen", payload)
+            return None
+        if t.kind is TaskKind.REWARD:
+            if led.gen_id(t.iteration, t.group) in led.dead.get(t.iteration, []):
+                return TaskDone(t, "", time.time(), time.time())  # NaN rewards already
+            self.put(t, "reward", {"task": book.groups[t.group].to_json()})
+            return None
+        spec = book.task_spec(t.group, t.part)
+        if not spec.samples:  # nothing to train: settled with a zero gradient (nothing sent)
+            book.stats.setdefault((t.group, t.part or 0), TrainStats())
+            led.collected.add(t.id)
+            return TaskDone(t, "", time.time(), time.time())
+        tsp = bool(led.cfg.schedule.resolved().tsp)
+        self.put(t, "train", {"spec": spec.to_json(), "prompt": book.groups[t.group].prompt, "tsp": tsp})
+        return None
+
+    def put(self, t: TaskRef, queue: str, payload: dict) -> None:
+        """Queue ``t``; one that exists (released again: its input or result was lost) runs anew."""
+        led = self.ledger
+        led.outstanding[t.id] = (queue, payload)
+        if not self.queue.put(queue, t.id, payload):
+            state = self.queue.repost(queue, t.id, payload)
+            log.info("task %s released again (it was %s)", t.id, state)
+            led.collected.discard(t.id)
+        led.released_at.setdefault(t.id, time.time())  # after the put: a later lease saw it queued
+
+    def repost_parked(self, iteration: int, group: int) -> None:
+        """The group's trajectories exist again: run the tasks that waited for them."""
+        for tid in sorted(self.ledger.parked.pop((iteration, group), set())):
+            queue, payload = self.ledger.outstanding.get(tid, (None, None))
+            if queue is not None:
+                self.queue.repost(queue, tid, payload)
+
+    def reconcile(self) -> list[str]:
+        """After a Redis outage: write again what a restarted server may have lost (with
+        ``appendfsync everysec``, up to its last second of writes): the job's status, role
+        tags, released tasks. Every write is idempotent. Returns the tasks found done (to
+        collect with the next done ids)."""
+        log.warning("job %s: Redis was unreachable; checking the job's keys", self.job.job_id)
+        if self.job.status() is None:
+            self.job.set_status("running")
+        for worker, (role, budget) in self.tags.items():
+            if self.job.tag(worker) is None:
+                self.job.set_tag(worker, role, budget)
+        done = []
+        for tid, (queue, payload) in list(self.ledger.outstanding.items()):
+            state = self.queue.state(tid)
+            if state is None:
+                log.warning("task %s was lost with Redis; queuing it again", tid)
+                self.queue.put(queue, tid, payload)
+            elif state == "done":
+                done.append(tid)
+        return done

@@ -1,0 +1,111 @@
+"""The controller's records of one job: what was released, what came back, where it lives.
+
+Plain data and small queries, no I/O: the parts of the controller
+(:mod:`~digen.runtime.dispatch` releases tasks, :mod:`~digen.runtime.results` collects them,
+:mod:`~digen.runtime.steps` asks for optimizer steps) read and write one :class:`Ledger`.
+It holds no tensor: a generated group's trajectories and a train task's gradient stay on the
+worker that made them; the ledger says which worker (and, for a blob, its address and name).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from digen.config import Config
+from digen.core.events import TaskKind, TaskRef
+from digen.iteration import IterationBook
+from digen.rollout import plan_groups
+
+
+@dataclass(frozen=True)
+class Blob:
+    """Where a blob lives: the worker that holds it, its server's address, its name."""
+
+    worker: str
+    addr: str
+    name: str
+
+
+@dataclass(frozen=True)
+class Trained:
+    """A train task whose result counted: who holds its gradient (in its running sum, or as a
+    blob when ``blob`` is set)."""
+
+    task: TaskRef
+    worker: str
+    blob: Blob | None = None
+
+
+@dataclass
+class Ledger:
+    cfg: Config
+    prompts: list[str]
+    books: dict[int, IterationBook] = field(default_factory=dict)
+    outstanding: dict[str, tuple[str, dict]] = field(default_factory=dict)
+    """Released tasks not yet collected: id -> (queue, payload), to queue again if Redis lost them."""
+    released_at: dict[str, float] = field(default_factory=dict)
+    """When each outstanding task went into its queue (controller clock): its timeline rows get
+    it as ``released`` (:func:`digen.evaluation.eval_interference` reads the waits)."""
+    collected: set[str] = field(default_factory=set)
+    """Tasks of unfinished iterations whose result (or death) is counted: never twice."""
+    sources: dict[int, dict[int, Blob]] = field(default_factory=dict)
+    """Per iteration, per group: where its generated trajectories are."""
+    trained: dict[int, dict[str, Trained]] = field(default_factory=dict)
+    """Per iteration: the train tasks that counted, by id."""
+    regenerating: set[tuple[int, int]] = field(default_factory=set)
+    """(iteration, group) whose trajectories were lost and are being generated again."""
+    parked: dict[tuple[int, int], set[str]] = field(default_factory=dict)
+    """(iteration, group) -> tasks parked until its trajectories exist again."""
+    cells: dict[int, dict[int, bytes]] = field(default_factory=dict)
+    """Per grid iteration, per group: its images as grid cells (PNG)."""
+    gen_versions: dict[int, dict[int, int]] = field(default_factory=dict)
+    dead: dict[int, list[str]] = field(default_factory=dict)
+    """Dropped dead tasks per iteration (``schedule.on_poison: drop``)."""
+    untrained: dict[int, set[tuple[int, int | None]]] = field(default_factory=dict)
+    """(group, part) per iteration whose train task died: its samples do not count as trained."""
+    events: list[dict] = field(default_factory=list)
+    """Timeline rows collected and not yet written."""
+
+    def book(self, iteration: int) -> IterationBook:
+        if iteration not in self.books:
+            version = max(0, iteration - int(self.cfg.schedule.resolved().max_staleness or 0))
+            self.books[iteration] = IterationBook(
+                self.cfg, iteration, plan_groups(self.cfg, self.prompts, iteration, version)
+            )
+        return self.books[iteration]
+
+    def held_on(self, worker: str) -> tuple[list[tuple[int, int]], dict[int, list[TaskRef]]]:
+        """What a worker that left took with it: the (iteration, group) whose trajectories
+        only it held, and per iteration the train tasks whose gradients it held."""
+        groups = [
+            (k, g)
+            for k, src in sorted(self.sources.items())
+            for g, b in sorted(src.items())
+            if b.worker == worker
+        ]
+        tasks = {
+            k: [t.task for t in done.values() if (t.blob.worker if t.blob else t.worker) == worker]
+            for k, done in sorted(self.trained.items())
+        }
+        return groups, {k: v for k, v in tasks.items() if v}
+
+    def untrain(self, iteration: int, refs: list[TaskRef]) -> None:
+        """Forget train results that no longer count (their gradient is gone)."""
+        done = self.trained.get(iteration, {})
+        book = self.books.get(iteration)
+        for ref in refs:
+            done.pop(ref.id, None)
+            self.collected.discard(ref.id)
+            if book is not None:
+                book.stats.pop((ref.group, ref.part or 0), None)
+
+    def forget(self, iteration: int) -> None:
+        """Drop an iteration's records once it is finished."""
+        for d in (self.books, self.sources, self.trained, self.cells, self.gen_versions):
+            d.pop(iteration, None)
+        self.collected = {t for t in self.collected if TaskRef.parse(t).iteration != iteration}
+        self.regenerating = {x for x in self.regenerating if x[0] != iteration}
+        self.parked = {x: v for x, v in self.parked.items() if x[0] != iteration}
+
+    def gen_id(self, iteration: int, group: int) -> str:
+        return TaskRef(TaskKind.GEN, iteration, group).id

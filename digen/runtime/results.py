@@ -1,0 +1,215 @@
+"""Results coming back: acknowledged tasks, dead ones, parked ones, and what left with a worker.
+
+:class:`Collector` counts each acknowledged task once into the :class:`~digen.runtime.ledger.Ledger`
+(a generation task's rewards and where its trajectories are; a train task's stats and who
+holds its gradient; an ``eval`` chunk's scores and cells) and answers with the scheduler
+events that follow. It also settles what did not come back as planned:
+
+- a task that failed ``schedule.max_attempts`` times (a dead letter): the job fails, or with
+  ``schedule.on_poison: drop`` its samples are dropped;
+- a task parked because its input is gone (:meth:`~digen.runtime.queue.TaskQueue.park`): its
+  group is generated again (:class:`~digen.core.events.GroupLost`), and the task re-posted
+  once it is;
+- a worker that left: the groups whose trajectories only it held are generated again, and the
+  train tasks whose gradients it held (not yet counted by a step) run again
+  (:class:`~digen.core.events.TrainLost`). At-least-once delivery, exactly-once effect.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from digen.core.events import Event, GroupLost, TaskDone, TaskKind, TaskRef, TrainLost
+from digen.errors import DigenError
+from digen.rundir import RunDir
+from digen.runtime.dispatch import Dispatcher
+from digen.runtime.evals import Evaluations
+from digen.runtime.ledger import Blob, Ledger, Trained
+from digen.runtime.queue import DeadLetter, TaskQueue
+from digen.runtime.steps import is_step_id
+from digen.training import TrainStats
+
+log = logging.getLogger(__name__)
+
+
+class PoisonTask(DigenError):
+    """A task that failed ``schedule.max_attempts`` times, with ``schedule.on_poison: fail``."""
+
+
+@dataclass
+class Collector:
+    ledger: Ledger
+    queue: TaskQueue
+    run: RunDir
+    dispatch: Dispatcher
+    evals: Evaluations | None = None
+    dead_seen: set[str] = field(default_factory=set)
+
+    # --- acknowledged -----------------------------------------------------------------------
+    def collect(self, task_id: str, res: dict | bytes | None) -> list[Event]:
+        """Count an acknowledged task's result ``res`` (once); the scheduler events it makes."""
+        led = self.ledger
+        if task_id in led.collected:
+            return []
+        ref = TaskRef.parse(task_id)
+        if ref.kind is TaskKind.EVAL:
+            return self.collect_eval(ref, res)
+        if not isinstance(res, dict) or ref.iteration not in led.books:
+            return []
+        led.collected.add(task_id)
+        led.outstanding.pop(task_id, None)
+        book = led.books[ref.iteration]
+        led.events += self.stamp(task_id, res["events"])
+        if ref.kind is TaskKind.GEN:
+            if not self.dispatch.reward_tasks:
+                book.add_rewards(ref.group, torch.tensor(res["rewards"], dtype=torch.float32))
+            b = res["blob"]
+            led.sources.setdefault(ref.iteration, {})[ref.group] = Blob(
+                res["worker"], str(b["addr"]), str(b["name"])
+            )
+            led.gen_versions.setdefault(ref.iteration, {})[ref.group] = book.groups[ref.group].version
+            if "cells" in res:
+                led.cells.setdefault(ref.iteration, {})[ref.group] = bytes(res["cells"])
+            if (ref.iteration, ref.group) in led.regenerating:
+                led.regenerating.discard((ref.iteration, ref.group))
+                self.dispatch.repost_parked(ref.iteration, ref.group)
+        elif ref.kind is TaskKind.REWARD:
+            book.add_rewards(ref.group, torch.tensor(res["rewards"], dtype=torch.float32))
+        else:
+            grad = res.get("grad")
+            blob = (
+                Blob(res["worker"], str(grad["addr"]), str(grad["name"])) if isinstance(grad, dict) else None
+            )
+            led.trained.setdefault(ref.iteration, {})[task_id] = Trained(ref, res["worker"], blob)
+            book.stats[(ref.group, ref.part or 0)] = TrainStats.from_json(res["stats"])
+        return [TaskDone(ref, res["worker"], res["start"], res["end"])]
+
+    def stamp(self, task_id: str, events: list[dict]) -> list[dict]:
+        """Mark a collected task's timeline rows with its id (``task``) and release time."""
+        released = self.ledger.released_at.pop(task_id, None)
+        for e in events:
+            e["task"] = task_id
+            if released is not None:
+                e["released"] = released
+        return events
+
+    def collect_eval(self, ref: TaskRef, res) -> list[Event]:
+        """An ``eval`` task's scores and cells; its evaluation's timeline rows are written
+        when it completes (an evaluation runs after its iteration's rows are out)."""
+        if not isinstance(res, dict) or self.evals is None or not self.evals.pending(ref):
+            return []
+        self.ledger.collected.add(ref.id)
+        self.ledger.outstanding.pop(ref.id, None)
+        self.stamp(ref.id, res["events"])
+        self.run.append("timeline.jsonl", self.evals.collect(ref, res))
+        return [TaskDone(ref, res["worker"], res["start"], res["end"])]
+
+    # --- parked and lost --------------------------------------------------------------------
+    def parked(self, task_id: str, why: str, now: float) -> list[Event]:
+        """A task gave its lease back because its group's trajectories are gone: generate the
+        group again (once), then re-post every task parked on it."""
+        ref = TaskRef.parse(task_id)
+        led = self.ledger
+        if ref.iteration not in led.books:
+            return []
+        key = (ref.iteration, ref.group)
+        led.parked.setdefault(key, set()).add(task_id)
+        log.warning(
+            "task %s lost its input (%s); generating group %d of iteration %d again",
+            task_id,
+            why,
+            ref.group,
+            ref.iteration,
+        )
+        return self.regenerate(ref.iteration, ref.group, now)
+
+    def regenerate(self, iteration: int, group: int, now: float) -> list[Event]:
+        led = self.ledger
+        if (iteration, group) in led.regenerating:
+            return []
+        led.regenerating.add((iteration, group))
+        led.sources.get(iteration, {}).pop(group, None)
+        led.collected.discard(led.gen_id(iteration, group))
+        return [GroupLost(iteration, group, now)]
+
+    def worker_left(self, worker: str, now: float) -> list[Event]:
+        """Regenerate what only ``worker`` held and train again what it had trained."""
+        groups, tasks = self.ledger.held_on(worker)
+        out: list[Event] = []
+        for k, g in groups:
+            log.warning("worker %s left with the trajectories of group %d of iteration %d", worker, g, k)
+            out += self.regenerate(k, g, now)
+        for k, refs in tasks.items():
+            out += self.train_again(k, refs, now, f"worker {worker} left with their gradients")
+        return out
+
+    def train_again(self, iteration: int, refs: list[TaskRef], now: float, why: str) -> list[Event]:
+        if not refs:
+            return []
+        log.warning("train tasks %s run again: %s", ", ".join(r.id for r in refs), why)
+        self.ledger.untrain(iteration, refs)
+        return [TrainLost(iteration, tuple((r.group, r.part) for r in refs), now)]
+
+    # --- dead letters -----------------------------------------------------------------------
+    def poisoned(self, dead: DeadLetter, on_fsdp=None) -> list[Event]:
+        """A task that failed ``schedule.max_attempts`` times (its error is in
+        ``dead_letters.jsonl``): fail the job, or (``on_poison: drop``) drop its samples: a dead
+        generation task's samples count as dropped (NaN rewards) and its group trains nothing;
+        a dead train task's group adds nothing to the step and its samples do not count.
+        ``on_fsdp(dead)``: the error to raise for an FSDP group's task, or None."""
+        if dead.task_id in self.dead_seen:
+            return []
+        self.dead_seen.add(dead.task_id)
+        led = self.ledger
+        led.released_at.pop(dead.task_id, None)
+        action = led.cfg.schedule.on_poison
+        first = (dead.error.strip().splitlines() or ["no error recorded"])[0]
+        self.run.append(
+            "dead_letters.jsonl",
+            [
+                {
+                    "task": dead.task_id,
+                    "queue": dead.queue,
+                    "attempts": dead.attempts,
+                    "error": dead.error,
+                    "action": action,
+                    "time": time.time(),
+                }
+            ],
+        )
+        if on_fsdp is not None and (is_step_id(dead.task_id) or dead.queue == TaskKind.TRAIN.value):
+            raise on_fsdp(dead)
+        if is_step_id(dead.task_id):
+            return []
+        if action == "fail":
+            raise PoisonTask(
+                f"task {dead.task_id} failed {dead.attempts} time(s): {first}; fix the cause and rerun "
+                f"with --resume, or set schedule.on_poison=drop to drop such samples"
+            )
+        ref = TaskRef.parse(dead.task_id)
+        if ref.kind is TaskKind.EVAL and self.evals is not None and self.evals.pending(ref):
+            led.outstanding.pop(dead.task_id, None)
+            self.run.append("timeline.jsonl", self.evals.drop(ref))
+            return [TaskDone(ref, "", time.time(), time.time())]
+        if dead.task_id in led.collected or ref.iteration not in led.books:
+            return []
+        log.warning(
+            "task %s is dead after %d attempt(s) (%s); its samples are dropped (schedule.on_poison: drop)",
+            dead.task_id,
+            dead.attempts,
+            first,
+        )
+        led.collected.add(dead.task_id)
+        led.outstanding.pop(dead.task_id, None)
+        led.dead.setdefault(ref.iteration, []).append(dead.task_id)
+        book = led.books[ref.iteration]
+        if ref.kind in (TaskKind.GEN, TaskKind.REWARD):
+            book.add_rewards(ref.group, torch.full((led.cfg.rollout.group_size,), float("nan")))
+        else:
+            led.untrained.setdefault(ref.iteration, set()).add((ref.group, ref.part))
+            book.stats.setdefault((ref.group, ref.part or 0), TrainStats())
+        return [TaskDone(ref, "", time.time(), time.time())]

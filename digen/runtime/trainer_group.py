@@ -1,0 +1,187 @@
+"""The job's trainer group in Redis: step commands, their commit decision, who holds what.
+
+The trainers of a job (every trainer-role worker; in ``colocated`` mode every worker) own the
+optimizer, replicated: each holds the whole AdamW state and applies the same step to the same
+summed gradient (:mod:`workers.trainer`). Redis carries only the small messages that
+coordinate them; gradients and weights go worker to worker (:mod:`digen.dataplane`).
+
+Keys (``P = digen:<job_id>:``, cleared with the job's other keys)::
+
+    P tg:step            string  JSON of the newest step command (:class:`StepCommand`)
+    P tg:ok:<step>:<e>   set     members whose reduction of <step> in epoch <e> succeeded
+    P tg:decision:<step> string  "commit:<e>" or "abort:<e>": written once (SET NX), so a
+                                 step is either applied by every member or by none
+    P tg:addr:<e>        string  JSON {host, port, backend}: rank 0's rendezvous for epoch <e>
+    P tg:holders         hash    worker -> JSON {"addr": blob server, "versions": [v, ...],
+                                 "state": v or null}: the weight versions a worker serves and
+                                 the optimizer state it holds
+    P tg:current         string  JSON {"version", "checkpoint", "keep_previous"}: the newest
+                                 committed version and the newest checkpoint folder (a trainer
+                                 that joins a running job starts from them)
+
+An *epoch* is one membership of the group: the controller bumps it whenever the member list
+changes (a trainer joined, left or restarted), and the members form a new torch.distributed
+process group for it at the next step.
+
+Commit protocol of one step (why: a member can die half-way through a collective, leaving the
+others with different sums; the step must then be applied by all or none): each member
+reduces, then adds itself to ``ok``; rank 0 writes ``commit`` once every member is in ``ok``;
+the controller writes ``abort`` if a member leaves before that (whoever writes first wins).
+Every member then applies the step (commit) or drops its sums (abort: the controller releases
+the step's train tasks again).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+COMMIT, ABORT = "commit", "abort"
+
+
+@dataclass
+class StepCommand:
+    """What the controller asks the trainer group to do for one optimizer step."""
+
+    id: str
+    """The step's task id (``step:<iteration>``); the writer acknowledges it in the queue."""
+    iteration: int
+    epoch: int
+    members: list[str]
+    """Sorted worker names; rank = position; rank 0 is the rendezvous and decides commits."""
+    version: int
+    """The version every member must hold before the step (it becomes ``version + 1``)."""
+    rows: int
+    """Trained (sample, step) rows summed in the gradient: the mean's divisor."""
+    held: dict[str, list[str]] = field(default_factory=dict)
+    """allreduce: member -> the train tasks in its running sum (checked before reducing)."""
+    blobs: list[list[str]] = field(default_factory=list)
+    """[task id, blob server address, blob name] of gradients kept as blobs: every task's with
+    ``train.reduce: exact`` (then in (group, part) order), else those of non-members (RAT)."""
+    exact: bool = False
+    writer: str = ""
+    """The member that writes the checkpoint (if any) and acknowledges the step."""
+    checkpoint: str | None = None
+    """Folder of the checkpoint to write after the step (None: no checkpoint this step)."""
+    keep_checkpoints: int = 2
+    keep_previous: bool = False
+    """Staleness 1: members keep serving the version before the newest, and a checkpoint holds it."""
+    serve_from: int | None = None
+    """Members keep serving every version from this one on (an evaluation still to run needs it)."""
+    restore: str | None = None
+    """The newest checkpoint folder, for a member that must start from it when no member holds
+    the state (every trainer restarted): used only if its version is ``version``."""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @staticmethod
+    def from_json(raw: bytes | str) -> StepCommand:
+        return StepCommand(**json.loads(raw))
+
+    def rank(self, worker: str) -> int:
+        return self.members.index(worker)
+
+
+class TrainerGroup:
+    """The trainer group's keys of one job (JSON values only; see the module docstring)."""
+
+    def __init__(self, redis_client, job_id: str):
+        self.r = redis_client
+        self.p = f"digen:{job_id}:tg:"
+
+    # --- steps ----------------------------------------------------------------------------
+    def set_step(self, cmd: StepCommand) -> None:
+        self.r.set(self.p + "step", cmd.to_json())
+
+    def step(self) -> StepCommand | None:
+        raw = self.r.get(self.p + "step")
+        return None if raw is None else StepCommand.from_json(raw)
+
+    def step_key(self) -> str:
+        return self.p + "step"
+
+    def report_ok(self, step: str, epoch: int, worker: str) -> None:
+        self.r.sadd(self.p + f"ok:{step}:{epoch}", worker)
+
+    def oks(self, step: str, epoch: int) -> set[str]:
+        return {x.decode() for x in self.r.smembers(self.p + f"ok:{step}:{epoch}")}
+
+    def decide(self, step: str, what: str, epoch: int) -> str:
+        """Write the step's decision unless one is written; returns the one in force."""
+        self.r.set(self.p + f"decision:{step}", f"{what}:{epoch}", nx=True)
+        return self.decision(step) or f"{what}:{epoch}"
+
+    def decision(self, step: str) -> str | None:
+        raw = self.r.get(self.p + f"decision:{step}")
+        return None if raw is None else raw.decode()
+
+    def forget_step(self, step: str) -> None:
+        """Drop a step's decision and ok sets (before the controller asks for it again)."""
+        keys = [self.p + f"decision:{step}", *self.r.scan_iter(match=self.p + f"ok:{step}:*", count=1000)]
+        self.r.delete(*keys)
+
+    def set_current(self, version: int, checkpoint: str | None, keep_previous: bool) -> None:
+        self.r.set(
+            self.p + "current",
+            json.dumps({"version": version, "checkpoint": checkpoint, "keep_previous": keep_previous}),
+        )
+
+    def current(self) -> dict | None:
+        raw = self.r.get(self.p + "current")
+        return None if raw is None else json.loads(raw)
+
+    # --- rendezvous -----------------------------------------------------------------------
+    def set_address(self, epoch: int, host: str, port: int, backend: str) -> None:
+        self.r.set(self.p + f"addr:{epoch}", json.dumps({"host": host, "port": port, "backend": backend}))
+
+    def address(self, epoch: int) -> dict | None:
+        raw = self.r.get(self.p + f"addr:{epoch}")
+        return None if raw is None else json.loads(raw)
+
+    # --- what each member holds -------------------------------------------------------------
+    def set_holding(
+        self,
+        worker: str,
+        addr: str,
+        versions: list[int],
+        state: int | None,
+        shard: tuple[int, int] | None = None,
+    ) -> None:
+        """``worker`` serves weight ``versions`` (whole, or with ``shard`` = (rank, world) its
+        FSDP rank's dim-0 shard of each tensor) and holds the optimizer state of ``state``."""
+        entry: dict = {"addr": addr, "versions": versions, "state": state}
+        if shard is not None:
+            entry["shard"] = list(shard)
+        self.r.hset(self.p + "holders", worker, json.dumps(entry))
+
+    def drop_holding(self, worker: str) -> None:
+        self.r.hdel(self.p + "holders", worker)
+
+    def holdings(self) -> dict[str, dict]:
+        return {k.decode(): json.loads(v) for k, v in self.r.hgetall(self.p + "holders").items()}
+
+    def holders_of(self, version: int) -> list[str]:
+        """Blob server addresses of the workers that serve weights ``version`` whole (sorted by worker)."""
+        return [
+            h["addr"]
+            for _, h in sorted(self.holdings().items())
+            if version in h["versions"] and "shard" not in h
+        ]
+
+    def shard_holders(self, version: int) -> list[str] | None:
+        """The blob server of each FSDP rank serving its shard of ``version``, in rank order;
+        None unless every rank of the group serves it."""
+        ranks: dict[int, str] = {}
+        world = None
+        for h in self.holdings().values():
+            if version in h["versions"] and "shard" in h:
+                ranks[h["shard"][0]] = h["addr"]
+                world = h["shard"][1]
+        if world is None or len(ranks) != world:
+            return None
+        return [ranks[r] for r in range(world)]
+
+    def state_holders(self, version: int) -> list[tuple[str, str]]:
+        """(worker, blob address) of the members whose optimizer state is at ``version``."""
+        return [(w, h["addr"]) for w, h in sorted(self.holdings().items()) if h.get("state") == version]

@@ -1,0 +1,231 @@
+"""What one worker process holds between tasks, and the helpers every worker loop shares.
+
+:class:`WorkerRuntime` is the state of a worker's loop (:mod:`workers.loop`): its policy and
+reward, the weights version loaded, its connection to the job's Redis keys, and its end of the
+data plane: the :class:`~digen.dataplane.blobs.BlobStore` of what it produced (trajectories,
+gradients, weight versions) and the address peers fetch them from. The trainer's share of the
+optimizer (:mod:`workers.trainer`), the sequence-parallel ranks (:mod:`workers.sp_loop`) and
+the FSDP ranks (:mod:`workers.fsdp_loop`) build on it; none of them imports the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypeVar
+
+import torch
+
+from digen.assembly import EmbedCache, build_reward
+from digen.config import Config
+from digen.core.events import Role, TaskRef
+from digen.dataplane.blobs import BlobLost, BlobStore
+from digen.dataplane.weights import fetch_version, version_blob
+from digen.errors import TaskDropped
+from digen.runtime.jobstate import JobState, LoopState
+from digen.runtime.queue import TaskQueue
+from digen.runtime.redis_conn import RoundTrips
+from digen.runtime.trainer_group import TrainerGroup
+from digen.testing import faults
+from workers.preload import take_policy
+
+if TYPE_CHECKING:
+    from workers.trainer import Member
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+STOP_CHECK_S = 0.2
+"""How often, at most, a running generation task reads the job's status (one GET)."""
+WEIGHTS_WAIT_S = 300.0
+"""How long a worker waits for some trainer to serve the weights version a task needs."""
+POLL_S = 0.05
+
+
+@dataclass
+class WorkerRuntime:
+    """What one worker holds between tasks."""
+
+    name: str
+    gpu_type: str
+    cfg: Config
+    queue: TaskQueue
+    job: JobState
+    device: str
+    policy: object = None
+    reward: object = None
+    embed: EmbedCache | None = None
+    version: int | None = None
+    """The weights version loaded into ``policy`` (None: unknown, fetch before use)."""
+    weights_cache: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
+    tasks_run: int = 0
+    round_trips: RoundTrips | None = None
+    """Requests this loop has sent to Redis (reported on each task's last timeline event)."""
+    cycles: int = 0
+    """Passes through the loop (one per leased task, plus idle ones)."""
+    reported: tuple[int, int] = (0, 0)
+    """(round_trips, cycles) at the last report."""
+    stop_checked: float = 0.0
+    blobs: BlobStore = field(default_factory=BlobStore)
+    """What this worker serves to its peers (its process's store)."""
+    blob_addr: str = ""
+    """Where peers fetch this worker's blobs (``host:port``)."""
+    member: Member | None = None
+    """This worker's share of the trainer group (trainers; every worker in ``colocated`` mode)."""
+
+    @property
+    def group(self) -> TrainerGroup:
+        return TrainerGroup(self.queue.redis, self.job.job_id)
+
+    def blob_name(self, kind: str, task_id: str) -> str:
+        """The name of a blob this worker makes for task ``task_id`` (``gen``, ``grad``...)."""
+        return f"{self.job.job_id}:{kind}:{task_id}"
+
+    def ensure_reward(self) -> None:
+        """Build the config's reward once per worker, on the worker's device."""
+        if self.reward is None:
+            self.reward = build_reward(self.cfg, device=self.device)
+
+    def job_stopped(self) -> bool:
+        """True once the job left ``running`` (``digen cancel``): read at most every
+        :data:`STOP_CHECK_S`, between denoising steps (:func:`~digen.rollout.generate_group`)."""
+        now = time.monotonic()
+        if now - self.stop_checked < STOP_CHECK_S:
+            return False
+        self.stop_checked = now
+        return self.job.status() != "running"
+
+    def report_redis(self, events: list[dict]) -> None:
+        """Mark the task's last event with the round trips and loop cycles since the last task,
+        for ``digen bench`` (:func:`digen.bench.worker_stats`)."""
+        if self.round_trips is None or not events:
+            return
+        now = (self.round_trips.count, self.cycles)
+        events[-1]["redis_round_trips"], events[-1]["cycles"] = (
+            now[0] - self.reported[0],
+            now[1] - self.reported[1],
+        )
+        self.reported = now
+
+    def ensure_policy(self):
+        if self.policy is None:
+            self.policy = take_policy(self.cfg, self.device)  # preloaded, or built now
+            self.embed = EmbedCache(self.policy, self.cfg.rollout.guidance_scale > 1.0)
+        return self.policy
+
+    def ensure_version(self, version: int) -> None:
+        """Load weights ``version`` into the policy (a no-op when already loaded): from this
+        worker's own blobs (a trainer serves the versions it made), else fetched from the
+        trainers that hold it (:func:`~digen.dataplane.weights.fetch_version`), bucketed and
+        in the dtype the policy computes in."""
+        policy = self.ensure_policy()
+        if self.version == version:
+            return
+        own = self.blobs.get(version_blob(self.job.job_id, version))
+        weights = own.tensors if own is not None else self.weights_cache.get(version)
+        if weights is None:
+            weights = self._fetch_weights(version)
+            faults.point("sync", self.job, self.name, task=f"weights:{version}", iteration=version)
+            if self.cfg.model.lora.enabled:  # an adapter is small: keep it, and the one before
+                self.weights_cache = {v: w for v, w in self.weights_cache.items() if v >= version - 1}
+                self.weights_cache[version] = weights
+        policy.load_trainable_state_dict(weights)
+        self.version = version
+
+    def _fetch_weights(self, version: int) -> dict[str, torch.Tensor]:
+        name = version_blob(self.job.job_id, version)
+        deadline = time.monotonic() + WEIGHTS_WAIT_S
+        last = "no trainer serves it yet"
+        start = sum(map(ord, self.name))  # spread the workers' first buckets over holders
+        while True:
+            holders = [a for a in self.group.holders_of(version) if a != self.blob_addr]
+            shards = None if holders else self.group.shard_holders(version)
+            try:
+                if holders:
+                    return fetch_version(holders, name, dtype=self.policy.dtype, start=start)
+                if shards:  # an FSDP group: every rank's dim-0 shard, put together here
+                    parts = [fetch_version([a], name, dtype=self.policy.dtype) for a in shards]
+                    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+            except BlobLost as exc:
+                last = str(exc)
+            if self.job.status() != "running":
+                raise TaskDropped(f"the job stopped while {self.name} waited for weights version {version}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"weights version {version} could not be fetched in {WEIGHTS_WAIT_S:g} s: {last}"
+                )
+            time.sleep(POLL_S)
+
+    def drop_blobs_before(self, iteration: int) -> None:
+        """Forget trajectories and gradients of iterations up to ``iteration`` (stepped: no
+        step can need them again)."""
+        prefix = f"{self.job.job_id}:"
+
+        def keep(name: str) -> bool:
+            if not name.startswith(prefix):
+                return True
+            kind, _, task = name[len(prefix) :].partition(":")
+            if kind not in ("gen", "grad"):
+                return True
+            try:
+                return TaskRef.parse(task).iteration > iteration
+            except ValueError:
+                return False
+
+        self.blobs.drop_where(keep)
+
+
+def poll(rt: WorkerRuntime, token: str) -> LoopState | None:
+    """The top of a loop cycle: the job's state as this worker sees it (its role tag: (role,
+    off-role budget); the trainer group's step command; the newest stepped iteration), or None
+    when the loop must stop (the job left ``running``, or a newer loop took the worker). One
+    round trip (:meth:`JobState.loop_state`); waits while the worker has no tag yet."""
+    while True:
+        state = rt.job.loop_state(rt.name, token)
+        if state.status != "running":
+            return None
+        if not state.owns_loop:
+            log.info("worker %s: a newer loop took over; this one stops", rt.name)
+            return None
+        if state.tag is not None:
+            return state
+        time.sleep(0.05)
+
+
+def event(rt: WorkerRuntime, role: Role, kind: str, task: TaskRef, version: int, s: float, e: float) -> dict:
+    """A timeline row of this worker."""
+    return {
+        "worker": rt.name,
+        "gpu_type": rt.gpu_type,
+        "role": role.value,
+        "kind": kind,
+        "iteration": task.iteration,
+        "version": version,
+        "start": s,
+        "end": e,
+    }
+
+
+def wait_for(rt: WorkerRuntime, read: Callable[[], T | None], what: str) -> T | None:
+    """Poll Redis with ``read`` until it returns a value; None once the job stops running."""
+    while rt.job.status() == "running":
+        value = read()
+        if value is not None:
+            return value
+        time.sleep(POLL_S)
+    log.info("job %s stopped while %s waited for %s", rt.job.job_id, rt.name, what)
+    return None
+
+
+def dask_worker_host() -> str:
+    """The host of this process's Dask worker address (127.0.0.1 outside a Dask worker)."""
+    try:
+        from distributed import get_worker
+        from distributed.comm import get_address_host
+
+        return get_address_host(get_worker().address)
+    except (ImportError, ValueError):
+        return "127.0.0.1"

@@ -1,0 +1,216 @@
+"""What a worker does with each kind of task, and where the task's tensors go.
+
+A generation task keeps its group's tensors (latents, log-probs, images, rewards; the decoded
+float images too when a ``reward`` task scores them) as a blob in this worker's store and
+returns their address with the rewards and timings: the trainer that trains the group, or the
+reward worker that scores it, fetches them from here (:mod:`digen.dataplane.blobs`). A train
+task fetches its group's trajectories from wherever they were generated and computes the
+gradient; a trainer adds it into its running sum once its acknowledgement won
+(:mod:`workers.trainer`), any other worker (a rollout worker training under RAT), or every
+worker with ``train.reduce: exact``, keeps it as a blob the trainers fetch at the step. An
+``eval`` task returns its scores and its images as grid cells (a small PNG).
+
+A task whose input is gone (the worker holding it died) is *parked*, not failed: the
+controller has the input made again and then re-posts the task (:meth:`TaskQueue.park`).
+
+Each runner returns ``(result, after)``: the result to acknowledge, and what to do once the
+acknowledgement won (None: nothing), or None when the task was parked.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import torch
+
+from digen.core.events import Role, TaskKind, TaskRef
+from digen.dataplane.blobs import BlobLost, fetch
+from digen.evaluation import EvalTask, evaluate_chunk
+from digen.rewards.base import call_reward
+from digen.rollout import GroupTask, Trajectories, generate_group
+from digen.runtime.queue import LeasedTask
+from digen.testing import faults
+from digen.training import TrainSpec, train_group
+from digen.viz import image_cells, to_png
+from workers.runtime import WorkerRuntime, event
+
+log = logging.getLogger(__name__)
+
+Outcome = tuple[dict, Callable[[], None] | None] | None
+
+
+def generate(rt: WorkerRuntime, leased: LeasedTask, role: Role, *, score: bool, stop) -> tuple:
+    """A generation task's group and timeline events (scored when ``score``), nothing stored:
+    ``(trajectories, events, start)``. Also what every rank of a sequence-parallel replica runs."""
+    task = GroupTask.from_json(leased.payload["task"])
+    ref = TaskRef(TaskKind.GEN, task.iteration, task.group)
+    t0 = time.time()
+    rt.ensure_version(task.version)
+    events = []
+    if time.time() - t0 > 1e-3:
+        events.append(event(rt, role, "sync", ref, task.version, t0, time.time()))
+    rt.ensure_reward()
+    assert rt.embed is not None
+
+    def timer(kind: str, s: float, e: float) -> None:
+        events.append(event(rt, role, kind, ref, task.version, s, e))
+
+    reward = rt.reward if score else None  # else a reward task scores
+    traj = generate_group(
+        rt.policy, task, rt.cfg, reward, embeds=rt.embed(task.prompt), timer=timer, stop=stop
+    )
+    faults.point("gen", rt.job, rt.name, task=leased.task_id, iteration=task.iteration)
+    return traj, events, t0
+
+
+def gen_result(
+    rt: WorkerRuntime, leased: LeasedTask, traj: Trajectories, events: list[dict], t0: float
+) -> dict:
+    """Keep a generated group's tensors as a blob of this worker; the task's result: rewards,
+    timings, where the blob is, and (when the payload asks, for a sample grid) its images as
+    grid cells."""
+    version = GroupTask.from_json(leased.payload["task"]).version
+    name = rt.blob_name("gen", leased.task_id)
+    blob = rt.blobs.put(name, traj.tensors(), {"version": str(version)})
+    result = {
+        "rewards": [float(x) for x in traj.rewards],
+        "events": events,
+        "worker": rt.name,
+        "start": t0,
+        "end": time.time(),
+        "blob": {"addr": rt.blob_addr, "name": name, "bytes": blob.nbytes},
+    }
+    if leased.payload.get("grid"):
+        result["cells"] = to_png(image_cells(traj.images))
+    return result
+
+
+def run_gen(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
+    score = leased.payload.get("score", True)
+    traj, events, t0 = generate(rt, leased, role, score=score, stop=rt.job_stopped)
+    return gen_result(rt, leased, traj, events, t0), None
+
+
+def group_tensors(rt: WorkerRuntime, gen_id: str, names: list[str]) -> dict[str, torch.Tensor]:
+    """Tensors ``names`` of generated group ``gen_id``, from the worker that made it (this one:
+    no copy). :class:`BlobLost` when it is not stored (being generated again) or its worker is gone."""
+    res = rt.queue.get_result(gen_id)
+    if not isinstance(res, dict) or not isinstance(res.get("blob"), dict):
+        raise BlobLost(f"the trajectories of {gen_id} are not stored")
+    addr, name = str(res["blob"]["addr"]), str(res["blob"]["name"])
+    if addr == rt.blob_addr:
+        own = rt.blobs.get(name)
+        if own is None:
+            raise BlobLost(f"{name}: this worker no longer holds it")
+        return {k: own.tensors[k] for k in names}
+    return fetch(addr, name, names=names)[0]
+
+
+def park(rt: WorkerRuntime, leased: LeasedTask, exc: BlobLost) -> None:
+    log.warning("task %s on %s waits for its input: %s", leased.task_id, rt.name, exc)
+    rt.queue.park(leased.task_id, worker=rt.name, why=f"BlobLost: {exc}")
+
+
+def run_train(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
+    spec = TrainSpec.from_json(leased.payload["spec"])
+    ref = TaskRef.parse(leased.task_id)
+    t0 = time.time()
+    rt.ensure_version(spec.iteration)  # iteration i trains version i
+    events = []
+    if time.time() - t0 > 1e-3:
+        events.append(event(rt, role, "sync", ref, spec.iteration, t0, time.time()))
+    gen_id = TaskRef(TaskKind.GEN, spec.iteration, spec.group).id
+    try:
+        data = group_tensors(rt, gen_id, ["latents", "log_probs", "sigmas"])
+    except BlobLost as exc:
+        park(rt, leased, exc)
+        return None
+    assert rt.embed is not None
+    t1 = time.time()
+    grads, stats = train_group(
+        rt.policy,
+        spec,
+        data["latents"],
+        data["log_probs"],
+        data["sigmas"],
+        rt.embed(leased.payload["prompt"]),
+        rt.cfg,
+        tsp=bool(leased.payload["tsp"]),
+    )
+    faults.point("train", rt.job, rt.name, task=leased.task_id, iteration=spec.iteration)
+    events.append(event(rt, role, "train", ref, spec.iteration, t1, time.time()))
+    if ref.part is not None:  # half a group (RAT): the bench counts it as such
+        events[-1]["share"] = ref.share
+    result = {"stats": stats.to_json(), "events": events, "worker": rt.name, "start": t0, "end": time.time()}
+    member = rt.member
+    if member is None or rt.cfg.train.reduce == "exact":  # the trainers fetch it at the step
+        name = rt.blob_name("grad", leased.task_id)
+        rt.blobs.put(name, grads)
+        result["grad"] = {"addr": rt.blob_addr, "name": name}
+        return result, None
+    return result, lambda: member.add(leased.task_id, grads)
+
+
+def run_reward(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
+    """Score a generated group from its decoded images (the same float32 tensor the
+    generation task would have scored inline, so the rewards are the same)."""
+    task = GroupTask.from_json(leased.payload["task"])
+    ref = TaskRef(TaskKind.REWARD, task.iteration, task.group)
+    gen_id = TaskRef(TaskKind.GEN, task.iteration, task.group).id
+    t0 = time.time()
+    try:
+        decoded = group_tensors(rt, gen_id, ["decoded"])["decoded"]
+    except BlobLost as exc:
+        park(rt, leased, exc)
+        return None
+    rt.ensure_reward()
+    t1 = time.time()
+    n = len(task.sample_ids)
+    meta = rt.cfg.prompt_metadata(task.prompt)  # GenEval-style datasets: the rewards get it
+    rewards = call_reward(rt.reward, decoded, [task.prompt] * n, None if meta is None else [meta] * n)
+    rewards = rewards.float().cpu()
+    t2 = time.time()
+    events = [event(rt, role, "reward", ref, task.version, t1, t2)]
+    return {
+        "rewards": [float(x) for x in rewards],
+        "events": events,
+        "worker": rt.name,
+        "start": t0,
+        "end": t2,
+    }, None
+
+
+def run_eval(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
+    """Sample and score a chunk of held-out prompts with the version the task names; the
+    result holds the scores and the images as grid cells."""
+    task = EvalTask.from_json(leased.payload["task"])
+    ref = TaskRef.parse(leased.task_id)
+    t0 = time.time()
+    rt.ensure_version(task.version)
+    rt.ensure_reward()
+    t1 = time.time()
+    res = evaluate_chunk(rt.policy, task, rt.cfg, rt.reward)
+    t2 = time.time()
+    events = [event(rt, role, "eval", ref, task.version, t1, t2)]
+    if t1 - t0 > 1e-3:
+        events.insert(0, event(rt, role, "sync", ref, task.version, t0, t1))
+    result = {
+        "scores": res.scores,
+        "cells": to_png(res.cells),
+        "events": events,
+        "worker": rt.name,
+        "start": t0,
+        "end": t2,
+    }
+    return result, None
+
+
+RUNNERS = {
+    TaskKind.GEN.value: run_gen,
+    TaskKind.TRAIN.value: run_train,
+    TaskKind.REWARD.value: run_reward,
+    TaskKind.EVAL.value: run_eval,
+}
+"""Queue name -> the function that runs its tasks."""

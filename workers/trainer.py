@@ -1,0 +1,334 @@
+"""A trainer's share of the optimizer: its running gradient sum, its replica of AdamW, the
+versions it serves, and its part in each optimizer step.
+
+Every member of the job's trainer group (:mod:`digen.runtime.trainer_group`: the trainer
+workers; every worker in ``colocated`` mode) holds the whole optimizer state, replicated. Why
+replicated rather than sharded (ZeRO-1): a member that dies takes nothing with it but the
+gradients it had not reduced yet (any survivor holds the whole state, and a newcomer copies it
+from one), there is no collective after the step (each member applies the same update to the
+same sum), and at the sizes LoRA trains (a FLUX r64 adapter is 684 MiB in float32; AdamW
+three times that) a replica fits every GPU. A model whose full fine-tune does not fit one
+device is trained with ``train.fsdp`` (:mod:`workers.fsdp_loop`), which shards instead.
+
+Between steps a member trains tasks like any worker and adds each gradient whose
+acknowledgement won into its running sum (:class:`~digen.dataplane.reduce.TaskSum`). At a step
+command (:meth:`Member.run_step`) it:
+
+1. makes sure it holds the state the step starts from (a newcomer or a restarted member copies
+   it from a member that does, else loads the newest checkpoint if that is the same version);
+2. sums the gradients: ``allreduce`` (its running sum, plus, on rank 0, the gradients rollout
+   workers computed under RAT, fetched from them; then a ring all-reduce over the epoch's
+   process group) or ``exact`` (every task's gradient fetched and folded in (group, part)
+   order);
+3. reports success and waits for the step's decision (commit once every member succeeded;
+   abort if any failed or left: then every member drops its sum and the tasks run again);
+4. on commit applies AdamW, loads the new weights into its policy, serves the new version as a
+   blob ``weights:<v>`` in the rollout's dtype (and keeps serving the previous one while a
+   staleness-1 rollout may need it), and, if it is the step's writer, writes the checkpoint and
+   acknowledges the step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file
+
+from digen.assembly import DTYPES
+from digen.core.events import Role, TaskRef
+from digen.dataplane.blobs import BlobLost, fetch
+from digen.dataplane.reduce import TaskSum, all_reduce_sum, flatten, ordered_sum, unflatten
+from digen.dataplane.weights import version_blob
+from digen.optim import ParameterStore, stage_checkpoint
+from digen.parallel.comm import join_process_group
+from digen.runtime.trainer_group import ABORT, COMMIT, StepCommand
+from digen.testing import faults
+from workers.runtime import POLL_S, WorkerRuntime, dask_worker_host, event, wait_for
+
+log = logging.getLogger(__name__)
+
+
+class StateLost(RuntimeError):
+    """No member holds the optimizer state a step starts from, and no checkpoint has it."""
+
+
+@dataclass
+class Member:
+    """One worker's share of the trainer group (see the module docstring)."""
+
+    rt: WorkerRuntime
+    store: ParameterStore
+    previous: dict[str, torch.Tensor] | None = None
+    """The version before the store's, while a staleness-1 rollout may still need it."""
+    sums: TaskSum = field(default_factory=TaskSum)
+    applied: dict[str, dict] = field(default_factory=dict)
+    """Steps this member applied: id -> its result (acknowledged by the writer)."""
+    handled: set[tuple[str, int, str]] = field(default_factory=set)
+    """(step id, epoch, writer) of the step commands already acted on."""
+    pg_epoch: int | None = None
+    """The epoch whose process group this member belongs to (None: none formed)."""
+
+    # --- set-up -------------------------------------------------------------------------
+    @staticmethod
+    def start(rt: WorkerRuntime) -> Member:
+        """The member of a starting worker, holding the job's current state: version 0 from its
+        own (seeded) build at the start of a job; the checkpoint a resumed job starts from; or,
+        joining a running job (a new trainer, a restarted one), the newest version copied from
+        a member that holds it (else from the newest checkpoint, if that is the same version),
+        so that its train tasks never wait for a version only a dead trainer held."""
+        cfg = rt.cfg
+        store = ParameterStore(rt.ensure_policy().trainable_state_dict(), cfg.train, device=rt.device)
+        member = Member(rt, store)
+        current = rt.group.current()
+        if current is not None and current["version"] != store.version:
+            member.ensure_state(
+                current["version"], current.get("checkpoint"), current.get("keep_previous", False)
+            )
+        member.load_policy()
+        member.serve()
+        return member
+
+    def load_policy(self) -> None:
+        self.rt.ensure_policy().load_trainable_state_dict(self.store.weights())
+        self.rt.version = self.store.version
+
+    def serve(self, keep_from: int | None = None) -> None:
+        """Offer the store's version (and the one before, if kept) as weight blobs in the
+        rollout's dtype, and the state as a blob a newcomer copies; tell Redis."""
+        rt, v = self.rt, self.store.version
+        dtype = DTYPES[rt.cfg.model.dtype]
+        versions = {v: self.store.weights()}
+        if self.previous is not None:
+            versions[v - 1] = self.previous
+        job = rt.job.job_id
+        for name in rt.blobs.names():
+            kind = name[len(job) + 1 :].split(":", 1)[0] if name.startswith(job + ":") else ""
+            if kind == "weights":
+                held = int(name.rsplit(":", 1)[1])
+                if held not in versions and (keep_from is None or held < keep_from):
+                    rt.blobs.drop(name)
+            elif kind == "state":
+                rt.blobs.drop(name)
+        for ver, w in versions.items():
+            if rt.blobs.get(version_blob(job, ver)) is None:
+                rt.blobs.put(
+                    version_blob(job, ver), {k: t.to(dtype) for k, t in w.items()}, {"version": str(ver)}
+                )
+        weights, opt, state = self.store.state_parts()
+        tensors = {**{f"w/{k}": t for k, t in weights.items()}, **{f"o/{k}": t for k, t in opt.items()}}
+        rt.blobs.put(f"{job}:state:{v}", tensors, {"state": json.dumps(state)})
+        served = sorted(int(n.rsplit(":", 1)[1]) for n in rt.blobs.names() if n.startswith(f"{job}:weights:"))
+        rt.group.set_holding(rt.name, rt.blob_addr, served, v)
+
+    # --- between steps ----------------------------------------------------------------------
+    def add(self, task_id: str, grads: dict[str, torch.Tensor]) -> None:
+        """Count a train task this member ran and whose acknowledgement won."""
+        self.sums.add(task_id, grads)
+
+    # --- a step -----------------------------------------------------------------------------
+    def run_step(self, cmd: StepCommand) -> None:
+        """Take part in step ``cmd`` (see the module docstring); returns once it is applied
+        (or finished, as its writer) or aborted."""
+        rt, me = self.rt, self.rt.name
+        key = (cmd.id, cmd.epoch, cmd.writer)
+        if me not in cmd.members or key in self.handled:
+            return
+        self.handled.add(key)
+        if cmd.id in self.applied:  # applied already: a new writer finishes it
+            if cmd.writer == me:
+                self.finish(cmd, self.applied[cmd.id])
+            return
+        t0 = time.time()
+        try:
+            self.ensure_state(cmd.version, cmd.restore, cmd.keep_previous)
+            grad = self.reduce(cmd)
+        except Exception as exc:  # a peer died mid-collective, a blob was lost, a check failed
+            why = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            log.warning("%s: step %s (epoch %d) aborted: %s", me, cmd.id, cmd.epoch, why)
+            rt.group.decide(cmd.id, ABORT, cmd.epoch)
+            self.leave_group()
+            self.sums.clear()
+            return
+        faults.point("reduce", rt.job, me, task=cmd.id, iteration=cmd.iteration)
+        rt.group.report_ok(cmd.id, cmd.epoch, me)
+        if self.await_decision(cmd) != f"{COMMIT}:{cmd.epoch}":
+            log.info("%s: step %s (epoch %d) aborted; its tasks run again", me, cmd.id, cmd.epoch)
+            self.sums.clear()
+            return
+        t1 = time.time()
+        previous = self.store.weights() if cmd.keep_previous else None
+        opt = self.store.step(grad, cmd.rows)
+        t2 = time.time()
+        self.previous = previous
+        self.sums.clear()
+        self.load_policy()
+        self.serve(cmd.serve_from)
+        t3 = time.time()
+        ref = TaskRef.parse(f"train:{cmd.iteration}:0")
+        optim = event(rt, Role.TRAINER, "optim", ref, cmd.version, t0, t2)
+        optim.update({"reduce_s": t1 - t0, "step_s": t2 - t1, "task": cmd.id})
+        events = [optim, event(rt, Role.TRAINER, "sync", ref, self.store.version, t2, t3)]
+        self.applied = {
+            cmd.id: {"grad_norm": opt["grad_norm"], "version": self.store.version, "events": events}
+        }
+        if cmd.writer == me:
+            self.finish(cmd, self.applied[cmd.id])
+
+    def finish(self, cmd: StepCommand, result: dict) -> None:
+        """As the step's writer: stage its checkpoint (if asked: the controller puts it in
+        place once the iteration's metrics row is written), then acknowledge it."""
+        t0 = time.time()
+        if cmd.checkpoint is not None:
+            stage_checkpoint(
+                Path(cmd.checkpoint), self.store, cmd.iteration, self.previous if cmd.keep_previous else None
+            )
+        rt = self.rt
+        done = {**result, "worker": rt.name, "start": t0, "end": time.time(), "checkpoint": cmd.checkpoint}
+        if not rt.queue.ack(cmd.id, done, worker=rt.name):
+            log.info("step %s was already acknowledged", cmd.id)
+
+    def ensure_state(self, version: int, restore: str | None, keep_previous: bool) -> None:
+        """Hold the optimizer state of ``version``: copied from a member that holds it, else
+        loaded from the checkpoint folder ``restore`` if that is the same version, else
+        :class:`StateLost`. With ``keep_previous`` the version before comes too (it is served
+        to staleness-1 rollouts)."""
+        if self.store.version == version:
+            return
+        rt = self.rt
+        tried = []
+        for worker, addr in rt.group.state_holders(version):
+            if worker == rt.name:
+                continue
+            try:
+                tensors, meta = fetch(addr, f"{rt.job.job_id}:state:{version}")
+            except BlobLost as exc:
+                tried.append(str(exc))
+                continue
+            weights = {k[2:]: t for k, t in tensors.items() if k.startswith("w/")}
+            opt = {k[2:]: t for k, t in tensors.items() if k.startswith("o/")}
+            self.store = ParameterStore.restore(
+                weights, opt, json.loads(meta["state"]), rt.cfg.train, rt.device
+            )
+            self.previous = self._previous_from(version) if keep_previous else None
+            log.info("%s copied the optimizer state of version %d from %s", rt.name, version, worker)
+            self.load_policy()
+            faults.point("sync", rt.job, rt.name, task=f"state:{version}", iteration=version)
+            return
+        if restore is not None and (Path(restore) / "state.json").exists():
+            folder = Path(restore)
+            store, _ = ParameterStore.load(folder, rt.cfg.train, device=rt.device)
+            if store.version == version:
+                prev = folder / "previous_weights.safetensors"
+                self.store = store
+                self.previous = load_file(str(prev)) if keep_previous and prev.exists() else None
+                log.info("%s loaded the optimizer state of version %d from %s", rt.name, version, folder)
+                self.load_policy()
+                return
+            tried.append(f"checkpoint {folder} holds version {store.version}")
+        raise StateLost(
+            f"no trainer holds the optimizer state of version {version} and no checkpoint has it "
+            f"({'; '.join(tried) or 'no holder'}); every trainer that held it is gone: rerun with --resume"
+        )
+
+    def _previous_from(self, version: int) -> dict[str, torch.Tensor] | None:
+        """Version ``version - 1`` (served to staleness-1 rollouts), from a peer that serves it."""
+        if version == 0:
+            return None
+        for addr in self.rt.group.holders_of(version - 1):
+            if addr == self.rt.blob_addr:
+                continue
+            try:
+                got, _ = fetch(addr, version_blob(self.rt.job.job_id, version - 1))
+                return {k: t.float() for k, t in got.items()}
+            except BlobLost:
+                continue
+        return None
+
+    def reduce(self, cmd: StepCommand) -> dict[str, torch.Tensor]:
+        """The step's summed gradient (see the module docstring)."""
+        rt = self.rt
+        if cmd.exact:
+            return ordered_sum(self._blob(addr, name) for _, addr, name in cmd.blobs)
+        held = sorted(cmd.held.get(rt.name, []))
+        if sorted(self.sums.tasks) != held:
+            raise RuntimeError(
+                f"{rt.name} holds the gradients of {sorted(self.sums.tasks)}, the step counts {held}"
+            )
+        if cmd.rank(rt.name) == 0:  # gradients of non-members (RAT), added once
+            for task_id, addr, name in cmd.blobs:
+                self.sums.add(task_id, self._blob(addr, name))
+        world = len(cmd.members)
+        names, like = self.store.names, self.store.params
+        if world == 1:
+            if self.sums.total is None:
+                raise RuntimeError(f"step {cmd.id}: no gradient to step on")
+            return self.sums.total
+        flat = flatten(self.sums.total, names, like).to(self._comm_device())
+        self.join_group(cmd)
+        all_reduce_sum(flat)
+        return unflatten(flat, names, like)
+
+    def _blob(self, addr: str, name: str) -> dict[str, torch.Tensor]:
+        if addr == self.rt.blob_addr:
+            own = self.rt.blobs.get(name)
+            if own is None:
+                raise BlobLost(f"{name}: this worker no longer holds it")
+            return own.tensors
+        return fetch(addr, name)[0]
+
+    def _comm_device(self) -> torch.device:
+        return torch.device(self.rt.device)
+
+    def join_group(self, cmd: StepCommand) -> None:
+        """Be in the process group of the command's epoch (formed anew when it changed)."""
+        if self.pg_epoch == cmd.epoch and dist.is_initialized():
+            return
+        self.leave_group()
+        rt = self.rt
+        addr = join_process_group(
+            leader=cmd.rank(rt.name) == 0,
+            host=dask_worker_host(),
+            rank=cmd.rank(rt.name),
+            world=len(cmd.members),
+            device=self._comm_device(),
+            timeout_s=rt.cfg.schedule.lease_s,
+            publish=lambda h, p, b: rt.group.set_address(cmd.epoch, h, p, b),
+            await_address=lambda: wait_for(rt, lambda: rt.group.address(cmd.epoch), "the trainer rendezvous"),
+        )
+        if addr is None:
+            raise RuntimeError("the job stopped during the trainer rendezvous")
+        self.pg_epoch = cmd.epoch
+        log.info(
+            "%s is rank %d of %d of the trainer group (epoch %d)",
+            rt.name,
+            cmd.rank(rt.name),
+            len(cmd.members),
+            cmd.epoch,
+        )
+
+    def leave_group(self) -> None:
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception as exc:  # noqa: BLE001 - a broken group is torn down anyway
+                log.debug("destroying the trainer process group: %s", exc)
+        self.pg_epoch = None
+
+    def await_decision(self, cmd: StepCommand) -> str:
+        """The step's decision; rank 0 commits it once every member reported success."""
+        rt = self.rt
+        while True:
+            decided = rt.group.decision(cmd.id)
+            if decided is not None:
+                return decided
+            if cmd.rank(rt.name) == 0 and rt.group.oks(cmd.id, cmd.epoch) >= set(cmd.members):
+                return rt.group.decide(cmd.id, COMMIT, cmd.epoch)
+            if rt.job.status() != "running":
+                return rt.group.decide(cmd.id, ABORT, cmd.epoch)
+            time.sleep(POLL_S / 10)
