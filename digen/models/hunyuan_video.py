@@ -57,10 +57,6 @@ class HunyuanVideoPolicy(VideoPolicy):
     def spatial_patch(self) -> int:
         return int(self.config.patch_size)
 
-    @property
-    def guidance_embeds(self) -> bool:
-        return bool(self.config.get("guidance_embeds", False))
-
     def sigmas(self, num_steps: int) -> torch.Tensor:
         """As ``HunyuanVideoPipeline`` sets them: sigmas ``linspace(1, 0, num_steps + 1)[:-1]``
         through the scheduler's static shift (7.0 for HunyuanVideo). Returns ``[num_steps + 1]``
@@ -87,32 +83,15 @@ class HunyuanVideoPolicy(VideoPolicy):
         )
         return {"encoder_hidden_states": embeds, "encoder_attention_mask": mask, "pooled_projections": pooled}
 
-    def velocity(
-        self,
-        latents: torch.Tensor,
-        sigmas: torch.Tensor,
-        embeds: PromptEmbeds,
-        guidance_scale: float,
-        cfg_grad: str = "both",
-    ) -> torch.Tensor:
-        """latents ``[B, C, F', h, w]`` float32, sigmas ``[B]`` -> velocity, same shape, float32."""
-        cfg = not self.guidance_embeds and self.uses_cfg(embeds, guidance_scale)
-        x = latents.to(self.device, self.dtype)
-        t = sigmas.to(self.device, torch.float32) * 1000.0  # float32, as the scheduler's timesteps
-        if cfg:
-            x, t = torch.cat([x, x]), torch.cat([t, t])
-        # The pipeline: guidance = tensor([g] * B, dtype) * 1000.
+    def transformer_kwargs(
+        self, x: torch.Tensor, tensors: dict[str, torch.Tensor], guidance_scale: float
+    ) -> dict[str, Any]:
+        """The prompt tensors (mask included) in the model dtype and ``guidance [N]``:
+        ``HunyuanVideoPipeline.__call__``'s ``tensor([g] * N, dtype) * 1000``."""
         guidance = (
             torch.full((x.shape[0],), float(guidance_scale), device=self.device, dtype=self.dtype) * 1000.0
         )
-        out = self.transformer(
-            hidden_states=x,
-            timestep=t,
-            guidance=guidance,
-            **self._embed_kwargs(embeds, cfg),
-            return_dict=False,
-        )[0]
-        return self._combine_cfg(out, guidance_scale, cfg_grad) if cfg else out.float()
+        return {**super().transformer_kwargs(x, tensors, guidance_scale), "guidance": guidance}
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:

@@ -1,8 +1,9 @@
-"""What every diffusers-backed :class:`FlowPolicy` shares: loading, freezing, LoRA, CFG.
+"""What every diffusers-backed :class:`FlowPolicy` shares: loading, freezing, LoRA.
 
 A family adapter (``sd3.py``, ``flux.py``, ...) subclasses :class:`PipelinePolicy` and fills in
-the model-specific parts: latent layout, sigma schedule, transformer call, prompt encoding,
-decoding. The pipeline object itself is kept (``self.pipe``) for its tokenizers, text encoders,
+the model-specific parts: latent layout, sigma schedule, prompt encoding, decoding, and the
+hooks of :meth:`FlowPolicy.velocity` where its pipeline differs (timestep convention,
+transformer keyword arguments, CFG combination). The pipeline object itself is kept (``self.pipe``) for its tokenizers, text encoders,
 VAE, scheduler and its ``encode_prompt``/latent helpers; its ``__call__`` is never used.
 """
 
@@ -16,10 +17,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from digen.algos.precision import at_least_float32
 from digen.errors import ConfigError, ModelError
 from digen.models import lora
-from digen.models.base import FlowPolicy, PromptEmbeds
+from digen.models.base import FlowPolicy
 
 
 def read_model_index(path: str | Path) -> dict[str, Any]:
@@ -73,21 +73,6 @@ def _dtype_kwarg() -> str:
     from diffusers.utils import deprecation_utils
 
     return "dtype" if hasattr(deprecation_utils, "_resolve_dtype") else "torch_dtype"
-
-
-def cfg_branches(out: torch.Tensor, cfg_grad: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """``out`` ``[2B, ...]`` as ``[uncond; cond]`` -> ``(uncond, cond)``; with ``cfg_grad``
-    ``"cond"`` the uncond half is detached, so only the conditional branch carries gradient
-    (``train.cfg_grad`` documents which peer does which)."""
-    uncond, cond = out.chunk(2)
-    return detach_uncond(uncond, cfg_grad), cond
-
-
-def detach_uncond(uncond: torch.Tensor, cfg_grad: str) -> torch.Tensor:
-    """``uncond`` itself (``cfg_grad`` ``"both"``) or detached (``"cond"``)."""
-    if cfg_grad not in ("cond", "both"):
-        raise ConfigError(f"train.cfg_grad ({cfg_grad!r}) must be 'cond' or 'both'")
-    return uncond.detach() if cfg_grad == "cond" else uncond
 
 
 class PipelinePolicy(FlowPolicy):
@@ -155,26 +140,10 @@ class PipelinePolicy(FlowPolicy):
                     f"{field} ({value}) must be a positive multiple of {multiple} for {self.family} ({why})"
                 )
 
-    # --- CFG ------------------------------------------------------------------------
-    @staticmethod
-    def uses_cfg(embeds: PromptEmbeds, guidance_scale: float) -> bool:
-        return guidance_scale > 1.0 and bool(embeds.uncond)
-
-    def _embed_kwargs(self, embeds: PromptEmbeds, cfg: bool) -> dict[str, torch.Tensor]:
-        """Transformer kwargs from ``embeds`` on device/dtype; with CFG ``[uncond; cond]``."""
-        if cfg:
-            return {
-                k: torch.cat([embeds.uncond[k], v]).to(self.device, self.dtype)
-                for k, v in embeds.tensors.items()
-            }
-        return {k: v.to(self.device, self.dtype) for k, v in embeds.tensors.items()}
-
-    @staticmethod
-    def _combine_cfg(out: torch.Tensor, guidance_scale: float, cfg_grad: str = "both") -> torch.Tensor:
-        """``out``: ``[2B, ...]`` as ``[uncond; cond]`` -> ``uncond + s * (cond - uncond)``
-        (``cfg_grad`` ``"cond"``: the uncond half detached, see :func:`cfg_branches`)."""
-        uncond, cond = cfg_branches(at_least_float32(out), cfg_grad)
-        return uncond + guidance_scale * (cond - uncond)
+    @property
+    def guidance_embeds(self) -> bool:
+        """The transformer config's ``guidance_embeds`` (FLUX.1-dev, HunyuanVideo: True)."""
+        return bool(self.config.get("guidance_embeds", False))
 
     # --- trained parameters ---------------------------------------------------------
     def enable_lora(self, rank: int, alpha: int, target_modules: list[str] | None = None) -> None:

@@ -22,7 +22,7 @@ import torch
 
 from digen.models import lora, text
 from digen.models.base import PromptEmbeds
-from digen.models.pipeline_policy import PipelinePolicy, detach_uncond
+from digen.models.packed import PackedLatentPolicy
 from digen.models.tiny import _sub_seed, check_resolution
 from digen.models.wan import unnormalize_latents
 
@@ -49,25 +49,11 @@ QWEN_SPECIAL_TOKENS = (
 )
 
 
-class QwenImagePolicy(PipelinePolicy):
+class QwenImagePolicy(PackedLatentPolicy):
     family = "qwen-image"
     default_lora_targets = lora.SD3_TARGETS  # the same joint-attention projections
     default_max_sequence_length = 512  # QwenImagePipeline's default
-
-    def __init__(self, pipe, **kwargs):
-        super().__init__(pipe, **kwargs)
-        self.vae_scale_factor = int(pipe.vae_scale_factor)
-        self._check_multiple(2 * self.vae_scale_factor, f"VAE scale {self.vae_scale_factor} x 2x2 packing")
-
-    def _grid(self) -> tuple[int, int]:
-        """Packed token grid ``(H / (2 * vae_scale), W / (2 * vae_scale))``."""
-        f = 2 * self.vae_scale_factor
-        return self.height // f, self.width // f
-
-    def latent_shape(self) -> tuple[int, int]:
-        """``(seq, C * 4)`` of the packed latent."""
-        h, w = self._grid()
-        return (h * w, int(self.config.in_channels))
+    cfg_in_one_forward = False  # two passes: the negative prompt has its own length
 
     def sigmas(self, num_steps: int) -> torch.Tensor:
         """As ``QwenImagePipeline`` sets them: linear sigmas ``1 -> 1/num_steps`` through the
@@ -105,43 +91,29 @@ class QwenImagePolicy(PipelinePolicy):
             mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
         return {"encoder_hidden_states": embeds, "encoder_hidden_states_mask": mask}
 
-    def velocity(
-        self,
-        latents: torch.Tensor,
-        sigmas: torch.Tensor,
-        embeds: PromptEmbeds,
-        guidance_scale: float,
-        cfg_grad: str = "both",
-    ) -> torch.Tensor:
-        """latents ``[B, seq, C*4]`` float32, sigmas ``[B]`` -> velocity ``[B, seq, C*4]`` float32
-        (CFG: a second pass on the negative prompt, then the pipeline's rescaled combination)."""
-        x = latents.to(self.device, self.dtype)
-        # The pipeline: timestep = (1000 * sigma).to(dtype) / 1000.
-        t = (sigmas.to(self.device, torch.float32) * 1000.0).to(self.dtype) / 1000.0
-        cond = self._forward(x, t, embeds.tensors)
-        if not self.uses_cfg(embeds, guidance_scale):
-            return cond.float()
-        uncond = detach_uncond(self._forward(x, t, embeds.uncond), cfg_grad)
-        return rescaled_cfg(cond.float(), uncond.float(), guidance_scale)
-
-    def _forward(self, x: torch.Tensor, t: torch.Tensor, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+    def transformer_kwargs(
+        self, x: torch.Tensor, tensors: dict[str, torch.Tensor], guidance_scale: float
+    ) -> dict[str, Any]:
+        """The prompt states in the model dtype, their padding mask as bool (None when nothing
+        is padded, as the pipeline passes it) and the token grid ``img_shapes``, one per row."""
         mask = tensors["encoder_hidden_states_mask"].to(self.device).bool()
         h, w = self._grid()
-        return self.transformer(
-            hidden_states=x,
-            timestep=t,
-            encoder_hidden_states=tensors["encoder_hidden_states"].to(self.device, self.dtype),
-            encoder_hidden_states_mask=None if mask.all() else mask,
-            img_shapes=[[(1, h, w)]] * x.shape[0],
-            return_dict=False,
-        )[0]
+        return {
+            "encoder_hidden_states": tensors["encoder_hidden_states"].to(self.device, self.dtype),
+            "encoder_hidden_states_mask": None if mask.all() else mask,
+            "img_shapes": [[(1, h, w)]] * x.shape[0],
+        }
+
+    @staticmethod
+    def combine_cfg(cond: torch.Tensor, uncond: torch.Tensor, guidance_scale: float) -> torch.Tensor:
+        """Qwen-Image's rescaled CFG (:func:`rescaled_cfg`)."""
+        return rescaled_cfg(cond, uncond, guidance_scale)
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Packed latents ``[B, seq, C*4]`` -> images ``[B, 3, H, W]`` float32 in [0, 1]."""
         vae = self.pipe.vae
-        z = self.pipe._unpack_latents(latents, self.height, self.width, self.vae_scale_factor)
-        z = unnormalize_latents(z.to(vae.device, vae.dtype), vae)  # [B, C, 1, h, w]
+        z = unnormalize_latents(self.unpack(latents).to(vae.device, vae.dtype), vae)  # [B, C, 1, h, w]
         image = vae.decode(z, return_dict=False)[0][:, :, 0]
         return (image.float() / 2 + 0.5).clamp(0, 1)
 

@@ -78,26 +78,6 @@ class WanPolicy(VideoPolicy):
         tensors = {"encoder_hidden_states": cond}
         return PromptEmbeds(tensors, {"encoder_hidden_states": uncond} if with_uncond else {})
 
-    def velocity(
-        self,
-        latents: torch.Tensor,
-        sigmas: torch.Tensor,
-        embeds: PromptEmbeds,
-        guidance_scale: float,
-        cfg_grad: str = "both",
-    ) -> torch.Tensor:
-        """latents ``[B, C, F', h, w]`` float32, sigmas ``[B]`` -> velocity, same shape, float32.
-        CFG batches ``[uncond; cond]`` into one ``2B`` forward."""
-        cfg = self.uses_cfg(embeds, guidance_scale)
-        x = latents.to(self.device, self.dtype)
-        t = sigmas.to(self.device, torch.float32) * 1000.0  # float32, as the scheduler's timesteps
-        if cfg:
-            x, t = torch.cat([x, x]), torch.cat([t, t])
-        out = self.transformer(
-            hidden_states=x, timestep=t, **self._embed_kwargs(embeds, cfg), return_dict=False
-        )[0]
-        return self._combine_cfg(out, guidance_scale, cfg_grad) if cfg else out.float()
-
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """latents ``[B, C, F', h, w]`` -> frames ``[B, F, 3, H, W]`` float32 in [0, 1]."""
