@@ -115,9 +115,10 @@ class FlowPolicy:
 
     # --- the velocity: one path for every family ----------------------------------
     cfg_in_one_forward: ClassVar[bool] = True
-    """True CFG runs both branches as one ``[uncond; cond]`` forward of ``2B`` rows (the SD3,
-    FLUX, Wan and HunyuanVideo pipelines); False: two forwards, cond then uncond (Qwen-Image's
-    pipeline, whose branches have prompts of different lengths)."""
+    """True CFG runs both branches as one ``[uncond; cond]`` forward of ``2B`` rows, as
+    ``StableDiffusion3Pipeline`` and Flow-GRPO's ``compute_log_prob`` do (the FLUX, Wan and
+    HunyuanVideo pipelines run two forwards: the same values up to round-off); False: two
+    forwards, cond then uncond (Qwen-Image: its negative prompt has its own length)."""
 
     def velocity(
         self,

@@ -16,7 +16,6 @@ from typing import Any
 import torch
 
 from digen.models import lora
-from digen.models.base import PromptEmbeds
 from digen.models.packed import PackedLatentPolicy
 
 
@@ -30,34 +29,9 @@ class FluxPolicy(PackedLatentPolicy):
         h, w = self._grid()
         self.latent_image_ids = pipe._prepare_latent_image_ids(1, h, w, self.device, self.dtype)
 
-    def sigmas(self, num_steps: int) -> torch.Tensor:
-        """As ``FluxPipeline`` sets them: linear sigmas ``1 -> 1/num_steps``, shifted with
-        ``mu`` from the image token count. Returns ``[num_steps + 1]`` float32 on device."""
-        import numpy as np
-        from diffusers.pipelines.flux.pipeline_flux import calculate_shift
-
-        scheduler = self.pipe.scheduler
-        config = scheduler.config
-        sigmas = None if config.get("use_flow_sigmas", False) else np.linspace(1.0, 1 / num_steps, num_steps)
-        mu = calculate_shift(
-            self.latent_shape()[0],
-            config.get("base_image_seq_len", 256),
-            config.get("max_image_seq_len", 4096),
-            config.get("base_shift", 0.5),
-            config.get("max_shift", 1.15),
-        )
-        scheduler.set_timesteps(num_steps, sigmas=sigmas, mu=mu)
-        return scheduler.sigmas.to(self.device, torch.float32).clone()
-
-    @torch.no_grad()
-    def encode_prompts(self, prompts: list[str], *, with_uncond: bool) -> PromptEmbeds:
-        """``encoder_hidden_states [B, L, D]`` (T5), ``pooled_projections [B, P]`` (CLIP) via
-        the pipeline's ``encode_prompt``; ``uncond`` from the empty prompt when asked."""
-        tensors = self._encode(list(prompts))
-        uncond = self._encode([""] * len(prompts)) if with_uncond else {}
-        return PromptEmbeds(tensors, uncond)
-
     def _encode(self, prompts: list[str]) -> dict[str, torch.Tensor]:
+        """``encoder_hidden_states [B, L, D]`` (T5), ``pooled_projections [B, P]`` (CLIP) via
+        the pipeline's ``encode_prompt``; ``uncond`` encodes the empty prompt."""
         embeds, pooled, _ = self.pipe.encode_prompt(
             prompt=prompts, prompt_2=None, device=self.device, max_sequence_length=self.max_sequence_length
         )

@@ -1,5 +1,5 @@
 """What the packed-latent image adapters (``flux.py``, ``qwen_image.py``) share: the 2x2-packed
-latent layout and their pipelines' timestep convention.
+latent layout, and their pipelines' sigma schedule and timestep convention.
 
 Both pipelines pack the 16-channel VAE latent ``[C, H/8, W/8]`` into 2x2 patches, one token
 each: ``[seq = (H/16)(W/16), C*4 = 64]`` (``FluxPipeline._pack_latents``, which
@@ -31,6 +31,29 @@ class PackedLatentPolicy(PipelinePolicy):
         """``(seq, C * 4)`` of the packed latent."""
         h, w = self._grid()
         return (h * w, int(self.config.in_channels))
+
+    def sigmas(self, num_steps: int) -> torch.Tensor:
+        """As the FLUX and Qwen-Image pipelines set them: linear sigmas ``1 -> 1/num_steps``
+        (none when the scheduler config sets ``use_flow_sigmas``, as ``FluxPipeline`` checks)
+        through the scheduler's shift, ``mu`` from the image token count (``calculate_shift``,
+        which ``QwenImagePipeline`` copies from ``FluxPipeline``); Qwen-Image's config also
+        stretches them to end at ``shift_terminal``. Returns ``[num_steps + 1]`` float32 on
+        device."""
+        import numpy as np
+        from diffusers.pipelines.flux.pipeline_flux import calculate_shift
+
+        scheduler = self.pipe.scheduler
+        config = scheduler.config
+        sigmas = None if config.get("use_flow_sigmas", False) else np.linspace(1.0, 1 / num_steps, num_steps)
+        mu = calculate_shift(
+            self.latent_shape()[0],
+            config.get("base_image_seq_len", 256),
+            config.get("max_image_seq_len", 4096),
+            config.get("base_shift", 0.5),
+            config.get("max_shift", 1.15),
+        )
+        scheduler.set_timesteps(num_steps, sigmas=sigmas, mu=mu)
+        return scheduler.sigmas.to(self.device, torch.float32).clone()
 
     def timesteps(self, sigmas: torch.Tensor) -> torch.Tensor:
         """sigmas ``[B]`` float32 -> ``(1000 * sigma).to(model dtype) / 1000`` ``[B]``, as the

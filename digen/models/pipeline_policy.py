@@ -19,7 +19,7 @@ import torch
 
 from digen.errors import ConfigError, ModelError
 from digen.models import lora
-from digen.models.base import FlowPolicy
+from digen.models.base import FlowPolicy, PromptEmbeds
 
 
 def read_model_index(path: str | Path) -> dict[str, Any]:
@@ -106,23 +106,6 @@ class PipelinePolicy(FlowPolicy):
                 f"num_frames ({num_frames}) is only for video models; {self.family} makes images"
             )
 
-    @classmethod
-    def from_pretrained(
-        cls,
-        path: str | Path,
-        *,
-        height: int,
-        width: int,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str = "cpu",
-        num_frames: int | None = None,
-        max_sequence_length: int | None = None,
-    ) -> PipelinePolicy:
-        pipe = load_pipeline(path, dtype=dtype, device=device)
-        return cls(
-            pipe, height=height, width=width, max_sequence_length=max_sequence_length, num_frames=num_frames
-        )
-
     def _default_sequence_length(self) -> int:
         """The family's usual T5 length, capped by the T5 tokenizer's ``model_max_length``
         (the tiny models declare 32)."""
@@ -144,6 +127,24 @@ class PipelinePolicy(FlowPolicy):
     def guidance_embeds(self) -> bool:
         """The transformer config's ``guidance_embeds`` (FLUX.1-dev, HunyuanVideo: True)."""
         return bool(self.config.get("guidance_embeds", False))
+
+    # --- prompts --------------------------------------------------------------------
+    negative_prompt: ClassVar[str] = ""
+    """What the unconditional CFG branch encodes: the empty prompt (Qwen-Image: ``" "``)."""
+
+    @torch.no_grad()
+    def encode_prompts(self, prompts: list[str], *, with_uncond: bool) -> PromptEmbeds:
+        """:meth:`_encode` of ``prompts``; ``uncond``: of :attr:`negative_prompt`, once per row,
+        when ``with_uncond``. (SD3 and Wan instead have their pipeline's ``encode_prompt``
+        encode both at once.)"""
+        tensors = self._encode(list(prompts))
+        uncond = self._encode([self.negative_prompt] * len(prompts)) if with_uncond else {}
+        return PromptEmbeds(tensors, uncond)
+
+    def _encode(self, prompts: list[str]) -> dict[str, torch.Tensor]:
+        """The transformer's prompt tensors for ``prompts`` (one row each), keyed by the
+        argument they feed, via the pipeline's ``encode_prompt``."""
+        raise NotImplementedError
 
     # --- trained parameters ---------------------------------------------------------
     def enable_lora(self, rank: int, alpha: int, target_modules: list[str] | None = None) -> None:

@@ -21,7 +21,6 @@ from typing import Any
 import torch
 
 from digen.models import lora, text
-from digen.models.base import PromptEmbeds
 from digen.models.packed import PackedLatentPolicy
 from digen.models.tiny import _sub_seed, check_resolution
 from digen.models.wan import unnormalize_latents
@@ -53,37 +52,13 @@ class QwenImagePolicy(PackedLatentPolicy):
     family = "qwen-image"
     default_lora_targets = lora.SD3_TARGETS  # the same joint-attention projections
     default_max_sequence_length = 512  # QwenImagePipeline's default
+    negative_prompt = NEGATIVE_PROMPT
     cfg_in_one_forward = False  # two passes: the negative prompt has its own length
 
-    def sigmas(self, num_steps: int) -> torch.Tensor:
-        """As ``QwenImagePipeline`` sets them: linear sigmas ``1 -> 1/num_steps`` through the
-        scheduler's dynamic shift (``mu`` from the image token count) and terminal stretch.
-        Returns ``[num_steps + 1]`` float32 on device."""
-        import numpy as np
-        from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift
-
-        scheduler = self.pipe.scheduler
-        config = scheduler.config
-        mu = calculate_shift(
-            self.latent_shape()[0],
-            config.get("base_image_seq_len", 256),
-            config.get("max_image_seq_len", 4096),
-            config.get("base_shift", 0.5),
-            config.get("max_shift", 1.15),
-        )
-        scheduler.set_timesteps(sigmas=np.linspace(1.0, 1 / num_steps, num_steps), mu=mu)
-        return scheduler.sigmas.to(self.device, torch.float32).clone()
-
-    @torch.no_grad()
-    def encode_prompts(self, prompts: list[str], *, with_uncond: bool) -> PromptEmbeds:
-        """``encoder_hidden_states [B, L, D]`` and ``encoder_hidden_states_mask [B, L]`` (1 for
-        prompt tokens, 0 for padding) via the pipeline's ``encode_prompt``; ``uncond`` from the
-        negative prompt ``" "`` (its own length ``L0``) when asked."""
-        tensors = self._encode(list(prompts))
-        uncond = self._encode([NEGATIVE_PROMPT] * len(prompts)) if with_uncond else {}
-        return PromptEmbeds(tensors, uncond)
-
     def _encode(self, prompts: list[str]) -> dict[str, torch.Tensor]:
+        """``encoder_hidden_states [B, L, D]`` and ``encoder_hidden_states_mask [B, L]`` (1 for
+        prompt tokens, 0 for padding) via the pipeline's ``encode_prompt``; ``uncond`` encodes
+        the negative prompt ``" "`` (its own length ``L0``)."""
         embeds, mask = self.pipe.encode_prompt(
             prompt=prompts, device=self.device, max_sequence_length=self.max_sequence_length
         )
@@ -174,7 +149,7 @@ def build_tiny_qwen_image(out_dir: Path, *, seed: int, resolution: int) -> None:
 
 
 def tiny_qwen_tokenizer(template: str):  # -> transformers.Qwen2Tokenizer
-    """A ``Qwen2Tokenizer`` (Qwen's byte-level pre-tokenizer) over :func:`text.pretoken_bpe`
+    """A ``Qwen2Tokenizer`` (Qwen's byte-level pre-tokenizer) over :func:`text.template_bpe`
     plus Qwen's chat and vision special tokens. ``template`` (the pipeline's prompt template)
     tokenizes to the same number of tokens as with the real vocabulary, so the pipeline drops
     exactly its system prefix."""
@@ -182,11 +157,7 @@ def tiny_qwen_tokenizer(template: str):  # -> transformers.Qwen2Tokenizer
     from transformers import Qwen2Tokenizer  # type: ignore[attr-defined]
     from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
-    chunks = [template.replace("{}", " ")]
-    for special in QWEN_SPECIAL_TOKENS:
-        chunks = [piece for chunk in chunks for piece in chunk.split(special)]
-    vocab, merges = text.pretoken_bpe(PRETOKENIZE_REGEX, tuple(c for c in chunks if c))
-    pairs: Any = [tuple(m.split(" ")) for m in merges]  # the tokenizers backend takes pairs
+    vocab, pairs = text.template_bpe(PRETOKENIZE_REGEX, template, QWEN_SPECIAL_TOKENS)
     tok = Qwen2Tokenizer(vocab=vocab, merges=pairs)
     tok.add_tokens([AddedToken(s, special=True) for s in QWEN_SPECIAL_TOKENS], special_tokens=True)
     return tok
