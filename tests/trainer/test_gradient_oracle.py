@@ -177,32 +177,31 @@ def peer_velocity(policy, x, sigma, embeds, n: int, case: Case) -> torch.Tensor:
 def sd3_velocity(transformer, policy, x, sigma, embeds, n: int, case: Case) -> torch.Tensor:
     """Flow-GRPO ``compute_log_prob``'s transformer call (timestep = 1000 sigma, float32 as the
     scheduler's timesteps it passes)."""
-    cond = embeds.tensors["encoder_hidden_states"].expand(n, -1, -1)
-    pooled = embeds.tensors["pooled_projections"].expand(n, -1)
-    t = sigma.float() * 1000.0
+
+    def prompt(tensors):
+        return {
+            "encoder_hidden_states": tensors["encoder_hidden_states"].expand(n, -1, -1),
+            "pooled_projections": tensors["pooled_projections"].expand(n, -1),
+        }
+
+    return flow_grpo_forward(transformer, x, sigma.float() * 1000.0, prompt, embeds, case)
+
+
+def flow_grpo_forward(transformer, x, t, prompt, embeds, case: Case) -> torch.Tensor:
+    """Flow-GRPO ``compute_log_prob``'s forward: one pass on ``prompt(embeds.tensors)``
+    without CFG; with CFG one ``[uncond; cond]`` forward, ``uncond + s * (cond - uncond)``, the
+    uncond branch detached for ``cfg_grad: cond``."""
+    cond = prompt(embeds.tensors)
     if case.cfg_grad is None:
-        return transformer(
-            hidden_states=x,
-            timestep=t,
-            encoder_hidden_states=cond,
-            pooled_projections=pooled,
-            return_dict=False,
-        )[0]
-    neg = embeds.uncond["encoder_hidden_states"].expand(n, -1, -1)
-    neg_pooled = embeds.uncond["pooled_projections"].expand(n, -1)
+        return transformer(hidden_states=x, timestep=t, **cond, return_dict=False)[0]
+    neg = prompt(embeds.uncond)
     out = transformer(
         hidden_states=torch.cat([x, x]),
         timestep=torch.cat([t, t]),
-        encoder_hidden_states=torch.cat([neg, cond]),
-        pooled_projections=torch.cat([neg_pooled, pooled]),
+        **{k: torch.cat([neg[k], cond[k]]) for k in cond},
         return_dict=False,
     )[0]
     noise_pred_uncond, noise_pred_text = out.chunk(2)
-    return peer_cfg(noise_pred_text, noise_pred_uncond, case)
-
-
-def peer_cfg(noise_pred_text, noise_pred_uncond, case: Case) -> torch.Tensor:
-    """``uncond + s * (cond - uncond)``, the uncond branch detached for ``cfg_grad: cond``."""
     if case.cfg_grad == "cond":
         noise_pred_uncond = noise_pred_uncond.detach()
     return noise_pred_uncond + SCALE * (noise_pred_text - noise_pred_uncond)
@@ -263,19 +262,11 @@ def wan_velocity(transformer, policy, x, sigma, embeds, n: int, case: Case) -> t
     ``compute_log_prob`` runs them (the pipeline runs two: diffusers' Wan blocks round their
     norms and residual adds to float32, so a float64 Wan agrees to 1e-12 only with a forward
     of the same rows, see ``FLOAT32_INSIDE``)."""
-    cond = embeds.tensors["encoder_hidden_states"].expand(n, -1, -1)
-    t = sigma.float() * 1000.0
-    if case.cfg_grad is None:
-        return transformer(hidden_states=x, timestep=t, encoder_hidden_states=cond, return_dict=False)[0]
-    neg = embeds.uncond["encoder_hidden_states"].expand(n, -1, -1)
-    out = transformer(
-        hidden_states=torch.cat([x, x]),
-        timestep=torch.cat([t, t]),
-        encoder_hidden_states=torch.cat([neg, cond]),
-        return_dict=False,
-    )[0]
-    noise_pred_uncond, noise_pred_text = out.chunk(2)
-    return peer_cfg(noise_pred_text, noise_pred_uncond, case)
+
+    def prompt(tensors):
+        return {"encoder_hidden_states": tensors["encoder_hidden_states"].expand(n, -1, -1)}
+
+    return flow_grpo_forward(transformer, x, sigma.float() * 1000.0, prompt, embeds, case)
 
 
 def hunyuan_video_velocity(transformer, policy, x, sigma, embeds, n: int, case: Case) -> torch.Tensor:
