@@ -26,10 +26,12 @@ test: $(STAMP)  ## the whole test suite (what CI runs)
 test-fast: $(STAMP)  ## unit tests only (skips the end-to-end runs marked slow)
 	$(BIN)/python -m pytest -q -m "not slow"
 
-lint: $(STAMP)
+lint: $(STAMP)  ## ruff, mypy on the typed core, the import contracts (pyproject) and no import 2-cycles
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy digen/core digen/algos digen/config.py digen/seeding.py
+	$(BIN)/lint-imports --no-cache
+	$(BIN)/python scripts/check_import_cycles.py
 
 bench: $(STAMP)
 	$(BIN)/digen bench configs/quickstart.yaml --out runs/bench

@@ -1,4 +1,4 @@
-"""digen CLI commands: bench and report (registered on cli.main.app)."""
+"""digen CLI commands: bench and report (registered on cli.app.app)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from typing import Annotated
 
 import typer
 
-from cli.main import SetOpt, _setup_logging, app, err, handles_errors, open_run_log, out
+from cli.app import SetOpt, app, err, handles_errors, out
+from cli.console import open_run_log, setup_logging
 from digen.errors import ConfigError
 
 DEFAULT_MODES = "reference,colocated,disaggregated,digen"
@@ -105,7 +106,7 @@ def bench(
     from digen.bench import parse_modes, parse_workers, run_bench, write_outputs
     from digen.config import load_config
 
-    _setup_logging(verbose, out_dir / "digen.log", dask=True)  # Dask logs every cluster start and stop
+    setup_logging(verbose, out_dir / "digen.log", dask=True)  # Dask logs every cluster start and stop
     open_run_log()  # the bench writes its own folder
     mode_list = parse_modes(modes)
     counts = parse_workers(workers)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from cli.main import app, handles_errors, out
+from cli.app import app, handles_errors, out
 
 
 @app.command("export")

@@ -1,15 +1,34 @@
-"""digen CLI commands about models and rewards: ``reward-server`` (``make-tiny-model`` lives in
-cli/main.py)."""
+"""digen CLI commands about models and rewards: ``make-tiny-model`` and ``reward-server``."""
 
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from cli.main import app, handles_errors, out
+from cli.app import app, handles_errors, out
 from digen.errors import ConfigError
+
+
+@app.command("make-tiny-model")
+@handles_errors
+def make_tiny_model_cmd(
+    out_dir: Annotated[Path, typer.Argument(help="Folder to write the diffusers pipeline into.")],
+    arch: Annotated[
+        str, typer.Option("--arch", help="sd3 | flux | qwen-image | wan | hunyuan-video")
+    ] = "sd3",
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    resolution: Annotated[int, typer.Option("--resolution")] = 32,
+) -> None:
+    """Write a tiny random-weight diffusers pipeline folder (offline) for tests and demos."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from digen.models import make_tiny_model
+
+    path = make_tiny_model(out_dir, arch=arch, seed=seed, resolution=resolution)
+    out.print(f"wrote tiny {arch} pipeline to {path}")
 
 
 @app.command("reward-server")

@@ -1,4 +1,4 @@
-"""digen CLI commands: service (registered on cli.main.app).
+"""digen CLI commands: service (registered on cli.app.app).
 
 ``submit``, ``serve``, ``status``, ``logs``, ``cancel`` talk to the job queue in Redis
 (:mod:`digen.runtime.service`); ``worker`` starts a Dask worker node (:mod:`digen.runtime.node`).
@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from cli.main import SetOpt, app, err, handles_errors, out
+from cli.app import SetOpt, app, err, handles_errors, out
 from digen.errors import ConfigError
 
 ServiceRedisOpt = Annotated[

@@ -1,4 +1,4 @@
-"""digen CLI commands: simulate and sp-bench (registered on cli.main.app)."""
+"""digen CLI commands: simulate and sp-bench (registered on cli.app.app)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from cli.main import app, err, handles_errors, out
+from cli.app import app, err, handles_errors, out
 from digen.errors import ConfigError
 
 SIM_CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "sim"

@@ -231,8 +231,7 @@ def plot_rewards(rows: list[dict[str, Any]], out: Out, *, title: str | None = No
 
     rows = sorted(rows, key=lambda r: int(r["iteration"]))
     it = [int(r["iteration"]) for r in rows]
-    mean = [float(r.get("reward_mean", float("nan"))) for r in rows]
-    std = [float(r.get("reward_std", 0.0)) for r in rows]
+    mean, std = _series(rows, "reward_mean", float("nan")), _series(rows, "reward_std")
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), dpi=100, sharex=True)
     top.plot(it, mean, marker="o", markersize=3, color="#1f77b4", label="reward mean")
     top.fill_between(
@@ -249,28 +248,15 @@ def plot_rewards(rows: list[dict[str, Any]], out: Out, *, title: str | None = No
     top.grid(alpha=0.3)
     top.set_title(title or f"rewards over {len(rows)} iterations", fontsize=10)
 
-    bottom.plot(
-        it,
-        [float(r.get("approx_kl", 0.0)) for r in rows],
-        marker=".",
-        color="#d62728",
-        label="approx KL (old policy)",
-    )
-    if any(float(r.get("kl", 0.0)) for r in rows):
-        bottom.plot(
-            it,
-            [float(r.get("kl", 0.0)) for r in rows],
-            linestyle="--",
-            color="#8c564b",
-            label="KL to reference",
-        )
+    bottom.plot(it, _series(rows, "approx_kl"), marker=".", color="#d62728", label="approx KL (old policy)")
+    kl = _series(rows, "kl")
+    if any(kl):
+        bottom.plot(it, kl, linestyle="--", color="#8c564b", label="KL to reference")
     bottom.set_ylabel("KL")
     bottom.set_xlabel("iteration")
     bottom.grid(alpha=0.3)
     right = bottom.twinx()
-    right.plot(
-        it, [float(r.get("clipfrac", 0.0)) for r in rows], marker=".", color="#ff7f0e", label="clip fraction"
-    )
+    right.plot(it, _series(rows, "clipfrac"), marker=".", color="#ff7f0e", label="clip fraction")
     right.set_ylabel("clip fraction")
     right.set_ylim(bottom=0)
     lines = bottom.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
@@ -279,6 +265,11 @@ def plot_rewards(rows: list[dict[str, Any]], out: Out, *, title: str | None = No
     fig.savefig(out, format="png")
     plt.close(fig)
     return len(rows)
+
+
+def _series(rows: list[dict[str, Any]], key: str, missing: float = 0.0) -> list[float]:
+    """``key`` of every metrics row as a float (``missing`` where a row lacks it)."""
+    return [float(r.get(key, missing)) for r in rows]
 
 
 def write_run_plots(run_dir: str | Path) -> list[Path]:

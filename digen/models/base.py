@@ -11,8 +11,12 @@ elementwise with a mean over non-batch dims, so it does not care which.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import torch
+
+from digen.algos.precision import at_least_float32
+from digen.errors import ConfigError
 
 
 @dataclass
@@ -54,17 +58,33 @@ class PromptEmbeds:
         )
 
 
+def detach_uncond(uncond: torch.Tensor, cfg_grad: str) -> torch.Tensor:
+    """The unconditional CFG branch itself (``cfg_grad`` ``"both"``) or detached (``"cond"``:
+    only the conditional branch carries gradient; ``train.cfg_grad`` documents which peer does
+    which)."""
+    if cfg_grad not in ("cond", "both"):
+        raise ConfigError(f"train.cfg_grad ({cfg_grad!r}) must be 'cond' or 'both'")
+    return uncond.detach() if cfg_grad == "cond" else uncond
+
+
 class FlowPolicy:
     """A flow-matching text-to-image/video model as digen's rollout and trainer see it.
 
     Subclasses (one per family: ``sd3.py``, ``flux.py``, ...) are built by
     :func:`digen.models.load_policy` from a local diffusers pipeline folder.
 
+    :meth:`velocity` is written once, here; a family supplies only what its pipeline does
+    differently: :meth:`timesteps` (sigma -> the transformer's timestep),
+    :meth:`transformer_kwargs` (embeddings, ids, guidance, masks, shapes),
+    :attr:`guidance_embeds` (embedded guidance instead of true CFG), and how the two CFG
+    branches run (:attr:`cfg_in_one_forward`) and combine (:meth:`combine_cfg`).
+
     Attributes:
         family: ``"sd3" | "flux" | "qwen-image" | "wan" | "hunyuan-video"``.
         transformer: the trained module (peft-wrapped when LoRA is on).
-        device, dtype: where and in which precision the transformer runs. The SDE step
-            math and stored latents/log-probs are always float32.
+        device, dtype: where and in which precision the transformer runs. The velocity, the
+            SDE step math and stored latents/log-probs are float32 (float64 for a float64
+            model: :mod:`digen.algos.precision`).
         is_video: decode returns frames.
     """
 
@@ -93,6 +113,13 @@ class FlowPolicy:
         empty-prompt embeddings CFG needs."""
         raise NotImplementedError
 
+    # --- the velocity: one path for every family ----------------------------------
+    cfg_in_one_forward: ClassVar[bool] = True
+    """True CFG runs both branches as one ``[uncond; cond]`` forward of ``2B`` rows, as
+    ``StableDiffusion3Pipeline`` and Flow-GRPO's ``compute_log_prob`` do (the FLUX, Wan and
+    HunyuanVideo pipelines run two forwards: the same values up to round-off); False: two
+    forwards, cond then uncond (Qwen-Image: its negative prompt has its own length)."""
+
     def velocity(
         self,
         latents: torch.Tensor,
@@ -104,14 +131,70 @@ class FlowPolicy:
         """The model's velocity for a batch of (latent, sigma) pairs.
 
         latents: ``[B, *latent_shape]`` float32; sigmas: ``[B]`` float32 (each row may sit at
-        a different timestep: TSP batches timesteps); embeds: ``B`` rows. CFG (two passes,
-        ``uncond + s * (cond - uncond)``) when ``guidance_scale > 1`` and the family uses
-        true CFG; embedded guidance families pass ``guidance_scale`` to the transformer.
-        ``cfg_grad`` (``train.cfg_grad``): ``"both"`` back-propagates through both CFG
-        branches, ``"cond"`` detaches the unconditional one (same value, other gradient).
-        Returns float32 ``[B, *latent_shape]``; differentiable w.r.t. the trained params.
+        a different timestep: TSP batches timesteps); embeds: ``B`` rows. True CFG (two
+        branches combined by :meth:`combine_cfg`, ``uncond + s * (cond - uncond)``) when
+        :meth:`uses_true_cfg`; a family with embedded guidance passes ``guidance_scale`` to
+        the transformer in :meth:`transformer_kwargs` instead. ``cfg_grad``
+        (``train.cfg_grad``): ``"both"`` back-propagates through both CFG branches,
+        ``"cond"`` detaches the unconditional one (same value, other gradient).
+        Returns ``[B, *latent_shape]`` float32 (float64 for a float64 model, see
+        :func:`digen.algos.precision.at_least_float32`); differentiable w.r.t. the trained
+        params.
         """
-        raise NotImplementedError
+        x = latents.to(self.device, self.dtype)
+        t = self.timesteps(sigmas.to(self.device, torch.float32))
+        if not self.uses_true_cfg(embeds, guidance_scale):
+            return self._forward(x, t, embeds.tensors, guidance_scale)
+        if self.cfg_in_one_forward:
+            both = {k: torch.cat([embeds.uncond[k], v]) for k, v in embeds.tensors.items()}
+            uncond, cond = self._forward(torch.cat([x, x]), torch.cat([t, t]), both, guidance_scale).chunk(2)
+        else:
+            cond = self._forward(x, t, embeds.tensors, guidance_scale)
+            uncond = self._forward(x, t, embeds.uncond, guidance_scale)
+        return self.combine_cfg(cond, detach_uncond(uncond, cfg_grad), guidance_scale)
+
+    def _forward(
+        self, x: torch.Tensor, t: torch.Tensor, tensors: dict[str, torch.Tensor], guidance_scale: float
+    ) -> torch.Tensor:
+        """One transformer forward: ``x [N, *latent_shape]`` (model dtype), ``t [N]``, prompt
+        tensors of ``N`` rows -> ``[N, *latent_shape]`` at least float32."""
+        out = self.transformer(
+            hidden_states=x,
+            timestep=t,
+            **self.transformer_kwargs(x, tensors, guidance_scale),
+            return_dict=False,
+        )[0]
+        return at_least_float32(out)
+
+    def timesteps(self, sigmas: torch.Tensor) -> torch.Tensor:
+        """sigmas ``[B]`` float32 -> the transformer's ``timestep`` ``[B]``: ``1000 * sigma`` in
+        float32, the ``scheduler.timesteps`` the SD3, Wan and HunyuanVideo pipelines pass."""
+        return sigmas * 1000.0
+
+    def uses_true_cfg(self, embeds: PromptEmbeds, guidance_scale: float) -> bool:
+        """Two CFG branches: ``guidance_scale > 1``, ``embeds`` carry ``uncond`` and the
+        transformer does not embed the guidance itself (:attr:`guidance_embeds`)."""
+        return guidance_scale > 1.0 and bool(embeds.uncond) and not self.guidance_embeds
+
+    @property
+    def guidance_embeds(self) -> bool:
+        """Whether the transformer takes ``guidance_scale`` as an input (FLUX.1-dev,
+        HunyuanVideo: guidance-distilled, one pass) instead of true CFG."""
+        return False
+
+    def transformer_kwargs(
+        self, x: torch.Tensor, tensors: dict[str, torch.Tensor], guidance_scale: float
+    ) -> dict[str, Any]:
+        """The transformer's keyword arguments besides ``hidden_states`` and ``timestep`` for
+        one forward of ``x [N, *latent_shape]``: here the prompt ``tensors`` (``N`` rows)
+        on the model's device and dtype; a family adds its ids, guidance, masks, shapes."""
+        return {k: v.to(self.device, self.dtype) for k, v in tensors.items()}
+
+    @staticmethod
+    def combine_cfg(cond: torch.Tensor, uncond: torch.Tensor, guidance_scale: float) -> torch.Tensor:
+        """The CFG combination of the branches ``[B, *latent_shape]``:
+        ``uncond + s * (cond - uncond)``, as the SD3, FLUX and Wan pipelines do."""
+        return uncond + guidance_scale * (cond - uncond)
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Final latents ``[B, *latent_shape]`` -> images ``[B, 3, H, W]`` (video:

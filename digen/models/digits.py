@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from digen.models import text
-from digen.models.tiny import CLIP_DIM, T5_DIM
+from digen.models.tiny import CLIP_DIM, T5_DIM, autoencoder_kl, save_pipeline, sd3_text_stack
 from digen.rewards.digits import DigitClassifier, DigitClassifierReward, to_classifier_input
 
 IMAGE_SIZE = 16
@@ -141,24 +141,12 @@ def accuracy(model: DigitClassifier, images8: torch.Tensor, labels: torch.Tensor
 def build_vae(seed: int):
     """``AutoencoderKL`` 16x16x3 <-> ``LATENT_CHANNELS`` x 8 x 8 (two levels of widths 8/16, no
     attention, no quant convs like SD3's VAE; about 40k parameters)."""
-    from diffusers import AutoencoderKL
-
-    return text.seeded(
-        seed,
-        lambda: AutoencoderKL(
-            in_channels=3,
-            out_channels=3,
-            down_block_types=("DownEncoderBlock2D",) * 2,
-            up_block_types=("UpDecoderBlock2D",) * 2,
-            block_out_channels=(8, 16),
-            layers_per_block=1,
-            latent_channels=LATENT_CHANNELS,
-            norm_num_groups=4,
-            sample_size=IMAGE_SIZE,
-            mid_block_add_attention=False,
-            use_quant_conv=False,
-            use_post_quant_conv=False,
-        ),
+    return autoencoder_kl(
+        seed=seed,
+        block_out_channels=(8, 16),
+        latent_channels=LATENT_CHANNELS,
+        sample_size=IMAGE_SIZE,
+        mid_block_add_attention=False,
     )
 
 
@@ -230,28 +218,12 @@ def build_pipeline(*, seed: int, vae, transformer, shift: float):
 
     clip_tok = text.tiny_clip_tokenizer(model_max_length=TEXT_LENGTH)
     t5_tok = text.tiny_t5_tokenizer(model_max_length=TEXT_LENGTH)
-    clip = [
-        text.tiny_clip_text_model(clip_tok, seed=seed * 1009 + i, hidden_size=CLIP_DIM, with_projection=True)
-        for i in (2, 3)
-    ]
     return StableDiffusion3Pipeline(
         transformer=transformer,
         scheduler=FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=shift),
         vae=vae,
-        text_encoder=clip[0],
-        tokenizer=clip_tok,
-        text_encoder_2=clip[1],
-        tokenizer_2=clip_tok,
-        text_encoder_3=text.tiny_t5_encoder(t5_tok, seed=seed * 1009 + 4, d_model=T5_DIM),
-        tokenizer_3=t5_tok,
+        **sd3_text_stack(seed, clip_tok, t5_tok),
     )
-
-
-def save_pipeline(pipe, out_dir: Path) -> None:
-    """``save_pretrained`` (safetensors) plus the CLIP BPE files, as ``make_tiny_model`` writes them."""
-    pipe.save_pretrained(out_dir)
-    for sub in ("tokenizer", "tokenizer_2"):
-        text.write_bpe_files(out_dir / sub, *text.clip_bpe())
 
 
 @torch.no_grad()
@@ -466,7 +438,7 @@ def build_digits_assets(
         log=log,
     )
     out_dir = assets / "digits-sd3"
-    save_pipeline(pipe, out_dir)
+    save_pipeline(pipe, out_dir, ("tokenizer", "tokenizer_2"))
     report["build_s"] = round(time.perf_counter() - t0, 1)
 
     log("evaluating the base model ...")

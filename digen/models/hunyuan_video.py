@@ -23,8 +23,7 @@ from typing import Any
 import torch
 
 from digen.models import lora, text
-from digen.models.base import PromptEmbeds
-from digen.models.tiny import _sub_seed, check_resolution
+from digen.models.tiny import _sub_seed, check_resolution, save_pipeline
 from digen.models.video import VideoPolicy
 
 # The pre-tokenizer regex of Llama-3's tokenizer.json (numbers split in runs of up to 3 digits).
@@ -57,10 +56,6 @@ class HunyuanVideoPolicy(VideoPolicy):
     def spatial_patch(self) -> int:
         return int(self.config.patch_size)
 
-    @property
-    def guidance_embeds(self) -> bool:
-        return bool(self.config.get("guidance_embeds", False))
-
     def sigmas(self, num_steps: int) -> torch.Tensor:
         """As ``HunyuanVideoPipeline`` sets them: sigmas ``linspace(1, 0, num_steps + 1)[:-1]``
         through the scheduler's static shift (7.0 for HunyuanVideo). Returns ``[num_steps + 1]``
@@ -71,48 +66,25 @@ class HunyuanVideoPolicy(VideoPolicy):
         scheduler.set_timesteps(sigmas=np.linspace(1.0, 0.0, num_steps + 1)[:-1])
         return scheduler.sigmas.to(self.device, torch.float32).clone()
 
-    @torch.no_grad()
-    def encode_prompts(self, prompts: list[str], *, with_uncond: bool) -> PromptEmbeds:
+    def _encode(self, prompts: list[str]) -> dict[str, torch.Tensor]:
         """``encoder_hidden_states [B, L, D]`` (Llama, template cropped, padded to
         ``L = max_sequence_length``), ``encoder_attention_mask [B, L]``, ``pooled_projections
-        [B, P]`` (CLIP) via the pipeline's ``encode_prompt``; ``uncond`` from the empty prompt
-        when asked (used only without guidance embedding)."""
-        tensors = self._encode(list(prompts))
-        uncond = self._encode([""] * len(prompts)) if with_uncond else {}
-        return PromptEmbeds(tensors, uncond)
-
-    def _encode(self, prompts: list[str]) -> dict[str, torch.Tensor]:
+        [B, P]`` (CLIP) via the pipeline's ``encode_prompt``; ``uncond`` encodes the empty prompt
+        (used only without guidance embedding)."""
         embeds, pooled, mask = self.pipe.encode_prompt(
             prompt=prompts, device=self.device, max_sequence_length=self.max_sequence_length
         )
         return {"encoder_hidden_states": embeds, "encoder_attention_mask": mask, "pooled_projections": pooled}
 
-    def velocity(
-        self,
-        latents: torch.Tensor,
-        sigmas: torch.Tensor,
-        embeds: PromptEmbeds,
-        guidance_scale: float,
-        cfg_grad: str = "both",
-    ) -> torch.Tensor:
-        """latents ``[B, C, F', h, w]`` float32, sigmas ``[B]`` -> velocity, same shape, float32."""
-        cfg = not self.guidance_embeds and self.uses_cfg(embeds, guidance_scale)
-        x = latents.to(self.device, self.dtype)
-        t = sigmas.to(self.device, torch.float32) * 1000.0  # float32, as the scheduler's timesteps
-        if cfg:
-            x, t = torch.cat([x, x]), torch.cat([t, t])
-        # The pipeline: guidance = tensor([g] * B, dtype) * 1000.
+    def transformer_kwargs(
+        self, x: torch.Tensor, tensors: dict[str, torch.Tensor], guidance_scale: float
+    ) -> dict[str, Any]:
+        """The prompt tensors (mask included) in the model dtype and ``guidance [N]``:
+        ``HunyuanVideoPipeline.__call__``'s ``tensor([g] * N, dtype) * 1000``."""
         guidance = (
             torch.full((x.shape[0],), float(guidance_scale), device=self.device, dtype=self.dtype) * 1000.0
         )
-        out = self.transformer(
-            hidden_states=x,
-            timestep=t,
-            guidance=guidance,
-            **self._embed_kwargs(embeds, cfg),
-            return_dict=False,
-        )[0]
-        return self._combine_cfg(out, guidance_scale, cfg_grad) if cfg else out.float()
+        return {**super().transformer_kwargs(x, tensors, guidance_scale), "guidance": guidance}
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
@@ -196,8 +168,7 @@ def build_tiny_hunyuan_video(out_dir: Path, *, seed: int, resolution: int) -> No
         ),
         tokenizer_2=clip_tok,
     )
-    pipe.save_pretrained(out_dir)
-    text.write_bpe_files(out_dir / "tokenizer_2", *text.clip_bpe())
+    save_pipeline(pipe, out_dir, ("tokenizer_2",))
     _as_hub_llama_tokenizer(out_dir)
 
 
@@ -214,7 +185,7 @@ def _as_hub_llama_tokenizer(out_dir: Path) -> None:
 
 
 def tiny_llama3_tokenizer(template: str):  # -> transformers.PreTrainedTokenizerFast
-    """A Llama-3-style tokenizer: byte-level BPE over :func:`text.pretoken_bpe` with Llama-3's
+    """A Llama-3-style tokenizer: byte-level BPE over :func:`text.template_bpe` with Llama-3's
     pre-tokenizer regex and special tokens, ``<|begin_of_text|>`` prepended, right padding with
     ``<pad>``. ``template`` (the pipeline's prompt template) tokenizes to as many tokens as with
     the real vocabulary, so the pipeline's ``crop_start`` (95) cuts exactly the template."""
@@ -222,11 +193,7 @@ def tiny_llama3_tokenizer(template: str):  # -> transformers.PreTrainedTokenizer
     from tokenizers.models import BPE
     from transformers import PreTrainedTokenizerFast  # type: ignore[attr-defined]
 
-    chunks = [template.replace("{}", " ")]
-    for special in LLAMA3_SPECIAL_TOKENS:
-        chunks = [piece for chunk in chunks for piece in chunk.split(special)]
-    vocab, merges = text.pretoken_bpe(LLAMA3_SPLIT, tuple(c for c in chunks if c))
-    pairs: Any = [tuple(m.split(" ")) for m in merges]
+    vocab, pairs = text.template_bpe(LLAMA3_SPLIT, template, LLAMA3_SPECIAL_TOKENS)
     backend = Tokenizer(BPE(vocab=vocab, merges=pairs, ignore_merges=True))
     backend.pre_tokenizer = pre_tokenizers.Sequence(
         [

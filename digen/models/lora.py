@@ -14,7 +14,7 @@ carry.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -147,7 +147,7 @@ def load_full_state_dict(module: torch.nn.Module, state: dict[str, torch.Tensor]
 
 
 def _copy_into(
-    params: dict[str, torch.Tensor], state: dict[str, torch.Tensor], what: str, whose: str
+    params: Mapping[str, torch.Tensor], state: dict[str, torch.Tensor], what: str, whose: str
 ) -> None:
     """Copy ``state[k]`` into ``params[k]`` in place (cast to its dtype and device), refusing
     a shape mismatch before anything is written."""

@@ -1,8 +1,9 @@
-"""What every diffusers-backed :class:`FlowPolicy` shares: loading, freezing, LoRA, CFG.
+"""What every diffusers-backed :class:`FlowPolicy` shares: loading, freezing, LoRA.
 
 A family adapter (``sd3.py``, ``flux.py``, ...) subclasses :class:`PipelinePolicy` and fills in
-the model-specific parts: latent layout, sigma schedule, transformer call, prompt encoding,
-decoding. The pipeline object itself is kept (``self.pipe``) for its tokenizers, text encoders,
+the model-specific parts: latent layout, sigma schedule, prompt encoding, decoding, and the
+hooks of :meth:`FlowPolicy.velocity` where its pipeline differs (timestep convention,
+transformer keyword arguments, CFG combination). The pipeline object itself is kept (``self.pipe``) for its tokenizers, text encoders,
 VAE, scheduler and its ``encode_prompt``/latent helpers; its ``__call__`` is never used.
 """
 
@@ -16,7 +17,6 @@ from typing import Any, ClassVar
 
 import torch
 
-from digen.algos.precision import at_least_float32
 from digen.errors import ConfigError, ModelError
 from digen.models import lora
 from digen.models.base import FlowPolicy, PromptEmbeds
@@ -75,21 +75,6 @@ def _dtype_kwarg() -> str:
     return "dtype" if hasattr(deprecation_utils, "_resolve_dtype") else "torch_dtype"
 
 
-def cfg_branches(out: torch.Tensor, cfg_grad: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """``out`` ``[2B, ...]`` as ``[uncond; cond]`` -> ``(uncond, cond)``; with ``cfg_grad``
-    ``"cond"`` the uncond half is detached, so only the conditional branch carries gradient
-    (``train.cfg_grad`` documents which peer does which)."""
-    uncond, cond = out.chunk(2)
-    return detach_uncond(uncond, cfg_grad), cond
-
-
-def detach_uncond(uncond: torch.Tensor, cfg_grad: str) -> torch.Tensor:
-    """``uncond`` itself (``cfg_grad`` ``"both"``) or detached (``"cond"``)."""
-    if cfg_grad not in ("cond", "both"):
-        raise ConfigError(f"train.cfg_grad ({cfg_grad!r}) must be 'cond' or 'both'")
-    return uncond.detach() if cfg_grad == "cond" else uncond
-
-
 class PipelinePolicy(FlowPolicy):
     """A :class:`FlowPolicy` over a loaded diffusers pipeline (see the module docstring).
 
@@ -121,23 +106,6 @@ class PipelinePolicy(FlowPolicy):
                 f"num_frames ({num_frames}) is only for video models; {self.family} makes images"
             )
 
-    @classmethod
-    def from_pretrained(
-        cls,
-        path: str | Path,
-        *,
-        height: int,
-        width: int,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str = "cpu",
-        num_frames: int | None = None,
-        max_sequence_length: int | None = None,
-    ) -> PipelinePolicy:
-        pipe = load_pipeline(path, dtype=dtype, device=device)
-        return cls(
-            pipe, height=height, width=width, max_sequence_length=max_sequence_length, num_frames=num_frames
-        )
-
     def _default_sequence_length(self) -> int:
         """The family's usual T5 length, capped by the T5 tokenizer's ``model_max_length``
         (the tiny models declare 32)."""
@@ -155,26 +123,28 @@ class PipelinePolicy(FlowPolicy):
                     f"{field} ({value}) must be a positive multiple of {multiple} for {self.family} ({why})"
                 )
 
-    # --- CFG ------------------------------------------------------------------------
-    @staticmethod
-    def uses_cfg(embeds: PromptEmbeds, guidance_scale: float) -> bool:
-        return guidance_scale > 1.0 and bool(embeds.uncond)
+    @property
+    def guidance_embeds(self) -> bool:
+        """The transformer config's ``guidance_embeds`` (FLUX.1-dev, HunyuanVideo: True)."""
+        return bool(self.config.get("guidance_embeds", False))
 
-    def _embed_kwargs(self, embeds: PromptEmbeds, cfg: bool) -> dict[str, torch.Tensor]:
-        """Transformer kwargs from ``embeds`` on device/dtype; with CFG ``[uncond; cond]``."""
-        if cfg:
-            return {
-                k: torch.cat([embeds.uncond[k], v]).to(self.device, self.dtype)
-                for k, v in embeds.tensors.items()
-            }
-        return {k: v.to(self.device, self.dtype) for k, v in embeds.tensors.items()}
+    # --- prompts --------------------------------------------------------------------
+    negative_prompt: ClassVar[str] = ""
+    """What the unconditional CFG branch encodes: the empty prompt (Qwen-Image: ``" "``)."""
 
-    @staticmethod
-    def _combine_cfg(out: torch.Tensor, guidance_scale: float, cfg_grad: str = "both") -> torch.Tensor:
-        """``out``: ``[2B, ...]`` as ``[uncond; cond]`` -> ``uncond + s * (cond - uncond)``
-        (``cfg_grad`` ``"cond"``: the uncond half detached, see :func:`cfg_branches`)."""
-        uncond, cond = cfg_branches(at_least_float32(out), cfg_grad)
-        return uncond + guidance_scale * (cond - uncond)
+    @torch.no_grad()
+    def encode_prompts(self, prompts: list[str], *, with_uncond: bool) -> PromptEmbeds:
+        """:meth:`_encode` of ``prompts``; ``uncond``: of :attr:`negative_prompt`, once per row,
+        when ``with_uncond``. (SD3 and Wan instead have their pipeline's ``encode_prompt``
+        encode both at once.)"""
+        tensors = self._encode(list(prompts))
+        uncond = self._encode([self.negative_prompt] * len(prompts)) if with_uncond else {}
+        return PromptEmbeds(tensors, uncond)
+
+    def _encode(self, prompts: list[str]) -> dict[str, torch.Tensor]:
+        """The transformer's prompt tensors for ``prompts`` (one row each), keyed by the
+        argument they feed, via the pipeline's ``encode_prompt``."""
+        raise NotImplementedError
 
     # --- trained parameters ---------------------------------------------------------
     def enable_lora(self, rank: int, alpha: int, target_modules: list[str] | None = None) -> None:

@@ -21,8 +21,7 @@ from typing import Any
 import torch
 
 from digen.models import lora, text
-from digen.models.base import PromptEmbeds
-from digen.models.pipeline_policy import PipelinePolicy, detach_uncond
+from digen.models.packed import PackedLatentPolicy
 from digen.models.tiny import _sub_seed, check_resolution
 from digen.models.wan import unnormalize_latents
 
@@ -49,55 +48,17 @@ QWEN_SPECIAL_TOKENS = (
 )
 
 
-class QwenImagePolicy(PipelinePolicy):
+class QwenImagePolicy(PackedLatentPolicy):
     family = "qwen-image"
     default_lora_targets = lora.SD3_TARGETS  # the same joint-attention projections
     default_max_sequence_length = 512  # QwenImagePipeline's default
-
-    def __init__(self, pipe, **kwargs):
-        super().__init__(pipe, **kwargs)
-        self.vae_scale_factor = int(pipe.vae_scale_factor)
-        self._check_multiple(2 * self.vae_scale_factor, f"VAE scale {self.vae_scale_factor} x 2x2 packing")
-
-    def _grid(self) -> tuple[int, int]:
-        """Packed token grid ``(H / (2 * vae_scale), W / (2 * vae_scale))``."""
-        f = 2 * self.vae_scale_factor
-        return self.height // f, self.width // f
-
-    def latent_shape(self) -> tuple[int, int]:
-        """``(seq, C * 4)`` of the packed latent."""
-        h, w = self._grid()
-        return (h * w, int(self.config.in_channels))
-
-    def sigmas(self, num_steps: int) -> torch.Tensor:
-        """As ``QwenImagePipeline`` sets them: linear sigmas ``1 -> 1/num_steps`` through the
-        scheduler's dynamic shift (``mu`` from the image token count) and terminal stretch.
-        Returns ``[num_steps + 1]`` float32 on device."""
-        import numpy as np
-        from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift
-
-        scheduler = self.pipe.scheduler
-        config = scheduler.config
-        mu = calculate_shift(
-            self.latent_shape()[0],
-            config.get("base_image_seq_len", 256),
-            config.get("max_image_seq_len", 4096),
-            config.get("base_shift", 0.5),
-            config.get("max_shift", 1.15),
-        )
-        scheduler.set_timesteps(sigmas=np.linspace(1.0, 1 / num_steps, num_steps), mu=mu)
-        return scheduler.sigmas.to(self.device, torch.float32).clone()
-
-    @torch.no_grad()
-    def encode_prompts(self, prompts: list[str], *, with_uncond: bool) -> PromptEmbeds:
-        """``encoder_hidden_states [B, L, D]`` and ``encoder_hidden_states_mask [B, L]`` (1 for
-        prompt tokens, 0 for padding) via the pipeline's ``encode_prompt``; ``uncond`` from the
-        negative prompt ``" "`` (its own length ``L0``) when asked."""
-        tensors = self._encode(list(prompts))
-        uncond = self._encode([NEGATIVE_PROMPT] * len(prompts)) if with_uncond else {}
-        return PromptEmbeds(tensors, uncond)
+    negative_prompt = NEGATIVE_PROMPT
+    cfg_in_one_forward = False  # two passes: the negative prompt has its own length
 
     def _encode(self, prompts: list[str]) -> dict[str, torch.Tensor]:
+        """``encoder_hidden_states [B, L, D]`` and ``encoder_hidden_states_mask [B, L]`` (1 for
+        prompt tokens, 0 for padding) via the pipeline's ``encode_prompt``; ``uncond`` encodes
+        the negative prompt ``" "`` (its own length ``L0``)."""
         embeds, mask = self.pipe.encode_prompt(
             prompt=prompts, device=self.device, max_sequence_length=self.max_sequence_length
         )
@@ -105,43 +66,29 @@ class QwenImagePolicy(PipelinePolicy):
             mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
         return {"encoder_hidden_states": embeds, "encoder_hidden_states_mask": mask}
 
-    def velocity(
-        self,
-        latents: torch.Tensor,
-        sigmas: torch.Tensor,
-        embeds: PromptEmbeds,
-        guidance_scale: float,
-        cfg_grad: str = "both",
-    ) -> torch.Tensor:
-        """latents ``[B, seq, C*4]`` float32, sigmas ``[B]`` -> velocity ``[B, seq, C*4]`` float32
-        (CFG: a second pass on the negative prompt, then the pipeline's rescaled combination)."""
-        x = latents.to(self.device, self.dtype)
-        # The pipeline: timestep = (1000 * sigma).to(dtype) / 1000.
-        t = (sigmas.to(self.device, torch.float32) * 1000.0).to(self.dtype) / 1000.0
-        cond = self._forward(x, t, embeds.tensors)
-        if not self.uses_cfg(embeds, guidance_scale):
-            return cond.float()
-        uncond = detach_uncond(self._forward(x, t, embeds.uncond), cfg_grad)
-        return rescaled_cfg(cond.float(), uncond.float(), guidance_scale)
-
-    def _forward(self, x: torch.Tensor, t: torch.Tensor, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+    def transformer_kwargs(
+        self, x: torch.Tensor, tensors: dict[str, torch.Tensor], guidance_scale: float
+    ) -> dict[str, Any]:
+        """The prompt states in the model dtype, their padding mask as bool (None when nothing
+        is padded, as the pipeline passes it) and the token grid ``img_shapes``, one per row."""
         mask = tensors["encoder_hidden_states_mask"].to(self.device).bool()
         h, w = self._grid()
-        return self.transformer(
-            hidden_states=x,
-            timestep=t,
-            encoder_hidden_states=tensors["encoder_hidden_states"].to(self.device, self.dtype),
-            encoder_hidden_states_mask=None if mask.all() else mask,
-            img_shapes=[[(1, h, w)]] * x.shape[0],
-            return_dict=False,
-        )[0]
+        return {
+            "encoder_hidden_states": tensors["encoder_hidden_states"].to(self.device, self.dtype),
+            "encoder_hidden_states_mask": None if mask.all() else mask,
+            "img_shapes": [[(1, h, w)]] * x.shape[0],
+        }
+
+    @staticmethod
+    def combine_cfg(cond: torch.Tensor, uncond: torch.Tensor, guidance_scale: float) -> torch.Tensor:
+        """Qwen-Image's rescaled CFG (:func:`rescaled_cfg`)."""
+        return rescaled_cfg(cond, uncond, guidance_scale)
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Packed latents ``[B, seq, C*4]`` -> images ``[B, 3, H, W]`` float32 in [0, 1]."""
         vae = self.pipe.vae
-        z = self.pipe._unpack_latents(latents, self.height, self.width, self.vae_scale_factor)
-        z = unnormalize_latents(z.to(vae.device, vae.dtype), vae)  # [B, C, 1, h, w]
+        z = unnormalize_latents(self.unpack(latents).to(vae.device, vae.dtype), vae)  # [B, C, 1, h, w]
         image = vae.decode(z, return_dict=False)[0][:, :, 0]
         return (image.float() / 2 + 0.5).clamp(0, 1)
 
@@ -202,7 +149,7 @@ def build_tiny_qwen_image(out_dir: Path, *, seed: int, resolution: int) -> None:
 
 
 def tiny_qwen_tokenizer(template: str):  # -> transformers.Qwen2Tokenizer
-    """A ``Qwen2Tokenizer`` (Qwen's byte-level pre-tokenizer) over :func:`text.pretoken_bpe`
+    """A ``Qwen2Tokenizer`` (Qwen's byte-level pre-tokenizer) over :func:`text.template_bpe`
     plus Qwen's chat and vision special tokens. ``template`` (the pipeline's prompt template)
     tokenizes to the same number of tokens as with the real vocabulary, so the pipeline drops
     exactly its system prefix."""
@@ -210,11 +157,7 @@ def tiny_qwen_tokenizer(template: str):  # -> transformers.Qwen2Tokenizer
     from transformers import Qwen2Tokenizer  # type: ignore[attr-defined]
     from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
-    chunks = [template.replace("{}", " ")]
-    for special in QWEN_SPECIAL_TOKENS:
-        chunks = [piece for chunk in chunks for piece in chunk.split(special)]
-    vocab, merges = text.pretoken_bpe(PRETOKENIZE_REGEX, tuple(c for c in chunks if c))
-    pairs: Any = [tuple(m.split(" ")) for m in merges]  # the tokenizers backend takes pairs
+    vocab, pairs = text.template_bpe(PRETOKENIZE_REGEX, template, QWEN_SPECIAL_TOKENS)
     tok = Qwen2Tokenizer(vocab=vocab, merges=pairs)
     tok.add_tokens([AddedToken(s, special=True) for s in QWEN_SPECIAL_TOKENS], special_tokens=True)
     return tok

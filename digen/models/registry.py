@@ -11,12 +11,15 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from digen.errors import ConfigError, ModelError
 from digen.models.base import FlowPolicy
+
+if TYPE_CHECKING:
+    from digen.models.pipeline_policy import PipelinePolicy
 
 
 @dataclass(frozen=True)
@@ -29,7 +32,7 @@ class Family:
     adapter: str
     tiny_builder: str | None = None
 
-    def adapter_class(self) -> type[FlowPolicy]:
+    def adapter_class(self) -> type[PipelinePolicy]:
         return _resolve(self.adapter)
 
     def build_tiny(self, out_dir: Path, *, seed: int, resolution: int) -> None:
@@ -37,31 +40,21 @@ class Family:
         _resolve(self.tiny_builder)(out_dir, seed=seed, resolution=resolution)
 
 
-FAMILIES: dict[str, Family] = {
+FAMILIES: dict[str, Family] = {  # name: Family(pipelines, "module:Adapter", "module:tiny_builder")
     "sd3": Family(
-        pipelines=("StableDiffusion3Pipeline",),
-        adapter="digen.models.sd3:Sd3Policy",
-        tiny_builder="digen.models.tiny:build_tiny_sd3",
+        ("StableDiffusion3Pipeline",), "digen.models.sd3:Sd3Policy", "digen.models.tiny:build_tiny_sd3"
     ),
-    "flux": Family(
-        pipelines=("FluxPipeline",),
-        adapter="digen.models.flux:FluxPolicy",
-        tiny_builder="digen.models.tiny:build_tiny_flux",
-    ),
+    "flux": Family(("FluxPipeline",), "digen.models.flux:FluxPolicy", "digen.models.tiny:build_tiny_flux"),
     "qwen-image": Family(
-        pipelines=("QwenImagePipeline",),
-        adapter="digen.models.qwen_image:QwenImagePolicy",
-        tiny_builder="digen.models.qwen_image:build_tiny_qwen_image",
+        ("QwenImagePipeline",),
+        "digen.models.qwen_image:QwenImagePolicy",
+        "digen.models.qwen_image:build_tiny_qwen_image",
     ),
-    "wan": Family(
-        pipelines=("WanPipeline",),
-        adapter="digen.models.wan:WanPolicy",
-        tiny_builder="digen.models.wan:build_tiny_wan",
-    ),
+    "wan": Family(("WanPipeline",), "digen.models.wan:WanPolicy", "digen.models.wan:build_tiny_wan"),
     "hunyuan-video": Family(
-        pipelines=("HunyuanVideoPipeline",),
-        adapter="digen.models.hunyuan_video:HunyuanVideoPolicy",
-        tiny_builder="digen.models.hunyuan_video:build_tiny_hunyuan_video",
+        ("HunyuanVideoPipeline",),
+        "digen.models.hunyuan_video:HunyuanVideoPolicy",
+        "digen.models.hunyuan_video:build_tiny_hunyuan_video",
     ),
 }
 
@@ -100,15 +93,12 @@ def load_policy(
     ``height x width`` (``num_frames`` for video families), transformer and text encoders in
     ``dtype`` (VAE float32) on ``device``. ``max_sequence_length``: T5 prompt length (None: the
     family default, capped by the tokenizer's ``model_max_length``)."""
-    family = FAMILIES[detect_family(path)]
-    return family.adapter_class().from_pretrained(  # type: ignore[attr-defined]
-        path,
-        height=height,
-        width=width,
-        dtype=dtype,
-        device=device,
-        num_frames=num_frames,
-        max_sequence_length=max_sequence_length,
+    from digen.models.pipeline_policy import load_pipeline
+
+    adapter = FAMILIES[detect_family(path)].adapter_class()
+    pipe = load_pipeline(path, dtype=dtype, device=device)
+    return adapter(
+        pipe, height=height, width=width, num_frames=num_frames, max_sequence_length=max_sequence_length
     )
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import torch
 
-from digen.algos.precision import at_least_float32
 from digen.models import lora
 from digen.models.base import PromptEmbeds
 from digen.models.pipeline_policy import PipelinePolicy
@@ -71,30 +70,6 @@ class Sd3Policy(PipelinePolicy):
         if not with_uncond:
             return PromptEmbeds(tensors)
         return PromptEmbeds(tensors, {"encoder_hidden_states": uncond, "pooled_projections": uncond_pooled})
-
-    def velocity(
-        self,
-        latents: torch.Tensor,
-        sigmas: torch.Tensor,
-        embeds: PromptEmbeds,
-        guidance_scale: float,
-        cfg_grad: str = "both",
-    ) -> torch.Tensor:
-        """latents ``[B, C, h, w]`` float32, sigmas ``[B]`` -> velocity ``[B, C, h, w]`` float32
-        (float64 for a float64 transformer).
-        CFG batches ``[uncond; cond]`` into one ``2B`` forward."""
-        cfg = self.uses_cfg(embeds, guidance_scale)
-        x = latents.to(self.device, self.dtype)
-        t = sigmas.to(self.device, torch.float32) * 1000.0  # float32, as the pipeline's timesteps
-        if cfg:
-            x, t = torch.cat([x, x]), torch.cat([t, t])
-        out = self.transformer(
-            hidden_states=x,
-            timestep=t,
-            **self._embed_kwargs(embeds, cfg),
-            return_dict=False,
-        )[0]
-        return self._combine_cfg(out, guidance_scale, cfg_grad) if cfg else at_least_float32(out)
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:

@@ -7,8 +7,8 @@ Every family's tiny builder (``tiny.py`` and the video/Qwen builders) gets its t
   of GPT-2/Qwen/Llama-3 style tokenizers (``end_of_word_suffix=""``).
 - :func:`tiny_clip_tokenizer` / :func:`tiny_t5_tokenizer`: a ``CLIPTokenizer`` from those files
   and a ``T5TokenizerFast`` from a ``tokenizers`` Unigram model saved as ``tokenizer.json``.
-- :func:`tiny_clip_text_model` / :func:`tiny_t5_encoder`: randomly initialised encoders sized to
-  the tokenizer, deterministic given ``seed``.
+- :func:`tiny_clip_text_model` / :func:`tiny_t5_encoder` (T5 or UMT5): randomly initialised
+  encoders sized to the tokenizer, deterministic given ``seed``.
 
 Nothing here downloads anything. Tokenizers are lowercase-only: the built-in vocabulary covers
 lowercase letters, digits, space and common punctuation; anything else falls back to bytes
@@ -21,6 +21,7 @@ import json
 import tempfile
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -128,6 +129,21 @@ def pretoken_bpe(split_pattern: str, texts: tuple[str, ...] = ()) -> tuple[dict[
     return byte_level_bpe(num_merges=1 << 30, end_of_word_suffix="", words=tuple(dict.fromkeys(pieces)))
 
 
+def template_bpe(
+    split_pattern: str, template: str, special_tokens: tuple[str, ...]
+) -> tuple[dict[str, int], list[Any]]:
+    """:func:`pretoken_bpe` that also learns a pipeline's prompt ``template`` (its ``{}`` slot
+    blanked, its ``special_tokens`` cut out: the caller adds those as special tokens), so the
+    template tokenizes to as many tokens as with the real vocabulary and the pipeline's fixed
+    crop drops exactly the template. Returns (vocab, merges as pairs, as the ``tokenizers``
+    backend takes them)."""
+    chunks = [template.replace("{}", " ")]
+    for special in special_tokens:
+        chunks = [piece for chunk in chunks for piece in chunk.split(special)]
+    vocab, merges = pretoken_bpe(split_pattern, tuple(c for c in chunks if c))
+    return vocab, [tuple(m.split(" ")) for m in merges]
+
+
 def tiny_clip_tokenizer(model_max_length: int = 77):  # -> transformers.CLIPTokenizer
     """A ``CLIPTokenizer`` loaded from a generated ``vocab.json``/``merges.txt``
     (:func:`clip_bpe`); pads with ``<|endoftext|>`` like CLIP-L."""
@@ -213,14 +229,18 @@ def tiny_clip_text_model(
     return seeded(seed, lambda: cls(config)).eval()
 
 
-def tiny_t5_encoder(tokenizer, *, seed: int, d_model: int = 64):
-    """A 2-layer T5 v1.1-style (gated-gelu) ``T5EncoderModel`` sized to ``tokenizer``."""
-    from transformers import T5Config, T5EncoderModel
+def tiny_t5_encoder(tokenizer, *, seed: int, d_model: int = 64, umt5: bool = False):
+    """A 2-layer T5 v1.1-style (gated-gelu) encoder sized to ``tokenizer``, 4 heads of
+    ``d_model / 4``: a ``T5EncoderModel`` (SD3, FLUX), or with ``umt5`` Wan's
+    ``UMT5EncoderModel`` (a relative position bias per layer)."""
+    from transformers import T5Config, T5EncoderModel, UMT5Config, UMT5EncoderModel
 
-    config = T5Config(
+    config_cls: Any = UMT5Config if umt5 else T5Config
+    model_cls: Any = UMT5EncoderModel if umt5 else T5EncoderModel
+    config = config_cls(
         vocab_size=len(tokenizer),
         d_model=d_model,
-        d_kv=16,
+        d_kv=d_model // 4,
         d_ff=2 * d_model,
         num_layers=2,
         num_heads=4,
@@ -231,7 +251,7 @@ def tiny_t5_encoder(tokenizer, *, seed: int, d_model: int = 64):
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
     )
-    return seeded(seed, lambda: T5EncoderModel(config)).eval()
+    return seeded(seed, lambda: model_cls(config)).eval()
 
 
 def seeded(seed: int, build):

@@ -39,29 +39,70 @@ def check_resolution(resolution: int, multiple: int = 16) -> None:
         )
 
 
-def tiny_vae(*, seed: int, resolution: int, scaling_factor: float, shift_factor: float):
-    """A 4-level ``AutoencoderKL`` (scale factor 8), 16 latent channels, no quant convs, like
-    SD3.5's and FLUX's VAEs."""
+def autoencoder_kl(
+    *, seed: int, block_out_channels: tuple[int, ...], latent_channels: int, sample_size: int, **config: Any
+):  # -> diffusers.AutoencoderKL
+    """A seeded RGB ``AutoencoderKL`` with ``len(block_out_channels)`` levels (scale factor
+    ``2 ** (levels - 1)``), one layer per block, 4 norm groups and no quant convs, like SD3.5's
+    and FLUX's VAEs; ``config``: further ``AutoencoderKL`` arguments."""
     from diffusers import AutoencoderKL
 
+    levels = len(block_out_channels)
     return text.seeded(
         seed,
         lambda: AutoencoderKL(
             in_channels=3,
             out_channels=3,
-            down_block_types=("DownEncoderBlock2D",) * 4,
-            up_block_types=("UpDecoderBlock2D",) * 4,
-            block_out_channels=(8, 8, 16, 16),
+            down_block_types=("DownEncoderBlock2D",) * levels,
+            up_block_types=("UpDecoderBlock2D",) * levels,
+            block_out_channels=block_out_channels,
             layers_per_block=1,
-            latent_channels=LATENT_CHANNELS,
+            latent_channels=latent_channels,
             norm_num_groups=4,
-            sample_size=resolution,
-            scaling_factor=scaling_factor,
-            shift_factor=shift_factor,
+            sample_size=sample_size,
             use_quant_conv=False,
             use_post_quant_conv=False,
+            **config,
         ),
+    )
+
+
+def tiny_vae(*, seed: int, resolution: int, scaling_factor: float, shift_factor: float):
+    """The tiny SD3/FLUX VAE: 4 levels (scale factor 8), 16 latent channels."""
+    return autoencoder_kl(
+        seed=seed,
+        block_out_channels=(8, 8, 16, 16),
+        latent_channels=LATENT_CHANNELS,
+        sample_size=resolution,
+        scaling_factor=scaling_factor,
+        shift_factor=shift_factor,
     ).eval()
+
+
+def sd3_text_stack(seed: int, clip_tok: Any, t5_tok: Any) -> dict[str, Any]:
+    """``StableDiffusion3Pipeline``'s text components, keyed as it takes them: two CLIP encoders
+    with projection (for CLIP-L and CLIP-G) sharing ``clip_tok``, and a T5 on ``t5_tok``."""
+    return {
+        "text_encoder": text.tiny_clip_text_model(
+            clip_tok, seed=_sub_seed(seed, 2), hidden_size=CLIP_DIM, with_projection=True
+        ),
+        "tokenizer": clip_tok,
+        "text_encoder_2": text.tiny_clip_text_model(
+            clip_tok, seed=_sub_seed(seed, 3), hidden_size=CLIP_DIM, with_projection=True
+        ),
+        "tokenizer_2": clip_tok,
+        "text_encoder_3": text.tiny_t5_encoder(t5_tok, seed=_sub_seed(seed, 4), d_model=T5_DIM),
+        "tokenizer_3": t5_tok,
+    }
+
+
+def save_pipeline(pipe: Any, out_dir: Path, clip_tokenizers: tuple[str, ...]) -> None:
+    """``save_pretrained`` (safetensors), then the tiny CLIP vocabulary (:func:`text.clip_bpe`)
+    written as ``vocab.json``/``merges.txt`` into each CLIP tokenizer folder of
+    ``clip_tokenizers``."""
+    pipe.save_pretrained(out_dir)
+    for sub in clip_tokenizers:
+        text.write_bpe_files(out_dir / sub, *text.clip_bpe())
 
 
 def build_tiny_sd3(out_dir: Path, *, seed: int, resolution: int) -> None:
@@ -70,8 +111,6 @@ def build_tiny_sd3(out_dir: Path, *, seed: int, resolution: int) -> None:
     from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
 
     check_resolution(resolution)
-    clip_tok = text.tiny_clip_tokenizer()
-    t5_tok = text.tiny_t5_tokenizer()
     transformer = text.seeded(
         _sub_seed(seed, 0),
         lambda: SD3Transformer2DModel(
@@ -99,20 +138,9 @@ def build_tiny_sd3(out_dir: Path, *, seed: int, resolution: int) -> None:
             scaling_factor=SD3_VAE_SCALING,
             shift_factor=SD3_VAE_SHIFT,
         ),
-        text_encoder=text.tiny_clip_text_model(
-            clip_tok, seed=_sub_seed(seed, 2), hidden_size=CLIP_DIM, with_projection=True
-        ),
-        tokenizer=clip_tok,
-        text_encoder_2=text.tiny_clip_text_model(
-            clip_tok, seed=_sub_seed(seed, 3), hidden_size=CLIP_DIM, with_projection=True
-        ),
-        tokenizer_2=clip_tok,
-        text_encoder_3=text.tiny_t5_encoder(t5_tok, seed=_sub_seed(seed, 4), d_model=T5_DIM),
-        tokenizer_3=t5_tok,
+        **sd3_text_stack(seed, text.tiny_clip_tokenizer(), text.tiny_t5_tokenizer()),
     )
-    pipe.save_pretrained(out_dir)
-    for sub in ("tokenizer", "tokenizer_2"):
-        text.write_bpe_files(out_dir / sub, *text.clip_bpe())
+    save_pipeline(pipe, out_dir, ("tokenizer", "tokenizer_2"))
 
 
 def build_tiny_flux(out_dir: Path, *, seed: int, resolution: int) -> None:
@@ -163,8 +191,7 @@ def build_tiny_flux(out_dir: Path, *, seed: int, resolution: int) -> None:
         text_encoder_2=text.tiny_t5_encoder(t5_tok, seed=_sub_seed(seed, 4), d_model=T5_DIM),
         tokenizer_2=t5_tok,
     )
-    pipe.save_pretrained(out_dir)
-    text.write_bpe_files(out_dir / "tokenizer", *text.clip_bpe())
+    save_pipeline(pipe, out_dir, ("tokenizer",))
 
 
 TinyBuilder = Callable[..., None]

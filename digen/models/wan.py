@@ -78,26 +78,6 @@ class WanPolicy(VideoPolicy):
         tensors = {"encoder_hidden_states": cond}
         return PromptEmbeds(tensors, {"encoder_hidden_states": uncond} if with_uncond else {})
 
-    def velocity(
-        self,
-        latents: torch.Tensor,
-        sigmas: torch.Tensor,
-        embeds: PromptEmbeds,
-        guidance_scale: float,
-        cfg_grad: str = "both",
-    ) -> torch.Tensor:
-        """latents ``[B, C, F', h, w]`` float32, sigmas ``[B]`` -> velocity, same shape, float32.
-        CFG batches ``[uncond; cond]`` into one ``2B`` forward."""
-        cfg = self.uses_cfg(embeds, guidance_scale)
-        x = latents.to(self.device, self.dtype)
-        t = sigmas.to(self.device, torch.float32) * 1000.0  # float32, as the scheduler's timesteps
-        if cfg:
-            x, t = torch.cat([x, x]), torch.cat([t, t])
-        out = self.transformer(
-            hidden_states=x, timestep=t, **self._embed_kwargs(embeds, cfg), return_dict=False
-        )[0]
-        return self._combine_cfg(out, guidance_scale, cfg_grad) if cfg else out.float()
-
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """latents ``[B, C, F', h, w]`` -> frames ``[B, F, 3, H, W]`` float32 in [0, 1]."""
@@ -145,30 +125,9 @@ def build_tiny_wan(out_dir: Path, *, seed: int, resolution: int) -> None:
     ).eval()
     pipe: Any = WanPipeline(
         tokenizer=tokenizer,
-        text_encoder=tiny_umt5_encoder(tokenizer, seed=_sub_seed(seed, 2)),
+        text_encoder=text.tiny_t5_encoder(tokenizer, seed=_sub_seed(seed, 2), d_model=TEXT_DIM, umt5=True),
         vae=vae,
         scheduler=FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0),
         transformer=transformer,
     )
     pipe.save_pretrained(out_dir)
-
-
-def tiny_umt5_encoder(tokenizer, *, seed: int):  # -> transformers.UMT5EncoderModel
-    """A 2-layer UMT5 (per-layer relative position bias, gated-gelu) encoder sized to ``tokenizer``."""
-    from transformers import UMT5Config, UMT5EncoderModel
-
-    config = UMT5Config(
-        vocab_size=len(tokenizer),
-        d_model=TEXT_DIM,
-        d_kv=8,
-        d_ff=2 * TEXT_DIM,
-        num_layers=2,
-        num_heads=4,
-        relative_attention_num_buckets=8,
-        relative_attention_max_distance=32,
-        dropout_rate=0.0,
-        feed_forward_proj="gated-gelu",
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    return text.seeded(seed, lambda: UMT5EncoderModel(config)).eval()

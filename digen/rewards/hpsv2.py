@@ -25,7 +25,7 @@ import torch
 
 from digen.errors import ConfigError
 from digen.rewards.base import FrameReward, Metadata
-from digen.rewards.pretrained import clip_embeddings, load_state_dict, locate, locate_file
+from digen.rewards.pretrained import clip_cosine, load_state_dict, locate, locate_file
 from digen.rewards.registry import register
 
 _BLOCK = {
@@ -134,6 +134,4 @@ class HPSv2(FrameReward):
 
     @torch.no_grad()
     def score_frames(self, pixels: np.ndarray, prompts: list[str], metadata: Metadata | None) -> torch.Tensor:
-        img, txt = clip_embeddings(self.clip, self.processor, pixels, prompts, self.device)
-        assert txt is not None
-        return (img * txt).sum(dim=-1).float().cpu()
+        return clip_cosine(self.clip, self.processor, pixels, prompts, self.device).float().cpu()

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from digen.rewards.base import FrameReward, Metadata
-from digen.rewards.pretrained import clip_embeddings, load_clip
+from digen.rewards.pretrained import clip_cosine, load_clip
 from digen.rewards.registry import register
 
 
@@ -51,6 +51,5 @@ class PickScore(FrameReward):
 
     @torch.no_grad()
     def score_frames(self, pixels: np.ndarray, prompts: list[str], metadata: Metadata | None) -> torch.Tensor:
-        img, txt = clip_embeddings(self.clip, self.processor, pixels, prompts, self.device)
-        assert txt is not None
-        return (self.clip.logit_scale.exp() * (img * txt).sum(dim=-1)).float().cpu() / self.divisor
+        cosine = clip_cosine(self.clip, self.processor, pixels, prompts, self.device)
+        return (self.clip.logit_scale.exp() * cosine).float().cpu() / self.divisor

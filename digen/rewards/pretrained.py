@@ -6,7 +6,7 @@ is in neither place is a one-line :class:`~digen.errors.ConfigError` that names 
 and the command that fetches it on a machine with network.
 
 Also here: the CLIP pieces the CLIP-based rewards share (``pickscore``, ``clipscore``,
-``aesthetic``): :func:`load_clip` and :func:`clip_embeddings`.
+``aesthetic``, ``hpsv2``): :func:`load_clip`, :func:`clip_embeddings` and :func:`clip_cosine`.
 """
 
 from __future__ import annotations
@@ -147,3 +147,14 @@ def clip_embeddings(
     )
     txt = txt / txt.norm(dim=-1, keepdim=True)
     return img.float(), txt.float()
+
+
+@torch.no_grad()
+def clip_cosine(
+    clip: Any, processor: Any, pixels: np.ndarray, prompts: list[str], device: str
+) -> torch.Tensor:
+    """Cosine similarity of each (image, prompt) pair's CLIP embeddings (:func:`clip_embeddings`),
+    float32 ``[N]``: what ``clipscore``, ``pickscore`` (times the logit scale) and ``hpsv2`` score."""
+    img, txt = clip_embeddings(clip, processor, pixels, prompts, device)
+    assert txt is not None
+    return (img * txt).sum(dim=-1)

@@ -7,7 +7,9 @@
 - :mod:`digen.sim.study` split search and per-mode comparison with colocated and the bound;
 - :mod:`digen.sim.bounds` zero-bubble and LP bounds;
 - :mod:`digen.sim.report` tables, Markdown and the Gantt chart;
-- :mod:`digen.sim.calibrate` a cost model measured from a real run, prediction vs measurement.
+- :mod:`digen.sim.calibrate` a cost model measured from a real run, prediction vs measurement;
+- :mod:`digen.sim.sp_calibration` sequence-parallel efficiency measured (a run, or :mod:`digen.sim.sp_bench`);
+- :mod:`digen.sim.rundata` a run directory as both read it.
 
 ``import digen.sim`` stays light (no torch, dask, redis); matplotlib loads only to draw.
 """

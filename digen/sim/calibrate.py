@@ -20,18 +20,15 @@ sets the predicted samples/s and bubble ratio beside the measured ones;
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-
-import yaml
 
 from digen.core.events import Role
 from digen.errors import ConfigError
 from digen.sim.costmodel import CostModel, SimWorker, WorkerCost
 from digen.sim.driver import MODES, Mode, SimResult, simulate
-from digen.sim.sp_calibration import is_follower_row
+from digen.sim.rundata import is_follower_row, read_config, read_jsonl
 from digen.sim.study import SimSettings, run_mode
 
 PART_KINDS = ("gen", "decode", "reward", "train")
@@ -69,26 +66,6 @@ class Comparison:
             "measured_bubble_ratio": self.measured_bubble_ratio,
             "samples_per_s_error": self.samples_per_s_error,
         }
-
-
-def _jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        raise ConfigError(f"{path} does not exist: pass a run directory written by digen train")
-    rows = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                break  # a line cut by a crash
-    return rows
-
-
-def _config(run: Path) -> dict:
-    p = run / "config.yaml"
-    if not p.exists():
-        raise ConfigError(f"{p} does not exist: pass a run directory written by digen train")
-    return yaml.safe_load(p.read_text()) or {}
 
 
 def run_mode_of(cfg: dict) -> Mode:
@@ -138,8 +115,8 @@ def costmodel_from_run(run_dir: str | Path, *, warmup: int = 1) -> CostModel:
 
 
 def _calibrate(run: Path, warmup: int) -> tuple[CostModel, RunInfo]:
-    cfg = _config(run)
-    rows = [r for r in _jsonl(run / "timeline.jsonl") if not is_follower_row(r)]
+    cfg = read_config(run)
+    rows = [r for r in read_jsonl(run / "timeline.jsonl") if not is_follower_row(r)]
     iterations = max((int(r["iteration"]) for r in rows), default=-1) + 1
     if iterations == 0:
         raise ConfigError(f"{run}/timeline.jsonl has no rows")
@@ -221,7 +198,7 @@ def _calibrate(run: Path, warmup: int) -> tuple[CostModel, RunInfo]:
 def measured(run_dir: str | Path, *, warmup: int = 1) -> tuple[float, float]:
     """``(samples/s, bubble ratio)`` of a run over its iterations after ``warmup``, from
     ``metrics.jsonl`` (as ``summary.json`` computes them)."""
-    rows = _jsonl(Path(run_dir) / "metrics.jsonl")
+    rows = read_jsonl(Path(run_dir) / "metrics.jsonl")
     rows = [r for r in rows if int(r["iteration"]) >= warmup] or rows
     wall = sum(r["wall_s"] for r in rows)
     worker_s = sum(r.get("worker_s", 0.0) for r in rows)

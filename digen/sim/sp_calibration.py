@@ -27,6 +27,7 @@ from pathlib import Path
 
 from digen.errors import ConfigError
 from digen.sim.costmodel import ModelSpec
+from digen.sim.rundata import is_follower_row, read_config, read_jsonl
 
 FORMAT = "digen-sp-calibration/1"
 
@@ -76,10 +77,8 @@ def efficiency(t1: float, td: float, degree: int) -> float:
 def _gen_rows(run: Path, warmup: int) -> tuple[list[dict], int]:
     """The steady ``gen`` rows of a run (iterations after ``warmup`` when later ones exist)
     and the samples of one gen task (``rollout.group_size``)."""
-    from digen.sim.calibrate import _config, _jsonl
-
-    group = int(_config(run).get("rollout", {}).get("group_size", 1))
-    rows = [r for r in _jsonl(run / "timeline.jsonl") if r.get("kind") == "gen"]
+    group = int(read_config(run).get("rollout", {}).get("group_size", 1))
+    rows = [r for r in read_jsonl(run / "timeline.jsonl") if r.get("kind") == "gen"]
     steady = [r for r in rows if int(r["iteration"]) >= warmup]
     return (steady or rows), group
 
@@ -93,13 +92,6 @@ def _degree(row: dict) -> int:
             f"1 and match its ranks ({ranks})"
         )
     return d
-
-
-def is_follower_row(row: dict) -> bool:
-    """A row a non-leader rank of a replica wrote about the replica's task (the leader's row,
-    or the replica's own lane, stands for the task)."""
-    ranks = row.get("ranks") or []
-    return row.get("worker") in ranks[1:]
 
 
 def _per_sample(rows: list[dict], group: int) -> dict[tuple[int, str], list[float]]:

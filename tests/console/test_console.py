@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from cli.main import ConsoleFormatter, _quiet_dask, _setup_logging, open_run_log
+from cli.console import ConsoleFormatter, _quiet_dask, open_run_log, setup_logging
 from tests.conftest import small_config_data
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,8 +73,8 @@ def test_setup_logging_writes_dask_records_to_the_file_only(tmp_path: Path, capf
     root = logging.getLogger()
     saved = (list(root.handlers), root.level)
     try:
-        _setup_logging(False, log, dask=True)
-        _setup_logging(False, log, dask=True)  # a second call replaces the handlers
+        setup_logging(False, log, dask=True)
+        setup_logging(False, log, dask=True)  # a second call replaces the handlers
         logging.getLogger("distributed.scheduler").info("State start")
         assert not log.exists()  # held until the run starts: a failing command writes nothing
         open_run_log()

@@ -30,6 +30,10 @@ peer's. In float32 what is left is round-off of differently batched forwards (TS
 of several timesteps, the peers batch one timestep), amplified by CFG's
 ``s * (cond - uncond)``: measured up to 6.8e-7 without CFG and 2.5e-6 with CFG 4.5 (asserted:
 5e-6). Errors: ``oracle_errors`` per case, TSP on and off (README, "What digen guarantees").
+Every other family (FLUX, Qwen-Image, Wan, HunyuanVideo) runs the same float64 comparison on
+its own tiny model, the peer's velocity restated from the family's diffusers pipeline call
+(``PEER_VELOCITY``): a float64 model's velocity and gradient stay float64 in every family
+(Wan with TSP to 1e-6: its diffusers blocks round to float32 inside, ``FLOAT32_INSIDE``).
 Zero-advantage samples (``train.zero_advantage``): ``drop`` equals Flow-GRPO's filtered mean
 and ``keep`` the unfiltered one, on a batch with a flat group. The AdamW step is checked
 against ``torch.optim.AdamW`` + ``clip_grad_norm_`` over the LoRA tensors with each peer's
@@ -165,27 +169,36 @@ def rollout(policy, embeds, sigmas, case: Case, seed: int = 11) -> tuple[torch.T
 
 
 # --- the peers, restated ---------------------------------------------------------------
-def peer_velocity(transformer, x, sigma, embeds, n: int, case: Case) -> torch.Tensor:
+def peer_velocity(policy, x, sigma, embeds, n: int, case: Case) -> torch.Tensor:
+    """The velocity of ``n`` rows as the family's peer computes it (``PEER_VELOCITY``)."""
+    return PEER_VELOCITY[policy.family](policy.transformer, policy, x, sigma, embeds, n, case)
+
+
+def sd3_velocity(transformer, policy, x, sigma, embeds, n: int, case: Case) -> torch.Tensor:
     """Flow-GRPO ``compute_log_prob``'s transformer call (timestep = 1000 sigma, float32 as the
     scheduler's timesteps it passes)."""
-    cond = embeds.tensors["encoder_hidden_states"].expand(n, -1, -1)
-    pooled = embeds.tensors["pooled_projections"].expand(n, -1)
-    t = sigma.float() * 1000.0
+
+    def prompt(tensors):
+        return {
+            "encoder_hidden_states": tensors["encoder_hidden_states"].expand(n, -1, -1),
+            "pooled_projections": tensors["pooled_projections"].expand(n, -1),
+        }
+
+    return flow_grpo_forward(transformer, x, sigma.float() * 1000.0, prompt, embeds, case)
+
+
+def flow_grpo_forward(transformer, x, t, prompt, embeds, case: Case) -> torch.Tensor:
+    """Flow-GRPO ``compute_log_prob``'s forward: one pass on ``prompt(embeds.tensors)``
+    without CFG; with CFG one ``[uncond; cond]`` forward, ``uncond + s * (cond - uncond)``, the
+    uncond branch detached for ``cfg_grad: cond``."""
+    cond = prompt(embeds.tensors)
     if case.cfg_grad is None:
-        return transformer(
-            hidden_states=x,
-            timestep=t,
-            encoder_hidden_states=cond,
-            pooled_projections=pooled,
-            return_dict=False,
-        )[0]
-    neg = embeds.uncond["encoder_hidden_states"].expand(n, -1, -1)
-    neg_pooled = embeds.uncond["pooled_projections"].expand(n, -1)
+        return transformer(hidden_states=x, timestep=t, **cond, return_dict=False)[0]
+    neg = prompt(embeds.uncond)
     out = transformer(
         hidden_states=torch.cat([x, x]),
         timestep=torch.cat([t, t]),
-        encoder_hidden_states=torch.cat([neg, cond]),
-        pooled_projections=torch.cat([neg_pooled, pooled]),
+        **{k: torch.cat([neg[k], cond[k]]) for k in cond},
         return_dict=False,
     )[0]
     noise_pred_uncond, noise_pred_text = out.chunk(2)
@@ -194,10 +207,98 @@ def peer_velocity(transformer, x, sigma, embeds, n: int, case: Case) -> torch.Te
     return noise_pred_uncond + SCALE * (noise_pred_text - noise_pred_uncond)
 
 
+def flux_velocity(transformer, policy, x, sigma, embeds, n: int, case: Case) -> torch.Tensor:
+    """``FluxPipeline.__call__``'s transformer call with guidance embedding (FLUX.1-dev: one
+    pass, ``guidance`` float32): ``timestep = (1000 sigma).to(latents.dtype) / 1000``, all-zero
+    ``txt_ids``, the pipeline's latent image ids."""
+    from diffusers import FluxPipeline
+
+    assert transformer.config.guidance_embeds  # the tiny FLUX is FLUX.1-dev-like
+    prompt_embeds = embeds.tensors["encoder_hidden_states"].expand(n, -1, -1)
+    h, w = policy.height // 16, policy.width // 16
+    return transformer(
+        hidden_states=x,
+        timestep=(sigma.float() * 1000.0).to(x.dtype) / 1000,
+        guidance=torch.full([1], case.guidance, dtype=torch.float32).expand(n),
+        pooled_projections=embeds.tensors["pooled_projections"].expand(n, -1),
+        encoder_hidden_states=prompt_embeds,
+        txt_ids=torch.zeros(prompt_embeds.shape[1], 3).to(dtype=x.dtype),
+        img_ids=FluxPipeline._prepare_latent_image_ids(1, h, w, x.device, x.dtype),
+        return_dict=False,
+    )[0]
+
+
+def qwen_image_velocity(transformer, policy, x, sigma, embeds, n: int, case: Case) -> torch.Tensor:
+    """``QwenImagePipeline.__call__``: a cond pass, then the negative prompt's pass, combined
+    and rescaled per token to the cond norm; ``timestep = (1000 sigma).to(latents.dtype) /
+    1000``; the prompt mask is dropped when nothing is padded."""
+
+    def forward(tensors):
+        mask = tensors["encoder_hidden_states_mask"].expand(n, -1)
+        return transformer(
+            hidden_states=x,
+            timestep=(sigma.float() * 1000.0).to(x.dtype) / 1000,
+            encoder_hidden_states_mask=None if mask.all() else mask,
+            encoder_hidden_states=tensors["encoder_hidden_states"].expand(n, -1, -1),
+            img_shapes=[[(1, policy.height // 16, policy.width // 16)]] * n,
+            return_dict=False,
+        )[0]
+
+    noise_pred = forward(embeds.tensors)
+    if case.cfg_grad is None:
+        return noise_pred
+    neg_noise_pred = forward(embeds.uncond)
+    if case.cfg_grad == "cond":
+        neg_noise_pred = neg_noise_pred.detach()
+    comb_pred = neg_noise_pred + SCALE * (noise_pred - neg_noise_pred)
+    cond_norm = torch.norm(noise_pred, dim=-1, keepdim=True)
+    noise_norm = torch.norm(comb_pred, dim=-1, keepdim=True)
+    return comb_pred * (cond_norm / noise_norm)
+
+
+def wan_velocity(transformer, policy, x, sigma, embeds, n: int, case: Case) -> torch.Tensor:
+    """``WanPipeline.__call__``'s transformer arguments (timestep = 1000 sigma, float32 as the
+    scheduler's timesteps), the CFG branches as one ``[uncond; cond]`` forward as Flow-GRPO's
+    ``compute_log_prob`` runs them (the pipeline runs two: diffusers' Wan blocks round their
+    norms and residual adds to float32, so a float64 Wan agrees to 1e-12 only with a forward
+    of the same rows, see ``FLOAT32_INSIDE``)."""
+
+    def prompt(tensors):
+        return {"encoder_hidden_states": tensors["encoder_hidden_states"].expand(n, -1, -1)}
+
+    return flow_grpo_forward(transformer, x, sigma.float() * 1000.0, prompt, embeds, case)
+
+
+def hunyuan_video_velocity(transformer, policy, x, sigma, embeds, n: int, case: Case) -> torch.Tensor:
+    """``HunyuanVideoPipeline.__call__`` (guidance-distilled: one pass): timestep = 1000 sigma
+    float32 (the pipeline's latents are float32), ``guidance = tensor([g] * n, dtype) *
+    1000``, Llama states with their attention mask and CLIP's pooled output."""
+    assert transformer.config.guidance_embeds
+    return transformer(
+        hidden_states=x,
+        timestep=sigma.float() * 1000.0,
+        encoder_hidden_states=embeds.tensors["encoder_hidden_states"].expand(n, -1, -1),
+        encoder_attention_mask=embeds.tensors["encoder_attention_mask"].expand(n, -1),
+        pooled_projections=embeds.tensors["pooled_projections"].expand(n, -1),
+        guidance=torch.tensor([case.guidance] * n, dtype=x.dtype) * 1000.0,
+        return_dict=False,
+    )[0]
+
+
+PEER_VELOCITY = {
+    "sd3": sd3_velocity,
+    "flux": flux_velocity,
+    "qwen-image": qwen_image_velocity,
+    "wan": wan_velocity,
+    "hunyuan-video": hunyuan_video_velocity,
+}
+
+
 def peer_step(case: Case, v, x, x_next, sigma, sigma_next, sigma_max):
     """(log_prob [n], mean, std_dev_t) of the stored ``x_next``, in the peer's own form."""
-    s = sigma.view(-1, 1, 1, 1)
-    sn = sigma_next.view(-1, 1, 1, 1)
+    per_row = (-1,) + (1,) * (x.dim() - 1)  # [n, 1, ...]: sigmas broadcast over a latent
+    s = sigma.view(per_row)
+    sn = sigma_next.view(per_row)
     v = v.to(x.dtype)  # the stored latents' precision: float32, or float64 in world64
     if case.kind == "sde":  # Flow-GRPO sde_step_with_logprob, sde_type 'sde'
         dt = sn - s
@@ -216,7 +317,7 @@ def peer_step(case: Case, v, x, x_next, sigma, sigma_next, sigma_max):
         mean = mean + (-0.5 * eta**2 * score) * (sn - s)
         std = eta * torch.sqrt(s - sn)
         lp = -((x_next - mean) ** 2) / (2 * std**2)
-    return lp.mean(dim=(1, 2, 3)), mean, std
+    return lp.mean(dim=tuple(range(1, x.dim()))), mean, std
 
 
 def peer_rows_loss(policy, embeds, sigmas, case: Case, latents, old, adv, idx, j):
@@ -227,7 +328,7 @@ def peer_rows_loss(policy, embeds, sigmas, case: Case, latents, old, adv, idx, j
     x, x_next = latents[idx, j], latents[idx, j + 1]
     sigma, sigma_next = sigmas[j].expand(n), sigmas[j + 1].expand(n)
     logp, mean, std = peer_step(
-        case, peer_velocity(tr, x, sigma, embeds, n, case), x, x_next, sigma, sigma_next, float(sigmas[1])
+        case, peer_velocity(policy, x, sigma, embeds, n, case), x, x_next, sigma, sigma_next, float(sigmas[1])
     )
     adv = torch.clamp(adv[idx].to(old.dtype), -5.0, 5.0)
     ratio = torch.exp(logp - old[idx, j])
@@ -237,11 +338,11 @@ def peer_rows_loss(policy, embeds, sigmas, case: Case, latents, old, adv, idx, j
         with torch.no_grad():
             tr.disable_adapters()
             try:
-                v_ref = peer_velocity(tr, x, sigma, embeds, n, case)
+                v_ref = peer_velocity(policy, x, sigma, embeds, n, case)
             finally:
                 tr.enable_adapters()
             _, mean_ref, _ = peer_step(case, v_ref, x, x_next, sigma, sigma_next, float(sigmas[1]))
-        kl = ((mean - mean_ref) ** 2).mean(dim=(1, 2, 3), keepdim=True) / (2 * std**2)
+        kl = ((mean - mean_ref) ** 2).mean(dim=tuple(range(1, x.dim())), keepdim=True) / (2 * std**2)
         loss = loss + case.kl_beta * torch.mean(kl)
     return loss, int((clipped > unclipped).sum())
 
@@ -271,7 +372,8 @@ def peer_gradient(
                 loss, s = peer_rows_loss(policy, embeds, sigmas, case, latents, old, adv, idx, j)
                 (loss / (len(micro) * k)).backward()
                 silenced += s
-    grads = {name: p.grad.detach().clone() for name, p in params}
+    # a parameter the loss does not reach (Qwen-Image's last text-stream projections) has no .grad
+    grads = {name: torch.zeros_like(p) if p.grad is None else p.grad.detach().clone() for name, p in params}
     for _, p in params:
         p.grad = None
     return grads, silenced
@@ -285,7 +387,7 @@ def peer_old_log_probs(policy, embeds, sigmas, case: Case, latents) -> torch.Ten
     for j in range(T):
         idx = torch.arange(n)
         sig, sig_next = sigmas[j].expand(n), sigmas[j + 1].expand(n)
-        v = peer_velocity(policy.transformer, latents[:, j], sig, embeds, n, case)
+        v = peer_velocity(policy, latents[:, j], sig, embeds, n, case)
         out[:, j] = peer_step(case, v, latents[:, j], latents[idx, j + 1], sig, sig_next, float(sigmas[1]))[0]
     return out
 
@@ -314,6 +416,8 @@ def oracle_errors(world, case: Case) -> list[float]:
     """digen's gradient against the peer's, TSP on and off: the relative errors."""
     policy, embeds, sigmas, base = world
     latents, digen_lp = rollout(policy, embeds, sigmas, case)
+    v = policy.velocity(latents[:, 0], sigmas[0].expand(G), embeds.repeat_rows(G), case.guidance)
+    assert v.dtype == sigmas.dtype  # the world's precision: a float64 velocity is never float32
     steps = trained_steps(case.kind)
     theirs, silenced = peer_gradient(
         policy,
@@ -355,6 +459,68 @@ def test_one_step_gradient_equals_the_peers_in_float64(world64, case: Case) -> N
     the peer's; the float32 gap above is round-off."""
     errors = oracle_errors(world64, case)
     assert max(errors) < FLOAT64_TOLERANCE, errors
+
+
+# --- every family in float64 ------------------------------------------------------------
+FAMILY_MODELS = {  # each family's model settings besides the float64 dtype (video: 5 frames)
+    "flux": {},
+    "qwen-image": {},
+    "wan": {"num_frames": 5},
+    "hunyuan-video": {"num_frames": 5},
+}
+FLOAT32_INSIDE = {"wan": 1e-6}
+"""Tolerance with TSP for a family whose diffusers transformer rounds to float32 inside even in
+float64: ``WanTransformerBlock`` runs its norms and residual adds on ``hidden_states.float()``,
+so rows batched otherwise than the peer's (TSP packs several timesteps in one forward) differ
+at float32 round-off (measured up to 2.2e-7); forwards of the peer's rows agree to 1e-16."""
+TRUE_CFG = ("qwen-image", "wan")  # the tiny FLUX and HunyuanVideo embed the guidance instead
+FAMILY_CASES = [
+    (family, case)
+    for family in FAMILY_MODELS
+    for case in (Case("sde", None, 0.0), Case("sde", "both", BETA))
+    + ((Case("sde", "cond", 0.0),) if family in TRUE_CFG else ())
+]
+
+
+@pytest.fixture(scope="module")
+def family_worlds64(tiny_models):
+    """``family_worlds64(family)``: :func:`world64` for ``family``'s tiny model, built once."""
+    from tests.conftest import small_config_data
+
+    threads = _one_thread()
+    worlds: dict = {}
+
+    def get(family: str):
+        if family not in worlds:
+            data = small_config_data(tiny_models(family))
+            data["model"].update(dtype="float64", **FAMILY_MODELS[family])
+            worlds[family] = _world(build_config(data))
+        return worlds[family]
+
+    yield get
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize(
+    "family, case", FAMILY_CASES, ids=lambda p: p if isinstance(p, str) else CASE_IDS["ids"](p)
+)
+def test_every_family_gradient_equals_its_pipeline_formula_in_float64(
+    family_worlds64, family: str, case: Case
+) -> None:
+    """float64, every family: the velocity (true CFG on and off; FLUX and HunyuanVideo embed
+    ``guidance_scale`` instead) stays float64 and the one-step gradient equals the peer loss
+    over the family pipeline's own transformer call (``PEER_VELOCITY``) to
+    ``FLOAT64_TOLERANCE``. A velocity rounded to float32 on the way leaves 2.6e-8 to 1e-7."""
+    world = family_worlds64(family)
+    policy, embeds, sigmas, _ = world
+    assert policy.family == family and policy.dtype == sigmas.dtype == torch.float64
+    v = policy.velocity(
+        torch.randn(2, *policy.latent_shape()), sigmas[1].expand(2), embeds.repeat_rows(2), case.guidance
+    )
+    assert v.dtype == torch.float64 and not torch.equal(v, v.float().double())  # float64 digits kept
+    tsp_on, tsp_off = oracle_errors(world, case)
+    assert tsp_off < FLOAT64_TOLERANCE, tsp_off  # forwards of the peer's rows: the same math
+    assert tsp_on < FLOAT32_INSIDE.get(family, FLOAT64_TOLERANCE), tsp_on
 
 
 # --- zero-advantage samples ---------------------------------------------------------------

@@ -1,10 +1,10 @@
-"""The live display of ``digen train`` (cli.main.Progress): rich, json lines and quiet."""
+"""The live display of ``digen train`` (cli.progress.Progress): rich, json lines and quiet."""
 
 from __future__ import annotations
 
 import json
 
-from cli.main import Progress
+from cli.progress import Progress
 
 from ._runs import metrics_rows
 

@@ -1,0 +1,131 @@
+"""Where log records go: the console (digen's warnings; Dask's only with --verbose, its errors
+as one line) and the run's ``RUN_DIR/digen.log``. :func:`setup_logging` installs both."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+DASK_LOGGERS = ("distributed", "tornado", "bokeh")
+"""Loggers of Dask's libraries: to the run's log file; on the console only with --verbose
+(their errors always, as one line)."""
+
+
+def _is_dask(record: logging.LogRecord) -> bool:
+    return record.name.split(".")[0] in DASK_LOGGERS
+
+
+class ConsoleFormatter(logging.Formatter):
+    """digen's records as ``LEVEL name: message``; without --verbose a Dask error becomes one
+    line that names the log file holding the rest."""
+
+    def __init__(self, verbose: bool, log_file: Path | None):
+        super().__init__("%(levelname)s %(name)s: %(message)s")
+        self.verbose, self.log_file = verbose, log_file
+
+    def format(self, record: logging.LogRecord) -> str:
+        if self.verbose or not _is_dask(record):
+            return super().format(record)
+        first = (record.getMessage().strip().splitlines() or [""])[0]
+        where = f"the full message is in {self.log_file}" if self.log_file else "rerun with --verbose"
+        return (
+            f"error from Dask ({record.name}): {first}; {where}. If the cluster cannot start, check "
+            f"that no other digen run holds the CPU/GPU and rerun; --verbose shows Dask's log here"
+        )
+
+
+class RunLog(logging.Handler):
+    """``RUN_DIR/digen.log`` (appended, INFO and up), held in memory until :meth:`open`: a
+    command that fails before its run starts (bad input) leaves a stored run untouched; a
+    fresh run directory gets the held lines at exit either way (:meth:`close`)."""
+
+    def __init__(self, path: Path):
+        super().__init__(logging.INFO)
+        self.path = path
+        self.fresh = not path.parent.exists() or not any(path.parent.iterdir())
+        self.held: list[logging.LogRecord] = []
+        self.file: logging.FileHandler | None = None
+        self.setFormatter(logging.Formatter(LOG_FORMAT))
+
+    def open(self) -> None:
+        if self.file is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.file = logging.FileHandler(self.path, encoding="utf-8")
+            self.file.setFormatter(self.formatter)
+            for rec in self.held:
+                self.file.emit(rec)
+            self.held = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.file is not None:
+            self.file.emit(record)
+        elif len(self.held) < 100_000:
+            self.held.append(record)
+
+    def flush(self) -> None:
+        if self.file is not None:
+            self.file.flush()
+
+    def close(self) -> None:
+        if self.file is None and self.held and self.fresh:
+            self.open()
+        if self.file is not None:
+            self.file.close()
+        super().close()
+
+
+def open_run_log() -> None:
+    """Start writing ``RUN_DIR/digen.log`` (the run has started: its directory is checked)."""
+    for h in logging.getLogger().handlers:
+        if isinstance(h, RunLog):
+            h.open()
+
+
+def _quiet_dask(record: logging.LogRecord) -> bool:
+    return not _is_dask(record) or record.levelno >= logging.ERROR
+
+
+def setup_logging(
+    verbose: bool, log_file: Path | None = None, dask: bool = False, quiet: bool = False
+) -> None:
+    """Console: digen's warnings (errors only with ``quiet``, everything at INFO with
+    ``verbose``); ``log_file`` (appended):
+    INFO and up of digen and, with ``dask``, of Dask, whose own stderr handler is removed so
+    its records reach these two. Without ``verbose`` Dask's worker processes print errors only."""
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        if getattr(h, "digen", False):  # a second call (tests, bench): replace, never stack
+            root.removeHandler(h)
+            h.close()
+    console = logging.StreamHandler(sys.stderr)
+    console.setLevel(logging.INFO if verbose else logging.ERROR if quiet else logging.WARNING)
+    console.setFormatter(ConsoleFormatter(verbose, log_file))
+    if not verbose:
+        console.addFilter(_quiet_dask)
+    handlers: list[logging.Handler] = [console]
+    if log_file is not None:
+        handlers.append(RunLog(log_file))
+    for h in handlers:
+        h.digen = True  # type: ignore[attr-defined]
+        root.addHandler(h)
+    root.setLevel(logging.INFO if verbose or log_file is not None else logging.WARNING)
+    if dask:
+        _route_dask_logs(verbose)
+
+
+def _route_dask_logs(verbose: bool) -> None:
+    """Send Dask's records to the root handlers (they print to stderr on their own at import)."""
+    import distributed  # noqa: F401 - its import installs the handlers removed here
+
+    from digen.runtime import cluster
+
+    for name in ("distributed", "distributed.client", "bokeh", "tornado", "tornado.application"):
+        lg = logging.getLogger(name)
+        for h in list(lg.handlers):
+            if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
+                lg.removeHandler(h)
+        lg.propagate = True
+    logging.getLogger("distributed").setLevel(logging.INFO)
+    cluster.worker_console_level = logging.INFO if verbose else logging.ERROR

@@ -1,0 +1,224 @@
+"""bench.json's object per mode (:func:`summarize`): throughput, bubbles, the zero-bubble
+bound, per-worker rates and memory, start-up and held-out evaluation's cost over its rounds,
+and the ratios between modes (:func:`add_speedups`, :func:`add_startup_ratios`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from digen.bench.stats import RatePool, RunRecord, WorkerStats, bubble_by_role, median, worker_stats
+from digen.errors import ConfigError
+from digen.rundir import _read_jsonl
+from digen.sim.bounds import lp_bound
+
+SUMMED = (
+    "gen_groups",
+    "gen_s",
+    "train_groups",
+    "train_s",
+    "busy_s",
+    "window_s",
+    "redis_round_trips",
+    "cycles",
+)
+"""The :class:`WorkerStats` fields that add up over a mode's rounds."""
+
+
+def summarize(mode: str, records: list[RunRecord], pool: RatePool, group_size: int, warmup: int) -> dict:
+    """bench.json's object for one mode (all its rounds)."""
+    rows = [m for rec in records for m in rec.metrics if int(m["iteration"]) >= warmup]
+    if not rows:
+        raise ConfigError(
+            f"mode {mode}: no iteration >= --warmup {warmup}; raise iterations or lower --warmup"
+        )
+    per_round = [
+        median([float(m["samples_per_s"]) for m in rec.metrics if int(m["iteration"]) >= warmup])
+        for rec in records
+    ]
+    busy, worker_s = (
+        sum(float(m.get("busy_s", 0.0)) for m in rows),
+        sum(float(m.get("worker_s", 0.0)) for m in rows),
+    )
+    merged, bubbles, role_bubbles = pool_rounds(records, warmup)
+    workers, gens, trains = worker_rows(merged, pool, group_size, records[0].tsp)
+    solution = lp_bound(gens, trains)
+    bound = solution.x
+    for wd, f in zip(workers, solution.fractions, strict=True):
+        wd["bound_gen_fraction"] = round(f, 4)
+    sps = median([float(m["samples_per_s"]) for m in rows])
+    trips, cycles = sum(m.redis_round_trips for m in merged.values()), sum(m.cycles for m in merged.values())
+    window_s = sum(m.window_s for m in merged.values())
+    ctl_peak = [rec.peak_rss_mb["controller"] for rec in records if "controller" in rec.peak_rss_mb]
+    return {
+        "mode": mode,
+        "workers": len(workers),
+        "iterations_measured": len(rows),
+        "rounds": len(records),
+        "s_per_iteration": median([float(m["wall_s"]) for m in rows]),
+        "samples_per_s": sps,
+        "samples_per_s_rounds": per_round,
+        "bubble_ratio": median(bubbles),
+        "bubble_ratio_by_role": {r: median(bs) for r, bs in role_bubbles.items()},
+        "bubble_ratio_metrics": max(0.0, 1 - busy / worker_s) if worker_s > 0 else 0.0,
+        "speedup_vs_colocated": None,
+        "speedup_vs_disaggregated": None,
+        "bound_samples_per_s": bound,
+        "fraction_of_bound": sps / bound if bound > 0 else None,
+        "controller_peak_rss_mb": round(max(ctl_peak), 1) if ctl_peak else None,
+        "startup": startup_summary([rec.startup for rec in records]),
+        **eval_cost(records),
+        "worker_redis_round_trips_per_s": round(trips / window_s, 2) if trips and window_s > 0 else None,
+        "worker_redis_round_trips_per_cycle": round(trips / cycles, 3) if cycles else None,
+        "per_worker": workers,
+        "run_dirs": [str(rec.run_dir) for rec in records],
+    }
+
+
+def pool_rounds(
+    records: list[RunRecord], warmup: int
+) -> tuple[dict[str, WorkerStats], list[float], dict[str, list[float]]]:
+    """A mode's rounds together: each worker's stats summed over the rounds (the same worker
+    names every round; peaks are maxima, the bench's own RSS samples included), the bubble
+    ratio of each round and each role's per round."""
+    merged: dict[str, WorkerStats] = {}
+    role_bubbles: dict[str, list[float]] = {}
+    bubbles: list[float] = []
+    for rec in records:
+        stats = worker_stats(rec.timeline, warmup)
+        for role, b in bubble_by_role(stats).items():
+            role_bubbles.setdefault(role, []).append(b)
+        window = sum(st.window_s for st in stats.values())
+        bubbles.append(max(0.0, 1 - sum(st.busy_s for st in stats.values()) / window) if window > 0 else 0.0)
+        for w, st in stats.items():
+            m = merged.setdefault(w, WorkerStats(w, st.role, st.gpu_type))
+            for key in SUMMED:
+                setattr(m, key, getattr(m, key) + getattr(st, key))
+            peaks = [p for p in (m.peak_rss_mb, st.peak_rss_mb, rec.peak_rss_mb.get(w)) if p is not None]
+            m.peak_rss_mb = max(peaks) if peaks else None
+            gpu = [p for p in (m.peak_gpu_mb, st.peak_gpu_mb) if p is not None]
+            m.peak_gpu_mb = max(gpu) if gpu else None
+    return merged, bubbles, role_bubbles
+
+
+def worker_rows(
+    merged: dict[str, WorkerStats], pool: RatePool, group_size: int, tsp: bool
+) -> tuple[list[dict[str, Any]], list[float], list[float]]:
+    """bench.json's ``per_worker`` rows (by name) and the generation and training rates (samples/s)
+    the bound takes: each worker's measured ones, else the pool's for its GPU type."""
+    workers: list[dict[str, Any]] = []
+    gens: list[float] = []
+    trains: list[float] = []
+    for w, st in sorted(merged.items()):
+        g, t = st.gen_rate(group_size), st.train_rate(group_size)
+        g_src, t_src = ("measured" if g else "pooled"), ("measured" if t else "pooled")
+        g = g or pool.get(st.gpu_type, "gen", tsp) or 0.0
+        t = t or pool.get(st.gpu_type, "train", tsp) or 0.0
+        gens.append(g)
+        trains.append(t)
+        workers.append(
+            {
+                "worker": w,
+                "role": st.role,
+                "gpu_type": st.gpu_type,
+                "gen_samples_per_s": round(g, 4),
+                "gen_rate_source": g_src,
+                "train_samples_per_s": round(t, 4),
+                "train_rate_source": t_src,
+                "busy_fraction": round(st.busy_s / st.window_s, 4) if st.window_s > 0 else None,
+                "peak_rss_mb": round(st.peak_rss_mb, 1) if st.peak_rss_mb is not None else None,
+                "peak_gpu_mb": round(st.peak_gpu_mb, 1) if st.peak_gpu_mb is not None else None,
+            }
+        )
+    return workers, gens, trains
+
+
+def startup_summary(profiles: list[dict]) -> dict:
+    """A mode's start-up over its rounds: median seconds from the run's start to its first
+    task and to the end of its first iteration, the median duration of each phase (the
+    slowest worker's, for per-worker phases), the largest process-tree peaks and the
+    per-process breakdown of the round with the largest PSS."""
+    profiles = [p for p in profiles if p]
+    durations: dict[str, list[float]] = {}
+    for p in profiles:
+        longest: dict[str, float] = {}
+        for ph in p["phases"]:
+            if ph["phase"] not in ("first task", "first iteration"):
+                longest[ph["phase"]] = max(longest.get(ph["phase"], 0.0), float(ph["duration_s"]))
+        for name, d in longest.items():
+            durations.setdefault(name, []).append(d)
+
+    def med(key: str) -> float | None:
+        xs = [float(p[key]) for p in profiles if p.get(key) is not None]
+        return round(median(xs), 3) if xs else None
+
+    def peak(key: str) -> float | None:
+        xs = [float(p[key]) for p in profiles if p.get(key) is not None]
+        return max(xs) if xs else None
+
+    top = max(profiles, key=lambda p: p.get("peak_tree_pss_mb") or 0.0, default={})
+    return {
+        "first_task_s": med("first_task_s"),
+        "first_iteration_s": med("first_iteration_s"),
+        "phase_s": {k: round(median(v), 3) for k, v in durations.items()},
+        "peak_tree_rss_mb": peak("peak_tree_rss_mb"),
+        "peak_tree_pss_mb": peak("peak_tree_pss_mb"),
+        "peak_tree_processes": list(top.get("peak_tree_processes", [])),
+        "first_iteration_vs_reference_s": None,
+        "tree_pss_vs_reference": None,
+    }
+
+
+def add_startup_ratios(rows: list[dict]) -> None:
+    """Fill each mode's start-up excess over ``reference`` (seconds to the end of the first
+    iteration, and process-tree PSS as a ratio) where the reference ran."""
+    ref = next((r["startup"] for r in rows if r["mode"] == "reference"), None)
+    if ref is None:
+        return
+    for r in rows:
+        st = r["startup"]
+        if st.get("first_iteration_s") is not None and ref.get("first_iteration_s") is not None:
+            st["first_iteration_vs_reference_s"] = round(
+                st["first_iteration_s"] - ref["first_iteration_s"], 3
+            )
+        if st.get("peak_tree_pss_mb") and ref.get("peak_tree_pss_mb"):
+            st["tree_pss_vs_reference"] = round(st["peak_tree_pss_mb"] / ref["peak_tree_pss_mb"], 3)
+
+
+def eval_cost(records: list[RunRecord]) -> dict[str, float]:
+    """Held-out evaluation per run: ``evaluations`` (``eval.jsonl`` rows) and ``eval_worker_s``
+    (worker-seconds of its ``eval`` tasks on the timeline; the reference's inline evaluation
+    is its rows' ``cost_s``)."""
+    n, secs = 0, 0.0
+    for rec in records:
+        rows = _read_jsonl(rec.run_dir / "eval.jsonl")
+        n += len(rows)
+        tasks = [e for e in rec.timeline if e["kind"] == "eval"]
+        secs += (
+            sum(e["end"] - e["start"] for e in tasks) if tasks else sum(r.get("cost_s", 0.0) for r in rows)
+        )
+    runs = max(len(records), 1)
+    return {"evaluations": n / runs, "eval_worker_s": secs / runs, **eval_interference_per_run(records)}
+
+
+def eval_interference_per_run(records: list[RunRecord]) -> dict[str, float]:
+    """:func:`digen.evaluation.eval_interference` of each run's timeline: sums per run, except
+    the maxima (``eval_max_wait_s``, ``eval_max_task_s``: over all runs)."""
+    from digen.evaluation import eval_interference
+
+    per = [eval_interference(rec.timeline) for rec in records]
+    if not per:
+        return {}
+    runs = len(per)
+    out = {k: sum(p[k] for p in per) / runs for k in per[0]}
+    out.update({k: max(p[k] for p in per) for k in ("eval_max_wait_s", "eval_max_task_s")})
+    return out
+
+
+def add_speedups(rows: list[dict]) -> None:
+    """Fill ``speedup_vs_colocated`` / ``speedup_vs_disaggregated`` where those modes ran."""
+    by_mode = {r["mode"]: r for r in rows}
+    for base, key in (("colocated", "speedup_vs_colocated"), ("disaggregated", "speedup_vs_disaggregated")):
+        ref = by_mode.get(base)
+        for r in rows:
+            if ref is not None and ref["samples_per_s"] > 0:
+                r[key] = r["samples_per_s"] / ref["samples_per_s"]

@@ -1,0 +1,77 @@
+"""Fail when a module imports a module that imports it back: a 2-cycle of digen, workers or cli,
+imports inside functions included. import-linter's contracts (pyproject's
+``[tool.importlinter]``) keep the layers; this keeps any two modules from leaning on each other.
+
+    python scripts/check_import_cycles.py        (``make lint`` runs it)
+
+Exit 0: no 2-cycle but the listed :data:`EXCEPTIONS`; 1: a new 2-cycle (both imports printed
+with their lines) or an exception that no longer happens (remove it from the list).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import grimp
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("digen", "workers", "cli")
+
+EXCEPTIONS: frozenset[frozenset[str]] = frozenset(
+    {
+        # workers/loop.py and the group loops import each other: to be removed by the data-plane change
+        frozenset({"workers.loop", "workers.fsdp_loop"}),
+        frozenset({"workers.loop", "workers.sp_loop"}),
+    }
+)
+
+
+def two_cycles(graph: grimp.ImportGraph) -> list[tuple[str, str]]:
+    """Every pair ``(a, b)``, ``a < b``, of modules that import each other directly."""
+    pairs = []
+    for a in sorted(graph.modules):
+        for b in sorted(graph.find_modules_directly_imported_by(a)):
+            if a < b and graph.direct_import_exists(importer=b, imported=a):
+                pairs.append((a, b))
+    return pairs
+
+
+def describe(graph: grimp.ImportGraph, a: str, b: str) -> str:
+    """``a <-> b`` with the lines of both imports."""
+    lines = [f"{a} <-> {b}"]
+    for importer, imported in ((a, b), (b, a)):
+        for d in graph.get_import_details(importer=importer, imported=imported):
+            lines.append(f"    {importer} -> {imported} (l.{d['line_number']}: {d['line_contents']})")
+    return "\n".join(lines)
+
+
+def check(graph: grimp.ImportGraph, exceptions: frozenset[frozenset[str]] = EXCEPTIONS) -> list[str]:
+    """The problems: new 2-cycles and exceptions that are no longer cycles."""
+    found = two_cycles(graph)
+    problems = [describe(graph, a, b) for a, b in found if frozenset({a, b}) not in exceptions]
+    cycles = {frozenset(p) for p in found}
+    problems += [
+        f"{' <-> '.join(sorted(e))} is listed in EXCEPTIONS but is no longer a cycle: remove it"
+        for e in sorted(exceptions - cycles, key=sorted)
+    ]
+    return problems
+
+
+def main() -> int:
+    sys.path.insert(0, str(REPO))
+    graph = grimp.build_graph(*PACKAGES, cache_dir=None)
+    problems = check(graph)
+    for p in problems:
+        print(p)
+    if problems:
+        print(
+            f"{len(problems)} import cycle problem(s); break a cycle by moving what both need to a third module"
+        )
+        return 1
+    print(f"no import 2-cycles in {', '.join(PACKAGES)} ({len(EXCEPTIONS)} listed exceptions)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
