@@ -183,19 +183,9 @@ def _become_server(keep: set[int]) -> None:
     faulthandler.disable()
     _kept.extend([sys.stdout, sys.stderr, sys.stdin])
     sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
-    names = [
-        None,
-        "distributed",
-        "distributed.client",
-        "distributed.gc",
-        "bokeh",
-        "tornado",
-        "tornado.application",
-    ]
-    for name in names:
-        lg = logging.getLogger(name)
-        _kept.extend(lg.handlers)
-        lg.handlers = []
+    for lg in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]:
+        if isinstance(lg, logging.Logger):
+            _drop_parent_handlers(lg)
     logging.getLogger().setLevel(logging.WARNING)
     fds = sorted(int(f) for f in os.listdir("/proc/self/fd") if int(f) not in keep)
     for fd in fds:
@@ -206,6 +196,46 @@ def _become_server(keep: set[int]) -> None:
     initialize_logging(dask.config.config)
     if refault:
         faulthandler.enable()
+
+
+FRESH_LOGGERS = ("root", "distributed", "distributed.client", "distributed.gc", "bokeh", "tornado", "tornado.application")
+"""Loggers whose handlers the server drops whatever they write to (Dask installs its own afresh)."""
+
+
+def _drop_parent_handlers(lg: logging.Logger) -> None:
+    """Drop a logger's handlers that write anywhere but the standard streams: the descriptors
+    they write to are closed in the server, and the numbers are reused there and in every
+    worker it forks (for the fork server's alive pipe, the resource tracker's pipe...), so a
+    log record would land in one of those (a test runner's log file handler, copied by torch
+    onto its loggers, once wrote a torch.distributed error into the alive pipe and the server
+    exited). Root's and Dask's handlers all go: Dask installs its own afresh."""
+    import sys
+
+    fresh = lg.name in FRESH_LOGGERS
+    keep = []
+    for h in lg.handlers:
+        stream = getattr(h, "stream", None)
+        try:
+            fd = stream.fileno() if stream is not None else None
+        except (OSError, ValueError, AttributeError):
+            fd = None  # no descriptor (an in-memory stream): nothing to land elsewhere
+        if fresh or isinstance(h, logging.FileHandler) or (fd is not None and fd not in (0, 1, 2)):
+            _kept.append(h)
+            if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler) and not fresh:
+                keep.append(_stderr_twin(h, sys.__stderr__))
+            continue
+        keep.append(h)
+    lg.handlers = keep
+
+
+def _stderr_twin(h: logging.StreamHandler, stream) -> logging.StreamHandler:
+    """A stream handler like ``h`` (level, formatter, filters) that writes to ``stream``."""
+    twin = logging.StreamHandler(stream)
+    twin.setLevel(h.level)
+    twin.setFormatter(h.formatter)
+    for f in h.filters:
+        twin.addFilter(f)
+    return twin
 
 
 if in_fork_server():

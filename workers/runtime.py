@@ -168,7 +168,7 @@ class WorkerRuntime:
             if not name.startswith(prefix):
                 return True
             kind, _, task = name[len(prefix) :].partition(":")
-            if kind not in ("gen", "grad"):
+            if kind not in ("traj", "grad"):
                 return True
             try:
                 return TaskRef.parse(task).iteration > iteration

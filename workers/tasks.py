@@ -72,7 +72,7 @@ def gen_result(
     timings, where the blob is, and (when the payload asks, for a sample grid) its images as
     grid cells."""
     version = GroupTask.from_json(leased.payload["task"]).version
-    name = rt.blob_name("gen", leased.task_id)
+    name = rt.blob_name("traj", leased.task_id)
     blob = rt.blobs.put(name, traj.tensors(), {"version": str(version)})
     result = {
         "rewards": [float(x) for x in traj.rewards],
@@ -93,9 +93,13 @@ def run_gen(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
     return gen_result(rt, leased, traj, events, t0), None
 
 
-def group_tensors(rt: WorkerRuntime, gen_id: str, names: list[str]) -> dict[str, torch.Tensor]:
+def group_tensors(
+    rt: WorkerRuntime, gen_id: str, names: list[str], task: str = ""
+) -> dict[str, torch.Tensor]:
     """Tensors ``names`` of generated group ``gen_id``, from the worker that made it (this one:
-    no copy). :class:`BlobLost` when it is not stored (being generated again) or its worker is gone."""
+    no copy), for task ``task``. :class:`BlobLost` when it is not stored (being generated
+    again) or its worker is gone."""
+    faults.point("fetch", rt.job, rt.name, task=task, iteration=TaskRef.parse(gen_id).iteration)
     res = rt.queue.get_result(gen_id)
     if not isinstance(res, dict) or not isinstance(res.get("blob"), dict):
         raise BlobLost(f"the trajectories of {gen_id} are not stored")
@@ -123,7 +127,7 @@ def run_train(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
         events.append(event(rt, role, "sync", ref, spec.iteration, t0, time.time()))
     gen_id = TaskRef(TaskKind.GEN, spec.iteration, spec.group).id
     try:
-        data = group_tensors(rt, gen_id, ["latents", "log_probs", "sigmas"])
+        data = group_tensors(rt, gen_id, ["latents", "log_probs", "sigmas"], leased.task_id)
     except BlobLost as exc:
         park(rt, leased, exc)
         return None
@@ -161,7 +165,7 @@ def run_reward(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
     gen_id = TaskRef(TaskKind.GEN, task.iteration, task.group).id
     t0 = time.time()
     try:
-        decoded = group_tensors(rt, gen_id, ["decoded"])["decoded"]
+        decoded = group_tensors(rt, gen_id, ["decoded"], leased.task_id)["decoded"]
     except BlobLost as exc:
         park(rt, leased, exc)
         return None

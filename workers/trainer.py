@@ -155,7 +155,6 @@ class Member:
             self.leave_group()
             self.sums.clear()
             return
-        faults.point("reduce", rt.job, me, task=cmd.id, iteration=cmd.iteration)
         rt.group.report_ok(cmd.id, cmd.epoch, me)
         if self.await_decision(cmd) != f"{COMMIT}:{cmd.epoch}":
             log.info("%s: step %s (epoch %d) aborted; its tasks run again", me, cmd.id, cmd.epoch)
@@ -271,6 +270,7 @@ class Member:
             return self.sums.total
         flat = flatten(self.sums.total, names, like).to(self._comm_device())
         self.join_group(cmd)
+        faults.point("reduce", rt.job, rt.name, task=cmd.id, iteration=cmd.iteration)
         all_reduce_sum(flat)
         return unflatten(flat, names, like)
 

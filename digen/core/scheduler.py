@@ -237,7 +237,7 @@ class Scheduler:
         """Generate a group again (its trajectories are gone); its rewards, if known, stand
         (the new run reproduces them), so it is not scored twice."""
         i = ev.iteration
-        if i <= self.stepped or i not in self.gen_released:
+        if i <= self.stepped or i not in self.gen_released or (i, ev.group) in self.regenerating:
             return []
         self.regenerating.add((i, ev.group))
         return self._count([Release(TaskRef(TaskKind.GEN, i, ev.group), self.gen_version(i))])

@@ -133,6 +133,8 @@ class BlobServer:
         bound_host, bound_port = self.sock.getsockname()[:2]
         self.address = f"{advertise or bound_host}:{bound_port}"
         self.bytes_sent = 0
+        """Tensor bytes served (counted before they go out, so a client that has them sees them counted)."""
+        self._count = threading.Lock()
         self._closed = False
         self._thread = threading.Thread(target=self._accept, name="digen-blob-server", daemon=True)
         self._thread.start()
@@ -199,7 +201,9 @@ class BlobServer:
         for n in wanted:
             t = blob.tensors[n]
             out[n] = t.to(dtype) if dtype is not None and t.is_floating_point() else t
-        self.bytes_sent += send_frame(conn, {"ok": True, "meta": blob.meta}, out)
+        with self._count:
+            self.bytes_sent += sum(t.numel() * t.element_size() for t in out.values())
+        send_frame(conn, {"ok": True, "meta": blob.meta}, out)
 
 
 # --- client ----------------------------------------------------------------------------

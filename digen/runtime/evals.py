@@ -62,7 +62,7 @@ class Evaluations:
             return []
         task = self.plans[ref.iteration][ref.group]
         scores = {k: [float(x) for x in v] for k, v in res["scores"].items()}
-        cells = from_png(base64.b64decode(res["cells"]))
+        cells = from_png(bytes(res["cells"]))
         book.add(EvalResult(task, cells, scores), float(res["end"]) - float(res["start"]))
         book.events += res["events"]
         if not book.complete:

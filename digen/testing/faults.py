@@ -6,7 +6,10 @@ The worker loop calls :func:`point` at each named place of a task:
 ``train``  a train task has computed its gradient, nothing is stored yet
 ``sync``   a worker has fetched a weights version (or a trainer the optimizer state), before loading it
 ``ack``    a task's data is stored (in the worker's blob store), before its acknowledgement
-``reduce`` a trainer has summed a step's gradient with the group, before it reports success
+``acked``  a task's acknowledgement won (its data is this worker's to serve from now on)
+``fetch``  a task is about to fetch its input (a generated group) from the worker that made it
+``reduce`` a trainer of a group of two or more is in the step's process group, about to
+           all-reduce
 ``start``  a worker loop starts, before it loads the model (``raise`` here crashes the loop)
 
 :func:`point` does nothing unless the worker process runs with ``DIGEN_FAULTS=1`` (set it
@@ -17,7 +20,8 @@ job's fault plan from Redis, which a test writes with :func:`arm`::
 
 Actions:
 
-``kill``        SIGKILL this worker process (its Nanny restarts it; its lease is re-queued)
+``kill``        SIGKILL this worker process (its Nanny restarts it; its lease is re-queued);
+                with a ``flag``, the flag is set first (another worker ``hold``\ s on it)
 ``stall``       sleep ``seconds`` (longer than ``schedule.lease_s``: the task is re-delivered)
 ``drop_redis``  close this process's Redis connections; new ones are refused for ``seconds``
 ``raise``       the task raises :class:`InjectedFault` (a poison task when ``times`` >=
@@ -52,7 +56,7 @@ from typing import Literal
 log = logging.getLogger(__name__)
 
 ENV = "DIGEN_FAULTS"
-POINTS = ("gen", "train", "sync", "ack", "start", "reduce")
+POINTS = ("gen", "train", "sync", "ack", "acked", "fetch", "start", "reduce")
 Action = Literal["kill", "stall", "drop_redis", "raise", "signal", "hold"]
 
 
@@ -136,12 +140,12 @@ def point(where: str, job, worker: str, *, task: str = "", iteration: int | None
         }
         r.rpush(done, json.dumps(record))
         log.warning("injected fault %s: %s at %s (%s, task %s)", fid.decode(), f.action, where, worker, task)
-        if f.action == "signal":
+        if f.action in ("signal", "kill") and f.flag:
             r.sadd(flags, f.flag)
-        elif f.action == "hold":
+        if f.action == "hold":
             if not _hold(r, flags, f):
                 r.rpush(done, json.dumps({**record, "action": "hold_expired", "t": time.time()}))
-        else:
+        elif f.action != "signal":
             _act(f, r)
         return
 

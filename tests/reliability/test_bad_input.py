@@ -64,8 +64,8 @@ def train(*args: str, out: Path) -> tuple[int, str]:
 
 @pytest.fixture()
 def started(monkeypatch) -> list[str]:
-    """What a distributed run started: the policy load and the local cluster, the slow part of
-    a start. A mistake must be refused before either (it then fails in seconds)."""
+    """Whether a distributed run started its local cluster (where the workers load the
+    model): the slow part of a start. A mistake must be refused before (it then fails in seconds)."""
     from digen.runtime import controller
 
     calls: list[str] = []
@@ -77,7 +77,6 @@ def started(monkeypatch) -> list[str]:
 
         return call
 
-    monkeypatch.setattr(controller, "build_policy", refuse("build_policy"))
     monkeypatch.setattr(controller, "_local_cluster", refuse("_local_cluster"))
     return calls
 
@@ -236,14 +235,13 @@ def test_an_invalid_payload_in_redis_is_dead_lettered_and_never_unpickled(tmp_pa
     import pickle
 
     from digen.errors import PayloadError
-    from digen.runtime.jobstate import JobState
     from digen.runtime.queue import TaskQueue
     from digen.runtime.redis_conn import connect, stop_embedded
 
     marker = tmp_path / "unpickled"
     r = connect(None, db_path=tmp_path / "payload.db")
     try:
-        q, job = TaskQueue(r, "bad-payload"), JobState(r, "bad-payload")
+        q = TaskQueue(r, "bad-payload")
         q.put("gen", "gen:0:1", {"task": "fine"})
         for tid, raw in (("gen:0:0", pickle.dumps(_Trap(marker))), ("gen:0:2", b"\xc1 not msgpack")):
             r.hset(
@@ -257,9 +255,10 @@ def test_an_invalid_payload_in_redis_is_dead_lettered_and_never_unpickled(tmp_pa
         assert dead["gen:0:0"].error.startswith("PayloadError: refusing a pickle payload")
         assert dead["gen:0:2"].error.startswith("PayloadError: not a msgpack payload")
         assert {d.attempts for d in dead.values()} == {1}  # dead at once: a retry cannot decode it either
-        r.set("digen:bad-payload:weights:3", pickle.dumps(_Trap(marker)))
+        r.set("digen:bad-payload:result:gen:0:3", pickle.dumps(_Trap(marker)))
+        r.hset("digen:bad-payload:task:gen:0:3", mapping={"state": "done", "result_kind": "msgpack"})
         with pytest.raises(PayloadError, match="digen never unpickles"):
-            job.weights(3)
+            q.get_result("gen:0:3")
         assert not marker.exists()
     finally:
         r.close()
@@ -270,10 +269,10 @@ def test_workers_of_a_gpu_type_no_task_may_use_get_no_task(small_config):
     from digen.core.events import Role
     from digen.errors import ConfigError
     from digen.runtime.cluster import WorkerInfo
-    from digen.runtime.controller import Controller
+    from digen.runtime.membership import Membership
 
     cfg = small_config(schedule__mode="digen", cluster__gpu_types=["h100", "a100"])
-    ctl = Controller(cfg, run=None, queue=None, job=None, client=None, redis_url="")
+    ctl = Membership(cfg, client=None, job=None, redis_url="", loop_fn=print, exit_fn=print)
     workers = [
         WorkerInfo("tcp://a:1", "rollout-a10g", Role.ROLLOUT, "a10g"),
         WorkerInfo("tcp://b:1", "trainer-h100", Role.TRAINER, "h100"),

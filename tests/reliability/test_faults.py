@@ -31,14 +31,14 @@ def test_workers_killed_mid_training_mid_generation_before_ack_and_mid_weight_sy
         "faults-kill",
         Fault("train", "kill", worker="trainer-0", iteration=0),
         Fault("gen", "kill", worker="rollout-0", iteration=1),
+        Fault("sync", "kill", worker="rollout-0", iteration=2),  # taking in version 2, fetched from the trainer
         Fault("ack", "kill", worker="rollout-0", iteration=2),  # its data stored, not acknowledged
-        Fault("sync", "kill", worker="trainer-0", iteration=2),  # loading the just-published version 2
     )
     assert [(f["point"], f["worker"], f["iteration"]) for f in fired] == [
         ("train", "trainer-0", 0),
         ("gen", "rollout-0", 1),
+        ("sync", "rollout-0", 2),
         ("ack", "rollout-0", 2),
-        ("sync", "trainer-0", 2),
     ]
     assert len({f["pid"] for f in fired}) == 4  # four different processes died
     assert_exactly_once(out)

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 import redis
-import torch
 import yaml
 
 from digen.errors import ConnectionFailure
 from digen.runtime.jobstate import JobState
 from digen.runtime.queue import TaskQueue
 from digen.runtime.redis_conn import SecretURL, connect, start_embedded, stop_embedded
+from digen.runtime.trainer_group import TrainerGroup
 
 PASSWORD = "auth-Pw-7f3c-digen"
 
@@ -46,15 +46,18 @@ def free_port() -> int:
 
 
 def round_trip(r: redis.Redis, job: str) -> None:
-    """What a job does with Redis: queue, lease, ack, results, weights."""
+    """What a job does with Redis: queue, lease, ack, results, the trainer group's keys."""
     q, state = TaskQueue(r, job, lease_s=30), JobState(r, job)
     q.put("gen", "gen:0:0", {"task": {"prompt": "a red square"}})
     leased = q.lease(["gen"], "w0")
     assert leased is not None and leased.payload == {"task": {"prompt": "a red square"}}
     assert q.ack(leased.task_id, {"rewards": [0.5]}, worker="w0")
     assert q.get_result("gen:0:0") == {"rewards": [0.5]}
-    state.publish(0, {"w": torch.ones(3)})
-    assert torch.equal(state.weights(0)["w"], torch.ones(3))
+    group = TrainerGroup(r, job)
+    group.set_holding("t0", "127.0.0.1:1", [0], 0)
+    assert group.holders_of(0) == ["127.0.0.1:1"]
+    state.set_stepped(0)
+    assert state.loop_state("w0", "token").stepped == 0
     q.clear()
 
 

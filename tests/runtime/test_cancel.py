@@ -38,9 +38,9 @@ def test_cancel_mid_iteration_keeps_the_last_checkpoint_and_resumes(small_config
         ctl = seen["ctl"]
         if ctl.run.latest_checkpoint() is None:
             return False
-        acked = [t for t in ctl.collected if TaskRef.parse(t).iteration == 1]
+        acked = [t for t in ctl.ledger.collected if TaskRef.parse(t).iteration == 1]
         if acked and "acked" not in seen:
-            seen["acked"], seen["books"] = acked, sorted(ctl.books)
+            seen["acked"], seen["books"] = acked, sorted(ctl.ledger.books)
         return bool(acked)
 
     with pytest.raises(
@@ -50,7 +50,7 @@ def test_cancel_mid_iteration_keeps_the_last_checkpoint_and_resumes(small_config
 
     ctl = seen["ctl"]
     assert seen["books"][0] == 1  # cancelled with iteration 1 under way (digen: 2's generation too)
-    assert 1 in ctl.books  # ... and it never completed: no step, no metrics row, no checkpoint
+    assert 1 in ctl.ledger.books  # ... and it never completed: no step, no metrics row, no checkpoint
     assert iterations_logged(out) == [0]
     assert checkpoints(out) == ["iter_0000"]
 

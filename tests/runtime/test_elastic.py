@@ -72,13 +72,13 @@ def watch_newcomer(ctl, name: str, stop: threading.Event, report: dict, after_s:
         if "signal" in got:
             return
         held = got.get("hold")
-    fut, job = ctl.loops.get(name), ctl.job
+    fut, job = ctl.members.loops.get(name), ctl.job
     report["controller"] = {
         "workers": sorted(ctl.workers),
         "loop": None if fut is None else (fut.key, fut.status),
-        "tags": {n: (r.value, b) for n, (r, b) in ctl.tags.items()},
-        "restarting": dict(ctl.restarting),
-        "loop_failures": dict(ctl.loop_failures),
+        "tags": {n: (r.value, b) for n, (r, b) in ctl.dispatch.tags.items()},
+        "restarting": dict(ctl.members.restarting),
+        "loop_failures": dict(ctl.members.loop_failures),
     }
     report["redis"] = {
         "tag": job.tag(name),

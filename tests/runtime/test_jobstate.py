@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from digen.core.events import Role
-from digen.runtime.codec import looks_like_pickle
 from digen.runtime.jobstate import JobState, LoopState
 from digen.runtime.queue import TaskQueue
 from digen.runtime.redis_conn import connect, count_round_trips, embedded_url
@@ -53,7 +52,8 @@ def test_a_worker_loop_cycle_takes_two_round_trips(redis_client, role, queue):
     """Counted on the wire (a counting connection around the real client): the top of a cycle
     (status, loop owner, tag) is one pipelined round trip, the lease one script call; the
     three separate reads it replaces were three round trips."""
-    from workers.loop import WorkerRuntime, next_task, poll
+    from workers.loop import next_task
+    from workers.runtime import WorkerRuntime, poll
 
     counted = connect(embedded_url(redis_client))
     trips = count_round_trips(counted)
@@ -66,9 +66,9 @@ def test_a_worker_loop_cycle_takes_two_round_trips(redis_client, role, queue):
     rt = WorkerRuntime("w", "cpu", None, tasks, job, "cpu", round_trips=trips)  # type: ignore[arg-type]
 
     before = trips.count
-    tag = poll(rt, "token")
-    assert tag == (role, 1)
-    leased = next_task(rt, *tag)
+    state = poll(rt, "token")
+    assert state is not None and state.tag == (role, 1)
+    leased = next_task(rt, *state.tag)
     assert leased is not None and leased.task_id == f"{queue}:0:0"
     assert trips.count - before == 2
 
@@ -78,25 +78,28 @@ def test_a_worker_loop_cycle_takes_two_round_trips(redis_client, role, queue):
     counted.close()
 
 
-def test_lora_weight_sync_moves_only_the_adapter(redis_client, tiny_sd3):
+def test_lora_weight_sync_moves_only_the_adapter(tiny_sd3):
+    """A version travels trainer -> rollout as the trained tensors only: the adapter of a
+    LoRA run (a fifth of the transformer's bytes or less), fetched whole and equal."""
+    from digen.dataplane.blobs import BlobServer, BlobStore
+    from digen.dataplane.weights import fetch_version, version_blob
     from digen.models import load_policy
 
     policy = load_policy(tiny_sd3, height=32, width=32)
-    full_bytes = JobState(redis_client, "full").publish(
-        0, {k: v.detach() for k, v in policy.transformer.state_dict().items()}
-    )
+    full = {k: v.detach() for k, v in policy.transformer.state_dict().items()}
     policy.enable_lora(4, 8)
-    job = JobState(redis_client, "lora")
     adapter = policy.trainable_state_dict()
-    lora_bytes = job.publish(0, adapter)
     assert all("lora_" in k for k in adapter)
-    assert lora_bytes == len(redis_client.get("digen:lora:weights:0"))
-    adapter_payload = sum(v.numel() * v.element_size() for v in adapter.values())
-    assert adapter_payload <= lora_bytes < adapter_payload + 64 * 1024  # tensors + safetensors header
-    assert lora_bytes < full_bytes / 5
-    got = job.weights(0)
-    assert got is not None and all(torch.equal(got[k], adapter[k]) for k in adapter)
-    assert not looks_like_pickle(redis_client.get("digen:lora:weights:0"))
-    job.publish(1, adapter)
-    job.drop_weights_before(1)
-    assert job.weights(0) is None and job.weights(1) is not None
+    sent = {}
+    for name, tensors in (("full", full), ("lora", adapter)):
+        store = BlobStore()
+        store.put(version_blob(name, 0), tensors)
+        server = BlobServer(store)
+        try:
+            got = fetch_version([server.address], version_blob(name, 0))
+            assert all(torch.equal(got[k], tensors[k]) for k in tensors)
+            sent[name] = server.bytes_sent
+        finally:
+            server.close()
+    assert sent["lora"] == sum(v.numel() * v.element_size() for v in adapter.values())
+    assert sent["lora"] < sent["full"] / 5

@@ -152,3 +152,33 @@ def test_the_local_cluster_serves_no_dashboard_unless_asked():
     finally:
         client.close()
         cluster.close()
+
+
+def test_the_forked_server_keeps_no_log_handler_that_writes_to_a_descriptor_it_closes(tmp_path):
+    """A log handler the parent left on any logger (a test runner's file handler that torch
+    copied onto its own loggers) would write into whatever reuses its descriptor in the server
+    and the workers it forks: once, the fork server's alive pipe, and the server exited. The
+    server drops such handlers; one that wrote to a stream writes to stderr instead."""
+    import logging
+    import os
+    import sys
+
+    from workers.forkserver import _drop_parent_handlers
+
+    r, w = os.pipe()
+    lg = logging.getLogger("digen.test.forked")
+    to_file = logging.FileHandler(tmp_path / "runner.log")
+    to_pipe = logging.StreamHandler(os.fdopen(w, "w"))
+    to_pipe.setLevel(logging.ERROR)
+    to_stderr = logging.StreamHandler(sys.__stderr__)
+    lg.handlers = [to_file, to_pipe, to_stderr]
+    try:
+        _drop_parent_handlers(lg)
+        assert to_file not in lg.handlers and to_pipe not in lg.handlers and to_stderr in lg.handlers
+        twin = [h for h in lg.handlers if h is not to_stderr]
+        assert len(twin) == 1 and twin[0].stream.fileno() == 2 and twin[0].level == logging.ERROR
+    finally:
+        lg.handlers = []
+        to_file.close()
+        to_pipe.stream.close()
+        os.close(r)

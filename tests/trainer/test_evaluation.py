@@ -15,6 +15,7 @@ from digen.config import build_config
 from digen.errors import ConfigError
 from digen.evaluation import EvalBook, EvalResult, EvalTask, evaluate_chunk, held_out_prompts, plan_eval
 from digen.reference import run_reference
+from digen.viz import image_cells
 from tests.conftest import small_config_data
 
 TEST_PROMPTS = ["a purple cube", "an orange cat", "a white cloud", "a black road", "a pink flower"]
@@ -81,12 +82,12 @@ def test_evaluate_chunk_is_deterministic_and_uses_the_ode_sampler(tiny_sd3, tmp_
     policy, reward = build_policy(cfg), build_reward(cfg)
     task = plan_eval(cfg, held_out_prompts(cfg), 0)[0]
     a, b = evaluate_chunk(policy, task, cfg, reward), evaluate_chunk(policy, task, cfg, reward)
-    assert torch.equal(a.images, b.images) and a.scores.keys() == b.scores.keys()
-    assert all(torch.equal(a.scores[k], b.scores[k]) for k in a.scores)
+    assert a.cells.tobytes() == b.cells.tobytes() and a.scores == b.scores
+    assert a.cells.height == 64 and a.cells.width == 64 * len(task.indices)  # one grid cell per prompt
     other = evaluate_chunk(
         policy, task, cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"seed": 8})}), reward
     )
-    assert not torch.equal(a.images, other.images)  # the seed decides the noise
+    assert a.cells.tobytes() != other.cells.tobytes()  # the seed decides the noise
 
 
 def test_plan_eval_chunks_the_first_num_prompts(tiny_sd3, tmp_path):
@@ -100,9 +101,9 @@ def test_plan_eval_chunks_the_first_num_prompts(tiny_sd3, tmp_path):
 
 def test_eval_book_counts_a_chunk_once_in_any_order():
     book = EvalBook(0, 1, 2)
-    img = torch.zeros((1, 3, 8, 8), dtype=torch.uint8)
-    r1 = EvalResult(EvalTask(0, 1, 1, (1,), ("b",)), img, {"reward": torch.tensor([2.0])})
-    r0 = EvalResult(EvalTask(0, 0, 1, (0,), ("a",)), img, {"reward": torch.tensor([1.0])})
+    img = image_cells(torch.zeros((1, 3, 8, 8), dtype=torch.uint8))
+    r1 = EvalResult(EvalTask(0, 1, 1, (1,), ("b",)), img, {"reward": [2.0]})
+    r0 = EvalResult(EvalTask(0, 0, 1, (0,), ("a",)), img, {"reward": [1.0]})
     book.add(r1)
     book.add(r1)
     assert not book.complete

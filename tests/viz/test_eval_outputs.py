@@ -14,6 +14,7 @@ from digen.evaluation import EvalBook, EvalResult, EvalTask, eval_metrics, progr
 from digen.loggers import namespaced
 from digen.report import render_report
 from digen.rundir import RunDir
+from digen.viz import image_cells
 
 from ._runs import write_run
 
@@ -22,11 +23,8 @@ def _book(iteration: int = 1) -> EvalBook:
     book = EvalBook(iteration, iteration + 1, 2)
     for c, (lo, hi) in enumerate(((0, 3), (3, 4))):
         idx = tuple(range(lo, hi))
-        images = torch.full((len(idx), 3, 16, 16), 40 * (c + 1), dtype=torch.uint8)
-        scores = {
-            "reward": torch.tensor([0.1 * i for i in idx]),
-            "brightness": torch.tensor([0.2 * i for i in idx]),
-        }
+        images = image_cells(torch.full((len(idx), 3, 16, 16), 40 * (c + 1), dtype=torch.uint8))
+        scores = {"reward": [0.1 * i for i in idx], "brightness": [0.2 * i for i in idx]}
         book.add(
             EvalResult(
                 EvalTask(iteration, c, iteration + 1, idx, tuple(f"p{i}" for i in idx)), images, scores

@@ -6,24 +6,30 @@ import numpy as np
 import torch
 from PIL import Image
 
-from digen.rollout import GroupTask, Trajectories
-from digen.viz import BEST, HEADER_H, LABEL_H, LABEL_W, WORST, group_label, write_sample_grid
+from digen.viz import (
+    BEST,
+    HEADER_H,
+    LABEL_H,
+    LABEL_W,
+    WORST,
+    GridRow,
+    from_png,
+    group_label,
+    image_cells,
+    to_png,
+    write_sample_grid,
+)
 
 
-def _trajs(
-    n_groups: int, g: int = 4, frames: int | None = None
-) -> tuple[list[GroupTask], dict[int, Trajectories]]:
-    groups = [
-        GroupTask(7, i, f"prompt number {i}", tuple(range(i * g, i * g + g)), 6) for i in range(n_groups)
-    ]
+def _rows(n_groups: int, g: int = 4, frames: int | None = None, cell: int = 64) -> tuple[list[GridRow], dict]:
     gen = torch.Generator().manual_seed(0)
     shape = (g, 3, 32, 32) if frames is None else (g, frames, 3, 32, 32)
-    trajs = {}
-    for t in groups:
-        images = torch.randint(0, 256, shape, generator=gen).to(torch.uint8)
-        rewards = torch.tensor([0.2, 0.9, 0.5, float("nan")][:g])
-        trajs[t.group] = Trajectories(t, torch.zeros(0), torch.zeros(0), torch.zeros(0), images, rewards)
-    return groups, trajs
+    rows, images = [], {}
+    for i in range(n_groups):
+        images[i] = torch.randint(0, 256, shape, generator=gen).to(torch.uint8)
+        rewards = [0.2, 0.9, 0.5, float("nan")][:g]
+        rows.append(GridRow(i, f"prompt number {i}", 6, rewards, image_cells(images[i], cell)))
+    return rows, images
 
 
 def _count(img: Image.Image, color: tuple[int, int, int], box: tuple[int, int, int, int]) -> int:
@@ -32,15 +38,15 @@ def _count(img: Image.Image, color: tuple[int, int, int], box: tuple[int, int, i
 
 
 def test_grid_layout_and_labels(tmp_path):
-    groups, trajs = _trajs(3)
-    del trajs[1]  # a group that is missing is skipped
+    rows, images = _rows(3)
+    del rows[1]  # a group that is missing is skipped
     path = tmp_path / "samples" / "iter_0007.png"
-    write_sample_grid(path, trajs, groups, cell=64)
+    write_sample_grid(path, 7, rows)
     img = Image.open(path)
     assert img.size == (LABEL_W + 4 * 64, HEADER_H + 2 * (64 + LABEL_H))
     # the image cells hold the images, pixel for pixel (nearest upscaling x2)
     cell = np.asarray(img.convert("RGB"))[HEADER_H : HEADER_H + 64, LABEL_W : LABEL_W + 64]
-    src = trajs[0].images[0].permute(1, 2, 0).numpy()
+    src = images[0][0].permute(1, 2, 0).numpy()
     assert np.array_equal(cell[::2, ::2], src)
     # the prompt column and the header carry text (dark pixels on white)
     label = np.asarray(img.convert("L").crop((0, HEADER_H, LABEL_W, HEADER_H + 64)))
@@ -53,15 +59,15 @@ def test_grid_layout_and_labels(tmp_path):
 
 
 def test_video_frames_side_by_side(tmp_path):
-    groups, trajs = _trajs(1, g=2, frames=3)
-    write_sample_grid(tmp_path / "v.png", trajs, groups, cell=32)
+    rows, _ = _rows(1, g=2, frames=3, cell=32)
+    write_sample_grid(tmp_path / "v.png", 0, rows)
     assert Image.open(tmp_path / "v.png").size == (LABEL_W + 2 * 96, HEADER_H + 32 + LABEL_H)
 
 
 def test_group_label_wraps_the_prompt_and_ends_with_mean_and_std():
     lines = group_label(
         "a photograph of a cat riding a bicycle through paris at dusk, high detail",
-        torch.tensor([1.0, 3.0, float("nan")]),
+        [1.0, 3.0, float("nan")],
         width_chars=20,
         max_lines=2,
     )
@@ -71,6 +77,21 @@ def test_group_label_wraps_the_prompt_and_ends_with_mean_and_std():
 
 
 def test_nothing_to_draw_writes_nothing(tmp_path):
-    groups, _ = _trajs(2)
-    write_sample_grid(tmp_path / "none.png", {}, groups)
+    write_sample_grid(tmp_path / "none.png", 0, [])
     assert not (tmp_path / "none.png").exists()
+
+
+def test_cells_travel_as_a_small_png_and_come_back_pixel_for_pixel():
+    rows, _ = _rows(1, g=8)
+    data = to_png(rows[0].cells)
+    assert data.startswith(b"\x89PNG") and len(data) < 8 * 64 * 64 * 3  # smaller than the raw cells
+    assert from_png(data).tobytes() == rows[0].cells.tobytes()
+
+
+def test_what_is_not_a_png_cell_strip_is_refused():
+    import pytest
+
+    from digen.errors import PayloadError
+
+    with pytest.raises(PayloadError, match="not a PNG"):
+        from_png(b"\x80\x04pickle")
