@@ -198,7 +198,15 @@ def _become_server(keep: set[int]) -> None:
         faulthandler.enable()
 
 
-FRESH_LOGGERS = ("root", "distributed", "distributed.client", "distributed.gc", "bokeh", "tornado", "tornado.application")
+FRESH_LOGGERS = (
+    "root",
+    "distributed",
+    "distributed.client",
+    "distributed.gc",
+    "bokeh",
+    "tornado",
+    "tornado.application",
+)
 """Loggers whose handlers the server drops whatever they write to (Dask installs its own afresh)."""
 
 

@@ -192,7 +192,9 @@ def run_task(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> None:
     if rt.queue.ack(leased.task_id, result, worker=rt.name):
         if after is not None:
             after()
-        faults.point("acked", rt.job, rt.name, task=leased.task_id, iteration=TaskRef.parse(leased.task_id).iteration)
+        faults.point(
+            "acked", rt.job, rt.name, task=leased.task_id, iteration=TaskRef.parse(leased.task_id).iteration
+        )
     else:
         log.info("task %s was already acknowledged (it ran twice); this result is discarded", leased.task_id)
     rt.tasks_run += 1

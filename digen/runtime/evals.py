@@ -10,7 +10,6 @@ until their evaluation has run.
 
 from __future__ import annotations
 
-import base64
 from dataclasses import dataclass, field
 
 from PIL import Image

@@ -21,7 +21,7 @@ job's fault plan from Redis, which a test writes with :func:`arm`::
 Actions:
 
 ``kill``        SIGKILL this worker process (its Nanny restarts it; its lease is re-queued);
-                with a ``flag``, the flag is set first (another worker ``hold``\ s on it)
+                with a ``flag``, the flag is set first (another worker holds on it)
 ``stall``       sleep ``seconds`` (longer than ``schedule.lease_s``: the task is re-delivered)
 ``drop_redis``  close this process's Redis connections; new ones are refused for ``seconds``
 ``raise``       the task raises :class:`InjectedFault` (a poison task when ``times`` >=

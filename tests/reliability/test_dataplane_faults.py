@@ -45,7 +45,14 @@ def test_a_trainer_killed_during_the_reduction_takes_only_its_sum_the_step_is_do
     runs = Counter((e["iteration"], e["kind"]) for e in timeline(out) if e["kind"] in ("gen", "train"))
     # iteration 1's two groups were generated once and trained twice: the first gradients died
     # with the aborted step (trainer-0's sum is dropped too: the step is applied by all or none)
-    assert runs == {(0, "gen"): 2, (0, "train"): 2, (1, "gen"): 2, (1, "train"): 4, (2, "gen"): 2, (2, "train"): 2}
+    assert runs == {
+        (0, "gen"): 2,
+        (0, "train"): 2,
+        (1, "gen"): 2,
+        (1, "train"): 4,
+        (2, "gen"): 2,
+        (2, "train"): 2,
+    }
     assert_equals_reference(out, reference)  # the all-reduce sums in another order: within 1e-5
 
 

@@ -31,7 +31,9 @@ def test_workers_killed_mid_training_mid_generation_before_ack_and_mid_weight_sy
         "faults-kill",
         Fault("train", "kill", worker="trainer-0", iteration=0),
         Fault("gen", "kill", worker="rollout-0", iteration=1),
-        Fault("sync", "kill", worker="rollout-0", iteration=2),  # taking in version 2, fetched from the trainer
+        Fault(
+            "sync", "kill", worker="rollout-0", iteration=2
+        ),  # taking in version 2, fetched from the trainer
         Fault("ack", "kill", worker="rollout-0", iteration=2),  # its data stored, not acknowledged
     )
     assert [(f["point"], f["worker"], f["iteration"]) for f in fired] == [
