@@ -99,15 +99,34 @@ def bench(
         str, typer.Option("--tsp-k", help="K values of the TSP micro-benchmark, or none.")
     ] = "1,2,4,8",
     as_json: Annotated[bool, typer.Option("--json", help="Print bench.json instead of the table.")] = False,
+    dataplane: Annotated[
+        bool,
+        typer.Option(
+            "--dataplane",
+            help="Benchmark the data plane instead (gradient reduction, optimizer step, weight "
+            "distribution, a trajectory) at the sizes of --sizes, beside the path through Redis "
+            "it replaced; writes bench-dataplane.json and .md. Ignores CONFIG and the mode options.",
+        ),
+    ] = False,
+    sizes: Annotated[
+        str,
+        typer.Option(
+            "--sizes", help="With --dataplane: comma-separated sizes (digen.bench.dataplane.SIZES)."
+        ),
+    ] = "sd3.5-m-lora-r32,flux-lora-r64,qwen-image-lora-r64,full-4gib",
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Run the same workload in each mode side by side (interleaved, repeated, medians);
-    write bench.json and a Markdown table (bench.md)."""
+    write bench.json and a Markdown table (bench.md). With --dataplane, benchmark the data
+    plane at real model sizes instead."""
     from digen.bench import parse_modes, parse_workers, run_bench, write_outputs
     from digen.config import load_config
 
     setup_logging(verbose, out_dir / "digen.log", dask=True)  # Dask logs every cluster start and stop
     open_run_log()  # the bench writes its own folder
+    if dataplane:
+        _dataplane(sizes, out_dir, as_json)
+        return
     mode_list = parse_modes(modes)
     counts = parse_workers(workers)
     ks = _ks(tsp_k)
@@ -133,6 +152,37 @@ def bench(
     else:
         out.print(paths["markdown"].read_text(), highlight=False, markup=False, soft_wrap=True)
         err.print(f"wrote {paths['json']} and {paths['markdown']}", highlight=False)
+
+
+def _dataplane(sizes: str, out_dir: Path, as_json: bool) -> None:
+    import datetime
+    import subprocess
+
+    from digen.bench.dataplane import SIZES, run_dataplane_bench, write_dataplane_report
+
+    names = [x.strip() for x in sizes.split(",") if x.strip()]
+    unknown = [n for n in names if n not in SIZES]
+    if unknown or not names:
+        raise ConfigError(
+            f"--sizes ({sizes}): {', '.join(unknown) or 'none given'}; choose from {', '.join(SIZES)}"
+        )
+    rounds = run_dataplane_bench(
+        {n: SIZES[n] for n in names}, progress=lambda msg: err.print(f"[dim]{msg}[/dim]", highlight=False)
+    )
+    commit = (
+        subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+        or "unknown"
+    )
+    command = shlex.join(["digen", "bench", "--dataplane", "--sizes", ",".join(names), "--out", str(out_dir)])
+    date = datetime.date.today().isoformat()
+    path_json, path_md = write_dataplane_report(rounds, out_dir, command, commit, date)
+    if as_json:
+        print(path_json.read_text(), flush=True)
+    else:
+        out.print(path_md.read_text(), highlight=False, markup=False, soft_wrap=True)
+        err.print(f"wrote {path_json} and {path_md}", highlight=False)
 
 
 @app.command()

@@ -60,14 +60,19 @@ class ParameterStore:
         return {k: v.detach().clone().contiguous() for k, v in self.params.items()}
 
     def step(self, grad_sum: dict[str, torch.Tensor], rows: int) -> dict[str, float]:
-        """One AdamW step on the mean gradient ``grad_sum / rows`` (after norm clipping)."""
+        """One AdamW step on the mean gradient ``grad_sum / rows`` (after norm clipping).
+        ``grad_sum`` is consumed: its float32 tensors on the store's device are divided in
+        place and become the parameters' ``.grad`` (no second copy of a large gradient)."""
         if rows <= 0:
             raise ValueError(f"an optimizer step needs trained rows, got {rows}")
         missing = set(self.names) - set(grad_sum)
         if missing:
             raise ValueError(f"gradient lacks {len(missing)} tensors, e.g. {sorted(missing)[0]}")
         for k in self.names:
-            self.params[k].grad = grad_sum[k].float() / rows
+            g = grad_sum[k]
+            if g.dtype != torch.float32 or g.device != self.params[k].device:
+                g = g.to(self.params[k].device, torch.float32)
+            self.params[k].grad = g.div_(rows)
         norm = torch.nn.utils.clip_grad_norm_([self.params[k] for k in self.names], self.train.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)

@@ -3,10 +3,7 @@
 ``digen train --profile-startup`` (and ``digen bench --startup-rounds``) record:
 
 - phases with start and end times (seconds since the ``digen`` process started):
-  ``imports`` (interpreter and CLI imports), ``redis start``, ``controller model load`` (the
-  version-0 weights: from a local worker's seeded build, or the controller's own with an
-  external cluster),
-  ``cluster start``, per worker ``worker process start`` (process creation to its loop
+  ``imports`` (interpreter and CLI imports), ``redis start``, ``cluster start``, per worker ``worker process start`` (process creation to its loop
   running: interpreter, Dask, digen imports) and ``worker model load``, ``workers ready``,
   and the derived ``first task`` (the first task's start) and ``first iteration`` (its end);
 - the peak, over the run, of the summed memory of the ``digen`` process and all its
@@ -31,7 +28,6 @@ from dataclasses import dataclass, field
 PHASE_ORDER = (
     "imports",
     "redis start",
-    "controller model load",
     "cluster start",
     "worker process start",
     "worker model load",

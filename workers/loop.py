@@ -34,7 +34,7 @@ from digen.runtime.trainer_group import StepCommand
 from digen.startup import process_start_time
 from digen.testing import faults
 from workers.preload import LOAD_TIMES, worker_device
-from workers.runtime import WorkerRuntime, dask_worker_host, poll
+from workers.runtime import WorkerRuntime, dask_worker_host, poll, quiet_worker_heartbeat
 from workers.tasks import RUNNERS
 from workers.trainer import Member
 
@@ -86,8 +86,6 @@ def worker_loop(
     scorer = False
     try:  # inside a Dask worker: mark the task long-running so it does not block the pool
         from distributed import get_worker, secede
-
-        from digen.runtime.cluster import quiet_worker_heartbeat
 
         w = get_worker()
         quiet_worker_heartbeat()

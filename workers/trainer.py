@@ -268,7 +268,10 @@ class Member:
             if self.sums.total is None:
                 raise RuntimeError(f"step {cmd.id}: no gradient to step on")
             return self.sums.total
-        flat = flatten(self.sums.total, names, like).to(self._comm_device())
+        if self.sums.flat is None:  # no task this step: it adds zeros
+            self.sums.flat = flatten(None, names, like)
+            self.sums.total = unflatten(self.sums.flat, names, like)
+        flat = self.sums.flat.to(self._comm_device())
         self.join_group(cmd)
         faults.point("reduce", rt.job, rt.name, task=cmd.id, iteration=cmd.iteration)
         all_reduce_sum(flat)

@@ -39,23 +39,35 @@ def ordered_sum(parts: Iterable[dict[str, torch.Tensor]]) -> dict[str, torch.Ten
 
 class TaskSum:
     """A trainer's running sum of the task gradients it holds for the next step, and which
-    tasks they are (the controller checks the set before the step counts it)."""
+    tasks they are (the controller checks the set before the step counts it).
+
+    The sum lives in one flat float32 buffer (:attr:`flat`; :attr:`total` views it per
+    tensor, names sorted as the optimizer's), so the step all-reduces it in place, in one call,
+    with no copy: at a FLUX LoRA r64's 684 MiB, one buffer instead of three."""
 
     def __init__(self) -> None:
+        self.flat: torch.Tensor | None = None
         self.total: dict[str, torch.Tensor] | None = None
         self.tasks: list[str] = []
 
     def add(self, task_id: str, grads: dict[str, torch.Tensor]) -> None:
-        """Add one task's gradient (the first is kept as it is: ``0 + g`` is not computed)."""
+        """Add one task's gradient (the first is copied in: ``0 + g`` is not computed)."""
         if self.total is None:
-            self.total = grads
+            names = sorted(grads)
+            first = grads[names[0]]
+            self.flat = torch.empty(
+                sum(grads[n].numel() for n in names), dtype=torch.float32, device=first.device
+            )
+            self.total = unflatten(self.flat, names, grads)
+            for k in names:
+                self.total[k].copy_(grads[k])
         else:
             for k, v in grads.items():
                 self.total[k] += v
         self.tasks.append(task_id)
 
     def clear(self) -> None:
-        self.total, self.tasks = None, []
+        self.flat, self.total, self.tasks = None, None, []
 
 
 def flatten(

@@ -78,31 +78,6 @@ def prefork_server() -> int | None:
     return start_forked_server(FORKSERVER_PRELOAD)
 
 
-class HeartbeatNotice(logging.Filter):
-    """In a worker process: Dask's "Failed to communicate with scheduler during heartbeat"
-    ERROR (with its traceback) becomes a WARNING, so the worker's console handler, at ERROR
-    without ``--verbose``, leaves it out. The scheduler runs in the controller, so a worker
-    fails a heartbeat when the controller closes it (seen at the end of a successful run on a
-    loaded machine: the traceback was the run's only console output) or when the controller
-    itself died, which the controller's own error already reports. Dask's worker goes on
-    either way (it only logs it)."""
-
-    MESSAGE = "Failed to communicate with scheduler during heartbeat."
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno == logging.ERROR and record.msg == self.MESSAGE:
-            record.levelno, record.levelname = logging.WARNING, "WARNING"
-            record.exc_info, record.exc_text = None, None
-        return True
-
-
-def quiet_worker_heartbeat() -> None:
-    """Install :class:`HeartbeatNotice` on this worker process's ``distributed.worker`` log (once)."""
-    lg = logging.getLogger("distributed.worker")
-    if not any(isinstance(f, HeartbeatNotice) for f in lg.filters):
-        lg.addFilter(HeartbeatNotice())
-
-
 def nanny_options(name: str, role: str, gpu_type: str, threads: int) -> dict:
     """A local worker's Nanny options. ``env`` hands the worker this process's environment as
     it is now: a worker forked from the fork server would otherwise see the environment the

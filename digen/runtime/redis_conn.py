@@ -149,6 +149,70 @@ def count_round_trips(client: redis.Redis) -> RoundTrips:
     return counter
 
 
+class ByteCount:
+    """Bytes a client sent to and received from Redis (thread-safe), at the socket."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.received = 0
+        self._lock = threading.Lock()
+
+    def add(self, sent: int = 0, received: int = 0) -> None:
+        with self._lock:
+            self.sent += sent
+            self.received += received
+
+    @property
+    def total(self) -> int:
+        return self.sent + self.received
+
+
+class _CountingSocket:
+    """A socket that counts what passes through it (everything else is the socket's)."""
+
+    def __init__(self, sock, counter: ByteCount):
+        self._sock, self._counter = sock, counter
+
+    def sendall(self, data, *args):
+        self._counter.add(sent=len(data))
+        return self._sock.sendall(data, *args)
+
+    def send(self, data, *args):
+        n = self._sock.send(data, *args)
+        self._counter.add(sent=n)
+        return n
+
+    def recv(self, *args):
+        data = self._sock.recv(*args)
+        self._counter.add(received=len(data))
+        return data
+
+    def recv_into(self, *args):
+        n = self._sock.recv_into(*args)
+        self._counter.add(received=n)
+        return n
+
+    def __getattr__(self, name):
+        return getattr(self._sock, name)
+
+
+def count_bytes(client: redis.Redis) -> ByteCount:
+    """Count every byte ``client`` exchanges with Redis from now on, at its sockets (its
+    pooled connections are replaced by counting ones of the same kind)."""
+    counter = ByteCount()
+    pool = client.connection_pool
+    base = pool.connection_class
+
+    class Counting(base):  # type: ignore[misc, valid-type]
+        def _connect(self):
+            return _CountingSocket(super()._connect(), counter)
+
+    pool.disconnect()
+    pool.connection_class = Counting
+    pool.reset()
+    return counter
+
+
 class PatientRetry(Retry):
     """Retry a Redis command through an outage (a restart, a failover, a network cut) of up
     to ``outage_s`` seconds, with exponential backoff (0.1 s doubling to 2 s), then raise.

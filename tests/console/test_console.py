@@ -32,7 +32,7 @@ def test_a_workers_heartbeat_failure_leaves_the_console_and_other_errors_stay():
     """A worker's failed heartbeat (the controller closing its scheduler) is a WARNING there,
     without traceback, so a worker's console handler at ERROR drops it; Dask's other ERRORs
     from the same logger pass unchanged."""
-    from digen.runtime.cluster import HeartbeatNotice, quiet_worker_heartbeat
+    from workers.runtime import HeartbeatNotice, quiet_worker_heartbeat
 
     lg = logging.getLogger("distributed.worker")
     shown: list[logging.LogRecord] = []
@@ -117,7 +117,7 @@ def test_train_in_digen_mode_prints_no_dask_lines(tmp_path: Path, tiny_sd3: Path
     profile = next(x["startup"] for x in lines if "startup" in x)
     assert profile == json.loads((out / "startup.json").read_text())
     phases = {(p["phase"], p.get("worker")) for p in profile["phases"]}
-    for want in ("imports", "redis start", "controller model load", "cluster start", "workers ready"):
+    for want in ("imports", "redis start", "cluster start", "workers ready"):
         assert (want, None) in phases
     for w in ("rollout-0", "trainer-0"):
         assert ("worker process start", w) in phases and ("worker model load", w) in phases

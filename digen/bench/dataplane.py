@@ -1,0 +1,427 @@
+"""``digen bench --dataplane``: the data plane at the sizes the peers train, beside the path it replaced.
+
+Synthetic tensors of real sizes (:data:`SIZES`: the trained tensors of SD3.5-M LoRA r32, FLUX
+LoRA r64, Qwen-Image LoRA r64, and a full-model stand-in), moved by the real transport
+between real worker processes of a local Dask cluster of 2 trainers and 2 rollout workers,
+with a real Redis. One round per size; per round:
+
+- **reduce**: each trainer holds a running gradient sum of the size
+  (:class:`~digen.dataplane.reduce.TaskSum`); they all-reduce it (gloo);
+- **step**: each trainer steps AdamW on the mean (:class:`~digen.optim.ParameterStore`, with
+  the moments of an earlier step); skipped for the full-model stand-in, whose replicated
+  AdamW (16 bytes a parameter per trainer) does not fit this machine, and which digen trains
+  sharded (``train.fsdp``);
+- **distribute**: each trainer serves the new version as a blob in the rollout's dtype
+  (bfloat16); both rollout workers fetch it at once, bucketed over both trainers
+  (:func:`~digen.dataplane.weights.fetch_version`); the phase ends when the last has it;
+- **trajectory**: a rollout worker keeps one FLUX group as a blob (16 samples x 7 latents
+  x 4096 tokens x 64 float32, 117 MiB), a trainer fetches it.
+
+Beside it, **the path this replaced** (what digen did before): each of 4 train tasks SETs its
+gradient in Redis as safetensors, the controller GETs them all, sums them, steps AdamW and SETs
+the new version, which every rollout worker GETs. Redis refuses a value over 512 MiB, so it
+runs at 250 MiB; :func:`compare` scales its per-byte time to the other sizes.
+
+Counted per phase: wall seconds; the bytes Redis took in and gave out (``INFO stats``); the
+bytes through the controller's process (this one): what its Redis client sent and received,
+counted at the socket (:func:`~digen.runtime.redis_conn.count_bytes`), plus the results it
+gathered from the workers (their msgpack size); per trainer, the bytes it wrote during the
+all-reduce (``/proc/self/io`` wchar: gloo writes with ``write``/``writev``) over the gradient's
+size (a ring all-reduce sends ``2 (N-1)/N`` of it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+MiB = 2**20
+
+SIZES: dict[str, int] = {
+    "sd3.5-m-lora-r32": 72 * MiB,
+    "flux-lora-r64": 684 * MiB,
+    "qwen-image-lora-r64": 1620 * MiB,
+    "full-4gib": 4096 * MiB,
+}
+"""Trained tensors in float32 (LoRA sizes with the peers' target modules and ranks, counted on
+the real architectures); the last stands in for a full fine-tune (a size whose name starts with
+``full`` has no optimizer step: see the module docstring)."""
+OLD_PATH_BYTES = 250 * MiB
+OLD_PATH_TASKS = 4
+TENSORS = 64
+"""A size is cut into this many tensors (an adapter is hundreds; the per-tensor overhead is
+small either way)."""
+TRAJECTORY_SHAPE = (16, 7, 4096, 64)
+"""One FLUX group: 16 samples x (6 steps + 1) latents x 4096 packed tokens x 64 channels."""
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Round:
+    """One size's measurements (seconds; bytes)."""
+
+    name: str
+    bytes: int
+    path: str
+    """``dataplane`` (digen's) or ``through-redis`` (the path it replaced)."""
+    reduce_s: float = 0.0
+    step_s: float | None = 0.0
+    distribute_s: float = 0.0
+    trajectory_s: float | None = None
+    redis_bytes: int = 0
+    controller_bytes: int = 0
+    reduce_traffic_per_trainer: list[float] = field(default_factory=list)
+    """Bytes each trainer wrote during the reduction, over the gradient's size."""
+
+    @property
+    def total_s(self) -> float:
+        return self.reduce_s + (self.step_s or 0.0) + self.distribute_s
+
+
+def _gathered(*results) -> int:
+    """Bytes of what the controller gathered from the workers (their msgpack size)."""
+    import msgpack
+
+    return sum(len(msgpack.packb(x, use_bin_type=True)) for x in results)
+
+
+def _wchar() -> int:
+    with open("/proc/self/io") as f:
+        fields = dict(line.split(": ") for line in f.read().splitlines())
+    return int(fields["wchar"])
+
+
+def _redis_bytes(r) -> int:
+    s = r.info("stats")
+    return int(s["total_net_input_bytes"]) + int(s["total_net_output_bytes"])
+
+
+def _tensors(nbytes: int, seed: int, scale: float = 1.0) -> dict:
+    """``nbytes`` of float32 in :data:`TENSORS` tensors (random, seeded)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    n = nbytes // 4 // TENSORS
+    return {f"t{i:03d}": torch.randn(n, generator=g) * scale for i in range(TENSORS)}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --- in the trainer workers -------------------------------------------------------------------
+def trainer_round(rank: int, world: int, port: int, nbytes: int, job: str, step: bool) -> dict:
+    """One trainer's part: build a running sum and (with ``step``) an AdamW store of the size;
+    all-reduce; step; serve the new version in bfloat16. Returns timings and traffic."""
+    import torch
+    import torch.distributed as dist
+
+    from digen.config import TrainConfig
+    from digen.dataplane.blobs import local_server, local_store
+    from digen.dataplane.reduce import TaskSum, all_reduce_sum
+    from digen.dataplane.weights import version_blob
+    from digen.optim import ParameterStore
+
+    torch.set_num_threads(1)
+    sums = TaskSum()
+    sums.add("task", _tensors(nbytes, seed=10 + rank, scale=1e-3))
+    store = None
+    if step:  # AdamW with its moments (a first step on the sum: it stays in place, scaled)
+        store = ParameterStore(_tensors(nbytes, seed=1), TrainConfig())
+        store.step(sums.total, 1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        dist.barrier()
+        w0, t0 = _wchar(), time.time()
+        all_reduce_sum(sums.flat)
+        t1, w1 = time.time(), _wchar()
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    t2 = time.time()
+    if store is not None:
+        store.step(sums.total, 2)
+        weights = {k: p.detach() for k, p in store.params.items()}
+    else:
+        weights = sums.total
+    t3 = time.time()
+    server = local_server()
+    local_store().put(version_blob(job, 1), {k: v.to(torch.bfloat16) for k, v in weights.items()})
+    del store, weights, sums
+    return {
+        "reduce_s": t1 - t0,
+        "step_s": t3 - t2 if step else None,
+        "traffic": w1 - w0,
+        "addr": server.address,
+    }
+
+
+def rollout_fetch(holders: list[str], job: str, start: int) -> dict:
+    """One rollout worker takes in version 1 from the trainers (bucketed, bfloat16)."""
+    import torch
+
+    from digen.dataplane.weights import fetch_version, version_blob
+
+    t0 = time.time()
+    got = fetch_version(holders, version_blob(job, 1), dtype=torch.bfloat16, start=start)
+    n = sum(v.numel() * v.element_size() for v in got.values())
+    return {"s": time.time() - t0, "bytes": n}
+
+
+def keep_trajectory(job: str) -> dict:
+    """A rollout worker keeps one FLUX group as a blob (as a generation task does)."""
+    import torch
+
+    from digen.dataplane.blobs import local_server, local_store
+
+    name = f"{job}:traj:gen:0:0"
+    latents = torch.randn(*TRAJECTORY_SHAPE, generator=torch.Generator().manual_seed(3))
+    local_store().put(name, {"latents": latents, "log_probs": torch.zeros(16, 6)})
+    return {"addr": local_server().address, "name": name}
+
+
+def fetch_trajectory(addr: str, name: str) -> dict:
+    from digen.dataplane.blobs import fetch
+
+    t0 = time.time()
+    got, _ = fetch(addr, name, names=["latents", "log_probs"])
+    return {"s": time.time() - t0, "bytes": sum(v.numel() * v.element_size() for v in got.values())}
+
+
+def drop_blobs(job: str) -> None:
+    from digen.dataplane.blobs import local_store
+
+    local_store().drop_where(lambda n: not n.startswith(job + ":"))
+
+
+# --- the path this replaced -------------------------------------------------------------------
+def old_put_gradient(redis_url: str, key: str, nbytes: int, seed: int) -> float:
+    """A train task of the old path: its gradient into Redis as safetensors."""
+    from digen.runtime.codec import pack_tensors
+    from digen.runtime.redis_conn import connect
+
+    r = connect(redis_url)
+    t0 = time.time()
+    r.set(key, pack_tensors(_tensors(nbytes, seed=seed, scale=1e-3)))
+    r.close()
+    return time.time() - t0
+
+
+def old_get_weights(redis_url: str, key: str) -> float:
+    """A rollout worker of the old path takes in the version from Redis."""
+    from digen.runtime.codec import unpack_tensors
+    from digen.runtime.redis_conn import connect
+
+    r = connect(redis_url)
+    t0 = time.time()
+    unpack_tensors(r.get(key))
+    r.close()
+    return time.time() - t0
+
+
+# --- the driver (the controller's process) ----------------------------------------------------
+def run_dataplane_bench(
+    sizes: dict[str, int], progress: Callable[[str], None] | None = None, old_bytes: int = OLD_PATH_BYTES
+) -> list[Round]:
+    """Every size's round of the data plane (``{name: bytes}``), then the path it replaced
+    (at ``old_bytes`` a task)."""
+    from digen.runtime.cluster import close_local_cluster, list_workers, start_local_cluster
+    from digen.runtime.redis_conn import connect, count_bytes, embedded_url
+
+    say = progress or (lambda _m: None)
+    r = connect(None)
+    url = embedded_url(r)
+    counted = connect(url)
+    through = count_bytes(counted)
+    cluster, client = start_local_cluster(2, 2, "cpu", 1, start_method="spawn")
+    try:
+        workers = list_workers(client)
+        trainers = [w.address for w in workers if w.role.value == "trainer"]
+        rollouts = [w.address for w in workers if w.role.value == "rollout"]
+        rounds = []
+        for name, nbytes in sizes.items():
+            say(f"data plane: {name} ({nbytes / MiB:g} MiB)")
+            rounds.append(_dataplane_round(client, r, counted, through, trainers, rollouts, name, nbytes))
+        say(f"the path through Redis: {OLD_PATH_TASKS} tasks x {old_bytes / MiB:g} MiB")
+        rounds.append(_old_round(client, r, counted, through, url, trainers, rollouts, old_bytes))
+        return rounds
+    finally:
+        client.close()
+        close_local_cluster(cluster)
+        counted.close()
+        r.close()
+
+
+def _dataplane_round(
+    client, r, counted, through, trainers: list[str], rollouts: list[str], name: str, nbytes: int
+) -> Round:
+    job = f"bench-dp-{name}"
+    step = not name.startswith("full")
+    io0, redis0 = through.total, _redis_bytes(r)
+    counted.set(f"digen:{job}:status", "running")  # what a controller does with Redis: small values
+    port = _free_port()
+    futs = [
+        client.submit(trainer_round, i, len(trainers), port, nbytes, job, step, workers=[a], pure=False)
+        for i, a in enumerate(trainers)
+    ]
+    parts = client.gather(futs)
+    holders = [p["addr"] for p in parts]
+    got = client.gather(
+        [
+            client.submit(rollout_fetch, holders, job, i, workers=[a], pure=False)
+            for i, a in enumerate(rollouts)
+        ]
+    )
+    traj = client.submit(keep_trajectory, job, workers=[rollouts[0]], pure=False).result()
+    moved = client.submit(
+        fetch_trajectory, traj["addr"], traj["name"], workers=[trainers[0]], pure=False
+    ).result()
+    for a in trainers + rollouts:
+        client.submit(drop_blobs, job, workers=[a], pure=False).result()
+    return Round(
+        name,
+        nbytes,
+        "dataplane",
+        reduce_s=max(p["reduce_s"] for p in parts),
+        step_s=max(p["step_s"] for p in parts) if step else None,
+        distribute_s=max(g["s"] for g in got),
+        trajectory_s=moved["s"],
+        redis_bytes=_redis_bytes(r) - redis0,
+        controller_bytes=through.total - io0 + _gathered(*parts, *got, traj, moved),
+        reduce_traffic_per_trainer=[p["traffic"] / nbytes for p in parts],
+    )
+
+
+def _old_round(
+    client, r, counted, through, url: str, trainers: list[str], rollouts: list[str], nbytes: int
+) -> Round:
+    """The path through Redis and the controller, as digen ran it before (see the module docstring)."""
+    from digen.config import TrainConfig
+    from digen.optim import ParameterStore
+    from digen.runtime.codec import pack_tensors, unpack_tensors
+
+    keys = [f"digen:bench-old:data:train:0:{i}" for i in range(OLD_PATH_TASKS)]
+    store = ParameterStore(_tensors(nbytes, seed=1), TrainConfig())
+    store.step(_tensors(nbytes, seed=2, scale=1e-3), 1)
+    io0, redis0 = through.total, _redis_bytes(r)
+    t0 = time.time()
+    futs = [
+        client.submit(
+            old_put_gradient, url, k, nbytes, 10 + i, workers=[trainers[i % len(trainers)]], pure=False
+        )
+        for i, k in enumerate(keys)
+    ]
+    client.gather(futs)
+    total = None
+    for k in keys:  # the controller reads every gradient back and sums in task order
+        g, _ = unpack_tensors(counted.get(k))
+        if total is None:
+            total = g
+        else:
+            for name, v in g.items():
+                total[name] += v
+    t1 = time.time()
+    assert total is not None
+    store.step(total, OLD_PATH_TASKS)
+    t2 = time.time()
+    counted.set("digen:bench-old:weights:1", pack_tensors(store.weights(), {"version": "1"}))
+    secs = client.gather(
+        [
+            client.submit(old_get_weights, url, "digen:bench-old:weights:1", workers=[a], pure=False)
+            for a in rollouts
+        ]
+    )
+    t3 = time.time() - t2  # publish, then every rollout worker's read
+    del total, store
+    out = Round(
+        f"through-redis-{OLD_PATH_TASKS}x{nbytes / MiB:g}mib",
+        nbytes,
+        "through-redis",
+        reduce_s=t1 - t0,
+        step_s=t2 - t1,
+        distribute_s=t3,
+        redis_bytes=_redis_bytes(r) - redis0,
+        controller_bytes=through.total - io0 + _gathered(*secs),
+    )
+    r.delete(*keys, "digen:bench-old:weights:1")
+    return out
+
+
+def compare(rounds: list[Round]) -> dict[str, dict]:
+    """Per data-plane round: the path through Redis scaled to its size by that path's measured
+    seconds per byte, and the speed-up of reduce + step + distribute."""
+    old = next((x for x in rounds if x.path == "through-redis"), None)
+    out = {}
+    for x in rounds:
+        if x.path != "dataplane" or old is None:
+            continue
+        scaled = old.total_s * x.bytes / old.bytes
+        out[x.name] = {
+            "through_redis_scaled_s": scaled,
+            "dataplane_s": x.total_s,
+            "speedup": scaled / x.total_s if x.total_s > 0 else float("inf"),
+            "fits_redis": x.bytes <= 512 * MiB,
+        }
+    return out
+
+
+def write_dataplane_report(
+    rounds: list[Round], out: Path, command: str, commit: str, date: str
+) -> tuple[Path, Path]:
+    """``bench-dataplane.json`` and ``bench-dataplane.md`` (a table for docs/benchmarks.md)."""
+    out.mkdir(parents=True, exist_ok=True)
+    data = {
+        "command": command,
+        "commit": commit,
+        "date": date,
+        "rounds": [asdict(x) | {"total_s": x.total_s} for x in rounds],
+        "compare": compare(rounds),
+    }
+    (out / "bench-dataplane.json").write_text(json.dumps(data, indent=1))
+    lines = [
+        f"`{command}` at {commit}, {date}; 2 trainers + 2 rollout workers (local processes, gloo, loopback).",
+        "",
+        "| tensors | path | reduce s | step s | distribute s | total s | trajectory s | through Redis | through the controller | reduce traffic / trainer |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for x in rounds:
+        step = "-" if x.step_s is None else f"{x.step_s:.2f}"
+        traj = "-" if x.trajectory_s is None else f"{x.trajectory_s:.2f}"
+        traffic = ", ".join(f"{t:.2f}x" for t in x.reduce_traffic_per_trainer) or "-"
+        lines.append(
+            f"| {x.name} ({x.bytes / MiB:g} MiB) | {x.path} | {x.reduce_s:.2f} | {step} | {x.distribute_s:.2f} | "
+            f"{x.total_s:.2f} | {traj} | {_human(x.redis_bytes)} | {_human(x.controller_bytes)} | {traffic} |"
+        )
+    cmp = compare(rounds)
+    if cmp:
+        lines += [
+            "",
+            "| tensors | through Redis, scaled (s) | data plane (s) | speed-up |",
+            "|---|---|---|---|",
+        ]
+        for name, c in cmp.items():
+            note = "" if c["fits_redis"] else " (over Redis's 512 MiB value limit: cannot run that way)"
+            lines.append(
+                f"| {name} | {c['through_redis_scaled_s']:.2f}{note} | {c['dataplane_s']:.2f} | {c['speedup']:.1f}x |"
+            )
+    md = out / "bench-dataplane.md"
+    md.write_text("\n".join(lines) + "\n")
+    return out / "bench-dataplane.json", md
+
+
+def _human(n: int) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", MiB), ("KiB", 1024)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+__all__ = ["SIZES", "Round", "compare", "run_dataplane_bench", "write_dataplane_report"]
