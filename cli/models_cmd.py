@@ -22,12 +22,22 @@ def make_tiny_model_cmd(
     ] = "sd3",
     seed: Annotated[int, typer.Option("--seed")] = 0,
     resolution: Annotated[int, typer.Option("--resolution")] = 32,
+    layers: Annotated[
+        int | None, typer.Option("--layers", help="sd3: transformer blocks (default 2).")
+    ] = None,
+    heads: Annotated[int | None, typer.Option("--heads", help="sd3: attention heads (default 2).")] = None,
+    head_dim: Annotated[
+        int | None, typer.Option("--head-dim", help="sd3: width of a head (default 16).")
+    ] = None,
 ) -> None:
-    """Write a tiny random-weight diffusers pipeline folder (offline) for tests and demos."""
+    """Write a tiny random-weight diffusers pipeline folder (offline) for tests and demos;
+    --layers/--heads/--head-dim make an sd3 transformer of a real size (4, 24, 64: 336M
+    parameters, 1.25 GiB in float32)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from digen.models import make_tiny_model
 
-    path = make_tiny_model(out_dir, arch=arch, seed=seed, resolution=resolution)
+    size = {k: v for k, v in (("layers", layers), ("heads", heads), ("head_dim", head_dim)) if v is not None}
+    path = make_tiny_model(out_dir, arch=arch, seed=seed, resolution=resolution, **size)
     out.print(f"wrote tiny {arch} pipeline to {path}")
 
 

@@ -236,9 +236,11 @@ def task_gradient(
         loss, terms, kl = chunk_loss(policy, chunk, embeds, cfg, sigma_max)
         loss.sum().backward()
         stats.add_chunk(len(chunk), loss, terms, kl)
+    # a float32 CPU .grad is handed over as it is (the parameter lets go of it below): no
+    # second copy of a gradient that may be gigabytes
     grads = {
         name: (
-            at_least_float32(p.grad.detach()).cpu().clone()
+            at_least_float32(p.grad.detach()).cpu()
             if p.grad is not None
             else torch.zeros_like(p, device="cpu")
         )

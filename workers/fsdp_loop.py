@@ -45,12 +45,13 @@ import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
 from digen.assembly import DTYPES
-from digen.core.events import Role, TaskKind, TaskRef
+from digen.core.events import Role, TaskKind
 from digen.dataplane.blobs import BlobLost
 from digen.dataplane.weights import version_blob
 from digen.parallel.comm import all_gather_json, all_reduce_stats, broadcast_json, join_process_group
 from digen.parallel.fsdp import ShardedTrainer, local_trainable_shards, shard_rows
 from digen.runtime.fsdp_group import STEP_QUEUE, FsdpGroup
+from digen.runtime.queue import LeasedTask
 from digen.testing import faults
 from digen.training import TrainSpec, spec_rows
 from workers.runtime import WorkerRuntime, dask_worker_host, wait_for
@@ -231,17 +232,17 @@ def _train(rk: Rank, cmd: dict) -> None:
             f"train task {cmd['id']} needs version {spec.iteration}, the group holds {trainer.version}"
         )
     t0 = time.time()
-    gen_id = TaskRef(TaskKind.GEN, spec.iteration, spec.group).id
+    leased = LeasedTask(TaskKind.TRAIN.value, cmd["id"], payload, 1)
     lost: BlobLost | None = None
     try:
-        data = group_tensors(rt, gen_id, ["latents", "log_probs", "sigmas"])
+        data = group_tensors(rt, leased, ["latents", "log_probs", "sigmas"])
     except BlobLost as exc:
         lost = exc
     missing = torch.tensor([0 if lost is None else 1], dtype=torch.int64, device=rk.comm)
     dist.all_reduce(missing)  # every rank trains the task, or none does
     if int(missing.item()):
         if rk.leader:
-            park(rt, LeasedTaskRef(cmd["id"]), lost or BlobLost(f"the trajectories of {gen_id} are gone"))
+            park(rt, leased, lost or BlobLost(f"the trajectories of {cmd['id']} are gone"))
         return
     rows = shard_rows(spec_rows(spec, data["latents"], data["log_probs"], data["sigmas"]), rk.rank, rk.world)
     assert rt.embed is not None
@@ -324,10 +325,3 @@ def _stage_checkpoint(rk: Rank, folder: str | None, iteration: int) -> None:
 def _ack(rk: Rank, task_id: str, result: dict) -> None:
     if not rk.rt.queue.ack(task_id, result, worker=rk.rt.name):
         log.info("task %s was already acknowledged; this result is discarded", task_id)
-
-
-@dataclass(frozen=True)
-class LeasedTaskRef:
-    """The leased task a command carries, as :func:`workers.tasks.park` needs it."""
-
-    task_id: str

@@ -30,7 +30,6 @@ from digen.errors import TaskDropped
 from digen.runtime.jobstate import JobState
 from digen.runtime.queue import LeasedTask, TaskQueue
 from digen.runtime.redis_conn import connect, count_round_trips
-from digen.runtime.trainer_group import StepCommand
 from digen.startup import process_start_time
 from digen.testing import faults
 from workers.preload import LOAD_TIMES, worker_device
@@ -41,24 +40,35 @@ from workers.trainer import Member
 log = logging.getLogger(__name__)
 
 
+IDLE_WAIT_S = 1.0
+"""How long an idle worker waits for a task (woken at once by a new task, a new role tag or a
+step command: the wait costs no round trip while nothing happens)."""
+
+
 def next_task(rt: WorkerRuntime, role: Role, budget: int) -> LeasedTask | None:
     """Lease by the tag's pull order. A worker takes an off-role task (a trainer: generation,
     TAG; a rollout worker: training, RAT) only when none of its own kind is ready and its
-    budget allows (spent atomically in Redis, given back when the queue had nothing)."""
+    budget allows (spent atomically in Redis, given back when the queue had nothing). When
+    nothing is ready it waits (:meth:`TaskQueue.wait`) and returns None: the loop reads its
+    tag again before the next lease."""
     order = pull_order(role, budget)
     idle = [k.value for k in idle_kinds(role)]  # evaluation: only when nothing else is queued
     if role is Role.COLOCATED or len(order) == 1:
-        return rt.queue.lease([k.value for k in order] + idle, rt.name, block_s=0.05)
-    own, other = order
-    leased = rt.queue.lease([own.value], rt.name, block_s=0.0)
-    if leased is not None:
-        return leased
-    if rt.job.take_budget(rt.name):
-        leased = rt.queue.lease([other.value], rt.name, block_s=0.0)
-        if leased is not None:
-            return leased
-        rt.job.return_budget(rt.name)
-    return rt.queue.lease([own.value, *idle], rt.name, block_s=0.05)
+        queues = [k.value for k in order] + idle
+        leased = rt.queue.lease(queues, rt.name)
+    else:
+        own, other = order
+        queues = [own.value, other.value, *idle]
+        leased = rt.queue.lease([own.value], rt.name)
+        if leased is None and rt.job.take_budget(rt.name):
+            leased = rt.queue.lease([other.value], rt.name)
+            if leased is None:
+                rt.job.return_budget(rt.name)
+        if leased is None:
+            leased = rt.queue.lease([own.value, *idle], rt.name)
+    if leased is None:
+        rt.queue.wait(queues, rt.name, IDLE_WAIT_S)
+    return leased
 
 
 def is_member(cfg: Config, trainer: bool, scorer: bool) -> bool:
@@ -134,7 +144,7 @@ def worker_loop(
         from workers.sp_loop import run_sp_rank
 
         rt.tasks_run += run_sp_rank(rt, token)
-    stepped = -1
+    stepped, step_mark = -1, None
     try:
         while (state := poll(rt, token)) is not None:
             rt.cycles += 1
@@ -144,8 +154,11 @@ def worker_loop(
                 from workers.fsdp_loop import run_fsdp_rank
 
                 return run_fsdp_rank(rt)
-            if rt.member is not None and state.step is not None:
-                rt.member.run_step(StepCommand.from_json(state.step))
+            if rt.member is not None and state.step is not None and state.step != step_mark:
+                step_mark = state.step
+                cmd = rt.group.step()
+                if cmd is not None:
+                    rt.member.run_step(cmd)
             if state.stepped > stepped:
                 stepped = state.stepped
                 rt.drop_blobs_before(stepped)

@@ -93,17 +93,16 @@ def run_gen(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
     return gen_result(rt, leased, traj, events, t0), None
 
 
-def group_tensors(
-    rt: WorkerRuntime, gen_id: str, names: list[str], task: str = ""
-) -> dict[str, torch.Tensor]:
-    """Tensors ``names`` of generated group ``gen_id``, from the worker that made it (this one:
-    no copy), for task ``task``. :class:`BlobLost` when it is not stored (being generated
-    again) or its worker is gone."""
-    faults.point("fetch", rt.job, rt.name, task=task, iteration=TaskRef.parse(gen_id).iteration)
-    res = rt.queue.get_result(gen_id)
-    if not isinstance(res, dict) or not isinstance(res.get("blob"), dict):
-        raise BlobLost(f"the trajectories of {gen_id} are not stored")
-    addr, name = str(res["blob"]["addr"]), str(res["blob"]["name"])
+def group_tensors(rt: WorkerRuntime, leased: LeasedTask, names: list[str]) -> dict[str, torch.Tensor]:
+    """Tensors ``names`` of the generated group a task works on, from the worker that made it
+    (this one: no copy; the payload's ``source`` says where). :class:`BlobLost` when it is not
+    stored (being generated again) or its worker is gone."""
+    ref = TaskRef.parse(leased.task_id)
+    faults.point("fetch", rt.job, rt.name, task=leased.task_id, iteration=ref.iteration)
+    src = leased.payload.get("source")
+    if not isinstance(src, dict):
+        raise BlobLost(f"the trajectories of group {ref.group} of iteration {ref.iteration} are not stored")
+    addr, name = str(src["addr"]), str(src["name"])
     if addr == rt.blob_addr:
         own = rt.blobs.get(name)
         if own is None:
@@ -125,9 +124,8 @@ def run_train(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
     events = []
     if time.time() - t0 > 1e-3:
         events.append(event(rt, role, "sync", ref, spec.iteration, t0, time.time()))
-    gen_id = TaskRef(TaskKind.GEN, spec.iteration, spec.group).id
     try:
-        data = group_tensors(rt, gen_id, ["latents", "log_probs", "sigmas"], leased.task_id)
+        data = group_tensors(rt, leased, ["latents", "log_probs", "sigmas"])
     except BlobLost as exc:
         park(rt, leased, exc)
         return None
@@ -162,10 +160,9 @@ def run_reward(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
     generation task would have scored inline, so the rewards are the same)."""
     task = GroupTask.from_json(leased.payload["task"])
     ref = TaskRef(TaskKind.REWARD, task.iteration, task.group)
-    gen_id = TaskRef(TaskKind.GEN, task.iteration, task.group).id
     t0 = time.time()
     try:
-        decoded = group_tensors(rt, gen_id, ["decoded"], leased.task_id)["decoded"]
+        decoded = group_tensors(rt, leased, ["decoded"])["decoded"]
     except BlobLost as exc:
         park(rt, leased, exc)
         return None

@@ -35,9 +35,9 @@ class Family:
     def adapter_class(self) -> type[PipelinePolicy]:
         return _resolve(self.adapter)
 
-    def build_tiny(self, out_dir: Path, *, seed: int, resolution: int) -> None:
+    def build_tiny(self, out_dir: Path, *, seed: int, resolution: int, **size: int) -> None:
         assert self.tiny_builder is not None
-        _resolve(self.tiny_builder)(out_dir, seed=seed, resolution=resolution)
+        _resolve(self.tiny_builder)(out_dir, seed=seed, resolution=resolution, **size)
 
 
 FAMILIES: dict[str, Family] = {  # name: Family(pipelines, "module:Adapter", "module:tiny_builder")
@@ -102,13 +102,21 @@ def load_policy(
     )
 
 
-def make_tiny_model(out_dir: str | Path, arch: str, *, seed: int = 0, resolution: int = 32) -> Path:
+def make_tiny_model(
+    out_dir: str | Path, arch: str, *, seed: int = 0, resolution: int = 32, **size: int
+) -> Path:
     """Write a complete random-weight diffusers pipeline folder of family ``arch`` to
-    ``out_dir`` (offline, a few MB, a pure function of ``seed``) and return its path."""
+    ``out_dir`` (offline, a few MB, a pure function of ``seed``) and return its path.
+    ``size`` (``layers``, ``heads``, ``head_dim``; the sd3 family) makes its transformer larger."""
     buildable = [name for name, fam in FAMILIES.items() if fam.tiny_builder]
     if arch not in buildable:
         raise ConfigError(f"arch ({arch!r}) must be one of {', '.join(buildable)}")
+    if size and arch != "sd3":
+        raise ConfigError(f"--layers/--heads/--head-dim size only the sd3 family's transformer, not {arch}")
+    bad = {k: v for k, v in size.items() if v < 1}
+    if bad:
+        raise ConfigError(f"transformer size {bad} must be at least 1")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    FAMILIES[arch].build_tiny(out, seed=seed, resolution=resolution)
+    FAMILIES[arch].build_tiny(out, seed=seed, resolution=resolution, **size)
     return out

@@ -105,9 +105,14 @@ def save_pipeline(pipe: Any, out_dir: Path, clip_tokenizers: tuple[str, ...]) ->
         text.write_bpe_files(out_dir / sub, *text.clip_bpe())
 
 
-def build_tiny_sd3(out_dir: Path, *, seed: int, resolution: int) -> None:
+def build_tiny_sd3(
+    out_dir: Path, *, seed: int, resolution: int, layers: int = 2, heads: int = 2, head_dim: int = 16
+) -> None:
     """Write a tiny SD3.5-style ``StableDiffusion3Pipeline`` folder (MMDiT with 2 blocks, one
-    dual-attention, RMS qk-norm; 2 CLIP-with-projection encoders + T5; shift-3 scheduler)."""
+    dual-attention, RMS qk-norm; 2 CLIP-with-projection encoders + T5; shift-3 scheduler).
+    ``layers``, ``heads``, ``head_dim`` size its transformer: the defaults make a few-MB test
+    model; 4, 24, 64 make a 336M-parameter one (1.25 GiB in float32) whose full fine-tune
+    exercises the data plane at a real size."""
     from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
 
     check_resolution(resolution)
@@ -118,11 +123,11 @@ def build_tiny_sd3(out_dir: Path, *, seed: int, resolution: int) -> None:
             patch_size=2,
             in_channels=LATENT_CHANNELS,
             out_channels=LATENT_CHANNELS,
-            num_layers=2,
-            attention_head_dim=16,
-            num_attention_heads=2,
+            num_layers=layers,
+            attention_head_dim=head_dim,
+            num_attention_heads=heads,
             joint_attention_dim=T5_DIM,
-            caption_projection_dim=32,
+            caption_projection_dim=heads * head_dim,
             pooled_projection_dim=2 * CLIP_DIM,
             pos_embed_max_size=32,
             dual_attention_layers=(0,),

@@ -65,7 +65,11 @@ log = logging.getLogger(__name__)
 __all__ = ["Controller", "PoisonTask", "run_distributed"]
 
 CHECK_S = 0.5
-"""How often the controller looks at the cluster, expired leases, dead letters and parked tasks."""
+"""How often the controller looks at the cluster, expired leases, dead letters, parked tasks,
+the step in flight and ``digen cancel``."""
+COLLECT_WAIT_S = 0.25
+"""How long the controller waits for an acknowledgement before its other business (an
+acknowledgement wakes it at once)."""
 
 
 @dataclass
@@ -239,7 +243,8 @@ class Controller:
         return instructions + self.check_step(now)
 
     def check_step(self, now: float) -> list[Instruction]:
-        """Watch the trainer group's step in flight (every cycle: a decision is one GET)."""
+        """Watch the trainer group's step in flight (a commit needs nothing from here: the
+        writer's acknowledgement ends it; this catches aborts and a writer that left)."""
         if self.fsdp is not None or self.steps.inflight is None:
             return []
         iteration = self.steps.inflight.iteration
@@ -255,6 +260,7 @@ class Controller:
         """Stop releasing and tell the worker loops to drop their work (the job's status
         leaves ``running``); the error to raise, naming the checkpoint kept."""
         self.job.set_status("cancel")
+        self.queue.wake(*self.workers)
         ckpt = self.run.latest_checkpoint()
         kept = f"the checkpoint {ckpt} is kept" if ckpt is not None else "no iteration had finished"
         unfinished = sorted(self.ledger.books)
@@ -263,24 +269,26 @@ class Controller:
 
     def loop(self, cancelled: Callable[[], bool] | None, retry) -> None:
         """Run the job to its end (see the module docstring)."""
-        finished = self.apply(self.sched.start(time.time()))
+        start = self.sched.start(time.time())
+        self.dispatch.reward_tasks = self.sched.reward_tasks
+        finished = self.apply(start)
         last_check, outages = time.time(), getattr(retry, "outages", 0)
         while not finished:
-            ids = self.backlog + self.queue.pop_done(timeout_s=0.05)
+            ids = self.backlog + self.queue.pop_done(timeout_s=COLLECT_WAIT_S)
             self.backlog = []
             instructions: list[Instruction] = []
             for tid in ids:
                 instructions += self.collect(tid)
-            if self.job.status() == "cancel" or (cancelled is not None and cancelled()):
+            if cancelled is not None and cancelled():
                 raise self.cancel()
             now = time.time()
             if now - last_check > CHECK_S:
+                if self.job.status() == "cancel":  # digen cancel, from any process
+                    raise self.cancel()
                 last_check = now
                 outage = getattr(retry, "outages", 0) != outages
                 outages = getattr(retry, "outages", 0)
                 instructions += self.check(now, outage)
-            else:
-                instructions += self.check_step(now)
             finished = self.apply(instructions)
 
 
@@ -461,7 +469,6 @@ def run_distributed(
         if cfg.rollout.sequence_parallel > 1:
             ctl.sp = SpControl(SpGroup(r, job_id), cfg.rollout.sequence_parallel)
             ctl.sp.start(members, sched, time.time())
-        dispatch.reward_tasks = any(w.role.value == "reward" for w in members.workers.values())
         if progress is not None:
             progress(
                 {
@@ -478,6 +485,7 @@ def run_distributed(
         ctl.window_start = time.time()
         ctl.loop(cancelled, retry)
         job.set_status("done")
+        queue.wake(*members.workers)  # idle loops see the end now
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         redis_down = True
         raise ConnectionFailure(

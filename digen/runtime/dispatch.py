@@ -38,6 +38,7 @@ class Dispatcher:
     def set_role(self, worker: str, role: Role, budget: int) -> None:
         self.tags[worker] = (role, budget)
         self.job.set_tag(worker, role, budget)
+        self.queue.wake(worker)  # an idle worker reads its new tag now
 
     def requeue_worker(self, worker: str) -> None:
         lost = self.queue.requeue_worker(worker)
@@ -66,7 +67,7 @@ class Dispatcher:
         if t.kind is TaskKind.REWARD:
             if led.gen_id(t.iteration, t.group) in led.dead.get(t.iteration, []):
                 return TaskDone(t, "", time.time(), time.time())  # NaN rewards already
-            self.put(t, "reward", {"task": book.groups[t.group].to_json()})
+            self.put(t, "reward", {"task": book.groups[t.group].to_json(), "source": self.source(t)})
             return None
         spec = book.task_spec(t.group, t.part)
         if not spec.samples:  # nothing to train: settled with a zero gradient (nothing sent)
@@ -74,8 +75,20 @@ class Dispatcher:
             led.collected.add(t.id)
             return TaskDone(t, "", time.time(), time.time())
         tsp = bool(led.cfg.schedule.resolved().tsp)
-        self.put(t, "train", {"spec": spec.to_json(), "prompt": book.groups[t.group].prompt, "tsp": tsp})
+        payload = {
+            "spec": spec.to_json(),
+            "prompt": book.groups[t.group].prompt,
+            "tsp": tsp,
+            "source": self.source(t),
+        }
+        self.put(t, "train", payload)
         return None
+
+    def source(self, t: TaskRef) -> dict | None:
+        """Where the trajectories of ``t``'s group are (the worker fetches them from there;
+        None: being generated again, the task will be re-posted with it)."""
+        b = self.ledger.sources.get(t.iteration, {}).get(t.group)
+        return None if b is None else {"addr": b.addr, "name": b.name}
 
     def put(self, t: TaskRef, queue: str, payload: dict) -> None:
         """Queue ``t``; one that exists (released again: its input or result was lost) runs anew."""
@@ -88,10 +101,13 @@ class Dispatcher:
         led.released_at.setdefault(t.id, time.time())  # after the put: a later lease saw it queued
 
     def repost_parked(self, iteration: int, group: int) -> None:
-        """The group's trajectories exist again: run the tasks that waited for them."""
+        """The group's trajectories exist (again): run the tasks that waited for them, with
+        where they are now."""
         for tid in sorted(self.ledger.parked.pop((iteration, group), set())):
             queue, payload = self.ledger.outstanding.get(tid, (None, None))
-            if queue is not None:
+            if queue is not None and payload is not None:
+                payload = {**payload, "source": self.source(TaskRef.parse(tid))}
+                self.ledger.outstanding[tid] = (queue, payload)
                 self.queue.repost(queue, tid, payload)
 
     def reconcile(self) -> list[str]:

@@ -28,7 +28,7 @@ class LoopState:
     owns_loop: bool
     tag: tuple[Role, int] | None
     step: bytes | None = None
-    """The trainer group's newest step command (JSON), for members to act on."""
+    """The mark of the trainer group's newest step command (:attr:`StepCommand.mark`)."""
     stepped: int = -1
     """The newest iteration whose step is done."""
 
@@ -78,7 +78,7 @@ class JobState:
         pipe.get(self.p + "status")
         pipe.get(self.p + f"loop:{worker}")
         pipe.hgetall(self.p + f"tag:{worker}")
-        pipe.get(self.p + "tg:step")
+        pipe.get(self.p + "tg:step:mark")
         pipe.get(self.p + "stepped")
         status, owner, tag, step, stepped = pipe.execute()
         return LoopState(

@@ -285,6 +285,28 @@ class TaskQueue:
                 return None
             self.redis.blpop(wake_keys, timeout=self._slice(remaining))
 
+    def wait(self, queue_names: list[str], worker: str, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for a task put in one of ``queue_names`` (since the last
+        :meth:`lease` of them found nothing) or a :meth:`wake` of ``worker``, whichever first;
+        True when woken. Idle workers wait here instead of polling: no round trip while
+        nothing happens."""
+        keys = [self._key("wake", q) for q in queue_names] + [self._key("wake", f"w:{worker}")]
+        deadline = time.monotonic() + timeout_s
+        while (remaining := deadline - time.monotonic()) > 0:
+            if self.redis.blpop(keys, timeout=self._slice(remaining)):
+                return True
+        return False
+
+    def wake(self, *workers: str) -> None:
+        """Wake ``workers`` from :meth:`wait` (their role tag or the trainer group's step
+        command changed)."""
+        if workers:
+            pipe = self.redis.pipeline(transaction=False)
+            for w in workers:
+                pipe.rpush(self._key("wake", f"w:{w}"), 1)
+                pipe.expire(self._key("wake", f"w:{w}"), 60)
+            pipe.execute()
+
     def ack(self, task_id: str, result: bytes | dict[str, Any], *, worker: str) -> bool:
         """Store ``result`` (raw bytes, or a dict packed with msgpack), end the lease and push
         ``task_id`` onto the done list, atomically. True if this call stored the result;

@@ -127,6 +127,7 @@ class StepControl:
             self.queue.repost(STEP_QUEUE, cmd.id, {"iteration": iteration})
         self.ledger.outstanding[cmd.id] = (STEP_QUEUE, {"iteration": iteration})
         self.group.set_step(cmd)
+        self.queue.wake(*cmd.members)
         self.inflight, self.asked = cmd, time.time()
         return True
 
@@ -154,6 +155,7 @@ class StepControl:
                     )
                     cmd.writer = survivors[0]
                     self.group.set_step(cmd)
+                    self.queue.wake(*survivors)
             return None
         log.warning("step %s (epoch %d) aborted; its train tasks run again", cmd.id, cmd.epoch)
         self.inflight = None

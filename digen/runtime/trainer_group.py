@@ -8,6 +8,8 @@ coordinate them; gradients and weights go worker to worker (:mod:`digen.dataplan
 Keys (``P = digen:<job_id>:``, cleared with the job's other keys)::
 
     P tg:step            string  JSON of the newest step command (:class:`StepCommand`)
+    P tg:step:mark       string  ``<id>@<epoch>/<writer>`` of that command: what every worker
+                                 loop reads each cycle (a member fetches the command when it changes)
     P tg:ok:<step>:<e>   set     members whose reduction of <step> in epoch <e> succeeded
     P tg:decision:<step> string  "commit:<e>" or "abort:<e>": written once (SET NX), so a
                                  step is either applied by every member or by none
@@ -82,6 +84,11 @@ class StepCommand:
     def rank(self, worker: str) -> int:
         return self.members.index(worker)
 
+    @property
+    def mark(self) -> str:
+        """What identifies this command to a member: a new id, epoch or writer is new work."""
+        return f"{self.id}@{self.epoch}/{self.writer}"
+
 
 class TrainerGroup:
     """The trainer group's keys of one job (JSON values only; see the module docstring)."""
@@ -92,7 +99,10 @@ class TrainerGroup:
 
     # --- steps ----------------------------------------------------------------------------
     def set_step(self, cmd: StepCommand) -> None:
-        self.r.set(self.p + "step", cmd.to_json())
+        pipe = self.r.pipeline(transaction=True)
+        pipe.set(self.p + "step", cmd.to_json())
+        pipe.set(self.p + "step:mark", cmd.mark)
+        pipe.execute()
 
     def step(self) -> StepCommand | None:
         raw = self.r.get(self.p + "step")
