@@ -1,45 +1,42 @@
-"""The job service: training jobs queued in rq and run by ``digen serve``.
+"""The job service's client side: what ``digen submit``, ``status``, ``logs`` and ``cancel`` do.
 
-``submit`` validates a config, then enqueues :func:`execute_job` by its import path with
-JSON-only arguments (rq's ``JSONSerializer``: nothing in Redis is pickled). ``digen serve``
-is an rq worker: it forks one work horse per job, which runs the job (the reference loop or
-the distributed controller) and reports its progress. ``status``, ``logs`` and ``cancel``
-read and steer jobs from any process, on any machine that reaches the Redis.
+``submit`` validates a config, then enqueues :func:`digen.runtime.runner.execute_job` by its
+import path with JSON-only arguments (rq's ``JSONSerializer``: nothing in Redis is pickled).
+The job runner, ``digen serve`` (:mod:`digen.runtime.runner`), is an rq worker that takes the
+jobs and runs them, as rq keeps its queue and its worker apart. ``status``, ``logs`` and
+``cancel`` read and steer jobs from any process, on any machine that reaches the Redis.
 
 Keys besides rq's own (``rq:job:<id>``, ``rq:queue:digen:jobs`` and its registries)::
 
     digen:job-index        zset    job id -> submit time (what ``digen status`` lists)
-    digen:job:<id>         hash    attempts, cancel, resumed_from, resumed_by, log_total
+    digen:job:<id>         hash    attempts, cancel, resumed_from, resumed_by, log_total,
+                                   lost_since (when a runner first saw the job lost)
     digen:job:<id>:log     list    log lines (the newest LOG_MAX)
     digen:job:<id>:alive   string  heartbeat of the process running the job (expires in ALIVE_TTL_S)
 
 Progress (``state``, ``iteration`` done, ``total``, ``reward``, ``samples_per_s``,
-``run_dir``...) lives in the rq job's ``meta``. The controller's own keys (``digen:<id>:*``)
-are deleted when a run ends, hence the separate ``digen:job:`` namespace.
+``run_dir``, ``quarantined``...) lives in the rq job's ``meta``. Each attempt's controller
+keeps its own keys under ``digen:<id>.<attempt>:*`` (:func:`attempt_id`), deleted when the
+attempt ends and, for an attempt whose runner died, when the next attempt starts.
 
 A job's *state* (:data:`STATES`) combines rq's status with the heartbeat: a job rq still
-calls started whose heartbeat expired is ``lost`` (its runner died). It is resumable:
-``digen submit --resume ID`` enqueues a new job on the same run directory, or rq retries it
-(``--retries``: at once when the work horse crashed, within about two minutes when the whole
-``digen serve`` died and another one does its maintenance). Every (re)start continues from
-the run directory's newest checkpoint, so no iteration is repeated or lost.
+calls started whose heartbeat expired is ``lost`` (its runner died). Any running ``digen
+serve``, idle or busy, with or without ``--burst``, re-queues a lost job that has retries
+left (``--retries``) within :data:`~digen.runtime.runner.RECOVERY_BOUND_S` seconds of being
+up (:func:`digen.runtime.runner.recover_lost_jobs`); a work horse that crashes under a live
+runner is retried by rq at once. ``digen submit --resume ID`` enqueues a new job on the same
+run directory. Every (re)start continues from the run directory's newest checkpoint, so no
+iteration is repeated or lost.
 
-Cancelling stops a running job at the next iteration boundary, after that iteration's
-checkpoint (the progress callback raises), keeping the run directory.
+Cancelling stops a running job within one task, keeping the last checkpoint.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import socket
-import sys
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -49,13 +46,13 @@ from rq import Queue
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
-from digen.config import Config, build_config
-from digen.errors import ConfigError, DigenError, JobCancelled
+from digen.config import Config
+from digen.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 QUEUE_NAME = "digen:jobs"
-JOB_FUNC = "digen.runtime.service.execute_job"
+JOB_FUNC = "digen.runtime.runner.execute_job"
 INDEX_KEY = "digen:job-index"
 DEFAULT_TIMEOUT_S = 7 * 24 * 3600  # training runs for hours or days; rq's default is 3 minutes
 DEFAULT_RETRIES = 2
@@ -90,12 +87,31 @@ def alive_key(job_id: str) -> str:
     return f"digen:job:{job_id}:alive"
 
 
+def attempt_id(job_id: str, attempt: int) -> str:
+    """The controller's job id of attempt ``attempt`` of ``job_id``: its keys are
+    ``digen:<job id>.<attempt>:*``, so a later attempt finds and deletes a dead one's."""
+    return f"{job_id}.{attempt}"
+
+
+def attempt_keys_pattern(job_id: str) -> str:
+    """A Redis MATCH pattern of every attempt's controller keys of ``job_id``."""
+    return f"digen:{job_id}.*"
+
+
 def job_queue(r: redis.Redis) -> Queue:
     return Queue(QUEUE_NAME, connection=r, serializer=JSONSerializer)
 
 
 def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _int(value: Any) -> int:
+    """A count read from Redis; 0 for anything that is not one (junk is not an error here)."""
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError):
+        return 0
 
 
 def new_job_id() -> str:
@@ -310,6 +326,8 @@ class JobInfo:
     error: str | None
     resumed_from: str | None
     resumed_by: str | None
+    quarantined: int = 0
+    """Junk read from Redis (not a task id, not a payload) moved to the dead letters."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -383,11 +401,12 @@ def _info_from(job: Job, info: dict[bytes, bytes], alive: bool) -> JobInfo:
         config=str(meta.get("config") or ""),
         mode=str(meta.get("mode") or ""),
         worker=meta.get("worker"),
-        attempts=int(info.get(b"attempts") or 0),
+        attempts=_int(info.get(b"attempts")),
         retries_left=int(job.retries_left or 0),
         error=error,
-        resumed_from=(info.get(b"resumed_from") or b"").decode() or None,
-        resumed_by=(info.get(b"resumed_by") or b"").decode() or None,
+        resumed_from=_text(info.get(b"resumed_from") or b"") or None,
+        resumed_by=_text(info.get(b"resumed_by") or b"") or None,
+        quarantined=_int(meta.get("quarantined")),
     )
 
 
@@ -445,337 +464,3 @@ def follow(
         if deadline is not None and time.monotonic() > deadline:
             return info
         time.sleep(poll_s)
-
-
-# ---------------------------------------------------------------------------------------------
-# running jobs: digen serve and the job function
-
-
-@dataclass
-class ServeContext:
-    """What ``digen serve`` hands to the jobs it runs (inherited by the forked work horse)."""
-
-    redis_url: str
-    scheduler: str | None
-    pid: int
-    name: str
-
-
-_SERVE: ServeContext | None = None
-
-
-def serve(
-    r: redis.Redis,
-    redis_url: str,
-    *,
-    scheduler: str | None = None,
-    burst: bool = False,
-    burst_wait_s: float = 30.0,
-    name: str | None = None,
-    verbose: bool = False,
-) -> bool:
-    """Run submitted jobs with an rq worker until stopped (SIGINT/SIGTERM: after the current
-    job). ``burst``: wait up to ``burst_wait_s`` for a first job, run jobs until the queue is
-    empty, return. Returns False when a burst found nothing to run."""
-    from rq import Worker
-
-    global _SERVE
-    if scheduler is not None:
-        from digen.runtime.node import check_reachable
-
-        check_reachable(scheduler)
-    # unique even for a container restarted with the same host name and pid
-    name = name or f"digen-serve-{socket.gethostname().split('.')[0]}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
-    _SERVE = ServeContext(redis_url=redis_url, scheduler=scheduler, pid=os.getpid(), name=name)
-    queue = job_queue(r)
-    if burst:
-        deadline = time.monotonic() + burst_wait_s
-        while queue.count == 0 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if queue.count == 0:
-            return False
-    worker = Worker([queue], connection=r, serializer=JSONSerializer, name=name, maintenance_interval=60)
-    try:
-        worker.work(burst=burst, logging_level="INFO" if verbose else "WARNING")
-    except ValueError as exc:
-        if "active worker" not in str(exc):
-            raise
-        raise ConfigError(
-            f"a digen serve named {name} is already registered (running, or died less than "
-            f"{worker.worker_ttl // 60} minutes ago); choose another --name or drop it"
-        ) from None
-    return True
-
-
-def execute_job(config: dict, source_dir: str | None, out: str, resume: bool = False) -> dict:
-    """The rq job function (run by ``digen serve``): train ``config`` into ``out``.
-
-    A retried job (``attempts`` > 1) and a ``resume`` job continue from the run directory's
-    newest checkpoint; with none there, they start over. Bad input (a config the worker
-    cannot load, a missing model folder) and cancellation are not retried.
-    """
-    from rq import get_current_job
-
-    job = get_current_job()
-    if job is None:
-        raise DigenError("execute_job runs inside an rq worker: start one with digen serve")
-    r: redis.Redis = job.connection
-    ctx = _SERVE
-    if ctx is not None:
-        _die_with_parent(ctx.pid)
-    jid = job.id
-    attempt = int(r.hincrby(info_key(jid), "attempts", 1))
-    info: dict[Any, Any] = r.hgetall(info_key(jid))
-    if info.get(b"resumed_by"):
-        job.retries_left = 0
-        push_log(r, jid, f"not run: resumed as job {_text(info[b'resumed_by'])}")
-        return {"resumed_by": _text(info[b"resumed_by"])}
-    if b"cancel" in info:
-        _finish_meta(job, "cancelled")
-        job.retries_left = 0
-        push_log(r, jid, "not run: cancelled")
-        raise JobCancelled(f"job {jid} was cancelled before it ran")
-
-    beat = _Heartbeat(r, jid, {"pid": os.getpid(), "host": socket.gethostname()})
-    beat.start()
-    try:
-        return _run(job, r, ctx, config, source_dir, Path(out), resume or attempt > 1, attempt)
-    except BaseException as exc:
-        cancelled = r.hexists(info_key(jid), "cancel")
-        retry = (
-            not cancelled
-            and isinstance(exc, Exception)
-            and not isinstance(exc, ConfigError)
-            and bool(job.retries_left)
-        )
-        if not retry:
-            job.retries_left = 0
-        state = "cancelled" if cancelled else ("retrying" if retry else "failed")
-        reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
-        _finish_meta(job, state, error=None if cancelled else reason)
-        push_log(
-            r,
-            jid,
-            "cancelled; the run directory keeps the last checkpoint"
-            if cancelled
-            else f"{'failed (will retry)' if retry else 'failed'}: {reason}",
-        )
-        raise
-    finally:
-        beat.stop()
-
-
-def _run(
-    job: Job,
-    r: redis.Redis,
-    ctx: ServeContext | None,
-    config: dict,
-    source_dir: str | None,
-    out: Path,
-    want_resume: bool,
-    attempt: int,
-) -> dict:
-    from digen.engine import run_training
-
-    cfg = build_config(config, source_dir=Path(source_dir) if source_dir else None)
-    jid = job.id
-    if cfg.schedule.mode != "reference" and ctx is None:
-        raise ConfigError(
-            f"schedule.mode {cfg.schedule.mode} jobs run under digen serve (not a bare rq worker)"
-        )
-    resume, done = _prepare_run_dir(cfg, out, want_resume)
-    job.meta.update(
-        {
-            "state": "running",
-            "iteration": done,
-            "total": cfg.iterations,
-            "run_dir": str(out),
-            "started": time.time(),
-            "attempt": attempt,
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "worker": ctx.name if ctx else job.worker_name,
-            "mode": cfg.schedule.mode,
-            "error": None,
-        }
-    )
-    job.save_meta()
-    where = f"serve {ctx.name}" if ctx else "an rq worker"
-    how = f"resuming after iteration {done}" if resume else "starting"
-    push_log(r, jid, f"{how} on {where} (attempt {attempt}), run directory {out}")
-
-    def progress(m: dict) -> None:
-        if "event" in m or "iteration" not in m:
-            push_log(r, jid, _event_line(m))
-            return
-        k = int(m["iteration"]) + 1
-        job.meta.update(
-            {
-                "iteration": k,
-                "reward": m.get("reward_mean"),
-                "samples_per_s": m.get("samples_per_s"),
-                "updated": time.time(),
-            }
-        )
-        job.save_meta()
-        push_log(
-            r,
-            jid,
-            f"iteration {k}/{cfg.iterations}  reward {m.get('reward_mean', float('nan')):.4f} "
-            f"± {m.get('reward_std', float('nan')):.4f}  loss {m.get('loss', float('nan')):.3g}  "
-            f"{m.get('samples_per_s', 0.0):.1f} samples/s  bubble {m.get('bubble_ratio', 0.0):.2f}",
-        )
-
-    scheduler = ctx.scheduler if ctx else None
-    if scheduler and scheduler.startswith("tls://") and not cfg.security.enabled:
-        raise ConfigError(
-            f"the Dask scheduler {scheduler} uses TLS: give the job config a security: section "
-            f"(ca_file, cert_file, key_file; see docs/deploy.md)"
-        )
-    with _job_logging(r, jid), _dask_tls(cfg if scheduler else None):
-        summary = run_training(
-            cfg,
-            out,
-            resume=resume,
-            redis_url=ctx.redis_url if ctx else None,
-            scheduler=scheduler,
-            progress=progress,
-            cancelled=lambda: bool(r.hexists(info_key(jid), "cancel")),  # digen cancel
-        )
-    _finish_meta(job, "done")
-    push_log(
-        r,
-        jid,
-        f"done: {summary['iterations']} iterations, {summary['samples']} samples, "
-        f"{summary['samples_per_s']:.2f} samples/s, reward {summary['reward_first']:.4f} -> "
-        f"{summary['reward_last']:.4f}",
-    )
-    return summary
-
-
-def _event_line(m: dict) -> str:
-    """A log line for an announcement of the run (``{"event": "start", "roles": ..., ...}``)."""
-    if m.get("event") == "start" and isinstance(m.get("roles"), dict):
-        workers = ", ".join(f"{w} [{role}]" for w, role in sorted(m["roles"].items()))
-        dash = f"; dashboard {m['dashboard']}" if m.get("dashboard") else ""
-        return f"cluster up: {len(m['roles'])} workers: {workers}{dash}"
-    return " ".join(f"{k}={v}" for k, v in m.items())
-
-
-def _prepare_run_dir(cfg: Config, out: Path, want_resume: bool) -> tuple[bool, int]:
-    """(resume?, iterations already done). Without a checkpoint, rows an earlier attempt
-    wrote are dropped and the run starts over."""
-    if not want_resume:
-        return False, 0
-    from digen.rundir import RunDir
-
-    run = RunDir(out, cfg, resume=True)
-    ckpt = run.latest_checkpoint()
-    if ckpt is not None:
-        state = json.loads((ckpt / "state.json").read_text())
-        return True, int(state.get("iteration", int(ckpt.name.split("_")[-1]))) + 1
-    for name in ("metrics.jsonl", "timeline.jsonl", "summary.json"):
-        (out / name).unlink(missing_ok=True)
-    return False, 0
-
-
-def _finish_meta(job: Job, state: str, error: str | None = None) -> None:
-    job.meta.update({"state": state, "ended": time.time()})
-    if error is not None:
-        job.meta["error"] = error
-    job.save_meta()
-
-
-class _Heartbeat:
-    """Keeps ``digen:job:<id>:alive`` set while the job's process lives."""
-
-    def __init__(self, r: redis.Redis, job_id: str, payload: dict):
-        self.r, self.key, self.payload = r, alive_key(job_id), json.dumps(payload)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=f"digen-heartbeat-{job_id}", daemon=True)
-
-    def beat(self) -> None:
-        self.r.set(self.key, self.payload, px=int(ALIVE_TTL_S * 1000))
-
-    def start(self) -> None:
-        self.beat()
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(HEARTBEAT_S):
-            try:
-                self.beat()
-            except redis.RedisError as exc:  # a blip: the next beat may work
-                log.warning("heartbeat failed: %s", exc)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        try:
-            self.r.delete(self.key)
-        except redis.RedisError:
-            pass
-
-
-class _RedisLogHandler(logging.Handler):
-    def __init__(self, r: redis.Redis, job_id: str):
-        super().__init__(logging.INFO)
-        self.r, self.job_id = r, job_id
-        self.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            push_log(self.r, self.job_id, self.format(record))
-        except Exception:  # noqa: BLE001 - logging must never break the job
-            self.handleError(record)
-
-
-@contextmanager
-def _job_logging(r: redis.Redis, job_id: str) -> Iterator[None]:
-    """digen's and the workers' log records (INFO and up) also go to the job's log."""
-    handler = _RedisLogHandler(r, job_id)
-    loggers = [logging.getLogger(name) for name in ("digen", "workers")]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.addHandler(handler)
-        if lg.getEffectiveLevel() > logging.INFO:
-            lg.setLevel(logging.INFO)
-    try:
-        yield
-    finally:
-        for lg, level in zip(loggers, levels, strict=True):
-            lg.removeHandler(handler)
-            lg.setLevel(level)
-
-
-@contextmanager
-def _dask_tls(cfg: Config | None) -> Iterator[None]:
-    """The config's ``security:`` section as dask's TLS settings for the controller's client."""
-    from digen.runtime.node import dask_tls_config
-
-    settings = dask_tls_config(cfg.security) if cfg is not None else {}
-    if not settings:
-        yield
-        return
-    import dask
-    import distributed  # noqa: F401 - load its config defaults first, or leaving set() would drop them
-
-    with dask.config.set(settings):
-        yield
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    """In a work horse forked by ``digen serve``: die when serve dies (Linux), so a killed
-    serve leaves no orphan job behind and the job becomes resumable."""
-    if os.getpid() == parent_pid or not sys.platform.startswith("linux"):
-        return
-    import ctypes
-    import signal
-
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # pragma: no cover - not glibc
-        return
-    if os.getppid() != parent_pid:  # serve died before prctl took effect
-        os._exit(1)
