@@ -16,6 +16,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 # digen never downloads: models are local folders. Quiet the libraries' own progress bars.
 for _var, _val in (
@@ -48,15 +49,45 @@ SchedOpt = Annotated[
 
 
 def fail(exc: DigenError) -> None:
-    """Print a DigenError as one red line (each problem on its own line) and exit."""
+    """Print a DigenError as one red line (each problem on its own line) and exit. Messages
+    are printed as text: brackets in them (``[one float per sample]``) are not Rich markup."""
     problems = getattr(exc, "problems", None) or [str(exc)]
     if len(problems) == 1:
-        err.print(f"[red]error:[/red] {problems[0]}", highlight=False, soft_wrap=True)
+        err.print(f"[red]error:[/red] {escape(problems[0])}", highlight=False, soft_wrap=True)
     else:
         err.print(f"[red]error:[/red] {len(problems)} problems:", highlight=False)
         for p in problems:
-            err.print(f"  - {p}", highlight=False, soft_wrap=True)
+            err.print(f"  - {escape(p)}", highlight=False, soft_wrap=True)
     raise typer.Exit(exc.exit_code)
+
+
+def crash(exc: BaseException) -> None:
+    """An error digen did not expect: one line on the console naming the log file that holds
+    the traceback (``RUN_DIR/digen.log``; ``--verbose`` prints it here too), exit 1."""
+    import traceback
+
+    first = (str(exc).strip().splitlines() or [""])[0][:300]
+    log_file = _CONSOLE.get("log_file")
+    record = logging.LogRecord("digen", logging.ERROR, __file__, 0, "failed: %s", (first,), None)
+    record.exc_info = (type(exc), exc, exc.__traceback__)
+    written = False
+    for h in logging.getLogger().handlers:
+        if isinstance(h, RunLog):
+            h.open()
+            written = h.write(record)
+    if _CONSOLE.get("verbose"):
+        err.print("".join(traceback.format_exception(exc)), markup=False, highlight=False, end="")
+        where = "above"
+    elif written and log_file is not None:
+        where = f"in {log_file} (--verbose prints it)"
+    else:
+        where = "not kept: rerun with --verbose to print it"
+    err.print(
+        f"[red]error:[/red] {escape(f'{type(exc).__name__}: {first}')}; the traceback is {escape(where)}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    raise typer.Exit(1)
 
 
 def handles_errors(fn):
@@ -65,15 +96,27 @@ def handles_errors(fn):
         try:
             return fn(*args, **kwargs)
         except DigenError as exc:
+            from digen.rundir import RunDirBusy
+
+            if isinstance(exc, RunDirBusy):  # the directory is another run's: write nothing there
+                for h in logging.getLogger().handlers:
+                    if isinstance(h, RunLog):
+                        h.discard()
             fail(exc)
         except KeyboardInterrupt:
             err.print("[yellow]interrupted[/yellow]")
             raise typer.Exit(130) from None
+        except (typer.Exit, typer.Abort, SystemExit):
+            raise
+        except Exception as exc:  # noqa: BLE001 - one line and the log file, not a traceback
+            crash(exc)
 
     return wrapper
 
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+_CONSOLE: dict = {}
+"""The console's settings of this command (``verbose``, ``log_file``), for :func:`crash`."""
 DASK_LOGGERS = ("distributed", "tornado", "bokeh")
 """Loggers of Dask's libraries: to the run's log file; on the console only with --verbose
 (their errors always, as one line)."""
@@ -92,6 +135,13 @@ class ConsoleFormatter(logging.Formatter):
         self.verbose, self.log_file = verbose, log_file
 
     def format(self, record: logging.LogRecord) -> str:
+        if not self.verbose and record.exc_info and not _is_dask(record):
+            exc = record.exc_info[1]
+            where = (
+                f"the traceback is in {self.log_file}" if self.log_file else "--verbose prints the traceback"
+            )
+            text = (str(exc).strip().splitlines() or [""])[0] if exc is not None else ""
+            return f"{self.formatMessage(self._message(record))} ({type(exc).__name__}: {text}; {where})"
         if self.verbose or not _is_dask(record):
             return super().format(record)
         first = (record.getMessage().strip().splitlines() or [""])[0]
@@ -100,6 +150,42 @@ class ConsoleFormatter(logging.Formatter):
             f"error from Dask ({record.name}): {first}; {where}. If the cluster cannot start, check "
             f"that no other digen run holds the CPU/GPU and rerun; --verbose shows Dask's log here"
         )
+
+    @staticmethod
+    def _message(record: logging.LogRecord) -> logging.LogRecord:
+        record.message = record.getMessage()
+        return record
+
+
+class _LogFile(logging.FileHandler):
+    """``RUN_DIR/digen.log``: a write that fails (a full disk) prints one line, once, and the
+    file is written no more, instead of a ``--- Logging error ---`` block per record."""
+
+    broken = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.broken:
+            super().emit(record)
+
+    def flush(self) -> None:
+        try:
+            super().flush()
+        except OSError as exc:
+            self._give_up(exc)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError as exc:  # the buffered tail could not be written
+            self._give_up(exc)
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        self._give_up(sys.exc_info()[1])
+
+    def _give_up(self, exc: BaseException | None) -> None:
+        if not self.broken:
+            self.broken = True
+            sys.stderr.write(f"warning: {self.baseFilename} cannot be written ({exc}); the run log stops here\n")
 
 
 class RunLog(logging.Handler):
@@ -112,22 +198,42 @@ class RunLog(logging.Handler):
         self.path = path
         self.fresh = not path.parent.exists() or not any(path.parent.iterdir())
         self.held: list[logging.LogRecord] = []
-        self.file: logging.FileHandler | None = None
+        self.file: _LogFile | None = None
+        self.discarded = False
         self.setFormatter(logging.Formatter(LOG_FORMAT))
 
     def open(self) -> None:
-        if self.file is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.file = logging.FileHandler(self.path, encoding="utf-8")
+        if self.file is None and not self.discarded:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self.file = _LogFile(self.path, encoding="utf-8")
+            except OSError as exc:
+                sys.stderr.write(f"warning: {self.path} cannot be written ({exc})\n")
+                self.discarded = True
+                self.held = []
+                return
             self.file.setFormatter(self.formatter)
             for rec in self.held:
                 self.file.emit(rec)
             self.held = []
 
+    def discard(self) -> None:
+        """Write nothing (the run directory belongs to another run)."""
+        self.discarded = True
+        self.held = []
+
+    def write(self, record: logging.LogRecord) -> bool:
+        """Write ``record`` to the file now (opened by then); True if it was written."""
+        if self.file is None or self.file.broken:
+            return False
+        self.file.emit(record)
+        self.file.flush()
+        return not self.file.broken
+
     def emit(self, record: logging.LogRecord) -> None:
         if self.file is not None:
             self.file.emit(record)
-        elif len(self.held) < 100_000:
+        elif len(self.held) < 100_000 and not self.discarded:
             self.held.append(record)
 
     def flush(self) -> None:
@@ -160,6 +266,7 @@ def _setup_logging(
     ``verbose``); ``log_file`` (appended):
     INFO and up of digen and, with ``dask``, of Dask, whose own stderr handler is removed so
     its records reach these two. Without ``verbose`` Dask's worker processes print errors only."""
+    _CONSOLE.update(verbose=verbose, log_file=log_file)
     root = logging.getLogger()
     for h in list(root.handlers):
         if getattr(h, "digen", False):  # a second call (tests, bench): replace, never stack
