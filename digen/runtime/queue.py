@@ -358,9 +358,10 @@ class TaskQueue:
         than ``worker`` when given)."""
         reply = self._nack(args=[self.prefix, task_id, error, max_attempts, worker or ""])
         outcome = reply.decode() if isinstance(reply, bytes) else str(reply)
-        if outcome == "dead":
+        if outcome == "dead":  # the first line: the traceback stays in the dead letter
+            first = (error.strip().splitlines() or ["no error recorded"])[0]
             log.warning(
-                "task %s of job %s is dead after %d attempts: %s", task_id, self.job_id, max_attempts, error
+                "task %s of job %s is dead after %d attempts: %s", task_id, self.job_id, max_attempts, first
             )
         return outcome
 

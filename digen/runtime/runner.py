@@ -190,13 +190,15 @@ def _requeue_lost(r: redis.Redis, job: Job, by: str, gone_s: float) -> str:
     return action
 
 
-def _lost_soon(r: redis.Redis) -> bool:
-    """Whether a started job has no heartbeat (it may become lost): ``--burst`` waits for it."""
+def _lost_soon(r: redis.Redis, waited_s: float) -> bool:
+    """Whether a started job may be lost: ``--burst`` waits for it to be confirmed. A job
+    without heartbeat may be; so may any started job until a heartbeat of a runner that died
+    just before this one started has had the time to expire (``waited_s``: how long it waited)."""
     from rq.registry import StartedJobRegistry
 
     registry = StartedJobRegistry(QUEUE_NAME, connection=r, serializer=JSONSerializer)
     for raw in r.zrange(registry.key, 0, -1):
-        if not r.exists(alive_key(_text(raw).split(":", 1)[0])):
+        if waited_s < ALIVE_TTL_S + 2 * HEARTBEAT_S or not r.exists(alive_key(_text(raw).split(":", 1)[0])):
             return True
     return False
 
@@ -262,12 +264,13 @@ def serve(
     _SERVE = ServeContext(redis_url=redis_url, scheduler=scheduler, pid=os.getpid(), name=name)
     queue = job_queue(r)
     if burst:
-        deadline = time.monotonic() + burst_wait_s
+        start = time.monotonic()
         while True:
             recover_lost_jobs(r, by=name)
             if queue.count:
                 break
-            if time.monotonic() >= deadline and not _lost_soon(r):
+            waited = time.monotonic() - start
+            if waited >= burst_wait_s and not _lost_soon(r, waited):
                 return False
             time.sleep(0.5)
     worker = DigenWorker(

@@ -144,3 +144,27 @@ def test_serve_burst_reruns_a_lost_job_and_drops_the_dead_attempts_keys(
     print(f"\n--burst: re-queued {requeued[0] - killed:.0f} s after the SIGKILL")
     rows = learning_rows(run)
     assert [m["iteration"] for m in rows] == list(range(6))  # every iteration exactly once
+
+
+def test_a_lost_job_without_retries_fails_with_the_reason(
+    r,  # noqa: F811
+    procs: Procs,  # noqa: F811
+    tiny_sd3: Path,
+    tmp_path: Path,
+):
+    """``--retries 0``: the next runner does not re-run the lost job; it fails it, saying why
+    and how to continue it."""
+    res = cli("submit", CONFIG, *quick_sets(tiny_sd3), "--out", tmp_path / "run", "--retries", "0")
+    assert res.exit_code == 0, res.output
+    job_id = res.stdout.strip()
+    serve1 = procs.digen("serve", "--name", "serve-1", name="serve-1")
+    kill_runner_mid_job(r, job_id, serve1)
+    burst = procs.digen("serve", "--burst", "--burst-wait", "1", "--name", "serve-2", name="serve-2")
+    assert burst.wait(timeout=300) == 0, procs.output(burst)
+    info = jobs.job_info(r, job_id)
+    assert (info.state, info.attempts) == ("failed", 1)
+    assert info.error == (
+        f"JobLost: its runner serve-1 (pid {jobs._fetch(r, job_id).meta['pid']} on "
+        f"{jobs._fetch(r, job_id).meta['host']}) died and no retry is left; continue it with "
+        f"digen submit --resume {job_id}"
+    )
