@@ -185,7 +185,9 @@ class _LogFile(logging.FileHandler):
     def _give_up(self, exc: BaseException | None) -> None:
         if not self.broken:
             self.broken = True
-            sys.stderr.write(f"warning: {self.baseFilename} cannot be written ({exc}); the run log stops here\n")
+            sys.stderr.write(
+                f"warning: {self.baseFilename} cannot be written ({exc}); the run log stops here\n"
+            )
 
 
 class RunLog(logging.Handler):

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from digen.checks import check_inputs
+from digen.checks import check_inputs, checkpoint_estimate
 from digen.config import Config
 from digen.evaluation import eval_metrics
 from digen.iteration import ProgressFn
@@ -42,7 +42,8 @@ def run_training(
     check_loggers(cfg)
     if not checked:
         check_inputs(cfg, out, resume=resume)
-    with RunLock(out), disk_writes(out, needed=None):
+    # a full disk anywhere in the run: one line, the bytes being those of a checkpoint
+    with RunLock(out), disk_writes(out, needed=checkpoint_estimate(cfg, out, resume)):
         return _run(cfg, out, resume, redis_url, scheduler, progress, cancelled, job_id)
 
 
