@@ -52,13 +52,25 @@ def fail(exc: DigenError) -> None:
     """Print a DigenError as one red line (each problem on its own line) and exit. Messages
     are printed as text: brackets in them (``[one float per sample]``) are not Rich markup."""
     problems = getattr(exc, "problems", None) or [str(exc)]
+    kept = _kept_log() if exc.exit_code != 2 else None  # a run that failed: where its log is
     if len(problems) == 1:
-        err.print(f"[red]error:[/red] {escape(problems[0])}", highlight=False, soft_wrap=True)
+        where = f" (log: {kept})" if kept is not None else ""
+        err.print(f"[red]error:[/red] {escape(problems[0] + where)}", highlight=False, soft_wrap=True)
     else:
         err.print(f"[red]error:[/red] {len(problems)} problems:", highlight=False)
         for p in problems:
             err.print(f"  - {escape(p)}", highlight=False, soft_wrap=True)
     raise typer.Exit(exc.exit_code)
+
+
+def _kept_log() -> Path | None:
+    """``RUN_DIR/digen.log`` when this command writes it (its run started, or the directory
+    was new: then it is written now), else None."""
+    for h in logging.getLogger().handlers:
+        if isinstance(h, RunLog) and not h.discarded and (h.file is not None or h.fresh):
+            h.open()
+            return h.path if h.file is not None else None
+    return None
 
 
 def crash(exc: BaseException) -> None:

@@ -35,6 +35,8 @@ def test_brackets_in_a_message_are_printed_as_they_are(tiny_sd3: Path, tmp_path:
     assert code == 1 and len(lines) == 1, lines
     assert f"reward server {server.url} returned no 'scores' list" in lines[0]
     assert 'the server must answer {"scores": [one float per sample]}' in lines[0]
+    log = tmp_path / "run" / "digen.log"
+    assert lines[0].endswith(f"(log: {log})") and log.exists()  # a failed run names its log
 
 
 def test_an_unexpected_error_is_one_line_and_its_traceback_is_in_the_log(

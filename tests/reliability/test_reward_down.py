@@ -170,6 +170,7 @@ def test_a_job_whose_reward_server_hangs_fails_naming_it(tiny_sd3: Path, tmp_pat
     assert len(errors) == 1, console
     assert f"reward server {server.url} has not answered for" in errors[0]
     assert "--resume" in errors[0] and "on_poison" not in errors[0]
+    assert errors[0].endswith(f"(log: {out / 'digen.log'})")
     assert requests <= 8, (
         requests
     )  # 2 tries per worker, then none; without the breaker: 2 per attempt per task
