@@ -392,7 +392,9 @@ def test_inputs_are_checked_before_anything_starts(
         sections = {**sections, "prompts": {"file": str(tmp_path / "prompts.txt")}}
     path = write_config(tmp_path, tiny_sd3, schedule={"mode": mode}, **sections)
     args = [str(path), *[x for s in sets for x in ("--set", s)], *(["--resume"] if resume else [])]
+    kept = snapshot(stored_run)
     code, err = train(*args, out=stored_run)
+    assert snapshot(stored_run) == kept  # not even config.yaml rewritten, no eval.jsonl created
     line = one_line(err)
     assert code == 2, err
     for w in words:
