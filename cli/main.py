@@ -108,12 +108,14 @@ def handles_errors(fn):
         try:
             return fn(*args, **kwargs)
         except DigenError as exc:
-            from digen.rundir import RunDirBusy
+            from digen.rundir import DiskFull, RunDirBusy
 
-            if isinstance(exc, RunDirBusy):  # the directory is another run's: write nothing there
-                for h in logging.getLogger().handlers:
-                    if isinstance(h, RunLog):
-                        h.discard()
+            for h in logging.getLogger().handlers:
+                # the directory is another run's, or its disk is full: write nothing more there
+                if isinstance(h, RunLog) and (
+                    isinstance(exc, RunDirBusy) or (isinstance(exc, DiskFull) and h.file is None)
+                ):
+                    h.discard()
             fail(exc)
         except KeyboardInterrupt:
             err.print("[yellow]interrupted[/yellow]")

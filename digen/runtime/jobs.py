@@ -419,21 +419,25 @@ def job_info(r: redis.Redis, job_id: str) -> JobInfo:
 def list_jobs(r: redis.Redis, limit: int = 20) -> list[JobInfo]:
     """The newest ``limit`` jobs (0: all), newest first. Jobs whose rq record expired are
     dropped from the index."""
-    ids = [_text(b) for b in r.zrevrange(INDEX_KEY, 0, limit - 1 if limit > 0 else -1)]
+    members = r.zrevrange(INDEX_KEY, 0, limit - 1 if limit > 0 else -1)
+    ids = [_text(b) for b in members]
     if not ids:
         return []
-    jobs = Job.fetch_many(ids, connection=r, serializer=JSONSerializer)
     with r.pipeline() as p:
         for job_id in ids:
             p.hgetall(info_key(job_id))
             p.exists(alive_key(job_id))
         raw = p.execute()
     out, gone = [], []
-    for i, (job_id, job) in enumerate(zip(ids, jobs, strict=True)):
-        if job is None:
-            gone.append(job_id)
-            continue
-        out.append(_info_from(job, raw[2 * i], bool(raw[2 * i + 1])))
+    for i, (member, job_id) in enumerate(zip(members, ids, strict=True)):
+        try:  # junk in the index or in a job's record is skipped, never fatal
+            job = Job.fetch(job_id, connection=r, serializer=JSONSerializer)
+            out.append(_info_from(job, raw[2 * i], bool(raw[2 * i + 1])))
+        except Exception as exc:  # noqa: BLE001 - rq's NoSuchJobError, a record that does not decode
+            if not r.exists(f"rq:job:{job_id}"):
+                gone.append(member)
+            else:
+                log.warning("job %s: its record cannot be read (%s); skipped", job_id, exc)
     if gone:
         r.zrem(INDEX_KEY, *gone)
     return out

@@ -153,8 +153,11 @@ def test_digen_status_shows_the_count(tiny_sd3: Path, tmp_path: Path, monkeypatc
         _note_quarantined(r, jobs._fetch(r, job_id), 1)
         shown = json.loads(CliRunner().invoke(app, ["status", job_id, "--json"]).stdout)
         assert shown["quarantined"] == 3
-        table = CliRunner().invoke(app, ["status"]).stdout
-        assert "QUARANTINED" in table and " 3 " in table
+        r.zadd(jobs.INDEX_KEY, {b"\xff\xfe junk": 1.0, "no-such-job": 2.0})  # junk in the index too
+        res = CliRunner().invoke(app, ["status"])
+        assert res.exit_code == 0, res.output
+        assert "QUARANTINED" in res.stdout and " 3 " in res.stdout
+        assert r.zrange(jobs.INDEX_KEY, 0, -1) == [job_id.encode()]  # junk dropped from the index
     finally:
         r.close()
         stop_embedded(tmp_path / "home" / "digen.db")
