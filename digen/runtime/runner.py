@@ -198,7 +198,14 @@ def _lost_soon(r: redis.Redis, waited_s: float) -> bool:
 
     registry = StartedJobRegistry(QUEUE_NAME, connection=r, serializer=JSONSerializer)
     for raw in r.zrange(registry.key, 0, -1):
-        if waited_s < ALIVE_TTL_S + 2 * HEARTBEAT_S or not r.exists(alive_key(_text(raw).split(":", 1)[0])):
+        job_id = _text(raw).split(":", 1)[0]
+        if waited_s >= ALIVE_TTL_S + 2 * HEARTBEAT_S and r.exists(alive_key(job_id)):
+            continue  # beating: alive
+        try:
+            job = Job.fetch(job_id, connection=r, serializer=JSONSerializer)
+        except Exception:  # noqa: BLE001 - not a job recover_lost_jobs would act on
+            continue
+        if job.get_status(refresh=False) == JobStatus.STARTED:
             return True
     return False
 
@@ -270,7 +277,9 @@ def serve(
             if queue.count:
                 break
             waited = time.monotonic() - start
-            if waited >= burst_wait_s and not _lost_soon(r, waited):
+            if waited >= burst_wait_s and (
+                waited >= burst_wait_s + RECOVERY_BOUND_S or not _lost_soon(r, waited)
+            ):
                 return False
             time.sleep(0.5)
     worker = DigenWorker(
