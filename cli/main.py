@@ -397,11 +397,13 @@ class Progress:
             print(json.dumps(m), flush=True)
         elif self._live is not None:
             if m.get("dashboard"):
-                self._live.console.print(f"Dask dashboard: {m['dashboard']}", highlight=False)
+                self._live.console.print(f"Dask dashboard: {m['dashboard']}", highlight=False, markup=False)
             extra = {k: v for k, v in m.items() if k not in ("event", "dashboard", "roles")}
             if extra:
                 self._live.console.print(
-                    f"{m['event']}: " + ", ".join(f"{k}={v}" for k, v in extra.items()), highlight=False
+                    f"{m['event']}: " + ", ".join(f"{k}={v}" for k, v in extra.items()),
+                    highlight=False,
+                    markup=False,
                 )
 
     def __call__(self, m: dict) -> None:
@@ -496,7 +498,7 @@ def train(
             f"{summary['samples_per_s']:.2f} samples/s, bubble {summary['bubble_ratio']:.2f}\n"
             f"reward first {n} iteration{'s' if n > 1 else ''} {summary['reward_first']:.4f} ± {summary['reward_first_se']:.4f} (s.e.), "
             f"last {n} {summary['reward_last']:.4f} ± {summary['reward_last_se']:.4f}: "
-            f"gain {summary['reward_gain_in_se']:.1f} s.e.\nrun directory: {out_dir}",
+            f"gain {summary['reward_gain_in_se']:.1f} s.e.\nrun directory: {escape(str(out_dir))}",
             highlight=False,
         )
 
@@ -545,7 +547,7 @@ def make_tiny_model_cmd(
     from digen.models import make_tiny_model
 
     path = make_tiny_model(out_dir, arch=arch, seed=seed, resolution=resolution)
-    out.print(f"wrote tiny {arch} pipeline to {path}")
+    out.print(f"wrote tiny {arch} pipeline to {path}", markup=False)
 
 
 # Command groups live in their own modules and register themselves on ``app``.

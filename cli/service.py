@@ -61,7 +61,7 @@ def _follow(r, job_id: str) -> int:
     info = follow(r, job_id, lambda line: err.print(line, highlight=False, markup=False, soft_wrap=True))
     style = _STATE_STYLE.get(info.state, "white")
     err.print(
-        f"job {job_id}: [{style}]{info.state}[/{style}] after {info.iteration}/{info.total} iterations"
+        f"job {escape(job_id)}: [{style}]{info.state}[/{style}] after {info.iteration}/{info.total} iterations"
         + (f"; resumed as {info.resumed_by}" if info.resumed_by else "")
         + (f"; {escape(info.error)}" if info.error and info.state == "failed" else ""),
         highlight=False,
@@ -280,14 +280,17 @@ def cancel(
         err.print(
             f"job {job}: cancel requested; it stops within one task, keeping the last checkpoint",
             highlight=False,
+            markup=False,
         )
         if wait:
             info = jobs.follow(r, job, lambda line: None)
             err.print(
-                f"job {job}: {info.state} after {info.iteration}/{info.total} iterations", highlight=False
+                f"job {job}: {info.state} after {info.iteration}/{info.total} iterations",
+                highlight=False,
+                markup=False,
             )
     else:
-        err.print(f"job {job}: cancelled (it was {was})", highlight=False)
+        err.print(f"job {job}: cancelled (it was {was})", highlight=False, markup=False)
 
 
 @app.command()
