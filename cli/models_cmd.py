@@ -28,7 +28,7 @@ def make_tiny_model_cmd(
     from digen.models import make_tiny_model
 
     path = make_tiny_model(out_dir, arch=arch, seed=seed, resolution=resolution)
-    out.print(f"wrote tiny {arch} pipeline to {path}")
+    out.print(f"wrote tiny {arch} pipeline to {path}", markup=False)
 
 
 @app.command("reward-server")

@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 
 from digen.config import Config, TrainConfig
 from digen.errors import CheckpointError
-from digen.rundir import RunDir
+from digen.rundir import DiskFull, RunDir, disk_writes
 
 
 class ParameterStore:
@@ -159,6 +159,16 @@ def open_store(
     return Resumed(store_type.fresh(initial(), cfg.train), 0, None)
 
 
+def checkpoint_bytes(store, previous_weights: dict[str, torch.Tensor] | None = None) -> int:
+    """About how many bytes a checkpoint of ``store`` takes: its float32 tensors three times
+    (weights, AdamW's two moments), plus the previous version's weights when kept."""
+    params = getattr(store, "params", None) or {}
+    n = 3 * sum(int(p.numel()) * 4 for p in params.values())
+    if previous_weights is not None:
+        n += sum(int(v.numel()) * v.element_size() for v in previous_weights.values())
+    return n
+
+
 def save_checkpoint(
     run: RunDir,
     store: ParameterStore,
@@ -169,13 +179,18 @@ def save_checkpoint(
     of the next iteration uses)."""
     folder = run.checkpoint_dir(iteration)
     tmp = folder.with_name(folder.name + ".tmp")
-    if previous_weights is not None:
-        tmp.mkdir(parents=True, exist_ok=True)
-        save_file(
-            {k: v.contiguous() for k, v in previous_weights.items()},
-            str(tmp / "previous_weights.safetensors"),
-        )
-    store.save(tmp, {"iteration": iteration})
+    try:
+        with disk_writes(run.root, tmp, checkpoint_bytes(store, previous_weights)):
+            if previous_weights is not None:
+                tmp.mkdir(parents=True, exist_ok=True)
+                save_file(
+                    {k: v.contiguous() for k, v in previous_weights.items()},
+                    str(tmp / "previous_weights.safetensors"),
+                )
+            store.save(tmp, {"iteration": iteration})
+    except DiskFull:
+        shutil.rmtree(tmp, ignore_errors=True)  # a partial checkpoint: give its space back
+        raise
     if folder.exists():
         shutil.rmtree(folder)
     tmp.rename(folder)

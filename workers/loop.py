@@ -34,6 +34,7 @@ from digen.core.policy import idle_kinds, pull_order
 from digen.errors import TaskDropped
 from digen.evaluation import EvalTask, evaluate_chunk
 from digen.rewards.base import call_reward
+from digen.rewards.http import share_breakers
 from digen.rollout import GroupTask, generate_group
 from digen.runtime.jobstate import JobState
 from digen.runtime.queue import LeasedTask, TaskQueue
@@ -333,6 +334,7 @@ def worker_loop(
     torch.set_num_threads(threads)  # cluster.local.threads_per_worker, as the reference (compute_threads)
     cfg = Config.model_validate(cfg_json)
     r = connect(redis_url, outage_s=cfg.schedule.redis_outage_s)  # a Redis restart pauses the loop
+    share_breakers(r)  # a reward server one worker found down fails every worker's calls at once
     round_trips = count_round_trips(r)
     rt = WorkerRuntime(
         name=name,

@@ -487,6 +487,8 @@ class Controller:
         )
         if self.fsdp is not None and (is_step_id(dead.task_id) or dead.queue == TaskKind.TRAIN.value):
             raise self.fsdp.dead_task(dead.task_id, dead.error)  # the group's gradient is incomplete
+        if "RewardServiceDown" in first:  # not this task's fault: no task would score
+            raise PoisonTask(f"task {dead.task_id} failed: {first.split(': ', 1)[-1]}")
         if action == "fail":
             raise PoisonTask(
                 f"task {dead.task_id} failed {dead.attempts} time(s): {first}; fix the cause and rerun "
@@ -521,8 +523,11 @@ class Controller:
         ``appendfsync everysec``, up to its last second of writes). Every write is idempotent;
         tasks found done are collected with the next done ids."""
         log.warning("job %s: Redis was unreachable; checking the job's keys", self.job.job_id)
-        if self.job.status() is None:
-            self.job.set_status("running")
+        if self.job.status() is None:  # written at the start and never deleted while the job runs
+            raise ConnectionFailure(
+                f"Redis lost the job's data (restarted without persistence); the last checkpoint is kept "
+                f"in {self.run.root}: rerun with --resume"
+            )
         versions = {store.version: store.weights}
         if self.previous_weights is not None:
             versions[store.version - 1] = lambda: self.previous_weights
@@ -660,6 +665,7 @@ def run_distributed(
     run = RunDir(out, cfg, resume=resume)
     job_id = job_id or uuid.uuid4().hex[:12]
     queue, job = TaskQueue(r, job_id, lease_s=s.lease_s), JobState(r, job_id)
+    queue.on_junk = lambda record: run.append("dead_letters.jsonl", [record])  # quarantined junk
     queue.clear()
     # the local cluster starts, and its workers load their models; the version-0 weights come
     # from one of them (workers.preload.initial_weights): this process loads no model
