@@ -8,12 +8,14 @@ Exit codes: 0 ok, 1 runtime failure, 2 bad input (a :class:`~digen.errors.Config
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 # digen never downloads: models are local folders. Quiet the libraries' own progress bars.
 for _var, _val in (
@@ -25,6 +27,7 @@ for _var, _val in (
 ):
     os.environ.setdefault(_var, _val)
 
+from cli.console import CONSOLE, RunLog  # noqa: E402
 from digen.errors import DigenError  # noqa: E402
 
 app = typer.Typer(
@@ -46,15 +49,57 @@ SchedOpt = Annotated[
 
 
 def fail(exc: DigenError) -> None:
-    """Print a DigenError as one red line (each problem on its own line) and exit."""
+    """Print a DigenError as one red line (each problem on its own line) and exit. Messages
+    are printed as text: brackets in them (``[one float per sample]``) are not Rich markup."""
     problems = getattr(exc, "problems", None) or [str(exc)]
+    kept = _kept_log() if exc.exit_code != 2 else None  # a run that failed: where its log is
     if len(problems) == 1:
-        err.print(f"[red]error:[/red] {problems[0]}", highlight=False, soft_wrap=True)
+        where = f" (log: {kept})" if kept is not None else ""
+        err.print(f"[red]error:[/red] {escape(problems[0] + where)}", highlight=False, soft_wrap=True)
     else:
         err.print(f"[red]error:[/red] {len(problems)} problems:", highlight=False)
         for p in problems:
-            err.print(f"  - {p}", highlight=False, soft_wrap=True)
+            err.print(f"  - {escape(p)}", highlight=False, soft_wrap=True)
     raise typer.Exit(exc.exit_code)
+
+
+def _kept_log() -> Path | None:
+    """``RUN_DIR/digen.log`` when this command writes it (its run started, or the directory
+    was new: then it is written now), else None."""
+    for h in logging.getLogger().handlers:
+        if isinstance(h, RunLog) and not h.discarded and (h.file is not None or h.fresh):
+            h.open()
+            return h.path if h.file is not None else None
+    return None
+
+
+def crash(exc: BaseException) -> None:
+    """An error digen did not expect: one line on the console naming the log file that holds
+    the traceback (``RUN_DIR/digen.log``; ``--verbose`` prints it here too), exit 1."""
+    import traceback
+
+    first = (str(exc).strip().splitlines() or [""])[0][:300]
+    log_file = CONSOLE.get("log_file")
+    record = logging.LogRecord("digen", logging.ERROR, __file__, 0, "failed: %s", (first,), None)
+    record.exc_info = (type(exc), exc, exc.__traceback__)
+    written = False
+    for h in logging.getLogger().handlers:
+        if isinstance(h, RunLog):
+            h.open()
+            written = h.write(record)
+    if CONSOLE.get("verbose"):
+        err.print("".join(traceback.format_exception(exc)), markup=False, highlight=False, end="")
+        where = "above"
+    elif written and log_file is not None:
+        where = f"in {log_file} (--verbose prints it)"
+    else:
+        where = "not kept: rerun with --verbose to print it"
+    err.print(
+        f"[red]error:[/red] {escape(f'{type(exc).__name__}: {first}')}; the traceback is {escape(where)}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    raise typer.Exit(1)
 
 
 def handles_errors(fn):
@@ -63,9 +108,21 @@ def handles_errors(fn):
         try:
             return fn(*args, **kwargs)
         except DigenError as exc:
+            from digen.rundir import DiskFull, RunDirBusy
+
+            for h in logging.getLogger().handlers:
+                # the directory is another run's, or its disk is full: write nothing more there
+                if isinstance(h, RunLog) and (
+                    isinstance(exc, RunDirBusy) or (isinstance(exc, DiskFull) and h.file is None)
+                ):
+                    h.discard()
             fail(exc)
         except KeyboardInterrupt:
             err.print("[yellow]interrupted[/yellow]")
             raise typer.Exit(130) from None
+        except (typer.Exit, typer.Abort, SystemExit):
+            raise
+        except Exception as exc:  # noqa: BLE001 - one line and the log file, not a traceback
+            crash(exc)
 
     return wrapper

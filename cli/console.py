@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+CONSOLE: dict = {}
+"""The console's settings of this command (``verbose``, ``log_file``), for :func:`cli.app.crash`."""
 DASK_LOGGERS = ("distributed", "tornado", "bokeh")
 """Loggers of Dask's libraries: to the run's log file; on the console only with --verbose
 (their errors always, as one line)."""
@@ -26,6 +28,13 @@ class ConsoleFormatter(logging.Formatter):
         self.verbose, self.log_file = verbose, log_file
 
     def format(self, record: logging.LogRecord) -> str:
+        if not self.verbose and record.exc_info and not _is_dask(record):
+            exc = record.exc_info[1]
+            where = (
+                f"the traceback is in {self.log_file}" if self.log_file else "--verbose prints the traceback"
+            )
+            text = (str(exc).strip().splitlines() or [""])[0] if exc is not None else ""
+            return f"{self.formatMessage(self._message(record))} ({type(exc).__name__}: {text}; {where})"
         if self.verbose or not _is_dask(record):
             return super().format(record)
         first = (record.getMessage().strip().splitlines() or [""])[0]
@@ -34,6 +43,44 @@ class ConsoleFormatter(logging.Formatter):
             f"error from Dask ({record.name}): {first}; {where}. If the cluster cannot start, check "
             f"that no other digen run holds the CPU/GPU and rerun; --verbose shows Dask's log here"
         )
+
+    @staticmethod
+    def _message(record: logging.LogRecord) -> logging.LogRecord:
+        record.message = record.getMessage()
+        return record
+
+
+class _LogFile(logging.FileHandler):
+    """``RUN_DIR/digen.log``: a write that fails (a full disk) prints one line, once, and the
+    file is written no more, instead of a ``--- Logging error ---`` block per record."""
+
+    broken = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.broken:
+            super().emit(record)
+
+    def flush(self) -> None:
+        try:
+            super().flush()
+        except OSError as exc:
+            self._give_up(exc)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError as exc:  # the buffered tail could not be written
+            self._give_up(exc)
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        self._give_up(sys.exc_info()[1])
+
+    def _give_up(self, exc: BaseException | None) -> None:
+        if not self.broken:
+            self.broken = True
+            sys.stderr.write(
+                f"warning: {self.baseFilename} cannot be written ({exc}); the run log stops here\n"
+            )
 
 
 class RunLog(logging.Handler):
@@ -46,22 +93,42 @@ class RunLog(logging.Handler):
         self.path = path
         self.fresh = not path.parent.exists() or not any(path.parent.iterdir())
         self.held: list[logging.LogRecord] = []
-        self.file: logging.FileHandler | None = None
+        self.file: _LogFile | None = None
+        self.discarded = False
         self.setFormatter(logging.Formatter(LOG_FORMAT))
 
     def open(self) -> None:
-        if self.file is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.file = logging.FileHandler(self.path, encoding="utf-8")
+        if self.file is None and not self.discarded:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self.file = _LogFile(self.path, encoding="utf-8")
+            except OSError as exc:
+                sys.stderr.write(f"warning: {self.path} cannot be written ({exc})\n")
+                self.discarded = True
+                self.held = []
+                return
             self.file.setFormatter(self.formatter)
             for rec in self.held:
                 self.file.emit(rec)
             self.held = []
 
+    def discard(self) -> None:
+        """Write nothing (the run directory belongs to another run)."""
+        self.discarded = True
+        self.held = []
+
+    def write(self, record: logging.LogRecord) -> bool:
+        """Write ``record`` to the file now (opened by then); True if it was written."""
+        if self.file is None or self.file.broken:
+            return False
+        self.file.emit(record)
+        self.file.flush()
+        return not self.file.broken
+
     def emit(self, record: logging.LogRecord) -> None:
         if self.file is not None:
             self.file.emit(record)
-        elif len(self.held) < 100_000:
+        elif len(self.held) < 100_000 and not self.discarded:
             self.held.append(record)
 
     def flush(self) -> None:
@@ -94,6 +161,7 @@ def setup_logging(
     ``verbose``); ``log_file`` (appended):
     INFO and up of digen and, with ``dask``, of Dask, whose own stderr handler is removed so
     its records reach these two. Without ``verbose`` Dask's worker processes print errors only."""
+    CONSOLE.update(verbose=verbose, log_file=log_file)
     root = logging.getLogger()
     for h in list(root.handlers):
         if getattr(h, "digen", False):  # a second call (tests, bench): replace, never stack

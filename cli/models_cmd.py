@@ -38,7 +38,7 @@ def make_tiny_model_cmd(
 
     size = {k: v for k, v in (("layers", layers), ("heads", heads), ("head_dim", head_dim)) if v is not None}
     path = make_tiny_model(out_dir, arch=arch, seed=seed, resolution=resolution, **size)
-    out.print(f"wrote tiny {arch} pipeline to {path}")
+    out.print(f"wrote tiny {arch} pipeline to {path}", markup=False)
 
 
 @app.command("reward-server")

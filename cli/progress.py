@@ -85,11 +85,13 @@ class Progress:
             print(json.dumps(m), flush=True)
         elif self._live is not None:
             if m.get("dashboard"):
-                self._live.console.print(f"Dask dashboard: {m['dashboard']}", highlight=False)
+                self._live.console.print(f"Dask dashboard: {m['dashboard']}", highlight=False, markup=False)
             extra = {k: v for k, v in m.items() if k not in ("event", "dashboard", "roles")}
             if extra:
                 self._live.console.print(
-                    f"{m['event']}: " + ", ".join(f"{k}={v}" for k, v in extra.items()), highlight=False
+                    f"{m['event']}: " + ", ".join(f"{k}={v}" for k, v in extra.items()),
+                    highlight=False,
+                    markup=False,
                 )
 
     def __call__(self, m: dict) -> None:

@@ -1,7 +1,8 @@
 """digen CLI commands: service (registered on cli.app.app).
 
-``submit``, ``serve``, ``status``, ``logs``, ``cancel`` talk to the job queue in Redis
-(:mod:`digen.runtime.service`); ``worker`` starts a Dask worker node (:mod:`digen.runtime.node`).
+``submit``, ``status``, ``logs``, ``cancel`` talk to the job queue in Redis
+(:mod:`digen.runtime.jobs`), ``serve`` runs the jobs (:mod:`digen.runtime.runner`);
+``worker`` starts a Dask worker node (:mod:`digen.runtime.node`).
 With no ``--redis-url`` (and no ``DIGEN_REDIS_URL``) they share the embedded Redis under
 ``$DIGEN_HOME``: ``digen serve --burst & digen submit CONFIG --wait`` works with nothing installed.
 """
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from cli.app import SetOpt, app, err, handles_errors, out
 from digen.errors import ConfigError
@@ -54,14 +56,14 @@ def _when(ts: float | None) -> str:
 
 def _follow(r, job_id: str) -> int:
     """Print the job's log as it grows until it ends; exit code 0 if it finished."""
-    from digen.runtime.service import follow
+    from digen.runtime.jobs import follow
 
     info = follow(r, job_id, lambda line: err.print(line, highlight=False, markup=False, soft_wrap=True))
     style = _STATE_STYLE.get(info.state, "white")
     err.print(
-        f"job {job_id}: [{style}]{info.state}[/{style}] after {info.iteration}/{info.total} iterations"
+        f"job {escape(job_id)}: [{style}]{info.state}[/{style}] after {info.iteration}/{info.total} iterations"
         + (f"; resumed as {info.resumed_by}" if info.resumed_by else "")
-        + (f"; {info.error}" if info.error and info.state == "failed" else ""),
+        + (f"; {escape(info.error)}" if info.error and info.state == "failed" else ""),
         highlight=False,
     )
     return 0 if info.state == "done" else 1
@@ -112,16 +114,16 @@ def submit(
     ] = True,
 ) -> None:
     """Queue a training job for digen serve; prints its id."""
-    from digen.runtime import service
+    from digen.runtime import jobs
 
-    timeout_s = service.parse_duration(timeout)
+    timeout_s = jobs.parse_duration(timeout)
     if resume is not None:
         if config is not None or set_ or out_dir is not None:
             raise ConfigError(
                 "--resume JOB continues that job's own config and run directory: drop CONFIG, --set and --out"
             )
         r = _connect(redis_url)
-        job_id = service.resume(r, resume, retries=retries, timeout_s=timeout_s)
+        job_id = jobs.resume(r, resume, retries=retries, timeout_s=timeout_s)
     else:
         if config is None:
             raise ConfigError("give a CONFIG to submit (e.g. configs/quickstart.yaml) or --resume JOB")
@@ -130,10 +132,13 @@ def submit(
         cfg = load_config(
             config, set_ or [], check_paths=check_paths
         )  # bad input stops here: nothing enqueued
-        job_id = service.new_job_id()
+        job_id = jobs.new_job_id()
         run_dir = out_dir or Path("runs") / f"{config.stem}-{job_id}"
+        from digen.checks import check_inputs
+
+        check_inputs(cfg, run_dir, files=check_paths)  # every input, before anything is enqueued
         r = _connect(redis_url)
-        service.submit(
+        jobs.submit(
             r, cfg, run_dir, job_id=job_id, retries=retries, timeout_s=timeout_s, config_name=config.stem
         )
     print(job_id, flush=True)
@@ -170,7 +175,7 @@ def serve(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every job start and end.")] = False,
 ) -> None:
     """Run submitted jobs (an rq worker; each job runs the controller)."""
-    from digen.runtime import service
+    from digen.runtime import runner
     from digen.runtime.redis_conn import embedded_url, mask_url
 
     r = _connect(redis_url)
@@ -180,8 +185,9 @@ def serve(
         f"digen serve: jobs from {where}, cluster "
         f"{scheduler or 'a LocalCluster per job'}{' (burst)' if burst else ''}",
         highlight=False,
+        markup=False,
     )
-    ran = service.serve(
+    ran = runner.serve(
         r, url, scheduler=scheduler, burst=burst, burst_wait_s=burst_wait, name=name, verbose=verbose
     )
     if burst and not ran:
@@ -197,11 +203,11 @@ def status(
     limit: Annotated[int, typer.Option("--limit", help="Newest N jobs (0: all).")] = 20,
 ) -> None:
     """Jobs and their progress: state, iteration/total, reward, samples/s, started, run dir."""
-    from digen.runtime import service
+    from digen.runtime import jobs
 
     r = _connect(redis_url)
     if job is not None:
-        info = service.job_info(r, job)
+        info = jobs.job_info(r, job)
         if json_:
             print(json.dumps(info.to_json()), flush=True)
             return
@@ -210,28 +216,31 @@ def status(
                 value = _when(value)
             out.print(f"{key:>13}: {value if value is not None else '-'}", highlight=False, markup=False)
         return
-    jobs = service.list_jobs(r, limit)
+    listed = jobs.list_jobs(r, limit)
     if json_:
-        print(json.dumps([j.to_json() for j in jobs]), flush=True)
+        print(json.dumps([j.to_json() for j in listed]), flush=True)
         return
-    if not jobs:
+    if not listed:
         out.print("no jobs; submit one with digen submit CONFIG")
         return
     from rich.table import Table
 
     table = Table(box=None, header_style="bold")
-    for col in ("JOB", "STATE", "ITER", "REWARD", "SAMPLES/S", "STARTED", "RUN DIR"):
+    junk = any(j.quarantined for j in listed)  # junk read from Redis, moved to the dead letters
+    cols = ("JOB", "STATE", "ITER", "REWARD", "SAMPLES/S", "STARTED", *(("QUARANTINED",) if junk else ()))
+    for col in (*cols, "RUN DIR"):
         table.add_column(col, no_wrap=col != "RUN DIR")
-    for j in jobs:
+    for j in listed:
         style = _STATE_STYLE.get(j.state, "white")
         table.add_row(
-            j.id,
+            escape(j.id),
             f"[{style}]{j.state}[/{style}]",
             f"{j.iteration}/{j.total}",
             "-" if j.reward is None else f"{j.reward:.4f}",
             "-" if j.samples_per_s is None else f"{j.samples_per_s:.2f}",
             _when(j.started),
-            j.run_dir,
+            *((str(j.quarantined),) if junk else ()),
+            escape(j.run_dir),
         )
     out.print(table)
 
@@ -244,13 +253,13 @@ def logs(
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")] = False,
 ) -> None:
     """A job's log: progress lines, warnings, the outcome."""
-    from digen.runtime import service
+    from digen.runtime import jobs
 
     r = _connect(redis_url)
-    service.job_info(r, job)  # an unknown id is an error, not an empty log
+    jobs.job_info(r, job)  # an unknown id is an error, not an empty log
     if follow:
         raise typer.Exit(_follow(r, job))
-    lines, _ = service.read_log(r, job)
+    lines, _ = jobs.read_log(r, job)
     for line in lines:
         out.print(line, highlight=False, markup=False, soft_wrap=True)
 
@@ -263,22 +272,25 @@ def cancel(
     wait: Annotated[bool, typer.Option("--wait", help="Wait until the job has stopped.")] = False,
 ) -> None:
     """Stop a job at its next safe point (after a checkpoint); the run directory is kept."""
-    from digen.runtime import service
+    from digen.runtime import jobs
 
     r = _connect(redis_url)
-    was = service.cancel(r, job)
+    was = jobs.cancel(r, job)
     if was in ("running", "starting", "cancelling"):
         err.print(
             f"job {job}: cancel requested; it stops within one task, keeping the last checkpoint",
             highlight=False,
+            markup=False,
         )
         if wait:
-            info = service.follow(r, job, lambda line: None)
+            info = jobs.follow(r, job, lambda line: None)
             err.print(
-                f"job {job}: {info.state} after {info.iteration}/{info.total} iterations", highlight=False
+                f"job {job}: {info.state} after {info.iteration}/{info.total} iterations",
+                highlight=False,
+                markup=False,
             )
     else:
-        err.print(f"job {job}: cancelled (it was {was})", highlight=False)
+        err.print(f"job {job}: cancelled (it was {was})", highlight=False, markup=False)
 
 
 @app.command()

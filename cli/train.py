@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from cli.app import ConfigArg, RedisOpt, SchedOpt, SetOpt, app, err, fail, handles_errors, out
 from cli.console import setup_logging
@@ -91,7 +92,7 @@ def train(
             f"{summary['samples_per_s']:.2f} samples/s, bubble {summary['bubble_ratio']:.2f}\n"
             f"reward first {n} iteration{'s' if n > 1 else ''} {summary['reward_first']:.4f} ± {summary['reward_first_se']:.4f} (s.e.), "
             f"last {n} {summary['reward_last']:.4f} ± {summary['reward_last_se']:.4f}: "
-            f"gain {summary['reward_gain_in_se']:.1f} s.e.\nrun directory: {out_dir}",
+            f"gain {summary['reward_gain_in_se']:.1f} s.e.\nrun directory: {escape(str(out_dir))}",
             highlight=False,
         )
 

@@ -9,12 +9,12 @@ at once (unknown keys, wrong types, impossible sizes, a missing model folder) as
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from digen.errors import ConfigError
+from digen.errors import ConfigError, did_you_mean
 from digen.prompts import metadata_by_prompt, read_prompts, split_file
 
 Mode = Literal["reference", "colocated", "disaggregated", "digen"]
@@ -22,7 +22,9 @@ CfgGrad = Literal["cond", "both"]
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # no inf or NaN anywhere: a float config value is a finite number (``.inf`` as a noise
+    # level or a reward weight would only surface as NaN samples or a crash mid-run)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class LoraConfig(_Section):
@@ -431,11 +433,32 @@ def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
     return out
 
 
+def _section_keys(loc: tuple[Any, ...]) -> list[str]:
+    """The keys allowed beside the last one of ``loc`` (the section it names), for a hint."""
+    node: Any = Config
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = node.model_fields.get(str(part)) if isinstance(node, type) else None
+        if field is None:
+            return []
+        node = field.annotation
+        if get_origin(node) is list:
+            node = get_args(node)[0]
+        if not (isinstance(node, type) and issubclass(node, BaseModel)):
+            return []
+    return list(node.model_fields) if isinstance(node, type) and issubclass(node, BaseModel) else []
+
+
 def _describe(err: Any) -> str:  # a pydantic ErrorDetails
     loc = ".".join(str(p) for p in err["loc"])
     kind = err["type"]
     if kind == "extra_forbidden":
-        return f"{loc}: unknown key (check the spelling; see configs/README.md for the keys)"
+        parent = ".".join(str(p) for p in err["loc"][:-1])
+        hint = did_you_mean(str(err["loc"][-1]), _section_keys(tuple(err["loc"])))
+        if hint and parent:
+            hint = hint.replace(" '", f" '{parent}.", 1)
+        return f"{loc}: unknown key{hint} (check the spelling; see configs/README.md for the keys)"
     value = err.get("input")
     shown = repr(value) if not isinstance(value, dict) else "{...}"
     return f"{loc} ({shown}): {err['msg']}"

@@ -1,8 +1,11 @@
 """Entry point of a training job: picks the reference loop or the distributed controller.
 
-Around the run it feeds each iteration's metrics to the configured loggers (TensorBoard,
-W&B: :mod:`digen.loggers`) and, at the end, draws ``timeline.png`` and ``rewards.png``
-(:mod:`digen.plots`) when ``output.plots`` is on.
+Before anything starts (Redis, Dask, the run directory) every input is checked
+(:func:`digen.checks.check_inputs`); then the run takes the run directory's lock
+(:class:`~digen.rundir.RunLock`). Around the run it feeds each iteration's metrics to the
+configured loggers (TensorBoard, W&B: :mod:`digen.loggers`) and, at the end, draws
+``timeline.png`` and ``rewards.png`` (:mod:`digen.plots`) when ``output.plots`` is on. A full
+disk anywhere ends the run with one line (:class:`~digen.rundir.DiskFull`).
 """
 
 from __future__ import annotations
@@ -10,11 +13,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from digen.checks import check_inputs, checkpoint_estimate
 from digen.config import Config
 from digen.evaluation import eval_metrics
 from digen.iteration import ProgressFn
 from digen.loggers import MetricsLogger, check_loggers, make_loggers
 from digen.reference import run_reference
+from digen.rundir import RunLock, disk_writes
 
 
 def run_training(
@@ -26,12 +31,32 @@ def run_training(
     scheduler: str | None = None,
     progress: ProgressFn | None = None,
     cancelled: Callable[[], bool] | None = None,
+    job_id: str | None = None,
+    checked: bool = False,
 ) -> dict:
     """Run ``cfg`` to completion in ``out``; returns the summary. ``reference`` mode runs in
-    this process; the others start (or join) Redis and a Dask cluster. A true ``cancelled()``
-    stops the run within one task (:class:`~digen.errors.JobCancelled`), keeping the last
-    complete checkpoint."""
+    this process; the others start (or join) Redis and a Dask cluster (``job_id``: the
+    controller's key prefix in Redis; default a fresh one). A true ``cancelled()`` stops the
+    run within one task (:class:`~digen.errors.JobCancelled`), keeping the last complete
+    checkpoint. ``checked``: the caller already ran :func:`~digen.checks.check_inputs`."""
     check_loggers(cfg)
+    if not checked:
+        check_inputs(cfg, out, resume=resume)
+    # a full disk anywhere in the run: one line, the bytes being those of a checkpoint
+    with RunLock(out), disk_writes(out, needed=checkpoint_estimate(cfg, out, resume)):
+        return _run(cfg, out, resume, redis_url, scheduler, progress, cancelled, job_id)
+
+
+def _run(
+    cfg: Config,
+    out: Path,
+    resume: bool,
+    redis_url: str | None,
+    scheduler: str | None,
+    progress: ProgressFn | None,
+    cancelled: Callable[[], bool] | None,
+    job_id: str | None,
+) -> dict:
     logger: MetricsLogger | None = None
 
     def observe(m: dict) -> None:
@@ -58,6 +83,7 @@ def run_training(
                 scheduler=scheduler,
                 progress=observe,
                 cancelled=cancelled,
+                job_id=job_id,
             )
     finally:
         if logger is not None:

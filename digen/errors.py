@@ -6,6 +6,15 @@ user's input is wrong (config, paths, names); 1 means something failed at run ti
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
+
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """``"; did you mean 'x'?"`` naming the closest of ``choices`` to a mistyped ``name``, or ``""``."""
+    close = difflib.get_close_matches(str(name), sorted(set(choices)), n=1, cutoff=0.6)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
 
 class DigenError(Exception):
     """Root of every error digen raises on purpose."""

@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 
 from digen.config import Config, TrainConfig
 from digen.errors import CheckpointError
-from digen.rundir import RunDir, finalize_checkpoint
+from digen.rundir import DiskFull, RunDir, disk_writes, finalize_checkpoint
 
 
 class ParameterStore:
@@ -187,6 +187,16 @@ def open_store(
     return Resumed(store_type.fresh(initial(), cfg.train), 0, None)
 
 
+def checkpoint_bytes(store, previous_weights: dict[str, torch.Tensor] | None = None) -> int:
+    """About how many bytes a checkpoint of ``store`` takes: its float32 tensors three times
+    (weights, AdamW's two moments), plus the previous version's weights when kept."""
+    params = getattr(store, "params", None) or {}
+    n = 3 * sum(int(p.numel()) * 4 for p in params.values())
+    if previous_weights is not None:
+        n += sum(int(v.numel()) * v.element_size() for v in previous_weights.values())
+    return n
+
+
 def save_checkpoint(
     folder: Path,
     store: ParameterStore,
@@ -215,11 +225,17 @@ def stage_checkpoint(
     tmp = folder.with_name(folder.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    if previous_weights is not None:
-        save_file(
-            {k: v.cpu().contiguous() for k, v in previous_weights.items()},
-            str(tmp / "previous_weights.safetensors"),
-        )
-    store.save(tmp, {"iteration": iteration})
+    try:
+        # the run directory is the checkpoints folder's parent
+        with disk_writes(folder.parent.parent, tmp, checkpoint_bytes(store, previous_weights)):
+            tmp.mkdir(parents=True)
+            if previous_weights is not None:
+                save_file(
+                    {k: v.cpu().contiguous() for k, v in previous_weights.items()},
+                    str(tmp / "previous_weights.safetensors"),
+                )
+            store.save(tmp, {"iteration": iteration})
+    except DiskFull:
+        shutil.rmtree(tmp, ignore_errors=True)  # a partial checkpoint: give its space back
+        raise
     return tmp

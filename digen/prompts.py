@@ -47,12 +47,35 @@ def read_prompts(path: Path) -> Prompts:
             file with no prompt.
     """
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"prompt file {path} is a folder; give a text file (one prompt a line) or .jsonl")
     return _read_cached(str(path.resolve()), path.stat().st_mtime_ns)
+
+
+def decode_text(path: str, data: bytes) -> str:
+    """``data`` as UTF-8 text; a :class:`ConfigError` naming the file, the byte and its offset
+    (and line) when it is not, or when it holds a NUL byte (a binary file)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(
+            f"prompt file {path} is not UTF-8 text: byte 0x{data[exc.start]:02x} at offset {exc.start} "
+            f"(line {line}) cannot be decoded; save it as UTF-8, one prompt a line"
+        ) from None
+    nul = text.find("\x00")
+    if nul >= 0:
+        offset = len(text[:nul].encode("utf-8"))
+        raise ConfigError(
+            f"prompt file {path} is not a text file: a NUL byte at offset {offset}; give a UTF-8 text "
+            f"file, one prompt a line"
+        )
+    return text.removeprefix("\ufeff")  # a UTF-8 byte order mark is no part of the first prompt
 
 
 @lru_cache(maxsize=16)
 def _read_cached(path: str, mtime_ns: int) -> Prompts:
-    text = Path(path).read_text(encoding="utf-8")
+    text = decode_text(path, Path(path).read_bytes())
     if path.endswith(".jsonl"):
         metadata = [_metadata_line(path, i, ln) for i, ln in enumerate(text.splitlines(), 1) if ln.strip()]
         prompts: list[str] = [m["prompt"] for m in metadata]

@@ -9,18 +9,218 @@ Layout (DESIGN.md section 3)::
 ``checkpoints/iter_NNNN`` holds the state *after* iteration NNNN's optimizer step. Resuming
 from it truncates ``metrics.jsonl`` and ``timeline.jsonl`` to iterations <= NNNN, so a run
 killed at any point and resumed has every iteration exactly once.
+
+A run holds :class:`RunLock` on its directory while it uses it (``RUN_DIR/.digen.lock``, an
+OS ``flock`` that names the holder's pid and host; released at exit, and by the kernel when
+the process dies, even by SIGKILL): a second run into the same directory is refused.
+
+A full disk anywhere in a run (``ENOSPC``, or safetensors' error for it) becomes one
+:class:`DiskFull` line naming the path, the bytes needed and the last intact checkpoint
+(:func:`disk_writes`, :func:`disk_full_error`); every writer of run files goes through it.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import math
+import os
 import shutil
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from digen.config import Config, dump_config
-from digen.errors import CheckpointError, ConfigError
+from digen.errors import CheckpointError, ConfigError, DigenError
+
+LOCK_NAME = ".digen.lock"
+"""The run directory's lock file (holds the pid and host of the run using the directory)."""
+
+
+class RunDirBusy(ConfigError):
+    """The run directory is in use by another run (its :class:`RunLock` is held)."""
+
+
+class DiskFull(DigenError):
+    """A write of a run file failed for lack of space: the run ends, the last intact
+    checkpoint is kept (``--resume`` continues from it once space is freed)."""
+
+
+# --- the run directory's lock -----------------------------------------------------------
+
+_HELD: dict[Path, list[int]] = {}  # resolved root -> [fd, count] (re-entrant within a process)
+_HELD_LOCK = threading.Lock()
+
+
+def _describe_holder(text: str) -> str:
+    try:
+        info = json.loads(text)
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(info["since"])))
+        return f"pid {int(info['pid'])} on {info['host']} (since {since})"
+    except (ValueError, KeyError, TypeError):
+        return "another process (its lock file names no holder yet)"
+
+
+class RunLock:
+    """An exclusive ``flock`` on ``RUN_DIR/.digen.lock`` while a run uses the directory.
+
+    :meth:`acquire` creates the directory (the run has been accepted by then) and writes the
+    holder's pid, host and start time into the lock file; a second process is refused with
+    :class:`RunDirBusy` (exit 2) naming them. The kernel drops the lock when its process dies
+    (SIGKILL included), so a stale lock file is simply taken over. Re-entrant within one
+    process (the job runner takes it, then the training it starts). :meth:`release` deletes
+    the file while still holding the lock; a waiter that opened the old file notices (its
+    inode is no longer the path's) and opens the new one.
+    """
+
+    def __init__(self, root: Path):
+        self.root = Path(root).absolute()
+        self.path = self.root / LOCK_NAME
+        self._key = Path(os.path.realpath(self.root))
+
+    def acquire(self) -> RunLock:
+        with _HELD_LOCK:
+            if self._key in _HELD:
+                _HELD[self._key][1] += 1
+                return self
+        self.root.mkdir(parents=True, exist_ok=True)
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _describe_holder(os.pread(fd, 4096, 0).decode("utf-8", "replace"))
+                os.close(fd)
+                raise RunDirBusy(
+                    f"run directory {self.root} is in use by {holder}; wait for that run to end "
+                    f"(or stop it), or choose another --out"
+                ) from None
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)  # the previous holder deleted the file we locked: lock the new one
+        record = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(record).encode(), 0)
+        with _HELD_LOCK:
+            _HELD[self._key] = [fd, 1]
+        return self
+
+    def release(self) -> None:
+        with _HELD_LOCK:
+            entry = _HELD.get(self._key)
+            if entry is None:
+                return
+            entry[1] -= 1
+            if entry[1] > 0:
+                return
+            del _HELD[self._key]
+        try:
+            self.path.unlink()
+        except OSError:
+            pass
+        os.close(entry[0])
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    @staticmethod
+    def holder(root: Path) -> str | None:
+        """Who holds ``root``'s lock ("pid N on HOST (since ...)"), or None when nobody does."""
+        path = Path(root) / LOCK_NAME
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return _describe_holder(os.pread(fd, 4096, 0).decode("utf-8", "replace"))
+            return None
+        finally:
+            os.close(fd)
+
+
+# --- a full disk ------------------------------------------------------------------------
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """``ENOSPC``/``EDQUOT`` from the OS, or the same from safetensors' Rust writer."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(exc)
+    return type(exc).__name__ == "SafetensorError" and (
+        "No space left" in text or "StorageFull" in text or "os error 28" in text or "code: 28" in text
+    )
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "an unknown number of bytes"
+    return f"{n} bytes ({n / 2**20:.1f} MiB)"
+
+
+def free_bytes(path: Path) -> int:
+    """Free bytes on the file system of ``path`` (or of its nearest existing parent)."""
+    p = Path(path).absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return shutil.disk_usage(p).free
+
+
+def latest_intact_checkpoint(root: Path) -> Path | None:
+    """The newest complete checkpoint of the run in ``root`` (``state.json`` written last)."""
+    folder = Path(root) / "checkpoints"
+    if not folder.is_dir():
+        return None
+    done = sorted(p for p in folder.glob("iter_*") if p.suffix != ".tmp" and (p / "state.json").exists())
+    return done[-1] if done else None
+
+
+def disk_full_error(exc: BaseException, path: Path | str | None, root: Path, needed: int | None) -> DiskFull:
+    """The one-line error of a full disk: what was written, how much it needed, what is kept."""
+    where = path if path is not None else getattr(exc, "filename", None) or root
+    try:
+        free = f", {_size(free_bytes(Path(where)))} free"
+    except OSError:
+        free = ""
+    ckpt = latest_intact_checkpoint(root)
+    kept = (
+        f"the last intact checkpoint is {ckpt}: free some space and rerun with --resume"
+        if ckpt is not None
+        else "no checkpoint was written yet: free some space and rerun"
+    )
+    return DiskFull(f"the disk is full: writing {where} needed {_size(needed)}{free}; {kept}")
+
+
+@contextmanager
+def disk_writes(root: Path, path: Path | str | None = None, needed: int | None = None) -> Iterator[None]:
+    """Writes of run files inside: a full disk becomes :func:`disk_full_error` (one line)."""
+    try:
+        yield
+    except DiskFull:
+        raise
+    except Exception as exc:
+        if is_disk_full(exc):
+            raise disk_full_error(exc, path, root, needed) from None
+        raise
+
+
+def directory_bytes(folder: Path) -> int:
+    """Bytes of the files under ``folder``."""
+    return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -56,7 +256,9 @@ class RunDir:
             self.write_config()
 
     def write_config(self) -> None:
-        (self.root / "config.yaml").write_text(dump_config(self.cfg))
+        text = dump_config(self.cfg)
+        with disk_writes(self.root, self.root / "config.yaml", len(text.encode())):
+            (self.root / "config.yaml").write_text(text)
 
     # --- checkpoints ---------------------------------------------------------------
     def checkpoint_dir(self, iteration: int) -> Path:
@@ -78,14 +280,18 @@ class RunDir:
         self.write_config()
         for name in ("metrics.jsonl", "timeline.jsonl", "eval.jsonl"):
             path = self.root / name
+            if not path.exists():
+                continue
             rows = [r for r in _read_jsonl(path) if int(r.get("iteration", -1)) <= iteration]
-            path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+            text = "".join(json.dumps(r) + "\n" for r in rows)
+            with disk_writes(self.root, path, len(text.encode())):
+                path.write_text(text)
 
     # --- logs ------------------------------------------------------------------------
     def append(self, name: str, rows: list[dict[str, Any]]) -> None:
-        with open(self.root / name, "a") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
+        text = "".join(json.dumps(r) + "\n" for r in rows)
+        with disk_writes(self.root, self.root / name, len(text.encode())), open(self.root / name, "a") as f:
+            f.write(text)
             f.flush()
 
     def metrics(self) -> list[dict]:
@@ -121,7 +327,9 @@ class RunDir:
             else 0.0,
             "max_staleness": max(r["max_staleness"] for r in rows),
         }
-        (self.root / "summary.json").write_text(json.dumps(summary, indent=1))
+        text = json.dumps(summary, indent=1)
+        with disk_writes(self.root, self.root / "summary.json", len(text.encode())):
+            (self.root / "summary.json").write_text(text)
         return summary
 
     def _busy_and_worker_seconds(self, rows: list[dict]) -> tuple[float, float]:

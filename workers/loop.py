@@ -27,6 +27,7 @@ from digen.core.events import Role, TaskRef
 from digen.core.policy import idle_kinds, pull_order
 from digen.dataplane.blobs import local_server, local_store
 from digen.errors import TaskDropped
+from digen.rewards.http import share_breakers
 from digen.runtime.jobstate import JobState
 from digen.runtime.queue import LeasedTask, TaskQueue
 from digen.runtime.redis_conn import connect, count_round_trips
@@ -111,6 +112,7 @@ def worker_loop(
     torch.set_num_threads(threads)  # cluster.local.threads_per_worker, as the reference (compute_threads)
     cfg = Config.model_validate(cfg_json)
     r = connect(redis_url, outage_s=cfg.schedule.redis_outage_s)  # a Redis restart pauses the loop
+    share_breakers(r)  # a reward server one worker found down fails every worker's calls at once
     round_trips = count_round_trips(r)
     sec = cfg.security
     tls = (sec.ca_file, sec.cert_file, sec.key_file) if sec.enabled else None

@@ -53,8 +53,15 @@ class TaskRef:
 
     @staticmethod
     def parse(task_id: str) -> TaskRef:
-        kind, it, g, *part = task_id.split(":")
-        return TaskRef(TaskKind(kind), int(it), int(g), int(part[0]) if part else None)
+        """``"gen:3:1"`` -> ``TaskRef(GEN, 3, 1)``; a ValueError naming the text when it is not
+        a task id (``kind:iteration:group[:part]``)."""
+        try:
+            kind, it, g, *part = task_id.split(":")
+            if len(part) > 1:
+                raise ValueError
+            return TaskRef(TaskKind(kind), int(it), int(g), int(part[0]) if part else None)
+        except (ValueError, TypeError, AttributeError):
+            raise ValueError(f"{task_id!r} is not a task id (kind:iteration:group[:part])") from None
 
 
 # --- events ---------------------------------------------------------------------------

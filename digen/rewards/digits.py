@@ -117,6 +117,32 @@ class DigitClassifierReward(Reward):
     def __init__(self, weights: str | Path = DEFAULT_WEIGHTS):
         self.model = load_classifier(weights)
 
+    @staticmethod
+    def prompt_problems(prompts: list[str], **kwargs: object) -> list[str]:
+        """Before a run starts (:mod:`digen.checks`): the prompts this reward cannot score (no
+        digit, or several), the first few named, and a missing weights file."""
+        bad = []
+        for prompt in dict.fromkeys(prompts):
+            try:
+                parse_digit(prompt)
+            except ConfigError:
+                bad.append(prompt)
+        problems = []
+        if bad:
+            shown = ", ".join(repr(p) for p in bad[:3]) + (
+                f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+            )
+            problems.append(
+                f"{len(bad)} prompt(s) name no digit or several: {shown}; each prompt must name exactly "
+                "one digit as a numeral, e.g. 'a handwritten 7' (see configs/prompts/digits.txt)"
+            )
+        weights = Path(str(kwargs.get("weights", DEFAULT_WEIGHTS)))
+        if not weights.is_file():
+            problems.append(
+                f"weights {str(weights)!r} do not exist; build them with python scripts/make_digits_model.py"
+            )
+        return problems
+
     @torch.no_grad()
     def probabilities(self, images: torch.Tensor) -> torch.Tensor:
         """``[B, C, H, W]`` in ``[0, 1]`` -> class probabilities ``[B, 10]`` float32."""

@@ -13,12 +13,13 @@ unless it is a single reward of weight 1).
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch
 
-from digen.errors import ConfigError, RewardError
+from digen.errors import ConfigError, RewardError, did_you_mean
 from digen.rewards.base import Metadata, Reward, call_reward
 
 RewardFactory = Callable[..., Reward]
@@ -44,6 +45,19 @@ def available() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def factory(name: str) -> RewardFactory | None:
+    """The class (or factory) registered as ``name``, or None."""
+    return _REGISTRY.get(name)
+
+
+def unknown(name: str, where: str = "") -> str:
+    """The message for a reward name that does not exist: the closest name, then all of them."""
+    hint = did_you_mean(name, _REGISTRY)
+    if hint:
+        return f"{where}reward '{name}' does not exist{hint} (available: {', '.join(available())})"
+    return f"{where}reward '{name}' does not exist; available: {', '.join(available())}"
+
+
 def build_reward(name: str, /, **kwargs: Any) -> Reward:
     """Build the reward registered as ``name`` with ``kwargs``.
 
@@ -52,7 +66,7 @@ def build_reward(name: str, /, **kwargs: Any) -> Reward:
     """
     factory = _REGISTRY.get(name)
     if factory is None:
-        raise ConfigError(f"reward '{name}' does not exist; available: {', '.join(available())}")
+        raise ConfigError(unknown(name))
     try:
         inspect.signature(factory).bind(**kwargs)
     except TypeError as exc:
@@ -171,10 +185,12 @@ def _spec_problems(i: int, spec: Any) -> list[str]:
     if not isinstance(name, str):
         problems.append(f"{where}.name must be a reward name (one of {', '.join(available())}), got {name!r}")
     elif name not in _REGISTRY:
-        problems.append(f"{where}.name: reward '{name}' does not exist; available: {', '.join(available())}")
+        problems.append(unknown(name, f"{where}.name: "))
     weight = spec.get("weight", 1.0)
     if isinstance(weight, bool) or not isinstance(weight, int | float):
         problems.append(f"{where}.weight must be a number, got {weight!r}")
+    elif not math.isfinite(weight):
+        problems.append(f"{where}.weight must be a finite number, got {weight!r}")
     if not isinstance(spec.get("kwargs", {}), dict):
         problems.append(f"{where}.kwargs must be a mapping, got {spec.get('kwargs')!r}")
     return problems

@@ -400,6 +400,7 @@ def run_distributed(
     run = RunDir(out, cfg, resume=resume)
     job_id = job_id or uuid.uuid4().hex[:12]
     queue, job = TaskQueue(r, job_id, lease_s=s.lease_s), JobState(r, job_id)
+    queue.on_junk = lambda record: run.append("dead_letters.jsonl", [record])  # quarantined junk
     queue.clear()
     start_iteration, version, checkpoint = resume_point(run) if resume else (0, 0, None)
     if resume:
@@ -437,7 +438,7 @@ def run_distributed(
         )
     )
     evals = Evaluations(cfg, run, job, held_out_prompts(cfg), progress) if cfg.eval.every else None
-    dispatch = Dispatcher(ledger, queue, job, evals=evals)
+    dispatch = Dispatcher(ledger, queue, job, evals=evals, run_root=str(out))
     ctl = Controller(
         cfg,
         run,

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 from digen.core.events import Release, Role, TaskDone, TaskKind, TaskRef
+from digen.errors import ConnectionFailure
 from digen.iteration import draws_grid
 from digen.runtime.evals import Evaluations
 from digen.runtime.jobstate import JobState
@@ -33,6 +34,8 @@ class Dispatcher:
     reward_tasks: bool = False
     """Scoring runs as ``reward`` tasks (generation tasks keep the decoded images for them)."""
     evals: Evaluations | None = None
+    run_root: str = ""
+    """The run directory (named in a message when Redis lost the job's data)."""
     tags: dict[str, tuple[Role, int]] = field(default_factory=dict)
 
     def set_role(self, worker: str, role: Role, budget: int) -> None:
@@ -116,8 +119,11 @@ class Dispatcher:
         tags, released tasks. Every write is idempotent. Returns the tasks found done (to
         collect with the next done ids)."""
         log.warning("job %s: Redis was unreachable; checking the job's keys", self.job.job_id)
-        if self.job.status() is None:
-            self.job.set_status("running")
+        if self.job.status() is None:  # written at the start and never deleted while the job runs
+            raise ConnectionFailure(
+                f"Redis lost the job's data (restarted without persistence); the last checkpoint is kept "
+                f"in {self.run_root}: rerun with --resume"
+            )
         for worker, (role, budget) in self.tags.items():
             if self.job.tag(worker) is None:
                 self.job.set_tag(worker, role, budget)

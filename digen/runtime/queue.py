@@ -10,6 +10,8 @@ Keys (``P = digen:<job_id>:``)::
     P done             list   ids acknowledged, in order; the controller pops it
     P dead             list   ids that failed ``max_attempts`` times
     P wake:<queue>     list   wake-up tokens for blocked ``lease`` calls
+    P junk             list   JSON records of what was read and did not parse (quarantined)
+    P junk_n           string how many things were quarantined
 
 A task's ``state`` is ``pending`` (its id is in exactly one queue list), ``leased`` (its id is
 in ``leases``), ``done`` (its result is stored), ``dead``, or ``parked``: given back by its
@@ -26,21 +28,55 @@ the first ``ack`` of a task wins and later ones return False, so a task run twic
 
 The scripts build key names from the job prefix inside Lua (not cluster-safe: use a single
 Redis node or a proxy, as the embedded and docker-compose setups do).
+
+Everything read back is parsed defensively. An id on ``done``, ``dead`` or a queue list that
+is not text or (with ``task_ids``, the default) not a digen task id (``kind:iteration:group
+[:part]``, or an FSDP ``step:N``), a payload that is not msgpack (a pickle is never
+unpickled), a stored result that does not decode: each is *quarantined*, recorded in
+``P junk`` with the reason (and passed to ``on_junk``, which the controller points at the
+run's ``dead_letters.jsonl``), counted in ``P junk_n`` (``digen status`` shows the count) and
+taken out of the way: a junk id is dropped, a task with an unreadable payload or result goes
+to the dead letters. The controller only ever sees valid task ids.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 
+from digen.core.events import TaskKind
 from digen.errors import PayloadError
 from digen.runtime.codec import pack, unpack
 
 log = logging.getLogger(__name__)
+
+_TASK_ID = re.compile(
+    rf"(?:{'|'.join(k.value for k in TaskKind)}):\d{{1,9}}:\d{{1,9}}(?::[01])?"
+    r"|step:\d{1,9}"  # an FSDP trainer group's step (digen.runtime.fsdp_group.step_id)
+)
+JUNK_KEEP = 1000  # quarantine records kept (the count goes on)
+
+
+def is_task_id(text: str) -> bool:
+    """A digen task id: ``kind:iteration:group`` (``:part`` 0 or 1 for half a group), or ``step:N``."""
+    return _TASK_ID.fullmatch(text) is not None
+
+
+def quarantined_count(redis_client: redis.Redis, job_id: str) -> int:
+    """How many things the queue of ``job_id`` quarantined (0 when none, or the keys are gone)."""
+    raw = redis_client.get(f"digen:{job_id}:junk_n")
+    try:
+        return int(raw or 0)
+    except ValueError:
+        return 0
+
 
 _MIN_BLOCK_S = 0.01  # BLPOP rounds to milliseconds and treats 0 as "forever"
 _MAX_BLOCK_S = 1.0  # re-check at least this often while blocked (tokens lost in a restart)
@@ -84,13 +120,19 @@ local tkey = p .. 'task:' .. id
 local state = redis.call('HGET', tkey, 'state')
 if not state then return -1 end
 if state == 'dead' then return 0 end
-if not redis.call('SET', p .. 'result:' .. id, ARGV[4], 'NX') then return 0 end
+local stored = redis.call('SET', p .. 'result:' .. id, ARGV[4], 'NX')
+if not stored and state == 'done' then return 0 end
+-- stored, or a result is there but the task is not done (written by something else, or the
+-- state change lost in a restart): the stored result wins, the task is done either way
+if not stored then redis.call('HSETNX', tkey, 'result_kind', ARGV[5]) end
 if state == 'pending' then redis.call('LREM', p .. 'q:' .. redis.call('HGET', tkey, 'queue'), 1, id) end
 redis.call('ZREM', p .. 'leases', id)
-redis.call('HSET', tkey, 'state', 'done', 'worker', ARGV[3], 'result_kind', ARGV[5])
+if stored then redis.call('HSET', tkey, 'result_kind', ARGV[5]) end
+redis.call('HSET', tkey, 'state', 'done', 'worker', ARGV[3])
 redis.call('HDEL', tkey, 'payload')
 redis.call('RPUSH', p .. 'done', id)
-return 1
+if stored then return 1 end
+return 2
 """
 
 _NACK = """
@@ -180,7 +222,11 @@ for i = #ids, 1, -1 do
     local q = redis.call('HGET', tkey, 'queue')
     local n = tonumber(redis.call('HGET', tkey, 'attempts'))
     if max_attempts > 0 and n >= max_attempts then
-      redis.call('HSET', tkey, 'state', 'dead', 'error', 'lease lost ' .. n .. ' times (' .. mode .. ')')
+      local why = 'lease lost ' .. n .. ' times (' .. mode .. ')'
+      if redis.call('EXISTS', p .. 'result:' .. id) == 1 then
+        why = 'a result for task ' .. id .. ' was already stored, yet the task was leased again ' .. n .. ' times'
+      end
+      redis.call('HSET', tkey, 'state', 'dead', 'error', why)
       redis.call('RPUSH', p .. 'dead', id)
     else
       redis.call('HSET', tkey, 'state', 'pending')
@@ -192,6 +238,21 @@ for i = #ids, 1, -1 do
   end
 end
 return moved
+"""
+
+
+# ARGV: prefix, id, error. A task whose payload or stored result cannot be read: dead, at once.
+_KILL = """
+local p, id = ARGV[1], ARGV[2]
+local tkey = p .. 'task:' .. id
+local state = redis.call('HGET', tkey, 'state')
+if not state or state == 'dead' then return 0 end
+if state == 'pending' then redis.call('LREM', p .. 'q:' .. redis.call('HGET', tkey, 'queue'), 0, id) end
+redis.call('ZREM', p .. 'leases', id)
+redis.call('DEL', p .. 'result:' .. id)
+redis.call('HSET', tkey, 'state', 'dead', 'error', ARGV[3])
+redis.call('RPUSH', p .. 'dead', id)
+return 1
 """
 
 
@@ -224,7 +285,15 @@ class TaskQueue:
     worker may hold a task without :meth:`extend` before it is re-delivered.
     """
 
-    def __init__(self, redis_client: redis.Redis, job_id: str, *, lease_s: float = 30.0):
+    def __init__(
+        self,
+        redis_client: redis.Redis,
+        job_id: str,
+        *,
+        lease_s: float = 30.0,
+        task_ids: bool = True,
+        on_junk: Callable[[dict[str, Any]], None] | None = None,
+    ):
         if not job_id or any(c in job_id for c in " \t\n*?[]"):
             raise ValueError(f"job_id {job_id!r} must be non-empty, without spaces or glob characters")
         if redis_client.connection_pool.connection_kwargs.get("decode_responses"):
@@ -232,6 +301,10 @@ class TaskQueue:
         self.redis = redis_client
         self.job_id = job_id
         self.lease_s = float(lease_s)
+        self.task_ids = task_ids
+        """Accept only digen task ids (:func:`is_task_id`); False: any text (benchmarks, tests)."""
+        self.on_junk = on_junk
+        """Called with each quarantine record (the controller appends it to dead_letters.jsonl)."""
         self.prefix = f"digen:{job_id}:"
         self._put = redis_client.register_script(_PUT)
         self._lease = redis_client.register_script(_LEASE)
@@ -241,6 +314,7 @@ class TaskQueue:
         self._requeue = redis_client.register_script(_REQUEUE)
         self._park = redis_client.register_script(_PARK)
         self._repost = redis_client.register_script(_REPOST)
+        self._kill = redis_client.register_script(_KILL)
         timeout = redis_client.connection_pool.connection_kwargs.get("socket_timeout")
         # a blocking call longer than the socket timeout would be cut (and retried) by redis-py
         self._block_slice = min(_MAX_BLOCK_S, timeout / 2) if timeout else _MAX_BLOCK_S
@@ -274,11 +348,17 @@ class TaskQueue:
             now = time.time()
             reply = self._lease(args=[self.prefix, self.lease_s, worker, repr(now), *queue_names])
             if reply:
-                queue, task_id, payload, attempt = reply
+                queue, raw_id, payload, attempt = reply
+                task_id = self._task_id(raw_id)
+                if task_id is None:  # junk on a queue list: dropped with its lease
+                    self.redis.zrem(self.prefix + "leases", raw_id)
+                    self._quarantine(f"q:{_text(queue)}", raw_id, self._id_problem(raw_id))
+                    continue
                 try:
-                    return LeasedTask(queue.decode(), task_id.decode(), unpack(payload), int(attempt), now)
+                    return LeasedTask(_text(queue), task_id, unpack(payload), int(attempt), now)
                 except PayloadError as err:  # never runs: straight to the dead letters, lease the next
-                    self.nack(task_id.decode(), f"PayloadError: {err}", max_attempts=1, worker=worker)
+                    self.nack(task_id, f"PayloadError: {err}", max_attempts=1, worker=worker)
+                    self._quarantine(f"task:{task_id}", payload, f"payload of task {task_id}: {err}")
                     continue
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -319,6 +399,14 @@ class TaskQueue:
         stored = int(self._ack(args=[self.prefix, task_id, worker, bytes(data), kind]))
         if stored < 0:
             log.warning("ack of unknown task %s in job %s by %s ignored", task_id, self.job_id, worker)
+        elif stored == 2:
+            log.warning(
+                "a result for task %s of job %s was already stored; the task is done with that one, "
+                "this result from %s is discarded",
+                task_id,
+                self.job_id,
+                worker,
+            )
         return stored == 1
 
     def nack(self, task_id: str, error: str, *, max_attempts: int, worker: str | None = None) -> str:
@@ -328,9 +416,10 @@ class TaskQueue:
         than ``worker`` when given)."""
         reply = self._nack(args=[self.prefix, task_id, error, max_attempts, worker or ""])
         outcome = reply.decode() if isinstance(reply, bytes) else str(reply)
-        if outcome == "dead":
+        if outcome == "dead":  # the first line: the traceback stays in the dead letter
+            first = (error.strip().splitlines() or ["no error recorded"])[0]
             log.warning(
-                "task %s of job %s is dead after %d attempts: %s", task_id, self.job_id, max_attempts, error
+                "task %s of job %s is dead after %d attempts: %s", task_id, self.job_id, max_attempts, first
             )
         return outcome
 
@@ -390,7 +479,14 @@ class TaskQueue:
             if reply:
                 first = [reply[1]]
         rest: list[Any] = self.redis.lpop(key, 1_000_000) or []  # type: ignore[assignment]
-        return [_text(b) for b in [*first, *rest]]
+        ids = []
+        for raw in [*first, *rest]:
+            task_id = self._task_id(raw)
+            if task_id is None:
+                self._quarantine("done", raw, self._id_problem(raw))
+            else:
+                ids.append(task_id)
+        return ids
 
     def get_result(self, task_id: str) -> bytes | dict[str, Any] | None:
         """The stored result of ``task_id`` (bytes, or the dict given to :meth:`ack`), or None."""
@@ -398,7 +494,15 @@ class TaskQueue:
         pipe.get(self._key("result", task_id))
         pipe.hget(self._key("task", task_id), "result_kind")
         data, kind = pipe.execute()
-        return None if data is None else self._decode_result(data, kind)
+        if data is None:
+            return None
+        try:
+            return self._decode_result(data, kind)
+        except PayloadError as err:  # a result no worker wrote: the task goes to the dead letters
+            why = f"the stored result of task {task_id} is not a digen result ({err})"
+            self._quarantine(f"result:{task_id}", data, why)
+            self._kill(args=[self.prefix, task_id, f"PayloadError: {why}"])
+            return None
 
     def results(self, prefix: str = "") -> dict[str, bytes | dict[str, Any]]:
         """All stored results whose task id starts with ``prefix``, by task id."""
@@ -412,22 +516,44 @@ class TaskQueue:
             pipe.get(key)
             pipe.hget(self._key("task", task_id), "result_kind")
         replies = pipe.execute()
-        return {
-            task_id: self._decode_result(replies[2 * i], replies[2 * i + 1])
-            for i, task_id in enumerate(ids)
-            if replies[2 * i] is not None
-        }
+        out: dict[str, bytes | dict[str, Any]] = {}
+        for i, task_id in enumerate(ids):
+            if replies[2 * i] is None:
+                continue
+            try:
+                out[task_id] = self._decode_result(replies[2 * i], replies[2 * i + 1])
+            except PayloadError as err:
+                self._quarantine(f"result:{task_id}", replies[2 * i], f"stored result of {task_id}: {err}")
+        return out
 
     def dead_letters(self) -> list[DeadLetter]:
         """The dead tasks, oldest first, with their last error."""
         out = []
         for raw in self.redis.lrange(self.prefix + "dead", 0, -1):
-            task_id = _text(raw)
+            task_id = self._task_id(raw)
+            if task_id is None:  # junk pushed onto the dead list: taken off it
+                self.redis.lrem(self.prefix + "dead", 0, raw)
+                self._quarantine("dead", raw, self._id_problem(raw))
+                continue
             queue, error, attempts = self.redis.hmget(
                 self._key("task", task_id), ["queue", "error", "attempts"]
             )
-            out.append(DeadLetter(task_id, _text(queue or b""), _text(error or b""), int(attempts or 0)))
+            out.append(DeadLetter(task_id, _text(queue or b""), _text(error or b""), _int(attempts)))
         return out
+
+    def quarantined(self) -> list[dict[str, Any]]:
+        """The newest quarantine records (``JUNK_KEEP``), oldest first."""
+        out = []
+        for raw in self.redis.lrange(self.prefix + "junk", 0, -1):
+            try:
+                out.append(json.loads(raw))
+            except ValueError:
+                continue
+        return out
+
+    def quarantined_count(self) -> int:
+        """How many things this queue quarantined."""
+        return quarantined_count(self.redis, self.job_id)
 
     def progress(self, task_ids: list[str]) -> dict[str, tuple[str | None, float | None]]:
         """(state, when the leasing worker took it by its clock) of each id, in one round trip."""
@@ -435,7 +561,7 @@ class TaskQueue:
         for task_id in task_ids:
             pipe.hmget(self._key("task", task_id), ["state", "started"])
         return {
-            task_id: (None if state is None else _text(state), None if started is None else float(started))
+            task_id: (None if state is None else _text(state), _float(started))
             for task_id, (state, started) in zip(task_ids, pipe.execute() if task_ids else [], strict=True)
         }
 
@@ -470,12 +596,53 @@ class TaskQueue:
     def _key(self, kind: str, name: str) -> str:
         return f"{self.prefix}{kind}:{name}"
 
+    def _task_id(self, raw: bytes | str) -> str | None:
+        """``raw`` as a task id, or None when it is not one (not UTF-8, or not a task id)."""
+        try:
+            text = raw.decode() if isinstance(raw, bytes) else str(raw)
+        except UnicodeDecodeError:
+            return None
+        if self.task_ids and not is_task_id(text):
+            return None
+        if not self.task_ids and (not text or any(c in text for c in "\r\n\x00")):
+            return None
+        return text
+
+    def _id_problem(self, raw: bytes | str) -> str:
+        try:
+            text = raw.decode() if isinstance(raw, bytes) else str(raw)
+        except UnicodeDecodeError as err:
+            return f"not a task id: not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start})"
+        return f"not a task id (kind:iteration:group[:part]): {text[:80]!r}"
+
+    def _quarantine(self, where: str, raw: Any, reason: str) -> None:
+        """Record junk read from ``where`` (see the module docstring); never raises for Redis."""
+        shown = repr(raw[:80]) if isinstance(raw, bytes | str) else repr(raw)[:80]
+        record = {"junk": shown, "from": self.prefix + where, "reason": reason, "time": time.time()}
+        log.warning(
+            "job %s: quarantined %s from %s (%s): moved to the dead letters",
+            self.job_id,
+            shown,
+            where,
+            reason,
+        )
+        with self.redis.pipeline(transaction=False) as p:
+            p.rpush(self.prefix + "junk", json.dumps(record))
+            p.ltrim(self.prefix + "junk", -JUNK_KEEP, -1)
+            p.incr(self.prefix + "junk_n")
+            p.execute()
+        if self.on_junk is not None:
+            try:
+                self.on_junk({"task": None, "action": "quarantined", **record})
+            except Exception as exc:  # noqa: BLE001 - the record is in Redis either way
+                log.warning("could not record quarantined junk: %s", exc)
+
     def _slice(self, remaining: float) -> float:
         return max(_MIN_BLOCK_S, min(remaining, self._block_slice))
 
     def _run_requeue(self, mode: str, arg: str, max_attempts: int) -> list[str]:
         moved = self._requeue(args=[self.prefix, mode, arg, max_attempts])
-        ids = [b.decode() for b in reversed(moved)]
+        ids = [_text(b) for b in reversed(moved)]
         if ids:
             log.info("job %s: re-queued %d task(s) (%s %s)", self.job_id, len(ids), mode, arg or "now")
         return ids
@@ -486,7 +653,22 @@ class TaskQueue:
 
 
 def _text(raw: bytes | str) -> str:
-    return raw.decode() if isinstance(raw, bytes) else raw
+    """Text read from Redis; undecodable bytes replaced (for messages, never for ids)."""
+    return raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+
+
+def _int(raw: Any) -> int:
+    try:
+        return int(raw or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _float(raw: Any) -> float | None:
+    try:
+        return None if raw is None else float(raw)
+    except (TypeError, ValueError):
+        return None
 
 
 def _glob_escape(text: str) -> str:

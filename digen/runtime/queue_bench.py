@@ -29,7 +29,7 @@ def bench_queue(
         tmp = tempfile.TemporaryDirectory(prefix="digen-bench-")
         db_path = Path(tmp.name) / "bench.db"
         redis_client = connect(None, db_path=db_path)
-    queue = TaskQueue(redis_client, f"bench-{uuid.uuid4().hex[:8]}", lease_s=60.0)
+    queue = TaskQueue(redis_client, f"bench-{uuid.uuid4().hex[:8]}", lease_s=60.0, task_ids=False)
     try:
         queue.put_many("q", [(f"t{i}", {"i": i}) for i in range(n_tasks)])
         result = b"x" * result_bytes
@@ -63,7 +63,7 @@ def _consume(url: str, job_id: str, worker: str, lease_s: float, ready, start, s
     import os
     import signal
 
-    queue = TaskQueue(connect(url), job_id, lease_s=lease_s)
+    queue = TaskQueue(connect(url), job_id, lease_s=lease_s, task_ids=False)
     queue.pending_count("q")  # connected
     ready.put(worker)
     start.wait()
@@ -99,7 +99,7 @@ def bench_queue_processes(
     ctx = mp.get_context("spawn")
     client = connect(redis_url)
     url = redis_url or _embedded_url(client)
-    queue = TaskQueue(client, f"bench-{uuid.uuid4().hex[:8]}", lease_s=lease_s)
+    queue = TaskQueue(client, f"bench-{uuid.uuid4().hex[:8]}", lease_s=lease_s, task_ids=False)
     queue.put_many("q", [(f"t{i}", {"i": i}) for i in range(n_tasks)])
     ready, start = ctx.Queue(), ctx.Event()
     share = n_tasks // max(n_consumers, 1)

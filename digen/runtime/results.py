@@ -185,6 +185,8 @@ class Collector:
             raise on_fsdp(dead)
         if is_step_id(dead.task_id):
             return []
+        if "RewardServiceDown" in first:  # not this task's fault: no task would score
+            raise PoisonTask(f"task {dead.task_id} failed: {first.split(': ', 1)[-1]}")
         if action == "fail":
             raise PoisonTask(
                 f"task {dead.task_id} failed {dead.attempts} time(s): {first}; fix the cause and rerun "

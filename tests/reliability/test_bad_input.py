@@ -144,7 +144,7 @@ def test_a_reward_that_does_not_exist(tiny_sd3: Path, stored_run: Path, tmp_path
     path = write_config(tmp_path, tiny_sd3, reward=[{"name": "brightnes"}], schedule={"mode": "digen"})
     code, err = train(str(path), out=stored_run)
     line = one_line(err)
-    assert code == 2 and "reward 'brightnes' does not exist; available:" in line and "brightness" in line
+    assert code == 2 and "reward 'brightnes' does not exist; did you mean 'brightness'? (available:" in line
     assert started == []  # refused before any cluster starts
 
 
@@ -286,3 +286,146 @@ def test_workers_of_a_gpu_type_no_task_may_use_get_no_task(small_config):
     msg = str(err.value)
     assert msg.startswith("no rollout worker may run this job: cluster.gpu_types is ['h100', 'a100']")
     assert "rollout-a10g, trainer-cpu" in msg and "--gpu-type h100" in msg and err.value.exit_code == 2
+
+
+@pytest.fixture()
+def refused_early(monkeypatch) -> list[str]:
+    """A run that got past the input checks (digen.engine's body: Redis, Dask, the run
+    directory). A mistake below is refused before: nothing has started, nothing is written."""
+    import digen.engine
+
+    calls: list[str] = []
+
+    def refuse(*args, **kwargs):
+        calls.append("run")
+        raise RuntimeError("the run started before its inputs were checked")
+
+    monkeypatch.setattr(digen.engine, "_run", refuse)
+    return calls
+
+
+PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR"
+INPUT_MISTAKES = [
+    # (what, config sections, --set overrides, prompt file bytes or None, expected words)
+    ("prompt file of PNG bytes", {}, [], PNG, ["is not UTF-8 text: byte 0x89 at offset 0 (line 1)"]),
+    ("latin-1 prompt file", {}, [], "a red café\n".encode("latin-1"), ["byte 0xe9 at offset 9 (line 1)"]),
+    (
+        "binary prompt file",
+        {},
+        [],
+        b"a red square\n\x00\x01\x02",
+        ["is not a text file: a NUL byte at offset 13"],
+    ),
+    ("empty prompt file", {}, [], b"\n\n", ["holds no prompt"]),
+    (
+        "reward URL with a port that is not a number",
+        {"reward": [{"name": "http", "kwargs": {"url": "http://127.0.0.1:notaport"}}]},
+        [],
+        None,
+        ["reward[0].kwargs.url (http://127.0.0.1:notaport): port 'notaport' is not a number from 1 to 65535"],
+    ),
+    (
+        "reward URL with a port out of range",
+        {"reward": [{"name": "http", "kwargs": {"url": "http://127.0.0.1:99999"}}]},
+        [],
+        None,
+        ["port '99999' is not a number from 1 to 65535"],
+    ),
+    (
+        "infinite noise level",
+        {},
+        ["rollout.sde.noise_level=.inf"],
+        None,
+        ["rollout.sde.noise_level (inf)", "finite"],
+    ),
+    (
+        "NaN reward weight",
+        {"reward": [{"name": "brightness", "weight": float("nan")}]},
+        [],
+        None,
+        ["weight (nan)"],
+    ),
+    (
+        "sequence length beyond the text encoder",
+        {},
+        ["model.max_sequence_length=100000"],
+        None,
+        ["model.max_sequence_length (100000) exceeds 32", "tokenizer_3's model_max_length"],
+    ),
+    (
+        "resolution the VAE and patch cannot take",
+        {},
+        ["model.resolution=17"],
+        None,
+        ["model.resolution (17) must be a multiple of 16", "VAE scale 8 x patch 2", "try 16 or 32"],
+    ),
+    (
+        "prompts the digit reward cannot read",
+        {"reward": [{"name": "digit_classifier"}]},
+        [],
+        None,
+        ["reward[0] (digit_classifier): 3 prompt(s) name no digit or several: 'a red square'"],
+    ),
+    (
+        "a misspelt reward",
+        {"reward": [{"name": "digit_clasifier"}]},
+        [],
+        None,
+        ["reward 'digit_clasifier' does not exist; did you mean 'digit_classifier'?"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("what", "sections", "sets", "prompt_bytes", "words"), INPUT_MISTAKES, ids=[m[0] for m in INPUT_MISTAKES]
+)
+@pytest.mark.parametrize("mode", ["reference", "digen"])
+@pytest.mark.parametrize("resume", [False, True], ids=["new", "resume"])
+def test_inputs_are_checked_before_anything_starts(
+    what, sections, sets, prompt_bytes, words, mode, resume, tiny_sd3, stored_run, tmp_path, refused_early
+):
+    """Each bad input: exit 2, one line naming it, before Redis, Dask or the run directory,
+    in every mode, also on ``--resume`` (which leaves the stored run as it was)."""
+    if prompt_bytes is not None:
+        (tmp_path / "prompts.txt").write_bytes(prompt_bytes)
+        sections = {**sections, "prompts": {"file": str(tmp_path / "prompts.txt")}}
+    path = write_config(tmp_path, tiny_sd3, schedule={"mode": mode}, **sections)
+    args = [str(path), *[x for s in sets for x in ("--set", s)], *(["--resume"] if resume else [])]
+    kept = snapshot(stored_run)
+    code, err = train(*args, out=stored_run)
+    assert snapshot(stored_run) == kept  # not even config.yaml rewritten, no eval.jsonl created
+    line = one_line(err)
+    assert code == 2, err
+    for w in words:
+        assert w in line, line
+    assert refused_early == []
+
+
+def test_too_little_disk_space_is_refused_before_anything_starts(
+    tiny_sd3: Path, tmp_path: Path, refused_early: list[str], monkeypatch
+):
+    import digen.checks
+
+    monkeypatch.setattr(digen.checks, "free_bytes", lambda path: 1000)
+    path = write_config(tmp_path, tiny_sd3, schedule={"mode": "digen"})
+    code, err = train(str(path), out=tmp_path / "run")
+    line = one_line(err)
+    assert code == 1 and "has 1000 bytes (0.0 MiB) free; this run needs about" in line
+    assert "a checkpoint of about" in line and "free some space or choose another --out" in line
+    assert refused_early == [] and not (tmp_path / "run").exists()
+
+
+def test_submit_checks_every_input_before_it_enqueues(tiny_sd3: Path, tmp_path: Path, monkeypatch):
+    from digen.runtime.redis_conn import connect, stop_embedded
+
+    monkeypatch.setenv("DIGEN_HOME", str(tmp_path / "home"))
+    (tmp_path / "prompts.txt").write_bytes(PNG)
+    path = write_config(tmp_path, tiny_sd3, prompts={"file": str(tmp_path / "prompts.txt")})
+    res = CliRunner().invoke(app, ["submit", str(path), "--out", str(tmp_path / "run")])
+    assert res.exit_code == 2 and "is not UTF-8 text: byte 0x89 at offset 0" in one_line(res.stderr)
+    r = connect(None, db_path=tmp_path / "home" / "digen.db")
+    try:
+        assert not r.keys("rq:job:*")
+    finally:
+        r.close()
+        stop_embedded(tmp_path / "home" / "digen.db")

@@ -18,7 +18,7 @@ from digen.runtime.redis_conn import embedded_url
 
 @pytest.fixture()
 def q(redis_client: redis.Redis) -> TaskQueue:
-    return TaskQueue(redis_client, "job1", lease_s=30.0)
+    return TaskQueue(redis_client, "job1", lease_s=30.0, task_ids=False)
 
 
 def lease_deadline(queue: TaskQueue, task_id: str) -> float:
@@ -275,7 +275,7 @@ def test_pop_done_blocks_for_the_first_and_drains_the_rest(q: TaskQueue, redis_c
 
 
 def test_jobs_are_isolated_and_clear_removes_only_its_keys(redis_client: redis.Redis):
-    a, b = TaskQueue(redis_client, "jobA"), TaskQueue(redis_client, "jobB")
+    a, b = TaskQueue(redis_client, "jobA", task_ids=False), TaskQueue(redis_client, "jobB", task_ids=False)
     a.put("gen", "t", {})
     b.put("gen", "t", {})
     a.lease(["gen"], "w")
@@ -321,7 +321,7 @@ _CONSUMER = """
 import sys
 from digen.runtime.redis_conn import connect
 from digen.runtime.queue import TaskQueue
-q = TaskQueue(connect(sys.argv[1]), "job1")
+q = TaskQueue(connect(sys.argv[1]), "job1", task_ids=False)
 n = 0
 while (task := q.lease(["gen"], sys.argv[2], block_s=0.2)) is not None:
     n += q.ack(task.task_id, sys.argv[2].encode(), worker=sys.argv[2])

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from digen.runtime import service
+from digen.runtime import jobs
 
 from .helpers import CONFIG, Procs, quick_sets, wait_for
 
@@ -98,7 +98,7 @@ def test_external_scheduler_gpu_types_and_a_worker_joining_mid_job(
     serve = procs.digen("serve", "--scheduler", scheduler, "--burst", name="serve")
 
     started = wait_for(
-        lambda: [ln for ln in service.read_log(r, job_id)[0] if "cluster up" in ln],
+        lambda: [ln for ln in jobs.read_log(r, job_id)[0] if "cluster up" in ln],
         180,
         "the job to place its worker loops",
     )
@@ -115,13 +115,13 @@ def test_external_scheduler_gpu_types_and_a_worker_joining_mid_job(
     assert serve.wait(timeout=120) == 0, procs.output(serve)
 
     # cancelled mid-iteration: every finished iteration logged once, the last one's checkpoint kept
-    info = service.job_info(r, job_id)
+    info = jobs.job_info(r, job_id)
     assert info.state == "cancelled" and 2 <= info.iteration < 300
     assert f"job {job_id}: cancelled" in procs.output(submit)
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["iteration"] for m in metrics] == list(range(info.iteration))
     assert (run / "checkpoints" / f"iter_{info.iteration - 1:04d}" / "state.json").exists()
-    assert "keeps the last checkpoint" in "\n".join(service.read_log(r, job_id)[0])
+    assert "keeps the last checkpoint" in "\n".join(jobs.read_log(r, job_id)[0])
 
     events = timeline(run)
     tags = {e["worker"]: e["gpu_type"] for e in events if e["worker"] != "controller"}

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from digen.runtime import service
+from digen.runtime import jobs
 
 from .helpers import CONFIG, ITERATIONS, Procs, learning_rows, quick_sets, wait_for
 
@@ -56,7 +56,7 @@ def test_serve_burst_and_submit_wait_on_a_laptop_match_digen_train(
         procs.stop_all()
         client = connect(None, db_path=db)  # a new server from the saved database (or a leftover one)
         try:
-            jobs = service.list_jobs(client)
+            listed = jobs.list_jobs(client)
         finally:
             client.close()
             start_embedded(db).owned = True  # started or found here: stop it either way
@@ -65,7 +65,7 @@ def test_serve_burst_and_submit_wait_on_a_laptop_match_digen_train(
     out = procs.output(submit)
     job_id = out.splitlines()[0].strip()
     assert f"iteration {ITERATIONS}/{ITERATIONS}" in out and f"job {job_id}: done" in out
-    (info,) = jobs
+    (info,) = listed
     assert (info.id, info.state, info.iteration, info.total, info.attempts) == (
         job_id,
         "done",
@@ -87,23 +87,23 @@ def test_a_dead_runner_resumes_without_repeating_or_losing_an_iteration(
     serve = procs.digen("serve", "--burst", name="serve-1")
 
     # 1. the work horse crashes after two checkpoints: rq re-runs the job, which resumes
-    wait_for(lambda: service.job_info(r, job_id).iteration >= 2, 120, "two iterations")
-    horse = int(service._fetch(r, job_id).meta["pid"])
+    wait_for(lambda: jobs.job_info(r, job_id).iteration >= 2, 120, "two iterations")
+    horse = int(jobs._fetch(r, job_id).meta["pid"])
     os.kill(horse, signal.SIGKILL)
     wait_for(
-        lambda: service.job_info(r, job_id).attempts == 2 and service.job_info(r, job_id).state == "running",
+        lambda: jobs.job_info(r, job_id).attempts == 2 and jobs.job_info(r, job_id).state == "running",
         60,
         "the automatic retry",
     )
-    wait_for(lambda: service.job_info(r, job_id).iteration >= 5, 120, "five iterations")
+    wait_for(lambda: jobs.job_info(r, job_id).iteration >= 5, 120, "five iterations")
 
     # 2. the whole digen serve dies: its work horse goes with it, the job is lost
-    horse = int(service._fetch(r, job_id).meta["pid"])
+    horse = int(jobs._fetch(r, job_id).meta["pid"])
     serve.send_signal(signal.SIGKILL)
     serve.wait(timeout=10)
     wait_for(lambda: not pid_alive(horse), 60, "the work horse to die with serve")
-    wait_for(lambda: service.job_info(r, job_id).state == "lost", 120, "the job to show as lost")
-    assert service.job_info(r, job_id).iteration < ITERATIONS
+    wait_for(lambda: jobs.job_info(r, job_id).state == "lost", 120, "the job to show as lost")
+    assert jobs.job_info(r, job_id).iteration < ITERATIONS
 
     # 3. digen submit --resume continues it in the same run directory
     res = cli("submit", "--resume", job_id)
@@ -124,12 +124,12 @@ def test_a_dead_runner_resumes_without_repeating_or_losing_an_iteration(
     bad_id = res.stdout.strip()
     serve2 = procs.digen("serve", "--burst", name="serve-2")
     assert serve2.wait(timeout=240) == 0, procs.output(serve2)
-    bad = service.job_info(r, bad_id)
+    bad = jobs.job_info(r, bad_id)
     assert (bad.state, bad.attempts, bad.retries_left) == ("failed", 1, 0)
     assert "model.path (/nonexistent/sd3) does not exist" in bad.error
-    new = service.job_info(r, new_id)
+    new = jobs.job_info(r, new_id)
     assert (new.state, new.iteration, new.run_dir) == ("done", ITERATIONS, str(run.resolve()))
-    assert service.job_info(r, job_id).state == "resumed"
+    assert jobs.job_info(r, job_id).state == "resumed"
     assert learning_rows(run) == learning_rows(reference_run)  # every iteration exactly once, same numbers
     assert "resuming after iteration" in cli("logs", new_id).stdout
     assert "attempt 2" in cli("logs", job_id).stdout

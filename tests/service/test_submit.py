@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from digen.errors import ConfigError
-from digen.runtime import service
+from digen.runtime import jobs
 
 from .helpers import CONFIG, DIGEN, ROOT, proc_env, quick_sets
 
@@ -43,8 +43,8 @@ def test_bad_config_is_refused_before_anything_is_enqueued(r, tiny_sd3: Path):
     assert "rollout.group_size (5) must divide rollout.batch_size (16)" in res.output
     res = cli("submit", CONFIG, *quick_sets(tiny_sd3), "--set", "schedule.nope=1")
     assert res.exit_code == 2 and "schedule.nope" in res.output
-    assert service.job_queue(r).count == 0
-    assert r.zcard(service.INDEX_KEY) == 0
+    assert jobs.job_queue(r).count == 0
+    assert r.zcard(jobs.INDEX_KEY) == 0
     assert not r.keys("rq:job:*")
 
 
@@ -52,7 +52,7 @@ def test_submit_enqueues_a_json_job_with_a_long_timeout(r, tiny_sd3: Path, tmp_p
     job_id = submit_ok(tiny_sd3, tmp_path / "run", "--retries", "1")
     raw = r.hgetall(f"rq:job:{job_id}")
     func, _instance, args, kwargs = json.loads(zlib.decompress(raw[b"data"]))  # JSON, never pickle
-    assert func == service.JOB_FUNC == "digen.runtime.service.execute_job"
+    assert func == jobs.JOB_FUNC == "digen.runtime.runner.execute_job"
     assert args == [] and kwargs["resume"] is False
     assert kwargs["out"] == str((tmp_path / "run").resolve())
     assert Path(kwargs["config"]["model"]["path"]).is_absolute()
@@ -60,7 +60,7 @@ def test_submit_enqueues_a_json_job_with_a_long_timeout(r, tiny_sd3: Path, tmp_p
     assert json.loads(raw[b"meta"])["total"] == 8
     assert int(raw[b"timeout"]) >= 24 * 3600
     assert int(raw[b"retries_left"]) == 1
-    assert service.job_queue(r).job_ids == [job_id]
+    assert jobs.job_queue(r).job_ids == [job_id]
     info = status_json(job_id)
     assert (info["state"], info["iteration"], info["total"]) == ("queued", 0, 8)
     assert info["run_dir"] == kwargs["out"] and info["mode"] == "reference"
@@ -84,7 +84,7 @@ def test_a_run_directory_that_holds_a_run_is_refused(r, tiny_sd3: Path, tmp_path
     (run / "metrics.jsonl").write_text(json.dumps({"iteration": 0}) + "\n")
     res = cli("submit", CONFIG, *quick_sets(tiny_sd3), "--out", run)
     assert res.exit_code == 2 and "already holds a run" in res.output and "--resume" in res.output
-    assert service.job_queue(r).count == 0
+    assert jobs.job_queue(r).count == 0
 
 
 def test_cancel_a_queued_job(r, tiny_sd3: Path, tmp_path: Path):
@@ -92,7 +92,7 @@ def test_cancel_a_queued_job(r, tiny_sd3: Path, tmp_path: Path):
     res = cli("cancel", job_id)
     assert res.exit_code == 0 and "cancelled (it was queued)" in res.output
     assert status_json(job_id)["state"] == "cancelled"
-    assert service.job_queue(r).count == 0
+    assert jobs.job_queue(r).count == 0
     again = cli("cancel", job_id)
     assert again.exit_code == 2 and "already cancelled" in again.output
     logs = cli("logs", job_id)
@@ -114,7 +114,7 @@ def _mark_started(r, job_id: str, taken: float, runner_state: str) -> None:
     job.save(include_meta=False)
     job.meta.update({"state": runner_state, "started": taken, "iteration": 3})
     job.save_meta()
-    service.job_queue(r).remove(job_id)
+    jobs.job_queue(r).remove(job_id)
 
 
 def test_states_of_a_started_job_follow_its_heartbeat_and_lost_jobs_resume(r, tiny_sd3: Path, tmp_path: Path):
@@ -125,18 +125,18 @@ def test_states_of_a_started_job_follow_its_heartbeat_and_lost_jobs_resume(r, ti
     assert status_json(job_id)["state"] == "lost"  # never came up
     _mark_started(r, job_id, time.time(), "running")
     assert status_json(job_id)["state"] == "lost"  # was running, its heartbeat stopped: the runner died
-    r.set(service.alive_key(job_id), "{}", px=600_000)  # a heartbeat (its expiry is Redis's)
+    r.set(jobs.alive_key(job_id), "{}", px=600_000)  # a heartbeat (its expiry is Redis's)
     assert status_json(job_id)["state"] == "running"
 
     res = cli("submit", "--resume", job_id)  # a live runner still owns the run directory
     assert res.exit_code == 2 and f"job {job_id} is running" in res.output
 
-    r.delete(service.alive_key(job_id))
+    r.delete(jobs.alive_key(job_id))
     res = cli("submit", "--resume", job_id)
     assert res.exit_code == 0, res.output
     new_id = res.stdout.strip()
     assert new_id != job_id
-    old, new = service.job_info(r, job_id), service.job_info(r, new_id)
+    old, new = jobs.job_info(r, job_id), jobs.job_info(r, new_id)
     assert (old.state, old.resumed_by) == ("resumed", new_id)
     assert (new.state, new.resumed_from, new.run_dir) == ("queued", job_id, old.run_dir)
     _, _, _, kwargs = json.loads(zlib.decompress(r.hget(f"rq:job:{new_id}", "data")))
@@ -184,32 +184,32 @@ def test_unreachable_redis_is_one_line_naming_the_url(tiny_sd3: Path, digen_home
 
 
 def test_log_offsets_survive_trimming(r, monkeypatch):
-    monkeypatch.setattr(service, "LOG_MAX", 4)
+    monkeypatch.setattr(jobs, "LOG_MAX", 4)
     for i in range(10):
-        service.push_log(r, "j1", f"line {i}")
-    lines, nxt = service.read_log(r, "j1")
+        jobs.push_log(r, "j1", f"line {i}")
+    lines, nxt = jobs.read_log(r, "j1")
     assert [ln.split(" ", 2)[2] for ln in lines] == ["line 6", "line 7", "line 8", "line 9"] and nxt == 10
-    lines, nxt = service.read_log(r, "j1", 8)
+    lines, nxt = jobs.read_log(r, "j1", 8)
     assert [ln.split(" ", 2)[2] for ln in lines] == ["line 8", "line 9"] and nxt == 10
-    assert service.read_log(r, "j1", 10) == ([], 10)
+    assert jobs.read_log(r, "j1", 10) == ([], 10)
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("90", 90), ("45m", 2700), ("12h", 43200), ("7d", 604800)])
 def test_parse_duration(text: str, seconds: int):
-    assert service.parse_duration(text) == seconds
+    assert jobs.parse_duration(text) == seconds
 
 
 @pytest.mark.parametrize("text", ["", "0", "-3h", "soon", "3w"])
 def test_parse_duration_rejects(text: str):
     with pytest.raises(ConfigError, match="--timeout"):
-        service.parse_duration(text)
+        jobs.parse_duration(text)
 
 
 def test_paths_that_exist_only_on_the_serve_host_need_no_check_paths(r, tiny_sd3: Path, tmp_path: Path):
     sets = [*quick_sets(tiny_sd3), "--set", "model.path=/models/sd3"]
     res = cli("submit", CONFIG, *sets, "--out", tmp_path / "run")
     assert res.exit_code == 2 and "model.path (/models/sd3) does not exist" in res.output
-    assert service.job_queue(r).count == 0
+    assert jobs.job_queue(r).count == 0
     res = cli("submit", CONFIG, *sets, "--out", tmp_path / "run", "--no-check-paths")
     assert res.exit_code == 0, res.output
     _, _, _, kwargs = json.loads(zlib.decompress(r.hget(f"rq:job:{res.stdout.strip()}", "data")))

@@ -1,0 +1,317 @@
+"""Every input of a run, checked before anything starts (Redis, Dask, the run directory).
+
+:func:`check_inputs` is called where a run starts (:func:`digen.engine.run_training`,
+``digen submit``, the job runner) and reads only files: the prompt files (decoded as UTF-8;
+an error names the file and the byte offset), the rewards (names, with a "did you mean",
+their arguments, URLs, finite numbers, and the prompts where a reward can say which it
+cannot score), the model folder's JSON configs (resolution against the VAE's scale and the
+transformer's patch, the position-embedding grid, frames against the VAE's time
+compression, ``max_sequence_length`` against the text encoder and its tokenizer), the run
+directory (in use by another run, already holding a run, ``--resume`` without checkpoint) and
+the free space on its disk against the size of a checkpoint. Config values themselves
+(finite, in range) are :mod:`digen.config`'s validators. Problems are reported together as
+one :class:`~digen.errors.ConfigError` (exit 2); too little disk space is a
+:class:`~digen.rundir.DiskFull` (exit 1).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import struct
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from digen.config import Config
+from digen.errors import ConfigError
+from digen.rundir import DiskFull, RunLock, directory_bytes, free_bytes, latest_intact_checkpoint
+
+DISK_MARGIN_BYTES = 16 * 2**20
+"""Free space kept for logs, metrics and sample grids beyond the checkpoints."""
+
+
+def check_inputs(
+    cfg: Config,
+    out: Path | None,
+    *,
+    resume: bool = False,
+    run_dir: bool = True,
+    files: bool = True,
+) -> None:
+    """Check ``cfg`` (and the run directory ``out``) before a run starts; every problem found
+    is reported at once (see the module docstring).
+
+    ``run_dir``: also check the directory's state (in use, holds a run, has a checkpoint to
+    resume); off for a job runner's retry, which drops an earlier attempt's rows itself.
+    ``files``: read the files (prompts, model folder, run directory, free space); off for
+    ``digen submit --no-check-paths``, whose files exist only where the job runs."""
+    problems: list[str] = []
+    prompts: list[str] = []
+    if files:
+        prompts, prompt_problems_ = prompt_lists(cfg)
+        problems += prompt_problems_
+    problems += reward_problems(cfg, prompts)
+    if files and (cfg.resolve_path(cfg.model.path) / "model_index.json").is_file():
+        problems += model_problems(cfg)
+    if files and out is not None and run_dir:
+        problems += run_dir_problems(out, resume)
+    if problems:
+        raise ConfigError(problems)
+    if files and out is not None:
+        check_free_space(cfg, out, resume)
+
+
+# --- prompts -----------------------------------------------------------------------------
+
+
+def prompt_lists(cfg: Config) -> tuple[list[str], list[str]]:
+    """Every prompt a run reads (training and held-out), and the problems reading them (a file
+    that is not UTF-8 text, holds no prompt, a malformed ``.jsonl`` line)."""
+    prompts: list[str] = []
+    problems: list[str] = []
+    for read in (cfg.prompt_list, lambda: cfg.test_prompt_list()[0]):
+        try:
+            prompts += read()
+        except ConfigError as exc:
+            problems += [p for p in exc.problems if p not in problems]
+        except OSError as exc:
+            problems.append(f"prompt file {exc.filename} cannot be read ({exc.strerror})")
+    return prompts, problems
+
+
+# --- rewards -----------------------------------------------------------------------------
+
+
+def url_problem(where: str, url: Any) -> str | None:
+    """Why ``url`` is not a usable http(s) URL (scheme, host, port), or None."""
+    if not isinstance(url, str):
+        return f"{where} ({url!r}) must be an http(s) URL such as http://127.0.0.1:8765"
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        return f"{where} ({url}) is not an http(s) URL; use e.g. http://127.0.0.1:8765"
+    try:
+        port = parsed.port
+    except ValueError:
+        raw = parsed.netloc.rsplit(":", 1)[-1]
+        return f"{where} ({url}): port {raw!r} is not a number from 1 to 65535"
+    if port is not None and not 1 <= port <= 65535:
+        return f"{where} ({url}): port {port} is not a number from 1 to 65535"
+    return None
+
+
+def reward_problems(cfg: Config, prompts: list[str]) -> list[str]:
+    """Each reward of ``cfg.reward``: it exists, takes its kwargs, its URLs parse, its numbers
+    are finite, and it can score ``prompts`` (where the reward says which it cannot)."""
+    import digen.rewards  # noqa: F401 - registers the built-in rewards
+    from digen.rewards import registry
+
+    problems: list[str] = []
+    for i, spec in enumerate(cfg.reward):
+        where = f"reward[{i}]"
+        factory = registry.factory(spec.name)
+        if factory is None:
+            problems.append(registry.unknown(spec.name, f"{where}.name: "))
+            continue
+        if not math.isfinite(spec.weight):
+            problems.append(f"{where}.weight ({spec.weight}) must be a finite number")
+        try:
+            inspect.signature(factory).bind(**spec.kwargs)
+        except TypeError as exc:
+            problems.append(f"reward '{spec.name}' got bad kwargs {sorted(spec.kwargs)}: {exc}")
+            continue
+        for key, value in spec.kwargs.items():
+            if key == "url" or key.endswith("_url"):
+                bad = url_problem(f"{where}.kwargs.{key}", value)
+                if bad:
+                    problems.append(bad)
+            elif isinstance(value, float) and not math.isfinite(value):
+                problems.append(f"{where}.kwargs.{key} ({value}) must be a finite number")
+        check = getattr(factory, "prompt_problems", None)
+        if callable(check) and prompts:
+            problems += [f"{where} ({spec.name}): {p}" for p in check(prompts, **spec.kwargs)]
+    return problems
+
+
+# --- the model folder --------------------------------------------------------------------
+
+_TEXT = {
+    # pipeline class -> (tokenizer folder, text encoder folder) that max_sequence_length sizes
+    "StableDiffusion3Pipeline": ("tokenizer_3", "text_encoder_3"),
+    "FluxPipeline": ("tokenizer_2", "text_encoder_2"),
+    "WanPipeline": ("tokenizer", "text_encoder"),
+    "QwenImagePipeline": ("tokenizer", "text_encoder"),
+    "HunyuanVideoPipeline": ("tokenizer", "text_encoder"),
+}
+_PACKED = {"FluxPipeline", "QwenImagePipeline"}  # latents packed 2x2 into tokens
+_HUGE = 10**7  # a tokenizer's "no limit" model_max_length (1e30 in many configs)
+
+
+def _json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _find_ints(node: Any, key: str) -> list[int]:
+    """Every integer value of ``key`` anywhere in a nested JSON config."""
+    found: list[int] = []
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k == key and isinstance(v, int) and not isinstance(v, bool):
+                found.append(v)
+            else:
+                found += _find_ints(v, key)
+    elif isinstance(node, list):
+        for v in node:
+            found += _find_ints(v, key)
+    return found
+
+
+def vae_scales(vae: dict[str, Any]) -> tuple[int, int]:
+    """(spatial, temporal) compression of a VAE from its ``config.json``."""
+    spatial = vae.get("spatial_compression_ratio") or vae.get("scale_factor_spatial")
+    if not spatial and isinstance(vae.get("temperal_downsample"), list):
+        spatial = 2 ** len(vae["temperal_downsample"])
+    if not spatial and isinstance(vae.get("block_out_channels"), list):
+        spatial = 2 ** (len(vae["block_out_channels"]) - 1)
+    temporal = vae.get("temporal_compression_ratio") or vae.get("scale_factor_temporal") or 1
+    if temporal == 1 and isinstance(vae.get("temperal_downsample"), list) and "scale_factor_spatial" in vae:
+        temporal = 2 ** sum(bool(x) for x in vae["temperal_downsample"])
+    return int(spatial or 1), int(temporal)
+
+
+def sequence_limit(model_dir: Path, pipeline: str) -> tuple[int, str] | None:
+    """The most prompt tokens the pipeline's sized text encoder takes, and where that limit
+    comes from (its tokenizer's ``model_max_length``, its ``max_position_embeddings``)."""
+    names = _TEXT.get(pipeline)
+    if names is None:
+        return None
+    limits: list[tuple[int, str]] = []
+    tok = _json(model_dir / names[0] / "tokenizer_config.json").get("model_max_length")
+    if isinstance(tok, int | float) and 0 < tok < _HUGE:
+        limits.append((int(tok), f"{names[0]}'s model_max_length"))
+    enc = _json(model_dir / names[1] / "config.json")
+    positions = [v for v in _find_ints(enc, "max_position_embeddings") if v > 0]
+    if positions:
+        limits.append((min(positions), f"{names[1]}'s max_position_embeddings"))
+    return min(limits) if limits else None
+
+
+def model_problems(cfg: Config) -> list[str]:
+    """``model.resolution``, ``model.num_frames`` and ``model.max_sequence_length`` against the
+    limits in the model folder's configs."""
+    model_dir = cfg.resolve_path(cfg.model.path)
+    pipeline = str(_json(model_dir / "model_index.json").get("_class_name", ""))
+    vae = _json(model_dir / "vae" / "config.json")
+    transformer = _json(model_dir / "transformer" / "config.json")
+    problems: list[str] = []
+    m = cfg.model
+    if vae:
+        spatial, temporal = vae_scales(vae)
+        patch = transformer.get("patch_size") or 1
+        patch = int(patch[-1] if isinstance(patch, list) else patch)
+        if pipeline in _PACKED:
+            patch, why = 2, "2x2 packing"
+        else:
+            why = f"patch {patch}"
+        multiple = spatial * patch
+        if m.resolution % multiple:
+            lower = max(multiple, m.resolution // multiple * multiple)
+            problems.append(
+                f"model.resolution ({m.resolution}) must be a multiple of {multiple} for {model_dir.name} "
+                f"(VAE scale {spatial} x {why}); try {lower} or {lower + multiple}"
+            )
+        grid = transformer.get("pos_embed_max_size")
+        if isinstance(grid, int) and m.resolution // multiple > grid:
+            problems.append(
+                f"model.resolution ({m.resolution}) is too large for {model_dir.name}: its transformer's "
+                f"position grid is {grid} patches a side (pos_embed_max_size), at most {grid * multiple} pixels"
+            )
+        if m.num_frames is not None and temporal > 1 and (m.num_frames - 1) % temporal:
+            fix = max(1, (m.num_frames - 1) // temporal * temporal + 1)
+            problems.append(
+                f"model.num_frames ({m.num_frames}) must be {temporal}k + 1 for {model_dir.name} (the VAE "
+                f"compresses time {temporal}x after the first frame); try {fix}"
+            )
+    limit = sequence_limit(model_dir, pipeline)
+    if limit is not None and m.max_sequence_length > limit[0]:
+        problems.append(
+            f"model.max_sequence_length ({m.max_sequence_length}) exceeds {limit[0]}, the most tokens "
+            f"{model_dir.name}'s text encoder takes ({limit[1]}); set model.max_sequence_length={limit[0]} or less"
+        )
+    return problems
+
+
+# --- the run directory and its disk ------------------------------------------------------
+
+
+def run_dir_problems(out: Path, resume: bool) -> list[str]:
+    """The directory is in use by another run; ``--resume`` finds no checkpoint. (A directory
+    that holds a run without ``--resume`` is refused by :class:`~digen.rundir.RunDir`, before
+    it writes anything.)"""
+    out = Path(out)
+    holder = RunLock.holder(out)
+    if holder is not None:
+        return [
+            f"run directory {out} is in use by {holder}; wait for that run to end, or choose another --out"
+        ]
+    if resume and latest_intact_checkpoint(out) is None:
+        return [f"--resume: {out} has no checkpoint yet; start without --resume"]
+    return []
+
+
+def _safetensors_shapes(path: Path) -> dict[str, list[int]]:
+    """Tensor name -> shape from a safetensors file's header (its data is not read)."""
+    try:
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n))
+    except (OSError, ValueError, struct.error):
+        return {}
+    return {k: v["shape"] for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)}
+
+
+def checkpoint_estimate(cfg: Config, out: Path, resume: bool) -> int:
+    """About how many bytes one checkpoint of this run takes: the newest one when resuming,
+    else the trained tensors (the LoRA adapter, or the whole transformer) in float32 three
+    times (weights, AdamW's two moments), plus the EMA copy and, with staleness 1, the
+    previous version's weights."""
+    ckpt = latest_intact_checkpoint(out) if resume else None
+    if ckpt is not None:
+        return directory_bytes(ckpt)
+    model_dir = cfg.resolve_path(cfg.model.path)
+    shapes: dict[str, list[int]] = {}
+    for f in sorted((model_dir / "transformer").glob("*.safetensors")):
+        shapes.update(_safetensors_shapes(f))
+    lora = cfg.model.lora
+    if lora.enabled:
+        targets = tuple(lora.target_modules or ())
+        n = 0
+        for name, shape in shapes.items():
+            module = name.removesuffix(".weight")
+            if len(shape) != 2 or module == name:
+                continue
+            if (targets and module.endswith(targets)) or (not targets and "attn" in module):
+                n += lora.rank * (shape[0] + shape[1])
+    else:
+        n = sum(math.prod(s) for s in shapes.values())
+    copies = 3 + int(cfg.train.ema.enabled) + int(cfg.schedule.resolved().max_staleness or 0)
+    return 4 * n * copies
+
+
+def check_free_space(cfg: Config, out: Path, resume: bool) -> None:
+    """Refuse to start when the disk of ``out`` cannot hold a checkpoint being written beside
+    the newest one (plus a margin for logs and samples)."""
+    each = checkpoint_estimate(cfg, out, resume)
+    need = 2 * each + DISK_MARGIN_BYTES
+    free = free_bytes(out)
+    if free < need:
+        raise DiskFull(
+            f"the disk of {out} has {free} bytes ({free / 2**20:.1f} MiB) free; this run needs about {need} "
+            f"bytes ({need / 2**20:.1f} MiB): a checkpoint of about {each / 2**20:.1f} MiB written beside "
+            f"the newest one, and logs; free some space or choose another --out"
+        )

@@ -1,0 +1,627 @@
+"""The job runner, ``digen serve``: an rq worker that runs the jobs ``digen submit`` queued.
+
+rq keeps its queue and its worker apart; so does digen: :mod:`digen.runtime.jobs` is the
+client side (submit, status, logs, cancel), this module the worker side. ``digen serve``
+forks one work horse per job, which runs :func:`execute_job` (the reference loop or the
+distributed controller) and reports its progress in the job's meta and log.
+
+Lost jobs. A work horse that dies under a live runner is retried by rq at once. When the
+whole runner dies (``kill -9`` of ``digen serve``, a lost host), rq itself would notice only
+after the dead worker's started-registry entry expires (``job_monitoring_interval + 60`` =
+90 s) *and* a live worker runs its maintenance, which an idle rq worker does only after its
+blocking dequeue (``worker_ttl - 15`` s, 405 s by default). digen does not wait for either:
+every job heartbeats (``digen:job:<id>:alive``, :data:`~digen.runtime.jobs.ALIVE_TTL_S`),
+and every runner, idle (its dequeue is cut to :data:`DEQUEUE_S`), busy (each time rq checks
+its work horse) or in ``--burst`` (before and while it waits for a job), calls
+:func:`recover_lost_jobs` every :data:`MAINTENANCE_S` seconds. A started job whose heartbeat
+has been gone for :data:`CONFIRM_S` seconds (measured on the Redis server's clock, from the
+first runner that saw it gone) is re-queued with rq's retry (one of ``--retries``), or
+failed when none is left. A lost job therefore runs again within :data:`RECOVERY_BOUND_S`
+(40 s: the heartbeat expires, then two maintenance periods) of a runner being up. The
+confirmation window covers a Redis restart, after which a live horse's heartbeat returns
+within a second; the run directory's lock
+(:class:`~digen.rundir.RunLock`) refuses a second copy of a run on the same host anyway.
+When the retry starts, the keys the dead attempt's controller left in Redis
+(``digen:<id>.<attempt>:*``) are deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import redis
+from rq import Worker
+from rq.job import Job, JobStatus
+from rq.serializers import JSONSerializer
+
+from digen.config import Config, build_config
+from digen.errors import ConfigError, DigenError, JobCancelled
+from digen.runtime.jobs import (
+    ALIVE_TTL_S,
+    HEARTBEAT_S,
+    QUEUE_NAME,
+    STARTING_GRACE_S,
+    _text,
+    alive_key,
+    attempt_id,
+    attempt_keys_pattern,
+    info_key,
+    job_queue,
+    push_log,
+)
+
+log = logging.getLogger(__name__)
+
+CONFIRM_S = 10.0
+"""Seconds a started job's heartbeat must stay gone (Redis server clock) before a runner
+re-queues it."""
+MAINTENANCE_S = 10
+"""How often a runner looks for lost jobs (rq's ``maintenance_interval``)."""
+DEQUEUE_S = 10
+"""How long an idle runner blocks on the queue before its maintenance runs again."""
+JOB_MONITORING_S = 10
+"""How often a busy runner checks its work horse (and then looks for lost jobs)."""
+RECOVERY_BOUND_S = max(ALIVE_TTL_S, STARTING_GRACE_S) + DEQUEUE_S + max(CONFIRM_S, DEQUEUE_S)
+"""The most seconds from a runner's death to its job being queued again while another runner
+is up: the heartbeat expires (a job that died before its first beat counts as starting for
+STARTING_GRACE_S), the next maintenance sees it missing, a maintenance at least CONFIRM_S
+later re-queues it; the runner that did so dequeues it at once."""
+_WORKER_TTL_S = DEQUEUE_S + 15  # rq: dequeue timeout = worker_ttl - 15
+
+
+# ---------------------------------------------------------------------------------------------
+# lost jobs
+
+
+def _server_time(r: redis.Redis) -> float:
+    sec, usec = r.time()
+    return float(sec) + float(usec) / 1e6
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What :func:`recover_lost_jobs` did with one lost job."""
+
+    job_id: str
+    action: str
+    """``requeued`` (a retry), ``failed`` (no retry left), ``cancelled``, ``resumed`` (the job
+    was resumed as another one), or ``waiting`` (seen lost, within :data:`CONFIRM_S`)."""
+
+
+def recover_lost_jobs(r: redis.Redis, by: str = "", *, now: float | None = None) -> list[Recovery]:
+    """Re-queue the started jobs whose runner died (see the module docstring).
+
+    ``now``: the Redis server's clock (default its ``TIME``; tests pass their own). A job
+    counts as lost when rq calls it started, it was taken more than ``STARTING_GRACE_S`` ago
+    and its heartbeat has been missing for :data:`CONFIRM_S` seconds, the first sighting
+    being recorded in the job's hash (``lost_since``) so that every runner measures from the
+    same instant. Only one runner acts on a job: the one whose ``ZREM`` of the job's
+    started-registry entry succeeds."""
+    from rq.registry import StartedJobRegistry
+
+    now = _server_time(r) if now is None else now
+    registry = StartedJobRegistry(QUEUE_NAME, connection=r, serializer=JSONSerializer)
+    members: dict[str, list[bytes]] = {}
+    for raw in r.zrange(registry.key, 0, -1):
+        job_id = _text(raw).split(":", 1)[0]
+        members.setdefault(job_id, []).append(raw)
+    done: list[Recovery] = []
+    for job_id, entries in members.items():
+        if r.exists(alive_key(job_id)):
+            r.hdel(info_key(job_id), "lost_since")
+            continue
+        try:
+            job = Job.fetch(job_id, connection=r, serializer=JSONSerializer)
+        except Exception:  # noqa: BLE001 - expired, or not one of ours: rq's maintenance handles it
+            continue
+        if job.get_status(refresh=False) != JobStatus.STARTED:
+            continue
+        taken = job.started_at.timestamp() if job.started_at is not None else None
+        if taken is not None and now - taken < STARTING_GRACE_S and job.meta.get("state") != "running":
+            continue  # its work horse is starting: no heartbeat yet
+        r.hsetnx(info_key(job_id), "lost_since", repr(now))
+        try:
+            since = float(_text(r.hget(info_key(job_id), "lost_since") or b""))
+        except ValueError:
+            since = now
+        if now - since < CONFIRM_S:
+            done.append(Recovery(job_id, "waiting"))
+            continue
+        if not r.zrem(registry.key, *entries):
+            continue  # another runner took it
+        done.append(Recovery(job_id, _requeue_lost(r, job, by, now - since)))
+    return done
+
+
+def _requeue_lost(r: redis.Redis, job: Job, by: str, gone_s: float) -> str:
+    from rq.job_lifecycle import record_job_failure
+
+    info: dict[Any, Any] = r.hgetall(info_key(job.id))
+    r.hdel(info_key(job.id), "lost_since")
+    dead = f"{job.meta.get('worker') or job.worker_name or 'its runner'} (pid {job.meta.get('pid', '?')} on {job.meta.get('host', '?')})"
+    where = f" by {by}" if by else ""
+    queue = job_queue(r)
+    if info.get(b"resumed_by"):
+        action, line = (
+            "resumed",
+            f"its runner {dead} died; not re-run: resumed as {_text(info[b'resumed_by'])}",
+        )
+    elif b"cancel" in info:
+        action, line = (
+            "cancelled",
+            f"its runner {dead} died; cancelled, the run directory keeps the last checkpoint",
+        )
+    elif job.retries_left:
+        with r.pipeline() as p:
+            job.retry(queue, p)
+            p.execute()
+        job.meta.update({"state": "queued", "lost_at": time.time()})
+        job.save_meta()
+        push_log(
+            r,
+            job.id,
+            f"lost: its runner {dead} died (no heartbeat for {gone_s:.0f} s); re-queued{where} "
+            f"({job.retries_left} more retr{'y' if job.retries_left == 1 else 'ies'} left)",
+        )
+        log.warning("job %s was lost (runner %s died); re-queued%s", job.id, dead, where)
+        return "requeued"
+    else:
+        action = "failed"
+        line = f"its runner {dead} died and no retry is left; continue it with digen submit --resume {job.id}"
+    with r.pipeline() as p:
+        record_job_failure(job, f"JobLost: {line}", p)
+        p.execute()
+    if action != "resumed":
+        _finish_meta(job, action, error=None if action == "cancelled" else f"JobLost: {line}")
+    push_log(r, job.id, line)
+    log.warning("job %s: %s", job.id, line)
+    return action
+
+
+def _lost_soon(r: redis.Redis, waited_s: float) -> bool:
+    """Whether a started job may be lost: ``--burst`` waits for it to be confirmed. A job
+    without heartbeat may be; so may any started job until a heartbeat of a runner that died
+    just before this one started has had the time to expire (``waited_s``: how long it waited)."""
+    from rq.registry import StartedJobRegistry
+
+    registry = StartedJobRegistry(QUEUE_NAME, connection=r, serializer=JSONSerializer)
+    for raw in r.zrange(registry.key, 0, -1):
+        job_id = _text(raw).split(":", 1)[0]
+        if waited_s >= ALIVE_TTL_S + 2 * HEARTBEAT_S and r.exists(alive_key(job_id)):
+            continue  # beating: alive
+        try:
+            job = Job.fetch(job_id, connection=r, serializer=JSONSerializer)
+        except Exception:  # noqa: BLE001 - not a job recover_lost_jobs would act on
+            continue
+        if job.get_status(refresh=False) == JobStatus.STARTED:
+            return True
+    return False
+
+
+class DigenWorker(Worker):
+    """rq's worker with digen's lost-job recovery in its maintenance, which runs every
+    :data:`MAINTENANCE_S` seconds whether it is idle (its dequeue blocks :data:`DEQUEUE_S`)
+    or busy (each check of its work horse)."""
+
+    def run_maintenance_tasks(self) -> None:
+        super().run_maintenance_tasks()
+        self._recover()
+
+    def maintain_heartbeats(self, job, execution) -> None:  # busy: called every job_monitoring_interval
+        super().maintain_heartbeats(job, execution)
+        self._recover()
+
+    def _recover(self) -> None:
+        try:
+            recover_lost_jobs(self.connection, by=self.name)
+        except redis.RedisError as exc:  # a Redis blip: the next maintenance tries again
+            log.warning("looking for lost jobs failed: %s", exc)
+
+
+# ---------------------------------------------------------------------------------------------
+# digen serve
+
+
+@dataclass
+class ServeContext:
+    """What ``digen serve`` hands to the jobs it runs (inherited by the forked work horse)."""
+
+    redis_url: str
+    scheduler: str | None
+    pid: int
+    name: str
+
+
+_SERVE: ServeContext | None = None
+
+
+def serve(
+    r: redis.Redis,
+    redis_url: str,
+    *,
+    scheduler: str | None = None,
+    burst: bool = False,
+    burst_wait_s: float = 30.0,
+    name: str | None = None,
+    verbose: bool = False,
+) -> bool:
+    """Run submitted jobs with an rq worker until stopped (SIGINT/SIGTERM: after the current
+    job). ``burst``: wait up to ``burst_wait_s`` for a first job (longer while a started job
+    has lost its heartbeat: it is re-queued once confirmed lost), run jobs until the queue is
+    empty, return. Returns False when a burst found nothing to run."""
+    global _SERVE
+    if scheduler is not None:
+        from digen.runtime.node import check_reachable
+
+        check_reachable(scheduler)
+    # unique even for a container restarted with the same host name and pid
+    name = name or f"digen-serve-{socket.gethostname().split('.')[0]}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
+    _SERVE = ServeContext(redis_url=redis_url, scheduler=scheduler, pid=os.getpid(), name=name)
+    queue = job_queue(r)
+    if burst:
+        start = time.monotonic()
+        while True:
+            recover_lost_jobs(r, by=name)
+            if queue.count:
+                break
+            waited = time.monotonic() - start
+            if waited >= burst_wait_s and (
+                waited >= burst_wait_s + RECOVERY_BOUND_S or not _lost_soon(r, waited)
+            ):
+                return False
+            time.sleep(0.5)
+    worker = DigenWorker(
+        [queue],
+        connection=r,
+        serializer=JSONSerializer,
+        name=name,
+        maintenance_interval=MAINTENANCE_S,
+        worker_ttl=_WORKER_TTL_S,
+        job_monitoring_interval=JOB_MONITORING_S,
+    )
+    try:
+        worker.work(burst=burst, logging_level="INFO" if verbose else "WARNING")
+    except ValueError as exc:
+        if "active worker" not in str(exc):
+            raise
+        raise ConfigError(
+            f"a digen serve named {name} is already registered (running, or died less than "
+            f"{worker.worker_ttl + 60} s ago); choose another --name or drop it"
+        ) from None
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# the job function
+
+
+def execute_job(config: dict, source_dir: str | None, out: str, resume: bool = False) -> dict:
+    """The rq job function (run by ``digen serve``): train ``config`` into ``out``.
+
+    A retried job (``attempts`` > 1) and a ``resume`` job continue from the run directory's
+    newest checkpoint; with none there, they start over. Bad input (a config the worker
+    cannot load, a missing model folder) and cancellation are not retried.
+    """
+    from rq import get_current_job
+
+    job = get_current_job()
+    if job is None:
+        raise DigenError("execute_job runs inside an rq worker: start one with digen serve")
+    r: redis.Redis = job.connection
+    ctx = _SERVE
+    if ctx is not None:
+        _die_with_parent(ctx.pid)
+    jid = job.id
+    attempt = int(r.hincrby(info_key(jid), "attempts", 1))
+    r.hdel(info_key(jid), "lost_since")
+    info: dict[Any, Any] = r.hgetall(info_key(jid))
+    if info.get(b"resumed_by"):
+        job.retries_left = 0
+        push_log(r, jid, f"not run: resumed as job {_text(info[b'resumed_by'])}")
+        return {"resumed_by": _text(info[b"resumed_by"])}
+    if b"cancel" in info:
+        _finish_meta(job, "cancelled")
+        job.retries_left = 0
+        push_log(r, jid, "not run: cancelled")
+        raise JobCancelled(f"job {jid} was cancelled before it ran")
+
+    beat = _Heartbeat(r, jid, {"pid": os.getpid(), "host": socket.gethostname()})
+    beat.start()
+    try:
+        dropped = _drop_attempt_keys(r, jid)
+        if dropped:
+            push_log(r, jid, f"deleted {dropped} Redis keys an earlier attempt left behind")
+        return _run(job, r, ctx, config, source_dir, Path(out), resume or attempt > 1, attempt)
+    except BaseException as exc:
+        cancelled = r.hexists(info_key(jid), "cancel")
+        retry = (
+            not cancelled
+            and isinstance(exc, Exception)
+            and not isinstance(exc, ConfigError)
+            and bool(job.retries_left)
+        )
+        if not retry:
+            job.retries_left = 0
+        state = "cancelled" if cancelled else ("retrying" if retry else "failed")
+        reason = (str(exc) if isinstance(exc, DigenError) else f"{type(exc).__name__}: {exc}").strip()
+        reason = (reason.splitlines() or [type(exc).__name__])[0][:500]
+        _note_quarantined(r, job, attempt)
+        _finish_meta(job, state, error=None if cancelled else reason)
+        push_log(
+            r,
+            jid,
+            "cancelled; the run directory keeps the last checkpoint"
+            if cancelled
+            else f"{'failed (will retry)' if retry else 'failed'}: {reason}",
+        )
+        raise
+    finally:
+        beat.stop()
+
+
+def _drop_attempt_keys(r: redis.Redis, job_id: str) -> int:
+    """Delete every earlier attempt's controller keys (``digen:<id>.<n>:*``)."""
+    n, batch = 0, []
+    for key in r.scan_iter(match=attempt_keys_pattern(job_id), count=1000):
+        batch.append(key)
+        if len(batch) >= 1000:
+            n += int(r.unlink(*batch))
+            batch = []
+    if batch:
+        n += int(r.unlink(*batch))
+    return n
+
+
+def _note_quarantined(r: redis.Redis, job: Job, attempt: int) -> None:
+    """Copy the count of junk the attempt's queue quarantined into the job's meta."""
+    from digen.runtime.queue import quarantined_count
+
+    try:
+        n = quarantined_count(r, attempt_id(job.id, attempt))
+    except redis.RedisError:
+        return
+    if n and n != job.meta.get("quarantined"):
+        job.meta["quarantined"] = n
+        job.save_meta()
+
+
+def _run(
+    job: Job,
+    r: redis.Redis,
+    ctx: ServeContext | None,
+    config: dict,
+    source_dir: str | None,
+    out: Path,
+    want_resume: bool,
+    attempt: int,
+) -> dict:
+    from digen.checks import check_inputs
+    from digen.engine import run_training
+    from digen.rundir import RunLock
+
+    cfg = build_config(config, source_dir=Path(source_dir) if source_dir else None)
+    jid = job.id
+    if cfg.schedule.mode != "reference" and ctx is None:
+        raise ConfigError(
+            f"schedule.mode {cfg.schedule.mode} jobs run under digen serve (not a bare rq worker)"
+        )
+    scheduler = ctx.scheduler if ctx else None
+    if scheduler and scheduler.startswith("tls://") and not cfg.security.enabled:
+        raise ConfigError(
+            f"the Dask scheduler {scheduler} uses TLS: give the job config a security: section "
+            f"(ca_file, cert_file, key_file; see docs/deploy.md)"
+        )
+    check_inputs(cfg, out, resume=want_resume and _has_checkpoint(out))
+    with RunLock(out):  # before anything in the run directory changes
+        resume, done = _prepare_run_dir(cfg, out, want_resume)
+        job.meta.update(
+            {
+                "state": "running",
+                "iteration": done,
+                "total": cfg.iterations,
+                "run_dir": str(out),
+                "started": time.time(),
+                "attempt": attempt,
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "worker": ctx.name if ctx else job.worker_name,
+                "mode": cfg.schedule.mode,
+                "error": None,
+            }
+        )
+        job.save_meta()
+        where = f"serve {ctx.name}" if ctx else "an rq worker"
+        how = f"resuming after iteration {done}" if resume else "starting"
+        push_log(r, jid, f"{how} on {where} (attempt {attempt}), run directory {out}")
+
+        def progress(m: dict) -> None:
+            if "event" in m or "iteration" not in m:
+                push_log(r, jid, _event_line(m))
+                return
+            k = int(m["iteration"]) + 1
+            job.meta.update(
+                {
+                    "iteration": k,
+                    "reward": m.get("reward_mean"),
+                    "samples_per_s": m.get("samples_per_s"),
+                    "updated": time.time(),
+                }
+            )
+            _note_quarantined(r, job, attempt)
+            job.save_meta()
+            push_log(
+                r,
+                jid,
+                f"iteration {k}/{cfg.iterations}  reward {m.get('reward_mean', float('nan')):.4f} "
+                f"± {m.get('reward_std', float('nan')):.4f}  loss {m.get('loss', float('nan')):.3g}  "
+                f"{m.get('samples_per_s', 0.0):.1f} samples/s  bubble {m.get('bubble_ratio', 0.0):.2f}",
+            )
+
+        with _job_logging(r, jid), _dask_tls(cfg if scheduler else None):
+            summary = run_training(
+                cfg,
+                out,
+                resume=resume,
+                redis_url=ctx.redis_url if ctx else None,
+                scheduler=scheduler,
+                progress=progress,
+                cancelled=lambda: bool(r.hexists(info_key(jid), "cancel")),  # digen cancel
+                job_id=attempt_id(jid, attempt),
+                checked=True,
+            )
+    _note_quarantined(r, job, attempt)
+    _finish_meta(job, "done")
+    push_log(
+        r,
+        jid,
+        f"done: {summary['iterations']} iterations, {summary['samples']} samples, "
+        f"{summary['samples_per_s']:.2f} samples/s, reward {summary['reward_first']:.4f} -> "
+        f"{summary['reward_last']:.4f}",
+    )
+    return summary
+
+
+def _has_checkpoint(out: Path) -> bool:
+    from digen.rundir import latest_intact_checkpoint
+
+    return latest_intact_checkpoint(out) is not None
+
+
+def _event_line(m: dict) -> str:
+    """A log line for an announcement of the run (``{"event": "start", "roles": ..., ...}``)."""
+    if m.get("event") == "start" and isinstance(m.get("roles"), dict):
+        workers = ", ".join(f"{w} [{role}]" for w, role in sorted(m["roles"].items()))
+        dash = f"; dashboard {m['dashboard']}" if m.get("dashboard") else ""
+        return f"cluster up: {len(m['roles'])} workers: {workers}{dash}"
+    return " ".join(f"{k}={v}" for k, v in m.items())
+
+
+def _prepare_run_dir(cfg: Config, out: Path, want_resume: bool) -> tuple[bool, int]:
+    """(resume?, iterations already done). Without a checkpoint, rows an earlier attempt
+    wrote are dropped and the run starts over."""
+    if not want_resume:
+        return False, 0
+    from digen.rundir import RunDir
+
+    run = RunDir(out, cfg, resume=True)
+    ckpt = run.latest_checkpoint()
+    if ckpt is not None:
+        state = json.loads((ckpt / "state.json").read_text())
+        return True, int(state.get("iteration", int(ckpt.name.split("_")[-1]))) + 1
+    for name in ("metrics.jsonl", "timeline.jsonl", "summary.json"):
+        (out / name).unlink(missing_ok=True)
+    return False, 0
+
+
+def _finish_meta(job: Job, state: str, error: str | None = None) -> None:
+    job.meta.update({"state": state, "ended": time.time()})
+    if error is not None:
+        job.meta["error"] = error
+    job.save_meta()
+
+
+class _Heartbeat:
+    """Keeps ``digen:job:<id>:alive`` set while the job's process lives."""
+
+    def __init__(self, r: redis.Redis, job_id: str, payload: dict):
+        self.r, self.key, self.payload = r, alive_key(job_id), json.dumps(payload)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"digen-heartbeat-{job_id}", daemon=True)
+
+    def beat(self) -> None:
+        self.r.set(self.key, self.payload, px=int(ALIVE_TTL_S * 1000))
+
+    def start(self) -> None:
+        self.beat()
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            try:
+                self.beat()
+            except redis.RedisError as exc:  # a blip: the next beat may work
+                log.warning("heartbeat failed: %s", exc)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        try:
+            self.r.delete(self.key)
+        except redis.RedisError:
+            pass
+
+
+class _RedisLogHandler(logging.Handler):
+    def __init__(self, r: redis.Redis, job_id: str):
+        super().__init__(logging.INFO)
+        self.r, self.job_id = r, job_id
+        self.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            push_log(self.r, self.job_id, self.format(record))
+        except Exception:  # noqa: BLE001 - logging must never break the job
+            self.handleError(record)
+
+
+@contextmanager
+def _job_logging(r: redis.Redis, job_id: str) -> Iterator[None]:
+    """digen's and the workers' log records (INFO and up) also go to the job's log."""
+    handler = _RedisLogHandler(r, job_id)
+    loggers = [logging.getLogger(name) for name in ("digen", "workers")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.addHandler(handler)
+        if lg.getEffectiveLevel() > logging.INFO:
+            lg.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.removeHandler(handler)
+            lg.setLevel(level)
+
+
+@contextmanager
+def _dask_tls(cfg: Config | None) -> Iterator[None]:
+    """The config's ``security:`` section as dask's TLS settings for the controller's client."""
+    from digen.runtime.node import dask_tls_config
+
+    settings = dask_tls_config(cfg.security) if cfg is not None else {}
+    if not settings:
+        yield
+        return
+    import dask
+    import distributed  # noqa: F401 - load its config defaults first, or leaving set() would drop them
+
+    with dask.config.set(settings):
+        yield
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """In a work horse forked by ``digen serve``: die when serve dies (Linux), so a killed
+    serve leaves no orphan job behind and the job becomes resumable."""
+    if os.getpid() == parent_pid or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # pragma: no cover - not glibc
+        return
+    if os.getppid() != parent_pid:  # serve died before prctl took effect
+        os._exit(1)

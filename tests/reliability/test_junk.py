@@ -1,0 +1,163 @@
+"""Junk in Redis: what is read back and is not a task id, a payload or a result is quarantined
+(moved to the dead letters with the reason, counted), the job goes on, ``digen status`` shows
+the count. The controller only ever sees valid task ids. Real Redis, real Dask workers."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import app
+from digen.core.events import TaskRef
+from digen.runtime.queue import TaskQueue
+from tests.reliability.conftest import assert_equals_reference, assert_exactly_once, fault_config, run_job
+
+JUNK = [b"\xff\xfe\x00 not utf-8", b"not-a-task", b"gen:x:y", b"gen:0:0:7", pickle.dumps({"a": 1})]
+
+
+@pytest.fixture()
+def redis_db(tmp_path: Path):
+    from digen.runtime.redis_conn import connect, stop_embedded
+
+    r = connect(None, db_path=tmp_path / "junk.db")
+    yield r
+    r.close()
+    stop_embedded(tmp_path / "junk.db")
+
+
+def test_task_ref_parse_names_what_is_not_a_task_id():
+    assert TaskRef.parse("train:3:1:0").id == "train:3:1:0"
+    for bad in ("not-a-task", "gen:x:y", "gen:1", "gen:1:2:0:0", "nope:1:2"):
+        with pytest.raises(ValueError, match=r"is not a task id \(kind:iteration:group\[:part\]\)"):
+            TaskRef.parse(bad)
+
+
+def test_junk_on_done_dead_and_queue_lists_is_quarantined(redis_db):
+    seen: list[dict] = []
+    q = TaskQueue(redis_db, "junk", on_junk=seen.append)
+    q.put("gen", "gen:0:0", {"task": 1})
+    q.put("gen", "gen:0:1", {"task": 2})
+    for raw in JUNK:
+        redis_db.rpush("digen:junk:done", raw)
+        redis_db.rpush("digen:junk:dead", raw)
+        redis_db.lpush("digen:junk:q:gen", raw)  # ahead of the real tasks
+    redis_db.hset(
+        "digen:junk:task:not-a-task", mapping={"queue": "gen", "payload": b"\x80", "state": "pending"}
+    )
+
+    leased = q.lease(["gen"], "w0")
+    assert leased is not None and leased.task_id == "gen:0:0"  # the junk ahead of it was skipped
+    assert q.ack("gen:0:0", {"ok": 1}, worker="w0")
+    assert q.pop_done() == ["gen:0:0"]  # only valid ids reach the controller
+    assert q.dead_letters() == []
+    assert redis_db.llen("digen:junk:dead") == 0  # junk taken off the dead list
+
+    records = q.quarantined()
+    assert {r["from"].split(":", 2)[2] for r in records} >= {"done", "dead", "q:gen"}
+    assert any("not UTF-8 text (byte 0xff at offset 0)" in r["reason"] for r in records)
+    assert any("not a task id" in r["reason"] and "'gen:x:y'" in r["reason"] for r in records)
+    assert q.quarantined_count() == len(records) == len(seen) >= 2 * len(JUNK)
+    assert all(s["action"] == "quarantined" for s in seen)
+
+
+def test_an_unreadable_result_sends_its_task_to_the_dead_letters(redis_db):
+    q = TaskQueue(redis_db, "junk")
+    q.put("train", "train:0:0", {"spec": 1})
+    assert q.lease(["train"], "w0") is not None
+    assert q.ack("train:0:0", {"grad": 1}, worker="w0")
+    redis_db.set("digen:junk:result:train:0:0", pickle.dumps(object))  # someone overwrote it
+    assert q.get_result("train:0:0") is None  # never unpickled
+    (dead,) = q.dead_letters()
+    assert dead.task_id == "train:0:0" and "is not a digen result" in dead.error
+    assert q.quarantined_count() == 1
+
+
+def test_a_result_already_stored_completes_the_task_and_is_named(redis_db):
+    """A result present while the task is still leased (junk, or a state change a restart
+    lost): the stored result wins and the task is done, not "lease lost 3 times"; a task dead
+    that way says so."""
+    q = TaskQueue(redis_db, "junk", lease_s=30)
+    q.put("gen", "gen:0:0", {"task": 1})
+    assert q.lease(["gen"], "w0") is not None
+    redis_db.set("digen:junk:result:gen:0:0", b"\x81\xa2ok\x01")  # msgpack {"ok": 1}
+    assert not q.ack("gen:0:0", {"ok": 2}, worker="w0")  # not stored: the first result wins
+    assert q.state("gen:0:0") == "done" and q.pop_done() == ["gen:0:0"]
+    assert q.get_result("gen:0:0") == {"ok": 1}
+
+    q.put("gen", "gen:0:1", {"task": 2})
+    assert q.lease(["gen"], "w0") is not None
+    redis_db.set("digen:junk:result:gen:0:1", b"x")
+    deadline = redis_db.zscore("digen:junk:leases", "gen:0:1")
+    q.requeue_expired(now=deadline + 1, max_attempts=1)
+    (dead,) = q.dead_letters()
+    assert dead.error.startswith("a result for task gen:0:1 was already stored")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("on_poison", ["fail", "drop"])
+def test_a_job_goes_on_with_junk_pushed_into_every_list(on_poison, tiny_sd3: Path, reference: Path, tmp_path):
+    """Junk pushed into the done, dead and task lists of a running job (after iteration 0):
+    every iteration trains as a fault-free run would; the junk is in dead_letters.jsonl."""
+    from digen.runtime.redis_conn import connect
+
+    cfg = fault_config(
+        tiny_sd3,
+        schedule={"mode": "disaggregated", "gap": True, "max_staleness": 0, "on_poison": on_poison},
+        cluster__local={"rollout_workers": 1, "trainer_workers": 1},
+    )
+    out = tmp_path / "run"
+    job_id = f"junk-{on_poison}"
+    r = connect(None)
+    pushed: list[int] = []
+
+    def push_junk(m: dict) -> None:
+        if "event" in m or pushed:
+            return
+        for raw in JUNK:
+            for lst in ("done", "dead", "q:gen", "q:train"):
+                r.rpush(f"digen:{job_id}:{lst}", raw)
+        pushed.append(1)
+
+    run_job(cfg, out, job_id, progress=push_junk)
+    assert pushed
+    assert_exactly_once(out)
+    assert_equals_reference(out, reference)
+    rows = [json.loads(x) for x in (out / "dead_letters.jsonl").read_text().splitlines()]
+    assert rows and all(x["action"] == "quarantined" and x["reason"] for x in rows)
+    assert {x["from"].removeprefix(f"digen:{job_id}:") for x in rows} >= {"done", "dead"}
+
+
+def test_digen_status_shows_the_count(tiny_sd3: Path, tmp_path: Path, monkeypatch):
+    """The runner copies the attempt's count into the job's meta; status shows it."""
+    from digen.runtime import jobs
+    from digen.runtime.redis_conn import connect, stop_embedded
+    from digen.runtime.runner import _note_quarantined
+    from tests.service.helpers import CONFIG, quick_sets
+
+    monkeypatch.setenv("DIGEN_HOME", str(tmp_path / "home"))
+    res = CliRunner().invoke(
+        app, ["submit", str(CONFIG), *quick_sets(tiny_sd3), "--out", str(tmp_path / "run")]
+    )
+    assert res.exit_code == 0, res.output
+    job_id = res.stdout.strip()
+    r = connect(None, db_path=tmp_path / "home" / "digen.db")
+    try:
+        q = TaskQueue(r, f"{job_id}.1")
+        for raw in JUNK[:3]:
+            r.rpush(f"digen:{job_id}.1:done", raw)
+        assert q.pop_done() == []
+        _note_quarantined(r, jobs._fetch(r, job_id), 1)
+        shown = json.loads(CliRunner().invoke(app, ["status", job_id, "--json"]).stdout)
+        assert shown["quarantined"] == 3
+        r.zadd(jobs.INDEX_KEY, {b"\xff\xfe junk": 1.0, "no-such-job": 2.0})  # junk in the index too
+        res = CliRunner().invoke(app, ["status"])
+        assert res.exit_code == 0, res.output
+        assert "QUARANTINED" in res.stdout and " 3 " in res.stdout
+        assert r.zrange(jobs.INDEX_KEY, 0, -1) == [job_id.encode()]  # junk dropped from the index
+    finally:
+        r.close()
+        stop_embedded(tmp_path / "home" / "digen.db")
