@@ -45,6 +45,7 @@ from digen.core.events import Role, TaskRef
 from digen.dataplane.blobs import BlobLost, fetch
 from digen.dataplane.reduce import TaskSum, all_reduce_sum, flatten, ordered_sum, unflatten
 from digen.dataplane.weights import version_blob
+from digen.errors import DigenError
 from digen.optim import ParameterStore, stage_checkpoint
 from digen.parallel.comm import join_process_group
 from digen.runtime.trainer_group import ABORT, COMMIT, StepCommand
@@ -183,11 +184,22 @@ class Member:
         """As the step's writer: stage its checkpoint (if asked: the controller puts it in
         place once the iteration's metrics row is written), then acknowledge it."""
         t0 = time.time()
-        if cmd.checkpoint is not None:
-            stage_checkpoint(
-                Path(cmd.checkpoint), self.store, cmd.iteration, self.previous if cmd.keep_previous else None
-            )
         rt = self.rt
+        if cmd.checkpoint is not None:
+            try:
+                faults.point("checkpoint", rt.job, rt.name, task=cmd.id, iteration=cmd.iteration)
+                stage_checkpoint(
+                    Path(cmd.checkpoint),
+                    self.store,
+                    cmd.iteration,
+                    self.previous if cmd.keep_previous else None,
+                )
+            except Exception as exc:  # a full disk, say: the job ends naming it (a retry would not fit)
+                what = str(exc) if isinstance(exc, DigenError) else f"{type(exc).__name__}: {exc}"
+                log.error("%s could not write the checkpoint of step %s: %s", rt.name, cmd.id, what)
+                message = f"the checkpoint of iteration {cmd.iteration} could not be written: {what}"
+                rt.group.fail_step(cmd.id, message, getattr(exc, "exit_code", 1))
+                return
         done = {**result, "worker": rt.name, "start": t0, "end": time.time(), "checkpoint": cmd.checkpoint}
         if not rt.queue.ack(cmd.id, done, worker=rt.name):
             log.info("step %s was already acknowledged", cmd.id)

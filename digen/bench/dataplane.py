@@ -17,6 +17,11 @@ with a real Redis. One round per size; per round:
 - **trajectory**: a rollout worker keeps one FLUX group as a blob (16 samples x 7 latents
   x 4096 tokens x 64 float32, 117 MiB), a trainer fetches it.
 
+And the **link** itself: raw TCP between a rollout and a trainer process (one socket, one
+``sendall`` of 256 MiB, no framing), so that each phase's rate reads as a fraction of what
+the machine's link carries: the simulator (:mod:`digen.sim.costmodel`) takes these fractions
+to a testbed's network bandwidth.
+
 Beside it, **the path this replaced** (what digen did before): each of 4 train tasks SETs its
 gradient in Redis as safetensors, the controller GETs them all, sums them, steps AdamW and SETs
 the new version, which every rollout worker GETs. Redis refuses a value over 512 MiB, so it
@@ -51,6 +56,8 @@ SIZES: dict[str, int] = {
 """Trained tensors in float32 (LoRA sizes with the peers' target modules and ranks, counted on
 the real architectures); the last stands in for a full fine-tune (a size whose name starts with
 ``full`` has no optimizer step: see the module docstring)."""
+TRAINERS, ROLLOUTS = 2, 2
+"""The bench's local cluster."""
 OLD_PATH_BYTES = 250 * MiB
 OLD_PATH_TASKS = 4
 TENSORS = 64
@@ -58,6 +65,7 @@ TENSORS = 64
 small either way)."""
 TRAJECTORY_SHAPE = (16, 7, 4096, 64)
 """One FLUX group: 16 samples x (6 steps + 1) latents x 4096 packed tokens x 64 channels."""
+TRAJECTORY_BYTES = 16 * 7 * 4096 * 64 * 4 + 16 * 6 * 4
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +86,24 @@ class Round:
     controller_bytes: int = 0
     reduce_traffic_per_trainer: list[float] = field(default_factory=list)
     """Bytes each trainer wrote during the reduction, over the gradient's size."""
+    link_bytes_per_s: float | None = None
+    """The raw link's rate on this machine (measured once per bench)."""
+
+    def efficiency(self) -> dict[str, float]:
+        """Each transfer phase's rate as a fraction of the raw link's: reduce (bytes each
+        trainer sent / s), distribute (bytes every rollout received, bfloat16, / s, per
+        trainer link: they serve in parallel), trajectory (bytes / s)."""
+        if not self.link_bytes_per_s or self.path != "dataplane":
+            return {}
+        link = self.link_bytes_per_s
+        sent = max(self.reduce_traffic_per_trainer or [0.0]) * self.bytes
+        out = {"reduce": sent / self.reduce_s / link if self.reduce_s > 0 else 0.0}
+        if self.distribute_s > 0:  # every rollout worker takes in the bfloat16 half; the trainers serve it
+            received = ROLLOUTS * self.bytes / 2
+            out["distribute"] = received / TRAINERS / self.distribute_s / link
+        if self.trajectory_s:
+            out["trajectory"] = TRAJECTORY_BYTES / self.trajectory_s / link
+        return out
 
     @property
     def total_s(self) -> float:
@@ -202,6 +228,48 @@ def drop_blobs(job: str) -> None:
     local_store().drop_where(lambda n: not n.startswith(job + ":"))
 
 
+# --- the raw link ------------------------------------------------------------------------------
+LINK_BYTES = 256 * MiB
+
+
+def link_listen(nbytes: int) -> dict:
+    """Serve ``nbytes`` once, raw (a thread of this worker): the other side's rate is the link's."""
+    import threading
+
+    sock = socket.create_server(("127.0.0.1", 0))
+    payload = memoryview(bytearray(nbytes))
+
+    def serve() -> None:
+        conn, _ = sock.accept()
+        with conn:
+            conn.sendall(payload)
+        sock.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return {"addr": f"127.0.0.1:{sock.getsockname()[1]}"}
+
+
+def link_receive(addr: str, nbytes: int) -> dict:
+    host, port = addr.rsplit(":", 1)
+    buf = memoryview(bytearray(nbytes))
+    t0 = time.time()
+    with socket.create_connection((host, int(port))) as s:
+        got = 0
+        while got < nbytes:
+            n = s.recv_into(buf[got:])
+            if n == 0:
+                break
+            got += n
+    return {"s": time.time() - t0, "bytes": got}
+
+
+def measure_link(client, sender: str, receiver: str, nbytes: int = LINK_BYTES) -> float:
+    """Raw TCP bytes per second from ``sender``'s process to ``receiver``'s."""
+    where = client.submit(link_listen, nbytes, workers=[sender], pure=False).result()
+    got = client.submit(link_receive, where["addr"], nbytes, workers=[receiver], pure=False).result()
+    return got["bytes"] / got["s"]
+
+
 # --- the path this replaced -------------------------------------------------------------------
 def old_put_gradient(redis_url: str, key: str, nbytes: int, seed: int) -> float:
     """A train task of the old path: its gradient into Redis as safetensors."""
@@ -241,15 +309,18 @@ def run_dataplane_bench(
     url = embedded_url(r)
     counted = connect(url)
     through = count_bytes(counted)
-    cluster, client = start_local_cluster(2, 2, "cpu", 1, start_method="spawn")
+    cluster, client = start_local_cluster(ROLLOUTS, TRAINERS, "cpu", 1, start_method="spawn")
     try:
         workers = list_workers(client)
         trainers = [w.address for w in workers if w.role.value == "trainer"]
         rollouts = [w.address for w in workers if w.role.value == "rollout"]
         rounds = []
+        link = measure_link(client, rollouts[0], trainers[0])
+        say(f"raw link: {link / 2**30:.2f} GiB/s")
         for name, nbytes in sizes.items():
             say(f"data plane: {name} ({nbytes / MiB:g} MiB)")
             rounds.append(_dataplane_round(client, r, counted, through, trainers, rollouts, name, nbytes))
+            rounds[-1].link_bytes_per_s = link
         say(f"the path through Redis: {OLD_PATH_TASKS} tasks x {old_bytes / MiB:g} MiB")
         rounds.append(_old_round(client, r, counted, through, url, trainers, rollouts, old_bytes))
         return rounds
@@ -382,7 +453,7 @@ def write_dataplane_report(
         "command": command,
         "commit": commit,
         "date": date,
-        "rounds": [asdict(x) | {"total_s": x.total_s} for x in rounds],
+        "rounds": [asdict(x) | {"total_s": x.total_s, "efficiency": x.efficiency()} for x in rounds],
         "compare": compare(rounds),
     }
     (out / "bench-dataplane.json").write_text(json.dumps(data, indent=1))

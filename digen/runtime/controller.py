@@ -290,6 +290,7 @@ class Controller:
                 outages = getattr(retry, "outages", 0)
                 instructions += self.check(now, outage)
             finished = self.apply(instructions)
+        self.queue.dead_letters()  # a last look: junk pushed there near the end is quarantined too
 
 
 def in_flight_events(queue: TaskQueue, task_ids: list[str], now: float) -> list[dict]:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from digen.config import Config
 from digen.core.events import TaskRef
+from digen.errors import DigenError
 from digen.iteration import checkpoints
 from digen.rundir import RunDir
 from digen.runtime.ledger import Ledger
@@ -139,6 +140,11 @@ class StepControl:
         cmd = self.inflight
         if cmd is None:
             return None
+        failed = self.group.step_error(cmd.id)
+        if failed is not None:
+            err = DigenError(failed["message"])
+            err.exit_code = int(failed["exit_code"])
+            raise err
         gone = [m for m in cmd.members if m not in alive]
         decided = self.group.decision(cmd.id)
         if decided is None and gone:

@@ -17,6 +17,8 @@ Keys (``P = digen:<job_id>:``, cleared with the job's other keys)::
     P tg:holders         hash    worker -> JSON {"addr": blob server, "versions": [v, ...],
                                  "state": v or null}: the weight versions a worker serves and
                                  the optimizer state it holds
+    P tg:error:<step>    string  JSON {"message", "exit_code"}: the step's writer could not
+                                 finish it (its checkpoint did not fit the disk, say)
     P tg:current         string  JSON {"version", "checkpoint", "keep_previous"}: the newest
                                  committed version and the newest checkpoint folder (a trainer
                                  that joins a running job starts from them)
@@ -125,6 +127,13 @@ class TrainerGroup:
     def decision(self, step: str) -> str | None:
         raw = self.r.get(self.p + f"decision:{step}")
         return None if raw is None else raw.decode()
+
+    def fail_step(self, step: str, message: str, exit_code: int) -> None:
+        self.r.set(self.p + f"error:{step}", json.dumps({"message": message, "exit_code": exit_code}))
+
+    def step_error(self, step: str) -> dict | None:
+        raw = self.r.get(self.p + f"error:{step}")
+        return None if raw is None else json.loads(raw)
 
     def forget_step(self, step: str) -> None:
         """Drop a step's decision and ok sets (before the controller asks for it again)."""

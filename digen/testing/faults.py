@@ -10,6 +10,7 @@ The worker loop calls :func:`point` at each named place of a task:
 ``fetch``  a task is about to fetch its input (a generated group) from the worker that made it
 ``reduce`` a trainer of a group of two or more is in the step's process group, about to
            all-reduce
+``checkpoint`` a step's writer is about to stage its checkpoint
 ``start``  a worker loop starts, before it loads the model (``raise`` here crashes the loop)
 
 :func:`point` does nothing unless the worker process runs with ``DIGEN_FAULTS=1`` (set it
@@ -56,7 +57,7 @@ from typing import Literal
 log = logging.getLogger(__name__)
 
 ENV = "DIGEN_FAULTS"
-POINTS = ("gen", "train", "sync", "ack", "acked", "fetch", "start", "reduce")
+POINTS = ("gen", "train", "sync", "ack", "acked", "fetch", "start", "reduce", "checkpoint")
 Action = Literal["kill", "stall", "drop_redis", "raise", "signal", "hold"]
 
 

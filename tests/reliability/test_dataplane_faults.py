@@ -102,3 +102,21 @@ def test_a_rollout_killed_after_its_group_was_acknowledged_has_the_group_generat
     trains = [e for e in timeline(out) if e["kind"] == "train" and e["iteration"] == 1]
     assert sorted(e["task"] for e in gens) == ["gen:1:0", "gen:1:0", "gen:1:1"]
     assert sorted(e["task"] for e in trains) == ["train:1:0", "train:1:1"]
+
+
+def test_a_writer_that_cannot_write_the_checkpoint_ends_the_job_naming_why(tiny_sd3: Path, tmp_path: Path):
+    from digen.errors import DigenError
+
+    cfg = fault_config(
+        tiny_sd3,
+        schedule={"mode": "disaggregated", "gap": True, "max_staleness": 0},
+        cluster__local={"rollout_workers": 1, "trainer_workers": 1},
+    )
+    out = tmp_path / "run"
+    with pytest.raises(DigenError) as err:
+        run_job(cfg, out, "dp-ckpt", Fault("checkpoint", "raise", worker="trainer-0", iteration=1))
+    msg = str(err.value)
+    assert msg.startswith("the checkpoint of iteration 1 could not be written: InjectedFault: injected fault")
+    assert err.value.exit_code == 1
+    assert [m["iteration"] for m in metrics(out)] == [0]  # iteration 1 did not end
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["iter_0000"]
