@@ -268,6 +268,12 @@ class PatientRetry(Retry):
 
     __hash__ = object.__hash__
 
+    def __deepcopy__(self, memo: dict) -> PatientRetry:
+        """The same object: redis-py deep-copies a client's retry into every connection it
+        opens, and ``outages`` must count what any of them survived (a copy's count was never
+        seen by the controller, which then missed a restart that lost the job's data)."""
+        return self
+
 
 class SecretURL(str):
     """A URL whose ``repr`` hides its password: Dask logs a failed task with the ``repr`` of

@@ -154,3 +154,24 @@ def test_retrying_gives_up_with_connection_failure_and_passes_other_errors():
     with pytest.raises(ValueError):
         retrying(bad, attempts=3, backoff=0.01)
     assert len(calls) == 1
+
+
+def test_every_connection_counts_its_outages_on_the_clients_one_retry(redis_client):
+    """redis-py copies a client's retry into each connection; the copies must be the one
+    object whose ``outages`` the controller reads after a restart."""
+    import copy
+
+    from digen.runtime.redis_conn import PatientRetry
+
+    retry = PatientRetry(5.0, "redis://x")
+    assert copy.deepcopy(retry) is retry
+    r = connect(embedded_url(redis_client), outage_s=5.0)
+    try:
+        r.ping()
+        conn = r.connection_pool.get_connection()
+        try:
+            assert conn.retry is r.get_retry()
+        finally:
+            r.connection_pool.release(conn)
+    finally:
+        r.close()
