@@ -426,7 +426,7 @@ def make_tiny_model_cmd(
 
 
 # Command groups live in their own modules and register themselves on ``app``.
-from cli import bench, export_cmd, models_cmd, service, simulate  # noqa: E402,F401
+from cli import algorithms_cmd, bench, export_cmd, models_cmd, service, simulate  # noqa: E402,F401
 
 
 def main() -> None:  # pragma: no cover

@@ -83,3 +83,26 @@ def test_a_rollout_plan_that_keeps_steps_it_does_not_take_is_refused():
         RolloutPlan(kinds=("sde",) * 4, keep=(2, 3))
     with pytest.raises(ConfigError, match="4 steps but a schedule of 4 sigmas"):
         RolloutPlan(kinds=("sde",) * 4, keep=(0, 4), schedule=(0, 1, 2, 3))
+
+
+def test_digen_algorithms_lists_each_with_its_peer_needs_and_trajectory():
+    import json
+
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    res = CliRunner().invoke(app, ["algorithms", "--json"])
+    assert res.exit_code == 0, res.output
+    listed = json.loads(res.output)
+    assert [r["name"] for r in listed] == list(PEERS)
+    nft = listed[-1]
+    assert nft["modes"] == "reference (for now)" and nft["trajectory"]["latents"].startswith(
+        "[B, 1, *latent]"
+    )
+    assert all(r["modes"] == "every mode" for r in listed[:-1])
+    table = CliRunner().invoke(app, ["algorithms"], env={"COLUMNS": "200"})
+    assert table.exit_code == 0
+    for r in listed:
+        assert r["name"] in table.output and r["peer"].split(":")[0] in table.output
+    assert "means [B, T, *latent]" in table.output  # GRPO-Guard's extra trajectory tensor
