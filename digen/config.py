@@ -160,10 +160,19 @@ class NftConfig(_Section):
     """The rollout's deterministic solver: DPM-Solver++(2M) (the recipes' ``dpm2``) or Euler."""
 
 
+class FlowDppoConfig(_Section):
+    """Flow-DPPO's trust region (``train.algorithm: flow-dppo``; digen/algos/flow_dppo.py,
+    verl-project/verl-omni ``FlowDPPOLoss``)."""
+
+    kl_threshold: float = Field(1e-5, gt=0.0)
+    """The per-step KL ``mean((mu - mu_old)^2) / (2 s^2)`` at and above which an update that
+    still moves away from the rollout policy is dropped (the peer's ``kl_mask_threshold``: 1e-5)."""
+
+
 class TrainConfig(_Section):
     algorithm: str | None = None
     """The training algorithm, by registry name (``digen algorithms`` lists them): flow-grpo,
-    flow-grpo-fast, cps, dance-grpo, mix-grpo, grpo-guard, diffusion-nft. None: the Flow-GRPO
+    flow-grpo-fast, cps, dance-grpo, mix-grpo, grpo-guard, flow-dppo, diffusion-nft. None: the Flow-GRPO
     family member ``rollout.sde.kind`` and ``train.timesteps.strategy`` name (cps, dance-grpo,
     flow-grpo-fast for the window strategy, else flow-grpo)."""
     mini_batches: int = Field(1, ge=1)
@@ -181,6 +190,7 @@ class TrainConfig(_Section):
     GRPO family, ``velocity`` for diffusion-nft."""
     mix_grpo: MixGrpoConfig = MixGrpoConfig()
     nft: NftConfig = NftConfig()
+    flow_dppo: FlowDppoConfig = FlowDppoConfig()
     timesteps: TimestepConfig = TimestepConfig()
     clip_range: float = Field(1e-4, gt=0.0)
     """PPO ratio clip epsilon (log-probs are per-element means, hence tiny ranges)."""

@@ -112,7 +112,7 @@ def _weighted_x0_error(x0_hat: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
 class DiffusionNft(Algorithm):
     name = "diffusion-nft"
     title = "DiffusionNFT"
-    order = 6
+    order = 7
     keeps_state = True
     distributed = False
     peer = (

@@ -20,6 +20,9 @@ row (sample ``b``, step ``j``, ``dt = sigma_j - sigma_{j+1}``)::
 holds ``means [B, T, *latent]`` beside Flow-GRPO's latents and log-probs (twice the latent
 data). ``bias`` carries gradient through ``mu_theta``.
 
+VeRL-Omni's restatement (verl-project/verl-omni @a1139ba verl_omni/trainer/diffusion/
+diffusion_algos.py ``GRPOGuardLoss``) reduces the bias per sample, as digen does.
+
 Deviation from the peer, on purpose: the peer computes ``bias`` as
 ``(...).pow(2).mean(dim=tuple(range(1, log_prob.ndim)))`` on a ``[B]`` log-prob, an empty
 tuple, over which torch reduces every dimension: the peer's bias is the MEAN over its
@@ -106,12 +109,12 @@ class GrpoGuard(GrpoFamily):
         problems = []
         if cfg.rollout.sde.kind != "sde":
             problems.append(
-                f"train.algorithm (grpo-guard) normalises Flow-GRPO's Gaussian log-prob: it needs "
-                f"rollout.sde.kind sde, got {cfg.rollout.sde.kind}"
+                f"train.algorithm ({self.name}) reads Flow-GRPO's Gaussian SDE step (its transition mean "
+                f"and std): it needs rollout.sde.kind sde, got {cfg.rollout.sde.kind}"
             )
         if cfg.train.timesteps.strategy == "window":
             problems.append(
-                "train.algorithm (grpo-guard) samples SDE on every step (as its peer); "
+                f"train.algorithm ({self.name}) samples SDE on every step (as its peer); "
                 "use train.timesteps.strategy prefix or random"
             )
         return problems

@@ -16,6 +16,7 @@ PEERS = {
     "dance-grpo": "XueZeyue/DanceGRPO @15cc71d",
     "mix-grpo": "Tencent-Hunyuan/MixGRPO @e5cdd6a",
     "grpo-guard": "yifan123/flow_grpo @9745241",
+    "flow-dppo": "verl-project/verl-omni @a1139ba",
     "diffusion-nft": "NVlabs/DiffusionNFT @24af555",
 }
 

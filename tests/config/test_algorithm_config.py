@@ -35,7 +35,7 @@ def test_distributed_modes_refuse_what_they_cannot_run_yet(mode):
         "train.algorithm (diffusion-nft) runs in schedule.mode reference only for now (its state beside the "
         "weights does not travel through the distributed modes yet); set schedule.mode=reference"
     ]
-    for algorithm in ("mix-grpo", "grpo-guard", "flow-grpo"):  # no state, one step: every mode
+    for algorithm in ("mix-grpo", "grpo-guard", "flow-dppo", "flow-grpo"):  # no state, one step: every mode
         assert problems(schedule={"mode": mode}, cluster=workers, train={"algorithm": algorithm}) == []
 
 
@@ -43,7 +43,8 @@ def test_each_algorithm_checks_its_own_requirements():
     assert problems(
         train={"algorithm": "grpo-guard"}, rollout={"sde": {"kind": "cps", "noise_level": 0.8}}
     ) == [
-        "train.algorithm (grpo-guard) normalises Flow-GRPO's Gaussian log-prob: it needs rollout.sde.kind sde, got cps"
+        "train.algorithm (grpo-guard) reads Flow-GRPO's Gaussian SDE step (its transition mean and std): it "
+        "needs rollout.sde.kind sde, got cps"
     ]
     assert problems(train={"algorithm": "flow-grpo-fast"}) == [
         "train.algorithm (flow-grpo-fast) trains a window of SDE steps; set train.timesteps.strategy=window "
@@ -119,4 +120,4 @@ def test_algorithm_fields_each_have_a_docstring():
                 and isinstance(nxt.value, ast.Constant)
                 and isinstance(nxt.value.value, str)
             )
-            assert documented or field in ("mix_grpo", "nft"), f"{name}.{field} has no docstring"
+            assert documented or field in ("mix_grpo", "nft", "flow_dppo"), f"{name}.{field} has no docstring"

@@ -1,5 +1,5 @@
-"""The algorithms without extra state or mini-batches run in every mode through the existing
-runtime: a short ``digen`` mode run each, and the synchronous modes equal to the reference bit
+"""The algorithms without extra state or mini-batches (MixGRPO, GRPO-Guard, Flow-DPPO, no-CFG
+training) run in every mode through the existing runtime: a short ``digen`` mode run each, and the synchronous modes equal to the reference bit
 for bit for MixGRPO (whose window-only trajectories travel through Redis)."""
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ ALGORITHMS = {
         "mix_grpo": {"window": 2, "flash": True, "flash_compress": 0.6},
     },
     "grpo-guard": {"algorithm": "grpo-guard", "clip_range": 2e-6},
+    "flow-dppo": {"algorithm": "flow-dppo"},
     "no-cfg": {"kl_beta": 0.04, "kl_target": "velocity"},  # guidance 1 (the default) + the velocity KL
 }
-ROWS = {"mix-grpo": 2, "mix-grpo-flash": 2, "grpo-guard": 2, "no-cfg": 2}  # trained steps per sample
+ROWS = {"mix-grpo": 2, "mix-grpo-flash": 2, "grpo-guard": 2, "flow-dppo": 2, "no-cfg": 2}  # trained steps per sample
 
 
 def rows(run: Path) -> list[dict]:

@@ -21,8 +21,8 @@ differently, which alone moves a gradient by ~5e-9. Mini-batch 1 trains off-poli
 ratios are not 1 and the clip acts there.
 
 Peers (commits read): Flow-GRPO and GRPO-Guard yifan123/flow_grpo @9745241 (mirror
-Xianchao-Wu/flow_grpo), MixGRPO Tencent-Hunyuan/MixGRPO @e5cdd6a, DiffusionNFT
-NVlabs/DiffusionNFT @24af555.
+Xianchao-Wu/flow_grpo), MixGRPO Tencent-Hunyuan/MixGRPO @e5cdd6a, Flow-DPPO
+verl-project/verl-omni @a1139ba, DiffusionNFT NVlabs/DiffusionNFT @24af555.
 """
 
 from __future__ import annotations
@@ -413,6 +413,60 @@ def test_grpo_guard_differs_from_flow_grpo(world, policy):
         out[algorithm] = digen_iteration(policy, embeds, cfg, trajs, tsp=True, store=store).grads[0]
         policy.load_trainable_state_dict(lora)
     assert relative_error(out["flow-grpo"], out["grpo-guard"]) > 0.1
+
+
+# --- Flow-DPPO --------------------------------------------------------------------------------
+@pytest.mark.parametrize("tsp", [True, False])
+def test_flow_dppo_equals_the_peer(world, policy, tsp):
+    """Flow-DPPO (VeRL-Omni ``FlowDPPOLoss.compute_loss``, ``add_kl_coefficient`` true): per
+    micro-batch (here 2 samples at one timestep) ``mean(where(keep, -A r, 0))`` with the
+    divergence mask, each backward ``loss / (micro_batches_per_step * K)``."""
+    _, embeds, base, _ = world
+    threshold = 1e-5
+    cfg = config(base, steps=4, mini_batches=2, algorithm="flow-dppo", flow_dppo={"kl_threshold": threshold})
+    trajs = generate(policy, embeds, cfg)
+    gen = torch.Generator().manual_seed(5)
+    scale = torch.tensor([3e-2, 0.0, 1e-4, 1e-2], dtype=torch.float64).view(G, 1, 1, 1, 1)
+    for traj in trajs:
+        traj["log_probs"] = traj["log_probs"] + offsets(4)
+        traj["means"] = traj["means"] + scale * torch.randn(
+            traj["means"].shape, generator=gen, dtype=torch.float64
+        )
+    ours = digen_iteration(
+        policy, embeds, cfg, trajs, tsp=tsp, store=ParameterStore(policy.trainable_state_dict(), cfg.train)
+    )
+    assert all(0 < s.clipped < s.rows for s in ours.stats)  # some updates masked, some kept
+
+    policy.load_trainable_state_dict(ours.start)
+    opt = PeerOptimizer(policy, cfg)
+    grads = []
+    for g in range(GROUPS):
+        traj, spec = trajs[g], ours.book.train_spec(g)
+        advantages = torch.tensor(spec.advantages, dtype=torch.float64)
+        k = len(spec.steps[0])
+        for idx in (torch.tensor([0, 1]), torch.tensor([2, 3])):
+            for j in spec.steps[0]:
+                x, x_next = traj["latents"][idx, j], traj["latents"][idx, j + 1]
+                sig, sig_next = traj["sigmas"][j].expand(2), traj["sigmas"][j + 1].expand(2)
+                v = peer_velocity(policy, x, sig, embeds, 1.0)
+                log_prob, mean, std_dev_t, sqrt_dt = peer_sde_step(
+                    v, x, x_next, sig, sig_next, float(traj["sigmas"][1])
+                )
+                a = advantages[idx]
+                ratio = torch.exp(log_prob - traj["log_probs"][idx, j])
+                unclipped_loss = -a * ratio
+                sigma_t = std_dev_t * sqrt_dt.reshape(2, 1, 1, 1)
+                kl_per_sample = ((mean - traj["means"][idx, j]).pow(2) / (2 * sigma_t.pow(2))).mean(
+                    dim=(1, 2, 3)
+                )
+                high = kl_per_sample >= threshold
+                rm = (high & (ratio > 1.0) & (a > 0)) | (high & (ratio < 1.0) & (a < 0))
+                loss = torch.mean(
+                    torch.where(~rm.detach(), unclipped_loss, torch.zeros((), dtype=ratio.dtype))
+                )
+                (loss / (2 * k)).backward()
+        grads.append(opt.step())
+    assert_same_iteration(ours, grads, peer_weights(policy))
 
 
 # --- DiffusionNFT -----------------------------------------------------------------------------
