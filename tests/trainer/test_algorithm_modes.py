@@ -28,7 +28,13 @@ ALGORITHMS = {
     "flow-dppo": {"algorithm": "flow-dppo"},
     "no-cfg": {"kl_beta": 0.04, "kl_target": "velocity"},  # guidance 1 (the default) + the velocity KL
 }
-ROWS = {"mix-grpo": 2, "mix-grpo-flash": 2, "grpo-guard": 2, "flow-dppo": 2, "no-cfg": 2}  # trained steps per sample
+ROWS = {
+    "mix-grpo": 2,
+    "mix-grpo-flash": 2,
+    "grpo-guard": 2,
+    "flow-dppo": 2,
+    "no-cfg": 2,
+}  # trained steps per sample
 
 
 def rows(run: Path) -> list[dict]:
