@@ -18,6 +18,15 @@ policy, the ``algo/`` tensors into a side table keyed by the policy object, wher
 :func:`policy_state` finds them (the rollout of DiffusionNFT samples with ``algo/old/*``, its
 loss reads them too). A process that loads versions with ``policy.load_trainable_state_dict``
 alone cannot run such an algorithm (it gets a clear error naming :func:`load_version`).
+
+Wiring the distributed modes for such an algorithm (not done yet: DiffusionNFT declares
+``distributed = False`` and a config check keeps it in ``reference`` mode): the controller
+already publishes ``store.weights()``, ``algo/`` tensors included, and keeps the previous
+version's dict for staleness 1; the workers must load every version with
+:func:`load_version` (``workers.loop.WorkerRuntime.ensure_version``, today
+``policy.load_trainable_state_dict``); the FSDP trainer group's store
+(``digen.runtime.fsdp_group.ShardedStore``) keeps no state, so ``train.fsdp`` stays refused for
+it; then the algorithm's ``distributed`` flag can become True.
 """
 
 from __future__ import annotations
