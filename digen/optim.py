@@ -3,8 +3,11 @@
 One :class:`ParameterStore` exists per job (in the reference trainer's process, or in the
 controller for the distributed modes; with ``train.fsdp`` the trainer group holds it sharded
 and the controller keeps only the weights, :class:`digen.runtime.fsdp_group.ShardedStore`). It receives summed task gradients, steps AdamW and
-yields the next policy version's weights, which workers load. Only the trained tensors live
-here (the LoRA adapter, or the full transformer for a full fine-tune).
+yields the next policy version's weights, which workers load. The trained tensors live here
+(the LoRA adapter, or the full transformer for a full fine-tune), and so does the state an
+algorithm keeps beside them (DiffusionNFT's ``old`` copy): :attr:`ParameterStore.state`,
+named ``algo/<role>/<name>`` (:mod:`digen.algos.state`), part of every version dict
+:meth:`ParameterStore.weights` returns and of every checkpoint (``optimizer.safetensors``).
 """
 
 from __future__ import annotations
@@ -19,15 +22,24 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from digen.algos.registry import stateful_algorithm
+from digen.algos.state import is_state
 from digen.config import Config, TrainConfig
 from digen.errors import CheckpointError
 from digen.rundir import DiskFull, RunDir, disk_writes
 
 
 class ParameterStore:
-    """Master float32 weights + AdamW. ``version`` counts optimizer steps taken."""
+    """Master float32 weights + AdamW (+ the algorithm's state). ``version`` counts optimizer
+    steps taken."""
 
-    def __init__(self, weights: dict[str, torch.Tensor], train: TrainConfig, version: int = 0):
+    def __init__(
+        self,
+        weights: dict[str, torch.Tensor],
+        train: TrainConfig,
+        version: int = 0,
+        state: dict[str, torch.Tensor] | None = None,
+    ):
         # sorted names: the same order whether weights come from a model or a checkpoint
         # (safetensors files sort their keys), so the grad-norm reduction order never changes
         self.names = sorted(weights)
@@ -44,18 +56,35 @@ class ParameterStore:
         self.ema: dict[str, torch.Tensor] | None = (
             {k: v.detach().clone() for k, v in self.params.items()} if train.ema.enabled else None
         )
+        self.algorithm = stateful_algorithm(train)
+        self.state: dict[str, torch.Tensor] = (
+            (self.algorithm.initial_state(self.trained(), train) if self.algorithm.keeps_state else {})
+            if state is None
+            else {k: v.detach().float().cpu().clone() for k, v in state.items()}
+        )
+        """The algorithm's tensors beside the weights, ``algo/<role>/<name>`` (``{}`` for most)."""
 
     @classmethod
     def fresh(cls, weights: dict[str, torch.Tensor], train: TrainConfig) -> ParameterStore:
         """Version 0 of a job from the policy's trained tensors."""
         return cls(weights, train)
 
-    def weights(self) -> dict[str, torch.Tensor]:
-        """The current version's weights (detached, contiguous CPU float32)."""
+    def trained(self) -> dict[str, torch.Tensor]:
+        """The current trained tensors (detached, contiguous CPU float32)."""
         return {k: v.detach().clone().contiguous() for k, v in self.params.items()}
 
-    def step(self, grad_sum: dict[str, torch.Tensor], rows: int) -> dict[str, float]:
-        """One AdamW step on the mean gradient ``grad_sum / rows`` (after norm clipping)."""
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The current version: the trained tensors and the algorithm's state tensors, one
+        flat dict (detached, contiguous CPU float32; load it with
+        :func:`digen.algos.state.load_version`)."""
+        return {**self.trained(), **{k: v.clone().contiguous() for k, v in self.state.items()}}
+
+    def step(
+        self, grad_sum: dict[str, torch.Tensor], rows: int, *, last_of_iteration: bool = True
+    ) -> dict[str, float]:
+        """One AdamW step on the mean gradient ``grad_sum / rows`` (after norm clipping).
+        ``last_of_iteration``: this step ends the iteration's mini-batches, after which the
+        algorithm's state moves (:meth:`~digen.algos.registry.Algorithm.next_state`)."""
         if rows <= 0:
             raise ValueError(f"an optimizer step needs trained rows, got {rows}")
         missing = set(self.names) - set(grad_sum)
@@ -71,13 +100,15 @@ class ParameterStore:
             d = self.train.ema.decay
             for k, v in self.params.items():
                 self.ema[k].mul_(d).add_(v.detach(), alpha=1 - d)
+        if last_of_iteration and self.state:
+            self.state = self.algorithm.next_state(self.state, self.trained(), self.train, self.version)
         return {"grad_norm": float(norm)}
 
     # --- checkpoints ---------------------------------------------------------------
     def save(self, folder: Path, extra: dict | None = None) -> None:
         """Write ``weights.safetensors``, ``optimizer.safetensors`` and ``state.json``."""
         folder.mkdir(parents=True, exist_ok=True)
-        save_file(self.weights(), str(folder / "weights.safetensors"))
+        save_file(self.trained(), str(folder / "weights.safetensors"))
         opt_tensors: dict[str, torch.Tensor] = {}
         steps: dict[str, float] = {}
         for k in self.names:
@@ -89,6 +120,7 @@ class ParameterStore:
                 steps[k] = float(st["step"])
         if self.ema is not None:
             opt_tensors.update({f"ema/{k}": v.contiguous() for k, v in self.ema.items()})
+        opt_tensors.update({k: v.contiguous() for k, v in self.state.items()})  # algo/<role>/<name>
         save_file(opt_tensors, str(folder / "optimizer.safetensors"))
         state = {"version": self.version, "adam_steps": steps, **(extra or {})}
         (folder / "state.json").write_text(json.dumps(state, indent=1))
@@ -97,7 +129,8 @@ class ParameterStore:
     def load(folder: Path, train: TrainConfig) -> tuple[ParameterStore, dict]:
         """A store restored from :meth:`save`; also the ``state.json`` contents."""
         state, weights, opt = read_checkpoint(folder)
-        store = ParameterStore(weights, train, version=int(state["version"]))
+        algo_state = {k: v for k, v in opt.items() if is_state(k)}
+        store = ParameterStore(weights, train, version=int(state["version"]), state=algo_state or None)
         for k in store.names:
             if f"exp_avg/{k}" in opt:
                 store.optimizer.state[store.params[k]] = {

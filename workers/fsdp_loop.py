@@ -223,7 +223,7 @@ def _train(rk: Rank, cmd: dict) -> None:
     data = rt.job.data(gen_id)
     if data is None:
         raise RuntimeError(f"trajectories of {gen_id} are missing from Redis")
-    rows = shard_rows(spec_rows(spec, data["latents"], data["log_probs"], data["sigmas"]), rk.rank, rk.world)
+    rows = shard_rows(spec_rows(spec, data, rt.cfg), rk.rank, rk.world)
     assert rt.embed is not None
     embeds = rt.embed(payload["prompt"]).repeat_rows(len(spec.samples))
     t1 = time.time()

@@ -195,14 +195,7 @@ def run_train(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> dict:
     assert rt.embed is not None
     t1 = time.time()
     grads, stats = train_group(
-        rt.policy,
-        spec,
-        data["latents"],
-        data["log_probs"],
-        data["sigmas"],
-        rt.embed(leased.payload["prompt"]),
-        rt.cfg,
-        tsp=bool(leased.payload["tsp"]),
+        rt.policy, spec, data, rt.embed(leased.payload["prompt"]), rt.cfg, tsp=bool(leased.payload["tsp"])
     )
     faults.point("train", rt.job, rt.name, task=leased.task_id, iteration=spec.iteration)
     rt.job.put_data(leased.task_id, grads)
