@@ -19,7 +19,7 @@ from __future__ import annotations
 
 # isort: off
 # importing a command module registers its commands; this order is that of ``digen --help``
-from cli import train, models_cmd, bench, export_cmd, service, simulate  # noqa: F401
+from cli import train, models_cmd, algorithms_cmd, bench, export_cmd, service, simulate  # noqa: F401
 
 # isort: on
 from cli.app import app

@@ -118,7 +118,81 @@ class EmaConfig(_Section):
     """Update the EMA copy every N optimizer steps (kept in checkpoints, used for nothing else)."""
 
 
+class MixGrpoConfig(_Section):
+    """MixGRPO's sliding SDE window (``train.algorithm: mix-grpo``; digen/algos/mix_grpo.py,
+    Tencent-Hunyuan/MixGRPO fastvideo/utils/grpo_states.py ``GRPOTrainingStates``)."""
+
+    window: int = Field(4, ge=1)
+    """SDE steps in the window, all trained (the peer's ``group_size``: 4)."""
+    schedule: Literal["progressive", "random", "decay"] = "progressive"
+    """How the window moves between iterations: ``progressive`` by ``shift`` steps every
+    ``iters_per_window`` iterations; ``decay`` the same with the iterations per window falling
+    from ``max_iters`` to ``min_iters`` as it moves; ``random`` a seeded uniform start each
+    iteration (the peer's ``sample_strategy``)."""
+    iters_per_window: int = Field(25, ge=1)
+    """Iterations before the window moves (the peer's ``iters_per_group``: 25; Flash 20)."""
+    shift: int | None = Field(1, ge=1)
+    """Steps the window moves by (the peer's ``prog_overlap_step``: 1); None: by ``window``
+    (no overlap)."""
+    max_iters: int | None = Field(None, ge=1)
+    """``decay``: iterations per window at the start (None: ``iters_per_window``)."""
+    min_iters: int | None = Field(None, ge=1)
+    """``decay``: iterations per window at the end (None: ``max(1, iters_per_window // 4)``)."""
+    roll_back: bool = True
+    """Past the last start (``rollout.num_steps - 2``) the window returns to step 0 (else it stays)."""
+    flash: bool = False
+    """MixGRPO-Flash: after the window, DPM-Solver++(2M) on a compressed schedule instead of
+    Euler steps (the peer's ``dpm_algorithm_type dpmsolver++``, ``dpm_apply_strategy post``)."""
+    flash_compress: float = Field(0.4, gt=0.0, le=1.0)
+    """Flash: the fraction of the post-window steps kept (the peer's ``dpm_post_compress_ratio``)."""
+
+
+class NftConfig(_Section):
+    """DiffusionNFT's options (``train.algorithm: diffusion-nft``; digen/algos/diffusion_nft.py,
+    NVlabs/DiffusionNFT config/nft.py)."""
+
+    beta: float = Field(1.0, gt=0.0)
+    """Strength of the implicit positive/negative velocities ``beta v + (1 - beta) v_old`` and
+    ``(1 + beta) v_old - beta v`` (the peer's ``config.beta``: 1.0; 0.1 for OCR)."""
+    decay_type: Literal[0, 1, 2] = 1
+    """The old weights' EMA after each iteration (the peer's ``decay_type``): 0 copies the
+    policy; 1 decays ``min(0.001 steps, 0.5)``; 2 copies for 75 steps, then ``min(0.0075
+    (steps - 75), 0.999)``."""
+    solver: Literal["dpm2", "euler"] = "dpm2"
+    """The rollout's deterministic solver: DPM-Solver++(2M) (the recipes' ``dpm2``) or Euler."""
+
+
+class FlowDppoConfig(_Section):
+    """Flow-DPPO's trust region (``train.algorithm: flow-dppo``; digen/algos/flow_dppo.py,
+    verl-project/verl-omni ``FlowDPPOLoss``)."""
+
+    kl_threshold: float = Field(1e-5, gt=0.0)
+    """The per-step KL ``mean((mu - mu_old)^2) / (2 s^2)`` at and above which an update that
+    still moves away from the rollout policy is dropped (the peer's ``kl_mask_threshold``: 1e-5)."""
+
+
 class TrainConfig(_Section):
+    algorithm: str | None = None
+    """The training algorithm, by registry name (``digen algorithms`` lists them): flow-grpo,
+    flow-grpo-fast, cps, dance-grpo, mix-grpo, grpo-guard, flow-dppo, diffusion-nft. None: the Flow-GRPO
+    family member ``rollout.sde.kind`` and ``train.timesteps.strategy`` name (cps, dance-grpo,
+    flow-grpo-fast for the window strategy, else flow-grpo)."""
+    mini_batches: int = Field(1, ge=1)
+    """Optimizer steps per iteration (rollout batch): the iteration's groups split into this
+    many consecutive equal runs, each trained with the weights the previous one's step made
+    and stepped on the mean over its own rows (the peers' ``num_batches_per_epoch /
+    gradient_accumulation_steps``: 2 for Flow-GRPO's SD3.5/FLUX recipes). Must divide
+    ``rollout.batch_size / rollout.group_size``. Above 1 it runs in ``schedule.mode:
+    reference`` only for now (docs/algorithms.md, "Mini-batches")."""
+    kl_target: Literal["mean", "velocity"] | None = None
+    """What ``kl_beta`` penalises: ``mean``, the SDE transition mean's KL to the base weights
+    (Flow-GRPO's); ``velocity``, ``mean((v - v_ref)^2)``, the KL Flow-GRPO's maintainer
+    recommends when training without CFG (``rollout.guidance_scale: 1``) and sampling with CFG
+    at test time (yifan123/flow_grpo issue #198), and DiffusionNFT's. None: ``mean`` for the
+    GRPO family, ``velocity`` for diffusion-nft."""
+    mix_grpo: MixGrpoConfig = MixGrpoConfig()
+    nft: NftConfig = NftConfig()
+    flow_dppo: FlowDppoConfig = FlowDppoConfig()
     timesteps: TimestepConfig = TimestepConfig()
     clip_range: float = Field(1e-4, gt=0.0)
     """PPO ratio clip epsilon (log-probs are per-element means, hence tiny ranges)."""
@@ -500,6 +574,7 @@ def _cross_checks(cfg: Config, check_paths: bool) -> list[str]:
         problems.append("schedule.mode colocated needs at least one worker in cluster.local")
     problems += _fsdp_checks(cfg)
     problems += _sp_checks(cfg, check_paths)
+    problems += _algorithm_checks(cfg)
     if cfg.eval.every and cfg.prompts.test_file is None and cfg.prompts.dataset is None:
         problems.append(
             f"eval.every ({cfg.eval.every}) needs prompts.test_file (held-out prompts, one per line) "
@@ -575,6 +650,46 @@ def _sp_checks(cfg: Config, check_paths: bool) -> list[str]:
                 f"rollout.sequence_parallel ({d}): the {family} family has no Ulysses attention processor "
                 f"(supported: {', '.join(SP_FAMILIES)}); set rollout.sequence_parallel=1"
             )
+    return problems
+
+
+def _algorithm_checks(cfg: Config) -> list[str]:
+    """``train.algorithm`` is registered and fits the config (its own checks), mini-batches
+    divide the iteration's groups, and what cannot run distributed yet is refused there."""
+    from digen.algos import registry
+
+    t, mode = cfg.train, cfg.schedule.resolved().mode
+    name = registry.resolved_name(cfg)
+    if name not in registry.available():
+        return [
+            f"train.algorithm ({name!r}) is not a registered algorithm; use one of "
+            f"{', '.join(registry.available())} (digen algorithms lists them)"
+        ]
+    algo = registry.get(name)
+    problems = algo.check(cfg)
+    groups = cfg.rollout.prompts_per_iteration
+    if groups and groups % t.mini_batches:
+        problems.append(
+            f"train.mini_batches ({t.mini_batches}) must divide the iteration's prompt groups "
+            f"(rollout.batch_size / rollout.group_size = {groups}): each optimizer step takes whole groups"
+        )
+    distributed = mode != "reference"
+    if distributed and t.mini_batches > 1:
+        problems.append(
+            f"train.mini_batches ({t.mini_batches}) runs in schedule.mode reference only for now (the "
+            f"controller and workers step once per iteration); set schedule.mode=reference, or "
+            f"train.mini_batches=1 for {mode}"
+        )
+    if distributed and not algo.distributed:
+        problems.append(
+            f"train.algorithm ({name}) runs in schedule.mode reference only for now (its state beside the "
+            f"weights does not travel through the distributed modes yet); set schedule.mode=reference"
+        )
+    if t.kl_target is not None and t.kl_beta == 0:
+        problems.append(
+            f"train.kl_target ({t.kl_target}) has no effect with train.kl_beta 0; set train.kl_beta > 0 "
+            f"or leave train.kl_target unset"
+        )
     return problems
 
 

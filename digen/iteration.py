@@ -4,9 +4,10 @@
 can train (GAP: a group's advantages need only its own rewards; with ``train.global_std`` they
 need the whole batch, so nothing trains before the last group is scored), builds each group's
 train-task spec (advantages, trained steps per sample), collects task gradients (in the
-reference loop; the distributed trainers keep theirs) and, once every group is in, sums them
-in group order and produces the iteration's metrics. :func:`finish_iteration` records an
-iteration's end the same way in every mode.
+reference loop; the distributed trainers keep theirs) and, once every group of a mini-batch is
+in, sums them in group order (one mini-batch per optimizer step: ``train.mini_batches``,
+:func:`digen.core.scheduler.mini_batch_of`) and produces the iteration's metrics.
+:func:`finish_iteration` records an iteration's end the same way in every mode.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 
 from digen.algos.advantages import group_advantages
 from digen.config import Config
+from digen.core.scheduler import mini_batch_of
 from digen.errors import RewardError
 from digen.rollout import GroupTask, trained_steps
 from digen.rundir import RunDir
@@ -140,33 +142,46 @@ class IterationBook:
         self.grads.setdefault(key, grads)
         self.stats.setdefault(key, stats)
 
-    def trained_rows(self) -> int:
-        """The (sample, step) rows the iteration's train tasks trained: what the step divides
-        the summed gradient by.
+    def mini_batch(self, group: int) -> int:
+        """The mini-batch (optimizer step of the iteration) ``group`` trains in."""
+        return mini_batch_of(group, len(self.groups), self.cfg.train.mini_batches)
+
+    def trained_rows(self, mini_batch: int | None = None) -> int:
+        """The (sample, step) rows one mini-batch's train tasks trained (None: every task
+        collected): what its step divides the summed gradient by.
 
         Raises :class:`RewardError` when no row trained (every reward NaN or inf, or every
         group's task dropped): there is nothing to step on."""
-        rows = sum(s.rows for s in self.stats.values())
+        order = sorted(k for k in self.stats if mini_batch is None or self.mini_batch(k[0]) == mini_batch)
+        rows = sum(self.stats[g].rows for g in order)
+        where = f"iteration {self.iteration}" + (
+            f" mini-batch {mini_batch}" if mini_batch is not None and self.cfg.train.mini_batches > 1 else ""
+        )
         if rows == 0 and self.zero_advantage_dropped:
+            n = sum(
+                1 for g in range(len(self.groups)) if mini_batch is None or self.mini_batch(g) == mini_batch
+            )
             raise RewardError(
-                f"iteration {self.iteration}: every trainable sample has advantage 0 (all "
-                f"{len(self.groups)} groups flat) and train.zero_advantage is 'drop', so no row trains; "
-                f"use train.zero_advantage: keep, or more samples per group"
+                f"{where}: every trainable sample has advantage 0 (all {n} groups flat) and "
+                f"train.zero_advantage is 'drop', so no row trains; use train.zero_advantage: keep, or more "
+                f"samples per group"
             )
         if rows == 0:
             r = torch.cat([self.rewards[g] for g in sorted(self.rewards)]) if self.rewards else torch.empty(0)
             bad = int((~torch.isfinite(r)).sum())
             raise RewardError(
-                f"iteration {self.iteration}: no sample can be trained ({bad} of {len(r)} rewards are NaN or inf, "
+                f"{where}: no sample can be trained ({bad} of {len(r)} rewards are NaN or inf, "
                 f"the other groups were dropped); check the reward: it must give each sample a finite score"
             )
         return rows
 
-    def gradient(self) -> tuple[dict[str, torch.Tensor], int]:
+    def gradient(self, mini_batch: int | None = None) -> tuple[dict[str, torch.Tensor], int]:
         """Summed gradient (group order, a split group's halves in order) and the number of
-        trained rows (the reference loop; distributed trainers sum their own)."""
-        rows = self.trained_rows()
-        return sum_gradients([self.grads[g] for g in sorted(self.grads)]), rows
+        trained rows of one mini-batch's groups (None: every group collected): the reference
+        loop's; the distributed trainers sum their own."""
+        rows = self.trained_rows(mini_batch)
+        order = sorted(k for k in self.grads if mini_batch is None or self.mini_batch(k[0]) == mini_batch)
+        return sum_gradients([self.grads[g] for g in order]), rows
 
     def metrics(self) -> dict:
         """The iteration's learning metrics (timing metrics are added by the caller)."""

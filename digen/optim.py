@@ -4,8 +4,11 @@ A :class:`ParameterStore` lives in the reference loop's process, and on every tr
 distributed job (replicated: each applies the same step to the same summed gradient,
 :mod:`workers.trainer`; with ``train.fsdp`` the trainer group holds it sharded instead). It
 receives summed task gradients, steps AdamW and yields the next policy version's weights, which
-workers load. Only the trained tensors live here (the LoRA adapter, or the full transformer for
-a full fine-tune).
+workers load. The trained tensors live here (the LoRA adapter, or the full transformer for a
+full fine-tune), and so does the state an algorithm keeps beside them (DiffusionNFT's ``old``
+copy): :attr:`ParameterStore.state`, named ``algo/<role>/<name>`` (:mod:`digen.algos.state`),
+part of every version dict :meth:`ParameterStore.weights` returns and of every checkpoint
+(``optimizer.safetensors``).
 """
 
 from __future__ import annotations
@@ -20,16 +23,24 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from digen.algos.registry import stateful_algorithm
+from digen.algos.state import is_state
 from digen.config import Config, TrainConfig
 from digen.errors import CheckpointError
 from digen.rundir import DiskFull, RunDir, disk_writes, finalize_checkpoint
 
 
 class ParameterStore:
-    """Master float32 weights + AdamW. ``version`` counts optimizer steps taken."""
+    """Master float32 weights + AdamW (+ the algorithm's state). ``version`` counts optimizer
+    steps taken."""
 
     def __init__(
-        self, weights: dict[str, torch.Tensor], train: TrainConfig, version: int = 0, device: str = "cpu"
+        self,
+        weights: dict[str, torch.Tensor],
+        train: TrainConfig,
+        version: int = 0,
+        state: dict[str, torch.Tensor] | None = None,
+        device: str = "cpu",
     ):
         # sorted names: the same order whether weights come from a model or a checkpoint
         # (safetensors files sort their keys), so the grad-norm reduction order never changes
@@ -49,20 +60,37 @@ class ParameterStore:
         self.ema: dict[str, torch.Tensor] | None = (
             {k: v.detach().clone() for k, v in self.params.items()} if train.ema.enabled else None
         )
+        self.algorithm = stateful_algorithm(train)
+        self.state: dict[str, torch.Tensor] = (
+            (self.algorithm.initial_state(self.trained(), train) if self.algorithm.keeps_state else {})
+            if state is None
+            else {k: v.detach().float().to(device, copy=True) for k, v in state.items()}
+        )
+        """The algorithm's tensors beside the weights, ``algo/<role>/<name>`` (``{}`` for most)."""
 
     @classmethod
     def fresh(cls, weights: dict[str, torch.Tensor], train: TrainConfig) -> ParameterStore:
         """Version 0 of a job from the policy's trained tensors."""
         return cls(weights, train)
 
-    def weights(self) -> dict[str, torch.Tensor]:
-        """The current version's weights (detached, contiguous float32 copies on the store's device)."""
+    def trained(self) -> dict[str, torch.Tensor]:
+        """The current trained tensors (detached, contiguous float32 copies on the store's device)."""
         return {k: v.detach().clone().contiguous() for k, v in self.params.items()}
 
-    def step(self, grad_sum: dict[str, torch.Tensor], rows: int) -> dict[str, float]:
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The current version: the trained tensors and the algorithm's state tensors, one
+        flat dict (detached, contiguous float32 copies; load it with
+        :func:`digen.algos.state.load_version`)."""
+        return {**self.trained(), **{k: v.clone().contiguous() for k, v in self.state.items()}}
+
+    def step(
+        self, grad_sum: dict[str, torch.Tensor], rows: int, *, last_of_iteration: bool = True
+    ) -> dict[str, float]:
         """One AdamW step on the mean gradient ``grad_sum / rows`` (after norm clipping).
         ``grad_sum`` is consumed: its float32 tensors on the store's device are divided in
-        place and become the parameters' ``.grad`` (no second copy of a large gradient)."""
+        place and become the parameters' ``.grad`` (no second copy of a large gradient).
+        ``last_of_iteration``: this step ends the iteration's mini-batches, after which the
+        algorithm's state moves (:meth:`~digen.algos.registry.Algorithm.next_state`)."""
         if rows <= 0:
             raise ValueError(f"an optimizer step needs trained rows, got {rows}")
         missing = set(self.names) - set(grad_sum)
@@ -81,12 +109,15 @@ class ParameterStore:
             d = self.train.ema.decay
             for k, v in self.params.items():
                 self.ema[k].mul_(d).add_(v.detach(), alpha=1 - d)
+        if last_of_iteration and self.state:
+            self.state = self.algorithm.next_state(self.state, self.trained(), self.train, self.version)
         return {"grad_norm": float(norm)}
 
     # --- checkpoints ---------------------------------------------------------------
     def state_parts(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict]:
         """The whole state as (weights, optimizer tensors, ``state.json`` dict): what a
-        checkpoint writes and what a trainer that lost its copy fetches from another. The
+        checkpoint writes and what a trainer that lost its copy fetches from another (the
+        algorithm's state travels with the optimizer tensors, ``algo/<role>/<name>``). The
         tensors are the store's own (no copy): read them before the next step."""
         opt_tensors: dict[str, torch.Tensor] = {}
         steps: dict[str, float] = {}
@@ -99,6 +130,7 @@ class ParameterStore:
                 steps[k] = float(st["step"])
         if self.ema is not None:
             opt_tensors.update({f"ema/{k}": v for k, v in self.ema.items()})
+        opt_tensors.update(self.state)
         weights = {k: v.detach() for k, v in self.params.items()}
         return weights, opt_tensors, {"version": self.version, "adam_steps": steps}
 
@@ -111,7 +143,10 @@ class ParameterStore:
         device: str = "cpu",
     ) -> ParameterStore:
         """The store :meth:`state_parts` described (copies, on ``device``)."""
-        store = ParameterStore(weights, train, version=int(state["version"]), device=device)
+        algo_state = {k: v for k, v in opt.items() if is_state(k)}
+        store = ParameterStore(
+            weights, train, version=int(state["version"]), state=algo_state or None, device=device
+        )
         for k in store.names:
             if f"exp_avg/{k}" in opt:
                 store.optimizer.state[store.params[k]] = {

@@ -1,8 +1,13 @@
 """The reference loop (``schedule.mode: reference``): one process, the correctness oracle of
 every other mode::
 
-    for iteration k:  prompts -> generate groups (version k) -> decode -> reward
-                      -> advantages -> gradient of K timesteps per trajectory -> AdamW step
+    for iteration k:  prompts -> generate groups (version M k) -> decode -> reward -> advantages
+        for mini-batch m in 0 .. M-1 (its groups; M = train.mini_batches):
+            gradient of K timesteps per trajectory (version M k + m) -> AdamW step
+
+The algorithm (``train.algorithm``) is the library's: :func:`generate_group` runs its rollout
+plan, :func:`train_group` its rows and loss, the store keeps its state (each version loaded
+with :func:`digen.algos.state.load_version`).
 
 It builds its parts as every mode does (:mod:`digen.assembly`) and keeps the books and
 writes the run directory with the code the distributed controller uses
@@ -15,6 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from digen.algos.state import load_version
 from digen.assembly import EmbedCache, build_policy, build_reward, compute_threads
 from digen.config import Config
 from digen.errors import JobCancelled
@@ -68,7 +74,7 @@ def _reference_loop(
     embed = EmbedCache(policy, cfg.rollout.guidance_scale > 1.0)
     state = open_store(cfg, run, policy.trainable_state_dict, resume)
     store = state.store
-    policy.load_trainable_state_dict(store.weights())
+    load_version(policy, store.weights())
     tsp = bool(cfg.schedule.resolved().tsp)
     held_out = held_out_prompts(cfg) if cfg.eval.every else []
     worker = {"worker": "reference", "gpu_type": cfg.cluster.local.gpu_type, "role": "reference"}
@@ -90,21 +96,28 @@ def _reference_loop(
             traj = generate_group(policy, task, cfg, reward, embeds=embed(task.prompt), timer=timer)
             trajs[task.group] = traj
             book.add_rewards(task.group, traj.rewards)
-        for g in book.trainable_groups():
-            check_cancel(k)
-            spec = book.train_spec(g)
+        norms = []
+        for m in range(cfg.train.mini_batches):  # one optimizer step per mini-batch
+            for g in book.trainable_groups():
+                if book.mini_batch(g) != m:
+                    continue
+                check_cancel(k)
+                spec = book.train_spec(g)
+                t0 = time.time()
+                grads, stats = train_group(
+                    policy, spec, trajs[g].tensors(), embed(groups[g].prompt), cfg, tsp=tsp
+                )
+                timer("train", t0, time.time())
+                book.add_gradient(g, grads, stats)
             t0 = time.time()
-            traj = trajs[g]
-            grads, stats = train_group(
-                policy, spec, traj.latents, traj.log_probs, traj.sigmas, embed(groups[g].prompt), cfg, tsp=tsp
-            )
-            timer("train", t0, time.time())
-            book.add_gradient(g, grads, stats)
-        t0 = time.time()
-        grad, rows = book.gradient()
-        opt_stats = store.step(grad, rows)
-        policy.load_trainable_state_dict(store.weights())
-        timer("optim", t0, time.time())
+            grad, rows = book.gradient(m)
+            last = m == cfg.train.mini_batches - 1
+            norms.append(store.step(grad, rows, last_of_iteration=last)["grad_norm"])
+            load_version(policy, store.weights())
+            timer("optim", t0, time.time())
+        step_stats: dict = {"grad_norm": norms[0] if len(norms) == 1 else sum(norms) / len(norms)}
+        if len(norms) > 1:  # one per optimizer step
+            step_stats["grad_norms"] = norms
         grid = None
         if draws_grid(cfg, k):
             grid = [
@@ -114,7 +127,7 @@ def _reference_loop(
                 for g, t in sorted(trajs.items())
             ]
         end = IterationEnd(
-            opt_stats, store.version, 0, 1, events, time.time() - t_start, timeline=events, grid=grid
+            step_stats, store.version, 0, 1, events, time.time() - t_start, timeline=events, grid=grid
         )
         metrics = finish_iteration(run, book, end)
         if checkpoints(cfg, k):

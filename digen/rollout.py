@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from digen.algos.dpm import dpm2_step
+from digen.algos.registry import algorithm_for
 from digen.algos.sde import euler_step, sde_step
-from digen.algos.timesteps import sde_step_mask, select_timesteps
 from digen.config import Config
 from digen.errors import TaskDropped
 from digen.models.base import FlowPolicy, PromptEmbeds
@@ -57,13 +58,17 @@ class GroupTask:
 class Trajectories:
     """A generated group.
 
-    latents: ``[B, T+1, *latent]`` float32 (x_0 = noise ... x_T = final latent)
-    log_probs: ``[B, T]`` float32 behaviour log-probs (NaN on ODE steps)
+    latents: ``[B, S+1, *latent]`` float32, the stored latents ``x_first .. x_{first+S}``
+        (Flow-GRPO: all of them, ``x_0`` = noise .. ``x_T`` = final latent; what an algorithm
+        stores is its :class:`~digen.algos.registry.RolloutPlan`'s ``keep``)
+    log_probs: ``[B, S]`` float32 behaviour log-probs of the stored steps (NaN on ODE steps)
     sigmas: ``[T+1]`` float32 schedule
     images: ``[B, 3, H, W]`` uint8 (video ``[B, F, 3, H, W]``)
     rewards: ``[B]`` float32 (NaN/inf: the sample is dropped)
     decoded: the float32 images in ``[0, 1]`` the reward scores, kept only when a ``reward``
     task scores them (:func:`generate_group` without ``reward_fn``; rewards are NaN until then)
+    extra: the algorithm's other tensors (``first_step`` when the stored steps do not start at
+        0, GRPO-Guard's ``means``): :attr:`digen.algos.registry.Algorithm.trajectory`
     """
 
     task: GroupTask
@@ -73,8 +78,10 @@ class Trajectories:
     images: torch.Tensor
     rewards: torch.Tensor
     decoded: torch.Tensor | None = None
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def tensors(self) -> dict[str, torch.Tensor]:
+        """The flat dict a generation task stores and a train task reads (``train_group``)."""
         out = {
             "latents": self.latents.contiguous(),
             "log_probs": self.log_probs.contiguous(),
@@ -82,13 +89,39 @@ class Trajectories:
             "images": self.images.contiguous(),
             "rewards": self.rewards.contiguous(),
         }
+        out.update({k: v.contiguous() for k, v in self.extra.items()})
         if self.decoded is not None:
             out["decoded"] = self.decoded.contiguous()
         return out
 
     @staticmethod
     def from_tensors(task: GroupTask, t: dict[str, torch.Tensor]) -> Trajectories:
-        return Trajectories(task, t["latents"], t["log_probs"], t["sigmas"], t["images"], t["rewards"])
+        extra = {k: v for k, v in t.items() if k not in _BASE_TENSORS}
+        return Trajectories(
+            task,
+            t["latents"],
+            t["log_probs"],
+            t["sigmas"],
+            t["images"],
+            t["rewards"],
+            t.get("decoded"),
+            extra,
+        )
+
+
+_BASE_TENSORS = ("latents", "log_probs", "sigmas", "images", "rewards", "decoded")
+
+
+def _initial_noise(policy: FlowPolicy, gens: list[torch.Generator], shared: bool) -> torch.Tensor:
+    """``[n, *latent]`` starting noise, one stream per sample (``shared``: the first sample's
+    for all, every stream still drawn once so their positions stay aligned)."""
+    if shared:
+        first = policy.initial_noise(gens[0])
+        x = first.unsqueeze(0).repeat(len(gens), *([1] * first.dim()))
+        for g in gens[1:]:  # keep every stream at the same position
+            policy.initial_noise(g)
+        return x
+    return torch.stack([policy.initial_noise(g) for g in gens])
 
 
 def iteration_prompts(prompts: list[str], seed: int, iteration: int, count: int) -> list[str]:
@@ -106,28 +139,10 @@ def plan_groups(cfg: Config, prompts: list[str], iteration: int, version: int) -
     ]
 
 
-def window_steps(cfg: Config, iteration: int) -> list[int] | None:
-    """The SDE window of an iteration (``window`` strategy), shared by all its samples."""
-    ts = cfg.train.timesteps
-    if ts.strategy != "window":
-        return None
-    gen = iteration_generator(cfg.seed, iteration, "window")
-    return select_timesteps(
-        cfg.rollout.num_steps, strategy="window", fraction=ts.fraction, window=ts.window, generator=gen
-    )
-
-
 def trained_steps(cfg: Config, iteration: int, sample_id: int) -> list[int]:
-    """The denoising step indices one sample trains on (sorted)."""
-    ts = cfg.train.timesteps
-    if ts.strategy == "window":
-        steps = window_steps(cfg, iteration)
-        assert steps is not None
-        return steps
-    gen = sample_generator(cfg.seed, iteration, sample_id, "timesteps")
-    return select_timesteps(
-        cfg.rollout.num_steps, strategy=ts.strategy, fraction=ts.fraction, window=ts.window, generator=gen
-    )
+    """The denoising step indices one sample trains on (sorted): the algorithm's
+    (:meth:`digen.algos.registry.Algorithm.trained_steps`)."""
+    return algorithm_for(cfg).trained_steps(cfg, iteration, sample_id)
 
 
 Timer = Callable[[str, float, float], None]
@@ -144,10 +159,13 @@ def generate_group(
     timer: Timer | None = None,
     stop: Callable[[], bool] | None = None,
 ) -> Trajectories:
-    """Sample one group with the SDE sampler, decode it and score it (``reward_fn`` None: a
-    ``reward`` task scores it later from ``decoded``; the ``reward`` phase is not timed). A
-    true ``stop()``, checked before each denoising step, drops the group (:class:`TaskDropped`)."""
+    """Sample one group with the configured algorithm's rollout plan (Flow-GRPO: the SDE
+    sampler on every step), decode it and score it (``reward_fn`` None: a ``reward`` task
+    scores it later from ``decoded``; the ``reward`` phase is not timed). A true ``stop()``,
+    checked before each denoising step, drops the group (:class:`TaskDropped`)."""
     r = cfg.rollout
+    algo = algorithm_for(cfg)
+    plan = algo.rollout_plan(cfg, task.iteration)
     t0 = time.time()
     n = len(task.sample_ids)
     cfg_on = r.guidance_scale > 1.0
@@ -156,43 +174,54 @@ def generate_group(
     batch_embeds = embeds.repeat_rows(n)
     sigmas = policy.sigmas(r.num_steps).float().cpu()
     sigma_max = float(sigmas[1])
-    window = window_steps(cfg, task.iteration)
-    mask = sde_step_mask(r.num_steps, window or [], cfg.train.timesteps.strategy)
+    path = sigmas if plan.schedule is None else sigmas[list(plan.schedule)]
+    first, count = plan.keep
 
     gens = [sample_generator(cfg.seed, task.iteration, s, "noise") for s in task.sample_ids]
-    if r.shared_noise:
-        first = policy.initial_noise(gens[0])
-        x = first.unsqueeze(0).repeat(n, *([1] * first.dim()))
-        for g in gens[1:]:  # keep every stream at the same position
-            policy.initial_noise(g)
-    else:
-        x = torch.stack([policy.initial_noise(g) for g in gens])
-    latents = [x.cpu()]
-    log_probs = []
-    for i in range(r.num_steps):
-        if stop is not None and stop():
-            raise TaskDropped(
-                f"group {task.group} of iteration {task.iteration} dropped at step {i}: the job stopped"
-            )
-        s, s_next = float(sigmas[i]), float(sigmas[i + 1])
-        v = policy.velocity(x, torch.full((n,), s, device=x.device), batch_embeds, r.guidance_scale)
-        eps = torch.stack([torch.randn(x.shape[1:], generator=g, dtype=torch.float32) for g in gens])
-        if mask[i]:
-            step = sde_step(
-                v,
-                x,
-                s,
-                s_next,
-                kind=r.sde.kind,
-                noise_level=r.sde.noise_level,
-                noise=eps.to(x.device),
-                sigma_max=sigma_max,
-            )
-            x, lp = step.prev_sample, step.log_prob
-        else:
-            x, lp = euler_step(v, x, s, s_next), torch.full((n,), float("nan"), device=x.device)
-        latents.append(x.cpu())
-        log_probs.append(lp.float().cpu())
+    with algo.sampling(policy):
+        x = _initial_noise(policy, gens, r.shared_noise)
+        latents = [x.cpu()] if first == 0 else []
+        log_probs, means = [], []
+        history = "dpm2" in plan.kinds  # DPM-Solver++(2M) needs the previous step's x0 prediction
+        prev_x0: torch.Tensor | None = None
+        for i, kind in enumerate(plan.kinds):
+            if stop is not None and stop():
+                raise TaskDropped(
+                    f"group {task.group} of iteration {task.iteration} dropped at step {i}: the job stopped"
+                )
+            s, s_next = float(path[i]), float(path[i + 1])
+            v = policy.velocity(x, torch.full((n,), s, device=x.device), batch_embeds, r.guidance_scale)
+            eps = torch.stack([torch.randn(x.shape[1:], generator=g, dtype=torch.float32) for g in gens])
+            x_in, mean = x, None
+            if kind == "sde":
+                step = sde_step(
+                    v,
+                    x,
+                    s,
+                    s_next,
+                    kind=r.sde.kind,
+                    noise_level=r.sde.noise_level,
+                    noise=eps.to(x.device),
+                    sigma_max=sigma_max,
+                )
+                x, lp, mean = step.prev_sample, step.log_prob, step.mean
+            elif kind == "dpm2":
+                s_prev = float(path[i - 1]) if i > 0 else None
+                x, x0 = dpm2_step(v, x, s, s_next, prev_x0=prev_x0, sigma_prev=s_prev)
+                lp = torch.full((n,), float("nan"), device=x.device)
+            else:
+                x, lp = euler_step(v, x, s, s_next), torch.full((n,), float("nan"), device=x.device)
+            if history:
+                prev_x0 = x0 if kind == "dpm2" else x_in.to(v.dtype) - s * v
+            if first <= i < first + count:
+                latents.append(x.cpu())
+                log_probs.append(lp.float().cpu())
+                if plan.means:
+                    means.append(
+                        (mean if mean is not None else torch.full_like(x, float("nan"))).float().cpu()
+                    )
+            elif i + 1 == first:  # the stored range starts after this step
+                latents.append(x.cpu())
     t1 = time.time()
     images = policy.decode(x).float().cpu()
     t2 = time.time()
@@ -209,12 +238,16 @@ def generate_group(
         timer("decode", t1, t2)
         if scored:
             timer("reward", t2, t3)
+    extra = {"first_step": torch.tensor(first, dtype=torch.int64)} if first else {}
+    if plan.means:
+        extra["means"] = torch.stack(means, dim=1) if means else torch.empty(n, 0, *x.shape[1:])
     return Trajectories(
         task=task,
         latents=torch.stack(latents, dim=1),
-        log_probs=torch.stack(log_probs, dim=1),
+        log_probs=torch.stack(log_probs, dim=1) if log_probs else torch.empty(n, 0),
         sigmas=sigmas,
         images=(images * 255).round().clamp(0, 255).to(torch.uint8),
         rewards=rewards,
         decoded=None if scored else images,
+        extra=extra,
     )

@@ -5,10 +5,16 @@ A *train task* is one scored group x the timesteps each of its samples trains. I
 batched forwards of up to ``train.rows_per_forward`` rows (one weight read serves K steps);
 without TSP each step is its own forward, as the sequential Flow-GRPO loop does.
 
+What a row is and what its loss is belong to the configured algorithm (``train.algorithm``,
+:mod:`digen.algos.registry`): :func:`train_group` builds the rows from the group's trajectory
+dict with the algorithm's ``rows`` and each forward calls its ``loss``; the rest (packing,
+backward, summing) is shared.
+
 A task returns the *sum* over its rows of the loss gradient. The optimizer step sums task
-gradients in task order and divides by the iteration's row count, so the update equals the
-Flow-GRPO mean over all trained (sample, timestep) pairs whichever worker computed which
-task, and the same code serves the reference trainer and the distributed modes.
+gradients in task order and divides by its mini-batch's row count (the iteration's, with one
+mini-batch: ``train.mini_batches``), so the update equals the peers' mean over all trained
+(sample, timestep) pairs of the step whichever worker computed which task, and the same code
+serves the reference trainer and the distributed modes.
 
 Float order, the reason the synchronous modes equal the reference bit for bit: a task's
 gradient is a function of its rows and their packing alone (:func:`forward_chunks`, chosen by
@@ -26,9 +32,10 @@ from dataclasses import dataclass
 
 import torch
 
-from digen.algos.loss import LossTerms, ppo_clip_loss
+from digen.algos.loss import LossTerms
 from digen.algos.precision import at_least_float32
-from digen.algos.sde import kl_to_reference, sde_step
+from digen.algos.registry import Rows, algorithm_for
+from digen.algos.rows import TrainRows, transition_rows
 from digen.config import Config
 from digen.models.base import FlowPolicy, PromptEmbeds
 
@@ -82,30 +89,6 @@ class TrainSpec:
         )
 
 
-@dataclass
-class TrainRows:
-    """The (sample, step) rows of a train task, flattened.
-
-    x, x_next: ``[R, *latent]``; sigma, sigma_next, old_log_prob, advantage: ``[R]``;
-    sample: ``[R]`` index into the task's samples (for prompt embeddings); step: ``[R]``.
-    """
-
-    x: torch.Tensor
-    x_next: torch.Tensor
-    sigma: torch.Tensor
-    sigma_next: torch.Tensor
-    old_log_prob: torch.Tensor
-    advantage: torch.Tensor
-    sample: torch.Tensor
-    step: torch.Tensor
-
-    def __len__(self) -> int:
-        return int(self.sample.shape[0])
-
-    def take(self, idx: torch.Tensor) -> TrainRows:
-        return TrainRows(*(getattr(self, f).index_select(0, idx) for f in self.__dataclass_fields__))
-
-
 def build_rows(
     latents: torch.Tensor,
     log_probs: torch.Tensor,
@@ -116,20 +99,9 @@ def build_rows(
     """Rows for samples ``b`` and their steps ``steps[b]`` (samples with no steps: none).
 
     latents ``[B, T+1, *latent]``, log_probs ``[B, T]``, sigmas ``[T+1]``, advantages ``[B]``.
-    Rows are ordered sample-major, then by step.
+    Rows are ordered sample-major, then by step (:func:`digen.algos.rows.transition_rows`).
     """
-    b_idx = torch.tensor([b for b, s in enumerate(steps) for _ in s], dtype=torch.long)
-    j_idx = torch.tensor([j for s in steps for j in s], dtype=torch.long)
-    return TrainRows(
-        x=latents[b_idx, j_idx],
-        x_next=latents[b_idx, j_idx + 1],
-        sigma=sigmas[j_idx],
-        sigma_next=sigmas[j_idx + 1],
-        old_log_prob=log_probs[b_idx, j_idx],
-        advantage=advantages[b_idx],
-        sample=b_idx,
-        step=j_idx,
-    )
+    return transition_rows(latents, log_probs, sigmas, advantages, steps)
 
 
 @dataclass
@@ -168,7 +140,7 @@ class TrainStats:
         return TrainStats(**d)
 
 
-def forward_chunks(rows: TrainRows, tsp: bool, limit: int) -> list[torch.Tensor]:
+def forward_chunks(rows: Rows, tsp: bool, limit: int) -> list[torch.Tensor]:
     """Row index sets, one per forward: TSP packs up to ``limit`` rows of any steps; without
     TSP one forward per denoising step (the sequential loop)."""
     n = len(rows)
@@ -178,42 +150,17 @@ def forward_chunks(rows: TrainRows, tsp: bool, limit: int) -> list[torch.Tensor]
 
 
 def chunk_loss(
-    policy: FlowPolicy, chunk: TrainRows, embeds: PromptEmbeds, cfg: Config, sigma_max: float
+    policy: FlowPolicy, chunk: Rows, embeds: PromptEmbeds, cfg: Config, sigma_max: float
 ) -> tuple[torch.Tensor, LossTerms, torch.Tensor]:
-    """One forward over ``chunk``: per-row loss ``[R]`` (PPO-clip + kl_beta * KL), the PPO
-    terms and the KL ``[R]`` (zeros when ``train.kl_beta`` is 0). Differentiable."""
-    r, t = cfg.rollout, cfg.train
-    device = policy.device
-    x = chunk.x.to(device)
-    sigma, sigma_next, x_next = chunk.sigma.to(device), chunk.sigma_next.to(device), chunk.x_next.to(device)
-    e = embeds.index(chunk.sample)
-    sde = {
-        "kind": r.sde.kind,
-        "noise_level": r.sde.noise_level,
-        "prev_sample": x_next,
-        "sigma_max": sigma_max,
-    }
-    # --- re-score the stored transition x -> x_next under the current policy
-    v = policy.velocity(x, sigma, e, r.guidance_scale, cfg_grad=t.cfg_grad)
-    step = sde_step(v, x, sigma, sigma_next, **sde)
-    terms = ppo_clip_loss(
-        step.log_prob, chunk.old_log_prob.to(device), chunk.advantage.to(device), t.clip_range
-    )
-    loss = terms.loss
-    # --- optional KL to the base weights (LoRA disabled)
-    kl = torch.zeros_like(loss)
-    if t.kl_beta > 0:
-        with torch.no_grad(), policy.reference_mode():
-            v_ref = policy.velocity(x, sigma, e, r.guidance_scale)
-        ref = sde_step(v_ref, x, sigma, sigma_next, **sde)
-        kl = kl_to_reference(step.mean, ref.mean, step.std)
-        loss = loss + t.kl_beta * kl
-    return loss, terms, kl
+    """One forward over ``chunk``: the configured algorithm's per-row loss ``[R]``, its PPO
+    terms and its KL ``[R]`` (zeros when ``train.kl_beta`` is 0). Differentiable.
+    (:meth:`digen.algos.registry.Algorithm.loss`; Flow-GRPO's: PPO-clip + kl_beta * KL.)"""
+    return algorithm_for(cfg).loss(policy, chunk, embeds, cfg, sigma_max)
 
 
 def task_gradient(
     policy: FlowPolicy,
-    rows: TrainRows,
+    rows: Rows,
     embeds: PromptEmbeds,
     cfg: Config,
     *,
@@ -260,38 +207,32 @@ def sum_gradients(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tenso
     return total
 
 
-def spec_rows(
-    spec: TrainSpec, latents: torch.Tensor, log_probs: torch.Tensor, sigmas: torch.Tensor
-) -> TrainRows:
-    """The rows a train task trains, from its group's stored trajectories (shapes as
-    :func:`train_group`); ``rows.sample`` indexes ``spec.samples``."""
-    keep = torch.tensor(spec.samples, dtype=torch.long)
-    return build_rows(
-        latents.index_select(0, keep),
-        log_probs.index_select(0, keep),
-        sigmas,
-        torch.tensor(spec.advantages, dtype=torch.float32),
-        spec.steps,
-    )
+def spec_rows(spec: TrainSpec, traj: dict[str, torch.Tensor], cfg: Config) -> Rows:
+    """The rows a train task trains, from its group's trajectory dict (what
+    :meth:`digen.rollout.Trajectories.tensors` gives; which tensors it holds is the
+    algorithm's, :attr:`digen.algos.registry.Algorithm.trajectory`); ``rows.sample`` indexes
+    ``spec.samples``."""
+    return algorithm_for(cfg).rows(spec, traj, cfg)
 
 
 def train_group(
     policy: FlowPolicy,
     spec: TrainSpec,
-    latents: torch.Tensor,
-    log_probs: torch.Tensor,
-    sigmas: torch.Tensor,
+    traj: dict[str, torch.Tensor],
     embeds: PromptEmbeds,
     cfg: Config,
     *,
     tsp: bool,
 ) -> tuple[dict[str, torch.Tensor], TrainStats]:
-    """Gradient of one train task from its group's stored trajectories.
+    """Gradient of one train task from its group's stored trajectories: the one entry point
+    every trainer calls, whatever the algorithm (``train.algorithm``).
 
-    latents ``[G, T+1, *latent]``, log_probs ``[G, T]``, sigmas ``[T+1]`` as generated;
-    embeds: the prompt's embeddings, one row (repeated to the trained samples here).
+    traj: the group's trajectory dict as generated (Flow-GRPO: latents ``[G, T+1, *latent]``,
+    log_probs ``[G, T]``, sigmas ``[T+1]``; other algorithms: their
+    :attr:`~digen.algos.registry.Algorithm.trajectory`); embeds: the prompt's embeddings, one
+    row (repeated to the trained samples here).
     """
-    rows = spec_rows(spec, latents, log_probs, sigmas)
+    rows = spec_rows(spec, traj, cfg)
     return task_gradient(
-        policy, rows, embeds.repeat_rows(len(spec.samples)), cfg, tsp=tsp, sigma_max=float(sigmas[1])
+        policy, rows, embeds.repeat_rows(len(spec.samples)), cfg, tsp=tsp, sigma_max=float(traj["sigmas"][1])
     )

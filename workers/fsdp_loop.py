@@ -55,7 +55,7 @@ from digen.runtime.queue import LeasedTask
 from digen.testing import faults
 from digen.training import TrainSpec, spec_rows
 from workers.runtime import WorkerRuntime, dask_worker_host, wait_for
-from workers.tasks import group_tensors, park
+from workers.tasks import TRAINING_TENSORS, group_tensors, park
 
 log = logging.getLogger(__name__)
 
@@ -235,7 +235,7 @@ def _train(rk: Rank, cmd: dict) -> None:
     leased = LeasedTask(TaskKind.TRAIN.value, cmd["id"], payload, 1)
     lost: BlobLost | None = None
     try:
-        data = group_tensors(rt, leased, ["latents", "log_probs", "sigmas"])
+        data = group_tensors(rt, leased, TRAINING_TENSORS)
     except BlobLost as exc:
         lost = exc
     missing = torch.tensor([0 if lost is None else 1], dtype=torch.int64, device=rk.comm)
@@ -244,7 +244,7 @@ def _train(rk: Rank, cmd: dict) -> None:
         if rk.leader:
             park(rt, leased, lost or BlobLost(f"the trajectories of {cmd['id']} are gone"))
         return
-    rows = shard_rows(spec_rows(spec, data["latents"], data["log_probs"], data["sigmas"]), rk.rank, rk.world)
+    rows = shard_rows(spec_rows(spec, data, rt.cfg), rk.rank, rk.world)
     assert rt.embed is not None
     embeds = rt.embed(payload["prompt"]).repeat_rows(len(spec.samples))
     t1 = time.time()

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
+from digen.algos.state import load_version
 from digen.assembly import EmbedCache, build_reward
 from digen.config import Config
 from digen.core.events import Role, TaskRef
@@ -132,7 +133,7 @@ class WorkerRuntime:
             if self.cfg.model.lora.enabled:  # an adapter is small: keep it, and the one before
                 self.weights_cache = {v: w for v, w in self.weights_cache.items() if v >= version - 1}
                 self.weights_cache[version] = weights
-        policy.load_trainable_state_dict(weights)
+        load_version(policy, weights)  # the trained tensors, and an algorithm's state beside them
         self.version = version
 
     def _fetch_weights(self, version: int) -> dict[str, torch.Tensor]:

@@ -93,10 +93,17 @@ def run_gen(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
     return gen_result(rt, leased, traj, events, t0), None
 
 
-def group_tensors(rt: WorkerRuntime, leased: LeasedTask, names: list[str]) -> dict[str, torch.Tensor]:
-    """Tensors ``names`` of the generated group a task works on, from the worker that made it
-    (this one: no copy; the payload's ``source`` says where). :class:`BlobLost` when it is not
-    stored (being generated again) or its worker is gone."""
+TRAINING_TENSORS = None
+"""What a train task fetches of its group: every tensor the trajectory holds (each algorithm's
+trajectory holds what its loss needs, :mod:`digen.algos.registry`) but the images."""
+NOT_TRAINED = ("images", "decoded")
+
+
+def group_tensors(rt: WorkerRuntime, leased: LeasedTask, names: list[str] | None) -> dict[str, torch.Tensor]:
+    """Tensors ``names`` of the generated group a task works on (None: all but
+    :data:`NOT_TRAINED`), from the worker that made it (this one: no copy; the payload's
+    ``source`` says where). :class:`BlobLost` when it is not stored (being generated again)
+    or its worker is gone."""
     ref = TaskRef.parse(leased.task_id)
     faults.point("fetch", rt.job, rt.name, task=leased.task_id, iteration=ref.iteration)
     src = leased.payload.get("source")
@@ -107,8 +114,9 @@ def group_tensors(rt: WorkerRuntime, leased: LeasedTask, names: list[str]) -> di
         own = rt.blobs.get(name)
         if own is None:
             raise BlobLost(f"{name}: this worker no longer holds it")
-        return {k: own.tensors[k] for k in names}
-    return fetch(addr, name, names=names)[0]
+        keep = names if names is not None else [k for k in own.tensors if k not in NOT_TRAINED]
+        return {k: own.tensors[k] for k in keep}
+    return fetch(addr, name, names=names, exclude=NOT_TRAINED if names is None else ())[0]
 
 
 def park(rt: WorkerRuntime, leased: LeasedTask, exc: BlobLost) -> None:
@@ -125,21 +133,14 @@ def run_train(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
     if time.time() - t0 > 1e-3:
         events.append(event(rt, role, "sync", ref, spec.iteration, t0, time.time()))
     try:
-        data = group_tensors(rt, leased, ["latents", "log_probs", "sigmas"])
+        data = group_tensors(rt, leased, TRAINING_TENSORS)
     except BlobLost as exc:
         park(rt, leased, exc)
         return None
     assert rt.embed is not None
     t1 = time.time()
     grads, stats = train_group(
-        rt.policy,
-        spec,
-        data["latents"],
-        data["log_probs"],
-        data["sigmas"],
-        rt.embed(leased.payload["prompt"]),
-        rt.cfg,
-        tsp=bool(leased.payload["tsp"]),
+        rt.policy, spec, data, rt.embed(leased.payload["prompt"]), rt.cfg, tsp=bool(leased.payload["tsp"])
     )
     faults.point("train", rt.job, rt.name, task=leased.task_id, iteration=spec.iteration)
     events.append(event(rt, role, "train", ref, spec.iteration, t1, time.time()))

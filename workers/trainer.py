@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
 
+from digen.algos.state import load_version
 from digen.assembly import DTYPES
 from digen.core.events import Role, TaskRef
 from digen.dataplane.blobs import BlobLost, fetch
@@ -96,7 +97,7 @@ class Member:
         return member
 
     def load_policy(self) -> None:
-        self.rt.ensure_policy().load_trainable_state_dict(self.store.weights())
+        load_version(self.rt.ensure_policy(), self.store.weights())
         self.rt.version = self.store.version
 
     def serve(self, keep_from: int | None = None) -> None:

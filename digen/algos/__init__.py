@@ -1,5 +1,7 @@
-"""Pure tensor algorithms of GRPO for flow-matching models: SDE steps with log-probs,
-group advantages, the clipped policy loss and trained-timestep selection.
+"""The training algorithms for flow-matching models and their pure tensor parts: SDE steps
+with log-probs, DPM-Solver++(2M), group advantages, the clipped policy loss, trained-timestep
+selection; and one module per algorithm (flow_grpo.py, mix_grpo.py, diffusion_nft.py, ...),
+found by name in :mod:`digen.algos.registry` (docs/algorithms.md).
 
 Only torch and the standard library: no dask, redis or rq here.
 """

@@ -65,3 +65,22 @@ def ppo_clip_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, cl
         clipped=(ratio_value - 1.0).abs() > clip_range,
         approx_kl=0.5 * (logp.detach() - old) ** 2,
     )
+
+
+def velocity_kl(velocity: Tensor, ref_velocity: Tensor) -> Tensor:
+    """KL surrogate on the velocity: ``mean((v - v_ref)**2)`` over the non-batch elements, ``[B]``.
+
+    velocity: [B, ...] the policy's (with gradient); ref_velocity: [B, ...] the reference
+    policy's (base weights). DiffusionNFT's ``kl_div_loss`` (NVlabs/DiffusionNFT
+    scripts/train_nft_sd3.py ``main`` @24af555), and the KL Flow-GRPO's maintainer recommends
+    when training without CFG and sampling with CFG at test time (yifan123/flow_grpo issue
+    #198: "the KL should be applied directly on the velocity rather than on the latent").
+    Computed in float32 (float64 when ``velocity`` is).
+    """
+    v = at_least_float32(velocity)
+    ref = ref_velocity.detach().to(device=v.device, dtype=v.dtype)
+    if v.shape != ref.shape or v.ndim == 0:
+        raise AlgorithmError(
+            f"velocity {tuple(v.shape)} and ref_velocity {tuple(ref.shape)} must have the same [B, ...] shape"
+        )
+    return ((v - ref) ** 2).reshape(v.shape[0], -1).mean(dim=1)

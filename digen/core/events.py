@@ -124,12 +124,13 @@ class TrainLost:
 
 @dataclass(frozen=True)
 class StepDone:
-    """The optimizer step of ``iteration`` finished and version ``iteration + 1`` is
-    published."""
+    """The optimizer step of ``iteration``'s mini-batch ``mini_batch`` finished and the next
+    version (``iteration * mini_batches + mini_batch + 1``) is published."""
 
     iteration: int
     start: float
     end: float
+    mini_batch: int = 0
 
 
 Event = WorkerJoined | WorkerLeft | TaskDone | TaskLost | GroupLost | TrainLost | StepDone
@@ -159,10 +160,12 @@ class SetRole:
 
 @dataclass(frozen=True)
 class Step:
-    """Every train task of ``iteration`` is done: sum gradients, step, publish the next
-    version, then report :class:`StepDone`."""
+    """Every train task of ``iteration``'s mini-batch ``mini_batch`` is done (with one
+    mini-batch: of the iteration): sum their gradients, step, publish the next version, then
+    report :class:`StepDone` with the same ``mini_batch``."""
 
     iteration: int
+    mini_batch: int = 0
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,34 @@ iteration is scored), *who* may pull what (role tags and TAG/RAT budgets, set at
 boundaries, which is also when joining workers start), and *when* the optimizer steps. It
 learns each worker's seconds per task kind from the durations on ``TaskDone`` events.
 
-Versions: version v is the weights after v optimizer steps; iteration i trains version i and
-generates with version ``max(0, i - max_staleness)``. With staleness 1 the generation of
-iteration i+1 overlaps the training of iteration i, and no trajectory ever lags more than one
-version. A generation task carries one version: a trajectory never mixes weights.
+Versions: version v is the weights after v optimizer steps. An iteration takes ``M =
+mini_batches`` steps (one per mini-batch, below); iteration i generates with version
+``M * max(0, i - max_staleness)`` and its mini-batch m trains version ``M * i + m``. With
+staleness 1 the generation of iteration i+1 overlaps the training of iteration i. A generation
+task carries one version: a trajectory never mixes weights.
+
+Mini-batches (``train.mini_batches``, the peers' several optimizer steps per rollout batch):
+mini-batch m of an iteration is its groups ``[m P / M, (m + 1) P / M)`` (:func:`mini_batch_of`,
+P groups). Its train tasks are released once their groups are scored (GAP; else once the
+iteration is) *and* version ``M i + m`` is published; :class:`Step` ``(i, m)`` follows when
+they are all done, so mini-batch 0 steps while later groups may still be generating, and the
+next mini-batch's tasks wait for that step. Staleness is counted in iterations (rollout
+batches): ``max_staleness`` s bounds how many iterations a generation runs ahead; in versions
+a trajectory trained in mini-batch m lags ``M s + m`` (at most ``M s + M - 1``): with ``M >
+1`` every mini-batch after the first trains off-policy even at s = 0, as in the peers (the
+PPO clip acts there). s = 0 is the reference loop's order exactly (digen/reference.py).
+
+Wiring mini-batches into the runtime (not done yet: ``train.mini_batches > 1`` is refused in
+the distributed modes by a config cross-check). The controller must: build the scheduler with
+``SchedulerConfig(mini_batches=M)``; on :class:`Step` ``(i, m)`` sum only mini-batch m's task
+gradients (``IterationBook.gradient(m)``) and call ``ParameterStore.step(grad, rows,
+last_of_iteration=(m == M - 1))``, publish the new version and report ``StepDone(i, t0, t1,
+mini_batch=m)``; write an iteration's metrics, checkpoint and sample grid after its last
+mini-batch only; keep version ``M i`` published (not dropped by ``drop_weights_before``) until
+the generation tasks of iteration i (and, with staleness 1, i+1) are collected; version the
+``eval`` tasks by the Release's version (``M (k + 1)``). Workers: a train task's version is the
+Release's (``M i + m``), no longer ``spec.iteration``: the payload must carry it and
+``run_train`` / the FSDP trainer load it instead of ``spec.iteration`` (``ensure_version``).
 
 Scoring: with reward workers (a worker of role ``reward`` known at :meth:`Scheduler.start`) a
 finished generation task releases a ``reward`` task for its group, and the group counts as
@@ -68,6 +92,9 @@ class SchedulerConfig:
     """Let idle rollout workers train when the measured speeds say it shortens the iteration
     (rollout-assisted training: the mirror of TAG for training-bound iterations)."""
     max_staleness: int = 0
+    """Iterations a generation may run ahead of training (0 or 1)."""
+    mini_batches: int = 1
+    """Optimizer steps per iteration (``train.mini_batches``); must divide ``groups``."""
     group_local_advantages: bool = True
     """False (``train.global_std``): advantages need the whole batch, so GAP cannot start a
     group early."""
@@ -98,7 +125,9 @@ class Scheduler:
     cfg: SchedulerConfig
     workers: dict[str, WorkerState] = field(default_factory=dict)
     stepped: int = -1
-    """Last iteration whose optimizer step is done."""
+    """Last iteration whose (last mini-batch's) optimizer step is done."""
+    mini_stepped: int = 0
+    """Mini-batches of iteration ``stepped + 1`` whose step is done."""
     stepping: bool = False
     started: bool = False
     finished: bool = False
@@ -127,16 +156,27 @@ class Scheduler:
     """(iteration, group) generated again after :class:`GroupLost`, until done."""
 
     def __post_init__(self) -> None:
-        self.stepped = self.cfg.start_iteration - 1
+        c = self.cfg
+        if c.mini_batches < 1 or c.groups % c.mini_batches:
+            raise ValueError(f"mini_batches ({c.mini_batches}) must be >= 1 and divide groups ({c.groups})")
+        self.stepped = c.start_iteration - 1
 
     # --- public -----------------------------------------------------------------------
     @property
     def published(self) -> int:
         """Newest published version."""
-        return self.stepped + 1
+        return (self.stepped + 1) * self.cfg.mini_batches + self.mini_stepped
 
     def gen_version(self, iteration: int) -> int:
-        return max(0, iteration - self.cfg.max_staleness)
+        """The version iteration ``iteration`` generates with."""
+        return max(0, iteration - self.cfg.max_staleness) * self.cfg.mini_batches
+
+    def train_version(self, iteration: int, group: int) -> int:
+        """The version a train task of ``group`` trains (its mini-batch's)."""
+        return iteration * self.cfg.mini_batches + self.mini_batch(group)
+
+    def mini_batch(self, group: int) -> int:
+        return mini_batch_of(group, self.cfg.groups, self.cfg.mini_batches)
 
     def start(self, t: float) -> list[Instruction]:
         """Tag the workers known so far and release the first work."""
@@ -220,10 +260,16 @@ class Scheduler:
         return out + self._advance()
 
     def _step_done(self, ev: StepDone) -> list[Instruction]:
-        if ev.iteration != self.stepped + 1:
-            raise ValueError(f"step of iteration {ev.iteration} reported, expected {self.stepped + 1}")
-        self.stepped = ev.iteration
+        if (ev.iteration, ev.mini_batch) != (self.stepped + 1, self.mini_stepped):
+            raise ValueError(
+                f"step of iteration {ev.iteration} mini-batch {ev.mini_batch} reported, expected "
+                f"iteration {self.stepped + 1} mini-batch {self.mini_stepped}"
+            )
         self.stepping = False
+        if ev.mini_batch < self.cfg.mini_batches - 1:  # the iteration's next mini-batch trains
+            self.mini_stepped += 1
+            return self._advance()
+        self.stepped, self.mini_stepped = ev.iteration, 0
         for d in (self.gen_done, self.scored, self.train_done, self.train_released, self.splits):
             d.pop(ev.iteration, None)
         self.gen_released.discard(ev.iteration)
@@ -276,8 +322,8 @@ class Scheduler:
                 continue
             self.gen_released.add(i)
             out += [Release(TaskRef(TaskKind.GEN, i, g), self.gen_version(i)) for g in range(c.groups)]
-        # training of the current iteration (its version, i, is published)
-        i = self.stepped + 1
+        # training of the current iteration's current mini-batch (its version is published)
+        i, m = self.stepped + 1, self.mini_stepped
         if i < c.iterations:
             scored = self.scored.get(i, set())
             released = self.train_released.setdefault(i, set())
@@ -285,14 +331,25 @@ class Scheduler:
             if len(released) < len(scored) and ((c.gap and c.group_local_advantages) or whole):
                 halves = c.groups - self.splits.get(i, 0)  # groups from here on train as halves
                 for g in sorted(scored - released):
+                    if self.mini_batch(g) != m:  # a later mini-batch: its version is not out yet
+                        continue
                     released.add(g)
                     parts: list[int | None] = [0, 1] if g >= halves else [None]
-                    out += [Release(TaskRef(TaskKind.TRAIN, i, g, p), i) for p in parts]
-            tasks = c.groups + self.splits.get(i, 0)
-            if not self.stepping and len(self.train_done.get(i, ())) == tasks:
+                    out += [
+                        Release(TaskRef(TaskKind.TRAIN, i, g, p), self.train_version(i, g)) for p in parts
+                    ]
+            done = [g for g, _ in self.train_done.get(i, ()) if self.mini_batch(g) == m]
+            if not self.stepping and len(done) == self._tasks_of(i, m):
                 self.stepping = True
-                out.append(Step(i))
+                out.append(Step(i, m))
         return self._count(out) + self._release_evals()
+
+    def _tasks_of(self, iteration: int, mini_batch: int) -> int:
+        """Train tasks of a mini-batch: one per group, two for a group split in halves (RAT)."""
+        c = self.cfg
+        halves = c.groups - self.splits.get(iteration, 0)
+        groups = [g for g in range(c.groups) if self.mini_batch(g) == mini_batch]
+        return len(groups) + sum(1 for g in groups if g >= halves)
 
     def _count(self, out: list[Instruction]) -> list[Instruction]:
         for ins in out:
@@ -323,7 +380,7 @@ class Scheduler:
             k = self.evals_waiting[0]
             c = self.evals_released.get(k, 0)
             self.evals_open.setdefault(k, set()).add(c)
-            out.append(Release(TaskRef(TaskKind.EVAL, k, c), k + 1))
+            out.append(Release(TaskRef(TaskKind.EVAL, k, c), (k + 1) * self.cfg.mini_batches))
             slots -= 1
             self.evals_released[k] = c + 1
             if c + 1 == self.cfg.eval_tasks:
@@ -396,3 +453,9 @@ class Scheduler:
         key = (worker, kind)
         old = self.seconds.get(key)
         self.seconds[key] = seconds if old is None else (1 - alpha) * old + alpha * seconds
+
+
+def mini_batch_of(group: int, groups: int, mini_batches: int) -> int:
+    """The mini-batch of ``group`` among ``groups`` groups split into ``mini_batches``
+    consecutive equal runs (group order is the iteration's seeded prompt order)."""
+    return group * mini_batches // groups

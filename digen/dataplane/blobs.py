@@ -112,8 +112,9 @@ class BlobServer:
 
     Requests (frame headers, no tensors)::
 
-        {"op": "get", "blob": NAME, "names": [..] | null, "dtype": "bfloat16" | null}
-            -> {"ok": true, "meta": {...}} + the tensors (cast to dtype when given)
+        {"op": "get", "blob": NAME, "names": [..] | null, "exclude": [..], "dtype": "bfloat16" | null}
+            -> {"ok": true, "meta": {...}} + the tensors (``names``, else all but ``exclude``;
+               cast to dtype when given)
         {"op": "describe", "blob": NAME} -> {"ok": true, "meta": {...}, "specs": [...]}
         anything else, or a missing blob -> {"ok": false, "error": "missing" | "bad", "message": ...}
     """
@@ -189,7 +190,8 @@ class BlobServer:
             send_frame(conn, {"ok": True, "meta": blob.meta, "specs": specs})
             return
         names = req.get("names")
-        wanted = list(blob.tensors) if names is None else names
+        skip = set(req.get("exclude") or [])
+        wanted = [n for n in blob.tensors if n not in skip] if names is None else names
         missing = [n for n in wanted if n not in blob.tensors]
         if missing:
             send_frame(

@@ -48,9 +48,55 @@ def _load(path: Path):
 SP_EXAMPLES = ("wan-sp2.yaml",)
 """Examples of a runtime feature (not a peer recipe): checked by their own test."""
 
+ALGORITHM_EXAMPLES = (
+    "mix-grpo-flux.yaml",
+    "nft-ocr-sd35.yaml",
+    "digits-mix-grpo.yaml",
+    "digits-diffusion-nft.yaml",
+)
+"""Other algorithms' recipes (checked below) and their digits demos (trained by
+tests/trainer/test_algorithms_learn.py)."""
+
 
 def test_every_example_is_listed():
-    assert sorted(p.name for p in EXAMPLES.glob("*.yaml")) == sorted([*EXPECTED, *SP_EXAMPLES])
+    assert sorted(p.name for p in EXAMPLES.glob("*.yaml")) == sorted(
+        [*EXPECTED, *SP_EXAMPLES, *ALGORITHM_EXAMPLES]
+    )
+
+
+def test_recipes_take_their_peer_s_optimizer_steps_per_rollout_batch():
+    """Flow-GRPO's SD3.5/FLUX recipes 2 (gradient_accumulation_steps = num_batches_per_epoch //
+    2), MixGRPO's FLUX recipe 4 (12 samples a GPU, a step every 3), DiffusionNFT's sd3_ocr 2,
+    DanceGRPO on Wan 1; more than one runs in reference mode until the controller steps per
+    mini-batch."""
+    steps = {name: 2 for name in EXPECTED} | {
+        "mix-grpo-flux.yaml": 4,
+        "nft-ocr-sd35.yaml": 2,
+        "wan-sp2.yaml": 1,
+    }
+    for name, m in steps.items():
+        cfg = load_config(EXAMPLES / name, check_paths=False)
+        assert cfg.train.mini_batches == m, name
+        assert cfg.rollout.prompts_per_iteration % m == 0, name
+        assert cfg.schedule.mode == ("reference" if m > 1 else "disaggregated"), name
+
+
+def test_mix_grpo_and_nft_recipes_carry_their_peer_numbers():
+    mix = load_config(EXAMPLES / "mix-grpo-flux.yaml", check_paths=False)
+    assert (mix.rollout.batch_size, mix.rollout.group_size, mix.rollout.num_steps) == (32 * 12, 12, 25)
+    w = mix.train.mix_grpo
+    assert (w.window, w.schedule, w.iters_per_window, w.shift, w.roll_back) == (4, "progressive", 25, 1, True)
+    assert mix.train.lr == 1e-5 and mix.train.unbiased_std and mix.rollout.shared_noise
+    nft = load_config(EXAMPLES / "nft-ocr-sd35.yaml", check_paths=False)
+    assert nft.train.algorithm == "diffusion-nft" and nft.rollout.guidance_scale == 1.0
+    assert (nft.train.nft.beta, nft.train.nft.decay_type, nft.train.nft.solver) == (0.1, 2, "dpm2")
+    assert nft.train.kl_beta == 1e-4 and nft.rollout.batch_size == 48 * 24 and nft.rollout.num_steps == 10
+    for name, algorithm, mode in (
+        ("digits-mix-grpo.yaml", "mix-grpo", "digen"),
+        ("digits-diffusion-nft.yaml", "diffusion-nft", "reference"),
+    ):
+        cfg = load_config(EXAMPLES / name)  # the committed digits model and prompts: paths checked
+        assert (cfg.train.algorithm, cfg.schedule.mode) == (algorithm, mode)
 
 
 def test_wan_sp2_example_forms_replicas_of_two():
@@ -70,7 +116,7 @@ def test_example_parses_with_the_peer_numbers(name):
     assert [r.name for r in cfg.reward] == [reward]
     for key, value in rollout.items():
         assert getattr(cfg.rollout, key) == value, key
-    assert cfg.rollout.group_size == 24 and cfg.rollout.batch_size == 24 * 24
+    assert cfg.rollout.group_size == 24 and cfg.rollout.batch_size == 48 * 24 and cfg.train.mini_batches == 2
     assert cfg.train.kl_beta == kl_beta and cfg.train.timesteps.fraction == 0.99
     assert cfg.train.clip_range == 1e-4 and cfg.train.lr == 3e-4 and cfg.train.global_std
     assert cfg.model.resolution == 512 and cfg.model.max_sequence_length == 128

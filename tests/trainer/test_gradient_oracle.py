@@ -393,12 +393,17 @@ def peer_old_log_probs(policy, embeds, sigmas, case: Case, latents) -> torch.Ten
 
 
 # --- digen ---------------------------------------------------------------------------
+def trajectory(latents, log_probs, sigmas) -> dict[str, torch.Tensor]:
+    """A group's trajectory dict as :func:`digen.training.train_group` reads it."""
+    return {"latents": latents, "log_probs": log_probs, "sigmas": sigmas}
+
+
 def digen_gradient(policy, embeds, sigmas, cfg: Config, latents, log_probs, steps, *, tsp: bool):
     """digen's mean gradient of the iteration: the group as two train tasks (halves), their
     sums added in order and divided by the trained rows, as ``ParameterStore.step`` does."""
     spec = TrainSpec(0, 0, 0, list(range(G)), ADVANTAGES.tolist(), steps)
     parts = [
-        train_group(policy, h, latents, log_probs, sigmas, embeds, cfg, tsp=tsp)
+        train_group(policy, h, trajectory(latents, log_probs, sigmas), embeds, cfg, tsp=tsp)
         for h in (spec.half(0), spec.half(1))
     ]
     total = sum_gradients([g for g, _ in parts])
@@ -539,7 +544,9 @@ def book_gradient(policy, embeds, sigmas, cfg: Config, trajectories) -> tuple[It
         for part in (0, 1):
             spec = book.task_spec(g, part)
             if spec.samples:
-                grads, stats = train_group(policy, spec, latents, log_probs, sigmas, embeds, cfg, tsp=True)
+                grads, stats = train_group(
+                    policy, spec, trajectory(latents, log_probs, sigmas), embeds, cfg, tsp=True
+                )
             else:  # a task with no sample left: a zero gradient (the controller's release does the same)
                 grads = {k: torch.zeros_like(v) for k, v in policy.trainable_state_dict().items()}
                 stats = TrainStats()

@@ -25,9 +25,7 @@ def test_halves_sum_to_the_whole_group(small_config):
     assert book.task_spec(0, None) is whole  # one spec per group, however often asked
 
     def grad(spec):
-        return train_group(
-            policy, spec, traj.latents, traj.log_probs, traj.sigmas, embed(task.prompt), cfg, tsp=True
-        )
+        return train_group(policy, spec, traj.tensors(), embed(task.prompt), cfg, tsp=True)
 
     g_whole, s_whole = grad(whole)
     parts = [grad(h) for h in halves]

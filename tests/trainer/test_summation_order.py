@@ -37,9 +37,7 @@ def test_task_gradients_sum_in_group_order_whatever_order_they_arrive(small_conf
             grads, stats = train_group(
                 policy,
                 book.train_spec(g),
-                traj.latents,
-                traj.log_probs,
-                traj.sigmas,
+                traj.tensors(),
                 embed(groups[g].prompt),
                 cfg,
                 tsp=False,

@@ -1,0 +1,118 @@
+"""Flow-DPPO: Flow-GRPO with the PPO clip replaced by an exact divergence trust-region mask.
+
+Peer: verl-project/verl-omni @a1139ba verl_omni/trainer/diffusion/diffusion_algos.py
+``FlowDPPOLoss.compute_loss`` (with ``add_kl_coefficient`` true, its default) and
+docs/algo/flowdppo.md (Flow-DPPO, arXiv 2606.11025, UniRL; VeRL-Omni's restatement is the code
+read here). Recipe: examples/flowdppo_trainer/qwen_image/run_qwen_image_ocr_lora.sh
+(``kl_mask_threshold=1e-5``, ``sde_type=sde``).
+
+Rollout: Flow-GRPO's SDE on every step, keeping each step's transition mean (as GRPO-Guard:
+``means [B, T, *latent]``). The old and the current policy's steps share their variance, so
+their per-step KL is exact. Per row (``s = std_dev_t sqrt(dt)`` the transition std)::
+
+    r    = exp(logp - logp_old)
+    D    = mean((mu_theta - mu_old)^2) / (2 s^2)
+    loss = 0          if D >= eps_D and ((A > 0 and r > 1) or (A < 0 and r < 1))
+           -A r       otherwise                              (+ kl_beta * Flow-GRPO's KL)
+
+``eps_D = train.flow_dppo.kl_threshold``. An update is dropped only when it is outside the
+trust region AND still moving away from the rollout policy; corrective updates stay. The
+mask carries no gradient. VeRL-Omni does not clamp the advantages here; digen's are clamped
+to ``train.adv_clip`` when they are computed (5: an advantage beyond it needs a group std
+below a fifth of a deviation).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from digen.algos.flow_grpo import reference_kl, rescore
+from digen.algos.grpo_guard import GrpoGuard
+from digen.algos.loss import LossTerms
+from digen.algos.precision import at_least_float32
+from digen.errors import AlgorithmError
+
+if TYPE_CHECKING:
+    from digen.algos.rows import TrainRows
+    from digen.config import Config
+    from digen.models.base import FlowPolicy, PromptEmbeds
+
+
+def divergence_masked_loss(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    mean: torch.Tensor,
+    old_mean: torch.Tensor,
+    transition_std: torch.Tensor,
+    advantages: torch.Tensor,
+    kl_threshold: float,
+) -> LossTerms:
+    """Flow-DPPO's masked surrogate per row.
+
+    log_prob: [R] current (with gradient); old_log_prob: [R]; mean: [R, *latent] current
+    transition mean; old_mean: [R, *latent] stored; transition_std: [R] (> 0); advantages: [R].
+    Returns ``loss [R]``, the ratio, ``clipped`` = the masked rows, ``0.5 (logp - logp_old)^2``.
+    """
+    if bool((transition_std <= 0).any()):
+        raise AlgorithmError("Flow-DPPO needs stochastic steps (transition std > 0 on every row)")
+    logp = at_least_float32(log_prob)
+    dtype, device = logp.dtype, logp.device
+    old = old_log_prob.detach().to(device=device, dtype=dtype)
+    adv = advantages.detach().to(device=device, dtype=dtype)
+    s = transition_std.detach().to(device=device, dtype=dtype)
+    mu = at_least_float32(mean)
+    diff = (mu - old_mean.detach().to(device=device, dtype=mu.dtype)).reshape(mu.shape[0], -1)
+    divergence = ((diff**2).mean(dim=1) / (2 * s**2)).detach()
+    ratio = torch.exp(logp - old)
+    r = ratio.detach()
+    outside = divergence >= kl_threshold
+    masked = outside & (((r > 1.0) & (adv > 0)) | ((r < 1.0) & (adv < 0)))
+    loss = torch.where(masked, torch.zeros_like(ratio), -adv * ratio)
+    return LossTerms(loss=loss, ratio=r, clipped=masked, approx_kl=0.5 * (logp.detach() - old) ** 2)
+
+
+class FlowDppo(GrpoGuard):
+    """GRPO-Guard's rollout, checks and trajectory (the transition means), its own loss."""
+
+    name = "flow-dppo"
+    title = "Flow-DPPO"
+    order = 6
+    peer = (
+        "verl-project/verl-omni @a1139ba: verl_omni/trainer/diffusion/diffusion_algos.py FlowDPPOLoss "
+        "(Flow-DPPO, arXiv 2606.11025)"
+    )
+    summary = "Flow-GRPO with the ratio clip replaced by an exact per-step KL trust-region mask"
+
+    def loss(
+        self, policy: FlowPolicy, rows: TrainRows, embeds: PromptEmbeds, cfg: Config, sigma_max: float
+    ) -> tuple[torch.Tensor, LossTerms, torch.Tensor]:
+        """Per row: ``-A r`` unless masked, plus ``kl_beta * KL``."""
+        t = cfg.train
+        if rows.old_mean is None:
+            raise AlgorithmError(
+                "flow-dppo trains from the behaviour transition means; these trajectories have none"
+            )
+        # --- re-score the stored transition under the current policy
+        v, step, sde = rescore(policy, rows, embeds, cfg, sigma_max)
+        device = policy.device
+        terms = divergence_masked_loss(
+            step.log_prob,
+            rows.old_log_prob.to(device),
+            step.mean,
+            rows.old_mean.to(device),
+            step.transition_std,
+            rows.advantage.to(device),
+            t.flow_dppo.kl_threshold,
+        )
+        loss = terms.loss
+        # --- optional KL to the base weights
+        kl = torch.zeros_like(loss)
+        if t.kl_beta > 0:
+            kl = reference_kl(policy, rows, embeds, cfg, v, step, sde)
+            loss = loss + t.kl_beta * kl
+        return loss, terms, kl
+
+
+ALGORITHM = FlowDppo()

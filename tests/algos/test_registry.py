@@ -1,0 +1,109 @@
+"""The algorithm registry: what is registered, how a config names one, what each declares."""
+
+from __future__ import annotations
+
+import pytest
+
+from digen.algos import registry
+from digen.algos.registry import RolloutPlan
+from digen.config import build_config
+from digen.errors import ConfigError
+
+PEERS = {
+    "flow-grpo": "yifan123/flow_grpo @9745241",
+    "flow-grpo-fast": "yifan123/flow_grpo @9745241",
+    "cps": "yifan123/flow_grpo @9745241",
+    "dance-grpo": "XueZeyue/DanceGRPO @15cc71d",
+    "mix-grpo": "Tencent-Hunyuan/MixGRPO @e5cdd6a",
+    "grpo-guard": "yifan123/flow_grpo @9745241",
+    "flow-dppo": "verl-project/verl-omni @a1139ba",
+    "diffusion-nft": "NVlabs/DiffusionNFT @24af555",
+}
+
+
+def cfg(**train):
+    return build_config({"train": train}, check_paths=False)
+
+
+def test_every_algorithm_of_the_issue_is_registered_with_its_peer_and_commit():
+    assert registry.available() == list(PEERS)
+    for algo in registry.algorithms():
+        assert algo.peer.startswith(PEERS[algo.name]), algo.name
+        assert algo.title and algo.summary and algo.rollout_needs
+        assert {"latents", "log_probs", "sigmas"} <= set(algo.trajectory), algo.name
+
+
+def test_an_unset_algorithm_is_the_flow_grpo_family_member_the_rollout_names():
+    def name(**sections):
+        return registry.resolved_name(build_config(sections, check_paths=False))
+
+    assert name() == "flow-grpo"
+    assert name(rollout={"sde": {"kind": "cps", "noise_level": 0.8}}) == "cps"
+    assert name(rollout={"sde": {"kind": "dance", "noise_level": 0.3}}) == "dance-grpo"
+    assert name(train={"timesteps": {"strategy": "window"}}) == "flow-grpo-fast"
+    assert name(train={"algorithm": "mix-grpo"}) == "mix-grpo"
+
+
+def test_unknown_algorithm_is_one_config_error_listing_the_names():
+    with pytest.raises(ConfigError) as err:
+        cfg(algorithm="ppo-diffusion")
+    assert err.value.problems == [
+        "train.algorithm ('ppo-diffusion') is not a registered algorithm; use one of "
+        + ", ".join(PEERS)
+        + " (digen algorithms lists them)"
+    ]
+
+
+def test_flow_grpo_family_plans():
+    plan = registry.algorithm_for(cfg()).rollout_plan(cfg(), 0)
+    assert plan == RolloutPlan(kinds=("sde",) * 8, keep=(0, 8))
+    fast = cfg(timesteps={"strategy": "window", "window": 2})
+    plan = registry.algorithm_for(fast).rollout_plan(fast, 3)
+    window = registry.algorithm_for(fast).trained_steps(fast, 3, sample_id=0)
+    assert [i for i, k in enumerate(plan.kinds) if k == "sde"] == window and len(window) == 2
+    assert plan.keep == (0, 8)  # Flow-GRPO-Fast keeps every latent, as before the registry
+    guard = registry.get("grpo-guard").rollout_plan(cfg(algorithm="grpo-guard"), 0)
+    assert guard.means and guard.kinds == ("sde",) * 8
+    nft = registry.get("diffusion-nft").rollout_plan(cfg(algorithm="diffusion-nft"), 0)
+    assert nft.kinds == ("dpm2",) * 8 and nft.keep == (8, 0)
+    euler = cfg(algorithm="diffusion-nft", nft={"solver": "euler"})
+    assert registry.algorithm_for(euler).rollout_plan(euler, 0).kinds == ("ode",) * 8
+
+
+def test_nft_trains_a_seeded_subset_of_all_steps():
+    c = cfg(algorithm="diffusion-nft", timesteps={"fraction": 0.5})
+    algo = registry.algorithm_for(c)
+    steps = [algo.trained_steps(c, 0, s) for s in range(16)]
+    assert all(len(s) == 4 and s == sorted(s) and set(s) <= set(range(8)) for s in steps)
+    assert 7 in {j for s in steps for j in s}  # unlike DanceGRPO, the last step may train
+    assert len({tuple(s) for s in steps}) > 1 and steps == [algo.trained_steps(c, 0, s) for s in range(16)]
+
+
+def test_a_rollout_plan_that_keeps_steps_it_does_not_take_is_refused():
+    with pytest.raises(ConfigError, match="keeps steps 2..4 of 4"):
+        RolloutPlan(kinds=("sde",) * 4, keep=(2, 3))
+    with pytest.raises(ConfigError, match="4 steps but a schedule of 4 sigmas"):
+        RolloutPlan(kinds=("sde",) * 4, keep=(0, 4), schedule=(0, 1, 2, 3))
+
+
+def test_digen_algorithms_lists_each_with_its_peer_needs_and_trajectory():
+    import json
+
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    res = CliRunner().invoke(app, ["algorithms", "--json"])
+    assert res.exit_code == 0, res.output
+    listed = json.loads(res.output)
+    assert [r["name"] for r in listed] == list(PEERS)
+    nft = listed[-1]
+    assert nft["modes"] == "reference (for now)" and nft["trajectory"]["latents"].startswith(
+        "[B, 1, *latent]"
+    )
+    assert all(r["modes"] == "every mode" for r in listed[:-1])
+    table = CliRunner().invoke(app, ["algorithms"], env={"COLUMNS": "200"})
+    assert table.exit_code == 0
+    for r in listed:
+        assert r["name"] in table.output and r["peer"].split(":")[0] in table.output
+    assert "means [B, T, *latent]" in table.output  # GRPO-Guard's extra trajectory tensor

@@ -1,0 +1,123 @@
+"""Config checks of train.algorithm, its options and train.mini_batches: every problem named."""
+
+from __future__ import annotations
+
+import pytest
+
+from digen.config import build_config
+from digen.errors import ConfigError
+
+
+def problems(**sections) -> list[str]:
+    try:
+        build_config(sections, check_paths=False)
+    except ConfigError as exc:
+        return exc.problems
+    return []
+
+
+def test_mini_batches_must_divide_the_iteration_s_groups():
+    assert problems(rollout={"batch_size": 16, "group_size": 4}, train={"mini_batches": 2}) == []
+    assert problems(rollout={"batch_size": 12, "group_size": 4}, train={"mini_batches": 2}) == [
+        "train.mini_batches (2) must divide the iteration's prompt groups (rollout.batch_size / "
+        "rollout.group_size = 3): each optimizer step takes whole groups"
+    ]
+
+
+@pytest.mark.parametrize("mode", ["colocated", "disaggregated", "digen"])
+def test_distributed_modes_refuse_what_they_cannot_run_yet(mode):
+    workers = {"local": {"rollout_workers": 1, "trainer_workers": 1}}
+    assert problems(schedule={"mode": mode}, cluster=workers, train={"mini_batches": 2}) == [
+        f"train.mini_batches (2) runs in schedule.mode reference only for now (the controller and workers "
+        f"step once per iteration); set schedule.mode=reference, or train.mini_batches=1 for {mode}"
+    ]
+    assert problems(schedule={"mode": mode}, cluster=workers, train={"algorithm": "diffusion-nft"}) == [
+        "train.algorithm (diffusion-nft) runs in schedule.mode reference only for now (its state beside the "
+        "weights does not travel through the distributed modes yet); set schedule.mode=reference"
+    ]
+    for algorithm in ("mix-grpo", "grpo-guard", "flow-dppo", "flow-grpo"):  # no state, one step: every mode
+        assert problems(schedule={"mode": mode}, cluster=workers, train={"algorithm": algorithm}) == []
+
+
+def test_each_algorithm_checks_its_own_requirements():
+    assert problems(
+        train={"algorithm": "grpo-guard"}, rollout={"sde": {"kind": "cps", "noise_level": 0.8}}
+    ) == [
+        "train.algorithm (grpo-guard) reads Flow-GRPO's Gaussian SDE step (its transition mean and std): it "
+        "needs rollout.sde.kind sde, got cps"
+    ]
+    assert problems(train={"algorithm": "flow-grpo-fast"}) == [
+        "train.algorithm (flow-grpo-fast) trains a window of SDE steps; set train.timesteps.strategy=window "
+        "(got prefix)"
+    ]
+    assert problems(train={"algorithm": "cps"}) == [
+        "train.algorithm (cps) samples with rollout.sde.kind cps, got sde; set rollout.sde.kind=cps or "
+        "choose another algorithm"
+    ]
+    assert problems(train={"algorithm": "flow-grpo", "timesteps": {"strategy": "window"}}) == [
+        "train.algorithm (flow-grpo) trains SDE steps everywhere; train.timesteps.strategy window is "
+        "flow-grpo-fast: set train.algorithm=flow-grpo-fast"
+    ]
+
+
+def test_diffusion_nft_needs_lora_no_cfg_and_a_velocity_kl():
+    assert problems(
+        train={"algorithm": "diffusion-nft", "kl_beta": 1e-4, "kl_target": "mean"},
+        rollout={"guidance_scale": 4.5},
+        model={"lora": {"enabled": False}},
+    ) == [
+        "train.kl_beta > 0 needs model.lora.enabled: the reference policy is the base weights",
+        "train.algorithm (diffusion-nft) keeps its old weights as a LoRA copy (as its peer); set "
+        "model.lora.enabled=true",
+        "train.algorithm (diffusion-nft) is CFG-free (its recipes sample and train with guidance 1); "
+        "rollout.guidance_scale (4.5) must be 1",
+        "train.kl_target (mean): diffusion-nft has no SDE transition mean; its KL is on the velocity (leave "
+        "train.kl_target unset or set it to velocity)",
+    ]
+    assert problems(train={"algorithm": "diffusion-nft", "kl_beta": 1e-4}) == []
+
+
+def test_kl_target_needs_a_kl_weight_and_choices_are_named():
+    assert problems(train={"kl_target": "velocity"}) == [
+        "train.kl_target (velocity) has no effect with train.kl_beta 0; set train.kl_beta > 0 or leave "
+        "train.kl_target unset"
+    ]
+    assert problems(train={"kl_target": "velocity", "kl_beta": 0.04}) == []
+    (bad,) = problems(train={"kl_target": "latent"})
+    assert bad.startswith("train.kl_target ('latent'): Input should be 'mean' or 'velocity'")
+    (bad,) = problems(train={"mix_grpo": {"schedule": "exp_decay"}})
+    assert bad.startswith("train.mix_grpo.schedule ('exp_decay'): Input should be")
+
+
+def test_algorithm_fields_each_have_a_docstring():
+    """Every field of the new sections, and train's new fields, is followed by its docstring."""
+    import ast
+    import inspect
+
+    import digen.config as config
+
+    tree = ast.parse(inspect.getsource(config))
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    wanted = {
+        "MixGrpoConfig": None,
+        "NftConfig": None,
+        "TrainConfig": {"algorithm", "mini_batches", "kl_target"},
+    }
+    for name, only in wanted.items():
+        body = classes[name].body
+        fields = [
+            (i, s.target.id)
+            for i, s in enumerate(body)
+            if isinstance(s, ast.AnnAssign)
+            and isinstance(s.target, ast.Name)
+            and (only is None or s.target.id in only)
+        ]
+        assert fields and (only is None or {f for _, f in fields} == only), name
+        for i, field in fields:
+            nxt = body[i + 1] if i + 1 < len(body) else None
+            documented = (
+                isinstance(nxt, ast.Expr)
+                and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)
+            )
+            assert documented or field in ("mix_grpo", "nft", "flow_dppo"), f"{name}.{field} has no docstring"
