@@ -248,19 +248,21 @@ def fetch(
     name: str,
     *,
     names: list[str] | None = None,
+    exclude: tuple[str, ...] | list[str] = (),
     dtype: torch.dtype | None = None,
     sock: socket.socket | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Blob ``name`` from the server at ``address`` (only ``names`` of its tensors when
-    given; floating tensors cast to ``dtype`` by the server when given): (tensors, meta).
-    ``sock``: an open :func:`connection` to reuse."""
+    given, else all but ``exclude``; floating tensors cast to ``dtype`` by the server when
+    given): (tensors, meta). ``sock``: an open :func:`connection` to reuse."""
     if sock is None:
         with connection(address) as s:
-            return fetch(address, name, names=names, dtype=dtype, sock=s)
+            return fetch(address, name, names=names, exclude=exclude, dtype=dtype, sock=s)
     req = {
         "op": "get",
         "blob": name,
         "names": names,
+        "exclude": list(exclude),
         "dtype": DTYPE_NAMES[dtype] if dtype is not None else None,
     }
     head = _request(sock, address, req)

@@ -142,3 +142,10 @@ def test_mutual_tls_serves_peers_with_a_signed_certificate_and_refuses_others(tm
             fetch(server.address, "x")
     finally:
         server.close()
+
+
+def test_a_fetch_can_leave_tensors_out(served):
+    store, server = served
+    store.put("g", tensors())
+    got, _ = fetch(server.address, "g", exclude=("half", "c"))
+    assert list(got) == ["a", "b", "scalar", "empty"]
