@@ -255,13 +255,23 @@ class PatientRetry(Retry):
                     )
                 time.sleep(min(self._backoff.compute(failures), max(0.0, self.outage_s - waited)))
                 continue
-            if failures:
-                self.outages += 1
-                if warned:
-                    log.warning(
-                        "Redis at %s is back after %.1f s; continuing", self.where, time.monotonic() - start
-                    )
+            except Exception:
+                # the server answered, with an error: it is back all the same. The first
+                # command after a restart is often a script's EVALSHA, answered NOSCRIPT
+                # (redis-py loads the script and runs it again, no failure seen): an outage
+                # not counted here would leave a restart that lost the job's data unnoticed
+                self._back(failures, warned, start)
+                raise
+            self._back(failures, warned, start)
             return result
+
+    def _back(self, failures: int, warned: bool, start: float) -> None:
+        if failures:
+            self.outages += 1
+            if warned:
+                log.warning(
+                    "Redis at %s is back after %.1f s; continuing", self.where, time.monotonic() - start
+                )
 
     def __eq__(self, other: object) -> bool:
         return self is other

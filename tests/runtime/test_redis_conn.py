@@ -175,3 +175,24 @@ def test_every_connection_counts_its_outages_on_the_clients_one_retry(redis_clie
             r.connection_pool.release(conn)
     finally:
         r.close()
+
+
+def test_a_restart_answered_with_an_error_still_counts_as_an_outage():
+    """After a restart the first command is often a Lua script's EVALSHA, which the new server
+    answers NOSCRIPT (redis-py then loads the script and runs it again: no failure in sight).
+    The retry must count that outage all the same, or the controller misses a restart that
+    lost the job's keys (it waited forever for tasks the empty server never had)."""
+    from digen.runtime.redis_conn import PatientRetry
+
+    retry = PatientRetry(5.0, "redis://x")
+    answers = [redis.ConnectionError("refused"), redis.exceptions.NoScriptError("NOSCRIPT")]
+
+    def do():
+        raise answers.pop(0)
+
+    with pytest.raises(redis.exceptions.NoScriptError):
+        retry.call_with_retry(do, lambda error: None)
+    assert retry.outages == 1
+    with pytest.raises(redis.ResponseError):  # an error with no outage before it is no outage
+        retry.call_with_retry(lambda: (_ for _ in ()).throw(redis.ResponseError("WRONGTYPE")), lambda e: None)
+    assert retry.outages == 1
