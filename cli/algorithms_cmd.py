@@ -26,7 +26,7 @@ def algorithms(
             "peer": a.peer,
             "rollout": a.rollout_needs,
             "trajectory": a.trajectory,
-            "modes": "every mode" if a.distributed else "reference (for now)",
+            "modes": "every mode, not train.fsdp" if a.keeps_state else "every mode",
             "summary": a.summary,
         }
         for a in registered()

@@ -655,10 +655,11 @@ def _sp_checks(cfg: Config, check_paths: bool) -> list[str]:
 
 def _algorithm_checks(cfg: Config) -> list[str]:
     """``train.algorithm`` is registered and fits the config (its own checks), mini-batches
-    divide the iteration's groups, and what cannot run distributed yet is refused there."""
+    divide the iteration's groups, and an algorithm with state beside the weights is not
+    trained sharded (``train.fsdp``)."""
     from digen.algos import registry
 
-    t, mode = cfg.train, cfg.schedule.resolved().mode
+    t = cfg.train
     name = registry.resolved_name(cfg)
     if name not in registry.available():
         return [
@@ -673,17 +674,10 @@ def _algorithm_checks(cfg: Config) -> list[str]:
             f"train.mini_batches ({t.mini_batches}) must divide the iteration's prompt groups "
             f"(rollout.batch_size / rollout.group_size = {groups}): each optimizer step takes whole groups"
         )
-    distributed = mode != "reference"
-    if distributed and t.mini_batches > 1:
+    if t.fsdp and algo.keeps_state:
         problems.append(
-            f"train.mini_batches ({t.mini_batches}) runs in schedule.mode reference only for now (the "
-            f"controller and workers step once per iteration); set schedule.mode=reference, or "
-            f"train.mini_batches=1 for {mode}"
-        )
-    if distributed and not algo.distributed:
-        problems.append(
-            f"train.algorithm ({name}) runs in schedule.mode reference only for now (its state beside the "
-            f"weights does not travel through the distributed modes yet); set schedule.mode=reference"
+            f"train.algorithm ({name}) keeps state beside the weights, which the FSDP trainer group's "
+            f"sharded store does not hold; set train.fsdp=false (a replicated trainer group) for {name}"
         )
     if t.kl_target is not None and t.kl_beta == 0:
         problems.append(

@@ -92,13 +92,18 @@ def eval_batch_size(cfg: Config) -> int:
     return max(1, (r.group_size * r.num_steps) // r.eval_steps)
 
 
+def eval_version(cfg: Config, iteration: int) -> int:
+    """The version evaluated after ``iteration``: the weights after its last optimizer step
+    (``train.mini_batches`` steps an iteration)."""
+    return (iteration + 1) * cfg.train.mini_batches
+
+
 def plan_eval(cfg: Config, prompts: list[str], iteration: int) -> list[EvalTask]:
-    """The chunks of the evaluation after ``iteration`` (of version ``iteration + 1``)."""
+    """The chunks of the evaluation after ``iteration`` (of :func:`eval_version`)."""
     b = eval_batch_size(cfg)
+    v = eval_version(cfg, iteration)
     return [
-        EvalTask(
-            iteration, c, iteration + 1, tuple(range(s, min(s + b, len(prompts)))), tuple(prompts[s : s + b])
-        )
+        EvalTask(iteration, c, v, tuple(range(s, min(s + b, len(prompts)))), tuple(prompts[s : s + b]))
         for c, s in enumerate(range(0, len(prompts), b))
     ]
 
@@ -235,11 +240,11 @@ def evaluate_inline(
     policy: FlowPolicy, cfg: Config, reward, run: RunDir, prompts: list[str], iteration: int
 ) -> dict:
     """The reference trainer's evaluation: every chunk in turn, with the policy's current
-    weights (version ``iteration + 1``); returns the row written."""
+    weights (:func:`eval_version`); returns the row written."""
     import time
 
     tasks = plan_eval(cfg, prompts, iteration)
-    book = EvalBook(iteration, iteration + 1, len(tasks))
+    book = EvalBook(iteration, eval_version(cfg, iteration), len(tasks))
     for task in tasks:
         t0 = time.time()
         book.add(evaluate_chunk(policy, task, cfg, reward), time.time() - t0)

@@ -236,14 +236,14 @@ def save_checkpoint(
     folder: Path,
     store: ParameterStore,
     iteration: int,
-    previous_weights: dict[str, torch.Tensor] | None = None,
+    previous: tuple[int, dict[str, torch.Tensor]] | None = None,
     *,
     keep: int,
 ) -> None:
     """Write the state after ``iteration``'s step into ``folder`` (``checkpoints/iter_NNNN``)
     and keep the newest ``keep`` checkpoints: :func:`stage_checkpoint`, then
     :func:`~digen.rundir.finalize_checkpoint`."""
-    stage_checkpoint(folder, store, iteration, previous_weights)
+    stage_checkpoint(folder, store, iteration, previous)
     finalize_checkpoint(folder, keep)
 
 
@@ -251,25 +251,30 @@ def stage_checkpoint(
     folder: Path,
     store: ParameterStore,
     iteration: int,
-    previous_weights: dict[str, torch.Tensor] | None = None,
+    previous: tuple[int, dict[str, torch.Tensor]] | None = None,
 ) -> Path:
     """Write the state after ``iteration``'s step into ``folder``'s staging twin
     ``iter_NNNN.tmp`` (the rename that makes it the checkpoint is
-    :func:`~digen.rundir.finalize_checkpoint`, so a crash leaves the older ones intact), plus the
-    version before (which a staleness-1 rollout of the next iteration uses); returns it."""
+    :func:`~digen.rundir.finalize_checkpoint`, so a crash leaves the older ones intact), plus
+    ``previous``: (version, weights) of the older version a staleness-1 rollout of the next
+    iteration generates with (``previous_weights.safetensors``, its version in ``state.json``
+    as ``previous_version``); returns the staging folder."""
     tmp = folder.with_name(folder.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
     try:
         # the run directory is the checkpoints folder's parent
-        with disk_writes(folder.parent.parent, tmp, checkpoint_bytes(store, previous_weights)):
+        prev_weights = previous[1] if previous is not None else None
+        with disk_writes(folder.parent.parent, tmp, checkpoint_bytes(store, prev_weights)):
             tmp.mkdir(parents=True)
-            if previous_weights is not None:
+            extra: dict = {"iteration": iteration}
+            if previous is not None:
                 save_file(
-                    {k: v.cpu().contiguous() for k, v in previous_weights.items()},
+                    {k: v.cpu().contiguous() for k, v in previous[1].items()},
                     str(tmp / "previous_weights.safetensors"),
                 )
-            store.save(tmp, {"iteration": iteration})
+                extra["previous_version"] = previous[0]
+            store.save(tmp, extra)
     except DiskFull:
         shutil.rmtree(tmp, ignore_errors=True)  # a partial checkpoint: give its space back
         raise

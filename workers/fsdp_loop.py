@@ -179,9 +179,10 @@ def _build_trainer(rk: Rank, plan: dict) -> None:
     _serve_shards(rk)
 
 
-def _serve_shards(rk: Rank) -> None:
+def _serve_shards(rk: Rank, keep_from: int | None = None) -> None:
     """Offer this rank's shard of the current version (in the rollout's dtype) to the rollout
-    workers, and drop the older versions' shards."""
+    workers, and drop the shards of versions older than ``keep_from`` (the version a
+    staleness-1 rollout may still use; default: only the current one)."""
     rt, trainer = rk.rt, rk.trainer
     assert trainer is not None
     job, v = rt.job.job_id, trainer.version
@@ -190,8 +191,7 @@ def _serve_shards(rk: Rank) -> None:
     rt.blobs.put(
         version_blob(job, v), shards, {"version": str(v), "rank": str(rk.rank), "world": str(rk.world)}
     )
-    lag = int(rt.cfg.schedule.resolved().max_staleness or 0)
-    keep = {version_blob(job, x) for x in range(v - lag, v + 1)}
+    keep = {version_blob(job, x) for x in range(v if keep_from is None else keep_from, v + 1)}
     stale = [n for n in rt.blobs.names() if n.startswith(f"{job}:weights:") and n not in keep]
     rt.blobs.drop(*stale)
     versions = sorted(int(n.rsplit(":", 1)[1]) for n in rt.blobs.names() if n.startswith(f"{job}:weights:"))
@@ -227,9 +227,10 @@ def _train(rk: Rank, cmd: dict) -> None:
     assert trainer is not None
     payload = cmd["payload"]
     spec = TrainSpec.from_json(payload["spec"])
-    if trainer.version != spec.iteration:  # iteration i trains version i
+    version = int(payload["version"])  # mini-batch m of iteration i: mini_batches x i + m
+    if trainer.version != version:
         raise RuntimeError(
-            f"train task {cmd['id']} needs version {spec.iteration}, the group holds {trainer.version}"
+            f"train task {cmd['id']} needs version {version}, the group holds {trainer.version}"
         )
     t0 = time.time()
     leased = LeasedTask(TaskKind.TRAIN.value, cmd["id"], payload, 1)
@@ -251,7 +252,7 @@ def _train(rk: Rank, cmd: dict) -> None:
     stats = trainer.accumulate(
         rows, embeds, rt.cfg, tsp=bool(payload["tsp"]), sigma_max=float(data["sigmas"][1])
     )
-    mine = rk.event("train", spec.iteration, spec.iteration, t1, time.time())
+    mine = rk.event("train", spec.iteration, version, t1, time.time())
     faults.point("train", rt.job, rt.name, task=cmd["id"], iteration=spec.iteration)
     total = all_reduce_stats(stats, device=rk.comm)
     events = all_gather_json(mine, device=rk.comm)
@@ -261,13 +262,14 @@ def _train(rk: Rank, cmd: dict) -> None:
 def _step(rk: Rank, cmd: dict) -> None:
     rt, trainer = rk.rt, rk.trainer
     assert trainer is not None
-    iteration, version = int(cmd["payload"]["iteration"]), trainer.version
+    payload = cmd["payload"]
+    iteration, version = int(payload["iteration"]), trainer.version
     t0 = time.time()
-    rows = _agreed_rows(rk, int(cmd["payload"]["rows"]))
+    rows = _agreed_rows(rk, int(payload["rows"]))
     opt = trainer.step(total_rows=rows)
     rt.version = trainer.version
     t1 = time.time()
-    _serve_shards(rk)
+    _serve_shards(rk, payload.get("keep_from"))
     folder = cmd["payload"]["checkpoint"]
     _stage_checkpoint(rk, folder, iteration)
     t2 = time.time()

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
+from digen.algos.registry import stateful_algorithm
 from digen.algos.state import load_version
 from digen.assembly import EmbedCache, build_reward
 from digen.config import Config
@@ -115,6 +116,10 @@ class WorkerRuntime:
         if self.policy is None:
             self.policy = take_policy(self.cfg, self.device)  # preloaded, or built now
             self.embed = EmbedCache(self.policy, self.cfg.rollout.guidance_scale > 1.0)
+            algo = stateful_algorithm(self.cfg.train)
+            if algo.keeps_state:  # version 0 carries the algorithm's state too (DiffusionNFT's old copy)
+                w = self.policy.trainable_state_dict()
+                load_version(self.policy, {**w, **algo.initial_state(w, self.cfg.train)})
         return self.policy
 
     def ensure_version(self, version: int) -> None:

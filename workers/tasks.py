@@ -127,11 +127,12 @@ def park(rt: WorkerRuntime, leased: LeasedTask, exc: BlobLost) -> None:
 def run_train(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
     spec = TrainSpec.from_json(leased.payload["spec"])
     ref = TaskRef.parse(leased.task_id)
+    version = int(leased.payload["version"])  # mini-batch m of iteration i: mini_batches x i + m
     t0 = time.time()
-    rt.ensure_version(spec.iteration)  # iteration i trains version i
+    rt.ensure_version(version)
     events = []
     if time.time() - t0 > 1e-3:
-        events.append(event(rt, role, "sync", ref, spec.iteration, t0, time.time()))
+        events.append(event(rt, role, "sync", ref, version, t0, time.time()))
     try:
         data = group_tensors(rt, leased, TRAINING_TENSORS)
     except BlobLost as exc:
@@ -143,7 +144,7 @@ def run_train(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
         rt.policy, spec, data, rt.embed(leased.payload["prompt"]), rt.cfg, tsp=bool(leased.payload["tsp"])
     )
     faults.point("train", rt.job, rt.name, task=leased.task_id, iteration=spec.iteration)
-    events.append(event(rt, role, "train", ref, spec.iteration, t1, time.time()))
+    events.append(event(rt, role, "train", ref, version, t1, time.time()))
     if ref.part is not None:  # half a group (RAT): the bench counts it as such
         events[-1]["share"] = ref.share
     result = {"stats": stats.to_json(), "events": events, "worker": rt.name, "start": t0, "end": time.time()}

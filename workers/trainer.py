@@ -23,9 +23,10 @@ command (:meth:`Member.run_step`) it:
 3. reports success and waits for the step's decision (commit once every member succeeded;
    abort if any failed or left: then every member drops its sum and the tasks run again);
 4. on commit applies AdamW, loads the new weights into its policy, serves the new version as a
-   blob ``weights:<v>`` in the rollout's dtype (and keeps serving the previous one while a
-   staleness-1 rollout may need it), and, if it is the step's writer, writes the checkpoint and
-   acknowledges the step.
+   blob ``weights:<v>`` in the rollout's dtype (and keeps serving the version the command
+   names ``keep_version``, which a staleness-1 rollout may still need: the one the iteration
+   generated with, ``mini_batches`` steps back), and, if it is the step's writer, writes the
+   checkpoint and acknowledges the step.
 """
 
 from __future__ import annotations
@@ -66,8 +67,9 @@ class Member:
 
     rt: WorkerRuntime
     store: ParameterStore
-    previous: dict[str, torch.Tensor] | None = None
-    """The version before the store's, while a staleness-1 rollout may still need it."""
+    kept: tuple[int, dict[str, torch.Tensor]] | None = None
+    """(version, weights) of an older version served while a staleness-1 rollout may still
+    need it (the one the current iteration generated with)."""
     sums: TaskSum = field(default_factory=TaskSum)
     applied: dict[str, dict] = field(default_factory=dict)
     """Steps this member applied: id -> its result (acknowledged by the writer)."""
@@ -89,9 +91,7 @@ class Member:
         member = Member(rt, store)
         current = rt.group.current()
         if current is not None and current["version"] != store.version:
-            member.ensure_state(
-                current["version"], current.get("checkpoint"), current.get("keep_previous", False)
-            )
+            member.ensure_state(current["version"], current.get("checkpoint"), current.get("keep_version"))
         member.load_policy()
         member.serve()
         return member
@@ -101,13 +101,13 @@ class Member:
         self.rt.version = self.store.version
 
     def serve(self, keep_from: int | None = None) -> None:
-        """Offer the store's version (and the one before, if kept) as weight blobs in the
+        """Offer the store's version (and the kept older one) as weight blobs in the
         rollout's dtype, and the state as a blob a newcomer copies; tell Redis."""
         rt, v = self.rt, self.store.version
         dtype = DTYPES[rt.cfg.model.dtype]
         versions = {v: self.store.weights()}
-        if self.previous is not None:
-            versions[v - 1] = self.previous
+        if self.kept is not None:
+            versions[self.kept[0]] = self.kept[1]
         job = rt.job.job_id
         for name in rt.blobs.names():
             kind = name[len(job) + 1 :].split(":", 1)[0] if name.startswith(job + ":") else ""
@@ -148,12 +148,13 @@ class Member:
             return
         t0 = time.time()
         try:
-            self.ensure_state(cmd.version, cmd.restore, cmd.keep_previous)
+            self.ensure_state(cmd.version, cmd.restore, cmd.keep_version)
             grad = self.reduce(cmd)
+            kept = self._keep(cmd.keep_version)
         except Exception as exc:  # a peer died mid-collective, a blob was lost, a check failed
             why = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
             log.warning("%s: step %s (epoch %d) aborted: %s", me, cmd.id, cmd.epoch, why)
-            rt.group.decide(cmd.id, ABORT, cmd.epoch)
+            rt.group.abort(cmd.id, cmd.epoch, me, why)
             self.leave_group()
             self.sums.clear()
             return
@@ -163,10 +164,9 @@ class Member:
             self.sums.clear()
             return
         t1 = time.time()
-        previous = self.store.weights() if cmd.keep_previous else None
-        opt = self.store.step(grad, cmd.rows)
+        opt = self.store.step(grad, cmd.rows, last_of_iteration=cmd.last_of_iteration)
         t2 = time.time()
-        self.previous = previous
+        self.kept = kept
         self.sums.clear()
         self.load_policy()
         self.serve(cmd.serve_from)
@@ -189,12 +189,7 @@ class Member:
         if cmd.checkpoint is not None:
             try:
                 faults.point("checkpoint", rt.job, rt.name, task=cmd.id, iteration=cmd.iteration)
-                stage_checkpoint(
-                    Path(cmd.checkpoint),
-                    self.store,
-                    cmd.iteration,
-                    self.previous if cmd.keep_previous else None,
-                )
+                stage_checkpoint(Path(cmd.checkpoint), self.store, cmd.iteration, self.kept)
             except Exception as exc:  # a full disk, say: the job ends naming it (a retry would not fit)
                 what = str(exc) if isinstance(exc, DigenError) else f"{type(exc).__name__}: {exc}"
                 log.error("%s could not write the checkpoint of step %s: %s", rt.name, cmd.id, what)
@@ -205,11 +200,12 @@ class Member:
         if not rt.queue.ack(cmd.id, done, worker=rt.name):
             log.info("step %s was already acknowledged", cmd.id)
 
-    def ensure_state(self, version: int, restore: str | None, keep_previous: bool) -> None:
+    def ensure_state(self, version: int, restore: str | None, keep_version: int | None) -> None:
         """Hold the optimizer state of ``version``: copied from a member that holds it, else
         loaded from the checkpoint folder ``restore`` if that is the same version, else
-        :class:`StateLost`. With ``keep_previous`` the version before comes too (it is served
-        to staleness-1 rollouts)."""
+        :class:`StateLost`. With ``keep_version`` that older version comes too (it is served
+        to staleness-1 rollouts): from a peer that serves it, or the checkpoint's
+        ``previous_weights``."""
         if self.store.version == version:
             return
         rt = self.rt
@@ -227,18 +223,22 @@ class Member:
             self.store = ParameterStore.restore(
                 weights, opt, json.loads(meta["state"]), rt.cfg.train, rt.device
             )
-            self.previous = self._previous_from(version) if keep_previous else None
+            self.kept = self._keep(keep_version)
             log.info("%s copied the optimizer state of version %d from %s", rt.name, version, worker)
             self.load_policy()
             faults.point("sync", rt.job, rt.name, task=f"state:{version}", iteration=version)
             return
         if restore is not None and (Path(restore) / "state.json").exists():
             folder = Path(restore)
-            store, _ = ParameterStore.load(folder, rt.cfg.train, device=rt.device)
+            store, state = ParameterStore.load(folder, rt.cfg.train, device=rt.device)
             if store.version == version:
                 prev = folder / "previous_weights.safetensors"
                 self.store = store
-                self.previous = load_file(str(prev)) if keep_previous and prev.exists() else None
+                # a checkpoint without previous_version holds the version before (one step an iteration)
+                held = int(state.get("previous_version", version - 1))
+                self.kept = None
+                if keep_version is not None and keep_version == held and prev.exists():
+                    self.kept = (held, load_file(str(prev)))
                 log.info("%s loaded the optimizer state of version %d from %s", rt.name, version, folder)
                 self.load_policy()
                 return
@@ -248,16 +248,22 @@ class Member:
             f"({'; '.join(tried) or 'no holder'}); every trainer that held it is gone: rerun with --resume"
         )
 
-    def _previous_from(self, version: int) -> dict[str, torch.Tensor] | None:
-        """Version ``version - 1`` (served to staleness-1 rollouts), from a peer that serves it."""
-        if version == 0:
+    def _keep(self, version: int | None) -> tuple[int, dict[str, torch.Tensor]] | None:
+        """(version, weights) of the older version to keep serving: the store's own (a step
+        that starts from it), the one kept already, or a copy from a peer that serves it
+        (None if none does: its rollouts fetch it from whoever still has it)."""
+        if version is None:
             return None
-        for addr in self.rt.group.holders_of(version - 1):
+        if self.store.version == version:
+            return version, self.store.weights()
+        if self.kept is not None and self.kept[0] == version:
+            return self.kept
+        for addr in self.rt.group.holders_of(version):
             if addr == self.rt.blob_addr:
                 continue
             try:
-                got, _ = fetch(addr, version_blob(self.rt.job.job_id, version - 1))
-                return {k: t.float() for k, t in got.items()}
+                got, _ = fetch(addr, version_blob(self.rt.job.job_id, version))
+                return version, {k: t.float() for k, t in got.items()}
             except BlobLost:
                 continue
         return None

@@ -36,8 +36,9 @@ continues them (the peer restarts them from the trained adapter).
 Staleness: the loss needs no behaviour log-prob, so a trajectory from an older version is
 still a valid sample to fit (it is "off-policy" only in that the old weights that drew it
 are older); digen keeps the same bound as for every algorithm (``schedule.max_staleness``,
-at most one iteration). Until its state travels through the distributed modes, DiffusionNFT
-runs in ``reference`` mode only.
+at most one iteration). It runs in every mode; its state rides with each version to the
+rollout workers, and a trainer group keeps it replicated (not with ``train.fsdp``, whose
+sharded store holds the trained tensors only).
 """
 
 from __future__ import annotations
@@ -114,7 +115,6 @@ class DiffusionNft(Algorithm):
     title = "DiffusionNFT"
     order = 7
     keeps_state = True
-    distributed = False
     peer = (
         "NVlabs/DiffusionNFT @24af555: scripts/train_nft_sd3.py main + return_decay, "
         "flow_grpo/diffusers_patch/solver.py run_sampling (dpm2)"

@@ -96,9 +96,6 @@ class Algorithm:
     """Position in listings."""
     keeps_state: ClassVar[bool] = False
     """Keeps tensors beside the trained weights (:meth:`initial_state`, :meth:`next_state`)."""
-    distributed: ClassVar[bool] = True
-    """Runs in colocated, disaggregated and digen mode now (False: reference mode only, until
-    its state travels through the distributed modes)."""
 
     # --- config ---------------------------------------------------------------------------
     def check(self, cfg: Config) -> list[str]:

@@ -19,14 +19,11 @@ policy, the ``algo/`` tensors into a side table keyed by the policy object, wher
 loss reads them too). A process that loads versions with ``policy.load_trainable_state_dict``
 alone cannot run such an algorithm (it gets a clear error naming :func:`load_version`).
 
-Wiring the distributed modes for such an algorithm (not done yet: DiffusionNFT declares
-``distributed = False`` and a config check keeps it in ``reference`` mode): the controller
-already publishes ``store.weights()``, ``algo/`` tensors included, and keeps the previous
-version's dict for staleness 1; the workers must load every version with
-:func:`load_version` (``workers.loop.WorkerRuntime.ensure_version``, today
-``policy.load_trainable_state_dict``); the FSDP trainer group's store
-(``digen.runtime.fsdp_group.ShardedStore``) keeps no state, so ``train.fsdp`` stays refused for
-it; then the algorithm's ``distributed`` flag can become True.
+In the distributed modes the trainer group's members hold it in their replicated stores
+(``workers.trainer``: it moves after an iteration's last optimizer step, and a member that
+joins copies it with the optimizer state), serve it with every version, and every worker
+loads versions with :func:`load_version`. The FSDP trainer group's sharded store keeps no
+state, so ``train.fsdp`` is refused for such an algorithm (:mod:`digen.config`).
 """
 
 from __future__ import annotations

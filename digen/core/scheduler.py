@@ -23,17 +23,12 @@ a trajectory trained in mini-batch m lags ``M s + m`` (at most ``M s + M - 1``):
 1`` every mini-batch after the first trains off-policy even at s = 0, as in the peers (the
 PPO clip acts there). s = 0 is the reference loop's order exactly (digen/reference.py).
 
-Wiring mini-batches into the runtime (not done yet: ``train.mini_batches > 1`` is refused in
-the distributed modes by a config cross-check). The controller must: build the scheduler with
-``SchedulerConfig(mini_batches=M)``; on :class:`Step` ``(i, m)`` sum only mini-batch m's task
-gradients (``IterationBook.gradient(m)``) and call ``ParameterStore.step(grad, rows,
-last_of_iteration=(m == M - 1))``, publish the new version and report ``StepDone(i, t0, t1,
-mini_batch=m)``; write an iteration's metrics, checkpoint and sample grid after its last
-mini-batch only; keep version ``M i`` published (not dropped by ``drop_weights_before``) until
-the generation tasks of iteration i (and, with staleness 1, i+1) are collected; version the
-``eval`` tasks by the Release's version (``M (k + 1)``). Workers: a train task's version is the
-Release's (``M i + m``), no longer ``spec.iteration``: the payload must carry it and
-``run_train`` / the FSDP trainer load it instead of ``spec.iteration`` (``ensure_version``).
+In the runtime (:mod:`digen.runtime.steps`, :mod:`workers.trainer`): a :class:`Step` ``(i, m)``
+sums only mini-batch m's task gradients and steps with ``last_of_iteration = (m == M - 1)``
+(an algorithm's state moves once per iteration); an iteration's metrics row, checkpoint and
+sample grid are written after its last mini-batch; trainers keep serving version ``M i`` (what
+a staleness-1 rollout of iteration i+1 uses) through the iteration's steps; a train task and
+an ``eval`` task carry the Release's version, which the worker loads.
 
 Scoring: with reward workers (a worker of role ``reward`` known at :meth:`Scheduler.start`) a
 finished generation task releases a ``reward`` task for its group, and the group counts as
@@ -298,7 +293,7 @@ class Scheduler:
         for group, part in ev.tasks:
             if (group, part) in done:
                 done.discard((group, part))
-                out.append(Release(TaskRef(TaskKind.TRAIN, i, group, part), i))
+                out.append(Release(TaskRef(TaskKind.TRAIN, i, group, part), self.train_version(i, group)))
         if out:
             self.stepping = False
         return self._count(out)

@@ -37,6 +37,7 @@ from digen.core.events import (
     SetRole,
     Step,
     StepDone,
+    TaskKind,
     WorkerLeft,
 )
 from digen.core.scheduler import Scheduler, SchedulerConfig
@@ -91,8 +92,10 @@ class Controller:
     cluster: object = None
     """The local Dask cluster when digen started one (tests scale it)."""
     window_start: float = 0.0
-    waiting_step: int | None = None
-    """An iteration whose step waits for a member of the trainer group to be there."""
+    waiting_step: tuple[int, int] | None = None
+    """(iteration, mini-batch) of a step that waits for a member of the trainer group to be there."""
+    grad_norms: list[float] = field(default_factory=list)
+    """The grad norms of the current iteration's steps so far (``train.mini_batches`` > 1)."""
     backlog: list[str] = field(default_factory=list)
     """Done tasks found by a reconciliation, collected with the next done ids."""
 
@@ -131,24 +134,25 @@ class Controller:
             elif isinstance(ins, RequeueWorker):
                 self.dispatch.requeue_worker(ins.worker)
             elif isinstance(ins, Step):
-                self.ask_step(ins.iteration)
+                self.ask_step(ins.iteration, ins.mini_batch)
             elif isinstance(ins, Finish):
                 finished = True
         return finished
 
-    def ask_step(self, iteration: int) -> None:
+    def ask_step(self, iteration: int, mini_batch: int = 0) -> None:
         if self.fsdp is not None:
-            self.fsdp.request_step(iteration)
+            self.fsdp.request_step(iteration, mini_batch)
             return
         if self.evals is not None:
-            oldest = self.steps.version - int(self.cfg.schedule.resolved().max_staleness or 0)
+            kept = self.steps.keep_version(iteration)
+            oldest = self.steps.version if kept is None else kept
             self.steps.keep_from = self.evals.keep_from(oldest, self.sched.evals_waiting)
-        if self.steps.request(iteration, self.members.members()):
+        if self.steps.request(iteration, self.members.members(), mini_batch):
             self.waiting_step = None
         else:
-            if self.waiting_step != iteration:
+            if self.waiting_step != (iteration, mini_batch):
                 log.warning("iteration %d's step waits for a trainer to join", iteration)
-            self.waiting_step = iteration
+            self.waiting_step = (iteration, mini_batch)
 
     def collect(self, task_id: str) -> list[Instruction]:
         res = self.queue.get_result(task_id)
@@ -156,13 +160,24 @@ class Controller:
             step = (
                 self.fsdp.collect(task_id, res) if self.fsdp is not None else self.steps.collect(task_id, res)
             )
-            return [] if step is None else self.end_iteration(step)
+            if step is None:
+                return []
+            return self.end_iteration(step) if step.last_of_iteration else self.mini_batch_done(step)
         events = self.results.collect(task_id, res)
         if events and isinstance(res, dict):
             self.members.task_done(res["worker"])
         return self.handle(events)
 
     # --- the end of an iteration ------------------------------------------------------------
+    def mini_batch_done(self, step: StepResult) -> list[Instruction]:
+        """A step before the iteration's last (``train.mini_batches`` > 1): its numbers wait
+        for the iteration's row; the scheduler releases the next mini-batch's train tasks."""
+        for e in step.events:
+            e.setdefault("iteration", step.iteration)
+        self.ledger.events += step.events
+        self.grad_norms.append(float(step.stats["grad_norm"]))
+        return self.handle([StepDone(step.iteration, step.asked, time.time(), mini_batch=step.mini_batch)])
+
     def end_iteration(self, step: StepResult) -> list[Instruction]:
         """Record iteration ``step.iteration`` (metrics, timeline, grid), put its staged
         checkpoint in place, tell the workers, and the scheduler."""
@@ -175,7 +190,13 @@ class Controller:
         window += in_flight_events(self.queue, list(led.outstanding), now)  # next iteration's, under GAP
         dead = led.dead.pop(k, [])
         dropped = sum(len(book.task_spec(g, p).samples) for g, p in led.untrained.pop(k, set()))
-        lags = [k - v for v in led.gen_versions.get(k, {}).values()]
+        m_total = self.cfg.train.mini_batches
+        lags = [k - v // m_total for v in led.gen_versions.get(k, {}).values()]  # in iterations
+        stats = dict(step.stats)
+        if self.grad_norms:  # one per optimizer step, as the reference loop reports them
+            norms = [*self.grad_norms, float(stats["grad_norm"])]
+            stats.update(grad_norm=sum(norms) / len(norms), grad_norms=norms)
+            self.grad_norms = []
         grid = None
         if k in led.cells:
             grid = [
@@ -190,7 +211,7 @@ class Controller:
                 if g in book.rewards
             ]
         end = IterationEnd(
-            step.stats,
+            stats,
             step.version,
             max(lags) if lags else 0,
             max(len(self.workers), 1),
@@ -213,7 +234,7 @@ class Controller:
         self.window_start = now
         if self.progress is not None:
             self.progress(metrics)
-        return self.handle([StepDone(k, step.asked, now)])
+        return self.handle([StepDone(k, step.asked, now, mini_batch=step.mini_batch)])
 
     # --- the periodic look ------------------------------------------------------------------
     def check(self, now: float, outage: bool) -> list[Instruction]:
@@ -239,7 +260,7 @@ class Controller:
         for task_id, why in self.queue.pop_parked():
             instructions += self.handle(self.results.parked(task_id, why, now))
         if self.waiting_step is not None:
-            self.ask_step(self.waiting_step)
+            self.ask_step(*self.waiting_step)
         return instructions + self.check_step(now)
 
     def check_step(self, now: float) -> list[Instruction]:
@@ -247,12 +268,12 @@ class Controller:
         writer's acknowledgement ends it; this catches aborts and a writer that left)."""
         if self.fsdp is not None or self.steps.inflight is None:
             return []
-        iteration = self.steps.inflight.iteration
+        iteration, mini_batch = self.steps.inflight.iteration, self.steps.inflight.mini_batch
         lost = self.steps.check(set(self.workers))
         if lost is None:
             return []
         if not lost:  # every gradient survived the abort (blobs): ask again, in a new epoch
-            self.ask_step(iteration)
+            self.ask_step(iteration, mini_batch)
             return []
         return self.handle(self.results.train_again(iteration, lost, now, "the step was aborted"))
 
@@ -435,7 +456,8 @@ def run_distributed(
             start_iteration=start_iteration,
             eval_every=cfg.eval.every,
             eval_tasks=eval_task_count(cfg),
-            task_seconds={k: v for k, v in s.task_seconds.items()},  # type: ignore[misc]
+            task_seconds={TaskKind(k): v for k, v in s.task_seconds.items()},
+            mini_batches=cfg.train.mini_batches,
         )
     )
     evals = Evaluations(cfg, run, job, held_out_prompts(cfg), progress) if cfg.eval.every else None

@@ -80,6 +80,7 @@ class Dispatcher:
         tsp = bool(led.cfg.schedule.resolved().tsp)
         payload = {
             "spec": spec.to_json(),
+            "version": ins.version,  # mini-batch m of iteration i trains version M i + m
             "prompt": book.groups[t.group].prompt,
             "tsp": tsp,
             "source": self.source(t),

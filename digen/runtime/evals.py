@@ -16,7 +16,16 @@ from PIL import Image
 
 from digen.config import Config
 from digen.core.events import TaskRef
-from digen.evaluation import TOTAL, EvalBook, EvalResult, EvalTask, plan_eval, progress_row, write_evaluation
+from digen.evaluation import (
+    TOTAL,
+    EvalBook,
+    EvalResult,
+    EvalTask,
+    eval_version,
+    plan_eval,
+    progress_row,
+    write_evaluation,
+)
 from digen.rundir import RunDir
 from digen.runtime.jobstate import JobState
 from digen.viz import CELL, from_png
@@ -40,7 +49,7 @@ class Evaluations:
         k = ref.iteration
         if k not in self.plans:
             self.plans[k] = plan_eval(self.cfg, self.prompts, k)
-            self.books[k] = EvalBook(k, k + 1, len(self.plans[k]))
+            self.books[k] = EvalBook(k, eval_version(self.cfg, k), len(self.plans[k]))
         return {"task": self.plans[k][ref.group].to_json()}
 
     def pending(self, ref: TaskRef) -> bool:
@@ -51,7 +60,8 @@ class Evaluations:
     def keep_from(self, default: int, waiting: list[int]) -> int:
         """The oldest weight version still needed: ``default``, an unfinished evaluation's, or
         that of an evaluation the scheduler holds back (``waiting``: its iterations)."""
-        return min([default, *(b.version for b in self.books.values()), *(k + 1 for k in waiting)])
+        waits = [eval_version(self.cfg, k) for k in waiting]
+        return min([default, *(b.version for b in self.books.values()), *waits])
 
     def collect(self, ref: TaskRef, res: dict) -> list[dict]:
         """Count one chunk's result (once); returns the timeline rows of an evaluation that

@@ -18,7 +18,8 @@ Keys (``P = digen:<job_id>:``, cleared with the job's other keys)::
     P fsdp:store     string  JSON {"host", "port", "backend"}: rank 0's TCPStore, for the others
     P fsdp:joined    hash    member -> 1 once its loop joined (a second join is a restart)
     P fsdp:error     string  the first rank failure (set once)
-    P q:step         list    step commands ``step:<iteration>`` (the task queue's machinery)
+    P q:step         list    step commands ``step:<iteration>`` (``step:<iteration>:<mini-batch>``
+                             with several mini-batches; the task queue's machinery)
 
 The group is fixed at job start. A member that dies or restarts fails the job (the others
 would wait in a collective until its timeout): rerun with ``--resume``; the checkpoint holds
@@ -98,8 +99,8 @@ class FsdpControl:
     version: int
     checkpoint: str | None
     members: list[str] = field(default_factory=list)
-    steps: dict[str, float] = field(default_factory=dict)
-    """Step commands queued and not yet acknowledged: id -> when queued."""
+    steps: dict[str, tuple[float, dict]] = field(default_factory=dict)
+    """Step commands queued and not yet acknowledged: id -> (when queued, payload)."""
 
     @staticmethod
     def create(
@@ -133,33 +134,48 @@ class FsdpControl:
         )
 
     # --- the optimizer step -------------------------------------------------------------
-    def request_step(self, iteration: int) -> None:
-        """Queue iteration ``iteration``'s step command (rows: the group checks its own count
-        against the controller's; checkpoint: the folder whose staging twin the leader writes)."""
-        rows = self.ledger.books[iteration].trained_rows()
+    def request_step(self, iteration: int, mini_batch: int = 0) -> None:
+        """Queue the step command of ``iteration``'s mini-batch ``mini_batch`` (rows: the group
+        checks its own count against the controller's; checkpoint: after an iteration's last
+        mini-batch, the folder whose staging twin the leader writes; keep_from: the oldest
+        version the ranks keep serving, the one a staleness-1 rollout may still use)."""
         cfg = self.ledger.cfg
-        folder = str(self.run.checkpoint_dir(iteration).resolve()) if checkpoints(cfg, iteration) else None
-        tid = step_id(iteration)
-        payload = {"iteration": iteration, "rows": rows, "checkpoint": folder}
-        self.steps[tid] = time.time()
+        m_total = cfg.train.mini_batches
+        last = mini_batch == m_total - 1
+        rows = self.ledger.books[iteration].trained_rows(mini_batch)
+        folder = None
+        if last and checkpoints(cfg, iteration):
+            folder = str(self.run.checkpoint_dir(iteration).resolve())
+        keep_from = m_total * iteration if cfg.schedule.resolved().max_staleness else None
+        tid = step_id(iteration, mini_batch, m_total)
+        payload = {
+            "iteration": iteration,
+            "mini_batch": mini_batch,
+            "last_of_iteration": last,
+            "rows": rows,
+            "checkpoint": folder,
+            "keep_from": keep_from,
+        }
+        self.steps[tid] = (time.time(), payload)
         self.ledger.outstanding[tid] = (STEP_QUEUE, payload)
         self.queue.put(STEP_QUEUE, tid, payload)
 
     def collect(self, task_id: str, res) -> StepResult | None:
-        """The leader acknowledged a step command: version v+1 is served by the ranks."""
+        """The leader acknowledged a step command: the next version is served by the ranks."""
         if task_id not in self.steps or not isinstance(res, dict):
             return None
-        asked = self.steps.pop(task_id)
+        asked, payload = self.steps.pop(task_id)
         self.ledger.outstanding.pop(task_id, None)
         self.version = int(res["version"])
-        iteration = int(task_id.split(":", 1)[1])
         return StepResult(
-            iteration,
+            int(payload["iteration"]),
             self.version,
             {"grad_norm": float(res["grad_norm"])},
             list(res["events"]),
             res.get("checkpoint"),
             asked,
+            int(payload["mini_batch"]),
+            bool(payload["last_of_iteration"]),
         )
 
     def dead_task(self, dead: DeadLetter) -> FsdpGroupFailed:

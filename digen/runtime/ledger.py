@@ -68,7 +68,8 @@ class Ledger:
 
     def book(self, iteration: int) -> IterationBook:
         if iteration not in self.books:
-            version = max(0, iteration - int(self.cfg.schedule.resolved().max_staleness or 0))
+            lag = int(self.cfg.schedule.resolved().max_staleness or 0)  # in iterations
+            version = max(0, iteration - lag) * self.cfg.train.mini_batches  # the scheduler's gen_version
             self.books[iteration] = IterationBook(
                 self.cfg, iteration, plan_groups(self.cfg, self.prompts, iteration, version)
             )

@@ -59,13 +59,14 @@ log = logging.getLogger(__name__)
 
 _TASK_ID = re.compile(
     rf"(?:{'|'.join(k.value for k in TaskKind)}):\d{{1,9}}:\d{{1,9}}(?::[01])?"
-    r"|step:\d{1,9}"  # an FSDP trainer group's step (digen.runtime.fsdp_group.step_id)
+    r"|step:\d{1,9}(?::\d{1,9})?"  # a step (digen.runtime.steps.step_id; :<mini-batch> with several)
 )
 JUNK_KEEP = 1000  # quarantine records kept (the count goes on)
 
 
 def is_task_id(text: str) -> bool:
-    """A digen task id: ``kind:iteration:group`` (``:part`` 0 or 1 for half a group), or ``step:N``."""
+    """A digen task id: ``kind:iteration:group`` (``:part`` 0 or 1 for half a group), or
+    ``step:N`` (``step:N:M``: mini-batch M's step of iteration N)."""
     return _TASK_ID.fullmatch(text) is not None
 
 

@@ -39,8 +39,9 @@ STEP_QUEUE = "step"
 STEP_PREFIX = "step:"
 
 
-def step_id(iteration: int) -> str:
-    return f"{STEP_PREFIX}{iteration}"
+def step_id(iteration: int, mini_batch: int = 0, mini_batches: int = 1) -> str:
+    """``step:<iteration>`` (``step:<iteration>:<mini-batch>`` with several mini-batches)."""
+    return f"{STEP_PREFIX}{iteration}" if mini_batches == 1 else f"{STEP_PREFIX}{iteration}:{mini_batch}"
 
 
 def is_step_id(task_id: str) -> bool:
@@ -49,7 +50,7 @@ def is_step_id(task_id: str) -> bool:
 
 @dataclass
 class StepResult:
-    """An acknowledged step: the iteration it ends, the version after it, its numbers."""
+    """An acknowledged step: its iteration and mini-batch, the version after it, its numbers."""
 
     iteration: int
     version: int
@@ -58,6 +59,8 @@ class StepResult:
     checkpoint: str | None
     asked: float
     """When the step was asked for (controller clock)."""
+    mini_batch: int = 0
+    last_of_iteration: bool = True
 
 
 @dataclass
@@ -78,21 +81,37 @@ class StepControl:
     asked: float = 0.0
     keep_from: int | None = None
     """Members keep serving every version from this one on (an evaluation still to run)."""
+    failed_aborts: dict[str, int] = field(default_factory=dict)
+    """step id -> aborts in a row that no departure explains (a member failed by itself)."""
+
+    @property
+    def mini_batches(self) -> int:
+        return self.cfg.train.mini_batches
+
+    def keep_version(self, iteration: int) -> int | None:
+        """Staleness 1: the version iteration ``iteration`` generated with, which the next
+        iteration's rollouts may still use while its steps run (None at staleness 0)."""
+        return self.mini_batches * iteration if self.cfg.schedule.resolved().max_staleness else None
 
     def publish_current(self) -> None:
-        """Tell joining members which state to start from."""
-        lag = bool(self.cfg.schedule.resolved().max_staleness)
-        self.group.set_current(self.version, self.checkpoint, lag)
+        """Tell joining members which state to start from (and which older version to keep)."""
+        iteration = -(-self.version // self.mini_batches) - 1  # the iteration whose steps made it
+        keep = self.keep_version(max(iteration, 0)) if self.version else None
+        self.group.set_current(self.version, self.checkpoint, keep)
 
     # --- asking -----------------------------------------------------------------------------
-    def request(self, iteration: int, members: list[str]) -> bool:
-        """Ask the trainer group for iteration ``iteration``'s step; False (ask again later)
-        when no member is there to take it."""
+    def request(self, iteration: int, members: list[str], mini_batch: int = 0) -> bool:
+        """Ask the trainer group for the step of ``iteration``'s mini-batch ``mini_batch``;
+        False (ask again later) when no member is there to take it."""
         if not members:
             return False
         book = self.ledger.books[iteration]
-        rows = book.trained_rows()
-        trained = self.ledger.trained.get(iteration, {})
+        rows = book.trained_rows(mini_batch)
+        trained = {
+            k: t
+            for k, t in self.ledger.trained.get(iteration, {}).items()
+            if book.mini_batch(t.task.group) == mini_batch
+        }
         exact = self.cfg.train.reduce == "exact"
         order = sorted(trained.values(), key=lambda t: (t.task.group, t.task.part or 0))
         blobs = [[t.task.id, t.blob.addr, t.blob.name] for t in order if t.blob is not None]
@@ -102,12 +121,12 @@ class StepControl:
                 held.setdefault(t.worker, []).append(t.task.id)
         if members != self.members:
             self.epoch, self.members = self.epoch + 1, list(members)
+        last = mini_batch == self.mini_batches - 1
         folder = None
-        if checkpoints(self.cfg, iteration):
+        if last and checkpoints(self.cfg, iteration):
             folder = str(self.run.checkpoint_dir(iteration).resolve())
-        lag = bool(self.cfg.schedule.resolved().max_staleness)
         cmd = StepCommand(
-            id=step_id(iteration),
+            id=step_id(iteration, mini_batch, self.mini_batches),
             iteration=iteration,
             epoch=self.epoch,
             members=self.members,
@@ -119,14 +138,17 @@ class StepControl:
             writer=self.members[0],
             checkpoint=folder,
             keep_checkpoints=self.cfg.output.keep_checkpoints,
-            keep_previous=lag,
+            mini_batch=mini_batch,
+            last_of_iteration=last,
+            keep_version=self.keep_version(iteration),
             serve_from=self.keep_from,
             restore=self.checkpoint,
         )
         self.group.forget_step(cmd.id)
-        if not self.queue.put(STEP_QUEUE, cmd.id, {"iteration": iteration}):
-            self.queue.repost(STEP_QUEUE, cmd.id, {"iteration": iteration})
-        self.ledger.outstanding[cmd.id] = (STEP_QUEUE, {"iteration": iteration})
+        payload = {"iteration": iteration, "mini_batch": mini_batch}
+        if not self.queue.put(STEP_QUEUE, cmd.id, payload):
+            self.queue.repost(STEP_QUEUE, cmd.id, payload)
+        self.ledger.outstanding[cmd.id] = (STEP_QUEUE, payload)
         self.group.set_step(cmd)
         self.queue.wake(*cmd.members)
         self.inflight, self.asked = cmd, time.time()
@@ -164,10 +186,33 @@ class StepControl:
                     self.queue.wake(*survivors)
             return None
         log.warning("step %s (epoch %d) aborted; its train tasks run again", cmd.id, cmd.epoch)
+        self._count_abort(cmd, gone)
         self.inflight = None
         self.members = []  # a new epoch: the old process group may be broken
+        book = self.ledger.books[cmd.iteration]
         trained = self.ledger.trained.get(cmd.iteration, {})
-        return [t.task for t in trained.values() if t.blob is None or t.blob.worker not in alive]
+        return [
+            t.task
+            for t in trained.values()
+            if book.mini_batch(t.task.group) == cmd.mini_batch
+            and (t.blob is None or t.blob.worker not in alive)
+        ]
+
+    def _count_abort(self, cmd: StepCommand, gone: list[str]) -> None:
+        """Fail the job once the same step was aborted ``schedule.max_attempts`` times in a
+        row with no member gone: a member fails it by itself (a bug, a wrong gradient), and
+        asking again would loop forever."""
+        if gone:
+            self.failed_aborts.pop(cmd.id, None)
+            return
+        n = self.failed_aborts[cmd.id] = self.failed_aborts.get(cmd.id, 0) + 1
+        if n < self.cfg.schedule.max_attempts:
+            return
+        why = "; ".join(f"{w}: {r}" for w, r in sorted(self.group.abort_reasons(cmd.id).items()))
+        raise DigenError(
+            f"the optimizer step {cmd.id} failed {n} times in a row ({why or 'no reason recorded'}); "
+            f"fix the cause and rerun with --resume to continue from the last checkpoint"
+        )
 
     # --- done -------------------------------------------------------------------------------
     def collect(self, task_id: str, res) -> StepResult | None:
@@ -176,8 +221,14 @@ class StepControl:
         if cmd is None or cmd.id != task_id or not isinstance(res, dict):
             return None
         self.inflight = None
+        self.failed_aborts.pop(task_id, None)
         self.ledger.outstanding.pop(task_id, None)
         self.version = int(res["version"])
+        # the mini-batch's gradients are in the state now: nothing of it can be lost any more
+        book = self.ledger.books[cmd.iteration]
+        done = self.ledger.trained.get(cmd.iteration, {})
+        for k in [k for k, t in done.items() if book.mini_batch(t.task.group) == cmd.mini_batch]:
+            del done[k]
         return StepResult(
             cmd.iteration,
             self.version,
@@ -185,6 +236,8 @@ class StepControl:
             list(res.get("events", [])),
             res.get("checkpoint"),
             self.asked,
+            cmd.mini_batch,
+            cmd.last_of_iteration,
         )
 
     def checkpoint_placed(self, folder: str | None) -> None:

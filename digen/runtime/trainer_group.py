@@ -17,11 +17,13 @@ Keys (``P = digen:<job_id>:``, cleared with the job's other keys)::
     P tg:holders         hash    worker -> JSON {"addr": blob server, "versions": [v, ...],
                                  "state": v or null}: the weight versions a worker serves and
                                  the optimizer state it holds
+    P tg:why:<step>      hash    member -> why it aborted the step (a failure of its own)
     P tg:error:<step>    string  JSON {"message", "exit_code"}: the step's writer could not
                                  finish it (its checkpoint did not fit the disk, say)
-    P tg:current         string  JSON {"version", "checkpoint", "keep_previous"}: the newest
-                                 committed version and the newest checkpoint folder (a trainer
-                                 that joins a running job starts from them)
+    P tg:current         string  JSON {"version", "checkpoint", "keep_version"}: the newest
+                                 committed version, the newest checkpoint folder and the older
+                                 version members keep serving (a trainer that joins a running
+                                 job starts from them)
 
 An *epoch* is one membership of the group: the controller bumps it whenever the member list
 changes (a trainer joined, left or restarted), and the members form a new torch.distributed
@@ -48,7 +50,8 @@ class StepCommand:
     """What the controller asks the trainer group to do for one optimizer step."""
 
     id: str
-    """The step's task id (``step:<iteration>``); the writer acknowledges it in the queue."""
+    """The step's task id (``step:<iteration>``, or ``step:<iteration>:<mini-batch>`` with
+    ``train.mini_batches`` > 1); the writer acknowledges it in the queue."""
     iteration: int
     epoch: int
     members: list[str]
@@ -68,8 +71,13 @@ class StepCommand:
     checkpoint: str | None = None
     """Folder of the checkpoint to write after the step (None: no checkpoint this step)."""
     keep_checkpoints: int = 2
-    keep_previous: bool = False
-    """Staleness 1: members keep serving the version before the newest, and a checkpoint holds it."""
+    mini_batch: int = 0
+    last_of_iteration: bool = True
+    """This step ends its iteration's mini-batches (an algorithm's state moves after it)."""
+    keep_version: int | None = None
+    """Staleness 1: the version the iteration generated with (``mini_batches x iteration``),
+    which the next iteration's rollouts may still use: members keep serving it, and a
+    checkpoint holds it (``previous_weights.safetensors``)."""
     serve_from: int | None = None
     """Members keep serving every version from this one on (an evaluation still to run needs it)."""
     restore: str | None = None
@@ -124,6 +132,16 @@ class TrainerGroup:
         self.r.set(self.p + f"decision:{step}", f"{what}:{epoch}", nx=True)
         return self.decision(step) or f"{what}:{epoch}"
 
+    def abort(self, step: str, epoch: int, worker: str, why: str) -> str:
+        """A member could not take part in the step: record why, and decide abort (unless
+        decided); returns the decision in force."""
+        self.r.hset(self.p + f"why:{step}", worker, why)
+        return self.decide(step, ABORT, epoch)
+
+    def abort_reasons(self, step: str) -> dict[str, str]:
+        """member -> why it aborted the step (the latest reason of each)."""
+        return {k.decode(): v.decode() for k, v in self.r.hgetall(self.p + f"why:{step}").items()}
+
     def decision(self, step: str) -> str | None:
         raw = self.r.get(self.p + f"decision:{step}")
         return None if raw is None else raw.decode()
@@ -137,13 +155,17 @@ class TrainerGroup:
 
     def forget_step(self, step: str) -> None:
         """Drop a step's decision and ok sets (before the controller asks for it again)."""
-        keys = [self.p + f"decision:{step}", *self.r.scan_iter(match=self.p + f"ok:{step}:*", count=1000)]
+        keys = [
+            self.p + f"decision:{step}",
+            self.p + f"why:{step}",
+            *self.r.scan_iter(match=self.p + f"ok:{step}:*", count=1000),
+        ]
         self.r.delete(*keys)
 
-    def set_current(self, version: int, checkpoint: str | None, keep_previous: bool) -> None:
+    def set_current(self, version: int, checkpoint: str | None, keep_version: int | None) -> None:
         self.r.set(
             self.p + "current",
-            json.dumps({"version": version, "checkpoint": checkpoint, "keep_previous": keep_previous}),
+            json.dumps({"version": version, "checkpoint": checkpoint, "keep_version": keep_version}),
         )
 
     def current(self) -> dict | None:

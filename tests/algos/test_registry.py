@@ -98,7 +98,7 @@ def test_digen_algorithms_lists_each_with_its_peer_needs_and_trajectory():
     listed = json.loads(res.output)
     assert [r["name"] for r in listed] == list(PEERS)
     nft = listed[-1]
-    assert nft["modes"] == "reference (for now)" and nft["trajectory"]["latents"].startswith(
+    assert nft["modes"] == "every mode, not train.fsdp" and nft["trajectory"]["latents"].startswith(
         "[B, 1, *latent]"
     )
     assert all(r["modes"] == "every mode" for r in listed[:-1])

@@ -25,18 +25,21 @@ def test_mini_batches_must_divide_the_iteration_s_groups():
 
 
 @pytest.mark.parametrize("mode", ["colocated", "disaggregated", "digen"])
-def test_distributed_modes_refuse_what_they_cannot_run_yet(mode):
+def test_every_algorithm_and_mini_batches_run_in_every_mode(mode):
     workers = {"local": {"rollout_workers": 1, "trainer_workers": 1}}
-    assert problems(schedule={"mode": mode}, cluster=workers, train={"mini_batches": 2}) == [
-        f"train.mini_batches (2) runs in schedule.mode reference only for now (the controller and workers "
-        f"step once per iteration); set schedule.mode=reference, or train.mini_batches=1 for {mode}"
-    ]
-    assert problems(schedule={"mode": mode}, cluster=workers, train={"algorithm": "diffusion-nft"}) == [
-        "train.algorithm (diffusion-nft) runs in schedule.mode reference only for now (its state beside the "
-        "weights does not travel through the distributed modes yet); set schedule.mode=reference"
-    ]
-    for algorithm in ("mix-grpo", "grpo-guard", "flow-dppo", "flow-grpo"):  # no state, one step: every mode
+    assert problems(schedule={"mode": mode}, cluster=workers, train={"mini_batches": 2}) == []
+    for algorithm in ("diffusion-nft", "mix-grpo", "grpo-guard", "flow-dppo", "flow-grpo"):
         assert problems(schedule={"mode": mode}, cluster=workers, train={"algorithm": algorithm}) == []
+
+
+def test_an_algorithm_with_state_is_not_trained_sharded():
+    workers = {"local": {"rollout_workers": 1, "trainer_workers": 2}}
+    digen = {"mode": "digen", "tag": False, "rat": False}
+    assert problems(schedule=digen, cluster=workers, train={"algorithm": "diffusion-nft", "fsdp": True}) == [
+        "train.algorithm (diffusion-nft) keeps state beside the weights, which the FSDP trainer group's "
+        "sharded store does not hold; set train.fsdp=false (a replicated trainer group) for diffusion-nft"
+    ]
+    assert problems(schedule=digen, cluster=workers, train={"mini_batches": 2, "fsdp": True}) == []
 
 
 def test_each_algorithm_checks_its_own_requirements():

@@ -15,6 +15,7 @@ COMMANDS = [
     "train",
     "make-tiny-model",
     "reward-server",
+    "algorithms",
     "bench",
     "report",
     "export",

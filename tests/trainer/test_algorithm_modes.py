@@ -1,6 +1,7 @@
-"""The algorithms without extra state or mini-batches (MixGRPO, GRPO-Guard, Flow-DPPO, no-CFG
-training) run in every mode through the existing runtime: a short ``digen`` mode run each, and the synchronous modes equal to the reference bit
-for bit for MixGRPO (whose window-only trajectories travel through Redis)."""
+"""MixGRPO, GRPO-Guard, Flow-DPPO and no-CFG training run in every mode: a short ``digen``
+mode run each, and the synchronous modes (``train.reduce: exact``) equal to the reference bit
+for bit for MixGRPO (whose trajectories hold only its window's steps). Mini-batches and
+DiffusionNFT's state: tests/trainer/test_mini_batch_modes.py."""
 
 from __future__ import annotations
 
@@ -77,7 +78,7 @@ def test_mix_grpo_synchronous_modes_equal_the_reference_bit_for_bit(tiny_sd3, tm
         cfg = build_config(
             data(
                 tiny_sd3,
-                ALGORITHMS["mix-grpo"],
+                {**ALGORITHMS["mix-grpo"], "reduce": "exact"},  # gradients summed in the reference's order
                 iterations=3,
                 schedule={"mode": mode, "max_staleness": 0},
                 cluster={"local": {"rollout_workers": 1, "trainer_workers": trainers}},
