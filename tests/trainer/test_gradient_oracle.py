@@ -65,7 +65,7 @@ OFFSETS = torch.tensor(
 )
 NOISE = {"sde": 0.7, "cps": 0.8, "dance": 0.3}
 TOLERANCE = 5e-6  # the float32 floor is ~2e-6 (module docstring)
-FLOAT64_TOLERANCE = 1e-12  # measured at most 5.6e-15 (module docstring); issue 16 asks 1e-6
+FLOAT64_TOLERANCE = 1e-12  # measured at most 5.6e-15 (module docstring)
 STEP_TOLERANCE = 1e-6
 
 
