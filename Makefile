@@ -6,13 +6,13 @@ STAMP := $(VENV)/.installed
 # CPU torch for development and CI; users install whatever torch build suits their GPUs.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup demo test test-fast lint bench simulate clean
+.PHONY: setup demo test test-fast lint docs bench simulate clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q -e ".[dev,rewards]"
+	$(BIN)/python -m pip install -q -e ".[dev,rewards,docs]"
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -33,6 +33,9 @@ lint: $(STAMP)  ## ruff, mypy on the typed core, the import contracts (pyproject
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python scripts/check_import_cycles.py
 
+docs: $(STAMP)  ## the documentation site (MkDocs, mkdocs.yml) into site/; a broken link fails it
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 bench: $(STAMP)
 	$(BIN)/digen bench configs/quickstart.yaml --out runs/bench
 
@@ -40,4 +43,4 @@ simulate: $(STAMP)
 	$(BIN)/digen simulate --all --out runs/sim/results.md
 
 clean:
-	rm -rf runs .pytest_cache .mypy_cache .ruff_cache
+	rm -rf runs site .pytest_cache .mypy_cache .ruff_cache

@@ -4,8 +4,8 @@ Turned on by the config's ``logging`` section::
 
     logging: {tensorboard: true, wandb: false, wandb_project: digen}
 
-Files keep DESIGN.md's flat keys; loggers get namespaced ones (STYLE.md 7): ``rollout/...``
-(rewards, sample counts), ``train/...`` (loss, KL, clip fraction, gradient norm) and
+Files keep the flat keys of ``metrics.jsonl`` (docs/architecture.md); loggers get namespaced
+ones: ``rollout/...`` (rewards, sample counts), ``train/...`` (loss, KL, clip fraction, gradient norm) and
 ``system/...`` (wall time, throughput, bubble ratio, staleness, workers). TensorBoard writes
 into ``RUN_DIR/tensorboard``; W&B runs offline in ``RUN_DIR/wandb`` unless ``WANDB_MODE`` says
 otherwise (``wandb sync`` uploads it later).

@@ -1,6 +1,6 @@
 """The run directory: config, metrics, timeline, samples, checkpoints, summary.
 
-Layout (DESIGN.md section 3)::
+Layout (docs/architecture.md, "The run directory")::
 
     config.yaml  metrics.jsonl  timeline.jsonl  summary.json
     samples/iter_NNNN.png  timeline.png  rewards.png

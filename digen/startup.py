@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Self
 
 PHASE_ORDER = (
     "imports",
@@ -264,7 +265,34 @@ def tree_memory_mb(pid: int, pss: bool = False) -> float:
     return sum(p.pss_mb if pss else p.rss_mb for p in procs)
 
 
-class TreeMemorySampler:
+class PeriodicSampler:
+    """Calls :meth:`sample` every ``period_s`` in a daemon thread while its ``with`` block runs,
+    and once more as the block ends: what processes hold is read while they live, and the last
+    moments count too."""
+
+    def __init__(self, period_s: float, thread_name: str):
+        self.period_s = period_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name=thread_name)
+
+    def sample(self) -> None:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            self.sample()
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+
+class TreeMemorySampler(PeriodicSampler):
     """Samples :func:`tree_processes` of ``pid`` every ``period_s`` in a thread;
     ``peak_mb`` / ``peak_pss_mb`` are the largest sums of RSS and PSS seen (a last sample
     ends the block), ``peak_processes`` each process at the sample of the peak PSS.
@@ -273,15 +301,13 @@ class TreeMemorySampler:
     def __init__(self, pid: int | None = None, period_s: float = 0.25):
         import os
 
+        super().__init__(period_s, "digen-tree-memory")
         self.pid = pid or os.getpid()
-        self.period_s = period_s
         self.peak_mb = 0.0
         self.peak_pss_mb = 0.0
         self.peak_processes: list[ProcessMemory] = []
         self.samples = 0
         self._names: dict[int, str] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="digen-tree-memory")
 
     def name(self, pid: int, name: str) -> None:
         """Show process ``pid`` as ``name`` (e.g. ``rollout-0``) in :attr:`peak_processes`."""
@@ -306,19 +332,9 @@ class TreeMemorySampler:
             rows.append(row)
         return rows
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.period_s):
-            self.sample()
-
-    def __enter__(self) -> TreeMemorySampler:
+    def __enter__(self) -> Self:
         self.sample()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.sample()
+        return super().__enter__()
 
 
 def format_profile(profile: dict) -> list[str]:

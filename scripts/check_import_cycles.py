@@ -20,9 +20,16 @@ PACKAGES = ("digen", "workers", "cli")
 
 EXCEPTIONS: frozenset[frozenset[str]] = frozenset(
     {
-        # workers/loop.py and the group loops import each other: to be removed by the data-plane change
-        frozenset({"workers.loop", "workers.fsdp_loop"}),
-        frozenset({"workers.loop", "workers.sp_loop"}),
+        # Each pair is a module run one way and a type named the other: the second import below
+        # is under ``if TYPE_CHECKING:`` (an annotation that loads nothing).
+        # config checks train.algorithm in the registry (inside _algorithm_checks); the registry
+        # names Config in Algorithm.check's annotations: to be removed by running the algorithm
+        # checks from digen.checks (which sits above both) instead of digen/config.py.
+        frozenset({"digen.algos.registry", "digen.config"}),
+        # workers.trainer runs on workers.runtime; WorkerRuntime.member is annotated with
+        # workers.trainer.Member: to be removed by keeping the member in workers.trainer, not
+        # on the runtime.
+        frozenset({"workers.runtime", "workers.trainer"}),
     }
 )
 

@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from digen.algos.flow_grpo import reference_kl, rescore
 from digen.algos.grpo_guard import GrpoGuard
 from digen.algos.loss import LossTerms
 from digen.algos.precision import at_least_float32
@@ -36,8 +35,8 @@ from digen.errors import AlgorithmError
 
 if TYPE_CHECKING:
     from digen.algos.rows import TrainRows
+    from digen.algos.sde import SdeStep
     from digen.config import Config
-    from digen.models.base import FlowPolicy, PromptEmbeds
 
 
 def divergence_masked_loss(
@@ -85,34 +84,18 @@ class FlowDppo(GrpoGuard):
     )
     summary = "Flow-GRPO with the ratio clip replaced by an exact per-step KL trust-region mask"
 
-    def loss(
-        self, policy: FlowPolicy, rows: TrainRows, embeds: PromptEmbeds, cfg: Config, sigma_max: float
-    ) -> tuple[torch.Tensor, LossTerms, torch.Tensor]:
-        """Per row: ``-A r`` unless masked, plus ``kl_beta * KL``."""
-        t = cfg.train
-        if rows.old_mean is None:
-            raise AlgorithmError(
-                "flow-dppo trains from the behaviour transition means; these trajectories have none"
-            )
-        # --- re-score the stored transition under the current policy
-        v, step, sde = rescore(policy, rows, embeds, cfg, sigma_max)
-        device = policy.device
-        terms = divergence_masked_loss(
+    def policy_loss(self, step: SdeStep, rows: TrainRows, cfg: Config, device: torch.device) -> LossTerms:
+        """Per row: ``-A r`` unless masked (GRPO-Guard's :meth:`loss` adds ``kl_beta * KL``)."""
+        assert rows.old_mean is not None  # checked by loss, before the forward
+        return divergence_masked_loss(
             step.log_prob,
             rows.old_log_prob.to(device),
             step.mean,
             rows.old_mean.to(device),
             step.transition_std,
             rows.advantage.to(device),
-            t.flow_dppo.kl_threshold,
+            cfg.train.flow_dppo.kl_threshold,
         )
-        loss = terms.loss
-        # --- optional KL to the base weights
-        kl = torch.zeros_like(loss)
-        if t.kl_beta > 0:
-            kl = reference_kl(policy, rows, embeds, cfg, v, step, sde)
-            loss = loss + t.kl_beta * kl
-        return loss, terms, kl
 
 
 ALGORITHM = FlowDppo()

@@ -159,14 +159,11 @@ class GrpoFamily(Algorithm):
     def loss(
         self, policy: FlowPolicy, rows: TrainRows, embeds: PromptEmbeds, cfg: Config, sigma_max: float
     ) -> tuple[torch.Tensor, LossTerms, torch.Tensor]:
-        """Per row: the clipped surrogate of the re-scored transition, plus ``kl_beta * KL``."""
+        """Per row: :meth:`policy_loss` of the re-scored transition, plus ``kl_beta * KL``."""
         t = cfg.train
         # --- re-score the stored transition x -> x_next under the current policy
         v, step, sde = rescore(policy, rows, embeds, cfg, sigma_max)
-        device = policy.device
-        terms = ppo_clip_loss(
-            step.log_prob, rows.old_log_prob.to(device), rows.advantage.to(device), t.clip_range
-        )
+        terms = self.policy_loss(step, rows, cfg, policy.device)
         loss = terms.loss
         # --- optional KL to the base weights (LoRA disabled)
         kl = torch.zeros_like(loss)
@@ -174,6 +171,13 @@ class GrpoFamily(Algorithm):
             kl = reference_kl(policy, rows, embeds, cfg, v, step, sde)
             loss = loss + t.kl_beta * kl
         return loss, terms, kl
+
+    def policy_loss(self, step: SdeStep, rows: TrainRows, cfg: Config, device: torch.device) -> LossTerms:
+        """Per row: the clipped surrogate of the re-scored ``step``'s ratio (the one part of the
+        loss each member of the family defines its own way)."""
+        return ppo_clip_loss(
+            step.log_prob, rows.old_log_prob.to(device), rows.advantage.to(device), cfg.train.clip_range
+        )
 
     def _kind_check(self, cfg: Config, kind: str) -> list[str]:
         if cfg.train.algorithm == self.name and cfg.rollout.sde.kind != kind:

@@ -1,6 +1,6 @@
 """One stochastic denoising step of a flow-matching model, with the log-prob of its result.
 
-Three step kinds, exactly as /work/shared/reference/algorithms.md writes them:
+Three step kinds, exactly as docs/algorithms.md writes them:
 
 - ``"sde"``   Flow-GRPO: ``std_dev_t = a * sqrt(sigma / (1 - sigma_safe))``, Gaussian log density;
 - ``"cps"``   coefficients-preserving sampling: ``std = sigma_next * sin(a * pi / 2)``,

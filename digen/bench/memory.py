@@ -3,8 +3,9 @@ sampled while they live."""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
+
+from digen.startup import PeriodicSampler
 
 
 def peak_rss_mb(pid: int) -> float | None:
@@ -32,35 +33,20 @@ def reset_peak_rss() -> bool:
         return False
 
 
-class MemorySampler:
+class MemorySampler(PeriodicSampler):
     """Samples the peak RSS of named processes every ``period_s`` in a thread, until stopped
     (Dask workers exit when a run ends, so their peak is read while they live)."""
 
     def __init__(self, period_s: float = 0.25):
-        self.period_s = period_s
+        super().__init__(period_s, "digen-bench-memory")
         self.pids: dict[str, int] = {}
         self.peaks: dict[str, float] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="digen-bench-memory")
 
     def watch(self, name: str, pid: int) -> None:
         self.pids[name] = pid
 
-    def _sample(self) -> None:
+    def sample(self) -> None:
         for name, pid in list(self.pids.items()):
             p = peak_rss_mb(pid)
             if p is not None:
                 self.peaks[name] = max(self.peaks.get(name, 0.0), p)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.period_s):
-            self._sample()
-
-    def __enter__(self) -> MemorySampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._sample()

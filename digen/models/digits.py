@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from digen.models import text
-from digen.models.tiny import CLIP_DIM, T5_DIM, autoencoder_kl, save_pipeline, sd3_text_stack
+from digen.models.tiny import autoencoder_kl, save_pipeline, sd3_text_stack, sd3_transformer
 from digen.rewards.digits import DigitClassifier, DigitClassifierReward, to_classifier_input
 
 IMAGE_SIZE = 16
@@ -189,24 +189,14 @@ def encode_latents(vae, pixels: torch.Tensor) -> torch.Tensor:
 def build_transformer(*, seed: int, width: int, layers: int):
     """``SD3Transformer2DModel`` over ``LATENT_CHANNELS x 8 x 8`` latents: patch 2 (16 image
     tokens), ``layers`` MMDiT blocks of ``width`` (heads of 32), RMS qk-norm like SD3.5."""
-    from diffusers import SD3Transformer2DModel
-
-    return text.seeded(
-        seed,
-        lambda: SD3Transformer2DModel(
-            sample_size=IMAGE_SIZE // 2,
-            patch_size=2,
-            in_channels=LATENT_CHANNELS,
-            out_channels=LATENT_CHANNELS,
-            num_layers=layers,
-            attention_head_dim=32,
-            num_attention_heads=width // 32,
-            joint_attention_dim=T5_DIM,
-            caption_projection_dim=width,
-            pooled_projection_dim=2 * CLIP_DIM,
-            pos_embed_max_size=IMAGE_SIZE // 4,
-            qk_norm="rms_norm",
-        ),
+    return sd3_transformer(
+        seed=seed,
+        sample_size=IMAGE_SIZE // 2,
+        latent_channels=LATENT_CHANNELS,
+        layers=layers,
+        width=width,
+        head_dim=32,
+        pos_embed_max_size=IMAGE_SIZE // 4,
     )
 
 

@@ -96,6 +96,42 @@ def sd3_text_stack(seed: int, clip_tok: Any, t5_tok: Any) -> dict[str, Any]:
     }
 
 
+def sd3_transformer(
+    *,
+    seed: int,
+    sample_size: int,
+    latent_channels: int,
+    layers: int,
+    width: int,
+    head_dim: int,
+    pos_embed_max_size: int,
+    dual_attention_layers: tuple[int, ...] = (),
+):  # -> diffusers.SD3Transformer2DModel
+    """A seeded ``SD3Transformer2DModel`` (patch 2, RMS qk-norm like SD3.5) of ``layers`` MMDiT
+    blocks ``width`` wide in heads of ``head_dim``, over ``latent_channels`` latents, that reads
+    what :func:`sd3_text_stack` encodes (T5 tokens, the two CLIPs' pooled projections)."""
+    from diffusers import SD3Transformer2DModel
+
+    return text.seeded(
+        seed,
+        lambda: SD3Transformer2DModel(
+            sample_size=sample_size,
+            patch_size=2,
+            in_channels=latent_channels,
+            out_channels=latent_channels,
+            num_layers=layers,
+            attention_head_dim=head_dim,
+            num_attention_heads=width // head_dim,
+            joint_attention_dim=T5_DIM,
+            caption_projection_dim=width,
+            pooled_projection_dim=2 * CLIP_DIM,
+            pos_embed_max_size=pos_embed_max_size,
+            dual_attention_layers=dual_attention_layers,
+            qk_norm="rms_norm",
+        ),
+    )
+
+
 def save_pipeline(pipe: Any, out_dir: Path, clip_tokenizers: tuple[str, ...]) -> None:
     """``save_pretrained`` (safetensors), then the tiny CLIP vocabulary (:func:`text.clip_bpe`)
     written as ``vocab.json``/``merges.txt`` into each CLIP tokenizer folder of
@@ -113,26 +149,18 @@ def build_tiny_sd3(
     ``layers``, ``heads``, ``head_dim`` size its transformer: the defaults make a few-MB test
     model; 4, 24, 64 make a 336M-parameter one (1.25 GiB in float32) whose full fine-tune
     exercises the data plane at a real size."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
+    from diffusers import FlowMatchEulerDiscreteScheduler, StableDiffusion3Pipeline
 
     check_resolution(resolution)
-    transformer = text.seeded(
-        _sub_seed(seed, 0),
-        lambda: SD3Transformer2DModel(
-            sample_size=resolution // 8,
-            patch_size=2,
-            in_channels=LATENT_CHANNELS,
-            out_channels=LATENT_CHANNELS,
-            num_layers=layers,
-            attention_head_dim=head_dim,
-            num_attention_heads=heads,
-            joint_attention_dim=T5_DIM,
-            caption_projection_dim=heads * head_dim,
-            pooled_projection_dim=2 * CLIP_DIM,
-            pos_embed_max_size=32,
-            dual_attention_layers=(0,),
-            qk_norm="rms_norm",
-        ),
+    transformer = sd3_transformer(
+        seed=_sub_seed(seed, 0),
+        sample_size=resolution // 8,
+        latent_channels=LATENT_CHANNELS,
+        layers=layers,
+        width=heads * head_dim,
+        head_dim=head_dim,
+        pos_embed_max_size=32,
+        dual_attention_layers=(0,),
     )
     pipe: Any = StableDiffusion3Pipeline(
         transformer=transformer,

@@ -2,7 +2,7 @@
 
 ``torch.distributed``'s object collectives (``broadcast_object_list``, ``all_gather_object``)
 pickle their payloads; digen never unpickles anything that crossed a process boundary
-(DESIGN.md: payloads are JSON, msgpack or safetensors). These helpers send a JSON document as
+(docs/architecture.md: payloads are JSON, msgpack or safetensors). These helpers send a JSON document as
 its UTF-8 bytes, length first, over the group's own backend (gloo on CPU, NCCL on GPU: pass
 the rank's device as ``device``).
 """

@@ -48,6 +48,9 @@ def _load(path: Path):
 SP_EXAMPLES = ("wan-sp2.yaml",)
 """Examples of a runtime feature (not a peer recipe): checked by their own test."""
 
+DATAPLANE_EXAMPLES = ("full-ft-336m.yaml",)
+"""A full fine-tune beyond one Redis value (docs/dataplane.md)."""
+
 ALGORITHM_EXAMPLES = (
     "mix-grpo-flux.yaml",
     "nft-ocr-sd35.yaml",
@@ -60,7 +63,7 @@ tests/trainer/test_algorithms_learn.py)."""
 
 def test_every_example_is_listed():
     assert sorted(p.name for p in EXAMPLES.glob("*.yaml")) == sorted(
-        [*EXPECTED, *SP_EXAMPLES, *ALGORITHM_EXAMPLES]
+        [*EXPECTED, *SP_EXAMPLES, *ALGORITHM_EXAMPLES, *DATAPLANE_EXAMPLES]
     )
 
 
@@ -97,6 +100,12 @@ def test_mix_grpo_and_nft_recipes_carry_their_peer_numbers():
     ):
         cfg = load_config(EXAMPLES / name)  # the committed digits model and prompts: paths checked
         assert (cfg.train.algorithm, cfg.schedule.mode) == (algorithm, mode)
+
+
+def test_full_fine_tune_example_is_sharded_in_digen_mode():
+    cfg = load_config(EXAMPLES / "full-ft-336m.yaml", check_paths=False)
+    assert cfg.train.fsdp and not cfg.model.lora.enabled and cfg.schedule.mode == "digen"
+    assert (cfg.cluster.local.rollout_workers, cfg.cluster.local.trainer_workers) == (1, 2)
 
 
 def test_wan_sp2_example_forms_replicas_of_two():

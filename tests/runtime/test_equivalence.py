@@ -1,4 +1,4 @@
-"""The distributed modes compute what the reference computes (DESIGN.md: correctness first).
+"""The distributed modes compute what the reference computes (docs/guarantees.md).
 
 Real embedded Redis, real Dask local cluster, real worker processes. With max_staleness 0:
 

@@ -14,7 +14,7 @@ cast to float64 for both sides). Per mini-batch the mean gradient is compared (r
 error of the whole LoRA gradient), and after the iteration the weights' change. Both sides
 keep float32 trainable weights (the peers' LoRA parameters are fp32; digen's store keeps
 float32 masters). Measured: gradients at most 3.3e-15 apart, every mini-batch, TSP on and off;
-the weights after the iteration equal (0.0). Asserted: 1e-6, as issue 27 asks. The cases use
+the weights after the iteration equal (0.0). Asserted: 1e-6 (docs/guarantees.md). The cases use
 losses scaled by powers of two (4 samples a step): the tiny model's backward has a float32
 segment (its float32 timestep path), where an upstream gradient scaled by, say, 1/12 rounds
 differently, which alone moves a gradient by ~5e-9. Mini-batch 1 trains off-policy (the weights moved after mini-batch 0): its

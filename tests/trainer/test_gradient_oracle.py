@@ -29,7 +29,7 @@ every case, CFG 4.5 included, agrees to at most 5.6e-15 (asserted: 1e-12): the m
 peer's. In float32 what is left is round-off of differently batched forwards (TSP packs rows
 of several timesteps, the peers batch one timestep), amplified by CFG's
 ``s * (cond - uncond)``: measured up to 6.8e-7 without CFG and 2.5e-6 with CFG 4.5 (asserted:
-5e-6). Errors: ``oracle_errors`` per case, TSP on and off (README, "What digen guarantees").
+5e-6). Errors: ``oracle_errors`` per case, TSP on and off (docs/guarantees.md).
 Every other family (FLUX, Qwen-Image, Wan, HunyuanVideo) runs the same float64 comparison on
 its own tiny model, the peer's velocity restated from the family's diffusers pipeline call
 (``PEER_VELOCITY``): a float64 model's velocity and gradient stay float64 in every family
@@ -65,7 +65,7 @@ OFFSETS = torch.tensor(
 )
 NOISE = {"sde": 0.7, "cps": 0.8, "dance": 0.3}
 TOLERANCE = 5e-6  # the float32 floor is ~2e-6 (module docstring)
-FLOAT64_TOLERANCE = 1e-12  # measured at most 5.6e-15 (module docstring); issue 16 asks 1e-6
+FLOAT64_TOLERANCE = 1e-12  # measured at most 5.6e-15 (module docstring)
 STEP_TOLERANCE = 1e-6
 
 
