@@ -1,5 +1,5 @@
 """The simulator's data plane: its formulas, its calibration from ``digen bench --dataplane``,
-and where the driver charges each phase."""
+where the driver charges each phase, and the ``digen simulate`` columns that report it."""
 
 from __future__ import annotations
 
@@ -7,13 +7,17 @@ import json
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from cli.main import app
 from digen.bench.dataplane import ROLLOUTS, TRAINERS, TRAJECTORY_BYTES, Round, write_dataplane_report
 from digen.core.events import Role
 from digen.errors import ConfigError
 from digen.sim.catalog import load_sim_config
 from digen.sim.dataplane import GB, DataPlane, DataPlaneModel
 from digen.sim.driver import MODES, simulate
+from digen.sim.report import TABLE_HEADERS, text_table
+from digen.sim.study import SimSettings, run_study
 from tests.sim.conftest import split, uniform_model
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "sim"
@@ -148,3 +152,43 @@ def test_the_split_sets_the_paper_scale_data_plane():
     assert res.dataplane["reduce_s"] == pytest.approx(p.reduce_s(8))
     assert res.dataplane["distribute_s"] == pytest.approx(p.distribute_s(24, 8))
     assert p.distribute_s(24, 8) == pytest.approx(3 * p.distribute_s(8, 8))
+
+
+def test_simulate_reports_the_data_plane_in_its_table_json_and_markdown(tmp_path):
+    study = run_study(uniform_model(tasks=16, trajectory=0.05), ["colocated", "digen"], SimSettings(4, 1, 1))
+    text = text_table(study)
+    assert all(h in TABLE_HEADERS for h in ("reduce s", "step s", "distribute s", "trajectory s"))
+    assert "| reduce s | step s | distribute s | trajectory s |" in text
+    assert study.results[1].to_json()["dataplane"]["distribute_s"] == pytest.approx(0.1)
+
+    from tests.sim.test_report import _small_config
+
+    cfg = _small_config(tmp_path)
+    res = CliRunner().invoke(
+        app, ["simulate", str(cfg), "--modes", "colocated,digen", "--json", "--no-gantt"]
+    )
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout[res.stdout.index("[") :])
+    assert set(rows[0]["dataplane"]) == {"reduce_s", "step_s", "distribute_s", "trajectory_s"}
+    assert rows[0]["dataplane"]["reduce_s"] > 0 and rows[0]["dataplane"]["distribute_s"] == 0  # colocated
+    assert rows[1]["dataplane"]["distribute_s"] > 0
+    # recalibrated from a bench: the same simulation with that bench's efficiencies
+    js = bench_json(tmp_path / "bench")
+    res2 = CliRunner().invoke(
+        app,
+        ["simulate", str(cfg), "--modes", "colocated,digen", "--json", "--no-gantt", "--dataplane", str(js)],
+    )
+    assert res2.exit_code == 0, res2.output
+    rows2 = json.loads(res2.stdout[res2.stdout.index("[") :])
+    ratio = DataPlaneModel().reduce_efficiency / DataPlaneModel.load(js).reduce_efficiency
+    assert rows2[0]["dataplane"]["reduce_s"] == pytest.approx(rows[0]["dataplane"]["reduce_s"] * ratio)
+    out = tmp_path / "results.md"
+    res3 = CliRunner().invoke(
+        app, ["simulate", str(tmp_path), "--all", "--modes", "colocated,digen", "--out", str(out)]
+    )
+    assert res3.exit_code == 0, res3.output
+    md = out.read_text()
+    assert (
+        "| workload | testbed | mode | s/iteration | reduce s | step s | distribute s | trajectory s |" in md
+    )
+    assert "| flow-grpo-flux | C | digen |" in md and DataPlaneModel().describe() in md
