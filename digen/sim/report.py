@@ -139,7 +139,14 @@ def markdown_dataplane(studies: list[tuple[str, str, Study]]) -> str:
                 s = got[mode].sim
                 share = sum(s.dataplane.values()) / s.s_per_iteration if s.s_per_iteration > 0 else 0.0
                 rows.append(
-                    [workload, testbed, mode, f"{s.s_per_iteration:.0f}", *dataplane_cells(s), f"{share:.2%}"]
+                    [
+                        workload,
+                        testbed,
+                        mode,
+                        f"{s.s_per_iteration:.0f}",
+                        *dataplane_cells(s),
+                        f"{100 * share:.2g}%",
+                    ]
                 )
     return _markdown(headers, rows)
 
