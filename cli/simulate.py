@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from cli.app import app, err, handles_errors, out
 from digen.errors import ConfigError
+
+if TYPE_CHECKING:
+    from digen.sim.dataplane import DataPlaneModel
 
 SIM_CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "sim"
 
@@ -62,17 +65,28 @@ def simulate(
             "whose replicas carry sp_degree; replaces the catalog's cited constants at those degrees.",
         ),
     ] = None,
+    dataplane: Annotated[
+        Path | None,
+        typer.Option(
+            "--dataplane",
+            help="The bench-dataplane.json of `digen bench --dataplane` (or its folder), run on your "
+            "cluster: its measured efficiencies replace the data plane's defaults.",
+        ),
+    ] = None,
 ) -> None:
     """Simulate a job's iterations through the real Scheduler with a cost model: per mode
-    s/iteration, samples/s, bubble ratio, speedup vs colocated and fraction of the bound."""
+    s/iteration, samples/s, bubble ratio, speedup vs colocated, fraction of the bound and the
+    data plane's seconds per iteration (reduce, step, distribute, trajectory)."""
+    from digen.sim.dataplane import DataPlaneModel
     from digen.sim.driver import parse_modes
 
     mode_list = parse_modes(modes)
     if from_run is not None:
         _from_run(from_run, mode_list if modes else [], json_out)
         return
+    plane = DataPlaneModel.load(dataplane) if dataplane is not None else DataPlaneModel()
     if all_:
-        _all(config or SIM_CONFIGS, mode_list, md_out, calibration)
+        _all(config or SIM_CONFIGS, mode_list, md_out, calibration, plane)
         return
     if config is None:
         raise ConfigError("CONFIG is missing: pass a configs/sim/*.yaml file, --all, or --from-run RUN_DIR")
@@ -80,7 +94,7 @@ def simulate(
     from digen.sim.report import explain, json_rows, plot_gantt, text_table
     from digen.sim.study import run_study
 
-    setup = load_sim_config(config, testbed=testbed, calibration=calibration)
+    setup = load_sim_config(config, testbed=testbed, calibration=calibration, dataplane=plane)
     study = run_study(setup.cost, mode_list, setup.settings)
     if not no_gantt:
         path = gantt or Path("runs") / "sim" / f"{config.stem}{'_' + testbed if testbed else ''}.png"
@@ -99,15 +113,18 @@ def simulate(
     )
     for choice in setup.cost.sp:
         out.print(choice.describe(), highlight=False, soft_wrap=True)
+    out.print(plane.describe(), highlight=False, soft_wrap=True)
     out.print(text_table(study), highlight=False, soft_wrap=True)
     note = explain(study)
     if note:
         out.print(note, highlight=False)
 
 
-def _all(folder: Path, mode_list: list[str], md_out: Path | None, calibration: Path | None) -> None:
+def _all(
+    folder: Path, mode_list: list[str], md_out: Path | None, calibration: Path | None, plane: DataPlaneModel
+) -> None:
     from digen.sim.catalog import is_run_config, load_sim_config
-    from digen.sim.report import explain, markdown_results, sp_summary
+    from digen.sim.report import explain, markdown_dataplane, markdown_results, sp_summary
     from digen.sim.study import run_study
 
     if not folder.is_dir():
@@ -119,7 +136,7 @@ def _all(folder: Path, mode_list: list[str], md_out: Path | None, calibration: P
         )
     studies, notes = [], []
     for p in files:
-        setup = load_sim_config(p, calibration=calibration)
+        setup = load_sim_config(p, calibration=calibration, dataplane=plane)
         err.print(f"simulating {setup.name} ({setup.cost.gpu_count} GPUs)", highlight=False)
         st = run_study(
             setup.cost, list(dict.fromkeys([*mode_list, "digen", "colocated-digen"])), setup.settings
@@ -131,7 +148,15 @@ def _all(folder: Path, mode_list: list[str], md_out: Path | None, calibration: P
         range(len(studies)), key=lambda i: (studies[i][0], order.get(studies[i][1], 9), studies[i][1])
     )
     studies, notes = [studies[i] for i in ranked], [notes[i] for i in ranked]
-    text = markdown_results(studies) + "\n\nWhy (from the simulation):\n\n" + "\n".join(notes) + "\n"
+    text = (
+        markdown_results(studies)
+        + "\n\nWhy (from the simulation):\n\n"
+        + "\n".join(notes)
+        + "\n\nData plane, seconds per iteration on a lane that pays it (the reduce and the step: every "
+        + "trainer; distribute: a rollout worker; trajectory: a training worker):\n\n"
+        + markdown_dataplane(studies)
+        + f"\n\n{plane.describe()}\n"
+    )
     if md_out is not None:
         md_out.parent.mkdir(parents=True, exist_ok=True)  # --out runs/sim/results.md on a fresh clone
         md_out.write_text(text)

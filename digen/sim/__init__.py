@@ -1,6 +1,8 @@
 """The simulator: the real :class:`~digen.core.scheduler.Scheduler` driven by a cost model.
 
 - :mod:`digen.sim.costmodel` per-task seconds (paper scale from FLOPs, bytes and bandwidths);
+- :mod:`digen.sim.dataplane` the data plane's seconds (all-reduce, AdamW, weight distribution,
+  trajectory transfer), calibrated by ``digen bench --dataplane``;
 - :mod:`digen.sim.catalog` ``configs/sim/*.yaml`` (GPU types, models, workloads, testbeds);
 - :mod:`digen.sim.driver` the discrete-event driver and the modes (colocated, disaggregated,
   the ablation ladder, digen);

@@ -6,12 +6,13 @@ A run directory written by ``digen train`` (:mod:`digen.rundir`) holds ``config.
 ``sp_degree`` and ``ranks``) and ``metrics.jsonl``.
 :func:`costmodel_from_run` turns the timeline into a :class:`~digen.sim.costmodel.CostModel`:
 per worker and kind, the mean seconds of its ``gen`` / ``decode`` / ``reward`` / ``train``
-rows, of its weight loads (``sync`` rows), and of the controller's ``optim`` and ``sync``;
-plus the per-task overhead the timeline does not cover (queue lease, data transfer,
-acknowledgement), the median gap between back-to-back tasks on a worker. A replica of
-``sp_degree`` ranks is one simulated worker of that many GPUs (its lane; the leader's rows);
-its efficiency against d=1 workers is :func:`digen.sim.sp_calibration.sp_from_run`. The first
-``warmup`` iterations (model loading, compilation) are left out when later ones exist.
+rows and of its weight loads (``sync`` rows: a rollout worker's include fetching the version);
+the step's seconds (:func:`step_seconds`); plus the per-task overhead the timeline does not
+cover (queue lease, trajectory fetch, acknowledgement), the median gap between back-to-back
+tasks on a worker. A replica of ``sp_degree`` ranks is one simulated worker of that many GPUs
+(its lane; the leader's rows); its efficiency against d=1 workers is
+:func:`digen.sim.sp_calibration.sp_from_run`. The first ``warmup`` iterations (model loading,
+compilation) are left out when later ones exist.
 
 :func:`compare_run` then simulates the run's own mode and workers with that cost model and
 sets the predicted samples/s and bubble ratio beside the measured ones;
@@ -27,6 +28,7 @@ from pathlib import Path
 from digen.core.events import Role
 from digen.errors import ConfigError
 from digen.sim.costmodel import CostModel, SimWorker, WorkerCost
+from digen.sim.dataplane import DataPlaneSeconds
 from digen.sim.driver import MODES, Mode, SimResult, simulate
 from digen.sim.rundata import is_follower_row, read_config, read_jsonl
 from digen.sim.study import SimSettings, run_mode
@@ -109,6 +111,38 @@ def _overhead(rows: list[dict]) -> float:
     return statistics.median(gaps) if gaps else 0.0
 
 
+def _serving(rows: list[dict]) -> set[int]:
+    """Ids of the ``sync`` rows that start where an ``optim`` row of the same lane ends: the
+    step's members loading and serving the version they made (the controller's broadcast in
+    runs from before the data plane). They belong to the step, not to a worker's loads."""
+    ends = {(r["worker"], r["end"]) for r in rows if r["kind"] == "optim"}
+    return {id(r) for r in rows if r["kind"] == "sync" and (r["worker"], r["start"]) in ends}
+
+
+def step_seconds(rows: list[dict]) -> DataPlaneSeconds:
+    """The step, measured: per iteration, each lane's ``optim`` rows and its serving ``sync``
+    row after them (:func:`_serving`); the longest lane, averaged over iterations. The
+    all-reduce is the rows' ``reduce_s`` (a step member's row since the data plane) or their
+    ``all-reduce`` part (a simulated run), the rest the step. Weight fetches and trajectory
+    fetches are not apart: they are inside the rollout workers' loads and the overheads."""
+    serving = _serving(rows)
+    lanes: dict[tuple[int, str], list[float]] = {}  # (iteration, lane) -> [seconds, of which reduce]
+    for r in rows:
+        if r["kind"] == "optim" or id(r) in serving:
+            d = r["end"] - r["start"]
+            lane = lanes.setdefault((int(r["iteration"]), r["worker"]), [0.0, 0.0])
+            lane[0] += d
+            lane[1] += float(r.get("reduce_s", d if r.get("part") == "all-reduce" else 0.0))
+    per_iteration: dict[int, list[float]] = {}
+    for (it, _), lane in lanes.items():
+        per_iteration[it] = max(per_iteration.get(it, lane), lane)
+    if not per_iteration:
+        return DataPlaneSeconds()
+    reduce = sum(x[1] for x in per_iteration.values()) / len(per_iteration)
+    total = sum(x[0] for x in per_iteration.values()) / len(per_iteration)
+    return DataPlaneSeconds(reduce_s=reduce, step_s=total - reduce)
+
+
 def costmodel_from_run(run_dir: str | Path, *, warmup: int = 1) -> CostModel:
     """A cost model measured from ``run_dir``'s timeline (see the module docstring)."""
     return _calibrate(Path(run_dir), warmup)[0]
@@ -134,9 +168,11 @@ def _calibrate(run: Path, warmup: int) -> tuple[CostModel, RunInfo]:
     for r in rows:
         if r["worker"] != "controller":
             role_seen.setdefault(r["worker"], r.get("role", "rollout"))
+    serving = _serving(rows)
     means: dict[tuple[str, str], float] = {}
     for w in workers:
         mine = [r for r in steady if r["worker"] == w] or [r for r in rows if r["worker"] == w]
+        mine = [r for r in mine if id(r) not in serving]
         for kind in (*PART_KINDS, "sync"):
             # per whole group: a half group's train task (RAT) counts its share
             m = _mean([(r["end"] - r["start"]) / r.get("share", 1.0) for r in mine if r["kind"] == kind])
@@ -173,16 +209,12 @@ def _calibrate(run: Path, warmup: int) -> tuple[CostModel, RunInfo]:
             overhead_s=means[(w, "overhead")],
         )
         sim_workers.append(SimWorker(w, gpu[w], gpus[w], cost))
-    ctl = [r for r in steady if r["worker"] == "controller"] or [
-        r for r in rows if r["worker"] == "controller"
-    ]
     cost_model = CostModel(
         workers=sim_workers,
         tasks=tasks,
         samples_per_task=group,
         tasks_per_group=1,
-        optim_s=_mean([r["end"] - r["start"] for r in ctl if r["kind"] == "optim"]) or 0.0,
-        sync_s=_mean([r["end"] - r["start"] for r in ctl if r["kind"] == "sync"]) or 0.0,
+        dataplane=step_seconds(steady if any(r["kind"] == "optim" for r in steady) else rows),
         label=f"calibrated from {run}",
         notes=[
             f"{len(workers)} workers, {tasks} tasks x {group} samples per iteration; TSP and non-TSP train "

@@ -21,8 +21,19 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from digen.errors import ConfigError
 from digen.sim.costmodel import CostModel, GpuType, ModelSpec, Testbed, Workload, paper_costmodel
+from digen.sim.dataplane import DataPlaneModel
 from digen.sim.sp_calibration import calibrated_model, load_calibration
 from digen.sim.study import SimSettings
+
+CITED_LATENT_NUMEL = {
+    "qwen-image": 1_024 * 64,
+    "flux": 1_024 * 64,
+    "hunyuan-video": 12_600 * 64,
+    "wan2.1-14b": 14_040 * 64,
+}
+"""One sample's latent elements of the catalog's models that give no ``latent_numel``: the
+tokens of cost-model.md l.12-15 (as ``tflop_per_step`` cites them) x 64 (16 latent channels x
+a 2x2 patch; a video's 1x2x2). The trajectory transfer's size."""
 
 
 class _Section(BaseModel):
@@ -34,6 +45,7 @@ class GpuEntry(_Section):
     memory_gb: float = Field(gt=0)
     host_gbps: float = Field(gt=0)
     intra_gbps: float = Field(gt=0)
+    mem_gbps: float | None = Field(None, gt=0)
 
 
 class ModelEntry(_Section):
@@ -48,6 +60,7 @@ class ModelEntry(_Section):
     reward_tflop: float = Field(0.0, ge=0)
     sp_efficiency: dict[int, float] = {}
     train_cfg: int | None = Field(None, ge=1, le=2)
+    latent_numel: int | None = Field(None, ge=1)
 
 
 class WorkloadEntry(_Section):
@@ -147,11 +160,16 @@ def is_run_config(path: Path) -> bool:
 
 
 def load_sim_config(
-    path: str | Path, *, testbed: str | None = None, calibration: str | Path | None = None
+    path: str | Path,
+    *,
+    testbed: str | None = None,
+    calibration: str | Path | None = None,
+    dataplane: DataPlaneModel | None = None,
 ) -> SimSetup:
     """Read a run config and its catalog; build the paper-scale cost model. ``calibration``:
     a sequence-parallel calibration file or run directory whose measured efficiencies replace
-    the catalog's cited ones (:mod:`digen.sim.sp_calibration`)."""
+    the catalog's cited ones (:mod:`digen.sim.sp_calibration`); ``dataplane``: the data
+    plane's calibration (default :class:`DataPlaneModel`'s, :mod:`digen.sim.dataplane`)."""
     p = Path(path)
     run = _validate(SimRunConfig, _read_yaml(p), p)
     assert isinstance(run, SimRunConfig)
@@ -176,7 +194,13 @@ def load_sim_config(
             f"{p.name}: samples_per_task ({spt}) must divide the group size ({wl.group_size}) of "
             f"workload {run.workload}"
         )
-    model = ModelSpec(name=wl.model, **m.model_dump())
+    numel = m.latent_numel or CITED_LATENT_NUMEL.get(wl.model)
+    if numel is None:
+        raise ConfigError(
+            f"{run.catalog}: models.{wl.model}.latent_numel is missing: the elements of one sample's latent "
+            f"(channels x latent frames x height x width), the size of the trajectories a trainer fetches"
+        )
+    model = ModelSpec(name=wl.model, **(m.model_dump() | {"latent_numel": numel}))
     if calibration is not None:
         cal = load_calibration(calibration)
         model = calibrated_model(model, cal, f"{calibration}: {cal.source}")
@@ -187,6 +211,6 @@ def load_sim_config(
     tb = Testbed(
         tb_name, tbe.net_gbps, tuple((GpuType(g, **cat.gpus[g].model_dump()), n) for g, n in tbe.gpus.items())
     )
-    cost = paper_costmodel(workload, tb, tsp_batch_gain=run.tsp_batch_gain)
+    cost = paper_costmodel(workload, tb, tsp_batch_gain=run.tsp_batch_gain, dataplane=dataplane)
     settings = SimSettings(run.sim.iterations, run.sim.warmup, run.sim.neighbours)
     return SimSetup(f"{run.workload} @ {tb_name}", workload, tb, settings, cost)

@@ -2,15 +2,17 @@
 
 The driver (:mod:`digen.sim.driver`) only reads a :class:`CostModel`: a list of
 :class:`SimWorker` (name, GPU type, GPUs per worker, a :class:`WorkerCost` table) and the
-iteration's shape (tasks, samples per task) and controller costs (optimizer step, weight
-publication). Two builders fill it:
+iteration's shape (tasks, samples per task) and its data plane (the step's all-reduce and
+AdamW, weight distribution to rollout workers, trajectory transfer to trainers), whose seconds
+depend on the rollout/trainer split. Two builders fill it:
 
 - :func:`paper_costmodel` derives every number from hardware and model figures
   (``configs/sim/catalog.yaml``, each constant cited to ``reference/cost-model.md``):
   ``seconds = FLOPs / achieved TFLOPS`` per denoising step (x CFG passes), training
   ``train_flops_factor`` x forward per trained timestep, VAE decode and reward per sample,
-  FSDP weight gathers, sequence-parallel efficiency, offload/reload over PCIe, weight
-  broadcast over the network;
+  FSDP weight gathers, sequence-parallel efficiency, offload/reload over PCIe, and the data
+  plane (gradient all-reduce, optimizer step, weight distribution, trajectory transfer:
+  :mod:`digen.sim.dataplane`, calibrated by ``digen bench --dataplane``);
 - :func:`digen.sim.calibrate.costmodel_from_run` measures them from a real run's timeline.
 
 Task unit. A task is one micro-batch of ``samples_per_task`` samples of one prompt group
@@ -27,6 +29,7 @@ import math
 from dataclasses import dataclass, field
 
 from digen.errors import ConfigError
+from digen.sim.dataplane import GB, ROLLOUT_BYTES, DataPlane, DataPlaneModel, DataPlaneSeconds
 
 # Reference GPU for the measured VAE-decode figures (RTX 4090, cost-model.md l.28-29):
 # 165 TFLOPS peak (l.40) x 0.31 eager MFU (l.4; l.18 gives 74*28/6.71/989 = 0.312).
@@ -46,6 +49,9 @@ class GpuType:
     """GPU <-> host bandwidth (PCIe), GB/s: offload and reload."""
     intra_gbps: float
     """GPU <-> GPU bandwidth inside a node, GB/s: FSDP all-gathers."""
+    mem_gbps: float | None = None
+    """Achieved GPU memory bandwidth, GB/s: the optimizer step (None: the data plane model's
+    assumption, :attr:`digen.sim.dataplane.DataPlaneModel.gpu_mem_gbps`)."""
 
 
 @dataclass(frozen=True)
@@ -58,7 +64,7 @@ class ModelSpec:
     weights_gb: float
     """bf16 transformer weights."""
     adapter_gb: float | None
-    """LoRA adapter size (what is trained, synced and loaded); None = full fine-tune."""
+    """bf16 LoRA adapter size (what is trained, synced and loaded); None = full fine-tune."""
     layers: int
     """Transformer blocks (FSDP gathers layer by layer: one layer's gather is exposed)."""
     activation_gb: float
@@ -69,6 +75,9 @@ class ModelSpec:
     """VAE decode seconds of one sample on the reference GPU (:data:`REFERENCE_TFLOPS`)."""
     reward_tflop: float
     """Reward model TFLOP per sample."""
+    latent_numel: int
+    """Elements of one sample's latent (channels x latent frames x height x width): the
+    trajectory a trainer fetches holds ``steps + 1`` of them per sample, in float32."""
     sp_efficiency: dict[int, float] = field(default_factory=lambda: {1: 1.0})
     """Sequence-parallel efficiency per degree: speedup(d) / d."""
     train_cfg: int | None = None
@@ -134,6 +143,14 @@ class Workload:
     def tasks(self) -> int:
         return self.prompts * self.tasks_per_group
 
+    @property
+    def trajectory_bytes(self) -> float:
+        """What a train task fetches from the worker that generated its samples: per sample
+        the ``steps + 1`` float32 latents Flow-GRPO stores and ``steps`` log-probs (the
+        images stay; sigmas and rewards are a few bytes)."""
+        per_sample = (self.steps + 1) * self.model.latent_numel + self.steps
+        return 4.0 * self.samples_per_task * per_sample
+
 
 @dataclass(frozen=True)
 class Testbed:
@@ -190,17 +207,16 @@ class SimWorker:
 @dataclass
 class CostModel:
     """Everything the driver needs: workers with their task costs, the iteration's shape,
-    and the controller's step costs."""
+    and its data plane."""
 
     workers: list[SimWorker]
     tasks: int
     """Tasks per iteration (the Scheduler's groups)."""
     samples_per_task: int
     tasks_per_group: int = 1
-    optim_s: float = 0.0
-    """Sum gradients (all-reduce) and step AdamW."""
-    sync_s: float = 0.0
-    """Publish the new version to the workers (broadcast); colocated workers hold it locally."""
+    dataplane: DataPlane | DataPlaneSeconds = DataPlaneSeconds()
+    """The step's all-reduce and AdamW, weight distribution, trajectory transfer: modelled
+    from bytes for a split (:class:`~digen.sim.dataplane.DataPlane`), or measured."""
     label: str = ""
     notes: list[str] = field(default_factory=list)
     """Derived choices to report (parallel degrees, FSDP, bytes moved)."""
@@ -345,8 +361,11 @@ def worker_cost(
     return cost, fsdp
 
 
-def paper_costmodel(w: Workload, tb: Testbed, *, tsp_batch_gain: float = 1.0) -> CostModel:
-    """Cost model of workload ``w`` on testbed ``tb`` from FLOPs, bytes and bandwidths."""
+def paper_costmodel(
+    w: Workload, tb: Testbed, *, tsp_batch_gain: float = 1.0, dataplane: DataPlaneModel | None = None
+) -> CostModel:
+    """Cost model of workload ``w`` on testbed ``tb`` from FLOPs, bytes and bandwidths;
+    ``dataplane``: the data plane's calibration (default: :class:`DataPlaneModel`'s)."""
     workers: list[SimWorker] = []
     notes: list[str] = []
     choices: list[SpChoice] = []
@@ -365,13 +384,20 @@ def paper_costmodel(w: Workload, tb: Testbed, *, tsp_batch_gain: float = 1.0) ->
         workers += [SimWorker(f"{gpu.name}-{i:04d}", gpu.name, degree, cost) for i in range(count // degree)]
     mdl = w.model
     trained_gb = mdl.adapter_gb if mdl.adapter_gb is not None else mdl.weights_gb
+    plane = DataPlane(
+        params=trained_gb * GB / ROLLOUT_BYTES,  # the catalog gives bf16 sizes
+        trajectory_bytes=w.trajectory_bytes,
+        net_gbps=tb.net_gbps,
+        mem_gbps={gpu.name: gpu.mem_gbps for gpu, _ in tb.gpus if gpu.mem_gbps is not None},
+        sharded=mdl.adapter_gb is None,  # a full fine-tune trains with train.fsdp
+        model=dataplane or DataPlaneModel(),
+    )
     return CostModel(
         workers=workers,
         tasks=w.tasks,
         samples_per_task=w.samples_per_task,
         tasks_per_group=w.tasks_per_group,
-        optim_s=2 * trained_gb / tb.net_gbps,  # ring all-reduce of the gradients moves ~2x their size
-        sync_s=trained_gb / tb.net_gbps,  # broadcast of the new version
+        dataplane=plane,
         label=f"{w.name} on {tb.name}",
         notes=notes,
         sp=choices,

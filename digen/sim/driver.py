@@ -17,6 +17,13 @@ Task durations come from a :class:`~digen.sim.costmodel.CostModel`. A worker loa
 weights version pays ``load_s``; one switching between generation and training pays
 ``context_switch_s`` (colocated peers: ``phase_switch_s``, offload/reload).
 
+The data plane (:mod:`digen.sim.dataplane`) is charged where the runtime pays it: the step
+(all-reduce, then AdamW) on the controller's lane between the last train task and
+``StepDone``; a rollout worker's fetch of a new version on its own lane, before the load, at
+its first task of that version (trainers serve the versions they make, colocated workers are
+all trainers: they fetch nothing); a train task's fetch of its group's trajectories on the
+training worker's lane, unless that worker generated the group itself.
+
     res = simulate(cost, MODES["digen"], roles)
     res.samples_per_s, res.bubble_ratio, res.rows  # rows: timeline.jsonl objects
 """
@@ -44,11 +51,19 @@ from digen.core.policy import pull_order
 from digen.core.scheduler import Scheduler, SchedulerConfig
 from digen.errors import ConfigError, DigenError
 from digen.sim.costmodel import CostModel, SimWorker
+from digen.sim.dataplane import DataPlaneSeconds
 
 GEN, TRAIN = TaskKind.GEN, TaskKind.TRAIN
 BUSY_KINDS = frozenset({"gen", "decode", "reward", "train"})
 """Timeline kinds that count as useful work in the bubble ratio (``sync`` does not, as in
 the controller's metrics)."""
+DATAPLANE_PARTS = {
+    "all-reduce": "reduce_s",
+    "AdamW step": "step_s",
+    "weights fetch": "distribute_s",
+    "trajectory fetch": "trajectory_s",
+}
+"""The timeline ``part`` of each data-plane phase, and its key in :attr:`SimResult.dataplane`."""
 
 
 @dataclass(frozen=True)
@@ -142,6 +157,8 @@ class SimResult:
     samples_per_s: float = 0.0
     bubble_ratio: float = 0.0
     window: tuple[float, float] = (0.0, 0.0)
+    dataplane: dict[str, float] = field(default_factory=dict)
+    """Data-plane seconds per iteration, per phase (:func:`dataplane_per_iteration`)."""
 
     @property
     def samples_per_s_per_gpu(self) -> float:
@@ -154,6 +171,8 @@ class _Sim:
     mode: Mode
     workers: dict[str, _Worker]
     sched: Scheduler
+    dp: DataPlaneSeconds
+    """The data plane's seconds at this split."""
     now: float = 0.0
     seq: int = 0
     heap: list = field(default_factory=list)
@@ -173,6 +192,8 @@ class _Sim:
     """Static shares: each worker's own generation and train queues."""
     check: list = field(default_factory=list)
     """Static shares: workers that may have work in their own queues."""
+    made_by: dict[tuple[int, int], int] = field(default_factory=dict)
+    """(iteration, task) -> the index of the worker that generated it (holds its trajectories)."""
 
     # --- instructions -------------------------------------------------------------------
     def apply(self, instructions: list[Instruction]) -> None:
@@ -223,13 +244,14 @@ class _Sim:
             self.check.append(w)
 
     def step(self, iteration: int) -> None:
-        c = self.cost
-        sync = c.sync_s if self.mode.disaggregated else 0.0  # colocated: weights are local
-        t0, t1, t2 = self.now, self.now + c.optim_s, self.now + c.optim_s + sync
-        self.rows.append((-1, "optim", iteration, iteration, t0, t1, ""))
-        if sync > 0:
-            self.rows.append((-1, "sync", iteration, iteration + 1, t1, t2, ""))
-        self.push(t2, ("step", iteration, t0))
+        """The trainers all-reduce their sums, then step AdamW; then the version is served
+        (rollout workers fetch it when they need it: :meth:`run`)."""
+        t0 = t = self.now
+        for part, dur in (("all-reduce", self.dp.reduce_s), ("AdamW step", self.dp.step_s)):
+            if dur > 0:
+                self.rows.append((-1, "optim", iteration, iteration, t, t + dur, part))
+                t += dur
+        self.push(t, ("step", iteration, t0))
 
     # --- workers --------------------------------------------------------------------------
     def push(self, t: float, ev: tuple) -> None:
@@ -304,7 +326,9 @@ class _Sim:
         version = task.iteration if task.kind is TRAIN else version
         parts: list[tuple[str, float, str]] = []
         if w.version != version:
-            if w.version is not None:
+            if w.version is not None:  # version 0 is every process's same seeded build
+                if w.role is Role.ROLLOUT:  # trainers hold the versions they make
+                    parts.append(("sync", self.dp.distribute_s, "weights fetch"))
                 parts.append(("sync", c.load_s, "weights load"))
             w.version = version
         if w.last_kind is not None and w.last_kind is not task.kind:
@@ -314,9 +338,12 @@ class _Sim:
                 parts.append(("sync", c.context_switch_s, "context switch"))
         w.last_kind = task.kind
         if task.kind is GEN:
+            self.made_by[(task.iteration, task.group)] = w.index
             gen = c.gen_on_trainer_s if w.role is Role.TRAINER else c.gen_s
             parts += [("gen", gen, ""), ("decode", c.decode_s, ""), ("reward", c.reward_s, "")]
         else:
+            if self.made_by.get((task.iteration, task.group), w.index) != w.index:
+                parts.append(("sync", self.dp.trajectory_s, "trajectory fetch"))  # a RAT half: all of it
             if m.peer_overheads and c.recompute_s > 0:
                 parts.append(("train", c.recompute_s, "recompute"))  # old log-probs (peers)
             parts.append(("train", (c.train_tsp_s if m.tsp else c.train_s) * task.share, ""))
@@ -371,11 +398,14 @@ def simulate(
         )
     )
     workers = {w.name: _Worker(w, roles[w.name], i) for i, w in enumerate(cost.workers)}
+    trainers = [w.gpu_type for w in cost.workers if roles[w.name] is not Role.ROLLOUT]
+    rollouts = len(cost.workers) - len(trainers)
     sim = _Sim(
         cost,
         mode,
         workers,
         sched,
+        cost.dataplane.for_split(trainers, rollouts),
         idle={r: deque() for r in Role},
         own={w.index: (deque(), deque()) for w in workers.values()},
         by_index=sorted(workers.values(), key=lambda w: w.index),
@@ -392,8 +422,9 @@ def simulate(
 
 
 def _rows(sim: _Sim) -> list[dict]:
-    """Timeline rows with the keys of ``timeline.jsonl``, plus ``gpus`` and, for overheads,
-    ``part`` (weights load, offload/reload, context switch, recompute)."""
+    """Timeline rows with the keys of ``timeline.jsonl``, plus ``gpus`` and, for overheads
+    and the data plane, ``part`` (weights fetch, weights load, trajectory fetch,
+    offload/reload, context switch, recompute; the step's all-reduce and AdamW step)."""
     names = [w.spec for w in sorted(sim.workers.values(), key=lambda w: w.index)]
     roles = {w.spec.name: w.role.value for w in sim.workers.values()}
     out = []
@@ -455,6 +486,24 @@ def _measure(res: SimResult, sim: _Sim) -> None:
     res.s_per_iteration = (hi - lo) / n
     res.samples_per_s = res.samples_per_iteration / res.s_per_iteration if res.s_per_iteration > 0 else 0.0
     res.bubble_ratio = bubble_ratio(res.rows, lo, hi, res.gpus)
+    res.dataplane = dataplane_per_iteration(res.rows, lo, hi, n)
+
+
+def dataplane_per_iteration(rows: list[dict], lo: float, hi: float, iterations: int) -> dict[str, float]:
+    """Seconds per iteration of each data-plane phase in ``[lo, hi]``, on the lane of one
+    worker that pays it (the mean over those that do): the step's all-reduce and AdamW (every
+    trainer at once), a rollout worker's weight fetches, a training worker's trajectory
+    fetches. Keys: the values of :data:`DATAPLANE_PARTS`."""
+    spent: dict[str, dict[str, float]] = {key: {} for key in DATAPLANE_PARTS.values()}
+    for r in rows:
+        key = DATAPLANE_PARTS.get(r.get("part", ""))
+        d = max(0.0, min(r["end"], hi) - max(r["start"], lo))
+        if key is not None and d > 0:
+            spent[key][r["worker"]] = spent[key].get(r["worker"], 0.0) + d
+    return {
+        key: sum(by.values()) / len(by) / iterations if by and iterations > 0 else 0.0
+        for key, by in spent.items()
+    }
 
 
 def bubble_ratio(rows: list[dict], lo: float, hi: float, gpus: int) -> float:

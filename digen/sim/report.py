@@ -10,9 +10,11 @@ from pathlib import Path
 
 from digen.plots import KIND_COLORS, OTHER_COLOR
 from digen.sim.costmodel import SpChoice
-from digen.sim.driver import LADDER, SimResult, time_shares
+from digen.sim.driver import DATAPLANE_PARTS, LADDER, SimResult, time_shares
 from digen.sim.study import Study
 
+DATAPLANE_HEADERS = ["reduce s", "step s", "distribute s", "trajectory s"]
+"""The data plane's seconds per iteration (:func:`digen.sim.driver.dataplane_per_iteration`)."""
 TABLE_HEADERS = [
     "mode",
     "s/iteration",
@@ -22,7 +24,17 @@ TABLE_HEADERS = [
     "speedup vs colocated",
     "fraction of bound",
     "rollout/trainer GPUs",
+    *DATAPLANE_HEADERS,
 ]
+
+
+def dataplane_cells(sim: SimResult) -> list[str]:
+    """The :data:`DATAPLANE_HEADERS` cells of a result ("-": the mode has no such transfer)."""
+    return [_seconds(sim.dataplane.get(key, 0.0)) for key in DATAPLANE_PARTS.values()]
+
+
+def _seconds(x: float) -> str:
+    return "-" if x <= 0 else f"{x:.3f}" if x >= 0.001 else f"{x:.1e}"
 
 
 def table_rows(study: Study) -> list[list[str]]:
@@ -41,6 +53,7 @@ def table_rows(study: Study) -> list[list[str]]:
                 f"{r.speedup_vs_colocated:.2f}x",
                 f"{r.fraction_of_bound:.3f}",
                 split,
+                *dataplane_cells(s),
             ]
         )
     return rows
@@ -108,6 +121,36 @@ def markdown_results(studies: list[tuple[str, str, Study]]) -> str:
     return _markdown(headers, rows)
 
 
+DATAPLANE_MODES = ("colocated", "colocated-digen", "digen")
+"""The modes of the ``--all`` data-plane table: the peers' colocated system, digen's own
+colocated mode and digen."""
+
+
+def markdown_dataplane(studies: list[tuple[str, str, Study]]) -> str:
+    """The data plane per iteration of :data:`DATAPLANE_MODES`, one row per (workload,
+    testbed, mode): each phase's seconds and their sum over the iteration's seconds (at most
+    that share of it: the reduce and the step hold every worker up, a fetch one worker)."""
+    headers = ["workload", "testbed", "mode", "s/iteration", *DATAPLANE_HEADERS, "data plane / iteration"]
+    rows = []
+    for workload, testbed, st in studies:
+        got = {r.mode: r for r in st.results} | ({"colocated": st.colocated} if st.colocated else {})
+        for mode in DATAPLANE_MODES:
+            if mode in got:
+                s = got[mode].sim
+                share = sum(s.dataplane.values()) / s.s_per_iteration if s.s_per_iteration > 0 else 0.0
+                rows.append(
+                    [
+                        workload,
+                        testbed,
+                        mode,
+                        f"{s.s_per_iteration:.0f}",
+                        *dataplane_cells(s),
+                        f"{100 * share:.2g}%",
+                    ]
+                )
+    return _markdown(headers, rows)
+
+
 def sp_summary(choices: list[SpChoice]) -> str:
     """The sequence-parallel degree chosen per GPU type, short (the ``--all`` notes)."""
     parts = [f"{c.gpu_type} SP {c.degree} (eff {c.efficiency:.3f}, {c.efficiency_source})" for c in choices]
@@ -124,14 +167,16 @@ def explain(study: Study) -> str:
         return ""
     c, d = time_shares(col.sim), time_shares(dg.sim)
     ceiling = 1 / col.fraction_of_bound if col.fraction_of_bound > 0 else float("inf")
-    d_over = d.get("weights load", 0.0) + d.get("context switch", 0.0) + d.get("sync", 0.0)
+    d_over = sum(
+        d.get(k, 0.0) for k in ("weights fetch", "weights load", "trajectory fetch", "context switch", "sync")
+    )
     return (
         f"{study.label}: digen {dg.speedup_vs_colocated:.2f}x colocated, {dg.fraction_of_bound:.3f} of the bound. "
         f"Colocated spends {c.get('recompute', 0.0):.1%} of its GPU time recomputing old log-probs, "
         f"{c.get('offload/reload', 0.0):.1%} offloading/reloading and {c['idle']:.1%} idle (phase barriers, "
         f"unequal GPUs), so it reaches {col.fraction_of_bound:.3f} of the bound and no schedule can beat it by more "
         f"than {ceiling:.2f}x. digen idles {d['idle']:.1%} (step barrier and pipeline tails) and spends "
-        f"{d_over:.1%} on weight loads and switches." + _own_colocated(study)
+        f"{d_over:.1%} on weight fetches and loads, trajectory fetches and switches." + _own_colocated(study)
     )
 
 

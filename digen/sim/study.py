@@ -63,6 +63,7 @@ class ModeResult:
             "rollout_gpus": self.rollout_gpus,
             "trainer_gpus": self.trainer_gpus,
             "gpus": s.gpus,
+            "dataplane": dict(s.dataplane),
         }
 
 

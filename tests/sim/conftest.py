@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from digen.core.events import Role
 from digen.sim.costmodel import CostModel, SimWorker, WorkerCost
+from digen.sim.dataplane import DataPlaneSeconds
 
 
 def uniform_model(
@@ -17,7 +18,10 @@ def uniform_model(
     optim: float = 0.1,
     sync: float = 0.1,
     load: float = 0.0,
+    trajectory: float = 0.0,
 ) -> CostModel:
+    """``optim``: the step (all-reduce); ``sync``: a rollout worker's fetch of a new version;
+    ``trajectory``: a train task's fetch of a group another worker generated."""
     wc = WorkerCost(
         gen_s=gen,
         decode_s=0.0,
@@ -32,8 +36,7 @@ def uniform_model(
         tasks=tasks,
         samples_per_task=1,
         tasks_per_group=per_group,
-        optim_s=optim,
-        sync_s=sync,
+        dataplane=DataPlaneSeconds(reduce_s=optim, distribute_s=sync, trajectory_s=trajectory),
     )
 
 

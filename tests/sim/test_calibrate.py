@@ -12,6 +12,7 @@ import yaml
 from digen.core.events import Role
 from digen.sim.calibrate import compare_run, costmodel_from_run, predict_modes
 from digen.sim.costmodel import CostModel, SimWorker, WorkerCost
+from digen.sim.dataplane import DataPlaneSeconds
 from digen.sim.driver import BUSY_KINDS, MODES, simulate
 
 
@@ -27,7 +28,9 @@ def source_model() -> CostModel:
         overhead_s=0.05,
     )
     workers = [SimWorker(n, "cpu", 1, wc) for n in ("rollout-0", "rollout-1", "trainer-0", "trainer-1")]
-    return CostModel(workers, tasks=4, samples_per_task=4, optim_s=0.1, sync_s=0.05)
+    return CostModel(
+        workers, tasks=4, samples_per_task=4, dataplane=DataPlaneSeconds(reduce_s=0.06, step_s=0.04)
+    )
 
 
 def write_run(root: Path, cost: CostModel, iterations: int = 5) -> None:
@@ -37,7 +40,7 @@ def write_run(root: Path, cost: CostModel, iterations: int = 5) -> None:
     root.mkdir()
     keys = ("worker", "gpu_type", "role", "kind", "iteration", "version", "start", "end")
     (root / "timeline.jsonl").write_text(
-        "".join(json.dumps({k: r[k] for k in keys}) + "\n" for r in res.rows)
+        "".join(json.dumps({k: r[k] for k in (*keys, "part") if k in r}) + "\n" for r in res.rows)
     )
     metrics, lo = [], 0.0
     for k, hi in enumerate(res.step_ends):
@@ -77,7 +80,7 @@ def test_costmodel_from_run_recovers_the_task_costs(tmp_path):
     assert by["trainer-1"].gen_s == pytest.approx(1.0)  # never generated: its GPU type's mean
     assert by["rollout-0"].overhead_s == pytest.approx(0.05)
     assert by["trainer-0"].load_s == pytest.approx(0.02)
-    assert cm.optim_s == pytest.approx(0.1) and cm.sync_s == pytest.approx(0.05)
+    assert cm.dataplane.reduce_s == pytest.approx(0.06) and cm.dataplane.step_s == pytest.approx(0.04)
 
 
 def test_prediction_matches_the_run_it_was_calibrated_on(tmp_path):
@@ -102,3 +105,21 @@ def test_a_slower_run_is_predicted_slower(tmp_path):
         compare_run(tmp_path / "slow").predicted_samples_per_s
         < compare_run(tmp_path / "fast").predicted_samples_per_s
     )
+
+
+def test_a_runs_step_is_its_members_optim_rows_and_the_serving_after_them():
+    from digen.sim.calibrate import step_seconds
+
+    def row(worker, kind, start, end, **kw):
+        return {"worker": worker, "kind": kind, "iteration": 1, "start": start, "end": end, **kw}
+
+    rows = [  # since the data plane: each member's optim row says its reduction, then it serves
+        row("trainer-0", "optim", 10.0, 10.5, reduce_s=0.3, step_s=0.2),
+        row("trainer-0", "sync", 10.5, 10.6),
+        row("trainer-1", "optim", 10.0, 10.4, reduce_s=0.3, step_s=0.1),
+        row("trainer-1", "sync", 12.0, 12.2),  # a later weights load, not the step's
+    ]
+    s = step_seconds(rows)
+    assert s.reduce_s == pytest.approx(0.3) and s.step_s == pytest.approx(0.3)  # the longest member
+    before = [row("controller", "optim", 5.0, 5.4), row("controller", "sync", 5.4, 5.5)]  # the old broadcast
+    assert step_seconds(before).step_s == pytest.approx(0.5) and step_seconds(before).reduce_s == 0.0

@@ -120,6 +120,7 @@ MODEL = ModelSpec(
     train_flops_factor=3.0,
     decode_s_ref=0.1,
     reward_tflop=0.0,
+    latent_numel=1024 * 64,
     sp_efficiency={2: 1.03, 4: 0.9},
 )
 SMALL = GpuType("small", 100.0, 26.0, 25.0, 100.0)

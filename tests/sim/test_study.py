@@ -26,6 +26,7 @@ MODEL = ModelSpec(
     train_flops_factor=4,
     decode_s_ref=0.5,
     reward_tflop=0.5,
+    latent_numel=1024 * 64,
     sp_efficiency={2: 1.03, 4: 0.9},
 )
 
