@@ -70,8 +70,7 @@ def test_every_example_is_listed():
 def test_recipes_take_their_peer_s_optimizer_steps_per_rollout_batch():
     """Flow-GRPO's SD3.5/FLUX recipes 2 (gradient_accumulation_steps = num_batches_per_epoch //
     2), MixGRPO's FLUX recipe 4 (12 samples a GPU, a step every 3), DiffusionNFT's sd3_ocr 2,
-    DanceGRPO on Wan 1; more than one runs in reference mode until the controller steps per
-    mini-batch."""
+    DanceGRPO on Wan 1; each runs synchronous, as its peer (disaggregated mode)."""
     steps = {name: 2 for name in EXPECTED} | {
         "mix-grpo-flux.yaml": 4,
         "nft-ocr-sd35.yaml": 2,
@@ -81,7 +80,7 @@ def test_recipes_take_their_peer_s_optimizer_steps_per_rollout_batch():
         cfg = load_config(EXAMPLES / name, check_paths=False)
         assert cfg.train.mini_batches == m, name
         assert cfg.rollout.prompts_per_iteration % m == 0, name
-        assert cfg.schedule.mode == ("reference" if m > 1 else "disaggregated"), name
+        assert cfg.schedule.mode == "disaggregated", name
 
 
 def test_mix_grpo_and_nft_recipes_carry_their_peer_numbers():

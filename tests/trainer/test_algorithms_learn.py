@@ -6,7 +6,8 @@ in about half a minute on this 2-core machine: 30 iterations of the four digits 
 draws worst (3, 7, 8, 9: reward about 0.37 each without training), 16 samples each, every
 digit in every iteration (no prompt-mix noise between the windows compared). Algorithms that
 run distributed train in ``digen`` mode (staleness 1, GAP/TSP/TAG/RAT); DiffusionNFT and
-mini-batches in ``reference`` mode (their distributed wiring comes later). The learning rate
+mini-batches in ``reference`` mode (the rows docs/algorithms.md reports; their distributed runs
+are tests/trainer/test_mini_batch_modes.py). The learning rate
 (5e-3) and clip range (1e-2) are the digits examples' (configs/examples/digits-*.yaml); at
 that rate a step moves far more than the peers' trust regions allow, so GRPO-Guard's clip is
 2e-3 and Flow-DPPO's KL threshold 1e-3 (its peer's 1e-5 gives +1.8 standard errors). The
