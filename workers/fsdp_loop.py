@@ -46,10 +46,10 @@ from safetensors.torch import load_file, save_file
 
 from digen.assembly import DTYPES
 from digen.core.events import Role, TaskKind
-from digen.dataplane.blobs import BlobLost
+from digen.dataplane.blobs import BlobLost, fetch
 from digen.dataplane.weights import version_blob
 from digen.parallel.comm import all_gather_json, all_reduce_stats, broadcast_json, join_process_group
-from digen.parallel.fsdp import ShardedTrainer, local_trainable_shards, shard_rows
+from digen.parallel.fsdp import ShardedTrainer, local_trainable_shards, shard_of, shard_rows
 from digen.runtime.fsdp_group import STEP_QUEUE, FsdpGroup
 from digen.runtime.queue import LeasedTask
 from digen.testing import faults
@@ -176,7 +176,22 @@ def _build_trainer(rk: Rank, plan: dict) -> None:
     if folder and state.get("adam_steps"):
         tensors = load_file(str(Path(folder) / "optimizer.safetensors")) if rk.leader else None
         rk.trainer.load_optimizer_state(rk.names, tensors, state["adam_steps"])
-    _serve_shards(rk)
+    kept = _serve_previous(rk, Path(folder), state) if folder else None
+    _serve_shards(rk, kept)
+
+
+def _serve_previous(rk: Rank, folder: Path, state: dict) -> int | None:
+    """A resumed job in digen mode generates its first iteration with the version before the
+    checkpoint's, which no rank holds after a restart: serve this rank's shard of it again,
+    from the checkpoint's ``previous_weights``; returns its version (None: none kept)."""
+    prev, path = state.get("previous_version"), folder / "previous_weights.safetensors"
+    if prev is None or not path.exists():
+        return None
+    rt = rk.rt
+    shards = {k: shard_of(t, rk.rank, rk.world) for k, t in load_file(str(path)).items()}
+    meta = {"version": str(prev), "rank": str(rk.rank), "world": str(rk.world)}
+    rt.blobs.put(version_blob(rt.job.job_id, int(prev)), shards, meta)
+    return int(prev)
 
 
 def _serve_shards(rk: Rank, keep_from: int | None = None) -> None:
@@ -269,9 +284,10 @@ def _step(rk: Rank, cmd: dict) -> None:
     opt = trainer.step(total_rows=rows)
     rt.version = trainer.version
     t1 = time.time()
-    _serve_shards(rk, payload.get("keep_from"))
+    keep_from = payload.get("keep_from")
+    _serve_shards(rk, keep_from)
     folder = cmd["payload"]["checkpoint"]
-    _stage_checkpoint(rk, folder, iteration)
+    _stage_checkpoint(rk, folder, iteration, keep_from)
     t2 = time.time()
     mine = [
         rk.event("optim", iteration, version, t0, t1),
@@ -304,10 +320,13 @@ def _agreed_rows(rk: Rank, expected: int) -> int:
     return rows
 
 
-def _stage_checkpoint(rk: Rank, folder: str | None, iteration: int) -> None:
+def _stage_checkpoint(rk: Rank, folder: str | None, iteration: int, keep_from: int | None) -> None:
     """On a checkpointing step: gather the whole weights and AdamW state on rank 0, which
     stages the checkpoint in ``folder``'s twin ``iter_NNNN.tmp`` in the format of
-    :meth:`digen.optim.ParameterStore.save` (the controller puts it in place)."""
+    :meth:`digen.optim.ParameterStore.save` (the controller puts it in place). With
+    ``keep_from`` (staleness 1) the checkpoint also keeps that older version, which the next
+    iteration's rollouts use: rank 0 puts it together from the shards the ranks serve
+    (``previous_weights``, in the rollout's dtype, as the replicated trainers keep it)."""
     if folder is None:
         return
     trainer = rk.trainer
@@ -321,7 +340,25 @@ def _stage_checkpoint(rk: Rank, folder: str | None, iteration: int) -> None:
     save_file(weights, str(tmp / "weights.safetensors"))
     save_file(tensors, str(tmp / "optimizer.safetensors"))
     state = {"version": trainer.version, "adam_steps": steps, "iteration": iteration}
+    if keep_from is not None and keep_from != trainer.version:
+        save_file(_gather_served(rk, keep_from), str(tmp / "previous_weights.safetensors"))
+        state["previous_version"] = keep_from
     (tmp / "state.json").write_text(json.dumps(state, indent=1))
+
+
+def _gather_served(rk: Rank, version: int) -> dict[str, torch.Tensor]:
+    """Version ``version`` whole, from the shards every rank serves (no collective: the
+    ranks' blob servers answer while they wait in this step)."""
+    rt = rk.rt
+    name = version_blob(rt.job.job_id, version)
+    holders = rt.group.shard_holders(version)
+    if not holders:
+        raise RuntimeError(f"no rank serves every shard of version {version} to checkpoint it")
+    parts = []
+    for addr in holders:
+        own = rt.blobs.get(name) if addr == rt.blob_addr else None
+        parts.append(own.tensors if own is not None else fetch(addr, name)[0])
+    return {k: torch.cat([p[k] for p in parts]).contiguous() for k in parts[0]}
 
 
 def _ack(rk: Rank, task_id: str, result: dict) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
@@ -145,7 +146,7 @@ class WorkerRuntime:
         name = version_blob(self.job.job_id, version)
         deadline = time.monotonic() + WEIGHTS_WAIT_S
         last = "no trainer serves it yet"
-        start = sum(map(ord, self.name))  # spread the workers' first buckets over holders
+        start = zlib.crc32(self.name.encode())  # spread the workers' first buckets over holders
         while True:
             holders = [a for a in self.group.holders_of(version) if a != self.blob_addr]
             shards = None if holders else self.group.shard_holders(version)
@@ -153,8 +154,10 @@ class WorkerRuntime:
                 if holders:
                     return fetch_version(holders, name, dtype=self.policy.dtype, start=start)
                 if shards:  # an FSDP group: every rank's dim-0 shard, put together here
-                    parts = [fetch_version([a], name, dtype=self.policy.dtype) for a in shards]
-                    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+                    n = len(shards)  # each worker starts at another rank: no rank serves all first
+                    order = [(start + i) % n for i in range(n)]
+                    got = {r: fetch_version([shards[r]], name, dtype=self.policy.dtype) for r in order}
+                    return {k: torch.cat([got[r][k] for r in range(n)]) for k in got[0]}
             except BlobLost as exc:
                 last = str(exc)
             if self.job.status() != "running":

@@ -187,6 +187,14 @@ def local_trainable_shards(policy: FlowPolicy) -> dict[str, torch.Tensor]:
     return {name: (t.to_local() if isinstance(t, DTensor) else t).detach() for name, t in named}
 
 
+def shard_of(tensor: torch.Tensor, rank: int, world: int) -> torch.Tensor:
+    """Rank ``rank``'s dim-0 shard of a whole ``tensor``, as FSDP2 cuts it (``torch.chunk``;
+    a rank past the last chunk holds an empty one): what :func:`local_trainable_shards`
+    returns for a tensor the group holds."""
+    chunks = torch.chunk(tensor, world, dim=0)
+    return chunks[rank].contiguous() if rank < len(chunks) else tensor[:0].contiguous()
+
+
 # --- training ------------------------------------------------------------------------
 class ShardedTrainer:
     """One per trainer rank: the FSDP-sharded policy and an AdamW over its shards.

@@ -208,6 +208,37 @@ def test_fsdp_mini_batches_equal_the_reference(tiny_sd3, tmp_path):
 
 
 @pytest.mark.slow
+def test_fsdp_in_digen_mode_resumes_with_the_version_its_rollouts_lag_on(tiny_sd3, tmp_path):
+    """digen mode (staleness 1): the first iteration after --resume generates with the version
+    before the checkpoint's, which no rank holds after a restart: the checkpoint keeps it
+    (``previous_weights``, put together from the ranks' shards) and the ranks serve their
+    shares of it again, so the resumed job runs on as the uninterrupted one does."""
+    from digen.runtime.controller import run_distributed
+
+    def cfg(iterations: int):
+        data = small_config_data(
+            tiny_sd3,
+            iterations=iterations,
+            model__lora={"enabled": False},
+            output__sample_grid_every=0,
+            train__fsdp=True,
+            schedule={"mode": "digen"},
+            cluster__local={"rollout_workers": 1, "trainer_workers": 2},
+        )
+        return build_config(data)
+
+    out = tmp_path / "run"
+    run_distributed(cfg(2), out)
+    state = json.loads((out / "checkpoints/iter_0001/state.json").read_text())
+    assert (state["version"], state["previous_version"]) == (2, 1)
+    run_distributed(cfg(3), out, resume=True)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [0, 1, 2] and rows[-1]["max_staleness"] == 1
+    timeline = [json.loads(line) for line in (out / "timeline.jsonl").read_text().splitlines()]
+    assert {e["version"] for e in timeline if e["kind"] == "gen" and e["iteration"] == 2} == {1}
+
+
+@pytest.mark.slow
 def test_a_dead_rank_fails_the_job_with_a_resume_hint(tiny_sd3, tmp_path, monkeypatch):
     """trainer-1 is killed while training in iteration 1 (its Nanny restarts it, but an FSDP
     group cannot take a rank back): the job fails naming the FSDP group and --resume, after
