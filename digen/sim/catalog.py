@@ -6,7 +6,7 @@ constant cited there).
     catalog: catalog.yaml
     workload: flow-grpo-qwen-image
     testbed: A
-    sim: {iterations: 5, warmup: 2, neighbours: 2}
+    sim: {iterations: 8, warmup: 3, trailing: 1, neighbours: 2}
 
 Loading reports every problem at once as a :class:`~digen.errors.ConfigError`.
 """
@@ -85,9 +85,12 @@ class Catalog(_Section):
 
 
 class SimSection(_Section):
-    iterations: int = Field(5, ge=2)
-    warmup: int = Field(2, ge=0)
-    neighbours: int = Field(2, ge=0)
+    """:class:`~digen.sim.study.SimSettings` (its defaults)."""
+
+    iterations: int = Field(SimSettings.iterations, ge=2)
+    warmup: int = Field(SimSettings.warmup, ge=0)
+    neighbours: int = Field(SimSettings.neighbours, ge=0)
+    trailing: int = Field(SimSettings.trailing, ge=0)
 
 
 class SimRunConfig(_Section):
@@ -180,9 +183,10 @@ def load_sim_config(
         problems.append(f"{p.name}: workload ({run.workload}) must be one of {', '.join(cat.workloads)}")
     if tb_name not in cat.testbeds:
         problems.append(f"{p.name}: testbed ({tb_name}) must be one of {', '.join(cat.testbeds)}")
-    if run.sim.warmup >= run.sim.iterations:
+    if run.sim.warmup + run.sim.trailing >= run.sim.iterations:
         problems.append(
-            f"{p.name}: sim.warmup ({run.sim.warmup}) must be below sim.iterations ({run.sim.iterations})"
+            f"{p.name}: sim.warmup ({run.sim.warmup}) + sim.trailing ({run.sim.trailing}) must be below "
+            f"sim.iterations ({run.sim.iterations}): at least one iteration is measured"
         )
     if problems:
         raise ConfigError(problems)
@@ -212,5 +216,5 @@ def load_sim_config(
         tb_name, tbe.net_gbps, tuple((GpuType(g, **cat.gpus[g].model_dump()), n) for g, n in tbe.gpus.items())
     )
     cost = paper_costmodel(workload, tb, tsp_batch_gain=run.tsp_batch_gain, dataplane=dataplane)
-    settings = SimSettings(run.sim.iterations, run.sim.warmup, run.sim.neighbours)
+    settings = SimSettings(**run.sim.model_dump())
     return SimSetup(f"{run.workload} @ {tb_name}", workload, tb, settings, cost)
