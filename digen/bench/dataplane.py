@@ -19,7 +19,7 @@ with a real Redis. One round per size; per round:
 
 And the **link** itself: raw TCP between a rollout and a trainer process (one socket, one
 ``sendall`` of 256 MiB, no framing), so that each phase's rate reads as a fraction of what
-the machine's link carries: the simulator (:mod:`digen.sim.costmodel`) takes these fractions
+the machine's link carries: the simulator (:mod:`digen.sim.dataplane`) takes these fractions
 to a testbed's network bandwidth.
 
 Beside it, **the path this replaced** (what digen did before): each of 4 train tasks SETs its

@@ -11,6 +11,11 @@ are tight (else move time to the short side), so ``X = sum f_i g_i`` with
 ``sum f_i (g_i + t_i) = sum t_i``. That is a fractional knapsack: value ``g_i``, weight
 ``g_i + t_i``, capacity ``sum t_i``; take workers by decreasing ``g_i / t_i`` (best
 generators first), the last one fractionally.
+
+Both bound a rate that holds over any long stretch of a job, so they are compared with a
+steady-state rate: the simulator measures whole iterations between warm-up and trailing
+ones (:func:`digen.sim.driver.measured_window`). A window that ends with the job's last
+iteration is not one: that iteration overlaps no next generation and can beat the bound.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from digen.core.events import Role
 from digen.errors import ConfigError
 from digen.sim.costmodel import CostModel, SimWorker, WorkerCost
 from digen.sim.dataplane import DataPlaneSeconds
-from digen.sim.driver import MODES, Mode, SimResult, simulate
+from digen.sim.driver import MODES, Mode, SimResult
 from digen.sim.rundata import is_follower_row, read_config, read_jsonl
 from digen.sim.study import SimSettings, run_mode
 
@@ -240,15 +240,18 @@ def measured(run_dir: str | Path, *, warmup: int = 1) -> tuple[float, float]:
 
 
 def _simulate_run(cost: CostModel, info: RunInfo, mode: Mode, warmup: int) -> SimResult:
-    iterations = max(info.iterations, warmup + 2)
-    if mode.colocated:
-        return simulate(cost, mode, iterations=iterations, warmup=warmup)
+    """``mode`` on the run's workers, measured as the run was: its iterations after
+    ``warmup`` up to its end (``trailing = 0``), since :func:`measured` counts the run's last
+    iteration too."""
+    settings = SimSettings(max(info.iterations, warmup + 2), warmup, neighbours=2, trailing=0)
     roles = info.roles
+    if mode.colocated:
+        return settings.simulate(cost, mode)
     if not (
         any(r is Role.ROLLOUT for r in roles.values()) and any(r is Role.TRAINER for r in roles.values())
     ):
-        return run_mode(cost, mode, SimSettings(iterations, warmup, 2))[0]  # the run had no split: search one
-    return simulate(cost, mode, roles, iterations=iterations, warmup=warmup)
+        return run_mode(cost, mode, settings)[0]  # the run had no split: search one
+    return settings.simulate(cost, mode, roles)
 
 
 def compare_run(run_dir: str | Path, *, warmup: int = 1) -> Comparison:

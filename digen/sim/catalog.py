@@ -6,7 +6,7 @@ constant cited there).
     catalog: catalog.yaml
     workload: flow-grpo-qwen-image
     testbed: A
-    sim: {iterations: 5, warmup: 2, neighbours: 2}
+    sim: {iterations: 8, warmup: 3, trailing: 1, neighbours: 2}
 
 Loading reports every problem at once as a :class:`~digen.errors.ConfigError`.
 """
@@ -16,12 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from digen.errors import ConfigError
 from digen.sim.costmodel import CostModel, GpuType, ModelSpec, Testbed, Workload, paper_costmodel
 from digen.sim.dataplane import DataPlaneModel
+from digen.sim.files import read_mapping
 from digen.sim.sp_calibration import calibrated_model, load_calibration
 from digen.sim.study import SimSettings
 
@@ -34,6 +34,8 @@ CITED_LATENT_NUMEL = {
 """One sample's latent elements of the catalog's models that give no ``latent_numel``: the
 tokens of cost-model.md l.12-15 (as ``tflop_per_step`` cites them) x 64 (16 latent channels x
 a 2x2 patch; a video's 1x2x2). The trajectory transfer's size."""
+RUN_CONFIG = "pass a simulation config (configs/sim/*.yaml: a workload and a testbed of a catalog)"
+CATALOG = "name a catalog in the config's catalog: key (a path relative to the config)"
 
 
 class _Section(BaseModel):
@@ -85,9 +87,12 @@ class Catalog(_Section):
 
 
 class SimSection(_Section):
-    iterations: int = Field(5, ge=2)
-    warmup: int = Field(2, ge=0)
-    neighbours: int = Field(2, ge=0)
+    """:class:`~digen.sim.study.SimSettings` (its defaults)."""
+
+    iterations: int = Field(SimSettings.iterations, ge=2)
+    warmup: int = Field(SimSettings.warmup, ge=0)
+    neighbours: int = Field(SimSettings.neighbours, ge=0)
+    trailing: int = Field(SimSettings.trailing, ge=0)
 
 
 class SimRunConfig(_Section):
@@ -114,18 +119,6 @@ class SimSetup:
     cost: CostModel
 
 
-def _read_yaml(path: Path) -> dict:
-    if not path.exists():
-        raise ConfigError(f"simulation config {path} does not exist")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path} must hold a mapping, got {type(data).__name__}")
-    return data
-
-
 def _validate(model: type[BaseModel], data: dict, where: Path) -> BaseModel:
     try:
         return model.model_validate(data)
@@ -135,7 +128,7 @@ def _validate(model: type[BaseModel], data: dict, where: Path) -> BaseModel:
 
 
 def load_catalog(path: Path) -> Catalog:
-    cat = _validate(Catalog, _read_yaml(path), path)
+    cat = _validate(Catalog, read_mapping(path, CATALOG), path)
     assert isinstance(cat, Catalog)
     problems = [
         f"{path.name}: workloads.{n}.model ({w.model}) is not in models"
@@ -155,7 +148,7 @@ def load_catalog(path: Path) -> Catalog:
 
 def is_run_config(path: Path) -> bool:
     """True for a run config (names a workload), False for the catalog."""
-    data = _read_yaml(path)
+    data = read_mapping(path, RUN_CONFIG)
     return "workload" in data and "testbed" in data
 
 
@@ -171,7 +164,7 @@ def load_sim_config(
     the catalog's cited ones (:mod:`digen.sim.sp_calibration`); ``dataplane``: the data
     plane's calibration (default :class:`DataPlaneModel`'s, :mod:`digen.sim.dataplane`)."""
     p = Path(path)
-    run = _validate(SimRunConfig, _read_yaml(p), p)
+    run = _validate(SimRunConfig, read_mapping(p, RUN_CONFIG), p)
     assert isinstance(run, SimRunConfig)
     cat = load_catalog((p.parent / run.catalog).resolve())
     tb_name = testbed or run.testbed
@@ -180,9 +173,10 @@ def load_sim_config(
         problems.append(f"{p.name}: workload ({run.workload}) must be one of {', '.join(cat.workloads)}")
     if tb_name not in cat.testbeds:
         problems.append(f"{p.name}: testbed ({tb_name}) must be one of {', '.join(cat.testbeds)}")
-    if run.sim.warmup >= run.sim.iterations:
+    if run.sim.warmup + run.sim.trailing >= run.sim.iterations:
         problems.append(
-            f"{p.name}: sim.warmup ({run.sim.warmup}) must be below sim.iterations ({run.sim.iterations})"
+            f"{p.name}: sim.warmup ({run.sim.warmup}) + sim.trailing ({run.sim.trailing}) must be below "
+            f"sim.iterations ({run.sim.iterations}): at least one iteration is measured"
         )
     if problems:
         raise ConfigError(problems)
@@ -212,5 +206,5 @@ def load_sim_config(
         tb_name, tbe.net_gbps, tuple((GpuType(g, **cat.gpus[g].model_dump()), n) for g, n in tbe.gpus.items())
     )
     cost = paper_costmodel(workload, tb, tsp_batch_gain=run.tsp_batch_gain, dataplane=dataplane)
-    settings = SimSettings(run.sim.iterations, run.sim.warmup, run.sim.neighbours)
+    settings = SimSettings(**run.sim.model_dump())
     return SimSetup(f"{run.workload} @ {tb_name}", workload, tb, settings, cost)

@@ -46,11 +46,11 @@ way (``docs/simulator.md``).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from digen.errors import ConfigError
+from digen.sim.files import read_mapping
 
 GB = 1e9
 """The catalog's bandwidths are decimal GB/s (200 Gb/s = 25 GB/s)."""
@@ -140,16 +140,7 @@ class DataPlaneModel:
         p = Path(path)
         if p.is_dir():
             p = p / "bench-dataplane.json"
-        if not p.is_file():
-            raise ConfigError(
-                f"{p} does not exist: pass the bench-dataplane.json of `digen bench --dataplane`"
-            )
-        try:
-            data = json.loads(p.read_text())
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{p} is not valid JSON: {exc}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{p} must hold a JSON object (bench-dataplane.json)")
+        data = read_mapping(p, "pass the bench-dataplane.json of `digen bench --dataplane`")
         return cls.from_bench(data, size)
 
     def describe(self) -> str:

@@ -24,7 +24,14 @@ its first task of that version (trainers serve the versions they make, colocated
 all trainers: they fetch nothing); a train task's fetch of its group's trajectories on the
 training worker's lane, unless that worker generated the group itself.
 
-    res = simulate(cost, MODES["digen"], roles)
+Measured window: a mode's metrics are its steady state, the iterations between ``warmup``
+ones (pipeline fill; TAG and RAT learn speeds in iteration 0) and ``trailing`` ones. The
+job's last iteration has no next iteration whose generation it overlaps (with RAT its rollout
+workers all train): a window that ends with it makes pipelined modes look faster than they
+run, faster even than the bound (:mod:`digen.sim.bounds`). Every mode is measured on the
+same window.
+
+    res = simulate(cost, MODES["digen"], roles, iterations=8, warmup=3, trailing=1)
     res.samples_per_s, res.bubble_ratio, res.rows  # rows: timeline.jsonl objects
 """
 
@@ -144,7 +151,7 @@ class _Worker:
 @dataclass
 class SimResult:
     """One simulated run: the timeline and per-iteration step ends, and its metrics over the
-    measured iterations (after ``warmup``)."""
+    measured iterations (after ``warmup``, before ``trailing``: :func:`measured_window`)."""
 
     mode: str
     roles: dict[str, Role]
@@ -153,6 +160,7 @@ class SimResult:
     samples_per_iteration: int
     gpus: int
     warmup: int
+    trailing: int = 0
     s_per_iteration: float = 0.0
     samples_per_s: float = 0.0
     bubble_ratio: float = 0.0
@@ -375,14 +383,25 @@ class _Sim:
 
 
 def simulate(
-    cost: CostModel, mode: Mode, roles: dict[str, Role] | None = None, *, iterations: int = 4, warmup: int = 1
+    cost: CostModel,
+    mode: Mode,
+    roles: dict[str, Role] | None = None,
+    *,
+    iterations: int = 4,
+    warmup: int = 1,
+    trailing: int = 1,
 ) -> SimResult:
-    """Run ``iterations`` iterations of ``mode``; metrics cover those after ``warmup``.
+    """Run a job of ``iterations`` iterations of ``mode``; metrics cover those after the
+    first ``warmup`` and before the last ``trailing`` (:func:`measured_window`). ``trailing
+    = 0`` measures up to the job's end, as a run's own metrics do (:mod:`digen.sim.calibrate`).
 
     ``roles``: rollout/trainer per worker for disaggregated modes (colocated ignores it).
     """
-    if iterations <= warmup:
-        raise ConfigError(f"sim.iterations ({iterations}) must exceed sim.warmup ({warmup})")
+    if min(warmup, trailing) < 0 or iterations <= warmup + trailing:
+        raise ConfigError(
+            f"sim.iterations ({iterations}) must exceed sim.warmup ({warmup}) + sim.trailing ({trailing}), "
+            f"both at least 0: at least one iteration is measured"
+        )
     if mode.colocated:
         roles = {w.name: Role.COLOCATED for w in cost.workers}
     elif roles is None or set(roles) != {w.name for w in cost.workers}:
@@ -416,7 +435,9 @@ def simulate(
     sim.apply(sched.start(0.0))
     sim.dispatch()
     sim.loop()
-    res = SimResult(mode.name, dict(roles), _rows(sim), sim.step_ends, cost.samples, cost.gpu_count, warmup)
+    res = SimResult(
+        mode.name, dict(roles), _rows(sim), sim.step_ends, cost.samples, cost.gpu_count, warmup, trailing
+    )
     _measure(res, sim)
     return res
 
@@ -477,11 +498,20 @@ def time_shares(res: SimResult) -> dict[str, float]:
     return out
 
 
+def measured_window(step_ends: list[float], warmup: int, trailing: int = 0) -> tuple[float, float]:
+    """``[lo, hi]`` of the measured iterations: from the step of iteration ``warmup - 1`` (0 s
+    without warm-up) to that of the last iteration before the ``trailing`` ones. Whole
+    iterations, step to step: the window holds the measured iterations' training; where
+    generation runs ahead (staleness) it holds part of the next iteration's generation in
+    place of part of the first one's, as every steady iteration does, which is why the
+    iteration after the window must exist."""
+    lo = step_ends[warmup - 1] if warmup > 0 else 0.0
+    return lo, step_ends[len(step_ends) - 1 - trailing]
+
+
 def _measure(res: SimResult, sim: _Sim) -> None:
-    ends = res.step_ends
-    lo = ends[res.warmup - 1] if res.warmup > 0 else 0.0
-    hi = ends[-1]
-    n = len(ends) - res.warmup
+    lo, hi = measured_window(res.step_ends, res.warmup, res.trailing)
+    n = len(res.step_ends) - res.warmup - res.trailing
     res.window = (lo, hi)
     res.s_per_iteration = (hi - lo) / n
     res.samples_per_s = res.samples_per_iteration / res.s_per_iteration if res.s_per_iteration > 0 else 0.0

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from digen.plots import KIND_COLORS, OTHER_COLOR
 from digen.sim.costmodel import SpChoice
-from digen.sim.driver import DATAPLANE_PARTS, LADDER, SimResult, time_shares
+from digen.sim.driver import DATAPLANE_PARTS, LADDER, SimResult, measured_window, time_shares
 from digen.sim.study import Study
 
 DATAPLANE_HEADERS = ["reduce s", "step s", "distribute s", "trajectory s"]
@@ -227,10 +227,8 @@ def plot_gantt(results: list[SimResult], out: str | Path, *, title: str = "", ma
 
 
 def _iteration_window(res: SimResult) -> tuple[float, float]:
-    ends = res.step_ends
-    k = res.warmup
-    lo = ends[k - 1] if k > 0 else 0.0
-    return lo, ends[k]
+    """The first measured iteration's window (the job cut after it)."""
+    return measured_window(res.step_ends[: res.warmup + 1], res.warmup)
 
 
 def _lanes(res: SimResult, max_lanes: int) -> list[str]:

@@ -8,25 +8,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
 from digen.errors import ConfigError
 from digen.rundir import _read_jsonl
+from digen.sim.files import read_mapping
+
+RUN_DIR = "pass a run directory written by digen train"
 
 
 def read_jsonl(path: Path) -> list[dict]:
     """The rows of a run's JSONL file (up to a line cut by a crash)."""
     if not path.exists():
-        raise ConfigError(f"{path} does not exist: pass a run directory written by digen train")
+        raise ConfigError(f"{path} does not exist: {RUN_DIR}")
     return _read_jsonl(path)
 
 
 def read_config(run: Path) -> dict:
     """The run's ``config.yaml`` as a dict (resolved, as the run wrote it)."""
-    p = run / "config.yaml"
-    if not p.exists():
-        raise ConfigError(f"{p} does not exist: pass a run directory written by digen train")
-    return yaml.safe_load(p.read_text()) or {}
+    return read_mapping(run / "config.yaml", RUN_DIR)
 
 
 def is_follower_row(row: dict) -> bool:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from digen.errors import ConfigError
 from digen.sim.costmodel import ModelSpec
+from digen.sim.files import read_mapping
 from digen.sim.rundata import is_follower_row, read_config, read_jsonl
 
 FORMAT = "digen-sp-calibration/1"
@@ -174,15 +175,8 @@ def load_calibration(path: str | Path) -> SpCalibration:
     p = Path(path)
     if p.is_dir():
         return sp_from_run(p)
-    if not p.exists():
-        raise ConfigError(
-            f"calibration {p} does not exist: pass a file written by digen sp-bench or a run directory"
-        )
-    try:
-        data = json.loads(p.read_text())
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{p} is not valid JSON: {exc}") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
+    data = read_mapping(p, "pass a calibration file written by digen sp-bench or a run directory")
+    if data.get("format") != FORMAT:
         raise ConfigError(f"{p}: format must be {FORMAT!r} (a file written by digen sp-bench)")
     raw = data.get("sp_efficiency")
     if not isinstance(raw, dict) or not raw:

@@ -31,11 +31,25 @@ PREDECESSOR = {b: a for a, b in zip(LADDER, LADDER[1:], strict=False)} | {
 
 @dataclass(frozen=True)
 class SimSettings:
-    iterations: int = 5
-    warmup: int = 2
-    """Iterations left out of the metrics (pipeline fill; TAG learns speeds in iteration 0)."""
+    """How long a job each mode runs and which of its iterations are measured: the same
+    window for every mode (:func:`digen.sim.driver.measured_window`)."""
+
+    iterations: int = 8
+    """Iterations of the simulated job: warm-up, measured and trailing ones."""
+    warmup: int = 3
+    """Iterations left out at the start: pipeline fill, and TAG and RAT learning speeds in
+    iteration 0, budgets that settle by iteration 2 (digen on FLUX, Qwen-Image, Wan2.1)."""
     neighbours: int = 2
     """Splits simulated on each side of the analytic best (0: the analytic best only)."""
+    trailing: int = 1
+    """Iterations left out at the end: the job's last iteration overlaps no next generation
+    (with staleness 1 one iteration runs ahead, so one is enough)."""
+
+    def simulate(self, cost: CostModel, mode: Mode, roles: dict[str, Role] | None = None) -> SimResult:
+        """:func:`~digen.sim.driver.simulate` with these settings."""
+        return simulate(
+            cost, mode, roles, iterations=self.iterations, warmup=self.warmup, trailing=self.trailing
+        )
 
 
 @dataclass
@@ -139,7 +153,7 @@ def run_mode(
     """Simulate ``mode`` (searching the split when disaggregated); returns the result, the
     rollout count and the number of splits tried."""
     if mode.colocated:
-        return simulate(cost, mode, iterations=settings.iterations, warmup=settings.warmup), 0, 1
+        return settings.simulate(cost, mode), 0, 1
     if len(cost.workers) < 2:
         raise ConfigError(
             f"mode {mode.name} needs at least 2 workers (one rollout, one trainer); the cluster has "
@@ -149,9 +163,7 @@ def run_mode(
     best: tuple[SimResult, int] | None = None
     cands = _candidates(cost, mode, order, settings.neighbours, previous)
     for r in cands:
-        res = simulate(
-            cost, mode, roles_for(order, r), iterations=settings.iterations, warmup=settings.warmup
-        )
+        res = settings.simulate(cost, mode, roles_for(order, r))
         if best is None or res.samples_per_s > best[0].samples_per_s * (1 + 1e-9):
             best = (res, r)
     assert best is not None

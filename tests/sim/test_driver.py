@@ -61,7 +61,7 @@ def test_async_overlaps_next_generation_with_training():
 
 def test_training_waits_for_every_micro_batch_of_its_prompt_group():
     cost = uniform_model(workers=4, tasks=8, per_group=4)
-    res = simulate(cost, MODES["disagg+gap"], split(cost, 3), iterations=2, warmup=1)
+    res = simulate(cost, MODES["disagg+gap"], split(cost, 3), iterations=2, warmup=1, trailing=0)
     first_train = min(r["start"] for r in res.rows if r["kind"] == "train" and r["iteration"] == 0)
     # 3 rollouts: tasks 0-2 end at 1 s, task 3 (same group) at 2 s; training starts at 2 s
     assert first_train == pytest.approx(2.0)
@@ -95,7 +95,7 @@ def test_weight_loads_are_charged_when_the_version_changes():
 def test_a_mode_without_trainers_stalls_with_a_clear_error():
     cost = uniform_model()
     with pytest.raises(DigenError, match="stalled"):
-        simulate(cost, MODES["disaggregated"], split(cost, 4), iterations=2, warmup=1)
+        simulate(cost, MODES["disaggregated"], split(cost, 4), iterations=2, warmup=1, trailing=0)
 
 
 def test_disaggregated_needs_a_role_per_worker_and_modes_are_validated():

@@ -36,3 +36,22 @@ def test_only_the_leader_row_of_a_replica_stands_for_its_task():
     assert not is_follower_row({"worker": "rollout-0", "ranks": ranks})
     assert is_follower_row({"worker": "rollout-1", "ranks": ranks})
     assert not is_follower_row({"worker": "rollout-2"})
+
+
+def test_every_file_the_simulator_reads_fails_the_same_way(tmp_path: Path):
+    from digen.sim.catalog import load_sim_config
+    from digen.sim.dataplane import DataPlaneModel
+    from digen.sim.sp_calibration import load_calibration
+
+    broken, listed = tmp_path / "broken.json", tmp_path / "list.yaml"
+    broken.write_text('{"rounds": [')
+    listed.write_text("- workload\n- testbed\n")
+    for read in (DataPlaneModel.load, load_calibration):
+        with pytest.raises(ConfigError, match="broken.json is not valid JSON"):
+            read(broken)
+    with pytest.raises(
+        ConfigError, match="list.yaml must hold a mapping, got list: pass a simulation config"
+    ):
+        load_sim_config(listed)
+    with pytest.raises(ConfigError, match="nope.yaml does not exist or is not a file"):
+        load_sim_config(tmp_path / "nope.yaml")
