@@ -509,19 +509,20 @@ def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
 
 def _section_keys(loc: tuple[Any, ...]) -> list[str]:
     """The keys allowed beside the last one of ``loc`` (the section it names), for a hint."""
-    node: Any = Config
+    node: type[BaseModel] = Config
     for part in loc[:-1]:
         if isinstance(part, int):
             continue
-        field = node.model_fields.get(str(part)) if isinstance(node, type) else None
+        field = node.model_fields.get(str(part))
         if field is None:
             return []
-        node = field.annotation
-        if get_origin(node) is list:
-            node = get_args(node)[0]
-        if not (isinstance(node, type) and issubclass(node, BaseModel)):
+        inner: Any = field.annotation
+        if get_origin(inner) is list:
+            inner = get_args(inner)[0]
+        if not (isinstance(inner, type) and issubclass(inner, BaseModel)):
             return []
-    return list(node.model_fields) if isinstance(node, type) and issubclass(node, BaseModel) else []
+        node = inner
+    return list(node.model_fields)
 
 
 def _describe(err: Any) -> str:  # a pydantic ErrorDetails
