@@ -5,7 +5,7 @@ job's trainer workers (the member list the controller fixed at job start, sorted
 one torch.distributed process group, rendezvous through Redis (no pickle anywhere):
 
 1. rank 0 starts a ``TCPStore`` on its host (OS-assigned port) and writes host/port/backend
-   to Redis (:class:`~digen.runtime.fsdp_group.FsdpGroup`); the others poll for it and
+   to Redis (:class:`~digen.runtime.fsdp_keys.FsdpGroup`); the others poll for it and
    connect; every rank calls ``init_process_group`` (gloo on CPU, NCCL on CUDA);
 2. every rank starts from version 0 (its own seeded build) or, on ``--resume``, the
    checkpoint's weights (read from the file), shards them with
@@ -50,8 +50,8 @@ from digen.dataplane.blobs import BlobLost
 from digen.dataplane.weights import version_blob
 from digen.parallel.comm import all_gather_json, all_reduce_stats, broadcast_json, join_process_group
 from digen.parallel.fsdp import ShardedTrainer, local_trainable_shards, shard_rows
-from digen.runtime.fsdp_group import STEP_QUEUE, FsdpGroup
-from digen.runtime.queue import LeasedTask
+from digen.runtime.fsdp_keys import FsdpGroup
+from digen.runtime.queue import STEP_QUEUE, LeasedTask
 from digen.testing import faults
 from digen.training import TrainSpec, spec_rows
 from workers.runtime import WorkerRuntime, dask_worker_host, wait_for

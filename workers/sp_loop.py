@@ -1,7 +1,7 @@
 """A rollout worker's part in a sequence-parallel replica (``rollout.sequence_parallel: d``).
 
 :func:`workers.loop.worker_loop` calls :func:`run_sp_rank` once its worker is ready; it
-returns at once for a worker outside the controller's plan (:mod:`digen.runtime.sp_group`),
+returns at once for a worker outside the controller's plan (:mod:`digen.runtime.sp_keys`),
 else this worker is one rank of its replica until the job stops or the replica breaks, and
 then the ordinary (d=1) loop goes on. Rendezvous as the FSDP group does
 (:mod:`workers.fsdp_loop`): the leader (rank 0) starts a ``TCPStore`` and writes its address
@@ -41,7 +41,7 @@ from digen.core.events import Role, TaskKind, TaskRef
 from digen.parallel.comm import all_gather_json, broadcast_json, join_process_group
 from digen.parallel.ulysses import sequence_parallel
 from digen.runtime.queue import LeasedTask
-from digen.runtime.sp_group import SpGroup
+from digen.runtime.sp_keys import SpGroup
 from digen.testing import faults
 from workers.runtime import WorkerRuntime, dask_worker_host, poll, wait_for
 from workers.tasks import gen_result, generate, run_eval
