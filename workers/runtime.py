@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from typing import Protocol, TypeVar
 
 import torch
 
@@ -29,12 +29,9 @@ from digen.errors import TaskDropped
 from digen.runtime.jobstate import JobState, LoopState
 from digen.runtime.queue import TaskQueue
 from digen.runtime.redis_conn import RoundTrips
-from digen.runtime.trainer_group import TrainerGroup
+from digen.runtime.trainer_group import StepCommand, TrainerGroup
 from digen.testing import faults
 from workers.preload import take_policy
-
-if TYPE_CHECKING:
-    from workers.trainer import Member
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +42,17 @@ STOP_CHECK_S = 0.2
 WEIGHTS_WAIT_S = 300.0
 """How long a worker waits for some trainer to serve the weights version a task needs."""
 POLL_S = 0.05
+
+
+class GroupShare(Protocol):
+    """What the loop and the tasks ask of a worker's share of the trainer group
+    (:class:`workers.trainer.Member`, which builds on this runtime: hence a protocol here)."""
+
+    def add(self, task_id: str, grads: dict[str, torch.Tensor]) -> None: ...
+
+    def run_step(self, cmd: StepCommand) -> None: ...
+
+    def leave_group(self) -> None: ...
 
 
 @dataclass
@@ -75,7 +83,7 @@ class WorkerRuntime:
     """What this worker serves to its peers (its process's store)."""
     blob_addr: str = ""
     """Where peers fetch this worker's blobs (``host:port``)."""
-    member: Member | None = None
+    member: GroupShare | None = None
     """This worker's share of the trainer group (trainers; every worker in ``colocated`` mode)."""
 
     @property
