@@ -26,7 +26,9 @@ from digen.core.events import Role, TaskRef
 from digen.dataplane.blobs import BlobLost, BlobStore
 from digen.dataplane.weights import fetch_version, version_blob
 from digen.errors import TaskDropped
+from digen.parallel.comm import join_process_group
 from digen.runtime.jobstate import JobState, LoopState
+from digen.runtime.jsonkeys import Rendezvous
 from digen.runtime.queue import TaskQueue
 from digen.runtime.redis_conn import RoundTrips
 from digen.runtime.trainer_group import StepCommand, TrainerGroup
@@ -232,6 +234,35 @@ def wait_for(rt: WorkerRuntime, read: Callable[[], T | None], what: str) -> T | 
         time.sleep(POLL_S)
     log.info("job %s stopped while %s waited for %s", rt.job.job_id, rt.name, what)
     return None
+
+
+def join_group(
+    rt: WorkerRuntime,
+    rendezvous: Rendezvous,
+    rank: int,
+    world: int,
+    device: torch.device,
+    host: str | None = None,
+) -> dict | None:
+    """Form a group's torch.distributed process group through its ``rendezvous`` key, with the
+    job's collective timeout (``schedule.lease_s``): rank 0 serves it on ``host`` (default: this
+    Dask worker's host). The address, or None when the job stopped or the group's leader left
+    first. The trainer group, the FSDP group and the sequence-parallel replicas form theirs so."""
+
+    def await_address() -> dict | None:
+        found = wait_for(rt, rendezvous.poll, rendezvous.what)
+        return None if found is None or "gone" in found else found
+
+    return join_process_group(
+        leader=rank == 0,
+        host=host or dask_worker_host(),
+        rank=rank,
+        world=world,
+        device=device,
+        timeout_s=rt.cfg.schedule.lease_s,
+        publish=rendezvous.publish,
+        await_address=await_address,
+    )
 
 
 def dask_worker_host() -> str:

@@ -16,7 +16,7 @@ Keys (``P = digen:<job_id>:``, cleared with the job's other keys)::
 
 from __future__ import annotations
 
-from digen.runtime.jsonkeys import JsonKeys
+from digen.runtime.jsonkeys import JsonKeys, Rendezvous
 
 
 class FsdpGroup(JsonKeys):
@@ -31,11 +31,8 @@ class FsdpGroup(JsonKeys):
     def plan(self) -> dict | None:
         return self.get_json("plan")
 
-    def set_address(self, host: str, port: int, backend: str) -> None:
-        self.set_rendezvous("store", host, port, backend)
-
-    def address(self) -> dict | None:
-        return self.get_json("store")
+    def rendezvous(self) -> Rendezvous:
+        return Rendezvous(self, "store", "the FSDP rendezvous address")
 
     def join(self, worker: str) -> bool:
         """Record that ``worker``'s loop joined; False when it had joined before (a restart)."""

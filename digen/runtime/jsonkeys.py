@@ -1,15 +1,18 @@
-"""One job's Redis keys under a section prefix, with JSON values: what the trainer group, the
-FSDP group and the sequence-parallel replicas keep in Redis is read and written the same way.
+"""One job's Redis keys under a section prefix, with JSON values: the trainer group, the FSDP
+group and the sequence-parallel replicas keep their keys in Redis the same way.
 
 A group's keys are ``digen:<job_id>:<section>:<name>`` (cleared with the job's other keys);
 a value is JSON text (no pickle: Redis may be shared), and a key that is not set reads as
-None. A rendezvous address is the JSON ``{"host", "port", "backend"}`` of the TCPStore that
-the group's rank 0 serves (:func:`digen.parallel.comm.join_process_group` writes and reads it).
+None. Each group forms its torch.distributed process group through a :class:`Rendezvous`
+key: rank 0 publishes the JSON ``{"host", "port", "backend"}`` of the TCPStore it serves and
+the other ranks poll for it (:func:`digen.parallel.comm.join_process_group`).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -27,5 +30,25 @@ class JsonKeys:
         raw = self.r.get(self.p + key)
         return None if raw is None else json.loads(raw)
 
-    def set_rendezvous(self, key: str, host: str, port: int, backend: str) -> None:
-        self.set_json(key, {"host": host, "port": port, "backend": backend})
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """The key where one process group's rank 0 publishes its TCPStore's address."""
+
+    keys: JsonKeys
+    key: str
+    what: str
+    """What the other ranks wait for, as a log line names it."""
+    gone: Callable[[], str | None] = lambda: None
+    """Why the address will never come (its leader left), or None while it may."""
+
+    def publish(self, host: str, port: int, backend: str) -> None:
+        self.keys.set_json(self.key, {"host": host, "port": port, "backend": backend})
+
+    def poll(self) -> dict | None:
+        """The address; ``{"gone": why}`` once it will never come; None until either."""
+        addr = self.keys.get_json(self.key)
+        if addr is not None:
+            return addr
+        why = self.gone()
+        return None if why is None else {"gone": why}

@@ -12,7 +12,7 @@ Keys (``P = digen:<job_id>:``, cleared with the job's other keys)::
 
 from __future__ import annotations
 
-from digen.runtime.jsonkeys import JsonKeys
+from digen.runtime.jsonkeys import JsonKeys, Rendezvous
 
 
 class SpGroup(JsonKeys):
@@ -27,11 +27,11 @@ class SpGroup(JsonKeys):
     def plan(self) -> dict | None:
         return self.get_json("plan")
 
-    def set_address(self, leader: str, host: str, port: int, backend: str) -> None:
-        self.set_rendezvous(f"store:{leader}", host, port, backend)
-
-    def address(self, leader: str) -> dict | None:
-        return self.get_json(f"store:{leader}")
+    def rendezvous(self, leader: str) -> Rendezvous:
+        """``leader``'s replica's rendezvous, gone once the leader left its replica (it restarted)."""
+        return Rendezvous(
+            self, f"store:{leader}", "the replica's rendezvous", lambda: self.solo().get(leader)
+        )
 
     def join(self, worker: str) -> bool:
         """Record that ``worker``'s loop joined; False when it had joined before (a restart)."""

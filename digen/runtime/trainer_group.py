@@ -42,7 +42,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-from digen.runtime.jsonkeys import JsonKeys
+from digen.runtime.jsonkeys import JsonKeys, Rendezvous
 
 COMMIT, ABORT = "commit", "abort"
 
@@ -169,11 +169,8 @@ class TrainerGroup(JsonKeys):
         return self.get_json("current")
 
     # --- rendezvous -----------------------------------------------------------------------
-    def set_address(self, epoch: int, host: str, port: int, backend: str) -> None:
-        self.set_rendezvous(f"addr:{epoch}", host, port, backend)
-
-    def address(self, epoch: int) -> dict | None:
-        return self.get_json(f"addr:{epoch}")
+    def rendezvous(self, epoch: int) -> Rendezvous:
+        return Rendezvous(self, f"addr:{epoch}", "the trainer rendezvous")
 
     # --- what each member holds -------------------------------------------------------------
     def set_holding(
