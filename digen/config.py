@@ -509,19 +509,20 @@ def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
 
 def _section_keys(loc: tuple[Any, ...]) -> list[str]:
     """The keys allowed beside the last one of ``loc`` (the section it names), for a hint."""
-    node: Any = Config
+    node: type[BaseModel] = Config
     for part in loc[:-1]:
         if isinstance(part, int):
             continue
-        field = node.model_fields.get(str(part)) if isinstance(node, type) else None
+        field = node.model_fields.get(str(part))
         if field is None:
             return []
-        node = field.annotation
-        if get_origin(node) is list:
-            node = get_args(node)[0]
-        if not (isinstance(node, type) and issubclass(node, BaseModel)):
+        inner: Any = field.annotation
+        if get_origin(inner) is list:
+            inner = get_args(inner)[0]
+        if not (isinstance(inner, type) and issubclass(inner, BaseModel)):
             return []
-    return list(node.model_fields) if isinstance(node, type) and issubclass(node, BaseModel) else []
+        node = inner
+    return list(node.model_fields)
 
 
 def _describe(err: Any) -> str:  # a pydantic ErrorDetails
@@ -757,17 +758,24 @@ def build_config(
     return cfg
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None, *, check_paths: bool = True) -> Config:
-    """Read a YAML config file; see :func:`build_config`."""
-    p = Path(path)
-    if not p.exists():
-        raise ConfigError(f"config file {p} does not exist")
+def read_yaml(path: Path, what: str) -> Any:
+    """The data of the YAML file ``path`` (``{}`` when it is empty); a one-line
+    :class:`ConfigError` when it does not exist (``what`` names the file: "config file") or is
+    not YAML (with the line and column of the problem)."""
+    if not path.exists():
+        raise ConfigError(f"{what} {path} does not exist")
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        return yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"{p} is not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+        raise ConfigError(f"{path} is not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None, *, check_paths: bool = True) -> Config:
+    """Read a YAML config file; see :func:`build_config`."""
+    p = Path(path)
+    data = read_yaml(p, "config file")
     if not isinstance(data, dict):
         raise ConfigError(f"{p} must hold a mapping of config sections, got {type(data).__name__}")
     return build_config(data, overrides, source_dir=p.parent.resolve(), check_paths=check_paths)

@@ -28,6 +28,7 @@ from PIL import Image
 from digen.algos.sde import euler_step
 from digen.config import Config
 from digen.models.base import FlowPolicy
+from digen.records import Record
 from digen.rewards.base import call_reward
 from digen.rundir import RunDir
 from digen.seeding import generator
@@ -46,7 +47,7 @@ def held_out_prompts(cfg: Config) -> list[str]:
 
 
 @dataclass(frozen=True)
-class EvalTask:
+class EvalTask(Record):
     """One chunk of an evaluation: test prompts ``indices`` with weights ``version``
     (the version after ``iteration``'s step)."""
 
@@ -55,25 +56,6 @@ class EvalTask:
     version: int
     indices: tuple[int, ...]
     prompts: tuple[str, ...]
-
-    def to_json(self) -> dict:
-        return {
-            "iteration": self.iteration,
-            "chunk": self.chunk,
-            "version": self.version,
-            "indices": list(self.indices),
-            "prompts": list(self.prompts),
-        }
-
-    @staticmethod
-    def from_json(d: dict) -> EvalTask:
-        return EvalTask(
-            int(d["iteration"]),
-            int(d["chunk"]),
-            int(d["version"]),
-            tuple(int(i) for i in d["indices"]),
-            tuple(str(p) for p in d["prompts"]),
-        )
 
 
 def eval_batch_size(cfg: Config) -> int:

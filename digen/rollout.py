@@ -20,12 +20,13 @@ from digen.algos.sde import euler_step, sde_step
 from digen.config import Config
 from digen.errors import TaskDropped
 from digen.models.base import FlowPolicy, PromptEmbeds
+from digen.records import Record
 from digen.rewards.base import call_reward
 from digen.seeding import iteration_generator, sample_generator
 
 
 @dataclass(frozen=True)
-class GroupTask:
+class GroupTask(Record):
     """What a generation task says: which samples of which iteration, with which weights."""
 
     iteration: int
@@ -33,25 +34,6 @@ class GroupTask:
     prompt: str
     sample_ids: tuple[int, ...]
     version: int
-
-    def to_json(self) -> dict:
-        return {
-            "iteration": self.iteration,
-            "group": self.group,
-            "prompt": self.prompt,
-            "sample_ids": list(self.sample_ids),
-            "version": self.version,
-        }
-
-    @staticmethod
-    def from_json(d: dict) -> GroupTask:
-        return GroupTask(
-            int(d["iteration"]),
-            int(d["group"]),
-            str(d["prompt"]),
-            tuple(int(i) for i in d["sample_ids"]),
-            int(d["version"]),
-        )
 
 
 @dataclass

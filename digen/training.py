@@ -38,10 +38,11 @@ from digen.algos.registry import Rows, algorithm_for
 from digen.algos.rows import TrainRows, transition_rows
 from digen.config import Config
 from digen.models.base import FlowPolicy, PromptEmbeds
+from digen.records import Record
 
 
 @dataclass
-class TrainSpec:
+class TrainSpec(Record):
     """What a train task says: the group, and per sample its advantage and trained steps.
 
     ``samples`` indexes the group's samples (positions 0..G-1) that train; dropped samples
@@ -54,20 +55,6 @@ class TrainSpec:
     samples: list[int]
     advantages: list[float]
     steps: list[list[int]]
-
-    def to_json(self) -> dict:
-        return dict(self.__dict__)
-
-    @staticmethod
-    def from_json(d: dict) -> TrainSpec:
-        return TrainSpec(
-            int(d["iteration"]),
-            int(d["group"]),
-            int(d["gen_version"]),
-            [int(i) for i in d["samples"]],
-            [float(a) for a in d["advantages"]],
-            [[int(j) for j in s] for s in d["steps"]],
-        )
 
     @property
     def rows(self) -> int:

@@ -26,10 +26,6 @@ EXCEPTIONS: frozenset[frozenset[str]] = frozenset(
         # names Config in Algorithm.check's annotations: to be removed by running the algorithm
         # checks from digen.checks (which sits above both) instead of digen/config.py.
         frozenset({"digen.algos.registry", "digen.config"}),
-        # workers.trainer runs on workers.runtime; WorkerRuntime.member is annotated with
-        # workers.trainer.Member: to be removed by keeping the member in workers.trainer, not
-        # on the runtime.
-        frozenset({"workers.runtime", "workers.trainer"}),
     }
 )
 

@@ -5,7 +5,7 @@ job's trainer workers (the member list the controller fixed at job start, sorted
 one torch.distributed process group, rendezvous through Redis (no pickle anywhere):
 
 1. rank 0 starts a ``TCPStore`` on its host (OS-assigned port) and writes host/port/backend
-   to Redis (:class:`~digen.runtime.fsdp_group.FsdpGroup`); the others poll for it and
+   to Redis (:class:`~digen.runtime.fsdp_keys.FsdpGroup`); the others poll for it and
    connect; every rank calls ``init_process_group`` (gloo on CPU, NCCL on CUDA);
 2. every rank starts from version 0 (its own seeded build) or, on ``--resume``, the
    checkpoint's weights (read from the file), shards them with
@@ -48,13 +48,13 @@ from digen.assembly import DTYPES
 from digen.core.events import Role, TaskKind
 from digen.dataplane.blobs import BlobLost, fetch
 from digen.dataplane.weights import version_blob
-from digen.parallel.comm import all_gather_json, all_reduce_stats, broadcast_json, join_process_group
+from digen.parallel.comm import all_gather_json, all_reduce_stats, broadcast_json
 from digen.parallel.fsdp import ShardedTrainer, local_trainable_shards, shard_of, shard_rows
-from digen.runtime.fsdp_group import STEP_QUEUE, FsdpGroup
-from digen.runtime.queue import LeasedTask
+from digen.runtime.fsdp_keys import FsdpGroup
+from digen.runtime.queue import STEP_QUEUE, LeasedTask
 from digen.testing import faults
 from digen.training import TrainSpec, spec_rows
-from workers.runtime import WorkerRuntime, dask_worker_host, wait_for
+from workers.runtime import WorkerRuntime, join_group, wait_for
 from workers.tasks import TRAINING_TENSORS, group_tensors, park
 
 log = logging.getLogger(__name__)
@@ -122,7 +122,7 @@ def run_fsdp_rank(rt: WorkerRuntime, host: str | None = None) -> dict:
         raise RuntimeError(f"{rt.name}: {message}")
     rk = Rank(rt, group, members.index(rt.name), len(members), torch.device(rt.device))
     try:
-        if _init_process_group(rk, host or dask_worker_host()):
+        if _init_process_group(rk, host):
             _build_trainer(rk, plan)
             _serve(rk)
     except redis.ConnectionError:
@@ -137,18 +137,9 @@ def run_fsdp_rank(rt: WorkerRuntime, host: str | None = None) -> dict:
 
 
 # --- set-up -------------------------------------------------------------------------
-def _init_process_group(rk: Rank, host: str) -> bool:
+def _init_process_group(rk: Rank, host: str | None) -> bool:
     """Join the group (see the module docstring); False when the job stopped first."""
-    addr = join_process_group(
-        leader=rk.leader,
-        host=host,
-        rank=rk.rank,
-        world=rk.world,
-        device=rk.comm,
-        timeout_s=rk.rt.cfg.schedule.lease_s,
-        publish=rk.group.set_address,
-        await_address=lambda: wait_for(rk.rt, rk.group.address, "the FSDP rendezvous address"),
-    )
+    addr = join_group(rk.rt, rk.group.rendezvous(), rk.rank, rk.world, rk.comm, host)
     if addr is None:
         return False
     log.info("%s is rank %d of %d of the FSDP group (%s)", rk.rt.name, rk.rank, rk.world, addr["backend"])

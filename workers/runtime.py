@@ -15,7 +15,7 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from typing import Protocol, TypeVar
 
 import torch
 
@@ -27,15 +27,14 @@ from digen.core.events import Role, TaskRef
 from digen.dataplane.blobs import BlobLost, BlobStore
 from digen.dataplane.weights import fetch_version, version_blob
 from digen.errors import TaskDropped
+from digen.parallel.comm import join_process_group
 from digen.runtime.jobstate import JobState, LoopState
+from digen.runtime.jsonkeys import Rendezvous
 from digen.runtime.queue import TaskQueue
 from digen.runtime.redis_conn import RoundTrips
-from digen.runtime.trainer_group import TrainerGroup
+from digen.runtime.trainer_group import StepCommand, TrainerGroup
 from digen.testing import faults
 from workers.preload import take_policy
-
-if TYPE_CHECKING:
-    from workers.trainer import Member
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +45,17 @@ STOP_CHECK_S = 0.2
 WEIGHTS_WAIT_S = 300.0
 """How long a worker waits for some trainer to serve the weights version a task needs."""
 POLL_S = 0.05
+
+
+class GroupShare(Protocol):
+    """What the loop and the tasks ask of a worker's share of the trainer group
+    (:class:`workers.trainer.Member`, which builds on this runtime: hence a protocol here)."""
+
+    def add(self, task_id: str, grads: dict[str, torch.Tensor]) -> None: ...
+
+    def run_step(self, cmd: StepCommand) -> None: ...
+
+    def leave_group(self) -> None: ...
 
 
 @dataclass
@@ -76,7 +86,7 @@ class WorkerRuntime:
     """What this worker serves to its peers (its process's store)."""
     blob_addr: str = ""
     """Where peers fetch this worker's blobs (``host:port``)."""
-    member: Member | None = None
+    member: GroupShare | None = None
     """This worker's share of the trainer group (trainers; every worker in ``colocated`` mode)."""
 
     @property
@@ -227,6 +237,35 @@ def wait_for(rt: WorkerRuntime, read: Callable[[], T | None], what: str) -> T | 
         time.sleep(POLL_S)
     log.info("job %s stopped while %s waited for %s", rt.job.job_id, rt.name, what)
     return None
+
+
+def join_group(
+    rt: WorkerRuntime,
+    rendezvous: Rendezvous,
+    rank: int,
+    world: int,
+    device: torch.device,
+    host: str | None = None,
+) -> dict | None:
+    """Form a group's torch.distributed process group through its ``rendezvous`` key, with the
+    job's collective timeout (``schedule.lease_s``): rank 0 serves it on ``host`` (default: this
+    Dask worker's host). The address, or None when the job stopped or the group's leader left
+    first. The trainer group, the FSDP group and the sequence-parallel replicas form theirs so."""
+
+    def await_address() -> dict | None:
+        found = wait_for(rt, rendezvous.poll, rendezvous.what)
+        return None if found is None or "gone" in found else found
+
+    return join_process_group(
+        leader=rank == 0,
+        host=host or dask_worker_host(),
+        rank=rank,
+        world=world,
+        device=device,
+        timeout_s=rt.cfg.schedule.lease_s,
+        publish=rendezvous.publish,
+        await_address=await_address,
+    )
 
 
 def dask_worker_host() -> str:

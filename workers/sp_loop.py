@@ -1,7 +1,7 @@
 """A rollout worker's part in a sequence-parallel replica (``rollout.sequence_parallel: d``).
 
 :func:`workers.loop.worker_loop` calls :func:`run_sp_rank` once its worker is ready; it
-returns at once for a worker outside the controller's plan (:mod:`digen.runtime.sp_group`),
+returns at once for a worker outside the controller's plan (:mod:`digen.runtime.sp_keys`),
 else this worker is one rank of its replica until the job stops or the replica breaks, and
 then the ordinary (d=1) loop goes on. Rendezvous as the FSDP group does
 (:mod:`workers.fsdp_loop`): the leader (rank 0) starts a ``TCPStore`` and writes its address
@@ -38,12 +38,12 @@ import torch
 import torch.distributed as dist
 
 from digen.core.events import Role, TaskKind, TaskRef
-from digen.parallel.comm import all_gather_json, broadcast_json, join_process_group
+from digen.parallel.comm import all_gather_json, broadcast_json
 from digen.parallel.ulysses import sequence_parallel
 from digen.runtime.queue import LeasedTask
-from digen.runtime.sp_group import SpGroup
+from digen.runtime.sp_keys import SpGroup
 from digen.testing import faults
-from workers.runtime import WorkerRuntime, dask_worker_host, poll, wait_for
+from workers.runtime import WorkerRuntime, join_group, poll, wait_for
 from workers.tasks import gen_result, generate, run_eval
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ def run_sp_rank(rt: WorkerRuntime, token: str, host: str | None = None) -> int:
         return 0
     rk = Rank(rt, group, token, list(replica), replica.index(rt.name), torch.device(rt.device))
     try:
-        if _init_process_group(rk, host or dask_worker_host()):
+        if _init_process_group(rk, host):
             _serve(rk)
     except redis.ConnectionError:
         raise  # Redis gone for longer than schedule.redis_outage_s: the controller fails the job
@@ -117,39 +117,13 @@ def _leave(rk: Rank, exc: Exception) -> None:
     rk.group.leave(rt.name, why)
 
 
-def _init_process_group(rk: Rank, host: str) -> bool:
+def _init_process_group(rk: Rank, host: str | None) -> bool:
     """Join the replica's group; False when the job stopped or the leader left first."""
-    leader = rk.replica[0]
-
-    def await_address() -> dict | None:
-        addr = wait_for(rk.rt, lambda: _leader_address(rk.group, leader), "the replica's rendezvous")
-        return None if addr is None or "gone" in addr else addr
-
-    addr = join_process_group(
-        leader=rk.leader,
-        host=host,
-        rank=rk.rank,
-        world=rk.world,
-        device=rk.comm,
-        timeout_s=rk.rt.cfg.schedule.lease_s,
-        publish=lambda h, port, backend: rk.group.set_address(leader, h, port, backend),
-        await_address=await_address,
-    )
+    addr = join_group(rk.rt, rk.group.rendezvous(rk.replica[0]), rk.rank, rk.world, rk.comm, host)
     if addr is None:
         return False
     log.info("%s is rank %d of replica %s (%s)", rk.rt.name, rk.rank, ", ".join(rk.replica), addr["backend"])
     return True
-
-
-def _leader_address(group: SpGroup, leader: str) -> dict | None:
-    """The leader's rendezvous address; ``{"gone": why}`` once it left (it restarted)."""
-    addr = group.address(leader)
-    if addr is not None:
-        return addr
-    why = group.solo().get(leader)
-    if why is not None:
-        return {"gone": why}
-    return None
 
 
 # --- commands -----------------------------------------------------------------------

@@ -49,10 +49,9 @@ from digen.dataplane.reduce import TaskSum, all_reduce_sum, flatten, ordered_sum
 from digen.dataplane.weights import version_blob
 from digen.errors import DigenError
 from digen.optim import ParameterStore, stage_checkpoint
-from digen.parallel.comm import join_process_group
 from digen.runtime.trainer_group import ABORT, COMMIT, StepCommand
 from digen.testing import faults
-from workers.runtime import POLL_S, WorkerRuntime, dask_worker_host, event, wait_for
+from workers.runtime import POLL_S, WorkerRuntime, event, join_group
 
 log = logging.getLogger(__name__)
 
@@ -313,15 +312,8 @@ class Member:
             return
         self.leave_group()
         rt = self.rt
-        addr = join_process_group(
-            leader=cmd.rank(rt.name) == 0,
-            host=dask_worker_host(),
-            rank=cmd.rank(rt.name),
-            world=len(cmd.members),
-            device=self._comm_device(),
-            timeout_s=rt.cfg.schedule.lease_s,
-            publish=lambda h, p, b: rt.group.set_address(cmd.epoch, h, p, b),
-            await_address=lambda: wait_for(rt, lambda: rt.group.address(cmd.epoch), "the trainer rendezvous"),
+        addr = join_group(
+            rt, rt.group.rendezvous(cmd.epoch), cmd.rank(rt.name), len(cmd.members), self._comm_device()
         )
         if addr is None:
             raise RuntimeError("the job stopped during the trainer rendezvous")

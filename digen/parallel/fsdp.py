@@ -19,8 +19,8 @@ How the runtime uses it (``train.fsdp: true``)
 ---------------------------------------------
 The trainer workers of a job (fixed at job start, sorted by name) form one process group
 (``gloo`` on CPU, ``nccl`` on GPU) and act as ONE logical trainer that owns the optimizer
-(the rank loop: :mod:`workers.fsdp_loop`; the controller's side and the Redis keys:
-:mod:`digen.runtime.fsdp_group`):
+(the rank loop: :mod:`workers.fsdp_loop`; the controller's side: :mod:`digen.runtime.fsdp_group`;
+the Redis keys: :mod:`digen.runtime.fsdp_keys`):
 
 1. rendezvous through Redis: rank 0 serves a ``TCPStore`` on its host and publishes its
    address; every rank loads the start version's weights from Redis and calls

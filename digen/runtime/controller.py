@@ -52,11 +52,12 @@ from digen.runtime.fsdp_group import FsdpControl
 from digen.runtime.jobstate import JobState
 from digen.runtime.ledger import Ledger
 from digen.runtime.membership import Membership
-from digen.runtime.queue import TaskQueue
+from digen.runtime.queue import TaskQueue, is_step_id
 from digen.runtime.redis_conn import connect, embedded_url, mask_url
 from digen.runtime.results import Collector, PoisonTask
-from digen.runtime.sp_group import SpControl, SpGroup
-from digen.runtime.steps import StepControl, StepResult, is_step_id
+from digen.runtime.sp_group import SpControl
+from digen.runtime.sp_keys import SpGroup
+from digen.runtime.steps import StepControl, StepResult
 from digen.runtime.trainer_group import TrainerGroup
 from digen.startup import add_worker_notes, phase
 from digen.viz import GridRow, from_png

@@ -10,16 +10,9 @@ gathers the whole model to publish it), and on a checkpointing step the leader h
 checkpoint. The controller then ends the iteration as for the replicated trainer group
 (:meth:`digen.runtime.controller.Controller.end_iteration`).
 
-Keys (``P = digen:<job_id>:``, cleared with the job's other keys)::
-
-    P fsdp:plan      string  JSON {"members": [sorted trainer names], "version": v,
-                             "checkpoint": folder or null}: written once by the controller at
-                             job start (a resumed job's ranks load the checkpoint)
-    P fsdp:store     string  JSON {"host", "port", "backend"}: rank 0's TCPStore, for the others
-    P fsdp:joined    hash    member -> 1 once its loop joined (a second join is a restart)
-    P fsdp:error     string  the first rank failure (set once)
-    P q:step         list    step commands ``step:<iteration>`` (``step:<iteration>:<mini-batch>``
-                             with several mini-batches; the task queue's machinery)
+Its keys in Redis (the plan, the rendezvous, who joined, the first failure) are
+:class:`~digen.runtime.fsdp_keys.FsdpGroup`'s, which the ranks read too; step commands go
+through the task queue (:data:`~digen.runtime.queue.STEP_QUEUE`).
 
 The group is fixed at job start. A member that dies or restarts fails the job (the others
 would wait in a collective until its timeout): rerun with ``--resume``; the checkpoint holds
@@ -28,7 +21,6 @@ the whole optimizer state, whatever the group's size. A trainer that joins later
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -37,54 +29,19 @@ from digen.core.events import Role
 from digen.errors import DigenError
 from digen.iteration import checkpoints
 from digen.rundir import RunDir
+from digen.runtime.fsdp_keys import FsdpGroup
 from digen.runtime.jobstate import JobState
 from digen.runtime.ledger import Ledger
-from digen.runtime.queue import DeadLetter, TaskQueue
-from digen.runtime.steps import STEP_QUEUE, StepResult, is_step_id, step_id
+from digen.runtime.queue import STEP_QUEUE, DeadLetter, TaskQueue, step_id
+from digen.runtime.steps import StepResult
 
 log = logging.getLogger(__name__)
-
-__all__ = ["STEP_QUEUE", "FsdpControl", "FsdpGroup", "FsdpGroupFailed", "is_step_id", "step_id"]
 
 
 class FsdpGroupFailed(DigenError):
     """A rank of the FSDP trainer group failed or left; the group cannot continue."""
 
     exit_code = 1
-
-
-class FsdpGroup:
-    """The group's rendezvous and failure keys in Redis (JSON only)."""
-
-    def __init__(self, redis_client, job_id: str):
-        self.r = redis_client
-        self.p = f"digen:{job_id}:fsdp:"
-
-    def set_plan(self, plan: dict) -> None:
-        self.r.set(self.p + "plan", json.dumps(plan))
-
-    def plan(self) -> dict | None:
-        raw = self.r.get(self.p + "plan")
-        return None if raw is None else json.loads(raw)
-
-    def set_address(self, host: str, port: int, backend: str) -> None:
-        self.r.set(self.p + "store", json.dumps({"host": host, "port": port, "backend": backend}))
-
-    def address(self) -> dict | None:
-        raw = self.r.get(self.p + "store")
-        return None if raw is None else json.loads(raw)
-
-    def join(self, worker: str) -> bool:
-        """Record that ``worker``'s loop joined; False when it had joined before (a restart)."""
-        return bool(self.r.hsetnx(self.p + "joined", worker, 1))
-
-    def fail(self, worker: str, message: str) -> None:
-        """Record the group's first failure (later ones are consequences: collective timeouts)."""
-        self.r.set(self.p + "error", f"{worker}: {message}", nx=True)
-
-    def error(self) -> str | None:
-        raw = self.r.get(self.p + "error")
-        return None if raw is None else raw.decode()
 
 
 @dataclass

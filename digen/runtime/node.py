@@ -23,9 +23,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-import yaml
-
-from digen.config import SecurityConfig
+from digen.config import SecurityConfig, read_yaml
 from digen.errors import ConfigError, ConnectionFailure
 from digen.runtime.cluster import worker_resources
 
@@ -78,12 +76,7 @@ def load_security(path: Path) -> SecurityConfig:
     """The ``security:`` section of a YAML file (a job config works), paths made absolute
     relative to the file's folder; every file must exist."""
     path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"--security file {path} does not exist")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    data = read_yaml(path, "--security file")
     section = data.get("security", data) if isinstance(data, dict) else None
     if not isinstance(section, dict):
         raise ConfigError(f"{path} must hold a security: section with ca_file, cert_file, key_file")

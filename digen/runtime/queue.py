@@ -57,9 +57,14 @@ from digen.runtime.codec import pack, unpack
 
 log = logging.getLogger(__name__)
 
+STEP_QUEUE = "step"
+"""The queue of optimizer step commands (the trainer group's writer, or the FSDP group's
+leader, leases and acknowledges them like tasks)."""
+STEP_PREFIX = "step:"
+
 _TASK_ID = re.compile(
     rf"(?:{'|'.join(k.value for k in TaskKind)}):\d{{1,9}}:\d{{1,9}}(?::[01])?"
-    r"|step:\d{1,9}(?::\d{1,9})?"  # a step (digen.runtime.steps.step_id; :<mini-batch> with several)
+    r"|step:\d{1,9}(?::\d{1,9})?"  # a step (step_id; :<mini-batch> with several)
 )
 JUNK_KEEP = 1000  # quarantine records kept (the count goes on)
 
@@ -68,6 +73,15 @@ def is_task_id(text: str) -> bool:
     """A digen task id: ``kind:iteration:group`` (``:part`` 0 or 1 for half a group), or
     ``step:N`` (``step:N:M``: mini-batch M's step of iteration N)."""
     return _TASK_ID.fullmatch(text) is not None
+
+
+def step_id(iteration: int, mini_batch: int = 0, mini_batches: int = 1) -> str:
+    """``step:<iteration>`` (``step:<iteration>:<mini-batch>`` with several mini-batches)."""
+    return f"{STEP_PREFIX}{iteration}" if mini_batches == 1 else f"{STEP_PREFIX}{iteration}:{mini_batch}"
+
+
+def is_step_id(task_id: str) -> bool:
+    return task_id.startswith(STEP_PREFIX)
 
 
 def quarantined_count(redis_client: redis.Redis, job_id: str) -> int:

@@ -29,8 +29,7 @@ from digen.rundir import RunDir
 from digen.runtime.dispatch import Dispatcher
 from digen.runtime.evals import Evaluations
 from digen.runtime.ledger import Blob, Ledger, Trained
-from digen.runtime.queue import DeadLetter, TaskQueue
-from digen.runtime.steps import is_step_id
+from digen.runtime.queue import DeadLetter, TaskQueue, is_step_id
 from digen.training import TrainStats
 
 log = logging.getLogger(__name__)

@@ -16,22 +16,18 @@ group and works on as a d=1 worker (recorded in ``sp:solo``; the controller anno
 former follower to the scheduler as a joining rollout worker). A restarted rank never
 re-joins a replica (it runs d=1). Surviving ranks do not re-form a smaller replica.
 
-Keys (``P = digen:<job_id>:``, cleared with the job's other keys)::
-
-    P sp:plan           string  JSON {"degree": d, "replicas": [[leader, follower, ...], ...]}
-    P sp:store:<leader> string  JSON {"host", "port", "backend"}: the leader's TCPStore
-    P sp:joined         hash    worker -> 1 once its loop joined (a second join is a restart)
-    P sp:solo           hash    worker -> why it left its replica (it runs d=1 from then on)
+Its keys in Redis (the plan, each leader's rendezvous, who joined, who left its replica) are
+:class:`~digen.runtime.sp_keys.SpGroup`'s, which the ranks read too.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from digen.core.events import Instruction, Role, WorkerJoined, WorkerLeft
+from digen.runtime.sp_keys import SpGroup
 
 log = logging.getLogger(__name__)
 
@@ -62,39 +58,6 @@ def plan_replicas(workers: Iterable[Candidate], degree: int) -> list[list[str]]:
         names = sorted(pools[key])
         replicas += [names[i : i + degree] for i in range(0, len(names) - degree + 1, degree)]
     return sorted(replicas)
-
-
-class SpGroup:
-    """The replicas' rendezvous and membership keys in Redis (JSON only)."""
-
-    def __init__(self, redis_client, job_id: str):
-        self.r = redis_client
-        self.p = f"digen:{job_id}:sp:"
-
-    def set_plan(self, degree: int, replicas: list[list[str]]) -> None:
-        self.r.set(self.p + "plan", json.dumps({"degree": degree, "replicas": replicas}))
-
-    def plan(self) -> dict | None:
-        raw = self.r.get(self.p + "plan")
-        return None if raw is None else json.loads(raw)
-
-    def set_address(self, leader: str, host: str, port: int, backend: str) -> None:
-        self.r.set(self.p + f"store:{leader}", json.dumps({"host": host, "port": port, "backend": backend}))
-
-    def address(self, leader: str) -> dict | None:
-        raw = self.r.get(self.p + f"store:{leader}")
-        return None if raw is None else json.loads(raw)
-
-    def join(self, worker: str) -> bool:
-        """Record that ``worker``'s loop joined; False when it had joined before (a restart)."""
-        return bool(self.r.hsetnx(self.p + "joined", worker, 1))
-
-    def leave(self, worker: str, why: str) -> None:
-        """``worker`` left its replica (or never formed it) and runs as a d=1 worker."""
-        self.r.hsetnx(self.p + "solo", worker, why)
-
-    def solo(self) -> dict[str, str]:
-        return {k.decode(): v.decode() for k, v in self.r.hgetall(self.p + "solo").items()}
 
 
 @dataclass

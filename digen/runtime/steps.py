@@ -30,22 +30,10 @@ from digen.errors import DigenError
 from digen.iteration import checkpoints
 from digen.rundir import RunDir
 from digen.runtime.ledger import Ledger
-from digen.runtime.queue import TaskQueue
+from digen.runtime.queue import STEP_QUEUE, TaskQueue, step_id
 from digen.runtime.trainer_group import ABORT, COMMIT, StepCommand, TrainerGroup
 
 log = logging.getLogger(__name__)
-
-STEP_QUEUE = "step"
-STEP_PREFIX = "step:"
-
-
-def step_id(iteration: int, mini_batch: int = 0, mini_batches: int = 1) -> str:
-    """``step:<iteration>`` (``step:<iteration>:<mini-batch>`` with several mini-batches)."""
-    return f"{STEP_PREFIX}{iteration}" if mini_batches == 1 else f"{STEP_PREFIX}{iteration}:{mini_batch}"
-
-
-def is_step_id(task_id: str) -> bool:
-    return task_id.startswith(STEP_PREFIX)
 
 
 @dataclass

@@ -42,6 +42,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+from digen.runtime.jsonkeys import JsonKeys, Rendezvous
+
 COMMIT, ABORT = "commit", "abort"
 
 
@@ -100,12 +102,11 @@ class StepCommand:
         return f"{self.id}@{self.epoch}/{self.writer}"
 
 
-class TrainerGroup:
+class TrainerGroup(JsonKeys):
     """The trainer group's keys of one job (JSON values only; see the module docstring)."""
 
     def __init__(self, redis_client, job_id: str):
-        self.r = redis_client
-        self.p = f"digen:{job_id}:tg:"
+        super().__init__(redis_client, job_id, "tg")
 
     # --- steps ----------------------------------------------------------------------------
     def set_step(self, cmd: StepCommand) -> None:
@@ -147,11 +148,10 @@ class TrainerGroup:
         return None if raw is None else raw.decode()
 
     def fail_step(self, step: str, message: str, exit_code: int) -> None:
-        self.r.set(self.p + f"error:{step}", json.dumps({"message": message, "exit_code": exit_code}))
+        self.set_json(f"error:{step}", {"message": message, "exit_code": exit_code})
 
     def step_error(self, step: str) -> dict | None:
-        raw = self.r.get(self.p + f"error:{step}")
-        return None if raw is None else json.loads(raw)
+        return self.get_json(f"error:{step}")
 
     def forget_step(self, step: str) -> None:
         """Drop a step's decision and ok sets (before the controller asks for it again)."""
@@ -163,22 +163,14 @@ class TrainerGroup:
         self.r.delete(*keys)
 
     def set_current(self, version: int, checkpoint: str | None, keep_version: int | None) -> None:
-        self.r.set(
-            self.p + "current",
-            json.dumps({"version": version, "checkpoint": checkpoint, "keep_version": keep_version}),
-        )
+        self.set_json("current", {"version": version, "checkpoint": checkpoint, "keep_version": keep_version})
 
     def current(self) -> dict | None:
-        raw = self.r.get(self.p + "current")
-        return None if raw is None else json.loads(raw)
+        return self.get_json("current")
 
     # --- rendezvous -----------------------------------------------------------------------
-    def set_address(self, epoch: int, host: str, port: int, backend: str) -> None:
-        self.r.set(self.p + f"addr:{epoch}", json.dumps({"host": host, "port": port, "backend": backend}))
-
-    def address(self, epoch: int) -> dict | None:
-        raw = self.r.get(self.p + f"addr:{epoch}")
-        return None if raw is None else json.loads(raw)
+    def rendezvous(self, epoch: int) -> Rendezvous:
+        return Rendezvous(self, f"addr:{epoch}", "the trainer rendezvous")
 
     # --- what each member holds -------------------------------------------------------------
     def set_holding(

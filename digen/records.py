@@ -1,0 +1,57 @@
+"""Dataclasses that travel as plain data: a task's description (a generation group, a train
+spec, an evaluation chunk) goes to a worker inside a msgpack payload, as a dict of numbers,
+strings and lists, and is read back into its dataclass there.
+
+A :class:`Record` writes its fields as such a dict (tuples as lists) and reads one back,
+converting each value to its field's type (``int``, ``float``, ``str``, and tuples and lists
+of them, nested): a payload read from Redis is not trusted, so a value of the wrong kind
+fails when the task is read (``int("x")``), not deep inside the task.
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Callable
+from dataclasses import fields
+from typing import Any, Self
+
+
+class Record:
+    """A dataclass's JSON-like form (mix it into a ``@dataclass``)."""
+
+    def to_json(self) -> dict:
+        return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}  # type: ignore[arg-type]
+
+    @classmethod
+    def from_json(cls, d: dict) -> Self:
+        return cls(**{name: convert(d[name]) for name, convert in _converters(cls)})
+
+
+def _plain(value: Any) -> Any:
+    return [_plain(v) for v in value] if isinstance(value, tuple | list) else value
+
+
+_CONVERTERS: dict[type, list[tuple[str, Callable[[Any], Any]]]] = {}
+
+
+def _converters(cls: type) -> list[tuple[str, Callable[[Any], Any]]]:
+    """Each init field's name and the function that makes a plain value of its type (once a class)."""
+    found = _CONVERTERS.get(cls)
+    if found is None:
+        hints = typing.get_type_hints(cls)
+        found = _CONVERTERS[cls] = [(f.name, _converter(hints[f.name])) for f in fields(cls) if f.init]
+    return found
+
+
+def _converter(tp: Any) -> Callable[[Any], Any]:
+    """``int`` -> int(); ``tuple[int, ...]`` -> a tuple of int(); ``list[list[int]]`` -> nested lists."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        item = _converter(args[0])
+        return lambda v: tuple(item(x) for x in v)
+    if origin is list:
+        item = _converter(args[0])
+        return lambda v: [item(x) for x in v]
+    if tp in (int, float, str):
+        return tp
+    raise TypeError(f"a Record field must be int, float, str, or a list or tuple of them; got {tp!r}")
