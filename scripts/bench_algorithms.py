@@ -75,10 +75,10 @@ ALGORITHMS: dict[str, tuple[str, list[str], str]] = {
     ),
     "flow-grpo, 2 mini-batches": (
         "configs/quickstart.yaml",
-        ["train.mini_batches=2", "train.lr=3.5e-3", "schedule.mode=reference"],
-        "reference",
+        ["train.mini_batches=2", "train.lr=3.5e-3"],
+        "reference,digen",
     ),
-    "diffusion-nft": ("configs/examples/digits-diffusion-nft.yaml", [], "reference"),
+    "diffusion-nft": ("configs/examples/digits-diffusion-nft.yaml", [], "reference,digen"),
 }
 
 

@@ -53,7 +53,7 @@ RUNS = {
     "diffusion-nft": ("examples/digits-diffusion-nft.yaml", []),
     "flow-grpo-mini-batches": (
         "quickstart.yaml",
-        [*GRPO, "train.lr=3.5e-3", "train.mini_batches=2", "schedule.mode=reference"],
+        [*GRPO, "train.lr=3.5e-3", "train.mini_batches=2", "schedule.mode=digen"],
     ),
 }
 
