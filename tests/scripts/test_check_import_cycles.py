@@ -49,3 +49,17 @@ def test_listed_exceptions_pass_and_stale_ones_fail(cycles):
     assert cycles.check(g, frozenset({frozenset({"pkg.a", "pkg.b"})})) == []
     stale = cycles.check(g, frozenset({frozenset({"pkg.a", "pkg.b"}), frozenset({"pkg.c", "pkg.d"})}))
     assert stale == ["pkg.c <-> pkg.d is listed in EXCEPTIONS but is no longer a cycle: remove it"]
+
+
+def test_an_import_for_annotations_only_is_no_cycle(cycles, tmp_path, monkeypatch):
+    pkg = tmp_path / "cyclepkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from cyclepkg import b\n")
+    (pkg / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from cyclepkg import a\n"
+    )
+    (pkg / "c.py").write_text("from cyclepkg import d\n")
+    (pkg / "d.py").write_text("def f():\n    from cyclepkg import c\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert cycles.two_cycles(cycles.import_graph("cyclepkg")) == [("cyclepkg.c", "cyclepkg.d")]
