@@ -95,7 +95,7 @@ def test_mix_grpo_and_nft_recipes_carry_their_peer_numbers():
     assert nft.train.kl_beta == 1e-4 and nft.rollout.batch_size == 48 * 24 and nft.rollout.num_steps == 10
     for name, algorithm, mode in (
         ("digits-mix-grpo.yaml", "mix-grpo", "digen"),
-        ("digits-diffusion-nft.yaml", "diffusion-nft", "reference"),
+        ("digits-diffusion-nft.yaml", "diffusion-nft", "digen"),
     ):
         cfg = load_config(EXAMPLES / name)  # the committed digits model and prompts: paths checked
         assert (cfg.train.algorithm, cfg.schedule.mode) == (algorithm, mode)

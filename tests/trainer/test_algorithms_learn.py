@@ -4,10 +4,9 @@ first 3's by at least 5 standard errors of the difference.
 Smaller than ``make demo`` (70 iterations x 10 digits x 8 samples, ~2 min), so each run fits
 in about half a minute on this 2-core machine: 30 iterations of the four digits the base model
 draws worst (3, 7, 8, 9: reward about 0.37 each without training), 16 samples each, every
-digit in every iteration (no prompt-mix noise between the windows compared). Algorithms that
-run distributed train in ``digen`` mode (staleness 1, GAP/TSP/TAG/RAT); DiffusionNFT and
-mini-batches in ``reference`` mode (the rows docs/algorithms.md reports; their distributed runs
-are tests/trainer/test_mini_batch_modes.py). The learning rate
+digit in every iteration (no prompt-mix noise between the windows compared). Every run
+trains in ``digen`` mode (staleness 1, GAP/TSP/TAG/RAT), as the digits examples and
+docs/algorithms.md's digen rows. The learning rate
 (5e-3) and clip range (1e-2) are the digits examples' (configs/examples/digits-*.yaml); at
 that rate a step moves far more than the peers' trust regions allow, so GRPO-Guard's clip is
 2e-3 and Flow-DPPO's KL threshold 1e-3 (its peer's 1e-5 gives +1.8 standard errors). The
@@ -24,7 +23,6 @@ import pytest
 import torch
 
 from digen.config import load_config
-from digen.reference import run_reference
 from digen.runtime.controller import run_distributed
 
 pytestmark = pytest.mark.slow
@@ -72,9 +70,7 @@ def reward_gap(run: Path, k: int = 3) -> tuple[float, float]:
 def test_the_digits_demo_learns(name, tmp_path):
     config, overrides = RUNS[name]
     cfg = load_config(CONFIGS / config, [*SMALLER, *overrides])
-    if cfg.schedule.mode == "reference":
-        run_reference(cfg, tmp_path / "run")
-    else:
-        run_distributed(cfg, tmp_path / "run")
+    assert cfg.schedule.mode == "digen"
+    run_distributed(cfg, tmp_path / "run")
     gap, z = reward_gap(tmp_path / "run")
     assert z >= 5, f"{name}: reward +{gap:.3f}, {z:.1f} standard errors"
