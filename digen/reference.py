@@ -24,7 +24,8 @@ from digen.algos.state import load_version
 from digen.assembly import EmbedCache, build_policy, build_reward, compute_threads
 from digen.config import Config
 from digen.errors import JobCancelled
-from digen.evaluation import evaluate_inline, evaluates, held_out_prompts, progress_row
+from digen.evaluation import evaluates, held_out_prompts, progress_row
+from digen.evaluator import evaluate_inline
 from digen.iteration import IterationBook, IterationEnd, ProgressFn, checkpoints, draws_grid, finish_iteration
 from digen.optim import open_store, save_checkpoint
 from digen.rollout import Trajectories, generate_group

@@ -27,7 +27,8 @@ import torch
 
 from digen.core.events import Role, TaskKind, TaskRef
 from digen.dataplane.blobs import BlobLost, fetch
-from digen.evaluation import EvalTask, evaluate_chunk
+from digen.evaluation import EvalTask
+from digen.evaluator import evaluate_chunk
 from digen.rewards.base import call_reward
 from digen.rollout import Trajectories, generate_group
 from digen.runtime.queue import LeasedTask
