@@ -182,7 +182,7 @@ class IterationBook:
         """Summed gradient (group order, a split group's halves in order) and the number of
         trained rows of one mini-batch's groups (None: every group collected): the reference
         loop's; the distributed trainers sum their own. The one method here that computes with
-        tensors: it imports torch's code when called, never in the controller)."""
+        tensors: it imports torch's code when called, never in the controller."""
         from digen.training import sum_gradients
 
         rows = self.trained_rows(mini_batch)
@@ -190,7 +190,8 @@ class IterationBook:
         return sum_gradients([self.grads[g] for g in order]), rows
 
     def metrics(self) -> dict:
-        """The iteration's learning metrics (timing metrics are added by the caller)."""
+        """The iteration's learning metrics (timing metrics are added by the caller); the
+        reward mean and std are float64 over the float32 rewards."""
         r = self.per_sample_rewards()
         rv = [x for x in r if math.isfinite(x)]
         mean = math.fsum(rv) / len(rv) if rv else float("nan")
