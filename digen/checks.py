@@ -13,10 +13,11 @@ the free space on its disk against the size of a checkpoint. Config values thems
 one :class:`~digen.errors.ConfigError` (exit 2); too little disk space is a
 :class:`~digen.rundir.DiskFull` (exit 1).
 
-The rewards' code imports torch, which the controller of a distributed run does not load
-(docs/architecture.md): for those modes the reward checks run in a short-lived child process
-(:func:`rewards_apart`, ``python -m digen.checks``), the same functions as in the reference
-loop's process.
+``train.algorithm`` against the algorithm registry and the rewards are checked here too
+(:func:`registry_problems`): their registries' modules import torch, which the controller of a
+distributed run does not load (docs/architecture.md), so for those modes these checks run in a
+short-lived child process (:func:`registries_apart`, ``python -m digen.checks``), the same
+functions as in the reference loop's process.
 """
 
 from __future__ import annotations
@@ -60,9 +61,9 @@ def check_inputs(
         prompts, prompt_problems_ = prompt_lists(cfg)
         problems += prompt_problems_
     if cfg.schedule.mode == "reference":
-        problems += reward_problems(cfg, prompts)
+        problems += registry_problems(cfg, prompts)
     else:  # the controller's process: no torch
-        problems += rewards_apart(cfg, prompts)
+        problems += registries_apart(cfg, prompts)
     if files and (cfg.resolve_path(cfg.model.path) / "model_index.json").is_file():
         problems += model_problems(cfg)
     if files and out is not None and run_dir:
@@ -144,6 +145,14 @@ def reward_problems(cfg: Config, prompts: list[str]) -> list[str]:
     return problems
 
 
+def registry_problems(cfg: Config, prompts: list[str]) -> list[str]:
+    """The problems of ``train.algorithm`` (:func:`digen.config.algorithm_problems`) and of
+    the rewards (:func:`reward_problems`): what the registries, torch's code, say of the config."""
+    from digen.config import algorithm_problems
+
+    return algorithm_problems(cfg) + reward_problems(cfg, prompts)
+
+
 def reward_health(cfg: Config) -> None:
     """Build the configured reward and ask each part that has a health check (an HTTP
     reward's ``GET /health``) once: :class:`~digen.errors.RewardError` when one does not
@@ -160,12 +169,13 @@ def reward_health(cfg: Config) -> None:
 
 
 REWARD_CHECK_TIMEOUT_S = 300.0
-"""The longest a child process checking the rewards may take (it imports torch and the
-rewards; an HTTP reward's health check waits up to its ``timeout_s``)."""
+"""The longest a child process checking the algorithm and the rewards may take (it imports
+torch, the algorithms and the rewards; an HTTP reward's health check waits up to its
+``timeout_s``)."""
 
 
-def rewards_apart(cfg: Config, prompts: list[str], *, health: bool = False) -> list[str]:
-    """:func:`reward_problems` (and with ``health`` :func:`reward_health`) in a child process
+def registries_apart(cfg: Config, prompts: list[str], *, health: bool = False) -> list[str]:
+    """:func:`registry_problems` (and with ``health`` :func:`reward_health`) in a child process
     (``python -m digen.checks``, its config and prompts as JSON on stdin, its answer a JSON
     line on stdout). Returns the problems; raises the health check's error."""
     request = {"config": cfg.model_dump(mode="json"), "prompts": prompts, "health": health}
@@ -179,12 +189,13 @@ def rewards_apart(cfg: Config, prompts: list[str], *, health: bool = False) -> l
         )
     except subprocess.TimeoutExpired:
         raise DigenError(
-            f"checking the rewards took more than {REWARD_CHECK_TIMEOUT_S:g} s; check the reward servers"
+            f"checking the algorithm and the rewards took more than {REWARD_CHECK_TIMEOUT_S:g} s; "
+            f"check the reward servers"
         ) from None
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
         why = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
-        raise DigenError(f"the child process checking the rewards failed: {why}")
+        raise DigenError(f"the child process checking the algorithm and the rewards failed: {why}")
     answer = json.loads(lines[-1])
     if answer.get("error") is not None:
         kind = {"ConfigError": ConfigError, "RewardError": RewardError}.get(answer["kind"], DigenError)
@@ -193,10 +204,10 @@ def rewards_apart(cfg: Config, prompts: list[str], *, health: bool = False) -> l
 
 
 def _check_rewards_here() -> None:
-    """``python -m digen.checks``: :func:`rewards_apart`'s child."""
+    """``python -m digen.checks``: :func:`registries_apart`'s child."""
     request = json.loads(sys.stdin.read())
     cfg = Config.model_validate(request["config"])
-    answer: dict[str, Any] = {"problems": reward_problems(cfg, list(request["prompts"])), "error": None}
+    answer: dict[str, Any] = {"problems": registry_problems(cfg, list(request["prompts"])), "error": None}
     if request["health"] and not answer["problems"]:
         try:
             reward_health(cfg)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import redis
 
-from digen.checks import rewards_apart
+from digen.checks import registries_apart
 from digen.config import Config
 from digen.core.events import (
     Event,
@@ -341,7 +341,7 @@ def preflight(cfg: Config, local: bool) -> None:
     """Fail in seconds, before any cluster starts, on a reward that does not exist or takes
     other arguments (:class:`ConfigError`) or whose server does not answer (:class:`RewardError`),
     and on a local cluster whose GPU type ``cluster.gpu_types`` leaves out. The rewards are
-    built and asked in a child process (:func:`~digen.checks.rewards_apart`): their code
+    built and asked in a child process (:func:`~digen.checks.registries_apart`): their code
     imports torch, which this process does not."""
     allowed, gpu = cfg.cluster.gpu_types, cfg.cluster.local.gpu_type
     if local and allowed and gpu not in allowed:
@@ -349,7 +349,7 @@ def preflight(cfg: Config, local: bool) -> None:
             f"cluster.local.gpu_type ({gpu}) is not in cluster.gpu_types {allowed}: no local worker "
             f"may run a task; add {gpu} to cluster.gpu_types or set cluster.local.gpu_type"
         )
-    problems = rewards_apart(cfg, [], health=True)
+    problems = registries_apart(cfg, [], health=True)
     if problems:
         raise ConfigError(problems)
 

@@ -1,7 +1,8 @@
 """The controller's process imports no torch (docs/architecture.md, "The controller"): not
 when its modules are imported, and not during a real run of ``digen train`` in digen mode
 on the embedded Redis and a local Dask cluster, forked fork server included. Each check runs
-in a fresh interpreter (this one has torch loaded)."""
+in a fresh interpreter (this one has torch loaded). What it leaves to a child process, the
+algorithm's and the rewards' checks, still stops a bad config before anything starts."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from digen.checks import check_inputs
+from digen.config import build_config
+from digen.errors import ConfigError
 from tests.conftest import small_config_data
 
 CONTROLLER_MODULES = [
@@ -33,10 +37,6 @@ CONTROLLER_MODULES = [
 
 RUN = """
 import json, sys
-import digen.config
-# the one known exception (docs/architecture.md): loading a config checks train.algorithm
-# against the algorithm registry, whose modules import torch
-digen.config._algorithm_checks = lambda cfg: []
 from cli.main import app
 try:
     app(["train", sys.argv[1], "--out", sys.argv[2], "--log-format", "quiet"])
@@ -77,3 +77,16 @@ def test_a_digen_mode_run_keeps_torch_out_of_the_controller(tiny_sd3, tmp_path):
     rows = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(r)["iteration"] for r in rows] == [0, 1]
     assert all(json.loads(r)["trained_rows"] > 0 for r in rows)
+
+
+def test_the_child_checks_the_algorithm_and_the_rewards_of_a_distributed_run(tiny_sd3, tmp_path):
+    """Loaded as digen train loads it (``algorithms=False``), a digen-mode config with an
+    unknown algorithm and an unknown reward fails check_inputs with both problems at once."""
+    data = small_config_data(tiny_sd3, schedule={"mode": "digen"}, train__algorithm="flow-grpoo")
+    data["reward"] = [{"name": "brightnes"}]
+    cfg = build_config(data, algorithms=False)
+    with pytest.raises(ConfigError) as err:
+        check_inputs(cfg, tmp_path / "run")
+    text = str(err.value)
+    assert "train.algorithm ('flow-grpoo') is not a registered algorithm" in text
+    assert "reward 'brightnes' does not exist" in text
