@@ -58,7 +58,9 @@ def train(
     if log_format not in ("rich", "json", "quiet"):
         fail(ConfigError(f"--log-format ({log_format}) must be rich, json or quiet"))
     dash = ["cluster.local.dashboard=true"] if dashboard else []
-    cfg = load_config(config, [*(set_ or []), *dash])
+    # train.algorithm is checked with the rewards by check_inputs (in a child process for the
+    # distributed modes): the algorithm registry imports torch, which the controller does not
+    cfg = load_config(config, [*(set_ or []), *dash], algorithms=False)
     if (
         scheduler is None
         and cfg.schedule.mode != "reference"

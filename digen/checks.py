@@ -12,6 +12,12 @@ the free space on its disk against the size of a checkpoint. Config values thems
 (finite, in range) are :mod:`digen.config`'s validators. Problems are reported together as
 one :class:`~digen.errors.ConfigError` (exit 2); too little disk space is a
 :class:`~digen.rundir.DiskFull` (exit 1).
+
+``train.algorithm`` against the algorithm registry and the rewards are checked here too
+(:func:`registry_problems`): their registries' modules import torch, which the controller of a
+distributed run does not load (docs/architecture.md), so for those modes these checks run in a
+short-lived child process (:func:`registries_apart`, ``python -m digen.checks``), the same
+functions as in the reference loop's process.
 """
 
 from __future__ import annotations
@@ -20,12 +26,14 @@ import inspect
 import json
 import math
 import struct
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 from digen.config import Config
-from digen.errors import ConfigError
+from digen.errors import ConfigError, DigenError, RewardError
 from digen.rundir import DiskFull, RunLock, directory_bytes, free_bytes, latest_intact_checkpoint
 
 DISK_MARGIN_BYTES = 16 * 2**20
@@ -52,7 +60,10 @@ def check_inputs(
     if files:
         prompts, prompt_problems_ = prompt_lists(cfg)
         problems += prompt_problems_
-    problems += reward_problems(cfg, prompts)
+    if cfg.schedule.mode == "reference":
+        problems += registry_problems(cfg, prompts)
+    else:  # the controller's process: no torch
+        problems += registries_apart(cfg, prompts)
     if files and (cfg.resolve_path(cfg.model.path) / "model_index.json").is_file():
         problems += model_problems(cfg)
     if files and out is not None and run_dir:
@@ -132,6 +143,77 @@ def reward_problems(cfg: Config, prompts: list[str]) -> list[str]:
         if callable(check) and prompts:
             problems += [f"{where} ({spec.name}): {p}" for p in check(prompts, **spec.kwargs)]
     return problems
+
+
+def registry_problems(cfg: Config, prompts: list[str]) -> list[str]:
+    """The problems of ``train.algorithm`` (:func:`digen.config.algorithm_problems`) and of
+    the rewards (:func:`reward_problems`): what the registries, torch's code, say of the config."""
+    from digen.config import algorithm_problems
+
+    return algorithm_problems(cfg) + reward_problems(cfg, prompts)
+
+
+def reward_health(cfg: Config) -> None:
+    """Build the configured reward and ask each part that has a health check (an HTTP
+    reward's ``GET /health``) once: :class:`~digen.errors.RewardError` when one does not
+    answer, :class:`~digen.errors.ConfigError` for arguments it refuses."""
+    from digen.assembly import build_reward
+
+    reward = build_reward(cfg)
+    try:
+        for part, _ in getattr(reward, "parts", [(reward, 1.0)]):
+            if callable(getattr(part, "health", None)):
+                part.health()
+    finally:
+        reward.close()
+
+
+REWARD_CHECK_TIMEOUT_S = 300.0
+"""The longest a child process checking the algorithm and the rewards may take (it imports
+torch, the algorithms and the rewards; an HTTP reward's health check waits up to its
+``timeout_s``)."""
+
+
+def registries_apart(cfg: Config, prompts: list[str], *, health: bool = False) -> list[str]:
+    """:func:`registry_problems` (and with ``health`` :func:`reward_health`) in a child process
+    (``python -m digen.checks``, its config and prompts as JSON on stdin, its answer a JSON
+    line on stdout). Returns the problems; raises the health check's error."""
+    request = {"config": cfg.model_dump(mode="json"), "prompts": prompts, "health": health}
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "digen.checks"],
+            input=json.dumps(request),
+            capture_output=True,
+            text=True,
+            timeout=REWARD_CHECK_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        raise DigenError(
+            f"checking the algorithm and the rewards took more than {REWARD_CHECK_TIMEOUT_S:g} s; "
+            f"check the reward servers"
+        ) from None
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        why = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
+        raise DigenError(f"the child process checking the algorithm and the rewards failed: {why}")
+    answer = json.loads(lines[-1])
+    if answer.get("error") is not None:
+        kind = {"ConfigError": ConfigError, "RewardError": RewardError}.get(answer["kind"], DigenError)
+        raise kind(answer["error"])
+    return [str(p) for p in answer["problems"]]
+
+
+def _check_rewards_here() -> None:
+    """``python -m digen.checks``: :func:`registries_apart`'s child."""
+    request = json.loads(sys.stdin.read())
+    cfg = Config.model_validate(request["config"])
+    answer: dict[str, Any] = {"problems": registry_problems(cfg, list(request["prompts"])), "error": None}
+    if request["health"] and not answer["problems"]:
+        try:
+            reward_health(cfg)
+        except (ConfigError, RewardError) as exc:
+            answer.update(error=str(exc), kind=type(exc).__name__)
+    print(json.dumps(answer), flush=True)
 
 
 # --- the model folder --------------------------------------------------------------------
@@ -315,3 +397,7 @@ def check_free_space(cfg: Config, out: Path, resume: bool) -> None:
             f"bytes ({need / 2**20:.1f} MiB): a checkpoint of about {each / 2**20:.1f} MiB written beside "
             f"the newest one, and logs; free some space or choose another --out"
         )
+
+
+if __name__ == "__main__":
+    _check_rewards_here()

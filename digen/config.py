@@ -539,7 +539,7 @@ def _describe(err: Any) -> str:  # a pydantic ErrorDetails
     return f"{loc} ({shown}): {err['msg']}"
 
 
-def _cross_checks(cfg: Config, check_paths: bool) -> list[str]:
+def _cross_checks(cfg: Config, check_paths: bool, algorithms: bool = True) -> list[str]:
     problems: list[str] = []
     r, t = cfg.rollout, cfg.train
     if r.batch_size % r.group_size:
@@ -575,7 +575,8 @@ def _cross_checks(cfg: Config, check_paths: bool) -> list[str]:
         problems.append("schedule.mode colocated needs at least one worker in cluster.local")
     problems += _fsdp_checks(cfg)
     problems += _sp_checks(cfg, check_paths)
-    problems += _algorithm_checks(cfg)
+    if algorithms:
+        problems += algorithm_problems(cfg)
     if cfg.eval.every and cfg.prompts.test_file is None and cfg.prompts.dataset is None:
         problems.append(
             f"eval.every ({cfg.eval.every}) needs prompts.test_file (held-out prompts, one per line) "
@@ -654,10 +655,11 @@ def _sp_checks(cfg: Config, check_paths: bool) -> list[str]:
     return problems
 
 
-def _algorithm_checks(cfg: Config) -> list[str]:
+def algorithm_problems(cfg: Config) -> list[str]:
     """``train.algorithm`` is registered and fits the config (its own checks), mini-batches
     divide the iteration's groups, and an algorithm with state beside the weights is not
-    trained sharded (``train.fsdp``)."""
+    trained sharded (``train.fsdp``). It imports the algorithm registry, whose modules import
+    torch (:func:`build_config`'s ``algorithms``)."""
     from digen.algos import registry
 
     t = cfg.train
@@ -740,8 +742,15 @@ def build_config(
     *,
     source_dir: Path | None = None,
     check_paths: bool = True,
+    algorithms: bool = True,
 ) -> Config:
-    """Validate ``data`` (+ ``--set`` overrides) into a :class:`Config`; every problem at once."""
+    """Validate ``data`` (+ ``--set`` overrides) into a :class:`Config`; every problem at once.
+
+    ``algorithms``: also check ``train.algorithm`` against the algorithm registry
+    (:func:`algorithm_problems`), which imports torch. A process that must not load torch
+    (the controller of a distributed run: ``digen train``, the job runner) passes False and
+    leaves it to :func:`digen.checks.check_inputs`, which checks it with the rewards in a
+    child process."""
     data = dict(data)
     for key, value in parse_overrides(overrides or []):
         _set_dotted(data, key, value)
@@ -752,7 +761,7 @@ def build_config(
     if source_dir is not None:
         cfg.source_dir = str(source_dir)
         _absolute_paths(cfg)
-    problems = _cross_checks(cfg, check_paths)
+    problems = _cross_checks(cfg, check_paths, algorithms)
     if problems:
         raise ConfigError(problems)
     return cfg
@@ -772,13 +781,17 @@ def read_yaml(path: Path, what: str) -> Any:
         raise ConfigError(f"{path} is not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None, *, check_paths: bool = True) -> Config:
+def load_config(
+    path: str | Path, overrides: list[str] | None = None, *, check_paths: bool = True, algorithms: bool = True
+) -> Config:
     """Read a YAML config file; see :func:`build_config`."""
     p = Path(path)
     data = read_yaml(p, "config file")
     if not isinstance(data, dict):
         raise ConfigError(f"{p} must hold a mapping of config sections, got {type(data).__name__}")
-    return build_config(data, overrides, source_dir=p.parent.resolve(), check_paths=check_paths)
+    return build_config(
+        data, overrides, source_dir=p.parent.resolve(), check_paths=check_paths, algorithms=algorithms
+    )
 
 
 SECRET_WORDS = ("password", "passwd", "secret", "token", "api_key", "apikey", "credential")

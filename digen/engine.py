@@ -18,7 +18,6 @@ from digen.config import Config
 from digen.evaluation import eval_metrics
 from digen.iteration import ProgressFn
 from digen.loggers import MetricsLogger, check_loggers, make_loggers
-from digen.reference import run_reference
 from digen.rundir import RunLock, disk_writes
 
 
@@ -71,6 +70,8 @@ def _run(
 
     try:
         if cfg.schedule.mode == "reference":
+            from digen.reference import run_reference  # torch: the distributed modes' controller imports none
+
             summary = run_reference(cfg, out, resume=resume, progress=observe, cancelled=cancelled)
         else:
             from digen.runtime.controller import run_distributed

@@ -15,6 +15,9 @@ tasks on rollout workers, and both produce the same numbers for the same weights
 
 ``RUN_DIR/eval.jsonl`` gets one row per evaluation (:meth:`EvalBook.row`), and
 ``RUN_DIR/eval/iter_NNNN.png`` its grid.
+
+This module plans evaluations and books their results, without torch (the controller uses
+it); the sampling and scoring of a chunk is :mod:`digen.evaluator`'s.
 """
 
 from __future__ import annotations
@@ -22,17 +25,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import torch
 from PIL import Image
 
-from digen.algos.sde import euler_step
 from digen.config import Config
-from digen.models.base import FlowPolicy
 from digen.records import Record
-from digen.rewards.base import call_reward
 from digen.rundir import RunDir
-from digen.seeding import generator
-from digen.viz import image_cells, write_eval_grid
+from digen.viz import write_eval_grid
 
 TOTAL = "reward"
 """Key of the weighted sum of the rewards (what training maximises)."""
@@ -103,19 +101,6 @@ def evaluates(cfg: Config, iteration: int) -> bool:
     return e > 0 and ((iteration + 1) % e == 0 or iteration == cfg.iterations - 1)
 
 
-def score_components(
-    reward, images: torch.Tensor, prompts: list[str], metadata: list[dict] | None = None
-) -> dict[str, torch.Tensor]:
-    """``{"reward": weighted sum [B], <name>: that reward's own scores [B], ...}``.
-    metadata: per-prompt metadata (GenEval-style test sets), or None."""
-    if callable(getattr(reward, "score_parts", None)):
-        total, parts = reward.score_parts(images, prompts, metadata)
-    else:
-        total = call_reward(reward, images, prompts, metadata).detach().float().cpu()
-        parts = {reward.name or "reward": total}
-    return {TOTAL: total.float().cpu(), **{k: v.float().cpu() for k, v in parts.items() if k != TOTAL}}
-
-
 @dataclass
 class EvalResult:
     """One chunk's samples: their grid ``cells`` (one per prompt, :func:`digen.viz.image_cells`)
@@ -124,29 +109,6 @@ class EvalResult:
     task: EvalTask
     cells: Image.Image
     scores: dict[str, list[float]]
-
-
-@torch.no_grad()
-def evaluate_chunk(policy: FlowPolicy, task: EvalTask, cfg: Config, reward) -> EvalResult:
-    """ODE-sample the chunk's prompts with the loaded weights, decode, score.
-
-    latents ``[B, *latent]``; sigmas ``[eval_steps + 1]``; one Euler step per sigma pair.
-    """
-    r = cfg.rollout
-    prompts = list(task.prompts)
-    embeds = policy.encode_prompts(prompts, with_uncond=r.guidance_scale > 1.0)
-    x = torch.stack([policy.initial_noise(generator("eval", cfg.eval.seed, i)) for i in task.indices])
-    sigmas = policy.sigmas(r.eval_steps).float().cpu()
-    n = x.shape[0]
-    for i in range(r.eval_steps):
-        s, s_next = float(sigmas[i]), float(sigmas[i + 1])
-        v = policy.velocity(x, torch.full((n,), s, device=x.device), embeds, r.guidance_scale)
-        x = euler_step(v, x, s, s_next)
-    images = policy.decode(x).float().cpu()
-    metadata = [cfg.prompt_metadata(p) for p in prompts]
-    scores = score_components(reward, images, prompts, None if None in metadata else metadata)
-    cells = image_cells((images * 255).round().clamp(0, 255).to(torch.uint8))
-    return EvalResult(task, cells, {k: [float(x) for x in v] for k, v in scores.items()})
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
@@ -216,21 +178,6 @@ def write_evaluation(run: RunDir, book: EvalBook) -> dict:
             header=f"eval after iteration {book.iteration} · policy v{book.version} · ODE {row['num_prompts']} prompts",
         )
     return row
-
-
-def evaluate_inline(
-    policy: FlowPolicy, cfg: Config, reward, run: RunDir, prompts: list[str], iteration: int
-) -> dict:
-    """The reference trainer's evaluation: every chunk in turn, with the policy's current
-    weights (:func:`eval_version`); returns the row written."""
-    import time
-
-    tasks = plan_eval(cfg, prompts, iteration)
-    book = EvalBook(iteration, eval_version(cfg, iteration), len(tasks))
-    for task in tasks:
-        t0 = time.time()
-        book.add(evaluate_chunk(policy, task, cfg, reward), time.time() - t0)
-    return write_evaluation(run, book)
 
 
 def progress_row(row: dict) -> dict:

@@ -8,25 +8,33 @@ reference loop; the distributed trainers keep theirs) and, once every group of a
 in, sums them in group order (one mini-batch per optimizer step: ``train.mini_batches``,
 :func:`digen.core.scheduler.mini_batch_of`) and produces the iteration's metrics.
 :func:`finish_iteration` records an iteration's end the same way in every mode.
+
+No torch here: the controller imports this module and holds no tensor. Rewards are plain
+floats (float32 values, as the rewards a worker computes), advantages come from
+:func:`digen.core.advantages.group_advantages` and the metrics are float64 sums of them; the
+reference loop books its iterations with the same code, so every mode computes the same
+advantages and specs. Only :meth:`IterationBook.gradient`, the reference loop's gradient sum,
+touches tensors.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
-
-from digen.algos.advantages import group_advantages
 from digen.config import Config
+from digen.core.advantages import float32, group_advantages
 from digen.core.scheduler import mini_batch_of
 from digen.errors import RewardError
-from digen.rollout import GroupTask, trained_steps
 from digen.rundir import RunDir
-from digen.training import TrainSpec, TrainStats, sum_gradients
+from digen.tasks import GroupTask, TrainSpec, TrainStats
 from digen.viz import GridRow, write_sample_grid
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -39,21 +47,23 @@ class IterationBook:
     cfg: Config
     iteration: int
     groups: list[GroupTask]
-    rewards: dict[int, torch.Tensor] = field(default_factory=dict)
+    rewards: dict[int, list[float]] = field(default_factory=dict)
+    """Per scored group, its samples' rewards (float32 values; NaN or inf: dropped)."""
     grads: dict[tuple[int, int], dict[str, torch.Tensor]] = field(default_factory=dict)
     """Per train task, keyed (group, part): part 0 or 1 for a group trained as two halves,
     0 for a whole group; summed in key order."""
     stats: dict[tuple[int, int], TrainStats] = field(default_factory=dict)
     specs: dict[int, TrainSpec] = field(default_factory=dict)
     """Released groups' train specs (a group is released once its spec is built)."""
-    _adv: dict[int, torch.Tensor] = field(default_factory=dict)
+    _adv: dict[int, list[float]] = field(default_factory=dict)
     zero_std_groups: int = 0
     zero_advantage_dropped: int = 0
     """Samples released groups left out for a zero advantage (``train.zero_advantage: drop``)."""
 
     # --- generation side -----------------------------------------------------------
-    def add_rewards(self, group: int, rewards: torch.Tensor) -> None:
-        self.rewards[group] = rewards.float()
+    def add_rewards(self, group: int, rewards: Sequence[float]) -> None:
+        """A group's rewards (rounded to float32, as a worker's reward tensor is)."""
+        self.rewards[group] = float32(rewards)
 
     def trainable_groups(self) -> list[int]:
         """Groups whose train task can be released now and was not yet (in group order)."""
@@ -63,42 +73,35 @@ class IterationBook:
             ready = sorted(self.rewards)
         return [g for g in ready if g not in self.specs]
 
-    def _advantages(self, group: int) -> torch.Tensor:
+    def _advantages(self, group: int) -> list[float]:
         """Advantages of a group's samples (NaN where the sample is dropped)."""
         if group in self._adv:
             return self._adv[group]
         t = self.cfg.train
         eps = 1e-8 if t.unbiased_std else t.std_eps
-        if t.global_std:
+        if t.global_std:  # every group at once: the batch's std
             rows = [(g, i) for g in sorted(self.rewards) for i in range(len(self.rewards[g]))]
-            r = torch.stack([self.rewards[g][i] for g, i in rows])
-            ok = torch.isfinite(r)
-            gids = torch.tensor([g for g, _ in rows])
-            adv = torch.full_like(r, float("nan"))
-            if ok.any():
-                a = group_advantages(
-                    r[ok], gids[ok], global_std=True, eps=eps, clip=t.adv_clip, unbiased=t.unbiased_std
-                )
-                adv[ok] = a.values
-                self.zero_std_groups = a.zero_std_groups
-            for g in sorted(self.rewards):
-                self._adv[g] = torch.stack([adv[k] for k, (gg, _) in enumerate(rows) if gg == g])
-            return self._adv[group]
-        r = self.rewards[group]
-        ok = torch.isfinite(r)
-        adv = torch.full_like(r, float("nan"))
-        if ok.sum() >= 1:
+        else:
+            rows = [(group, i) for i in range(len(self.rewards[group]))]
+        ok = [(g, i) for g, i in rows if math.isfinite(self.rewards[g][i])]
+        adv = {key: float("nan") for key in rows}
+        if ok:
             a = group_advantages(
-                r[ok],
-                torch.zeros(int(ok.sum()), dtype=torch.long),
+                [self.rewards[g][i] for g, i in ok],
+                [g for g, _ in ok],
+                global_std=t.global_std,
                 eps=eps,
                 clip=t.adv_clip,
                 unbiased=t.unbiased_std,
             )
-            adv[ok] = a.values
-            self.zero_std_groups += a.zero_std_groups
-        self._adv[group] = adv
-        return adv
+            adv.update(zip(ok, a.values, strict=True))
+            if t.global_std:
+                self.zero_std_groups = a.zero_std_groups
+            else:
+                self.zero_std_groups += a.zero_std_groups
+        for g in sorted({g for g, _ in rows}):
+            self._adv[g] = [adv[(g, i)] for i in range(len(self.rewards[g]))]
+        return self._adv[group]
 
     def train_spec(self, group: int) -> TrainSpec:
         """The train task of a scored group (marks it released; the same spec every call)."""
@@ -106,10 +109,10 @@ class IterationBook:
             return self.specs[group]
         adv = self._advantages(group)
         task = self.groups[group]
-        keep = [i for i in range(len(adv)) if math.isfinite(float(adv[i]))]
+        keep = [i for i in range(len(adv)) if math.isfinite(adv[i])]
         dropped = len(adv) - len(keep)
         if self.cfg.train.zero_advantage == "drop":  # Flow-GRPO's filter (TrainConfig.zero_advantage)
-            trained = [i for i in keep if float(adv[i]) != 0.0]
+            trained = [i for i in keep if adv[i] != 0.0]
             self.zero_advantage_dropped += len(keep) - len(trained)
             keep = trained
         if dropped:
@@ -124,8 +127,8 @@ class IterationBook:
             group=group,
             gen_version=task.version,
             samples=keep,
-            advantages=[float(adv[i]) for i in keep],
-            steps=[trained_steps(self.cfg, self.iteration, task.sample_ids[i]) for i in keep],
+            sample_ids=[task.sample_ids[i] for i in keep],
+            advantages=[adv[i] for i in keep],
         )
         return self.specs[group]
 
@@ -167,8 +170,8 @@ class IterationBook:
                 f"samples per group"
             )
         if rows == 0:
-            r = torch.cat([self.rewards[g] for g in sorted(self.rewards)]) if self.rewards else torch.empty(0)
-            bad = int((~torch.isfinite(r)).sum())
+            r = self.per_sample_rewards()
+            bad = sum(1 for x in r if not math.isfinite(x))
             raise RewardError(
                 f"{where}: no sample can be trained ({bad} of {len(r)} rewards are NaN or inf, "
                 f"the other groups were dropped); check the reward: it must give each sample a finite score"
@@ -178,26 +181,30 @@ class IterationBook:
     def gradient(self, mini_batch: int | None = None) -> tuple[dict[str, torch.Tensor], int]:
         """Summed gradient (group order, a split group's halves in order) and the number of
         trained rows of one mini-batch's groups (None: every group collected): the reference
-        loop's; the distributed trainers sum their own."""
+        loop's; the distributed trainers sum their own. The one method here that computes with
+        tensors: it imports torch's code when called, never in the controller."""
+        from digen.training import sum_gradients
+
         rows = self.trained_rows(mini_batch)
         order = sorted(k for k in self.grads if mini_batch is None or self.mini_batch(k[0]) == mini_batch)
         return sum_gradients([self.grads[g] for g in order]), rows
 
     def metrics(self) -> dict:
-        """The iteration's learning metrics (timing metrics are added by the caller)."""
-        r = torch.cat([self.rewards[g] for g in sorted(self.rewards)])
-        ok = torch.isfinite(r)
-        rv = r[ok]
+        """The iteration's learning metrics (timing metrics are added by the caller); the
+        reward mean and std are float64 over the float32 rewards."""
+        r = self.per_sample_rewards()
+        rv = [x for x in r if math.isfinite(x)]
+        mean = math.fsum(rv) / len(rv) if rv else float("nan")
         total = TrainStats()
         for g in sorted(self.stats):
             total.add(self.stats[g])
         rows = max(total.rows, 1)
         return {
             "iteration": self.iteration,
-            "samples": int(ok.sum()),
-            "dropped_samples": int((~ok).sum()),
-            "reward_mean": float(rv.mean()) if len(rv) else float("nan"),
-            "reward_std": float(rv.std(unbiased=False)) if len(rv) else float("nan"),
+            "samples": len(rv),
+            "dropped_samples": len(r) - len(rv),
+            "reward_mean": mean,
+            "reward_std": math.sqrt(math.fsum((x - mean) ** 2 for x in rv) / len(rv)) if rv else float("nan"),
             "loss": total.loss / rows,
             "approx_kl": total.approx_kl / rows,
             "clipfrac": total.clipped / rows,
@@ -206,11 +213,11 @@ class IterationBook:
             "zero_std_ratio": self.zero_std_groups / len(self.groups),
             "zero_advantage_dropped": self.zero_advantage_dropped,
             "trained_rows": total.rows,
-            "rewards": [round(float(x), 7) for x in r],
+            "rewards": [round(x, 7) for x in r],
         }
 
     def per_sample_rewards(self) -> list[float]:
-        return [float(x) for g in sorted(self.rewards) for x in self.rewards[g]]
+        return [x for g in sorted(self.rewards) for x in self.rewards[g]]
 
 
 def busy_seconds(events: list[dict], start: float | None = None, end: float | None = None) -> float:

@@ -24,12 +24,14 @@ from digen.algos.state import load_version
 from digen.assembly import EmbedCache, build_policy, build_reward, compute_threads
 from digen.config import Config
 from digen.errors import JobCancelled
-from digen.evaluation import evaluate_inline, evaluates, held_out_prompts, progress_row
+from digen.evaluation import evaluates, held_out_prompts, progress_row
+from digen.evaluator import evaluate_inline
 from digen.iteration import IterationBook, IterationEnd, ProgressFn, checkpoints, draws_grid, finish_iteration
 from digen.optim import open_store, save_checkpoint
-from digen.rollout import Trajectories, generate_group, plan_groups
+from digen.rollout import Trajectories, generate_group
 from digen.rundir import RunDir
 from digen.startup import phase
+from digen.tasks import plan_groups
 from digen.training import train_group
 from digen.viz import GridRow, image_cells
 
@@ -95,7 +97,7 @@ def _reference_loop(
             check_cancel(k)
             traj = generate_group(policy, task, cfg, reward, embeds=embed(task.prompt), timer=timer)
             trajs[task.group] = traj
-            book.add_rewards(task.group, traj.rewards)
+            book.add_rewards(task.group, traj.rewards.tolist())
         norms = []
         for m in range(cfg.train.mini_batches):  # one optimizer step per mini-batch
             for g in book.trainable_groups():

@@ -4,6 +4,7 @@ A generation task is one *group* (``group_size`` samples of one prompt), always 
 one batch, in every mode: the batch composition is then the same everywhere and the
 distributed modes reproduce the reference trainer's samples bit for bit. A sample's noise
 comes from its own stream (:mod:`digen.seeding`), so the group can run on any worker.
+Which groups an iteration samples is planned without torch (:func:`digen.tasks.plan_groups`).
 """
 
 from __future__ import annotations
@@ -20,20 +21,9 @@ from digen.algos.sde import euler_step, sde_step
 from digen.config import Config
 from digen.errors import TaskDropped
 from digen.models.base import FlowPolicy, PromptEmbeds
-from digen.records import Record
 from digen.rewards.base import call_reward
-from digen.seeding import iteration_generator, sample_generator
-
-
-@dataclass(frozen=True)
-class GroupTask(Record):
-    """What a generation task says: which samples of which iteration, with which weights."""
-
-    iteration: int
-    group: int
-    prompt: str
-    sample_ids: tuple[int, ...]
-    version: int
+from digen.seeding import sample_generator
+from digen.tasks import GroupTask
 
 
 @dataclass
@@ -104,27 +94,6 @@ def _initial_noise(policy: FlowPolicy, gens: list[torch.Generator], shared: bool
             policy.initial_noise(g)
         return x
     return torch.stack([policy.initial_noise(g) for g in gens])
-
-
-def iteration_prompts(prompts: list[str], seed: int, iteration: int, count: int) -> list[str]:
-    """The ``count`` prompts of an iteration: a seeded shuffle of the list, cycled."""
-    order = torch.randperm(len(prompts), generator=iteration_generator(seed, iteration, "prompts")).tolist()
-    return [prompts[order[i % len(order)]] for i in range(count)]
-
-
-def plan_groups(cfg: Config, prompts: list[str], iteration: int, version: int) -> list[GroupTask]:
-    """The generation tasks of one iteration, in group order."""
-    g = cfg.rollout.group_size
-    chosen = iteration_prompts(prompts, cfg.seed, iteration, cfg.rollout.prompts_per_iteration)
-    return [
-        GroupTask(iteration, i, p, tuple(range(i * g, (i + 1) * g)), version) for i, p in enumerate(chosen)
-    ]
-
-
-def trained_steps(cfg: Config, iteration: int, sample_id: int) -> list[int]:
-    """The denoising step indices one sample trains on (sorted): the algorithm's
-    (:meth:`digen.algos.registry.Algorithm.trained_steps`)."""
-    return algorithm_for(cfg).trained_steps(cfg, iteration, sample_id)
 
 
 Timer = Callable[[str, float, float], None]

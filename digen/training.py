@@ -6,9 +6,11 @@ batched forwards of up to ``train.rows_per_forward`` rows (one weight read serve
 without TSP each step is its own forward, as the sequential Flow-GRPO loop does.
 
 What a row is and what its loss is belong to the configured algorithm (``train.algorithm``,
-:mod:`digen.algos.registry`): :func:`train_group` builds the rows from the group's trajectory
-dict with the algorithm's ``rows`` and each forward calls its ``loss``; the rest (packing,
-backward, summing) is shared.
+:mod:`digen.algos.registry`): :func:`train_group` draws each sample's trained steps
+(:func:`drawn_steps`), builds the rows from the group's trajectory dict with the algorithm's
+``rows`` and each forward calls its ``loss``; the rest (packing, backward, summing) is
+shared. The task's description (:class:`~digen.tasks.TrainSpec`) and its stats are plain
+records of :mod:`digen.tasks`, which the controller builds without torch.
 
 A task returns the *sum* over its rows of the loss gradient. The optimizer step sums task
 gradients in task order and divides by its mini-batch's row count (the iteration's, with one
@@ -28,7 +30,7 @@ tasks (RAT), whose two partial sums are added (tolerance: tests/runtime/test_equ
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import replace
 
 import torch
 
@@ -38,42 +40,7 @@ from digen.algos.registry import Rows, algorithm_for
 from digen.algos.rows import TrainRows, transition_rows
 from digen.config import Config
 from digen.models.base import FlowPolicy, PromptEmbeds
-from digen.records import Record
-
-
-@dataclass
-class TrainSpec(Record):
-    """What a train task says: the group, and per sample its advantage and trained steps.
-
-    ``samples`` indexes the group's samples (positions 0..G-1) that train; dropped samples
-    (non-finite reward) are absent.
-    """
-
-    iteration: int
-    group: int
-    gen_version: int
-    samples: list[int]
-    advantages: list[float]
-    steps: list[list[int]]
-
-    @property
-    def rows(self) -> int:
-        return sum(len(s) for s in self.steps)
-
-    def half(self, part: int) -> TrainSpec:
-        """The first (``part`` 0) or second (1) half of the samples: a group's train task
-        split in two (the first half gets the odd sample). The halves' gradient sums add
-        up to the whole group's (up to float summation order)."""
-        h = (len(self.samples) + 1) // 2
-        cut = slice(0, h) if part == 0 else slice(h, None)
-        return TrainSpec(
-            self.iteration,
-            self.group,
-            self.gen_version,
-            self.samples[cut],
-            self.advantages[cut],
-            self.steps[cut],
-        )
+from digen.tasks import TrainSpec, TrainStats
 
 
 def build_rows(
@@ -89,42 +56,6 @@ def build_rows(
     Rows are ordered sample-major, then by step (:func:`digen.algos.rows.transition_rows`).
     """
     return transition_rows(latents, log_probs, sigmas, advantages, steps)
-
-
-@dataclass
-class TrainStats:
-    """Sums over rows (divide by ``rows`` for means)."""
-
-    rows: int = 0
-    loss: float = 0.0
-    approx_kl: float = 0.0
-    clipped: float = 0.0
-    kl: float = 0.0
-    ratio_max_dev: float = 0.0
-
-    def add(self, other: TrainStats) -> None:
-        self.rows += other.rows
-        self.loss += other.loss
-        self.approx_kl += other.approx_kl
-        self.clipped += other.clipped
-        self.kl += other.kl
-        self.ratio_max_dev = max(self.ratio_max_dev, other.ratio_max_dev)
-
-    def add_chunk(self, rows: int, loss: torch.Tensor, terms: LossTerms, kl: torch.Tensor) -> None:
-        """Add one forward's sums (``loss``, ``kl``: ``[R]``)."""
-        self.rows += rows
-        self.loss += float(loss.detach().sum())
-        self.approx_kl += float(terms.approx_kl.detach().sum())
-        self.clipped += float(terms.clipped.float().sum())
-        self.kl += float(kl.detach().sum())
-        self.ratio_max_dev = max(self.ratio_max_dev, float((terms.ratio.detach() - 1).abs().max()))
-
-    def to_json(self) -> dict:
-        return dict(self.__dict__)
-
-    @staticmethod
-    def from_json(d: dict) -> TrainStats:
-        return TrainStats(**d)
 
 
 def forward_chunks(rows: Rows, tsp: bool, limit: int) -> list[torch.Tensor]:
@@ -194,12 +125,24 @@ def sum_gradients(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tenso
     return total
 
 
+def drawn_steps(spec: TrainSpec, cfg: Config) -> TrainSpec:
+    """``spec`` with the denoising steps each of its samples trains (sorted): the algorithm's
+    draw from the sample's own stream (:meth:`digen.algos.registry.Algorithm.trained_steps`
+    of ``(iteration, sample id)``), so every trainer of every mode draws the same steps for
+    the same sample. The trainer draws them, where the algorithm is: the controller, which
+    builds the spec, imports no torch. A spec whose ``steps`` are set keeps them."""
+    if spec.steps or not spec.samples:
+        return spec
+    algo = algorithm_for(cfg)
+    return replace(spec, steps=[algo.trained_steps(cfg, spec.iteration, s) for s in spec.sample_ids])
+
+
 def spec_rows(spec: TrainSpec, traj: dict[str, torch.Tensor], cfg: Config) -> Rows:
     """The rows a train task trains, from its group's trajectory dict (what
     :meth:`digen.rollout.Trajectories.tensors` gives; which tensors it holds is the
-    algorithm's, :attr:`digen.algos.registry.Algorithm.trajectory`); ``rows.sample`` indexes
-    ``spec.samples``."""
-    return algorithm_for(cfg).rows(spec, traj, cfg)
+    algorithm's, :attr:`digen.algos.registry.Algorithm.trajectory`), its samples' steps drawn
+    by :func:`drawn_steps`; ``rows.sample`` indexes ``spec.samples``."""
+    return algorithm_for(cfg).rows(drawn_steps(spec, cfg), traj, cfg)
 
 
 def train_group(

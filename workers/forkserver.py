@@ -73,15 +73,15 @@ _FORK_UNSAFE = ("onnxruntime",)
 OCR reward's onnxruntime): loaded before the fork, the server is spawned instead."""
 
 
-def start_forked_server(preload: Sequence[str]) -> int | None:
+def start_forked_server(preload: Sequence[str], shared: Sequence[str] = ()) -> int | None:
     """Start :mod:`multiprocessing`'s fork server as a fork of this process; its pid, or
     ``None`` where it cannot be done safely (no ``os.fork``; CUDA initialised here; a second
     thread running or a :data:`_FORK_UNSAFE` module loaded), in which
     case multiprocessing spawns its own server on first use, as it always does.
 
-    Why: a spawned server imports torch, diffusers and Dask again, about 140 MiB of private
-    memory that this process also holds; forked, the server and every worker it forks share
-    this process's pages copy-on-write. Python 3.11's ``ForkServer.ensure_running`` spawns
+    Why: a spawned server imports Dask again, memory that this process also holds; forked,
+    the server and every worker it forks share this process's pages copy-on-write, and the
+    workers share the torch and diffusers the server imports once. Python 3.11's ``ForkServer.ensure_running`` spawns
     ``python -c 'from multiprocessing.forkserver import main; main(...)'``; this does what
     that does (listener socket, "alive" pipe, the server's fields) but forks instead of
     spawning, then runs the same ``main``.
@@ -92,9 +92,10 @@ def start_forked_server(preload: Sequence[str]) -> int | None:
     ``os.fork``, then one on the child's main thread, where a Dask worker runs
     ``client.run``; its task threads start pools of their own). The CLI calls it first
     thing in ``digen train`` and ``digen bench``, the test session before it collects; any
-    other caller gets the spawned server. ``preload`` is imported here first (what this
-    process shares with the server); the families' pipeline code is imported by the server
-    (:func:`import_model_code`), which this process does not need."""
+    other caller gets the spawned server. ``shared`` is imported here first (what this
+    process shares with the server: Dask); ``preload`` (the workers' code, torch with it) and
+    the families' pipeline code (:func:`import_model_code`) are imported by the server after
+    the fork: the controller imports no torch."""
     import multiprocessing.forkserver as mpfs
     import os
     import socket
@@ -114,12 +115,7 @@ def start_forked_server(preload: Sequence[str]) -> int | None:
     if threading.active_count() > 1 or unsafe:
         log.debug("fork server spawned, not forked: threads %s, loaded %s", threading.enumerate(), unsafe)
         return None  # a fork copies no thread, only the locks they held
-    for name in preload:
-        if name != __name__:
-            try:
-                importlib.import_module(name)
-            except ImportError:
-                pass
+    _import_all(shared)
     resource_tracker.ensure_running()
     listener = socket.socket(socket.AF_UNIX)
     address = connection.arbitrary_address("AF_UNIX")
@@ -136,6 +132,7 @@ def start_forked_server(preload: Sequence[str]) -> int | None:
             srv._lock = threading.Lock()  # another thread of the parent may have held it
             fd = listener.detach()
             _become_server(keep={0, 1, 2, fd, alive_r})
+            _import_all(preload)
             import_model_code()
             freeze()
             code = 0
@@ -156,6 +153,16 @@ def start_forked_server(preload: Sequence[str]) -> int | None:
     srv._forkserver_pid = pid
     log.debug("fork server %d forked from this process", pid)
     return pid
+
+
+def _import_all(names: Sequence[str]) -> None:
+    """Import ``names`` (a missing one is skipped; never this module: it is the server's)."""
+    for name in names:
+        if name != __name__:
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                pass
 
 
 def _become_server(keep: set[int]) -> None:

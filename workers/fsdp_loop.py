@@ -52,8 +52,9 @@ from digen.parallel.comm import all_gather_json, all_reduce_stats, broadcast_jso
 from digen.parallel.fsdp import ShardedTrainer, local_trainable_shards, shard_of, shard_rows
 from digen.runtime.fsdp_keys import FsdpGroup
 from digen.runtime.queue import STEP_QUEUE, LeasedTask
+from digen.tasks import TrainSpec
 from digen.testing import faults
-from digen.training import TrainSpec, spec_rows
+from digen.training import spec_rows
 from workers.runtime import WorkerRuntime, join_group, wait_for
 from workers.tasks import TRAINING_TENSORS, group_tensors, park
 

@@ -1,9 +1,10 @@
 """The long-lived worker loop: pull tasks by role tag, run them, acknowledge.
 
-The controller places one loop per Dask worker (``client.submit(worker_loop, ...,
-workers=[addr])``). The loop loads the policy once and starts this process's blob server
-(where its peers fetch what it produces: :mod:`digen.dataplane.blobs`); a trainer (every worker
-in ``colocated`` mode) also takes its share of the optimizer (:mod:`workers.trainer`). Then it
+The controller places one loop per Dask worker (``client.submit(run_worker_loop, ...,
+workers=[addr])``: :func:`digen.runtime.cluster.run_worker_loop` imports this module on the
+worker). The loop loads the policy once and starts this process's blob server (where its
+peers fetch what it produces: :mod:`digen.dataplane.blobs`); a trainer (every worker in
+``colocated`` mode) also takes its share of the optimizer (:mod:`workers.trainer`). Then it
 repeats: read this worker's role tag and the trainer group's step command from Redis (one
 round trip) -> take part in the step if one is asked of it -> lease a task from the queues
 :func:`digen.core.policy.pull_order` names -> run it (:mod:`workers.tasks`) -> acknowledge.
@@ -13,8 +14,6 @@ It returns when the job's status leaves ``running``.
 from __future__ import annotations
 
 import logging
-import os
-import threading
 import time
 import traceback
 import uuid
@@ -211,9 +210,3 @@ def run_task(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> None:
     else:
         log.info("task %s was already acknowledged (it ran twice); this result is discarded", leased.task_id)
     rt.tasks_run += 1
-
-
-def exit_process() -> None:
-    """Run on a worker by the controller (``client.run``) after its loop failed: the process
-    exits (just after answering) and its Nanny starts a fresh one: clean imports, a clean device."""
-    threading.Timer(0.2, os._exit, args=(1,)).start()

@@ -27,12 +27,14 @@ import torch
 
 from digen.core.events import Role, TaskKind, TaskRef
 from digen.dataplane.blobs import BlobLost, fetch
-from digen.evaluation import EvalTask, evaluate_chunk
+from digen.evaluation import EvalTask
+from digen.evaluator import evaluate_chunk
 from digen.rewards.base import call_reward
-from digen.rollout import GroupTask, Trajectories, generate_group
+from digen.rollout import Trajectories, generate_group
 from digen.runtime.queue import LeasedTask
+from digen.tasks import GroupTask, TrainSpec
 from digen.testing import faults
-from digen.training import TrainSpec, train_group
+from digen.training import train_group
 from digen.viz import image_cells, to_png
 from workers.runtime import WorkerRuntime, event
 

@@ -1,12 +1,13 @@
-"""Group-relative advantages (GRPO): each reward against the other samples of its prompt.
+"""Group-relative advantages (GRPO) on tensors: each reward against the other samples of its
+prompt.
 
-Flow-GRPO: ``A = (r - mean_group) / (std + 1e-4)`` with the population std (ddof 0) of the
-group, or of the whole batch when ``global_std``; then ``A`` is clamped to ``+-5``.
-DanceGRPO: the same with the unbiased std (``torch.std``, ddof 1) and ``eps=1e-8``.
+The math is :func:`digen.core.advantages.group_advantages` (Flow-GRPO's, or DanceGRPO's with
+the unbiased std; it names the peers and how its float64 sums round): this is its tensor
+form, with the inputs checked. The controller and the reference loop call the plain-float
+function directly (through :class:`digen.iteration.IterationBook`).
 
 A group carries no signal when all its rewards are equal (this includes a group of one
-sample): its advantages are exactly 0 and it is counted in ``zero_std_groups`` (Flow-GRPO
-drops such groups; the caller may, the values are already 0).
+sample): its advantages are exactly 0 and it is counted in ``zero_std_groups``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from digen.core import advantages as core
 from digen.errors import AlgorithmError
 
 
@@ -50,34 +52,17 @@ def group_advantages(
     global_std: divide by the std of the whole batch instead of the group's (mean stays
         per group). eps: added to the std. clip: clamp to [-clip, clip]; None disables.
     unbiased: std with ddof 1 (DanceGRPO) instead of ddof 0 (Flow-GRPO).
-    Computed in float64, returned as float32 on the rewards' device.
+    Computed in float64 (:func:`digen.core.advantages.group_advantages`), returned as
+    float32 on the rewards' device.
     """
     r, ids = _check_inputs(rewards, group_ids, eps, clip)
-    ddof = 1 if unbiased else 0
-    _, inverse, counts = torch.unique(ids, return_inverse=True, return_counts=True)
-    n_groups = counts.numel()
-
-    means = torch.zeros(n_groups, dtype=r.dtype, device=r.device).index_add_(0, inverse, r) / counts
-    centered = r - means[inverse]
-    squares = torch.zeros(n_groups, dtype=r.dtype, device=r.device).index_add_(0, inverse, centered**2)
-    std_per_group = torch.sqrt(squares / (counts - ddof).clamp(min=1))
-
-    # Exact test for "no signal": max == min within the group (a mean of equal floats may be off by one ulp).
-    highest = torch.full_like(means, -math.inf).scatter_reduce(0, inverse, r, "amax")
-    lowest = torch.full_like(means, math.inf).scatter_reduce(0, inverse, r, "amin")
-    flat = highest == lowest
-    std_per_group = torch.where(flat, torch.zeros_like(std_per_group), std_per_group)
-
-    if global_std:
-        batch_std = r.std(correction=ddof) if r.numel() > ddof else r.new_zeros(())
-        std = batch_std.expand_as(r)
-    else:
-        std = std_per_group[inverse]
-    values = centered / (std + eps)
-    values = torch.where(flat[inverse], torch.zeros_like(values), values)
-    if clip is not None:
-        values = values.clamp(-clip, clip)
-    return Advantages(values.float(), int(flat.sum().item()), std.float().clone())
+    a = core.group_advantages(
+        r.tolist(), ids.tolist(), global_std=global_std, eps=eps, clip=clip, unbiased=unbiased
+    )
+    values = torch.tensor(a.values, dtype=torch.float32, device=r.device)
+    return Advantages(
+        values, a.zero_std_groups, torch.tensor(a.group_std, dtype=torch.float32, device=r.device)
+    )
 
 
 def _check_inputs(

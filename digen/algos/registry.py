@@ -6,7 +6,7 @@ deterministic solver, which transitions the trajectory keeps), what a trajectory
 timesteps each sample trains, its loss, and any state it keeps beside the trained weights.
 The library reads it from here and nowhere else: :func:`digen.rollout.generate_group` runs its
 :class:`RolloutPlan`, :func:`digen.training.train_group` builds its rows and calls its loss,
-:class:`digen.iteration.IterationBook` asks for its trained steps, and
+:func:`digen.training.drawn_steps` asks for its trained steps (on the trainer), and
 :class:`digen.optim.ParameterStore` keeps its state; so every worker that calls those
 functions runs it. ``digen algorithms`` lists them.
 
@@ -117,7 +117,7 @@ class Algorithm:
         raise NotImplementedError
 
     def rows(self, spec: Any, traj: dict[str, torch.Tensor], cfg: Config) -> Rows:
-        """The rows of a train task (:class:`digen.training.TrainSpec` ``spec``) from its
+        """The rows of a train task (:class:`digen.tasks.TrainSpec` ``spec``) from its
         group's trajectory dict (:meth:`digen.rollout.Trajectories.tensors`)."""
         raise NotImplementedError
 

@@ -19,7 +19,8 @@ def tsp_microbench(cfg: Config, ks: Sequence[int] = (1, 2, 4, 8), repeats: int =
     import torch
 
     from digen.assembly import EmbedCache, build_policy, build_reward
-    from digen.rollout import generate_group, plan_groups
+    from digen.rollout import generate_group
+    from digen.tasks import plan_groups
     from digen.training import build_rows, task_gradient
 
     threads = torch.get_num_threads()

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from digen.training import TrainStats
+from digen.tasks import TrainStats
 
 
 def _to_bytes(obj: Any) -> torch.Tensor:

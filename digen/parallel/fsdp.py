@@ -63,7 +63,8 @@ from digen.config import Config, TrainConfig
 from digen.errors import ConfigError
 from digen.models import lora
 from digen.models.base import FlowPolicy, PromptEmbeds
-from digen.training import TrainRows, TrainStats, chunk_loss, forward_chunks
+from digen.tasks import TrainStats
+from digen.training import TrainRows, chunk_loss, forward_chunks
 
 MeshOrGroup = DeviceMesh | dist.ProcessGroup | None
 

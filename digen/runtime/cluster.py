@@ -55,6 +55,11 @@ FORKSERVER_PRELOAD = (
 policy load need (a missing one is skipped). The last, :mod:`workers.forkserver`, imports the
 families' pipeline code and freezes the server's objects, so its forked workers share them."""
 
+FORKSERVER_SHARED = ("distributed",)
+"""What the controller imports before it forks the fork server (:func:`prefork_server`), so
+the two share it: Dask. The rest of :data:`FORKSERVER_PRELOAD` (torch with the workers'
+code) the server imports after the fork: the controller holds no tensor and imports no torch."""
+
 
 def use_start_method(method: str) -> None:
     """Make this process's Dask nannies start worker processes with ``method``
@@ -70,12 +75,13 @@ def use_start_method(method: str) -> None:
 
 def prefork_server() -> int | None:
     """Start the fork server now as a fork of this process (:func:`workers.forkserver.start_forked_server`),
-    before this process computes anything: the server and the workers it forks then share this
-    process's imported torch, diffusers and Dask instead of holding their own (about 140 MiB
-    less in all). Its pid, or ``None`` where forking is not safe (the spawned server is used)."""
+    before this process computes anything or starts a thread: the server shares this process's
+    Dask (:data:`FORKSERVER_SHARED`), imports the workers' code and torch once, and the workers
+    it forks share them. Its pid, or ``None`` where forking is not safe (the spawned server is
+    used)."""
     from workers.forkserver import start_forked_server
 
-    return start_forked_server(FORKSERVER_PRELOAD)
+    return start_forked_server(FORKSERVER_PRELOAD, FORKSERVER_SHARED)
 
 
 def nanny_options(name: str, role: str, gpu_type: str, threads: int) -> dict:
@@ -236,6 +242,21 @@ def connect_scheduler(address: str, timeout_s: float = 10.0, security=None):
             f"cannot reach the Dask scheduler at {address} ({type(exc).__name__}: {exc}); start it with "
             f"`dask scheduler` (or docker compose up scheduler), or drop --scheduler to use a local cluster"
         ) from None
+
+
+def run_worker_loop(*args, **kwargs) -> dict:
+    """:func:`workers.loop.worker_loop`, imported where it runs: the controller places this on
+    each worker (Dask pickles a function by its module and name), so the controller's process
+    never imports the workers' code, nor torch with it."""
+    from workers.loop import worker_loop
+
+    return worker_loop(*args, **kwargs)
+
+
+def exit_process() -> None:
+    """Run on a worker by the controller (``client.run``) after its loop failed: the process
+    exits (just after answering) and its Nanny starts a fresh one: clean imports, a clean device."""
+    threading.Timer(0.2, os._exit, args=(1,)).start()
 
 
 def list_workers(client) -> list[WorkerInfo]:

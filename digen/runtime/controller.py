@@ -27,6 +27,7 @@ from pathlib import Path
 
 import redis
 
+from digen.checks import registries_apart
 from digen.config import Config
 from digen.core.events import (
     Event,
@@ -45,7 +46,13 @@ from digen.errors import ConfigError, ConnectionFailure, JobCancelled
 from digen.evaluation import eval_task_count, held_out_prompts
 from digen.iteration import IterationEnd, ProgressFn, finish_iteration
 from digen.rundir import RunDir, finalize_checkpoint
-from digen.runtime.cluster import LocalClusterStart, close_local_cluster, connect_scheduler
+from digen.runtime.cluster import (
+    LocalClusterStart,
+    close_local_cluster,
+    connect_scheduler,
+    exit_process,
+    run_worker_loop,
+)
 from digen.runtime.dispatch import Dispatcher
 from digen.runtime.evals import Evaluations
 from digen.runtime.fsdp_group import FsdpControl
@@ -333,22 +340,18 @@ def in_flight_events(queue: TaskQueue, task_ids: list[str], now: float) -> list[
 def preflight(cfg: Config, local: bool) -> None:
     """Fail in seconds, before any cluster starts, on a reward that does not exist or takes
     other arguments (:class:`ConfigError`) or whose server does not answer (:class:`RewardError`),
-    and on a local cluster whose GPU type ``cluster.gpu_types`` leaves out."""
-    from digen.assembly import build_reward
-
+    and on a local cluster whose GPU type ``cluster.gpu_types`` leaves out. The rewards are
+    built and asked in a child process (:func:`~digen.checks.registries_apart`): their code
+    imports torch, which this process does not."""
     allowed, gpu = cfg.cluster.gpu_types, cfg.cluster.local.gpu_type
     if local and allowed and gpu not in allowed:
         raise ConfigError(
             f"cluster.local.gpu_type ({gpu}) is not in cluster.gpu_types {allowed}: no local worker "
             f"may run a task; add {gpu} to cluster.gpu_types or set cluster.local.gpu_type"
         )
-    reward = build_reward(cfg)
-    try:
-        for part, _ in getattr(reward, "parts", [(reward, 1.0)]):
-            if callable(getattr(part, "health", None)):
-                part.health()
-    finally:
-        reward.close()
+    problems = registries_apart(cfg, [], health=True)
+    if problems:
+        raise ConfigError(problems)
 
 
 def _local_cluster(cfg: Config) -> LocalClusterStart:
@@ -410,10 +413,10 @@ def run_distributed(
     Inputs are checked before anything is written or started (rewards, Redis, the Dask
     scheduler: errors within seconds, naming what and where). A Redis restart pauses the job
     for up to ``schedule.redis_outage_s``, then it continues (see docs/guarantees.md).
-    ``loop_fn``: the worker loop to place on each worker (default :func:`workers.loop.worker_loop`).
+    ``loop_fn``: the worker loop to place on each worker (default
+    :func:`~digen.runtime.cluster.run_worker_loop`, :func:`workers.loop.worker_loop` imported on
+    the worker: this process imports no torch).
     """
-    from workers.loop import exit_process, worker_loop
-
     s = cfg.schedule.resolved()
     preflight(cfg, local=scheduler is None)
     with phase("redis start"):
@@ -444,7 +447,7 @@ def run_distributed(
         except BaseException:
             starting.discard()
             raise
-    members = Membership(cfg, client, job, url, loop_fn or worker_loop, exit_process)
+    members = Membership(cfg, client, job, url, loop_fn or run_worker_loop, exit_process)
     sched = Scheduler(
         SchedulerConfig(
             iterations=cfg.iterations,

@@ -21,7 +21,7 @@ from digen.runtime.evals import Evaluations
 from digen.runtime.jobstate import JobState
 from digen.runtime.ledger import Ledger
 from digen.runtime.queue import TaskQueue
-from digen.training import TrainStats
+from digen.tasks import TrainStats
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from digen.config import Config
 from digen.core.events import TaskKind, TaskRef
 from digen.iteration import IterationBook
-from digen.rollout import plan_groups
+from digen.tasks import plan_groups
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ class Membership:
     loop_fn: Callable
     """The worker loop placed on every worker (:func:`workers.loop.worker_loop`)."""
     exit_fn: Callable
-    """Run on a worker to end its process (:func:`workers.loop.exit_process`)."""
+    """Run on a worker to end its process (:func:`digen.runtime.cluster.exit_process`)."""
     workers: dict[str, WorkerInfo] = field(default_factory=dict)
     loops: dict[str, object] = field(default_factory=dict)
     """Worker name -> the Dask future of its loop."""

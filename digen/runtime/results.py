@@ -21,8 +21,6 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-import torch
-
 from digen.core.events import Event, GroupLost, TaskDone, TaskKind, TaskRef, TrainLost
 from digen.errors import DigenError
 from digen.rundir import RunDir
@@ -30,7 +28,7 @@ from digen.runtime.dispatch import Dispatcher
 from digen.runtime.evals import Evaluations
 from digen.runtime.ledger import Blob, Ledger, Trained
 from digen.runtime.queue import DeadLetter, TaskQueue, is_step_id
-from digen.training import TrainStats
+from digen.tasks import TrainStats
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +63,7 @@ class Collector:
         led.events += self.stamp(task_id, res["events"])
         if ref.kind is TaskKind.GEN:
             if not self.dispatch.reward_tasks:
-                book.add_rewards(ref.group, torch.tensor(res["rewards"], dtype=torch.float32))
+                book.add_rewards(ref.group, [float(x) for x in res["rewards"]])
             b = res["blob"]
             led.sources.setdefault(ref.iteration, {})[ref.group] = Blob(
                 res["worker"], str(b["addr"]), str(b["name"])
@@ -77,7 +75,7 @@ class Collector:
                 led.regenerating.discard((ref.iteration, ref.group))
                 self.dispatch.repost_parked(ref.iteration, ref.group)
         elif ref.kind is TaskKind.REWARD:
-            book.add_rewards(ref.group, torch.tensor(res["rewards"], dtype=torch.float32))
+            book.add_rewards(ref.group, [float(x) for x in res["rewards"]])
         else:
             grad = res.get("grad")
             blob = (
@@ -209,7 +207,7 @@ class Collector:
         led.dead.setdefault(ref.iteration, []).append(dead.task_id)
         book = led.books[ref.iteration]
         if ref.kind in (TaskKind.GEN, TaskKind.REWARD):
-            book.add_rewards(ref.group, torch.full((led.cfg.rollout.group_size,), float("nan")))
+            book.add_rewards(ref.group, [float("nan")] * led.cfg.rollout.group_size)
         else:
             led.untrained.setdefault(ref.iteration, set()).add((ref.group, ref.part))
             book.stats.setdefault((ref.group, ref.part or 0), TrainStats())

@@ -411,7 +411,9 @@ def _run(
     from digen.engine import run_training
     from digen.rundir import RunLock
 
-    cfg = build_config(config, source_dir=Path(source_dir) if source_dir else None)
+    # train.algorithm is checked by check_inputs below (the registry imports torch: for the
+    # distributed modes in a child process, this one being their controller)
+    cfg = build_config(config, source_dir=Path(source_dir) if source_dir else None, algorithms=False)
     jid = job.id
     if cfg.schedule.mode != "reference" and ctx is None:
         raise ConfigError(

@@ -39,8 +39,9 @@ from digen.assembly import build_policy
 from digen.config import Config, build_config
 from digen.iteration import IterationBook
 from digen.optim import ParameterStore
-from digen.rollout import GroupTask, generate_group
-from digen.training import TrainStats, spec_rows, train_group
+from digen.rollout import generate_group
+from digen.tasks import GroupTask, TrainStats
+from digen.training import drawn_steps, spec_rows, train_group
 
 G, GROUPS, PROMPT = 4, 2, "a red square"
 TOLERANCE = 1e-6
@@ -254,7 +255,7 @@ def test_flow_grpo_two_optimizer_steps_per_rollout_batch_equal_the_peer(world, p
     opt = PeerOptimizer(policy, cfg)
     grads = []
     for g in range(GROUPS):  # one optimizer step per group
-        traj, spec = trajs[g], ours.book.train_spec(g)
+        traj, spec = trajs[g], drawn_steps(ours.book.train_spec(g), cfg)
         adv = torch.tensor(spec.advantages, dtype=torch.float64).clamp(-5, 5)
         k = len(spec.steps[0])
         for idx in (torch.tensor([0, 1]), torch.tensor([2, 3])):
@@ -316,7 +317,7 @@ def test_mix_grpo_window_training_equals_the_peer(world, policy, tsp, flash):
     ours = digen_iteration(
         policy, embeds, cfg, trajs, tsp=tsp, store=ParameterStore(policy.trainable_state_dict(), cfg.train)
     )
-    assert all(spec.steps == [window] * G for spec in ours.book.specs.values())
+    assert all(drawn_steps(spec, cfg).steps == [window] * G for spec in ours.book.specs.values())
     assert all(0 < s.clipped < s.rows == G * 4 for s in ours.stats)
 
     policy.load_trainable_state_dict(ours.start)
@@ -369,7 +370,7 @@ def test_grpo_guard_equals_the_peer(world, policy, tsp, kl_beta):
     opt = PeerOptimizer(policy, cfg)
     grads = []
     for g in range(GROUPS):
-        traj, spec = trajs[g], ours.book.train_spec(g)
+        traj, spec = trajs[g], drawn_steps(ours.book.train_spec(g), cfg)
         adv = torch.tensor(spec.advantages, dtype=torch.float64)
         k = len(spec.steps[0])
         for b in range(G):
@@ -441,7 +442,7 @@ def test_flow_dppo_equals_the_peer(world, policy, tsp):
     opt = PeerOptimizer(policy, cfg)
     grads = []
     for g in range(GROUPS):
-        traj, spec = trajs[g], ours.book.train_spec(g)
+        traj, spec = trajs[g], drawn_steps(ours.book.train_spec(g), cfg)
         advantages = torch.tensor(spec.advantages, dtype=torch.float64)
         k = len(spec.steps[0])
         for idx in (torch.tensor([0, 1]), torch.tensor([2, 3])):
@@ -505,7 +506,7 @@ def test_diffusion_nft_equals_the_peer(world, policy, tsp, kl_beta):
     opt = PeerOptimizer(policy, cfg)
     grads = []
     for g in range(GROUPS):
-        spec = ours.book.train_spec(g)
+        spec = drawn_steps(ours.book.train_spec(g), cfg)
         noise = spec_rows(spec, trajs[g], cfg).noise  # [G * K, *latent], sample-major
         k = len(spec.steps[0])
         x0_all = trajs[g]["latents"][:, -1]

@@ -23,7 +23,8 @@ from digen.assembly import build_policy
 from digen.errors import AlgorithmError
 from digen.optim import ParameterStore
 from digen.reference import run_reference
-from digen.rollout import generate_group, plan_groups
+from digen.rollout import generate_group
+from digen.tasks import plan_groups
 
 NFT = {"train__algorithm": "diffusion-nft", "train__nft": {"decay_type": 1}}
 

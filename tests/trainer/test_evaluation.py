@@ -13,7 +13,8 @@ from safetensors.torch import load_file
 from digen.assembly import build_policy, build_reward
 from digen.config import build_config
 from digen.errors import ConfigError
-from digen.evaluation import EvalBook, EvalResult, EvalTask, evaluate_chunk, held_out_prompts, plan_eval
+from digen.evaluation import EvalBook, EvalResult, EvalTask, held_out_prompts, plan_eval
+from digen.evaluator import evaluate_chunk
 from digen.reference import run_reference
 from digen.viz import image_cells
 from tests.conftest import small_config_data

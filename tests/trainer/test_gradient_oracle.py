@@ -54,8 +54,8 @@ from digen.assembly import build_policy
 from digen.config import Config, build_config
 from digen.iteration import IterationBook
 from digen.optim import ParameterStore
-from digen.rollout import GroupTask
-from digen.training import TrainSpec, TrainStats, sum_gradients, train_group
+from digen.tasks import GroupTask, TrainSpec, TrainStats
+from digen.training import sum_gradients, train_group
 
 G, T, SCALE, CLIP, BETA = 4, 4, 4.5, 1e-4, 0.04
 ADVANTAGES = torch.tensor([1.3, -0.7, 0.4, -1.0])
@@ -401,7 +401,7 @@ def trajectory(latents, log_probs, sigmas) -> dict[str, torch.Tensor]:
 def digen_gradient(policy, embeds, sigmas, cfg: Config, latents, log_probs, steps, *, tsp: bool):
     """digen's mean gradient of the iteration: the group as two train tasks (halves), their
     sums added in order and divided by the trained rows, as ``ParameterStore.step`` does."""
-    spec = TrainSpec(0, 0, 0, list(range(G)), ADVANTAGES.tolist(), steps)
+    spec = TrainSpec(0, 0, 0, list(range(G)), list(range(G)), ADVANTAGES.tolist(), steps)
     parts = [
         train_group(policy, h, trajectory(latents, log_probs, sigmas), embeds, cfg, tsp=tsp)
         for h in (spec.half(0), spec.half(1))

@@ -8,7 +8,8 @@ import torch
 
 from digen.assembly import EmbedCache, build_policy, build_reward, compute_threads
 from digen.iteration import IterationBook
-from digen.rollout import generate_group, plan_groups
+from digen.rollout import generate_group
+from digen.tasks import plan_groups
 from digen.training import train_group
 
 

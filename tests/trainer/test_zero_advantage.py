@@ -17,9 +17,9 @@ from digen.iteration import IterationBook
 from digen.reference import run_reference
 from digen.rewards.base import Reward, check_batch
 from digen.rewards.server import make_server
-from digen.rollout import GroupTask
 from digen.runtime.controller import run_distributed
-from digen.training import TrainStats
+from digen.tasks import GroupTask, TrainStats
+from digen.training import drawn_steps
 
 REWARDS = [
     [0.0, 0.5, 0.5, 1.0],  # samples 1 and 2 sit at the group mean: advantage exactly 0
@@ -56,8 +56,8 @@ def test_drop_leaves_out_exactly_the_zero_advantage_samples(small_config, global
     # the released rows are what the step divides by
     for book in (keep, drop):
         for g in range(3):
-            spec = book.train_spec(g)
-            book.add_gradient(g, {"w": torch.ones(1) * spec.rows}, TrainStats(rows=spec.rows))
+            rows = sum(len(s) for s in drawn_steps(book.train_spec(g), book.cfg).steps)
+            book.add_gradient(g, {"w": torch.ones(1) * rows}, TrainStats(rows=rows))
     assert keep.gradient()[1] == 2 * (4 + 4 + 3)  # prefix 0.5 of 4 steps: 2 rows per sample
     assert drop.gradient()[1] == 2 * (2 + 0 + 3)
     assert drop.metrics()["zero_advantage_dropped"] == 6

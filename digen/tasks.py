@@ -1,0 +1,124 @@
+"""What the tasks of an iteration say, as plain records: no torch.
+
+The controller plans and books an iteration with these alone (it holds no tensor), the
+reference loop with the same code, and the workers read them from their payloads:
+
+- :func:`plan_groups`: the iteration's generation tasks (:class:`GroupTask`), one per prompt
+  group, the prompts a seeded shuffle of the list (:func:`digen.seeding.permutation`);
+- :class:`TrainSpec`: what a train task says (its samples and their advantages); the steps
+  each sample trains are drawn by the trainer, where the algorithm is
+  (:func:`digen.training.drawn_steps`);
+- :class:`TrainStats`: the sums a train task reports back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from digen.config import Config
+from digen.records import Record
+from digen.seeding import permutation
+
+if TYPE_CHECKING:
+    from digen.algos.loss import LossTerms
+
+
+@dataclass(frozen=True)
+class GroupTask(Record):
+    """What a generation task says: which samples of which iteration, with which weights."""
+
+    iteration: int
+    group: int
+    prompt: str
+    sample_ids: tuple[int, ...]
+    version: int
+
+
+def iteration_prompts(prompts: list[str], seed: int, iteration: int, count: int) -> list[str]:
+    """The ``count`` prompts of an iteration: a seeded shuffle of the list, cycled (the
+    shuffle ``torch.randperm`` draws from the iteration's ``"prompts"`` stream,
+    :func:`digen.seeding.iteration_generator`)."""
+    order = permutation(len(prompts), seed, iteration, "prompts")
+    return [prompts[order[i % len(order)]] for i in range(count)]
+
+
+def plan_groups(cfg: Config, prompts: list[str], iteration: int, version: int) -> list[GroupTask]:
+    """The generation tasks of one iteration, in group order."""
+    g = cfg.rollout.group_size
+    chosen = iteration_prompts(prompts, cfg.seed, iteration, cfg.rollout.prompts_per_iteration)
+    return [
+        GroupTask(iteration, i, p, tuple(range(i * g, (i + 1) * g)), version) for i, p in enumerate(chosen)
+    ]
+
+
+@dataclass
+class TrainSpec(Record):
+    """What a train task says: the group, and per trained sample its id and advantage.
+
+    ``samples`` indexes the group's samples (positions 0..G-1) that train; dropped samples
+    (non-finite reward) are absent. ``sample_ids`` are their ids in the iteration
+    (:attr:`GroupTask.sample_ids`): each sample's random streams. ``steps``, per sample the
+    denoising steps it trains, is empty in a released task: the trainer draws them from the
+    sample's stream (:func:`digen.training.drawn_steps`; a test may set them).
+    """
+
+    iteration: int
+    group: int
+    gen_version: int
+    samples: list[int]
+    sample_ids: list[int]
+    advantages: list[float]
+    steps: list[list[int]] = field(default_factory=list)
+
+    def half(self, part: int) -> TrainSpec:
+        """The first (``part`` 0) or second (1) half of the samples: a group's train task
+        split in two (the first half gets the odd sample). The halves' gradient sums add
+        up to the whole group's (up to float summation order)."""
+        h = (len(self.samples) + 1) // 2
+        cut = slice(0, h) if part == 0 else slice(h, None)
+        return TrainSpec(
+            self.iteration,
+            self.group,
+            self.gen_version,
+            self.samples[cut],
+            self.sample_ids[cut],
+            self.advantages[cut],
+            self.steps[cut],
+        )
+
+
+@dataclass
+class TrainStats:
+    """Sums over rows (divide by ``rows`` for means)."""
+
+    rows: int = 0
+    loss: float = 0.0
+    approx_kl: float = 0.0
+    clipped: float = 0.0
+    kl: float = 0.0
+    ratio_max_dev: float = 0.0
+
+    def add(self, other: TrainStats) -> None:
+        self.rows += other.rows
+        self.loss += other.loss
+        self.approx_kl += other.approx_kl
+        self.clipped += other.clipped
+        self.kl += other.kl
+        self.ratio_max_dev = max(self.ratio_max_dev, other.ratio_max_dev)
+
+    def add_chunk(self, rows: int, loss, terms: LossTerms, kl) -> None:
+        """Add one forward's sums (``loss``, ``kl``: ``[R]`` tensors)."""
+        self.rows += rows
+        self.loss += float(loss.detach().sum())
+        self.approx_kl += float(terms.approx_kl.detach().sum())
+        self.clipped += float(terms.clipped.float().sum())
+        self.kl += float(kl.detach().sum())
+        self.ratio_max_dev = max(self.ratio_max_dev, float((terms.ratio.detach() - 1).abs().max()))
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+    @staticmethod
+    def from_json(d: dict) -> TrainStats:
+        return TrainStats(**d)
