@@ -3,7 +3,8 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# CPU torch for development and CI; users install whatever torch build suits their GPUs.
+# The torch that development and CI pin (a CPU build on a machine without GPUs);
+# users install whatever torch build suits their GPUs (README, Install).
 TORCH_SPEC ?= torch==2.13.0
 
 .PHONY: setup demo test test-fast lint docs bench simulate clean

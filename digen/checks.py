@@ -17,7 +17,10 @@ one :class:`~digen.errors.ConfigError` (exit 2); too little disk space is a
 (:func:`registry_problems`): their registries' modules import torch, which the controller of a
 distributed run does not load (docs/architecture.md), so for those modes these checks run in a
 short-lived child process (:func:`registries_apart`, ``python -m digen.checks``), the same
-functions as in the reference loop's process.
+functions as in the reference loop's process. With ``health`` that child also asks each
+reward server once (:func:`reward_health`), so a run that starts right after the check pays
+for one child, not two (the controller's :func:`~digen.runtime.controller.preflight` skips
+it then).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ def check_inputs(
     resume: bool = False,
     run_dir: bool = True,
     files: bool = True,
+    health: bool = False,
 ) -> None:
     """Check ``cfg`` (and the run directory ``out``) before a run starts; every problem found
     is reported at once (see the module docstring).
@@ -54,20 +58,22 @@ def check_inputs(
     ``run_dir``: also check the directory's state (in use, holds a run, has a checkpoint to
     resume); off for a job runner's retry, which drops an earlier attempt's rows itself.
     ``files``: read the files (prompts, model folder, run directory, free space); off for
-    ``digen submit --no-check-paths``, whose files exist only where the job runs."""
+    ``digen submit --no-check-paths``, whose files exist only where the job runs.
+    ``health``: for a distributed run about to start, also ask each reward server once when
+    nothing else is wrong (:class:`~digen.errors.RewardError` when one does not answer)."""
     problems: list[str] = []
     prompts: list[str] = []
     if files:
         prompts, prompt_problems_ = prompt_lists(cfg)
         problems += prompt_problems_
-    if cfg.schedule.mode == "reference":
-        problems += registry_problems(cfg, prompts)
-    else:  # the controller's process: no torch
-        problems += registries_apart(cfg, prompts)
     if files and (cfg.resolve_path(cfg.model.path) / "model_index.json").is_file():
         problems += model_problems(cfg)
     if files and out is not None and run_dir:
         problems += run_dir_problems(out, resume)
+    if cfg.schedule.mode == "reference":
+        problems = registry_problems(cfg, prompts) + problems
+    else:  # the controller's process: no torch
+        problems = registries_apart(cfg, prompts, health=health and not problems) + problems
     if problems:
         raise ConfigError(problems)
     if files and out is not None:

@@ -37,10 +37,11 @@ def run_training(
     this process; the others start (or join) Redis and a Dask cluster (``job_id``: the
     controller's key prefix in Redis; default a fresh one). A true ``cancelled()`` stops the
     run within one task (:class:`~digen.errors.JobCancelled`), keeping the last complete
-    checkpoint. ``checked``: the caller already ran :func:`~digen.checks.check_inputs`."""
+    checkpoint. ``checked``: the caller already ran :func:`~digen.checks.check_inputs` (with
+    ``health``: the reward servers were asked too, as this function asks them)."""
     check_loggers(cfg)
     if not checked:
-        check_inputs(cfg, out, resume=resume)
+        check_inputs(cfg, out, resume=resume, health=True)
     # a full disk anywhere in the run: one line, the bytes being those of a checkpoint
     with RunLock(out), disk_writes(out, needed=checkpoint_estimate(cfg, out, resume)):
         return _run(cfg, out, resume, redis_url, scheduler, progress, cancelled, job_id)
@@ -85,6 +86,7 @@ def _run(
                 progress=observe,
                 cancelled=cancelled,
                 job_id=job_id,
+                rewards_checked=True,  # by check_inputs, here or by the caller
             )
     finally:
         if logger is not None:

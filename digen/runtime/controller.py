@@ -337,20 +337,20 @@ def in_flight_events(queue: TaskQueue, task_ids: list[str], now: float) -> list[
     return out
 
 
-def preflight(cfg: Config, local: bool) -> None:
+def preflight(cfg: Config, local: bool, rewards: bool = True) -> None:
     """Fail in seconds, before any cluster starts, on a reward that does not exist or takes
     other arguments (:class:`ConfigError`) or whose server does not answer (:class:`RewardError`),
     and on a local cluster whose GPU type ``cluster.gpu_types`` leaves out. The rewards are
     built and asked in a child process (:func:`~digen.checks.registries_apart`): their code
-    imports torch, which this process does not."""
+    imports torch, which this process does not. ``rewards=False``: they were asked already
+    (:func:`~digen.checks.check_inputs` with ``health``, just before)."""
     allowed, gpu = cfg.cluster.gpu_types, cfg.cluster.local.gpu_type
     if local and allowed and gpu not in allowed:
         raise ConfigError(
             f"cluster.local.gpu_type ({gpu}) is not in cluster.gpu_types {allowed}: no local worker "
             f"may run a task; add {gpu} to cluster.gpu_types or set cluster.local.gpu_type"
         )
-    problems = registries_apart(cfg, [], health=True)
-    if problems:
+    if rewards and (problems := registries_apart(cfg, [], health=True)):
         raise ConfigError(problems)
 
 
@@ -401,6 +401,7 @@ def run_distributed(
     on_start=None,
     cancelled: Callable[[], bool] | None = None,
     loop_fn: Callable | None = None,
+    rewards_checked: bool = False,
 ) -> dict:
     """Run a job in ``colocated``, ``disaggregated`` or ``digen`` mode; returns the summary.
 
@@ -415,10 +416,12 @@ def run_distributed(
     for up to ``schedule.redis_outage_s``, then it continues (see docs/guarantees.md).
     ``loop_fn``: the worker loop to place on each worker (default
     :func:`~digen.runtime.cluster.run_worker_loop`, :func:`workers.loop.worker_loop` imported on
-    the worker: this process imports no torch).
+    the worker: this process imports no torch). ``rewards_checked``: the caller ran
+    :func:`~digen.checks.check_inputs` with ``health`` just before, so the preflight does not
+    ask the rewards again.
     """
     s = cfg.schedule.resolved()
-    preflight(cfg, local=scheduler is None)
+    preflight(cfg, local=scheduler is None, rewards=not rewards_checked)
     with phase("redis start"):
         r = connect(redis_url, outage_s=s.redis_outage_s)
     url = redis_url or embedded_url(r)

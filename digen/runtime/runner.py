@@ -425,7 +425,7 @@ def _run(
             f"the Dask scheduler {scheduler} uses TLS: give the job config a security: section "
             f"(ca_file, cert_file, key_file; see docs/deploy.md)"
         )
-    check_inputs(cfg, out, resume=want_resume and _has_checkpoint(out))
+    check_inputs(cfg, out, resume=want_resume and _has_checkpoint(out), health=True)
     with RunLock(out):  # before anything in the run directory changes
         resume, done = _prepare_run_dir(cfg, out, want_resume)
         job.meta.update(

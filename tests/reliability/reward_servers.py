@@ -1,7 +1,8 @@
 """A reward server the tests control (a thread of the test process, plain HTTP): it answers
 ``/health`` always and ``/score`` as its ``mode`` says: ``ok`` (each image's mean pixel),
 ``gate`` (``ok`` once :attr:`RewardServer.gate` is set), ``hang`` (never answers), ``bad``
-(a body without a score list). It counts the ``/score`` requests it received."""
+(a body without a score list). It counts the ``/score`` requests it received (``scores``)
+and the ``/health`` requests (``healths``)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ class RewardServer:
         self.gate = threading.Event()
         self.release = threading.Event()  # set at close: hung requests end
         self.scores = 0
+        self.healths = 0
         self.lock = threading.Lock()
         server = self
 
@@ -32,6 +34,9 @@ class RewardServer:
                 self.wfile.write(data)
 
             def do_GET(self) -> None:  # noqa: N802
+                if self.path.startswith("/health"):
+                    with server.lock:
+                        server.healths += 1
                 self._send(200, {"status": "ok", "reward": "test"})
 
             def do_POST(self) -> None:  # noqa: N802

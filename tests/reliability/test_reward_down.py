@@ -124,7 +124,9 @@ def test_the_breaker_is_shared_through_redis(tmp_path: Path):
 def test_a_job_whose_reward_server_hangs_fails_naming_it(tiny_sd3: Path, tmp_path: Path):
     """``digen train`` in digen mode (two workers generate: TAG) against a server that accepts
     and never answers: exit 1, one error line naming the URL, no traceback on the console,
-    and a bounded number of requests (the workers did not each wait out every task)."""
+    and a bounded number of requests (the workers did not each wait out every task). Its
+    health is asked once before anything starts (the input checks' child asks it, the
+    controller's preflight then does not ask again)."""
     with RewardServer("hang") as server:
         data = small_config_data(tiny_sd3, iterations=2, schedule={"mode": "digen"})
         data["reward"] = [
@@ -162,7 +164,7 @@ def test_a_job_whose_reward_server_hangs_fails_naming_it(tiny_sd3: Path, tmp_pat
             text=True,
             timeout=900,
         )
-        requests = server.scores
+        requests, healths = server.scores, server.healths
     console = res.stdout + res.stderr
     assert res.returncode == 1, console
     assert "Traceback" not in console, console
@@ -171,6 +173,7 @@ def test_a_job_whose_reward_server_hangs_fails_naming_it(tiny_sd3: Path, tmp_pat
     assert f"reward server {server.url} has not answered for" in errors[0]
     assert "--resume" in errors[0] and "on_poison" not in errors[0]
     assert errors[0].endswith(f"(log: {out / 'digen.log'})")
+    assert healths == 1, healths
     assert requests <= 8, (
         requests
     )  # 2 tries per worker, then none; without the breaker: 2 per attempt per task

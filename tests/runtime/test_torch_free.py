@@ -36,15 +36,23 @@ CONTROLLER_MODULES = [
 ]
 
 RUN = """
-import json, sys
+import json, subprocess, sys
 from cli.main import app
+children = []
+real_run = subprocess.run
+def counted_run(args, *a, **kw):  # the real call; the checks' children are counted
+    if "digen.checks" in args:
+        children.append(args)
+    return real_run(args, *a, **kw)
+subprocess.run = counted_run
 try:
     app(["train", sys.argv[1], "--out", sys.argv[2], "--log-format", "quiet"])
     code = 0
 except SystemExit as exc:
     code = exc.code
 maps = open("/proc/self/maps").read()
-print(json.dumps({"code": code, "torch": "torch" in sys.modules, "libtorch": "libtorch" in maps}))
+print(json.dumps({"code": code, "torch": "torch" in sys.modules, "libtorch": "libtorch" in maps,
+                  "check_children": len(children)}))
 """
 
 
@@ -65,7 +73,8 @@ def test_importing_the_controller_imports_no_torch():
 @pytest.mark.slow
 def test_a_digen_mode_run_keeps_torch_out_of_the_controller(tiny_sd3, tmp_path):
     """``digen train`` in digen mode: the workers train (torch), the run finishes with its
-    metrics, and the controller's process never loaded torch's library."""
+    metrics, and the controller's process never loaded torch's library. It started one child
+    process to check the algorithm and the rewards (and ask their servers), not one per check."""
     data = small_config_data(tiny_sd3, schedule={"mode": "digen"}, eval={"every": 0})
     data["output"]["sample_grid_every"] = 1  # the grid travels as PNG cells, decoded here
     cfg_path = tmp_path / "cfg.yaml"
@@ -73,7 +82,7 @@ def test_a_digen_mode_run_keeps_torch_out_of_the_controller(tiny_sd3, tmp_path):
     out = fresh_python(RUN, str(cfg_path), str(tmp_path / "run"), timeout=600)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
-    assert got == {"code": 0, "torch": False, "libtorch": False}, out.stderr[-4000:]
+    assert got == {"code": 0, "torch": False, "libtorch": False, "check_children": 1}, out.stderr[-4000:]
     rows = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(r)["iteration"] for r in rows] == [0, 1]
     assert all(json.loads(r)["trained_rows"] > 0 for r in rows)
