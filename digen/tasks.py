@@ -89,7 +89,7 @@ class TrainSpec(Record):
 
 
 @dataclass
-class TrainStats:
+class TrainStats(Record):
     """Sums over rows (divide by ``rows`` for means)."""
 
     rows: int = 0
@@ -115,10 +115,3 @@ class TrainStats:
         self.clipped += float(terms.clipped.float().sum())
         self.kl += float(kl.detach().sum())
         self.ratio_max_dev = max(self.ratio_max_dev, float((terms.ratio.detach() - 1).abs().max()))
-
-    def to_json(self) -> dict:
-        return dict(self.__dict__)
-
-    @staticmethod
-    def from_json(d: dict) -> TrainStats:
-        return TrainStats(**d)
