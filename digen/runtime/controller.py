@@ -370,16 +370,19 @@ def _local_cluster(cfg: Config) -> LocalClusterStart:
 
 
 def redis_lost(
-    url: str, *, embedded: bool, outage_s: float, exc: BaseException, out: Path
+    url: str, retry: object, *, outage_s: float, exc: BaseException, out: Path
 ) -> ConnectionFailure:
-    """The one line of a job whose Redis stayed away past ``outage_s``: which Redis, and what
-    the run directory keeps (its last checkpoint and ``--resume``, or none and a fresh run).
-    An embedded Redis is gone with the job's queue: a rerun starts its own."""
-    what = "the embedded Redis" if embedded else "Redis"
-    lost = f"{what} at {mask_url(url)} unreachable for more than {outage_s:g} s ({type(exc).__name__})"
-    return ConnectionFailure(
-        f"{lost}; {checkpoint_advice(out, once='' if embedded else ' once Redis is back')}"
-    )
+    """The one line of a job whose Redis is gone: which Redis and how (an embedded server
+    that exited, or any Redis unreachable past ``outage_s``), and what the run directory
+    keeps (its last checkpoint and ``--resume``, or none and a fresh run). An embedded
+    Redis took the job's queue with it: a rerun starts its own."""
+    pid = getattr(retry, "pid", None)
+    if getattr(retry, "exited", False):
+        lost = f"the embedded Redis at {mask_url(url)} (pid {pid}) exited ({type(exc).__name__})"
+    else:
+        what = "Redis" if pid is None else "the embedded Redis"
+        lost = f"{what} at {mask_url(url)} unreachable for more than {outage_s:g} s ({type(exc).__name__})"
+    return ConnectionFailure(f"{lost}; {checkpoint_advice(out, once='' if pid else ' once Redis is back')}")
 
 
 def resume_point(run: RunDir) -> tuple[int, int, str | None]:
@@ -532,9 +535,7 @@ def run_distributed(
         queue.wake(*members.workers)  # idle loops see the end now
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         redis_down = True
-        raise redis_lost(
-            url, embedded=redis_url is None, outage_s=s.redis_outage_s, exc=exc, out=out
-        ) from None
+        raise redis_lost(url, retry, outage_s=s.redis_outage_s, exc=exc, out=out) from None
     except BaseException:
         if not redis_down:
             job.set_status("failed" if job.status() != "cancel" else "cancelled")

@@ -109,8 +109,10 @@ def connect(
 
     Fails within about ``timeout_s`` with :class:`ConnectionFailure` (password masked).
     Afterwards every command rides out short blips; with ``outage_s`` (long-lived job
-    processes) it waits up to that long for Redis to come back (:class:`PatientRetry`).
+    processes) it waits up to that long for Redis to come back (:class:`PatientRetry`; not
+    for an embedded server whose process exited).
     """
+    server = None
     if url is None:
         server = start_embedded(db_path or digen_home() / "digen.db")
         url = _unix_url(server.socket_path, server.password, 0)
@@ -131,7 +133,7 @@ def connect(
     if outage_s is None:
         client.set_retry(Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), 3))
     else:
-        client.set_retry(PatientRetry(outage_s, url))
+        client.set_retry(PatientRetry(outage_s, url, pid=server.ref.pid if server is not None else None))
     return client
 
 
@@ -238,13 +240,19 @@ class PatientRetry(Retry):
     twice in a row, one more when it is back. ``outages`` counts the outages survived: a
     process that keeps state in Redis checks it after each (a restarted server may have lost
     its last second of writes).
+
+    ``pid``: the embedded server's process. Nothing restarts an embedded server on its
+    socket, so once that process has exited the command fails at once (``exited`` is then
+    True) instead of waiting out ``outage_s``.
     """
 
-    def __init__(self, outage_s: float, url: str):
+    def __init__(self, outage_s: float, url: str, pid: int | None = None):
         super().__init__(ExponentialWithJitterBackoff(base=0.1, cap=2.0), -1)
         self.outage_s = float(outage_s)
         self.where = mask_url(url)
         self._url = url
+        self.pid = pid
+        self.exited = False
         self.outages = 0
 
     def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):
@@ -259,6 +267,10 @@ class PatientRetry(Retry):
                 failures += 1
                 fail(error, failures) if with_failure_count else fail(error)
                 waited = time.monotonic() - start
+                if self.pid is not None and not _running(self.pid):
+                    self.exited = True
+                    log.error("the embedded Redis at %s (pid %d) has exited", self.where, self.pid)
+                    raise
                 if waited >= self.outage_s:
                     log.error("Redis at %s still unreachable after %.0f s; giving up", self.where, waited)
                     raise
@@ -477,6 +489,18 @@ def _scrub(text: str, url: str) -> str:
         if secret:
             text = text.replace(secret, "***")
     return " ".join(text.split())
+
+
+def _running(pid: int) -> bool:
+    """Process ``pid`` exists and has not exited (a zombie has)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:
+        return True  # not ours to look at: assume it runs
 
 
 def _unix_url(path: str, password: str | None, db: int) -> str:

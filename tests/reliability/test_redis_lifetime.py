@@ -147,6 +147,25 @@ def test_a_shared_server_outlives_its_killed_starter_until_no_process_uses_it(tm
     assert not (home / "digen.db.owner").exists()
 
 
+def test_a_client_of_an_embedded_server_that_exited_fails_at_once(tmp_path: Path):
+    """``connect(None, outage_s=...)`` (the controller): a killed embedded server is not
+    waited for (nothing restarts it on its socket); the retry says it exited."""
+    from digen.runtime.redis_conn import connect, start_embedded, stop_embedded
+
+    db = tmp_path / "home" / "digen.db"
+    r = connect(None, db_path=db, outage_s=600.0)  # a wait the test would time out on
+    try:
+        pid = start_embedded(db).ref.pid
+        assert pid and r.ping()
+        psutil.Process(pid).kill()
+        wait_for(lambda: gone(pid), 60, "the embedded redis-server to die")
+        with pytest.raises(redis.ConnectionError):
+            r.ping()
+        assert r.get_retry().exited
+    finally:
+        stop_embedded(db)
+
+
 # ---------------------------------------------------------------------------------------------
 # the messages
 
@@ -206,8 +225,9 @@ def tiny_job(tiny_sd3: Path, tmp_path: Path, **extra) -> Path:
 @pytest.mark.slow
 def test_embedded_redis_lost_before_any_checkpoint_says_so(tiny_sd3: Path, tmp_path: Path, monkeypatch):
     """The embedded redis-server SIGKILLed once the job runs, before any iteration ends: the
-    job fails with one line that says no checkpoint exists and to run afresh; ``--resume``
-    is then one line, and a fresh run in that directory is not refused."""
+    job fails at once (nothing restarts an embedded server: it does not wait out
+    ``redis_outage_s``) with one line that says the server exited, that no checkpoint exists
+    and to run afresh; ``--resume`` is then one line, and a fresh run there is not refused."""
     from typer.testing import CliRunner
 
     from cli.main import app
@@ -219,7 +239,7 @@ def test_embedded_redis_lost_before_any_checkpoint_says_so(tiny_sd3: Path, tmp_p
 
     monkeypatch.setenv("DIGEN_HOME", str(tmp_path / "home"))  # a server of its own, killed here
     cfg_path = tiny_job(tiny_sd3, tmp_path, iterations=2)
-    cfg = load_config(cfg_path, overrides=["schedule.redis_outage_s=2"])
+    cfg = load_config(cfg_path, overrides=["schedule.redis_outage_s=60"])
     out = tmp_path / "run"
     killed: list[int] = []
 
@@ -238,7 +258,10 @@ def test_embedded_redis_lost_before_any_checkpoint_says_so(tiny_sd3: Path, tmp_p
         stop_embedded(digen_home() / "digen.db")
     msg = str(err.value)
     assert killed and "\n" not in msg and err.value.exit_code == 1
-    assert msg.startswith("the embedded Redis at unix://") and "unreachable for more than 2 s" in msg
+    assert (
+        msg.startswith("the embedded Redis at unix://")
+        and f"(pid {killed[0]}) exited (ConnectionError)" in msg
+    )
     assert msg.endswith(
         "no checkpoint was written yet, nothing to --resume from: rerun without --resume (a fresh run)"
     )
