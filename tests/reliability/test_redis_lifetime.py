@@ -13,6 +13,7 @@ import json
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -37,8 +38,24 @@ time.sleep(600)  # a guard only: the tests kill it
 """
 
 
-def start(home: Path, mode: str = "controller") -> tuple[subprocess.Popen, dict]:
-    """A process that starts (or finds) the embedded Redis of ``home`` and waits; its line."""
+@pytest.fixture
+def cleanup() -> Iterator[list[psutil.Process]]:
+    """The processes a test started (starters, redis-servers): whatever a failed test left
+    running is killed afterwards (psutil checks that a pid was not reused)."""
+    procs: list[psutil.Process] = []
+    yield procs
+    for proc in procs:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def start(
+    home: Path, mode: str = "controller", cleanup: list[psutil.Process] | None = None
+) -> tuple[subprocess.Popen, dict]:
+    """A process that starts (or finds) the embedded Redis of ``home`` and waits; its line.
+    Its pid and its server's go to ``cleanup``."""
     proc = subprocess.Popen(
         [sys.executable, "-c", STARTER, mode],
         cwd=ROOT,
@@ -51,7 +68,10 @@ def start(home: Path, mode: str = "controller") -> tuple[subprocess.Popen, dict]
     if not line:
         proc.kill()
         raise AssertionError(f"the starter printed nothing: {proc.communicate()[1][-3000:]}")
-    return proc, json.loads(line)
+    info = json.loads(line)
+    if cleanup is not None:
+        cleanup += [psutil.Process(proc.pid), psutil.Process(info["pid"])]
+    return proc, info
 
 
 def kill(proc: subprocess.Popen) -> None:
@@ -75,9 +95,9 @@ def gone(pid: int) -> bool:
         return True
 
 
-def test_the_embedded_redis_ends_with_its_sigkilled_starter(tmp_path: Path):
+def test_the_embedded_redis_ends_with_its_sigkilled_starter(tmp_path: Path, cleanup: list[psutil.Process]):
     home = tmp_path / "home"
-    proc, server = start(home)
+    proc, server = start(home, cleanup=cleanup)
     assert server["started"] and not gone(server["pid"])
     (watchdog,) = watchdogs(proc)
     kill(proc)
@@ -86,7 +106,7 @@ def test_the_embedded_redis_ends_with_its_sigkilled_starter(tmp_path: Path):
     assert not Path(server["socket"]).exists()
     assert not (home / "digen.db.settings").exists() and not (home / "digen.db.owner").exists()
     # the next start (a --resume) starts its own server
-    again, second = start(home)
+    again, second = start(home, cleanup=cleanup)
     try:
         assert second["started"] and second["pid"] != server["pid"]
     finally:
@@ -94,17 +114,17 @@ def test_the_embedded_redis_ends_with_its_sigkilled_starter(tmp_path: Path):
     wait_for(lambda: gone(second["pid"]), 60, "the second redis-server to end")
 
 
-def test_a_leftover_of_a_dead_starter_is_stopped_not_reused(tmp_path: Path):
+def test_a_leftover_of_a_dead_starter_is_stopped_not_reused(tmp_path: Path, cleanup: list[psutil.Process]):
     """The starter and its watchdog both SIGKILLed: the server is left running; the next start
     stops it and starts its own."""
     home = tmp_path / "home"
-    proc, server = start(home)
+    proc, server = start(home, cleanup=cleanup)
     for watchdog in watchdogs(proc):
         watchdog.kill()
         wait_for(lambda w=watchdog: gone(w.pid), 60, "the watchdog to die")  # a zombie: its parent reaps it
     kill(proc)
     assert not gone(server["pid"])  # a leftover: nothing stopped it
-    again, second = start(home)
+    again, second = start(home, cleanup=cleanup)
     try:
         assert second["started"] and second["pid"] != server["pid"] and second["socket"] != server["socket"]
         wait_for(lambda: gone(server["pid"]), 60, "the leftover redis-server to end")
@@ -113,14 +133,16 @@ def test_a_leftover_of_a_dead_starter_is_stopped_not_reused(tmp_path: Path):
     wait_for(lambda: gone(second["pid"]), 60, "the second redis-server to end")
 
 
-def test_a_shared_server_outlives_its_killed_starter_until_no_process_uses_it(tmp_path: Path):
+def test_a_shared_server_outlives_its_killed_starter_until_no_process_uses_it(
+    tmp_path: Path, cleanup: list[psutil.Process]
+):
     """``connect_service`` (digen serve, submit...): the starter SIGKILLed while another process
     is connected; its watchdog looks (a connection of its own, seen in the server's counters)
     and leaves the server to the other process; once that one is killed too, it stops it."""
     home = tmp_path / "home"
-    first, server = start(home, "service")
+    first, server = start(home, "service", cleanup)
     (watchdog,) = watchdogs(first)
-    second, found = start(home, "service")
+    second, found = start(home, "service", cleanup)
     try:
         assert server["started"] and not found["started"] and found["pid"] == server["pid"]
         probe = redis.Redis(unix_socket_path=server["socket"])
@@ -272,10 +294,34 @@ def test_embedded_redis_lost_before_any_checkpoint_says_so(tiny_sd3: Path, tmp_p
     RunDir(out, cfg)  # the fresh run the message advises is not refused
 
 
+def resumed(cfg: Path, out: Path, home: Path) -> None:
+    """``digen train --resume`` two iterations past the newest checkpoint: it starts its own
+    embedded Redis (its log says started, never found) and ends with every iteration once."""
+    last = int(sorted((out / "checkpoints").glob("iter_*"))[-1].name.split("_")[1])
+    cmd = [sys.executable, "-m", "cli.main", "train", str(cfg), "--out", str(out), "--resume"]
+    res = subprocess.run(
+        [*cmd, "--set", f"iterations={last + 2}", "--log-format", "quiet"],
+        cwd=ROOT,
+        env={**proc_env(home), "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
+    log = (out / "digen.log").read_text()
+    assert log.count("embedded Redis started") >= 2 and "embedded Redis found" not in log
+    assert "left running by a process that died" not in log  # the watchdog had stopped it
+    rows = [json.loads(line)["iteration"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rows == list(range(last + 2))
+    assert not (home / "digen.db.owner").exists()  # the resumed run's server ended with it
+
+
 @pytest.mark.slow
-def test_a_sigkilled_digen_train_leaves_no_redis_behind(tiny_sd3: Path, tmp_path: Path):
+def test_a_sigkilled_digen_train_leaves_no_redis_behind(
+    tiny_sd3: Path, tmp_path: Path, cleanup: list[psutil.Process]
+):
     """A real ``digen train`` (digen mode, local cluster) SIGKILLed after its first iteration:
-    its embedded redis-server ends."""
+    its embedded redis-server ends, and ``--resume`` starts its own and finishes."""
     home, out = tmp_path / "home", tmp_path / "run"
     cfg = tiny_job(tiny_sd3, tmp_path, iterations=50)
     proc = subprocess.Popen(
@@ -297,12 +343,14 @@ def test_a_sigkilled_digen_train_leaves_no_redis_behind(tiny_sd3: Path, tmp_path
         owner = json.loads((home / "digen.db.owner").read_text())
         settings = json.loads((home / "digen.db.settings").read_text())
         redis_pid = int(Path(settings["pidfile"]).read_text())
+        cleanup.append(psutil.Process(redis_pid))
         assert owner["pid"] == proc.pid and not gone(redis_pid)
         tree = psutil.Process(proc.pid).children(recursive=True)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
         wait_for(lambda: gone(redis_pid), 60, "the redis-server of the killed digen train to end")
         assert not Path(owner["socket"]).exists()
+        resumed(cfg, out, home)
     finally:
         if proc.poll() is None:
             proc.kill()
