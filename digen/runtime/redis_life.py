@@ -24,7 +24,7 @@ that its parent is still the starter. When the starter is gone:
   starter wrote ``shared`` on the pipe) is stopped once no other process is connected, as the
   last process out would have.
 
-A starter that stops its server itself writes ``stopped``, and the watchdog exits.
+A starter that stops its server itself ends the watchdog (SIGTERM).
 
 Every start and stop of an embedded server holds the database's file lock
 (``digen.db.lock``, :func:`db_lock`), the watchdog's too: a process that starts while a
@@ -295,14 +295,16 @@ class Watchdog:
         self._tell("shared")
 
     def stopped(self) -> None:
-        """The starter stopped the server itself: the watchdog exits."""
-        self._tell("stopped")
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()
+        """The starter stopped the server itself: the watchdog, which can only be waiting for
+        the starter to go, is ended (SIGTERM: at once, even while it still starts)."""
+        self.proc.terminate()
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
-            pass
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
 
     def _tell(self, word: str) -> None:
         try:
@@ -353,15 +355,12 @@ def start_watchdog(ref: ServerRef) -> Watchdog | None:
 
 
 def _wait_for_starter(starter: int, fd: int, buffered: bytes) -> bool:
-    """Block until the starter is gone or says ``stopped``; True when the server is shared."""
+    """Block until the starter is gone; True when it said the server is shared."""
     shared, pending = False, buffered
     while True:
         words = pending.split(b"\n")
         pending = words.pop()
-        for word in words:
-            if word.strip() == b"stopped":
-                raise SystemExit(0)
-            shared = shared or word.strip() == b"shared"
+        shared = shared or any(word.strip() == b"shared" for word in words)
         ready, _, _ = select.select([fd], [], [], PARENT_CHECK_S)
         if os.getppid() != starter:
             return shared
