@@ -87,8 +87,14 @@ _HELD_LOCK = threading.RLock()
 @contextmanager
 def db_lock(db_path: Path | str) -> Iterator[None]:
     """Hold ``<db>.lock`` (``flock``): no other process starts, joins or stops the embedded
-    server of ``db_path`` meanwhile. Re-entrant in a process; one thread at a time."""
-    import fcntl
+    server of ``db_path`` meanwhile. Re-entrant in a process; one thread at a time. Without
+    ``fcntl`` (Windows) it only orders this process's threads."""
+    try:
+        import fcntl
+    except ImportError:
+        with _HELD_LOCK:
+            yield
+        return
 
     key = str(db_path) + ".lock"
     with _HELD_LOCK:
