@@ -56,18 +56,22 @@ def start(
 ) -> tuple[subprocess.Popen, dict]:
     """A process that starts (or finds) the embedded Redis of ``home`` and waits; its line.
     Its pid and its server's go to ``cleanup``."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", STARTER, mode],
-        cwd=ROOT,
-        env=proc_env(home),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    home.mkdir(parents=True, exist_ok=True)
+    err = home / f"starter-{len(list(home.glob('starter-*')))}.err"  # the watchdog writes there too
+    with open(err, "w") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", STARTER, mode],
+            cwd=ROOT,
+            env=proc_env(home),
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
     line = proc.stdout.readline() if proc.stdout else ""
     if not line:
         proc.kill()
-        raise AssertionError(f"the starter printed nothing: {proc.communicate()[1][-3000:]}")
+        proc.wait(timeout=30)
+        raise AssertionError(f"the starter printed nothing: {err.read_text()[-3000:]}")
     info = json.loads(line)
     if cleanup is not None:
         cleanup += [psutil.Process(proc.pid), psutil.Process(info["pid"])]
@@ -77,9 +81,8 @@ def start(
 def kill(proc: subprocess.Popen) -> None:
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
-    for stream in (proc.stdout, proc.stderr):
-        if stream is not None:
-            stream.close()
+    if proc.stdout is not None:
+        proc.stdout.close()
 
 
 def watchdogs(proc: subprocess.Popen) -> list[psutil.Process]:
