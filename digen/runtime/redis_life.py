@@ -291,7 +291,8 @@ def stop_if_alone(ref: ServerRef) -> bool:
 
 
 class Watchdog:
-    """The starter's end of a server's watchdog: :meth:`share` and :meth:`stopped` tell it."""
+    """The starter's end of a server's watchdog: :meth:`share` tells it the server is shared,
+    :meth:`stopped` ends it."""
 
     def __init__(self, proc: subprocess.Popen):
         self.proc = proc
