@@ -37,7 +37,7 @@ from urllib.parse import urlparse
 
 from digen.config import Config
 from digen.errors import ConfigError, DigenError, RewardError
-from digen.rundir import DiskFull, RunLock, directory_bytes, free_bytes, latest_intact_checkpoint
+from digen.rundir import DiskFull, RunLock, directory_bytes, free_bytes, holds_rows, latest_intact_checkpoint
 
 DISK_MARGIN_BYTES = 16 * 2**20
 """Free space kept for logs, metrics and sample grids beyond the checkpoints."""
@@ -348,6 +348,11 @@ def run_dir_problems(out: Path, resume: bool) -> list[str]:
             f"run directory {out} is in use by {holder}; wait for that run to end, or choose another --out"
         ]
     if resume and latest_intact_checkpoint(out) is None:
+        if holds_rows(out):  # a run stopped before its first checkpoint: a fresh one elsewhere
+            return [
+                f"--resume: {out} has no checkpoint (its run stopped before writing one); start a fresh "
+                f"run without --resume, with another --out or after deleting {out}"
+            ]
         return [f"--resume: {out} has no checkpoint yet; start without --resume"]
     return []
 

@@ -189,6 +189,29 @@ def latest_intact_checkpoint(root: Path) -> Path | None:
     return done[-1] if done else None
 
 
+def holds_rows(root: Path) -> bool:
+    """The run directory ``root`` holds metrics rows (a fresh run there is refused)."""
+    return bool(_read_jsonl(Path(root) / "metrics.jsonl"))
+
+
+def checkpoint_advice(root: Path, *, once: str = "") -> str:
+    """What a run that stopped keeps, and how to go on (the end of its one-line error): its
+    newest intact checkpoint and ``--resume``, or, with none, a fresh run (with another
+    ``--out`` or after deleting ``root``, if it holds rows). ``once``: a condition the rerun
+    waits for (" once Redis is back")."""
+    ckpt = latest_intact_checkpoint(root)
+    if ckpt is not None:
+        return f"the last checkpoint is {ckpt}: rerun with --resume{once}"
+    if holds_rows(root):
+        return (
+            f"no checkpoint was written yet, nothing to --resume from: start a fresh run without --resume"
+            f"{once}, with another --out or after deleting {root}"
+        )
+    return (
+        f"no checkpoint was written yet, nothing to --resume from: rerun without --resume{once} (a fresh run)"
+    )
+
+
 def disk_full_error(exc: BaseException, path: Path | str | None, root: Path, needed: int | None) -> DiskFull:
     """The one-line error of a full disk: what was written, how much it needed, what is kept."""
     where = path if path is not None else getattr(exc, "filename", None) or root
@@ -247,7 +270,12 @@ class RunDir:
         self.root.mkdir(parents=True, exist_ok=True)
         self.checkpoints = self.root / "checkpoints"
         self.samples = self.root / "samples"
-        if not resume and (self.root / "metrics.jsonl").exists() and _read_jsonl(self.root / "metrics.jsonl"):
+        if not resume and holds_rows(self.root):
+            if latest_intact_checkpoint(self.root) is None:
+                raise ConfigError(
+                    f"run directory {self.root} already holds a run that wrote no checkpoint (nothing to "
+                    f"--resume from); choose another --out, or delete it to start over"
+                )
             raise ConfigError(
                 f"run directory {self.root} already holds a run; pass --resume to continue it or choose "
                 f"another --out"

@@ -195,8 +195,8 @@ class ProcessMemory:
 
 def process_label(proc, root_pid: int, server_pids: set[int]) -> str:
     """What a process of the tree is, from its place and command line: ``controller`` (the
-    root), ``redis-server``, ``fork server``, ``resource tracker``, or ``worker`` (a child of
-    the fork server, or a spawned multiprocessing child)."""
+    root), ``redis-server``, ``redis watchdog``, ``fork server``, ``resource tracker``, or
+    ``worker`` (a child of the fork server, or a spawned multiprocessing child)."""
     if proc.pid == root_pid:
         return "controller"
     try:
@@ -206,6 +206,8 @@ def process_label(proc, root_pid: int, server_pids: set[int]) -> str:
         return "other"
     if "redis-server" in cmd:
         return "redis-server"
+    if "digen.runtime.redis_life" in cmd:
+        return "redis watchdog"
     if parent == root_pid and ("forkserver" in cmd or proc.pid == _forked_server_pid()):
         return "fork server"
     if "resource_tracker" in cmd:

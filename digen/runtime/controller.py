@@ -45,7 +45,7 @@ from digen.core.scheduler import Scheduler, SchedulerConfig
 from digen.errors import ConfigError, ConnectionFailure, JobCancelled
 from digen.evaluation import eval_task_count, held_out_prompts
 from digen.iteration import IterationEnd, ProgressFn, finish_iteration
-from digen.rundir import RunDir, finalize_checkpoint
+from digen.rundir import RunDir, checkpoint_advice, finalize_checkpoint
 from digen.runtime.cluster import (
     LocalClusterStart,
     close_local_cluster,
@@ -369,6 +369,22 @@ def _local_cluster(cfg: Config) -> LocalClusterStart:
     )
 
 
+def redis_lost(
+    url: str, retry: object, *, outage_s: float, exc: BaseException, out: Path
+) -> ConnectionFailure:
+    """The one line of a job whose Redis is gone: which Redis and how (an embedded server
+    that exited, or any Redis unreachable past ``outage_s``), and what the run directory
+    keeps (its last checkpoint and ``--resume``, or none and a fresh run). An embedded
+    Redis took the job's queue with it: a rerun starts its own."""
+    pid = getattr(retry, "pid", None)
+    if getattr(retry, "exited", False):
+        lost = f"the embedded Redis at {mask_url(url)} (pid {pid}) exited ({type(exc).__name__})"
+    else:
+        what = "Redis" if pid is None else "the embedded Redis"
+        lost = f"{what} at {mask_url(url)} unreachable for more than {outage_s:g} s ({type(exc).__name__})"
+    return ConnectionFailure(f"{lost}; {checkpoint_advice(out, once='' if pid else ' once Redis is back')}")
+
+
 def resume_point(run: RunDir) -> tuple[int, int, str | None]:
     """(first iteration to run, the version it starts from, the checkpoint folder) of a
     resumed run, from the newest checkpoint's ``state.json`` (its rows after it are dropped)."""
@@ -519,10 +535,7 @@ def run_distributed(
         queue.wake(*members.workers)  # idle loops see the end now
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         redis_down = True
-        raise ConnectionFailure(
-            f"Redis at {mask_url(url)} unreachable for more than {s.redis_outage_s:g} s ({type(exc).__name__}); "
-            f"the last checkpoint is kept in {out}: rerun with --resume once Redis is back"
-        ) from None
+        raise redis_lost(url, retry, outage_s=s.redis_outage_s, exc=exc, out=out) from None
     except BaseException:
         if not redis_down:
             job.set_status("failed" if job.status() != "cancel" else "cancelled")

@@ -13,10 +13,12 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from digen.core.events import Release, Role, TaskDone, TaskKind, TaskRef
 from digen.errors import ConnectionFailure
 from digen.iteration import draws_grid
+from digen.rundir import checkpoint_advice
 from digen.runtime.evals import Evaluations
 from digen.runtime.jobstate import JobState
 from digen.runtime.ledger import Ledger
@@ -122,8 +124,7 @@ class Dispatcher:
         log.warning("job %s: Redis was unreachable; checking the job's keys", self.job.job_id)
         if self.job.status() is None:  # written at the start and never deleted while the job runs
             raise ConnectionFailure(
-                f"Redis lost the job's data (restarted without persistence); the last checkpoint is kept "
-                f"in {self.run_root}: rerun with --resume"
+                f"Redis lost the job's data (restarted without persistence); {checkpoint_advice(Path(self.run_root))}"
             )
         for worker, (role, budget) in self.tags.items():
             if self.job.tag(worker) is None:

