@@ -68,7 +68,7 @@ def run_gpu_bench(out: Path, log: Callable[[str], None] | None = None) -> dict:
             parts.append(("allreduce", _allreduce_part, (n,)))
         else:
             result["skipped"]["allreduce"] = "one GPU: an NCCL all-reduce needs two"
-        parts.append(("weight_fetch", _fetch_part, (0, 1 if n >= 2 else 0)))
+        parts.append(("weight_fetch", _fetch_part, ("cuda:0", "cuda:1" if n >= 2 else "cuda:0")))
         parts.append(("rollout_train", _rollout_train_part, (str(out / "model"), str(out / "run"))))
     for name, fn, args in parts:
         say(f"gpu-bench: {name}...")
@@ -207,10 +207,12 @@ def _allreduce_rank(rank: int, world: int, port: int, q) -> None:
 # bucketed weight fetch, GPU to GPU through the blob servers
 
 
-def _fetch_part(src: int, dst: int) -> dict:
+def _fetch_part(src: str, dst: str, mib: int = ADAPTER_MIB) -> dict:
+    """The weight fetch of ``mib`` MiB from a process on device ``src`` to one on ``dst``
+    (``cuda:N``; ``cpu`` runs the same code without a GPU, as the tests do)."""
     ctx = mp.get_context("spawn")
     q, done = ctx.Queue(), ctx.Event()
-    holder = ctx.Process(target=_hold_adapter, args=(src, q, done), daemon=True)
+    holder = ctx.Process(target=_hold_adapter, args=(src, mib, q, done), daemon=True)
     holder.start()
     try:
         ready = q.get(timeout=120)
@@ -224,65 +226,93 @@ def _fetch_part(src: int, dst: int) -> dict:
             holder.terminate()
     if "error" in got:
         return got
-    mib = got["bytes"] / 2**20
+    size = got["bytes"] / 2**20
     return {
-        "from_gpu": src,
-        "to_gpu": dst,
-        "size_mib": round(mib),
+        "from": src,
+        "to": dst,
+        "size_mib": round(size),
         "publish_s": round(ready["publish_s"], 3),
         "fetch_s": round(got["s"], 3),
-        "fetch_gib_s": round(mib / 1024 / got["s"], 2),
+        "fetch_gib_s": round(size / 1024 / got["s"], 2),
+        "holder_peak_gib": ready.get("peak_gib"),
+        "fetcher_peak_gib": got.get("peak_gib"),
     }
 
 
-def _hold_adapter(gpu: int, q, done) -> None:
-    """Hold a 684 MiB float32 adapter on ``gpu``, publish it (to host memory, into this
-    process's blob store) and serve it until ``done``."""
+def _sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+def _peak_gib(device: str) -> float | None:
+    """Peak GPU memory this process allocated on ``device`` (None on CPU)."""
+    import torch
+
+    if not device.startswith("cuda"):
+        return None
+    return round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+
+
+def _hold_adapter(device: str, mib: int, q, done) -> None:
+    """Hold a ``mib`` MiB float32 adapter on ``device``, publish it (to host memory, into
+    this process's blob store, as a trainer publishes a version) and serve it until ``done``."""
     try:
         import torch
 
         from digen.dataplane.blobs import local_server, local_store
 
-        device = f"cuda:{gpu}"
-        n_tensors, per = 171, ADAPTER_MIB * 2**20 // 171 // 4  # about 4 MiB per tensor
+        n_tensors = max(1, mib // 4)  # about 4 MiB per tensor, as LoRA factors come
+        per = mib * 2**20 // n_tensors // 4
         weights = {f"lora.{i}.weight": torch.randn(per, device=device) for i in range(n_tensors)}
-        torch.cuda.synchronize(device)
+        _sync(device)
         t0 = time.perf_counter()
         host = {k: v.to("cpu") for k, v in weights.items()}
         local_store().put("bench:weights:1", host)
         publish_s = time.perf_counter() - t0
         server = local_server()
-        q.put({"address": server.address, "blob": "bench:weights:1", "publish_s": publish_s})
+        q.put(
+            {
+                "address": server.address,
+                "blob": "bench:weights:1",
+                "publish_s": publish_s,
+                "peak_gib": _peak_gib(device),
+            }
+        )
         done.wait(180)
     except Exception as exc:  # noqa: BLE001 - reported to the parent
         q.put({"error": f"{type(exc).__name__}: {exc}"})
 
 
-def _fetch_adapter(address: str, blob: str, gpu: int) -> dict:
+def _fetch_adapter(address: str, blob: str, device: str) -> dict:
+    """Fetch ``blob`` bucket by bucket, each bucket copied to ``device`` as it lands."""
     import torch
 
     from digen.dataplane.weights import fetch_version
 
-    device = f"cuda:{gpu}"
     torch.ones(1, device=device)  # the CUDA context first: not part of the fetch
     landed: dict = {}
 
     def to_device(tensors: dict) -> None:
         for k, v in tensors.items():
-            landed[k] = v.to(device, non_blocking=False)
+            landed[k] = v.to(device)
 
     t0 = time.perf_counter()
     fetch_version([address], blob, on_bucket=to_device)
-    torch.cuda.synchronize(device)
-    s = time.perf_counter() - t0
-    return {"s": s, "bytes": sum(v.numel() * v.element_size() for v in landed.values())}
+    _sync(device)
+    return {
+        "s": time.perf_counter() - t0,
+        "bytes": sum(v.numel() * v.element_size() for v in landed.values()),
+        "peak_gib": _peak_gib(device),
+    }
 
 
 # ------------------------------------------------------------------------------------------
 # one bf16 rollout and train step at SD3.5-Medium's size
 
 
-def bench_config(model: str, out: str):
+def bench_config(model: str, device: str = "cuda:0", resolution: int = 512):
     """The reference run of the ``rollout_train`` part (see the module docstring)."""
     from digen.config import build_config
 
@@ -292,9 +322,9 @@ def bench_config(model: str, out: str):
             "iterations": 2,
             "model": {
                 "path": model,
-                "resolution": 512,
+                "resolution": resolution,
                 "dtype": "bfloat16",
-                "device": "cuda:0",
+                "device": device,
                 "lora": {"enabled": True, "rank": 32, "alpha": 64},
             },
             "prompts": {"items": ["a photo of a cat", "a red car", "a bowl of fruit", "a mountain lake"]},
@@ -308,7 +338,11 @@ def bench_config(model: str, out: str):
     )
 
 
-def _rollout_train_part(model_dir: str, run_dir: str) -> dict:
+def _rollout_train_part(
+    model_dir: str, run_dir: str, device: str = "cuda:0", resolution: int = 512, size: dict | None = None
+) -> dict:
+    """Two reference iterations (bf16, staleness 0) on a random-weight SD3 transformer of
+    ``size`` (default :data:`SD35_MEDIUM`) built into ``model_dir`` once; the second one timed."""
     import torch
 
     from digen.models import make_tiny_model
@@ -316,24 +350,27 @@ def _rollout_train_part(model_dir: str, run_dir: str) -> dict:
 
     t0 = time.perf_counter()
     if not (Path(model_dir) / "model_index.json").exists():
-        make_tiny_model(model_dir, "sd3", seed=0, resolution=512, **SD35_MEDIUM)
+        make_tiny_model(model_dir, "sd3", seed=0, resolution=resolution, **(size or SD35_MEDIUM))
     build_s = time.perf_counter() - t0
-    cfg = bench_config(model_dir, run_dir)
-    torch.cuda.reset_peak_memory_stats()
+    cfg = bench_config(model_dir, device, resolution)
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats(device)
     run_reference(cfg, Path(run_dir))
     rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if line]
-    last = [r for r in rows if r.get("iteration") == 1 and "event" not in r]
-    m = last[-1] if last else rows[-1]
+    trained = [r for r in rows if "event" not in r and "ratio_max_dev" in r]
+    m = trained[-1] if trained else {}
     spans = _spans(Path(run_dir) / "timeline.jsonl", iteration=1)
     images = cfg.rollout.group_size
     return {
-        "gpu": torch.cuda.get_device_name(0),
+        "device": torch.cuda.get_device_name(device) if device.startswith("cuda") else device,
         "model_build_s": round(build_s, 1),
         "gen_images_per_s": round(images / spans["gen"], 2) if spans.get("gen") else None,
         "train_images_per_s": round(images / spans["train"], 2) if spans.get("train") else None,
-        "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
-        "ratio_max_dev_bf16": m.get("ratio_max_dev"),
-        "clipfrac_bf16": m.get("clipfrac"),
+        "peak_memory_gib": _peak_gib(device),
+        "ratio_max_dev_bf16": max((r["ratio_max_dev"] for r in trained), default=None),
+        "clipfrac_bf16": max((r.get("clipfrac", 0.0) for r in trained), default=None),
+        "iterations": len(trained),
+        "last_loss": m.get("loss"),
     }
 
 
