@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from digen.errors import ConfigError, did_you_mean
 from digen.prompts import metadata_by_prompt, read_prompts, split_file
@@ -338,6 +338,14 @@ class LocalClusterConfig(_Section):
     workers_per_gpu: int = Field(1, ge=1)
     """Workers that may share one GPU. 1: each worker has a GPU of its own, and more workers
     than GPUs is refused before anything starts; 2 or more lets that many share one."""
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _gpus_form(cls, value: Any) -> Any:
+        """One message for a value that is neither ``auto`` nor a list of GPU ids."""
+        if value == "auto" or (isinstance(value, list) and all(isinstance(i, int) and i >= 0 for i in value)):
+            return value
+        raise ValueError("must be auto or a list of GPU ids such as [0, 1, 2, 3]")
     threads_per_worker: int = Field(1, ge=1)
     start_method: Literal["forkserver", "spawn"] = "forkserver"
     """How the embedded workers' processes start. ``forkserver``: one server process forks

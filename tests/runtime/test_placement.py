@@ -150,6 +150,8 @@ def test_listed_gpu_ids_and_gpu_types_narrow_the_choice():
     assert sorted(s.gpus[0] for s in p.slots) == [6, 7]
     with pytest.raises(ConfigError, match="lists GPU 9"):
         plan_local(cfg_of(1, 1, gpus=[9]), parse_spec("8xh100"))
+    with pytest.raises(ConfigError, match=r"cluster.local.gpus \('fast'\).*auto or a list of GPU ids"):
+        cfg_of(1, 1, gpus="fast")
     only = build_config(
         {
             "model": {"device": "cuda"},
