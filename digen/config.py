@@ -346,6 +346,7 @@ class LocalClusterConfig(_Section):
         if value == "auto" or (isinstance(value, list) and all(isinstance(i, int) and i >= 0 for i in value)):
             return value
         raise ValueError("must be auto or a list of GPU ids such as [0, 1, 2, 3]")
+
     threads_per_worker: int = Field(1, ge=1)
     start_method: Literal["forkserver", "spawn"] = "forkserver"
     """How the embedded workers' processes start. ``forkserver``: one server process forks
