@@ -25,6 +25,11 @@ The rules, as GPU training wants them:
   before anything starts. GPUs left over stay idle (listed by ``digen plan``).
 - No GPU (none visible, ``cluster.local.gpus: []``, ``model.device: cpu``): every worker runs
   on CPU, tagged ``cluster.local.gpu_type``, as before placement existed.
+
+A unit that fits no single type (6 trainers on a box of 4 H100 and 4 L40S) takes the first
+free GPUs in order and spans types; ``digen plan`` shows it. A worker added to a running local
+cluster (:func:`~digen.runtime.cluster.add_local_worker`, tests of elasticity) is not placed:
+it inherits the controller's environment.
 """
 
 from __future__ import annotations

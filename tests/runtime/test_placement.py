@@ -377,3 +377,44 @@ def test_gpu_bench_parts_run_their_code_on_cpu_at_a_small_size(tmp_path, tiny_sd
     part = _rollout_train_part(str(tiny_sd3), str(tmp_path / "run"), "cpu", 32, small)  # built already
     assert part["iterations"] == 2 and part["gen_images_per_s"] > 0 and part["train_images_per_s"] > 0
     assert part["ratio_max_dev_bf16"] is not None and part["clipfrac_bf16"] is not None
+
+
+def test_digen_worker_gpus_auto_starts_one_pinned_worker_per_gpu(tmp_path):
+    """``digen worker --gpus auto`` on a node with a fake inventory of three GPUs of two kinds:
+    three worker processes join the scheduler, each reading back its own GPU and type."""
+    import signal
+    import subprocess
+    import sys
+
+    from distributed import Client, LocalCluster
+
+    from digen.runtime.cluster import list_workers
+
+    with LocalCluster(
+        n_workers=0, processes=False, protocol="tcp", host="127.0.0.1", dashboard_address=None
+    ) as cluster:
+        env = dict(os.environ, **{FAKE_ENV: "1xh100,2xl40s", "OMP_NUM_THREADS": "1"})
+        env.pop("DIGEN_SCHEDULER", None)
+        log = open(tmp_path / "worker.log", "w")  # noqa: SIM115 - closed below
+        cmd = [sys.executable, "-m", "cli.main", "worker", "--scheduler", cluster.scheduler_address]
+        proc = subprocess.Popen(
+            [*cmd, "--gpus", "auto", "--role", "trainer=1,rollout"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            with Client(cluster) as client:
+                client.wait_for_workers(3, timeout=120)
+                seen = client.run(lambda: os.environ.get("CUDA_VISIBLE_DEVICES"))
+                got = sorted((w.role.value, w.gpu_type, seen[w.address]) for w in list_workers(client))
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:  # pragma: no cover
+                proc.kill()
+            log.close()
+    assert got == [("rollout", "l40s", "1"), ("rollout", "l40s", "2"), ("trainer", "h100", "0")], (
+        tmp_path / "worker.log"
+    ).read_text()
