@@ -302,8 +302,26 @@ def worker(
             "--scheduler", envvar="DIGEN_SCHEDULER", help="Dask scheduler address, e.g. tcp://head:8786."
         ),
     ],
-    role: Annotated[str, typer.Option("--role", help="rollout | trainer | reward (only scores)")],
-    gpu_type: Annotated[str, typer.Option("--gpu-type", help="GPU type tag, e.g. h100, a10g, cpu.")],
+    role: Annotated[
+        str,
+        typer.Option(
+            "--role",
+            help="rollout | trainer | reward (only scores); with --gpus, counts too: trainer=2,rollout",
+        ),
+    ],
+    gpu_type: Annotated[
+        str | None,
+        typer.Option(
+            "--gpu-type", help="GPU type tag, e.g. h100, a10g, cpu (with --gpus: read from the GPUs)."
+        ),
+    ] = None,
+    gpus: Annotated[
+        str | None,
+        typer.Option(
+            "--gpus",
+            help="auto | 0,1,2,3: one worker process per GPU of this node, each seeing only its own.",
+        ),
+    ] = None,
     device: Annotated[
         str | None,
         typer.Option("--device", help="cpu | cuda | cuda:N (default: the job config's model.device)."),
@@ -333,10 +351,34 @@ def worker(
         ),
     ] = None,
 ) -> None:
-    """Start a Dask worker with a role and GPU type; running jobs use it from their next iteration."""
-    from digen.runtime.node import load_security, run_worker
+    """Start a Dask worker with a role and GPU type (with --gpus: one per GPU); running jobs use it from their next iteration."""
+    from digen.runtime.node import load_security, node_placement, run_node_workers, run_worker
 
     sec = load_security(security) if security is not None else None
+    if gpus is not None:
+        if device is not None or name is not None:
+            raise ConfigError("--gpus starts one worker per GPU: drop --device and --name")
+        placement = node_placement(role, gpus, gpu_type)
+        kinds = {s.worker: f"{s.role}, gpu-{s.gpu_type}, GPU {s.gpus[0]}" for s in placement.slots}
+
+        def joined(worker_name: str, address: str) -> None:
+            err.print(
+                f"digen worker {worker_name} ({kinds[worker_name]}) joined {scheduler} from {address}",
+                highlight=False,
+            )
+
+        run_node_workers(
+            scheduler,
+            placement,
+            nthreads=nthreads,
+            host=host,
+            security=sec,
+            on_ready=joined,
+            sp_group=sp_group,
+        )
+        return
+    if gpu_type is None:
+        raise ConfigError("--gpu-type is required without --gpus (e.g. --gpu-type h100, or cpu)")
 
     def ready(worker_name: str, address: str) -> None:
         err.print(

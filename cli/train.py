@@ -61,6 +61,8 @@ def train(
     # train.algorithm is checked with the rewards by check_inputs (in a child process for the
     # distributed modes): the algorithm registry imports torch, which the controller does not
     cfg = load_config(config, [*(set_ or []), *dash], algorithms=False)
+    if scheduler is None and cfg.schedule.mode != "reference":
+        _print_placement(cfg, log_format)  # workers that do not fit the GPUs: exit 2 here
     if (
         scheduler is None
         and cfg.schedule.mode != "reference"
@@ -97,6 +99,17 @@ def train(
             f"gain {summary['reward_gain_in_se']:.1f} s.e.\nrun directory: {escape(str(out_dir))}",
             highlight=False,
         )
+
+
+def _print_placement(cfg, log_format: str) -> None:
+    """The embedded cluster's placement (``digen plan``), one line per worker, before it starts."""
+    from digen.runtime.placement import plan_local
+
+    placement = plan_local(cfg)
+    if log_format == "json":
+        print(json.dumps({"placement": placement.to_json()}), flush=True)
+    elif log_format == "rich":
+        err.print("\n".join(placement.lines()), style="dim", highlight=False, markup=False)
 
 
 def _start_profile():

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from digen.errors import ConfigError, did_you_mean
 from digen.prompts import metadata_by_prompt, read_prompts, split_file
@@ -328,7 +328,25 @@ class LocalClusterConfig(_Section):
     """Workers that only score (``digen worker --role reward``): with any, generation tasks
     hand their decoded images to ``reward`` tasks instead of scoring inline."""
     gpu_type: str = "cpu"
-    """Resource tag of the embedded workers (``gpu-<TYPE>``)."""
+    """Resource tag (``gpu-<TYPE>``) of embedded workers placed on no GPU. A worker placed on
+    a GPU (``gpus``) is tagged with that GPU's type, read from its name (``h100``, ``l40s``)."""
+    gpus: Literal["auto"] | list[Annotated[int, Field(ge=0)]] = "auto"
+    """GPUs the embedded workers are placed on (:mod:`digen.runtime.placement`): ``auto``
+    every visible one, or a list of ids (``[0, 1, 2, 3]``); none visible, ``[]`` or
+    ``model.device: cpu``: the workers run on CPU. Each worker process sees only its own GPU
+    (``CUDA_VISIBLE_DEVICES``). ``digen plan CONFIG`` prints the placement."""
+    workers_per_gpu: int = Field(1, ge=1)
+    """Workers that may share one GPU. 1: each worker has a GPU of its own, and more workers
+    than GPUs is refused before anything starts; 2 or more lets that many share one."""
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _gpus_form(cls, value: Any) -> Any:
+        """One message for a value that is neither ``auto`` nor a list of GPU ids."""
+        if value == "auto" or (isinstance(value, list) and all(isinstance(i, int) and i >= 0 for i in value)):
+            return value
+        raise ValueError("must be auto or a list of GPU ids such as [0, 1, 2, 3]")
+
     threads_per_worker: int = Field(1, ge=1)
     start_method: Literal["forkserver", "spawn"] = "forkserver"
     """How the embedded workers' processes start. ``forkserver``: one server process forks

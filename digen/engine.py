@@ -19,6 +19,7 @@ from digen.evaluation import eval_metrics
 from digen.iteration import ProgressFn
 from digen.loggers import MetricsLogger, check_loggers, make_loggers
 from digen.rundir import RunLock, disk_writes
+from digen.runtime.placement import plan_local
 
 
 def run_training(
@@ -40,6 +41,8 @@ def run_training(
     checkpoint. ``checked``: the caller already ran :func:`~digen.checks.check_inputs` (with
     ``health``: the reward servers were asked too, as this function asks them)."""
     check_loggers(cfg)
+    if scheduler is None and cfg.schedule.mode != "reference":
+        plan_local(cfg)  # workers that do not fit the GPUs: one line before anything starts
     if not checked:
         check_inputs(cfg, out, resume=resume, health=True)
     # a full disk anywhere in the run: one line, the bytes being those of a checkpoint

@@ -84,18 +84,21 @@ def prefork_server() -> int | None:
     return start_forked_server(FORKSERVER_PRELOAD, FORKSERVER_SHARED)
 
 
-def nanny_options(name: str, role: str, gpu_type: str, threads: int) -> dict:
+def nanny_options(
+    name: str, role: str, gpu_type: str, threads: int, extra_env: dict[str, str] | None = None
+) -> dict:
     """A local worker's Nanny options. ``env`` hands the worker this process's environment as
     it is now: a worker forked from the fork server would otherwise see the environment the
     server started with, not variables set since (``DIGEN_HOME``, ``DIGEN_FAULTS``, ...), which
-    a spawned worker inherits."""
+    a spawned worker inherits. ``extra_env`` goes on top: a placed worker's GPU
+    (:meth:`digen.runtime.placement.Slot.env`)."""
     return {
         "nthreads": threads,
         "resources": worker_resources(role, gpu_type),
         "name": name,
         "memory_limit": 0,
         "silence_logs": worker_console_level,
-        "env": dict(os.environ),
+        "env": {**os.environ, **(extra_env or {})},
     }
 
 
@@ -107,9 +110,11 @@ def start_local_cluster(
     dashboard: bool = False,
     start_method: str = "forkserver",
     reward: int = 0,
+    placement=None,
 ):
     """A local Dask cluster of ``rollout`` + ``trainer`` (+ ``reward``) worker processes with
-    role resources.
+    role resources. ``placement`` (:class:`~digen.runtime.placement.Placement`): each worker's
+    GPU, its environment and its ``gpu-<type>`` tag; None: every worker tagged ``gpu_type``.
 
     Returns ``(cluster, client)``. Each worker is a separate process (a Nanny restarts it if
     it dies), named ``rollout-0``, ``trainer-0``, ..., started by ``start_method``
@@ -123,9 +128,13 @@ def start_local_cluster(
     workers = {}
     for role, n in (("rollout", rollout), ("trainer", trainer), ("reward", reward)):
         for i in range(n):
-            workers[f"{role}-{i}"] = {
+            name = f"{role}-{i}"
+            slot = placement.slot(name) if placement is not None else None
+            workers[name] = {
                 "cls": Nanny,
-                "options": nanny_options(f"{role}-{i}", role, gpu_type, threads),
+                "options": nanny_options(
+                    name, role, slot.gpu_type if slot else gpu_type, threads, slot.env() if slot else None
+                ),
             }
     scheduler = {
         "cls": Scheduler,
@@ -153,9 +162,11 @@ class LocalClusterStart:
         cfg_json: dict | None = None,
         reward: int = 0,
         dashboard: bool = False,
+        placement=None,
     ):
         self._args = (rollout, trainer, gpu_type, threads)
         self._start_method, self._reward, self._dashboard = start_method, reward, dashboard
+        self._placement = placement
         self._cfg_json = cfg_json
         self._made: tuple | None = None
         self._error: BaseException | None = None
@@ -170,6 +181,7 @@ class LocalClusterStart:
                     dashboard=self._dashboard,
                     start_method=self._start_method,
                     reward=self._reward,
+                    placement=self._placement,
                 )
             if self._cfg_json is not None:
                 self._preload(self._made[1])

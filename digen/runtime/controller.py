@@ -59,6 +59,7 @@ from digen.runtime.fsdp_group import FsdpControl
 from digen.runtime.jobstate import JobState
 from digen.runtime.ledger import Ledger
 from digen.runtime.membership import Membership
+from digen.runtime.placement import Placement, plan_local
 from digen.runtime.queue import TaskQueue, is_step_id
 from digen.runtime.redis_conn import connect, embedded_url, mask_url
 from digen.runtime.results import Collector, PoisonTask
@@ -337,26 +338,34 @@ def in_flight_events(queue: TaskQueue, task_ids: list[str], now: float) -> list[
     return out
 
 
-def preflight(cfg: Config, local: bool, rewards: bool = True) -> None:
+def preflight(cfg: Config, local: bool, rewards: bool = True) -> Placement | None:
     """Fail in seconds, before any cluster starts, on a reward that does not exist or takes
     other arguments (:class:`ConfigError`) or whose server does not answer (:class:`RewardError`),
-    and on a local cluster whose GPU type ``cluster.gpu_types`` leaves out. The rewards are
+    on a local cluster whose workers do not fit its GPUs (:func:`~digen.runtime.placement.plan_local`)
+    and on one on CPU whose GPU type ``cluster.gpu_types`` leaves out. Returns the local
+    cluster's placement (None without a local cluster). The rewards are
     built and asked in a child process (:func:`~digen.checks.registries_apart`): their code
     imports torch, which this process does not. ``rewards=False``: they were asked already
     (:func:`~digen.checks.check_inputs` with ``health``, just before)."""
+    placement = plan_local(cfg) if local else None
     allowed, gpu = cfg.cluster.gpu_types, cfg.cluster.local.gpu_type
-    if local and allowed and gpu not in allowed:
+    if placement is not None and placement.cpu_reason is not None and allowed and gpu not in allowed:
         raise ConfigError(
             f"cluster.local.gpu_type ({gpu}) is not in cluster.gpu_types {allowed}: no local worker "
             f"may run a task; add {gpu} to cluster.gpu_types or set cluster.local.gpu_type"
         )
     if rewards and (problems := registries_apart(cfg, [], health=True)):
         raise ConfigError(problems)
+    return placement
 
 
-def _local_cluster(cfg: Config) -> LocalClusterStart:
-    """Start the embedded local cluster of ``cluster.local`` (in a thread; see LocalClusterStart)."""
+def _local_cluster(cfg: Config, placement: Placement | None = None) -> LocalClusterStart:
+    """Start the embedded local cluster of ``cluster.local`` (in a thread; see
+    LocalClusterStart), each worker on its GPU of ``placement`` (logged one line per worker)."""
     cl = cfg.cluster.local
+    placement = placement or plan_local(cfg)
+    for line in placement.lines():
+        log.info("%s", line)
     return LocalClusterStart(
         cl.rollout_workers,
         cl.trainer_workers,
@@ -366,6 +375,7 @@ def _local_cluster(cfg: Config) -> LocalClusterStart:
         cfg.model_dump(mode="json"),
         reward=cl.reward_workers,
         dashboard=cl.dashboard,
+        placement=placement,
     )
 
 
@@ -437,7 +447,7 @@ def run_distributed(
     ask the rewards again.
     """
     s = cfg.schedule.resolved()
-    preflight(cfg, local=scheduler is None, rewards=not rewards_checked)
+    placement = preflight(cfg, local=scheduler is None, rewards=not rewards_checked)
     with phase("redis start"):
         r = connect(redis_url, outage_s=s.redis_outage_s)
     url = redis_url or embedded_url(r)
@@ -458,7 +468,7 @@ def run_distributed(
     job.set_status("running")
     # the local cluster starts and its workers load their models: each builds version 0
     # itself (digen.assembly.build_policy), or its trainers load the resumed checkpoint
-    starting = None if client is not None else _local_cluster(cfg)
+    starting = None if client is not None else _local_cluster(cfg, placement)
     cluster = None
     if starting is not None:
         try:

@@ -5,7 +5,10 @@ resources are ``{"trainer": 1, "gpu-a100": 1}`` (:func:`~digen.runtime.cluster.w
 so the controller of a running job sees it within half a second and gives it a worker loop at
 the next iteration boundary. ``--device cuda:N`` pins it to GPU N: the worker process sees
 only that GPU (``CUDA_VISIBLE_DEVICES=N``) and the worker loop runs on ``cuda:0``
-(``DIGEN_DEVICE``).
+(``DIGEN_DEVICE``). ``--gpus auto`` (or ``--gpus 0,1,2,3``) starts one worker process per GPU
+of the node instead, each pinned to its GPU and tagged with its type as the local cluster's
+workers are (:mod:`digen.runtime.placement`); ``--role trainer=2,rollout`` splits the roles
+(trainers on adjacent GPUs first), ``--role rollout`` gives every GPU the one role.
 
 TLS (``tls://`` addresses): the config's ``security:`` section names a CA, a certificate and
 a key (PEM). :func:`dask_security` turns it into a ``distributed.Security`` for a worker or a
@@ -26,6 +29,7 @@ from urllib.parse import urlsplit
 from digen.config import SecurityConfig, read_yaml
 from digen.errors import ConfigError, ConnectionFailure
 from digen.runtime.cluster import worker_resources
+from digen.runtime.placement import Placement, discover, parse_gpu_ids, parse_roles, place
 
 log = logging.getLogger(__name__)
 
@@ -167,8 +171,7 @@ def run_worker(
     check_sp_group(sp_group, role)
     if role not in ROLES:
         raise ConfigError(f"--role ({role}) must be rollout, trainer or reward")
-    if not gpu_type or not all(c.isalnum() or c in "-_." for c in gpu_type):
-        raise ConfigError(f"--gpu-type ({gpu_type!r}) must be a short name such as h100, a10g or cpu")
+    check_gpu_type(gpu_type)
     if nthreads < 1:
         raise ConfigError(f"--nthreads ({nthreads}) must be at least 1")
     env = device_env(device)
@@ -178,49 +181,112 @@ def run_worker(
     check_reachable(scheduler)
     import asyncio
 
-    asyncio.run(
-        _serve(
-            scheduler,
-            worker_resources(role, gpu_type, sp_group),
-            name or worker_name(role, gpu_type),
-            nthreads,
-            env,
-            host,
-            sec,
-            on_ready,
-        )
-    )
+    spec = (worker_resources(role, gpu_type, sp_group), name or worker_name(role, gpu_type), env)
+    asyncio.run(_serve(scheduler, [spec], nthreads, host, sec, on_ready))
 
 
-async def _serve(scheduler, resources, name, nthreads, env, host, security, on_ready) -> None:
+def node_placement(role: str, gpus: str, gpu_type: str | None = None) -> Placement:
+    """One worker per GPU of ``gpus`` (``auto``: every visible one; ``0,1,2``: those ids),
+    roles from ``role`` (:func:`~digen.runtime.placement.parse_roles`), named
+    ``<role>-<type>-<host>-<id>-gNN`` (NN: the GPU id). ``gpu_type`` overrides the types read
+    from the GPUs' names."""
+    found = discover()
+    ids = parse_gpu_ids(gpus)
+    if ids is not None:
+        have = {g.index: g for g in found}
+        missing = [i for i in ids if i not in have]
+        if missing:
+            raise ConfigError(
+                f"--gpus ({gpus}): no GPU {', '.join(map(str, missing))} here "
+                f"(visible: {', '.join(str(i) for i in sorted(have)) or 'none'})"
+            )
+        found = [have[i] for i in dict.fromkeys(ids)]
+    if not found:
+        raise ConfigError(f"--gpus {gpus}: no GPU visible here (nvidia-smi lists none); use --device cpu")
+    if gpu_type is not None:
+        check_gpu_type(gpu_type)
+    roles = parse_roles(role, len(found))
+    planned = place([(f"{r}-{i:02d}", r) for i, r in enumerate(roles)], found, what="--gpus")
+    host = socket.gethostname().split(".")[0] or "host"
+    tag = uuid.uuid4().hex[:6]
+    slots = []
+    for s in planned.slots:
+        kind = gpu_type or s.gpu_type
+        name = f"{s.role}-{kind}-{host}-{tag}-g{s.gpus[0]:02d}"
+        slots.append(type(s)(name, s.role, s.gpus, kind, s.cuda_ids))
+    return Placement(sorted(slots, key=lambda s: s.gpus), planned.idle)
+
+
+def check_gpu_type(gpu_type: str) -> None:
+    if not gpu_type or not all(c.isalnum() or c in "-_." for c in gpu_type):
+        raise ConfigError(f"--gpu-type ({gpu_type!r}) must be a short name such as h100, a10g or cpu")
+
+
+def run_node_workers(
+    scheduler: str,
+    placement: Placement,
+    *,
+    nthreads: int = 1,
+    host: str | None = None,
+    security: SecurityConfig | None = None,
+    on_ready: Callable[[str, str], None] | None = None,
+    sp_group: str | None = None,
+) -> None:
+    """Run one Dask worker (under its Nanny) per slot of ``placement`` (:func:`node_placement`)
+    in this process until stopped; each worker process sees only its slot's GPU."""
+    if nthreads < 1:
+        raise ConfigError(f"--nthreads ({nthreads}) must be at least 1")
+    for s in placement.slots:
+        check_sp_group(sp_group if s.role == "rollout" else None, s.role)
+    sec = dask_security(security, "worker")
+    if scheduler.startswith("tls://") and sec is None:
+        raise ConfigError(f"--scheduler {scheduler} uses TLS: pass --security FILE with a security: section")
+    check_reachable(scheduler)
+    import asyncio
+
+    specs = [
+        (worker_resources(s.role, s.gpu_type, sp_group if s.role == "rollout" else None), s.worker, s.env())
+        for s in placement.slots
+    ]
+    asyncio.run(_serve(scheduler, specs, nthreads, host, sec, on_ready))
+
+
+async def _serve(scheduler, specs, nthreads, host, security, on_ready) -> None:
+    """Serve one Nanny per ``(resources, name, env)`` of ``specs`` until all have finished or
+    SIGTERM/SIGINT closes them."""
     import asyncio
     import signal
 
     from distributed import Nanny
 
-    nanny = Nanny(
-        scheduler,
-        nthreads=nthreads,
-        resources=resources,
-        name=name,
-        env=env,
-        host=host,
-        security=security,
-        memory_limit=0,
-        death_timeout=60,
-        silence_logs=logging.WARNING,
-    )
-    await nanny
+    nannies = [
+        Nanny(
+            scheduler,
+            nthreads=nthreads,
+            resources=resources,
+            name=name,
+            env=env,
+            host=host,
+            security=security,
+            memory_limit=0,
+            death_timeout=60,
+            silence_logs=logging.WARNING,
+        )
+        for resources, name, env in specs
+    ]
+    await asyncio.gather(*nannies)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, lambda: asyncio.ensure_future(nanny.close()))
+        loop.add_signal_handler(sig, lambda: [asyncio.ensure_future(n.close()) for n in nannies])
     try:
         if on_ready is not None:
-            on_ready(name, nanny.worker_address or nanny.address)
-        await nanny.finished()
+            for nanny, (_, name, _) in zip(nannies, specs, strict=True):
+                on_ready(name, nanny.worker_address or nanny.address)
+        await asyncio.gather(*(n.finished() for n in nannies))
     finally:
-        if nanny.status.name not in ("closed", "closing", "failed"):
-            await nanny.close()
+        for nanny in nannies:
+            if nanny.status.name not in ("closed", "closing", "failed"):
+                await nanny.close()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
 
@@ -232,6 +298,8 @@ __all__ = [
     "dask_tls_config",
     "device_env",
     "load_security",
+    "node_placement",
+    "run_node_workers",
     "run_worker",
     "worker_name",
 ]

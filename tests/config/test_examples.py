@@ -21,6 +21,11 @@ PENDING_KEYS = ("prompts.dataset", "prompts.test_file", "eval")
 # example -> (family reward, rollout values, train values) as the YAML comments cite them
 EXPECTED = {
     "pickscore-sd35.yaml": ("pickscore", {"num_steps": 10, "eval_steps": 40, "guidance_scale": 4.5}, 0.01),
+    "pickscore-sd35-8gpu.yaml": (
+        "pickscore",
+        {"num_steps": 10, "eval_steps": 40, "guidance_scale": 4.5},
+        0.01,
+    ),
     "geneval-sd35.yaml": ("geneval", {"num_steps": 10, "eval_steps": 40, "guidance_scale": 4.5}, 0.04),
     "ocr-flux.yaml": ("ocr", {"num_steps": 6, "eval_steps": 28, "guidance_scale": 3.5}, 0.0),
 }
@@ -135,3 +140,17 @@ def test_example_parses_with_the_peer_numbers(name):
             f"checked without what this checkout lacks: config keys {pending or 'none'}, "
             f"rewards {missing or 'none'}"
         )
+
+
+def test_the_8_gpu_pickscore_recipe_is_the_1_gpu_one_placed_on_8_gpus():
+    """The same recipe as pickscore-sd35.yaml but the cluster; its workers fill 8 GPUs one
+    each (the plan for an 8xh100 machine), and do not fit 4."""
+    from digen.runtime.placement import parse_spec, plan_local
+
+    one = load_config(EXAMPLES / "pickscore-sd35.yaml", check_paths=False).model_dump(exclude={"cluster"})
+    cfg = load_config(EXAMPLES / "pickscore-sd35-8gpu.yaml", check_paths=False)
+    assert cfg.model_dump(exclude={"cluster"}) == one
+    plan = plan_local(cfg, parse_spec("8xh100"))
+    assert sorted(s.gpus for s in plan.slots) == [(i,) for i in range(8)] and not plan.idle
+    with pytest.raises(ConfigError, match="do not fit 4 GPUs"):
+        plan_local(cfg, parse_spec("4xh100"))

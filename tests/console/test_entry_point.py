@@ -27,6 +27,8 @@ COMMANDS = [
     "worker",
     "simulate",
     "sp-bench",
+    "plan",
+    "doctor",
 ]
 
 

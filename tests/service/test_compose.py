@@ -85,7 +85,7 @@ def digen_command(args: list[str]):
 
 
 def test_compose_has_the_stack_and_env_example_sets_what_it_needs(compose: dict):
-    assert {"redis", "scheduler", "controller", "rollout", "trainer", "rollout-cpu", "trainer-cpu"} <= set(
+    assert {"redis", "scheduler", "controller", "worker", "rollout-cpu", "trainer-cpu"} <= set(
         compose["services"]
     )
     env = env_example()
@@ -132,28 +132,31 @@ def test_redis_has_a_password_from_env_aof_and_a_healthcheck(compose: dict):
     assert deps["redis"]["condition"] == "service_healthy"
 
 
-def test_gpu_reservations_are_well_formed_one_gpu_type_per_service(compose: dict):
+def test_one_gpu_worker_service_takes_every_gpu_of_its_node(compose: dict):
+    """One service per node: all its GPUs reserved, one worker process per GPU (--gpus auto),
+    the types read from the GPUs' names, the roles split by counts."""
+    from digen.runtime.placement import parse_roles
+
     gpu = {n: s for n, s in compose["services"].items() if gpu_devices(s)}
-    assert set(gpu) == {"rollout", "trainer"}
-    ids = []
-    for name, s in gpu.items():
-        assert s["profiles"] == ["gpu"]
-        (dev,) = gpu_devices(s)
-        assert dev["driver"] == "nvidia" and "gpu" in dev["capabilities"] and "count" not in dev
-        assert dev["device_ids"] and all(isinstance(i, str) and i.isdigit() for i in dev["device_ids"])
-        ids += dev["device_ids"]
-        cmd = s["command"]
-        assert cmd.count("--gpu-type") == 1 and cmd[cmd.index("--gpu-type") + 1] not in ("", "cpu")
-        assert cmd[cmd.index("--device") + 1] == "cuda:0"  # the container sees only its reserved GPU
-        assert cmd[cmd.index("--role") + 1] == name
-    assert len(ids) == len(set(ids)), "two services reserve the same GPU"
+    assert set(gpu) == {"worker"}
+    s = gpu["worker"]
+    assert s["profiles"] == ["gpu"]
+    (dev,) = gpu_devices(s)
+    assert dev["driver"] == "nvidia" and "gpu" in dev["capabilities"] and dev["count"] == "all"
+    assert "device_ids" not in dev
+    cmd = s["command"]
+    assert cmd[cmd.index("--gpus") + 1] == "auto" and "--device" not in cmd and "--gpu-type" not in cmd
+    assert parse_roles(cmd[cmd.index("--role") + 1], 8) == ["trainer"] + ["rollout"] * 7
 
 
 @pytest.mark.parametrize("profile", ["cpu", "gpu"])
 def test_each_profile_runs_the_whole_stack(compose: dict, profile: str):
     active = services(compose, profile)
     roles = {
-        s["command"][s["command"].index("--role") + 1] for s in active.values() if "worker" in s["command"]
+        r.partition("=")[0]
+        for s in active.values()
+        if "worker" in s["command"]
+        for r in s["command"][s["command"].index("--role") + 1].split(",")
     }
     assert {"redis", "scheduler", "controller"} <= set(active) and roles == {"rollout", "trainer"}
 

@@ -1,0 +1,388 @@
+"""``digen doctor --gpu-bench``: a few minutes of measurements that say whether digen's GPU
+paths work on this machine, and how fast.
+
+Parts, each in its own child process (a crash or a hang there is reported, not fatal; each has
+a time limit), each skipped with its reason where it cannot run:
+
+- ``allreduce``: NCCL all-reduce of 256 MiB of bfloat16 over every GPU (needs two: NCCL does
+  not put two ranks on one GPU): the algorithm and bus bandwidth (nccl-tests' definitions).
+- ``weight_fetch``: the data plane's bucketed fetch (:func:`digen.dataplane.weights.fetch_version`)
+  of a 684 MiB adapter, from a process holding it on one GPU (copied to host memory and served
+  by its blob server, as a trainer does) to a process on another GPU (each bucket copied to its
+  device as it lands, as a rollout worker does); one GPU: both processes on it.
+- ``rollout_train``: the reference loop (:func:`digen.reference.run_reference`) on one GPU, two
+  iterations of one prompt group of 4 images at 512 px, 10 steps, bfloat16 with LoRA 32/64,
+  staleness 0, on a random-weight transformer at SD3.5-Medium's dimensions (24 MMDiT blocks,
+  24 heads of 64; :func:`digen.models.make_tiny_model`, with the tiny text encoders and VAE):
+  images/s of generation and of training on the second iteration (the first one warms up),
+  the process's peak GPU memory, and the on-policy PPO ratio's max |ratio - 1| and clipped
+  fraction in bfloat16 (exactly on policy: any deviation is numerics).
+
+It writes ``gpu-bench.json`` and ``gpu-bench.md`` (one table) to its folder.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import queue as queue_mod
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+ADAPTER_MIB = 684
+ALLREDUCE_MIB = 256
+PART_TIMEOUT_S = {"allreduce": 120.0, "weight_fetch": 180.0, "rollout_train": 420.0}
+SD35_MEDIUM = {"layers": 24, "heads": 24, "head_dim": 64}
+"""SD3.5-Medium's transformer: 24 MMDiT blocks, 24 heads of 64 (width 1536)."""
+
+
+def cuda_devices() -> tuple[int, str | None]:
+    """(number of CUDA devices torch sees, why none when 0)."""
+    try:
+        import torch
+    except ImportError:
+        return 0, "torch is not installed"
+    try:
+        if not torch.cuda.is_available():
+            return 0, "no GPU (torch.cuda.is_available() is false)"
+        return torch.cuda.device_count(), None
+    except RuntimeError as exc:
+        return 0, f"CUDA is broken here ({exc})"
+
+
+def run_gpu_bench(out: Path, log: Callable[[str], None] | None = None) -> dict:
+    """Run every part that this machine allows; write and return the results."""
+    say = log or (lambda line: None)
+    n, why = cuda_devices()
+    result: dict = {"gpus": n, "parts": {}, "skipped": {}}
+    parts: list[tuple[str, Callable, tuple]] = []
+    if n == 0:
+        for name in PART_TIMEOUT_S:
+            result["skipped"][name] = why
+    else:
+        result["device"] = _device_names(n)
+        if n >= 2:
+            parts.append(("allreduce", _allreduce_part, (n,)))
+        else:
+            result["skipped"]["allreduce"] = "one GPU: an NCCL all-reduce needs two"
+        parts.append(("weight_fetch", _fetch_part, ("cuda:0", "cuda:1" if n >= 2 else "cuda:0")))
+        parts.append(("rollout_train", _rollout_train_part, (str(out / "model"), str(out / "run"))))
+    for name, fn, args in parts:
+        say(f"gpu-bench: {name}...")
+        result["parts"][name] = _in_child(fn, args, PART_TIMEOUT_S[name])
+        say(f"gpu-bench: {name}: {_short(result['parts'][name])}")
+    for name, reason in result["skipped"].items():
+        say(f"gpu-bench: {name} skipped: {reason}")
+    result["summary"] = summary_lines(result)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu-bench.json").write_text(json.dumps(result, indent=1))
+    (out / "gpu-bench.md").write_text("\n".join(markdown(result)) + "\n")
+    result["files"] = [str(out / "gpu-bench.json"), str(out / "gpu-bench.md")]
+    return result
+
+
+def _device_names(n: int) -> list[str]:
+    import torch
+
+    return [torch.cuda.get_device_name(i) for i in range(n)]
+
+
+def _short(part: dict) -> str:
+    if "error" in part:
+        return "failed: " + part["error"].splitlines()[0][:200]
+    return ", ".join(f"{k} {v}" for k, v in part.items() if not isinstance(v, (dict, list)))
+
+
+def summary_lines(result: dict) -> list[str]:
+    lines = [f"{name}: {_short(p)}" for name, p in result["parts"].items()]
+    lines += [f"{name}: skipped ({why})" for name, why in result["skipped"].items()]
+    return lines
+
+
+def markdown(result: dict) -> list[str]:
+    """One Markdown table: part, result, value."""
+    devices = ", ".join(result.get("device", [])) or "no GPU"
+    lines = [f"GPU benchmark ({devices})", "", "| part | measure | value |", "|---|---|---|"]
+    for name, p in result["parts"].items():
+        if "error" in p:
+            lines.append(f"| {name} | failed | {p['error'].splitlines()[0][:120]} |")
+            continue
+        for k, v in p.items():
+            if not isinstance(v, (dict, list)):
+                lines.append(f"| {name} | {k} | {v} |")
+    for name, why in result["skipped"].items():
+        lines.append(f"| {name} | skipped | {why} |")
+    return lines
+
+
+# ------------------------------------------------------------------------------------------
+# running a part in a child process
+
+
+def _in_child(fn: Callable, args: tuple, timeout_s: float) -> dict:
+    """``fn(*args)``'s dict from a spawned child, or ``{"error": ...}`` (raised, died, timed out)."""
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_child, args=(q, fn, args))  # not a daemon: a part starts processes
+    p.start()
+    try:
+        return q.get(timeout=timeout_s)
+    except queue_mod.Empty:
+        return {"error": f"no result within {timeout_s:.0f} s (exit code {p.exitcode})"}
+    finally:
+        p.join(5)
+        if p.is_alive():
+            p.terminate()
+            p.join(5)
+
+
+def _child(q, fn: Callable, args: tuple) -> None:
+    try:
+        q.put(fn(*args))
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which goes on
+        q.put({"error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"})
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ------------------------------------------------------------------------------------------
+# NCCL all-reduce
+
+
+def _allreduce_part(n: int) -> dict:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_allreduce_rank, args=(r, n, port, q), daemon=True) for r in range(n)]
+    for p in procs:
+        p.start()
+    got = [q.get(timeout=PART_TIMEOUT_S["allreduce"] - 10) for _ in range(n)]
+    for p in procs:
+        p.join(10)
+    errors = [g["error"] for g in got if "error" in g]
+    if errors:
+        return {"error": errors[0]}
+    s = max(g["s"] for g in got)
+    nbytes = ALLREDUCE_MIB * 2**20
+    return {
+        "ranks": n,
+        "size_mib": ALLREDUCE_MIB,
+        "ms": round(s * 1e3, 2),
+        "algbw_gb_s": round(nbytes / s / 1e9, 1),
+        "busbw_gb_s": round(nbytes / s / 1e9 * 2 * (n - 1) / n, 1),
+    }
+
+
+def _allreduce_rank(rank: int, world: int, port: int, q) -> None:
+    try:
+        import torch
+        import torch.distributed as dist
+
+        torch.cuda.set_device(rank)
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+        x = torch.ones(ALLREDUCE_MIB * 2**19, dtype=torch.bfloat16, device=f"cuda:{rank}")
+        for _ in range(3):
+            dist.all_reduce(x)
+        torch.cuda.synchronize()
+        iters = 10
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            dist.all_reduce(x)
+        torch.cuda.synchronize()
+        s = (time.perf_counter() - t0) / iters
+        dist.destroy_process_group()
+        q.put({"s": s})
+    except Exception as exc:  # noqa: BLE001 - reported to the parent
+        q.put({"error": f"rank {rank}: {type(exc).__name__}: {exc}"})
+
+
+# ------------------------------------------------------------------------------------------
+# bucketed weight fetch, GPU to GPU through the blob servers
+
+
+def _fetch_part(src: str, dst: str, mib: int = ADAPTER_MIB) -> dict:
+    """The weight fetch of ``mib`` MiB from a process on device ``src`` to one on ``dst``
+    (``cuda:N``; ``cpu`` runs the same code without a GPU, as the tests do)."""
+    ctx = mp.get_context("spawn")
+    q, done = ctx.Queue(), ctx.Event()
+    holder = ctx.Process(target=_hold_adapter, args=(src, mib, q, done), daemon=True)
+    holder.start()
+    try:
+        ready = q.get(timeout=120)
+        if "error" in ready:
+            return ready
+        got = _in_child(_fetch_adapter, (ready["address"], ready["blob"], dst), 120)
+    finally:
+        done.set()
+        holder.join(10)
+        if holder.is_alive():
+            holder.terminate()
+    if "error" in got:
+        return got
+    size = got["bytes"] / 2**20
+    return {
+        "from": src,
+        "to": dst,
+        "size_mib": round(size),
+        "publish_s": round(ready["publish_s"], 3),
+        "fetch_s": round(got["s"], 3),
+        "fetch_gib_s": round(size / 1024 / got["s"], 2),
+        "holder_peak_gib": ready.get("peak_gib"),
+        "fetcher_peak_gib": got.get("peak_gib"),
+    }
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+def _peak_gib(device: str) -> float | None:
+    """Peak GPU memory this process allocated on ``device`` (None on CPU)."""
+    import torch
+
+    if not device.startswith("cuda"):
+        return None
+    return round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+
+
+def _hold_adapter(device: str, mib: int, q, done) -> None:
+    """Hold a ``mib`` MiB float32 adapter on ``device``, publish it (to host memory, into
+    this process's blob store, as a trainer publishes a version) and serve it until ``done``."""
+    try:
+        import torch
+
+        from digen.dataplane.blobs import local_server, local_store
+
+        n_tensors = max(1, mib // 4)  # about 4 MiB per tensor, as LoRA factors come
+        per = mib * 2**20 // n_tensors // 4
+        weights = {f"lora.{i}.weight": torch.randn(per, device=device) for i in range(n_tensors)}
+        _sync(device)
+        t0 = time.perf_counter()
+        host = {k: v.to("cpu") for k, v in weights.items()}
+        local_store().put("bench:weights:1", host)
+        publish_s = time.perf_counter() - t0
+        server = local_server()
+        q.put(
+            {
+                "address": server.address,
+                "blob": "bench:weights:1",
+                "publish_s": publish_s,
+                "peak_gib": _peak_gib(device),
+            }
+        )
+        done.wait(180)
+    except Exception as exc:  # noqa: BLE001 - reported to the parent
+        q.put({"error": f"{type(exc).__name__}: {exc}"})
+
+
+def _fetch_adapter(address: str, blob: str, device: str) -> dict:
+    """Fetch ``blob`` bucket by bucket, each bucket copied to ``device`` as it lands."""
+    import torch
+
+    from digen.dataplane.weights import fetch_version
+
+    torch.ones(1, device=device)  # the CUDA context first: not part of the fetch
+    landed: dict = {}
+
+    def to_device(tensors: dict) -> None:
+        for k, v in tensors.items():
+            landed[k] = v.to(device)
+
+    t0 = time.perf_counter()
+    fetch_version([address], blob, on_bucket=to_device)
+    _sync(device)
+    return {
+        "s": time.perf_counter() - t0,
+        "bytes": sum(v.numel() * v.element_size() for v in landed.values()),
+        "peak_gib": _peak_gib(device),
+    }
+
+
+# ------------------------------------------------------------------------------------------
+# one bf16 rollout and train step at SD3.5-Medium's size
+
+
+def bench_config(model: str, device: str = "cuda:0", resolution: int = 512):
+    """The reference run of the ``rollout_train`` part (see the module docstring)."""
+    from digen.config import build_config
+
+    return build_config(
+        {
+            "seed": 0,
+            "iterations": 2,
+            "model": {
+                "path": model,
+                "resolution": resolution,
+                "dtype": "bfloat16",
+                "device": device,
+                "lora": {"enabled": True, "rank": 32, "alpha": 64},
+            },
+            "prompts": {"items": ["a photo of a cat", "a red car", "a bowl of fruit", "a mountain lake"]},
+            "rollout": {"batch_size": 4, "group_size": 4, "num_steps": 10},
+            "train": {"timesteps": {"strategy": "prefix", "fraction": 0.99}, "clip_range": 1e-4},
+            "reward": [{"name": "brightness"}],
+            "schedule": {"mode": "reference", "max_staleness": 0},
+            "output": {"plots": False, "sample_grid_every": 0, "checkpoint_every": 100},
+        },
+        check_paths=False,
+    )
+
+
+def _rollout_train_part(
+    model_dir: str, run_dir: str, device: str = "cuda:0", resolution: int = 512, size: dict | None = None
+) -> dict:
+    """Two reference iterations (bf16, staleness 0) on a random-weight SD3 transformer of
+    ``size`` (default :data:`SD35_MEDIUM`) built into ``model_dir`` once; the second one timed."""
+    import torch
+
+    from digen.models import make_tiny_model
+    from digen.reference import run_reference
+
+    t0 = time.perf_counter()
+    if not (Path(model_dir) / "model_index.json").exists():
+        make_tiny_model(model_dir, "sd3", seed=0, resolution=resolution, **(size or SD35_MEDIUM))
+    build_s = time.perf_counter() - t0
+    cfg = bench_config(model_dir, device, resolution)
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats(device)
+    run_reference(cfg, Path(run_dir))
+    rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if line]
+    trained = [r for r in rows if "event" not in r and "ratio_max_dev" in r]
+    m = trained[-1] if trained else {}
+    spans = _spans(Path(run_dir) / "timeline.jsonl", iteration=1)
+    images = cfg.rollout.group_size
+    return {
+        "device": torch.cuda.get_device_name(device) if device.startswith("cuda") else device,
+        "model_build_s": round(build_s, 1),
+        "gen_images_per_s": round(images / spans["gen"], 2) if spans.get("gen") else None,
+        "train_images_per_s": round(images / spans["train"], 2) if spans.get("train") else None,
+        "peak_memory_gib": _peak_gib(device),
+        "ratio_max_dev_bf16": max((r["ratio_max_dev"] for r in trained), default=None),
+        "clipfrac_bf16": max((r.get("clipfrac", 0.0) for r in trained), default=None),
+        "iterations": len(trained),
+        "last_loss": m.get("loss"),
+    }
+
+
+def _spans(timeline: Path, iteration: int) -> dict[str, float]:
+    """Seconds of ``gen`` and ``train`` task parts of ``iteration`` in a run's timeline."""
+    out: dict[str, float] = {}
+    if not timeline.exists():
+        return out
+    for line in timeline.read_text().splitlines():
+        if not line.strip():
+            continue
+        r = json.loads(line)
+        if r.get("iteration") == iteration and r.get("kind") in ("gen", "train"):
+            out[r["kind"]] = out.get(r["kind"], 0.0) + float(r["end"]) - float(r["start"])
+    return out

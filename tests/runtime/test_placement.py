@@ -1,0 +1,420 @@
+"""GPU placement: which GPU each worker process gets, proven on a machine without GPUs through
+the discovery seam (``DIGEN_FAKE_GPUS``): the rules (one GPU per worker, trainers and
+sequence-parallel replicas on adjacent ids of one type, two GPU types, too many workers),
+a real local cluster whose worker processes each see only their own GPU, ``digen plan`` and
+``digen worker --gpus``'s node placement."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from cli.main import app
+from digen.config import build_config
+from digen.errors import ConfigError
+from digen.runtime.placement import (
+    FAKE_ENV,
+    Gpu,
+    _visible,
+    discover,
+    gpu_type,
+    parse_nvidia_smi,
+    parse_roles,
+    parse_spec,
+    place,
+    plan_local,
+)
+from digen.runtime.sp_group import Candidate, plan_replicas
+from tests.conftest import small_config_data
+
+
+def cfg_of(rollout: int, trainer: int, *, reward: int = 0, sp: int = 1, train: dict | None = None, **local):
+    data = {
+        "train": train or {},
+        "model": {"device": "cuda:0"},
+        "rollout": {"sequence_parallel": sp},
+        "schedule": {"mode": "disaggregated"},
+        "cluster": {
+            "local": {
+                "rollout_workers": rollout,
+                "trainer_workers": trainer,
+                "reward_workers": reward,
+                **local,
+            }
+        },
+    }
+    return build_config(data, check_paths=False, algorithms=False)
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("NVIDIA H100 80GB HBM3", "h100"),
+        ("NVIDIA L40S", "l40s"),
+        ("NVIDIA A100-SXM4-80GB", "a100"),
+        ("NVIDIA H200", "h200"),
+        ("NVIDIA GeForce RTX 4090", "rtx4090"),
+        ("Tesla V100-SXM2-16GB", "v100"),
+        ("NVIDIA A10G", "a10g"),
+    ],
+)
+def test_gpu_types_are_read_from_device_names(name: str, kind: str):
+    assert gpu_type(name) == kind
+
+
+def test_a_spec_lists_gpus_in_order_and_a_bad_one_is_refused():
+    gpus = parse_spec("2xh100,1xl40s")
+    assert [(g.index, g.type) for g in gpus] == [(0, "h100"), (1, "h100"), (2, "l40s")]
+    assert gpus[0].memory_mib > gpus[2].memory_mib
+    with pytest.raises(ConfigError, match="8xh100"):
+        parse_spec("eight h100")
+
+
+def test_every_worker_gets_a_gpu_of_its_own_trainers_first_on_adjacent_ids():
+    p = plan_local(cfg_of(4, 4, train={"fsdp": True}), parse_spec("8xh100"))
+    by = {s.worker: s.gpus for s in p.slots}
+    assert sorted(g for s in p.slots for g in s.gpus) == list(range(8))
+    # trainers in rank order (sorted names) on 0..3: FSDP ranks and the all-reduce stay adjacent
+    assert [by[f"trainer-{i}"] for i in range(4)] == [(0,), (1,), (2,), (3,)]
+    assert all(s.gpu_type == "h100" for s in p.slots) and not p.idle
+
+
+def test_sequence_parallel_replicas_sit_on_adjacent_gpus_as_the_controller_cuts_them():
+    """12 rollout workers, d=2: the controller pairs sorted names (rollout-1 with rollout-10);
+    each pair it forms is on two adjacent GPUs of one type."""
+    gpus = parse_spec("8xh100,6xl40s")
+    p = plan_local(cfg_of(12, 1, sp=2), gpus)
+    slot = {s.worker: s for s in p.slots}
+    rollouts = [Candidate(s.worker, s.gpu_type) for s in p.slots if s.role == "rollout"]
+    replicas = plan_replicas(rollouts, 2)
+    assert len(replicas) == 6  # every rollout worker is in a replica: none split across types
+    for a, b in replicas:
+        assert slot[a].gpu_type == slot[b].gpu_type
+        assert abs(slot[a].gpus[0] - slot[b].gpus[0]) == 1, (a, b, slot[a].gpus, slot[b].gpus)
+    assert slot["trainer-0"].gpus == (0,)
+
+
+def test_two_gpu_types_form_a_heterogeneous_cluster_trainers_on_the_larger():
+    p = plan_local(cfg_of(4, 2), parse_spec("4xl40s,4xh100"))  # the l40s are listed first
+    types = {s.worker: s.gpu_type for s in p.slots}
+    assert types["trainer-0"] == types["trainer-1"] == "h100"
+    assert {s.gpu_type for s in p.slots} == {"h100", "l40s"}
+    # the h100 (4-7) fill first: trainers on 4, 5, rollouts on 6, 7, then the l40s 0, 1
+    assert [types[f"trainer-{i}"] for i in range(2)] == ["h100", "h100"]
+    assert {s.worker: s.gpus[0] for s in p.slots} == {
+        "trainer-0": 4,
+        "trainer-1": 5,
+        "rollout-0": 6,
+        "rollout-1": 7,
+        "rollout-2": 0,
+        "rollout-3": 1,
+    }
+    assert [g.index for g in p.idle] == [2, 3]
+
+
+def test_too_many_workers_is_one_line_unless_the_config_shares_gpus():
+    with pytest.raises(ConfigError) as exc:
+        plan_local(cfg_of(4, 1), parse_spec("2xh100"))
+    (line,) = exc.value.problems
+    assert "\n" not in line and "5 workers" in line and "2 GPUs" in line and "workers_per_gpu: 3" in line
+    shared = plan_local(cfg_of(4, 1, workers_per_gpu=3), parse_spec("2xh100"))
+    per_gpu: dict[int, int] = {}
+    for s in shared.slots:
+        per_gpu[s.gpus[0]] = per_gpu.get(s.gpus[0], 0) + 1
+    assert max(per_gpu.values()) <= 3 and sum(per_gpu.values()) == 5
+
+
+def test_no_gpu_or_a_cpu_device_or_an_empty_list_runs_on_cpu_as_before():
+    cfg = cfg_of(1, 1)
+    for chosen, why in (
+        (plan_local(cfg, []), "no GPU visible"),
+        (
+            plan_local(
+                cfg.model_copy(update={"model": cfg.model.model_copy(update={"device": "cpu"})}),
+                parse_spec("2xh100"),
+            ),
+            "model.device is cpu",
+        ),
+        (plan_local(cfg_of(1, 1, gpus=[]), parse_spec("2xh100")), "cluster.local.gpus is []"),
+    ):
+        assert chosen.cpu_reason == why
+        assert all(s.gpus == () and s.gpu_type == "cpu" and s.env() == {} for s in chosen.slots)
+
+
+def test_listed_gpu_ids_and_gpu_types_narrow_the_choice():
+    p = plan_local(cfg_of(1, 1, gpus=[6, 7]), parse_spec("8xh100"))
+    assert sorted(s.gpus[0] for s in p.slots) == [6, 7]
+    with pytest.raises(ConfigError, match="lists GPU 9"):
+        plan_local(cfg_of(1, 1, gpus=[9]), parse_spec("8xh100"))
+    with pytest.raises(ConfigError, match=r"cluster.local.gpus \('fast'\).*auto or a list of GPU ids"):
+        cfg_of(1, 1, gpus="fast")
+    only = build_config(
+        {
+            "model": {"device": "cuda"},
+            "cluster": {"gpu_types": ["l40s"], "local": {"rollout_workers": 1, "trainer_workers": 1}},
+        },
+        check_paths=False,
+        algorithms=False,
+    )
+    assert {s.gpu_type for s in plan_local(only, parse_spec("4xh100,2xl40s")).slots} == {"l40s"}
+
+
+def test_a_placed_worker_sees_only_its_gpu_as_cuda_0():
+    p = place([("rollout-0", "rollout")], [Gpu(3, "NVIDIA H100 80GB HBM3", 81559)])
+    assert p.slots[0].env() == {
+        "CUDA_VISIBLE_DEVICES": "3",
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "DIGEN_DEVICE": "cuda:0",
+    }
+
+
+def test_discovery_reads_nvidia_smi_and_keeps_to_the_visible_devices(monkeypatch):
+    listed = parse_nvidia_smi(
+        "0, NVIDIA H100 80GB HBM3, 81559, GPU-aaa\n1, NVIDIA H100 80GB HBM3, 81559, GPU-bbb\n"
+        "2, NVIDIA L40S, 46068, GPU-ccc\n"
+    )
+    assert [g.type for g, _ in listed] == ["h100", "h100", "l40s"]
+    assert [g.index for g in _visible(listed, None)] == [0, 1, 2]
+    assert [g.index for g in _visible(listed, "2,0")] == [2, 0]
+    assert _visible(listed, "") == [] and _visible(listed, "-1") == []
+    (by_uuid,) = _visible(listed, "GPU-bbb")
+    assert by_uuid.index == 1 and by_uuid.cuda_id == "GPU-bbb"
+    monkeypatch.setenv(FAKE_ENV, "1xh200")
+    assert [g.type for g in discover()] == ["h200"]
+
+
+def test_each_worker_process_of_a_local_cluster_sees_only_its_own_gpu(monkeypatch):
+    """A real local cluster (three worker processes) placed on a fake inventory of two kinds
+    of GPU: each process reads back its own CUDA_VISIBLE_DEVICES, and its Dask resource
+    carries its GPU's type."""
+    from digen.runtime.cluster import close_local_cluster, list_workers, start_local_cluster
+
+    monkeypatch.setenv(FAKE_ENV, "1xh100,2xl40s")
+    placement = plan_local(cfg_of(2, 1))
+    cluster, client = start_local_cluster(2, 1, "cpu", 1, start_method="spawn", placement=placement)
+    try:
+        seen = client.run(lambda: (os.environ.get("CUDA_VISIBLE_DEVICES"), os.environ.get("DIGEN_DEVICE")))
+        workers = list_workers(client)
+        name_of = {w.address: w.name for w in workers}
+        got = {name_of[addr]: env for addr, env in seen.items()}
+    finally:
+        client.close()
+        close_local_cluster(cluster)
+    assert got == {
+        "trainer-0": ("0", "cuda:0"),
+        "rollout-0": ("1", "cuda:0"),
+        "rollout-1": ("2", "cuda:0"),
+    }
+    assert {w.name: w.gpu_type for w in workers} == {
+        "trainer-0": "h100",
+        "rollout-0": "l40s",
+        "rollout-1": "l40s",
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# the commands
+
+
+def write_config(tmp_path, **sections) -> str:
+    data = {
+        "model": {"path": "models/none", "device": "cuda:0"},
+        "schedule": {"mode": "disaggregated"},
+        "cluster": {"local": {"rollout_workers": 4, "trainer_workers": 1}},
+        **sections,
+    }
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def test_plan_json_gives_every_worker_its_own_gpus(tmp_path):
+    res = CliRunner().invoke(app, ["plan", write_config(tmp_path), "--gpus", "8xh100", "--json"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)
+    assert all(set(r) == {"worker", "role", "gpus", "gpu_type"} for r in rows)
+    assert len(rows) == 5 and all(r["gpu_type"] == "h100" and len(r["gpus"]) == 1 for r in rows)
+    assert len({r["gpus"][0] for r in rows}) == 5
+
+
+def test_plan_exits_2_in_one_line_when_the_workers_do_not_fit(tmp_path):
+    res = CliRunner().invoke(app, ["plan", write_config(tmp_path), "--gpus", "2xh100"])
+    assert res.exit_code == 2
+    assert len(res.output.strip().splitlines()) == 1 and "do not fit 2 GPUs" in res.output
+
+
+def test_train_refuses_workers_that_do_not_fit_before_anything_starts(tmp_path, tiny_sd3, monkeypatch):
+    monkeypatch.setenv(FAKE_ENV, "1xh100")
+    data = small_config_data(tiny_sd3, schedule__mode="disaggregated")
+    data["model"]["device"] = "cuda:0"
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(data))
+    out = tmp_path / "run"
+    res = CliRunner().invoke(app, ["train", str(path), "--out", str(out)])
+    assert res.exit_code == 2, res.output
+    assert "do not fit 1 GPUs" in res.output and not out.exists()
+
+
+def test_a_node_starts_one_worker_per_gpu_trainers_first(monkeypatch):
+    from digen.runtime.node import node_placement
+
+    monkeypatch.setenv(FAKE_ENV, "2xl40s,2xh100")
+    p = node_placement("trainer=1,rollout", "auto")
+    roles = {s.gpus[0]: (s.role, s.gpu_type) for s in p.slots}
+    assert roles == {
+        0: ("rollout", "l40s"),
+        1: ("rollout", "l40s"),
+        2: ("trainer", "h100"),
+        3: ("rollout", "h100"),
+    }
+    # named by role, type and GPU id: within a role and type, sorted names follow the ids
+    assert all(
+        s.worker.startswith(f"{s.role}-{s.gpu_type}-") and s.worker.endswith(f"-g{s.gpus[0]:02d}")
+        for s in p.slots
+    )
+    assert {s.env()["CUDA_VISIBLE_DEVICES"] for s in p.slots} == {"0", "1", "2", "3"}
+    assert [s.gpus[0] for s in node_placement("rollout", "1,3").slots] == [1, 3]
+    with pytest.raises(ConfigError, match="no GPU 7"):
+        node_placement("rollout", "7")
+    monkeypatch.setenv(FAKE_ENV, "")
+    with pytest.raises(ConfigError, match="no GPU visible"):
+        node_placement("rollout", "auto")
+
+
+def test_worker_roles_split_by_counts():
+    assert parse_roles("rollout", 3) == ["rollout"] * 3
+    assert parse_roles("trainer=2,rollout", 4) == ["trainer", "trainer", "rollout", "rollout"]
+    for bad in ("trainer=5,rollout", "trainer=1", "rollout,trainer", "judge"):
+        with pytest.raises(ConfigError):
+            parse_roles(bad, 4)
+
+
+def test_worker_with_gpus_refuses_device(monkeypatch):
+    monkeypatch.setenv(FAKE_ENV, "2xh100")
+    res = CliRunner().invoke(
+        app,
+        [
+            "worker",
+            "--scheduler",
+            "tcp://127.0.0.1:1",
+            "--role",
+            "rollout",
+            "--gpus",
+            "auto",
+            "--device",
+            "cuda:0",
+        ],
+    )
+    assert res.exit_code == 2 and "drop --device" in res.output
+    res = CliRunner().invoke(app, ["worker", "--scheduler", "tcp://127.0.0.1:1", "--role", "rollout"])
+    assert res.exit_code == 2 and "--gpu-type is required" in res.output
+
+
+def test_doctor_json_exits_0_without_gpus_and_says_so(monkeypatch, tmp_path):
+    monkeypatch.setenv(FAKE_ENV, "")
+    res = CliRunner().invoke(app, ["doctor", "--json"])
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    assert report["gpus"] == [] and "no GPU" in report["summary"]
+    assert report["torch"]["version"] and report["dask"] and report["redis"]["server_binary"]
+    assert report["disk"]["free_gib"] > 0
+    assert report["placement"]["cpu_reason"] and len(report["placement"]["workers"]) == 2  # the quickstart's
+    table = CliRunner().invoke(app, ["doctor"])
+    assert table.exit_code == 0 and "none visible" in table.stdout
+
+
+def test_doctor_shows_the_placement_of_a_given_config_on_fake_gpus(monkeypatch, tmp_path):
+    monkeypatch.setenv(FAKE_ENV, "8xh100")
+    res = CliRunner().invoke(app, ["doctor", write_config(tmp_path), "--json"])
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    assert len(report["gpus"]) == 8 and report["placement"]["cpu_reason"] is None
+    assert sorted(w["gpus"][0] for w in report["placement"]["workers"]) == [0, 1, 2, 3, 4]
+
+
+def test_gpu_bench_on_cpu_says_what_it_skips_and_writes_its_tables(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the bench would run")
+    res = CliRunner().invoke(app, ["doctor", "--gpu-bench", "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    result = json.loads((tmp_path / "gpu-bench.json").read_text())
+    assert set(result["skipped"]) == {"allreduce", "weight_fetch", "rollout_train"} and not result["parts"]
+    assert (
+        "skipped" in res.output and "| rollout_train | skipped |" in (tmp_path / "gpu-bench.md").read_text()
+    )
+
+
+def test_topology_block_of_nvidia_smi_is_parsed():
+    from digen.bench.doctor import parse_topology
+
+    text = (
+        "\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\n"
+        "GPU0\t X \tNV18\t0-47\t0\n"
+        "GPU1\tNV18\t X \t0-47\t0\n\nLegend:\n"
+    )
+    assert parse_topology(text, 2) == [["X", "NV18"], ["NV18", "X"]]
+    assert parse_topology("", 2) == []
+
+
+def test_gpu_bench_parts_run_their_code_on_cpu_at_a_small_size(tmp_path, tiny_sd3):
+    """The weight fetch (two processes, the blob server, the bucketed fetch) and the bf16
+    rollout-and-train part run on CPU with a small adapter and a 2-block transformer: what
+    runs on GPUs is this code with cuda devices and SD3.5-Medium's size (about 20 s here)."""
+    from digen.bench.gpu import _fetch_part, _rollout_train_part, bench_config
+
+    cfg = bench_config(str(tmp_path / "model"))
+    assert (cfg.model.dtype, cfg.model.device, cfg.model.resolution) == ("bfloat16", "cuda:0", 512)
+    assert cfg.schedule.mode == "reference" and cfg.schedule.resolved().max_staleness == 0
+    fetched = _fetch_part("cpu", "cpu", 8)
+    assert fetched["size_mib"] == 8 and fetched["fetch_s"] > 0, fetched
+    small = {"layers": 2, "heads": 2, "head_dim": 16}
+    part = _rollout_train_part(str(tiny_sd3), str(tmp_path / "run"), "cpu", 32, small)  # built already
+    assert part["iterations"] == 2 and part["gen_images_per_s"] > 0 and part["train_images_per_s"] > 0
+    assert part["ratio_max_dev_bf16"] is not None and part["clipfrac_bf16"] is not None
+
+
+def test_digen_worker_gpus_auto_starts_one_pinned_worker_per_gpu(tmp_path):
+    """``digen worker --gpus auto`` on a node with a fake inventory of three GPUs of two kinds:
+    three worker processes join the scheduler, each reading back its own GPU and type."""
+    import signal
+    import subprocess
+    import sys
+
+    from distributed import Client, LocalCluster
+
+    from digen.runtime.cluster import list_workers
+
+    with LocalCluster(
+        n_workers=0, processes=False, protocol="tcp", host="127.0.0.1", dashboard_address=None
+    ) as cluster:
+        env = dict(os.environ, **{FAKE_ENV: "1xh100,2xl40s", "OMP_NUM_THREADS": "1"})
+        env.pop("DIGEN_SCHEDULER", None)
+        log = open(tmp_path / "worker.log", "w")  # noqa: SIM115 - closed below
+        cmd = [sys.executable, "-m", "cli.main", "worker", "--scheduler", cluster.scheduler_address]
+        proc = subprocess.Popen(
+            [*cmd, "--gpus", "auto", "--role", "trainer=1,rollout"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            with Client(cluster) as client:
+                client.wait_for_workers(3, timeout=120)
+                seen = client.run(lambda: os.environ.get("CUDA_VISIBLE_DEVICES"))
+                got = sorted((w.role.value, w.gpu_type, seen[w.address]) for w in list_workers(client))
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:  # pragma: no cover
+                proc.kill()
+            log.close()
+    assert got == [("rollout", "l40s", "1"), ("rollout", "l40s", "2"), ("trainer", "h100", "0")], (
+        tmp_path / "worker.log"
+    ).read_text()
