@@ -234,14 +234,11 @@ _TEXT = {
 }
 FAMILY_SEQUENCE_LENGTH: dict[str, tuple[int, str]] = {
     # pipeline class -> (prompt tokens when model.max_sequence_length is unset, whose value);
-    # the family adapters' ``default_max_sequence_length`` (tests/models check they agree)
-    "StableDiffusion3Pipeline": (
-        128,
-        "Flow-GRPO's scripts/train_sd3.py; StableDiffusion3Pipeline's own is 256",
-    ),
-    "FluxPipeline": (512, "FluxPipeline's and DanceGRPO's; Flow-GRPO's scripts/train_flux.py uses 128"),
-    "WanPipeline": (512, "WanPipeline's and DanceGRPO's"),
-    "QwenImagePipeline": (512, "QwenImagePipeline's and Flow-GRPO's"),
+    # the family adapters' ``default_max_sequence_length`` (tests/config check they agree)
+    "StableDiffusion3Pipeline": (128, "Flow-GRPO's scripts/train_sd3.py; StableDiffusion3Pipeline's is 256"),
+    "FluxPipeline": (512, "FluxPipeline's; Flow-GRPO's scripts/train_flux.py uses 128"),
+    "WanPipeline": (512, "WanPipeline's"),
+    "QwenImagePipeline": (512, "QwenImagePipeline's"),
     "HunyuanVideoPipeline": (256, "HunyuanVideoPipeline's"),
 }
 """``model.max_sequence_length: null`` means the family's own length, as its peer sets it."""

@@ -602,6 +602,11 @@ def _cross_checks(cfg: Config, check_paths: bool, algorithms: bool = True) -> li
         problems.append(
             f"train.timesteps.window ({t.timesteps.window}) must be below rollout.num_steps ({r.num_steps})"
         )
+    if cfg.model.autocast and cfg.model.dtype == "float64":
+        problems.append(
+            f"model.autocast ({cfg.model.autocast}) with model.dtype float64: a float64 model checks the "
+            f"training math in float64 throughout; drop model.autocast or use model.dtype float32"
+        )
     if t.kl_beta > 0 and not cfg.model.lora.enabled:
         problems.append(
             "train.kl_beta > 0 needs model.lora.enabled: the reference policy is the base weights"

@@ -7,6 +7,7 @@ iterations with ``schedule.max_staleness=0``; the script reads each run's ``metr
 table to ``OUT/ratios.md``::
 
     PYTHONPATH=$PWD python scripts/on_policy_ratios.py --out runs/ratios [--iterations 2]
+        [--modes digen --dtypes bfloat16 --set model.autocast=bfloat16]
 
 At staleness 0 every iteration generates with the version it trains from, so each cell should
 read 0 and 0: the trainer's recomputed log-prob equals the rollout's stored one bit for bit.
@@ -78,11 +79,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--iterations", type=int, default=2)
     parser.add_argument("--set", action="append", default=[], help="extra KEY=VALUE for every run")
+    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated schedule.mode values")
+    parser.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated model.dtype values")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     cells = []
-    for dtype in DTYPES:
-        for mode in MODES:
+    for dtype in args.dtypes.split(","):
+        for mode in args.modes.split(","):
             for tsp in (False, True):
                 cells.append(run_cell(args.out, mode, dtype, tsp, args.iterations, args.set))
                 print(json.dumps(cells[-1]), flush=True)

@@ -158,3 +158,24 @@ def test_the_family_sequence_lengths_are_the_adapters_and_the_pipelines():
         assert length == (128 if pipeline == "StableDiffusion3Pipeline" else default), (
             pipeline
         )  # sd3: Flow-GRPO's
+
+
+def test_precision_keys_validate():
+    cfg = build_config(
+        required(
+            {
+                "model": {
+                    "text_encoder_dtype": "float16",
+                    "autocast": "bfloat16",
+                    "lora": {"dtype": "bfloat16"},
+                }
+            }
+        ),
+        check_paths=False,
+    )
+    assert (cfg.model.dtype, cfg.model.vae_dtype, cfg.model.lora.dtype) == ("float32", "float32", "bfloat16")
+    with pytest.raises(ConfigError) as err:
+        build_config(required({"model": {"autocast": "float16", "vae_dtype": "int8"}}), check_paths=False)
+    assert sorted(p.split(" ")[0] for p in err.value.problems) == ["model.autocast", "model.vae_dtype"]
+    with pytest.raises(ConfigError, match=r"model.autocast \(bfloat16\) with model.dtype float64"):
+        build_config(required({"model": {"autocast": "bfloat16", "dtype": "float64"}}), check_paths=False)
