@@ -24,6 +24,25 @@ DTYPES = {
 """``model.dtype`` -> the torch dtype."""
 
 
+def resolve_device(name: str) -> str:
+    """``model.device`` (or a worker's ``--device``) as torch takes it: ``auto`` is ``cuda``
+    where torch sees a GPU (a worker pinned to one by ``CUDA_VISIBLE_DEVICES`` sees it as
+    ``cuda:0``), else ``cpu``; any other name is returned as given."""
+    if name != "auto":
+        return name
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def trained_dtype(cfg: Config) -> torch.dtype:
+    """The dtype of the trained tensors inside a policy (what a trainer computes with, so what
+    it publishes to the rollout workers): ``model.lora.dtype`` for an adapter, the
+    transformer's ``model.dtype`` for a full fine-tune, float64 for a float64 model."""
+    m = cfg.model
+    if m.dtype == "float64" or not m.lora.enabled:
+        return DTYPES[m.dtype]
+    return DTYPES[m.lora.dtype]
+
+
 def build_policy(cfg: Config, device: str | None = None) -> FlowPolicy:
     """Load ``model.path`` with diffusers and wrap LoRA as configured, on ``device`` (default
     ``model.device``).
@@ -39,12 +58,15 @@ def build_policy(cfg: Config, device: str | None = None) -> FlowPolicy:
         height=m.resolution,
         width=m.resolution,
         dtype=DTYPES[m.dtype],
-        device=device or m.device,
+        device=resolve_device(device or m.device),
         num_frames=m.num_frames,
         max_sequence_length=m.max_sequence_length,
+        text_encoder_dtype=DTYPES[m.text_encoder_dtype or m.dtype],
+        vae_dtype=DTYPES[m.vae_dtype],
+        autocast=DTYPES[m.autocast] if m.autocast else None,
     )
     if m.lora.enabled:
-        policy.enable_lora(m.lora.rank, m.lora.alpha, m.lora.target_modules)
+        policy.enable_lora(m.lora.rank, m.lora.alpha, m.lora.target_modules, dtype=trained_dtype(cfg))
     else:
         policy.transformer.requires_grad_(True)
     return policy
@@ -52,7 +74,9 @@ def build_policy(cfg: Config, device: str | None = None) -> FlowPolicy:
 
 def build_reward(cfg: Config, device: str | None = None):
     """The configured reward; model-based rewards load on ``device`` (default ``model.device``)."""
-    return build_rewards([spec.model_dump() for spec in cfg.reward], device=device or cfg.model.device)
+    return build_rewards(
+        [spec.model_dump() for spec in cfg.reward], device=resolve_device(device or cfg.model.device)
+    )
 
 
 class EmbedCache:

@@ -232,6 +232,16 @@ _TEXT = {
     "QwenImagePipeline": ("tokenizer", "text_encoder"),
     "HunyuanVideoPipeline": ("tokenizer", "text_encoder"),
 }
+FAMILY_SEQUENCE_LENGTH: dict[str, tuple[int, str]] = {
+    # pipeline class -> (prompt tokens when model.max_sequence_length is unset, whose value);
+    # the family adapters' ``default_max_sequence_length`` (tests/config check they agree)
+    "StableDiffusion3Pipeline": (128, "Flow-GRPO's scripts/train_sd3.py; StableDiffusion3Pipeline's is 256"),
+    "FluxPipeline": (512, "FluxPipeline's; Flow-GRPO's scripts/train_flux.py uses 128"),
+    "WanPipeline": (512, "WanPipeline's"),
+    "QwenImagePipeline": (512, "QwenImagePipeline's"),
+    "HunyuanVideoPipeline": (256, "HunyuanVideoPipeline's"),
+}
+"""``model.max_sequence_length: null`` means the family's own length, as its peer sets it."""
 _PACKED = {"FluxPipeline", "QwenImagePipeline"}  # latents packed 2x2 into tokens
 _HUGE = 10**7  # a tokenizer's "no limit" model_max_length (1e30 in many configs)
 
@@ -325,13 +335,25 @@ def model_problems(cfg: Config) -> list[str]:
                 f"model.num_frames ({m.num_frames}) must be {temporal}k + 1 for {model_dir.name} (the VAE "
                 f"compresses time {temporal}x after the first frame); try {fix}"
             )
-    limit = sequence_limit(model_dir, pipeline)
-    if limit is not None and m.max_sequence_length > limit[0]:
-        problems.append(
-            f"model.max_sequence_length ({m.max_sequence_length}) exceeds {limit[0]}, the most tokens "
-            f"{model_dir.name}'s text encoder takes ({limit[1]}); set model.max_sequence_length={limit[0]} or less"
-        )
+    problems += _sequence_problems(cfg, model_dir, pipeline)
     return problems
+
+
+def _sequence_problems(cfg: Config, model_dir: Path, pipeline: str) -> list[str]:
+    """``model.max_sequence_length`` (unset: the family's own, :data:`FAMILY_SEQUENCE_LENGTH`)
+    against the most tokens the text encoder takes: a longer one is refused, never cut."""
+    limit = sequence_limit(model_dir, pipeline)
+    length = cfg.model.max_sequence_length
+    shown = str(length)
+    if length is None and pipeline in FAMILY_SEQUENCE_LENGTH:
+        length, whose = FAMILY_SEQUENCE_LENGTH[pipeline]
+        shown = f"unset: {length}, the family's own, {whose}"
+    if limit is None or length is None or length <= limit[0]:
+        return []
+    return [
+        f"model.max_sequence_length ({shown}) exceeds {limit[0]}, the most tokens "
+        f"{model_dir.name}'s text encoder takes ({limit[1]}); set model.max_sequence_length={limit[0]} or less"
+    ]
 
 
 # --- the run directory and its disk ------------------------------------------------------

@@ -27,6 +27,9 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
+Dtype = Literal["float32", "bfloat16", "float16", "float64"]
+
+
 class LoraConfig(_Section):
     enabled: bool = True
     """Train a LoRA adapter (True) or the whole transformer (False)."""
@@ -34,24 +37,47 @@ class LoraConfig(_Section):
     alpha: int = Field(16, ge=1)
     target_modules: list[str] | None = None
     """Module names to adapt; None uses the family's default (as the peers use it)."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """The adapter's weights as the policy holds and computes with them (Flow-GRPO and
+    DanceGRPO keep them float32). The optimizer's master copy is float32 whatever this says;
+    every process of a run loads the same cast of it, so a rollout computes with the bits the
+    trainer computes with (docs/precision.md). A float64 model keeps float64 adapters."""
 
 
 class ModelConfig(_Section):
-    path: str = ".tiny/sd3"
-    """Local diffusers pipeline folder (``model_index.json`` inside). Never downloaded."""
+    path: str
+    """Local diffusers pipeline folder (``model_index.json`` inside). Never downloaded.
+    Required: there is no default model."""
     resolution: int = Field(32, ge=8)
     """Square image side in pixels for rollouts."""
     num_frames: int | None = Field(None, ge=1)
     """Frames per video (video families only)."""
-    dtype: Literal["float32", "bfloat16", "float16", "float64"] = "float32"
-    """Transformer compute dtype. SDE math and stored latents/log-probs are float32 for the
-    first three. ``float64`` (model, LoRA adapters, SDE math, loss and task gradients all in
-    float64; ``digen.algos.precision``) is for numerical checks of the training math against a
-    peer's formula (tests/trainer/test_gradient_oracle.py), not for training runs."""
-    device: str = "cpu"
-    """Device for the reference trainer and the embedded cluster's workers (``cuda:0``...)."""
-    max_sequence_length: int = Field(32, ge=1)
-    """T5 tokens per prompt."""
+    dtype: Dtype = "float32"
+    """The transformer's weights (its frozen base weights with LoRA). SDE math and stored
+    latents/log-probs are float32 for the first three. ``float64`` (model, LoRA adapters, SDE
+    math, loss and task gradients all in float64; ``digen.algos.precision``) is for numerical
+    checks of the training math against a peer's formula (tests/trainer/test_gradient_oracle.py),
+    not for training runs. docs/precision.md maps it to the peers' settings."""
+    text_encoder_dtype: Dtype | None = None
+    """The frozen text encoders (None: ``model.dtype``). Flow-GRPO casts them to its
+    ``mixed_precision`` dtype."""
+    vae_dtype: Dtype = "float32"
+    """The frozen VAE (decoding only). Flow-GRPO keeps it float32, DanceGRPO bfloat16."""
+    autocast: Literal["bfloat16"] | None = None
+    """Run every transformer forward (rollout and training alike) under ``torch.autocast`` in
+    this dtype, as Flow-GRPO's ``accelerator.prepare`` and DanceGRPO's ``torch.autocast`` do
+    (their weights stay float32). None: no autocast, each module computes in its own dtype.
+    Only bfloat16: float16 autocast needs a loss scaler (Flow-GRPO's fp16 runs under
+    accelerate's GradScaler), which digen's optimizer does not have."""
+    device: str = "auto"
+    """Device for the reference trainer and the embedded cluster's workers: ``auto`` (cuda
+    where torch sees a GPU, else cpu), ``cpu``, ``cuda`` or ``cuda:N``. A worker pinned to one
+    GPU (``CUDA_VISIBLE_DEVICES``) sees it as ``cuda`` = ``cuda:0``."""
+    max_sequence_length: int | None = Field(None, ge=1)
+    """Text-encoder tokens per prompt (T5, UMT5, Llama, Qwen2.5-VL). None: the family's own
+    length (docs/precision.md lists them: sd3 128 as Flow-GRPO, flux 512 as FluxPipeline, ...);
+    a config error when the model's text encoder takes fewer (the tiny models: 32, so their
+    configs set it)."""
     lora: LoraConfig = LoraConfig()
 
 
@@ -63,8 +89,8 @@ class PromptsConfig(_Section):
     file: str | None = None
     """Text file, one prompt per line (``.jsonl``: one ``{"prompt": ..., ...}`` object a line,
     with metadata); used when ``dataset`` is unset. Relative paths resolve against the config file."""
-    items: list[str] = ["a red square", "a blue circle", "a green tree", "a yellow sun"]
-    """Inline prompts, used when ``dataset`` and ``file`` are unset."""
+    items: list[str] = []
+    """Inline prompts, used when ``dataset`` and ``file`` are unset. One of the three is required."""
     test_file: str | None = None
     """Held-out prompts for ``eval`` (``.txt`` one prompt a line, or ``.jsonl``; relative paths
     resolve against the config file); unset: ``dataset``'s test split, if any."""
@@ -422,11 +448,14 @@ class LoggingConfig(_Section):
 class Config(_Section):
     seed: int = 0
     iterations: int = Field(10, ge=1)
-    model: ModelConfig = ModelConfig()
-    prompts: PromptsConfig = PromptsConfig()
+    model: ModelConfig
+    """Required (``model.path`` at least)."""
+    prompts: PromptsConfig
+    """Required: ``prompts.items``, ``prompts.file`` or ``prompts.dataset``."""
     rollout: RolloutConfig = RolloutConfig()
     train: TrainConfig = TrainConfig()
-    reward: list[RewardSpec] = [RewardSpec(name="brightness")]
+    reward: list[RewardSpec]
+    """Required: at least one reward (``digen rewards`` lists them)."""
     schedule: ScheduleConfig = ScheduleConfig()
     cluster: ClusterConfig = ClusterConfig()
     output: OutputConfig = OutputConfig()
@@ -543,9 +572,22 @@ def _section_keys(loc: tuple[Any, ...]) -> list[str]:
     return list(node.model_fields)
 
 
+REQUIRED = {
+    "model": "model.path is required: the local diffusers pipeline folder to train "
+    "(`digen make-tiny-model .tiny/sd3 --arch sd3` makes a tiny one); digen has no default model",
+    "model.path": "",
+    "prompts": "prompts is required: give prompts.items, prompts.file or prompts.dataset",
+    "reward": "reward is required: list at least one reward, e.g. [{name: brightness}] (digen rewards lists them)",
+}
+REQUIRED["model.path"] = REQUIRED["model"]
+"""The keys a config must name (no silent defaults), with the line that says so."""
+
+
 def _describe(err: Any) -> str:  # a pydantic ErrorDetails
     loc = ".".join(str(p) for p in err["loc"])
     kind = err["type"]
+    if kind == "missing":
+        return REQUIRED.get(loc) or f"{loc} is required (see configs/README.md for the keys)"
     if kind == "extra_forbidden":
         parent = ".".join(str(p) for p in err["loc"][:-1])
         hint = did_you_mean(str(err["loc"][-1]), _section_keys(tuple(err["loc"])))
@@ -577,6 +619,11 @@ def _cross_checks(cfg: Config, check_paths: bool, algorithms: bool = True) -> li
     if t.timesteps.strategy == "window" and t.timesteps.window > r.num_steps - 1:
         problems.append(
             f"train.timesteps.window ({t.timesteps.window}) must be below rollout.num_steps ({r.num_steps})"
+        )
+    if cfg.model.autocast and cfg.model.dtype == "float64":
+        problems.append(
+            f"model.autocast ({cfg.model.autocast}) with model.dtype float64: a float64 model checks the "
+            f"training math in float64 throughout; drop model.autocast or use model.dtype float32"
         )
     if t.kl_beta > 0 and not cfg.model.lora.enabled:
         problems.append(

@@ -93,12 +93,37 @@ def tiny_sd3(tiny_models) -> Path:
     return tiny_models("sd3")
 
 
+REQUIRED_DATA: dict = {
+    "model": {"path": "models/unused"},
+    "prompts": {"items": ["a red square", "a blue circle"]},
+    "reward": [{"name": "brightness"}],
+}
+"""What every config must name (digen has no default model, prompts or reward)."""
+
+
+def required(data: dict) -> dict:
+    """``data`` with :data:`REQUIRED_DATA`'s keys added where it lacks them, for tests of
+    other sections that load with ``check_paths=False`` (the model folder is never read)."""
+    out = dict(data)
+    for key, value in REQUIRED_DATA.items():
+        if key == "model":
+            out["model"] = {**value, **out.get("model", {})}
+        else:
+            out.setdefault(key, value)
+    return out
+
+
 def small_config_data(model_dir: Path, **sections) -> dict:
     """A config small enough for a test run: 2 iterations of 2 groups x 4 samples, 4 steps."""
     data = {
         "seed": 3,
         "iterations": 2,
-        "model": {"path": str(model_dir), "resolution": 32, "lora": {"enabled": True, "rank": 4, "alpha": 8}},
+        "model": {
+            "path": str(model_dir),
+            "resolution": 32,
+            "max_sequence_length": 32,  # the tiny models' text encoders take 32 tokens
+            "lora": {"enabled": True, "rank": 4, "alpha": 8},
+        },
         "prompts": {"items": ["a red square", "a blue circle", "a green tree"]},
         "rollout": {"batch_size": 8, "group_size": 4, "num_steps": 4},
         "train": {"timesteps": {"strategy": "prefix", "fraction": 0.5}, "lr": 1e-3},

@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
-from digen.assembly import DTYPES
+from digen.assembly import trained_dtype
 from digen.core.events import Role, TaskKind
 from digen.dataplane.blobs import BlobLost, fetch
 from digen.dataplane.weights import version_blob
@@ -187,13 +187,13 @@ def _serve_previous(rk: Rank, folder: Path, state: dict) -> int | None:
 
 
 def _serve_shards(rk: Rank, keep_from: int | None = None) -> None:
-    """Offer this rank's shard of the current version (in the rollout's dtype) to the rollout
+    """Offer this rank's shard of the current version (in the dtype the policy holds its trained tensors in) to the rollout
     workers, and drop the shards of versions older than ``keep_from`` (the version a
     staleness-1 rollout may still use; default: only the current one)."""
     rt, trainer = rk.rt, rk.trainer
     assert trainer is not None
     job, v = rt.job.job_id, trainer.version
-    dtype = DTYPES[rt.cfg.model.dtype]
+    dtype = trained_dtype(rt.cfg)
     shards = {k: t.to(dtype).contiguous() for k, t in local_trainable_shards(rt.policy).items()}
     rt.blobs.put(
         version_blob(job, v), shards, {"version": str(v), "rank": str(rk.rank), "world": str(rk.world)}
@@ -318,7 +318,7 @@ def _stage_checkpoint(rk: Rank, folder: str | None, iteration: int, keep_from: i
     :meth:`digen.optim.ParameterStore.save` (the controller puts it in place). With
     ``keep_from`` (staleness 1) the checkpoint also keeps that older version, which the next
     iteration's rollouts use: rank 0 puts it together from the shards the ranks serve
-    (``previous_weights``, in the rollout's dtype, as the replicated trainers keep it)."""
+    (``previous_weights``, in that dtype, as the replicated trainers keep it)."""
     if folder is None:
         return
     trainer = rk.trainer

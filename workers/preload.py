@@ -32,8 +32,11 @@ LOAD_TIMES: dict[str, float] = {}
 
 
 def worker_device(cfg: Config, device: str | None = None) -> str:
-    """The device a worker loads onto: ``device``, else ``$DIGEN_DEVICE``, else ``model.device``."""
-    return device or os.environ.get("DIGEN_DEVICE") or cfg.model.device
+    """The device a worker loads onto: ``device``, else ``$DIGEN_DEVICE``, else ``model.device``
+    (``auto`` resolved: :func:`digen.assembly.resolve_device`)."""
+    from digen.assembly import resolve_device
+
+    return resolve_device(device or os.environ.get("DIGEN_DEVICE") or cfg.model.device)
 
 
 def _key(cfg: Config, device: str) -> str:

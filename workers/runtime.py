@@ -21,7 +21,7 @@ import torch
 
 from digen.algos.registry import stateful_algorithm
 from digen.algos.state import load_version
-from digen.assembly import EmbedCache, build_reward
+from digen.assembly import EmbedCache, build_reward, trained_dtype
 from digen.config import Config
 from digen.core.events import Role, TaskRef
 from digen.dataplane.blobs import BlobLost, BlobStore
@@ -137,7 +137,8 @@ class WorkerRuntime:
         """Load weights ``version`` into the policy (a no-op when already loaded): from this
         worker's own blobs (a trainer serves the versions it made), else fetched from the
         trainers that hold it (:func:`~digen.dataplane.weights.fetch_version`), bucketed and
-        in the dtype the policy computes in."""
+        in the dtype the policy holds its trained tensors in (the trainers publish them in it:
+        the bits they compute with)."""
         policy = self.ensure_policy()
         if self.version == version:
             return
@@ -162,11 +163,11 @@ class WorkerRuntime:
             shards = None if holders else self.group.shard_holders(version)
             try:
                 if holders:
-                    return fetch_version(holders, name, dtype=self.policy.dtype, start=start)
+                    return fetch_version(holders, name, dtype=trained_dtype(self.cfg), start=start)
                 if shards:  # an FSDP group: every rank's dim-0 shard, put together here
                     n = len(shards)  # each worker starts at another rank: no rank serves all first
                     order = [(start + i) % n for i in range(n)]
-                    got = {r: fetch_version([shards[r]], name, dtype=self.policy.dtype) for r in order}
+                    got = {r: fetch_version([shards[r]], name, dtype=trained_dtype(self.cfg)) for r in order}
                     return {k: torch.cat([got[r][k] for r in range(n)]) for k in got[0]}
             except BlobLost as exc:
                 last = str(exc)

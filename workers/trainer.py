@@ -23,7 +23,7 @@ command (:meth:`Member.run_step`) it:
 3. reports success and waits for the step's decision (commit once every member succeeded;
    abort if any failed or left: then every member drops its sum and the tasks run again);
 4. on commit applies AdamW, loads the new weights into its policy, serves the new version as a
-   blob ``weights:<v>`` in the rollout's dtype (and keeps serving the version the command
+   blob ``weights:<v>`` in the dtype of the trained tensors (and keeps serving the version the command
    names ``keep_version``, which a staleness-1 rollout may still need: the one the iteration
    generated with, ``mini_batches`` steps back), and, if it is the step's writer, writes the
    checkpoint and acknowledges the step.
@@ -42,7 +42,7 @@ import torch.distributed as dist
 from safetensors.torch import load_file
 
 from digen.algos.state import load_version
-from digen.assembly import DTYPES
+from digen.assembly import trained_dtype
 from digen.core.events import Role, TaskRef
 from digen.dataplane.blobs import BlobLost, fetch
 from digen.dataplane.reduce import TaskSum, all_reduce_sum, flatten, ordered_sum, unflatten
@@ -100,10 +100,12 @@ class Member:
         self.rt.version = self.store.version
 
     def serve(self, keep_from: int | None = None) -> None:
-        """Offer the store's version (and the kept older one) as weight blobs in the
-        rollout's dtype, and the state as a blob a newcomer copies; tell Redis."""
+        """Offer the store's version (and the kept older one) as weight blobs in the dtype the
+        policy holds its trained tensors in (:func:`~digen.assembly.trained_dtype`: the bits
+        this trainer computes with, so a rollout that loads them computes with the same), and
+        the state as a blob a newcomer copies; tell Redis."""
         rt, v = self.rt, self.store.version
-        dtype = DTYPES[rt.cfg.model.dtype]
+        dtype = trained_dtype(rt.cfg)
         versions = {v: self.store.weights()}
         if self.kept is not None:
             versions[self.kept[0]] = self.kept[1]

@@ -10,6 +10,7 @@ elementwise with a mean over non-batch dims, so it does not care which.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -93,6 +94,9 @@ class FlowPolicy:
     device: torch.device
     dtype: torch.dtype
     is_video: bool = False
+    autocast_dtype: torch.dtype | None = None
+    """Every transformer forward runs under ``torch.autocast`` in this dtype (``model.autocast``);
+    None: each module computes in its own dtype."""
 
     def latent_shape(self) -> tuple[int, ...]:
         """One sample's step-space latent shape (no batch dim)."""
@@ -158,13 +162,22 @@ class FlowPolicy:
     ) -> torch.Tensor:
         """One transformer forward: ``x [N, *latent_shape]`` (model dtype), ``t [N]``, prompt
         tensors of ``N`` rows -> ``[N, *latent_shape]`` at least float32."""
-        out = self.transformer(
-            hidden_states=x,
-            timestep=t,
-            **self.transformer_kwargs(x, tensors, guidance_scale),
-            return_dict=False,
-        )[0]
+        with self.autocast():
+            out = self.transformer(
+                hidden_states=x,
+                timestep=t,
+                **self.transformer_kwargs(x, tensors, guidance_scale),
+                return_dict=False,
+            )[0]
         return at_least_float32(out)
+
+    def autocast(self) -> AbstractContextManager[Any]:
+        """``torch.autocast`` in :attr:`autocast_dtype` on the policy's device type, or a
+        no-op without one. Rollout and training forwards both pass through :meth:`_forward`,
+        so they compute alike."""
+        if self.autocast_dtype is None:
+            return nullcontext()
+        return torch.autocast(torch.device(self.device).type, dtype=self.autocast_dtype)
 
     def timesteps(self, sigmas: torch.Tensor) -> torch.Tensor:
         """sigmas ``[B]`` float32 -> the transformer's ``timestep`` ``[B]``: ``1000 * sigma`` in
@@ -202,9 +215,12 @@ class FlowPolicy:
         raise NotImplementedError
 
     # --- trained parameters -------------------------------------------------------
-    def enable_lora(self, rank: int, alpha: int, target_modules: list[str] | None = None) -> None:
+    def enable_lora(
+        self, rank: int, alpha: int, target_modules: list[str] | None = None, dtype: torch.dtype | None = None
+    ) -> None:
         """Wrap the transformer with a peft LoRA adapter (``target_modules`` None: the
-        family's default, as the peers use it). Only adapter params stay trainable."""
+        family's default, as the peers use it) whose weights are ``dtype`` (None: float32,
+        float64 for a float64 model). Only adapter params stay trainable."""
         raise NotImplementedError
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:

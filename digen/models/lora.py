@@ -3,8 +3,9 @@
 The adapter is injected in place with ``transformer.add_adapter`` (diffusers' peft
 integration), so the transformer keeps its class and call signature; peft freezes every base
 weight. Adapter weights start as peft's ``"gaussian"`` init (A random, B zero: the wrapped
-model equals the base model exactly) and are float32 whatever the transformer's dtype, float64 for a float64 one (peft
-casts activations to the adapter dtype and back). A is drawn from a fixed seed so every process
+model equals the base model exactly) and are float32 whatever the transformer's dtype (``model.lora.dtype`` may make
+them bfloat16 or float16), float64 for a float64 one (peft casts activations to the adapter
+dtype and back). A is drawn from a fixed seed so every process
 that enables LoRA starts from the same adapter.
 
 State dicts use peft's adapter-name-free keys
@@ -48,8 +49,11 @@ def add_lora(
     alpha: int,
     target_modules: list[str] | tuple[str, ...],
     seed: int = 0,
+    dtype: torch.dtype | None = None,
 ) -> None:
-    """Inject a LoRA adapter into ``transformer`` in place; only adapter params stay trainable."""
+    """Inject a LoRA adapter into ``transformer`` in place; only adapter params stay trainable,
+    in ``dtype`` (None: float32, float64 for a float64 transformer). The initial values are
+    drawn in float32 and cast, so every dtype starts from the same adapter rounded."""
     from peft import LoraConfig
 
     if rank <= 0:
@@ -71,8 +75,8 @@ def add_lora(
                 f"lora target_modules {list(target_modules)} match no layer of the transformer ({e})"
             ) from e
     for p in transformer.parameters():
-        if p.requires_grad:
-            p.data = at_least_float32(p.data)  # float64 adapters for a float64 model
+        if p.requires_grad:  # float64 adapters for a float64 model
+            p.data = at_least_float32(p.data) if dtype is None else p.data.to(dtype)
 
 
 def has_lora(transformer: torch.nn.Module) -> bool:

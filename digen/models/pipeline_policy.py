@@ -44,9 +44,17 @@ def read_model_index(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def load_pipeline(path: str | Path, *, dtype: torch.dtype, device: torch.device | str):
+def load_pipeline(
+    path: str | Path,
+    *,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    text_encoder_dtype: torch.dtype | None = None,
+    vae_dtype: torch.dtype = torch.float32,
+):
     """The pipeline named in ``model_index.json``, loaded from the local folder only, as one
-    loads SD3.5/FLUX.1 from disk: every component in ``dtype`` except the VAE (float32),
+    loads SD3.5/FLUX.1 from disk: the transformer in ``dtype``, the VAE in ``vae_dtype``, the
+    text encoders (and any other component) in ``text_encoder_dtype`` (None: ``dtype``),
     text encoders and VAE frozen in eval mode, all on ``device``."""
     import diffusers
 
@@ -54,7 +62,7 @@ def load_pipeline(path: str | Path, *, dtype: torch.dtype, device: torch.device 
     pipeline_cls = getattr(diffusers, class_name, None)
     if pipeline_cls is None:
         raise ModelError(f"model.path {path}: diffusers {diffusers.__version__} has no pipeline {class_name}")
-    dtypes = {"default": dtype, "vae": torch.float32}
+    dtypes = {"default": text_encoder_dtype or dtype, "transformer": dtype, "vae": vae_dtype}
     diffusers.utils.logging.disable_progress_bar()  # a quiet load; digen shows its own progress
     try:
         pipe = pipeline_cls.from_pretrained(str(path), **{_dtype_kwarg(): dtypes}, local_files_only=True)
@@ -147,12 +155,15 @@ class PipelinePolicy(FlowPolicy):
         raise NotImplementedError
 
     # --- trained parameters ---------------------------------------------------------
-    def enable_lora(self, rank: int, alpha: int, target_modules: list[str] | None = None) -> None:
+    def enable_lora(
+        self, rank: int, alpha: int, target_modules: list[str] | None = None, dtype: torch.dtype | None = None
+    ) -> None:
         lora.add_lora(
             self.transformer,
             rank=rank,
             alpha=alpha,
             target_modules=target_modules or self.default_lora_targets,
+            dtype=dtype,
         )
 
     @property

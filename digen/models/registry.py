@@ -88,18 +88,28 @@ def load_policy(
     device: torch.device | str = "cpu",
     num_frames: int | None = None,
     max_sequence_length: int | None = None,
+    text_encoder_dtype: torch.dtype | None = None,
+    vae_dtype: torch.dtype = torch.float32,
+    autocast: torch.dtype | None = None,
 ) -> FlowPolicy:
     """The :class:`FlowPolicy` for the local diffusers pipeline folder ``path``, generating
-    ``height x width`` (``num_frames`` for video families), transformer and text encoders in
-    ``dtype`` (VAE float32) on ``device``. ``max_sequence_length``: T5 prompt length (None: the
-    family default, capped by the tokenizer's ``model_max_length``)."""
+    ``height x width`` (``num_frames`` for video families), the transformer in ``dtype``, the
+    text encoders in ``text_encoder_dtype`` (None: ``dtype``), the VAE in ``vae_dtype``, on
+    ``device``; ``autocast``: every transformer forward under ``torch.autocast`` in that dtype
+    (None: none). ``max_sequence_length``: T5 prompt length (None: the family default, capped
+    by the tokenizer's ``model_max_length``; a config never relies on the cap:
+    :func:`digen.checks.model_problems` refuses a length the text encoder cannot take)."""
     from digen.models.pipeline_policy import load_pipeline
 
     adapter = FAMILIES[detect_family(path)].adapter_class()
-    pipe = load_pipeline(path, dtype=dtype, device=device)
-    return adapter(
+    pipe = load_pipeline(
+        path, dtype=dtype, device=device, text_encoder_dtype=text_encoder_dtype, vae_dtype=vae_dtype
+    )
+    policy = adapter(
         pipe, height=height, width=width, num_frames=num_frames, max_sequence_length=max_sequence_length
     )
+    policy.autocast_dtype = autocast
+    return policy
 
 
 def make_tiny_model(

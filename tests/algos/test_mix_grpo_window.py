@@ -6,6 +6,7 @@ import pytest
 
 from digen.algos.mix_grpo import ALGORITHM, flash_schedule, max_start, mix_window, window_start
 from digen.config import MixGrpoConfig, build_config
+from tests.conftest import required
 
 
 class PeerStates:
@@ -44,7 +45,7 @@ class PeerStates:
 
 def cfg(steps=25, **mix):
     return build_config(
-        {"rollout": {"num_steps": steps}, "train": {"algorithm": "mix-grpo", "mix_grpo": mix}},
+        required({"rollout": {"num_steps": steps}, "train": {"algorithm": "mix-grpo", "mix_grpo": mix}}),
         check_paths=False,
     )
 
@@ -96,11 +97,13 @@ def test_random_window_is_seeded_in_range_and_full():
         window_start(k, 25, c.train.mix_grpo, c.seed) for k in range(200)
     ]  # every process agrees
     other = build_config(
-        {
-            "seed": 1,
-            "rollout": {"num_steps": 25},
-            "train": {"algorithm": "mix-grpo", "mix_grpo": {"schedule": "random"}},
-        },
+        required(
+            {
+                "seed": 1,
+                "rollout": {"num_steps": 25},
+                "train": {"algorithm": "mix-grpo", "mix_grpo": {"schedule": "random"}},
+            }
+        ),
         check_paths=False,
     )
     assert starts[1:] != [window_start(k, 25, other.train.mix_grpo, other.seed) for k in range(1, 200)]

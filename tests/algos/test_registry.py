@@ -8,6 +8,7 @@ from digen.algos import registry
 from digen.algos.registry import RolloutPlan
 from digen.config import build_config
 from digen.errors import ConfigError
+from tests.conftest import required
 
 PEERS = {
     "flow-grpo": "yifan123/flow_grpo @9745241",
@@ -22,7 +23,7 @@ PEERS = {
 
 
 def cfg(**train):
-    return build_config({"train": train}, check_paths=False)
+    return build_config(required({"train": train}), check_paths=False)
 
 
 def test_every_algorithm_of_the_issue_is_registered_with_its_peer_and_commit():
@@ -35,7 +36,7 @@ def test_every_algorithm_of_the_issue_is_registered_with_its_peer_and_commit():
 
 def test_an_unset_algorithm_is_the_flow_grpo_family_member_the_rollout_names():
     def name(**sections):
-        return registry.resolved_name(build_config(sections, check_paths=False))
+        return registry.resolved_name(build_config(required(sections), check_paths=False))
 
     assert name() == "flow-grpo"
     assert name(rollout={"sde": {"kind": "cps", "noise_level": 0.8}}) == "cps"

@@ -29,6 +29,7 @@ from digen.bench import (
 from digen.config import build_config
 from digen.errors import ConfigError
 from digen.sim.bounds import lp_bound
+from tests.conftest import required
 
 G = 4  # group size of the synthetic runs
 
@@ -80,7 +81,7 @@ def test_parse_modes_and_mode_config():
     for bad in ("", "fast", "digen-warp", "reference-tag", "digen,digen"):
         with pytest.raises(ConfigError):
             parse_modes(bad)
-    cfg = build_config({"iterations": 4}, check_paths=False)
+    cfg = build_config(required({"iterations": 4}), check_paths=False)
     s = mode_config(cfg, "digen-tag-async", (2, 3)).schedule.resolved()
     assert (s.mode, s.gap, s.tsp, s.tag, s.max_staleness) == ("digen", True, True, False, 0)
     c = mode_config(cfg, "disaggregated+tsp", (2, 3))

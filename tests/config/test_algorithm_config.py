@@ -6,11 +6,12 @@ import pytest
 
 from digen.config import build_config
 from digen.errors import ConfigError
+from tests.conftest import required
 
 
 def problems(**sections) -> list[str]:
     try:
-        build_config(sections, check_paths=False)
+        build_config(required(sections), check_paths=False)
     except ConfigError as exc:
         return exc.problems
     return []

@@ -9,17 +9,18 @@ from typer.testing import CliRunner
 from cli.main import app
 from digen.config import build_config, dump_config, load_config, parse_overrides
 from digen.errors import ConfigError
+from tests.conftest import required
 
 
 def test_defaults_and_overrides(tiny_sd3):
     cfg = build_config(
-        {"model": {"path": str(tiny_sd3)}},
+        required({"model": {"path": str(tiny_sd3)}}),
         ["rollout.group_size=8", "rollout.batch_size=16", "schedule.mode=digen"],
     )
     assert cfg.rollout.group_size == 8 and cfg.rollout.prompts_per_iteration == 2
     s = cfg.schedule.resolved()
     assert (s.gap, s.tsp, s.tag, s.max_staleness) == (True, True, True, 1)
-    assert build_config({"model": {"path": str(tiny_sd3)}}).schedule.resolved().max_staleness == 0
+    assert build_config(required({"model": {"path": str(tiny_sd3)}})).schedule.resolved().max_staleness == 0
     # the resolved config round-trips through config.yaml
     again = build_config(yaml.safe_load(dump_config(cfg)))
     assert again.model_dump(exclude={"source_dir", "schedule"}) == cfg.model_dump(
@@ -44,7 +45,9 @@ def test_every_problem_at_once(tmp_path):
     # type errors first; the cross-field checks run on a valid schema
     with pytest.raises(ConfigError) as err:
         build_config(
-            {"rollout": {"batch_size": 12, "group_size": 5}, "model": {"path": str(tmp_path / "nowhere")}}
+            required(
+                {"rollout": {"batch_size": 12, "group_size": 5}, "model": {"path": str(tmp_path / "nowhere")}}
+            )
         )
     text = "\n".join(err.value.problems)
     assert "rollout.group_size (5) must divide rollout.batch_size (12)" in text
@@ -66,11 +69,13 @@ def test_cli_exit_code_2_lists_every_problem(tmp_path):
     p = tmp_path / "bad.yaml"
     p.write_text(
         yaml.safe_dump(
-            {
-                "rollout": {"batch_size": 12, "group_size": 5},
-                "train": {"kl_beta": 0.1},
-                "model": {"path": str(tmp_path / "none"), "lora": {"enabled": False}},
-            }
+            required(
+                {
+                    "rollout": {"batch_size": 12, "group_size": 5},
+                    "train": {"kl_beta": 0.1},
+                    "model": {"path": str(tmp_path / "none"), "lora": {"enabled": False}},
+                }
+            )
         )
     )
     result = CliRunner().invoke(app, ["train", str(p), "--out", str(tmp_path / "run")])
@@ -89,3 +94,88 @@ def test_model_configs_for_real_use_validate():
     for f in files:
         cfg = load_config(f, check_paths=False)
         assert cfg.model.dtype == "bfloat16" and cfg.schedule.mode == "digen"
+
+
+def test_model_path_prompts_and_reward_are_required_with_the_other_problems():
+    with pytest.raises(ConfigError) as err:
+        build_config({"iterations": "many", "model": {"resolution": 32}})
+    problems = err.value.problems
+    assert problems[0].startswith("iterations ('many')")  # reported with the other problems
+    assert any(p.startswith("model.path is required: the local diffusers pipeline folder") for p in problems)
+    assert any(p.startswith("prompts is required") for p in problems)
+    assert any(p.startswith("reward is required") for p in problems)
+    with pytest.raises(ConfigError, match="^model.path is required"):  # no model section at all
+        build_config({"prompts": {"items": ["a"]}, "reward": [{"name": "brightness"}]})
+
+
+def test_a_config_without_model_path_exits_2_and_makes_no_run_directory(tmp_path, monkeypatch):
+    """Even run from a folder that holds the tiny model the README's first steps make."""
+    (tmp_path / ".tiny" / "sd3").mkdir(parents=True)
+    (tmp_path / ".tiny" / "sd3" / "model_index.json").write_text(
+        '{"_class_name": "StableDiffusion3Pipeline"}'
+    )
+    cfg = tmp_path / "no-model.yaml"
+    cfg.write_text(
+        yaml.safe_dump({"prompts": {"items": ["a red square"]}, "reward": [{"name": "brightness"}]})
+    )
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["train", str(cfg), "--out", "runs/x"])
+    assert result.exit_code == 2
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "model.path is required" in lines[0]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_unset_sequence_length_is_the_familys_and_refused_beyond_the_text_encoder(tiny_sd3):
+    from digen.checks import model_problems
+
+    cfg = build_config(required({"model": {"path": str(tiny_sd3)}}))
+    assert cfg.model.max_sequence_length is None and cfg.model.device == "auto"
+    (problem,) = model_problems(cfg)  # sd3's own 128 does not fit the tiny T5's 32: refused, not cut
+    assert problem.startswith("model.max_sequence_length (unset: 128, the family's own, Flow-GRPO's")
+    assert "set model.max_sequence_length=32 or less" in problem
+    assert (
+        model_problems(build_config(required({"model": {"path": str(tiny_sd3), "max_sequence_length": 32}})))
+        == []
+    )
+
+
+def test_the_family_sequence_lengths_are_the_adapters_and_the_pipelines():
+    import inspect
+
+    import diffusers
+
+    from digen.checks import FAMILY_SEQUENCE_LENGTH
+    from digen.models.registry import FAMILIES
+
+    for family in FAMILIES.values():
+        (pipeline,) = family.pipelines
+        length = FAMILY_SEQUENCE_LENGTH[pipeline][0]
+        assert family.adapter_class().default_max_sequence_length == length, pipeline
+        default = (
+            inspect.signature(getattr(diffusers, pipeline).__call__).parameters["max_sequence_length"].default
+        )
+        assert length == (128 if pipeline == "StableDiffusion3Pipeline" else default), (
+            pipeline
+        )  # sd3: Flow-GRPO's
+
+
+def test_precision_keys_validate():
+    cfg = build_config(
+        required(
+            {
+                "model": {
+                    "text_encoder_dtype": "float16",
+                    "autocast": "bfloat16",
+                    "lora": {"dtype": "bfloat16"},
+                }
+            }
+        ),
+        check_paths=False,
+    )
+    assert (cfg.model.dtype, cfg.model.vae_dtype, cfg.model.lora.dtype) == ("float32", "float32", "bfloat16")
+    with pytest.raises(ConfigError) as err:
+        build_config(required({"model": {"autocast": "float16", "vae_dtype": "int8"}}), check_paths=False)
+    assert sorted(p.split(" ")[0] for p in err.value.problems) == ["model.autocast", "model.vae_dtype"]
+    with pytest.raises(ConfigError, match=r"model.autocast \(bfloat16\) with model.dtype float64"):
+        build_config(required({"model": {"autocast": "bfloat16", "dtype": "float64"}}), check_paths=False)

@@ -290,11 +290,14 @@ def test_config_reward_spec_builds_it(files, tmp_path):
 
     from digen.assembly import build_reward as build_configured_reward
     from digen.config import load_config
+    from tests.conftest import required
 
     assert "imagereward" in available()
     path = tmp_path / "run.yaml"
     path.write_text(
-        yaml.safe_dump({"reward": [{"name": "imagereward", "weight": 1.0, "kwargs": kwargs(files)}]})
+        yaml.safe_dump(
+            required({"reward": [{"name": "imagereward", "weight": 1.0, "kwargs": kwargs(files)}]})
+        )
     )
     reward = build_configured_reward(load_config(path, check_paths=False), device="cpu")
     assert isinstance(reward, ImageRewardScore) and reward.device == "cpu"

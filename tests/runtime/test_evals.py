@@ -5,11 +5,18 @@ from __future__ import annotations
 from digen.config import build_config
 from digen.core.events import TaskKind, TaskRef
 from digen.runtime.evals import Evaluations
+from tests.conftest import required
 
 
 def test_versions_of_waiting_and_running_evaluations_stay_published(tmp_path):
     cfg = build_config(
-        {"iterations": 9, "eval": {"every": 2, "batch_size": 2}, "prompts": {"test_file": "t.txt"}},
+        required(
+            {
+                "iterations": 9,
+                "eval": {"every": 2, "batch_size": 2},
+                "prompts": {"items": ["a", "b"], "test_file": "t.txt"},
+            }
+        ),
         check_paths=False,
     )
     evals = Evaluations(cfg, run=None, job=None, prompts=["a", "b", "c"])  # type: ignore[arg-type]

@@ -18,6 +18,7 @@ from cli.main import app
 from digen.config import SecurityConfig, build_config
 from digen.errors import ConfigError, ConnectionFailure
 from digen.runtime import node
+from tests.conftest import required
 
 from .helpers import Procs, wait_for
 
@@ -181,7 +182,7 @@ def test_security_section_paths_resolve_against_its_file(tmp_path: Path):
 
 
 def test_config_security_section_reports_every_problem(tiny_sd3: Path, tmp_path: Path):
-    data = {"model": {"path": str(tiny_sd3)}, "security": {"ca_file": str(tmp_path / "nope.pem")}}
+    data = required({"model": {"path": str(tiny_sd3)}, "security": {"ca_file": str(tmp_path / "nope.pem")}})
     with pytest.raises(ConfigError) as err:
         build_config(data)
     problems = "\n".join(err.value.problems)

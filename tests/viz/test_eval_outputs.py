@@ -15,6 +15,7 @@ from digen.loggers import namespaced
 from digen.report import render_report
 from digen.rundir import RunDir
 from digen.viz import image_cells
+from tests.conftest import required
 
 from ._runs import write_run
 
@@ -34,7 +35,7 @@ def _book(iteration: int = 1) -> EvalBook:
 
 
 def test_write_evaluation_appends_the_row_and_draws_the_grid(tmp_path):
-    run = RunDir(tmp_path / "run", build_config({}, check_paths=False))
+    run = RunDir(tmp_path / "run", build_config(required({}), check_paths=False))
     row = write_evaluation(run, _book())
     lines = (tmp_path / "run" / "eval.jsonl").read_text().splitlines()
     assert [json.loads(x)["iteration"] for x in lines] == [1]
@@ -45,7 +46,7 @@ def test_write_evaluation_appends_the_row_and_draws_the_grid(tmp_path):
 
 def test_report_shows_the_evaluations(tmp_path):
     root = write_run(tmp_path / "run")
-    run = RunDir(root, build_config({}, check_paths=False), resume=True)
+    run = RunDir(root, build_config(required({}), check_paths=False), resume=True)
     write_evaluation(run, _book(1))
     page = render_report(root)
     assert "Held-out evaluation" in page and "brightness" in page
@@ -62,7 +63,10 @@ def test_eval_scalars_are_namespaced_for_the_loggers():
 def test_bench_eval_toggle_and_cost(tmp_path):
     assert parse_modes("digen+eval,digen-eval") == ["digen+eval", "digen-eval"]
     cfg = build_config(
-        {"iterations": 4, "eval": {"every": 2}, "prompts": {"test_file": "t.txt"}}, check_paths=False
+        required(
+            {"iterations": 4, "eval": {"every": 2}, "prompts": {"items": ["a", "b"], "test_file": "t.txt"}}
+        ),
+        check_paths=False,
     )
     assert mode_config(cfg, "digen+eval").eval.every == 2
     assert mode_config(cfg, "digen-eval").eval.every == 0

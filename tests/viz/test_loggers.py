@@ -9,12 +9,13 @@ import pytest
 from digen.config import build_config
 from digen.errors import ConfigError
 from digen.loggers import NullLogger, TensorBoardLogger, make_loggers, namespace, namespaced
+from tests.conftest import required
 
 from ._runs import metrics_rows
 
 
 def _cfg(**logging):
-    return build_config({"logging": logging}, check_paths=False)
+    return build_config(required({"logging": logging}), check_paths=False)
 
 
 def test_namespaces():
