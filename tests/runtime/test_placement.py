@@ -29,7 +29,7 @@ from digen.runtime.placement import (
     plan_local,
 )
 from digen.runtime.sp_group import Candidate, plan_replicas
-from tests.conftest import small_config_data
+from tests.conftest import required, small_config_data
 
 
 def cfg_of(rollout: int, trainer: int, *, reward: int = 0, sp: int = 1, train: dict | None = None, **local):
@@ -47,7 +47,7 @@ def cfg_of(rollout: int, trainer: int, *, reward: int = 0, sp: int = 1, train: d
             }
         },
     }
-    return build_config(data, check_paths=False, algorithms=False)
+    return build_config(required(data), check_paths=False, algorithms=False)
 
 
 @pytest.mark.parametrize(
@@ -153,10 +153,12 @@ def test_listed_gpu_ids_and_gpu_types_narrow_the_choice():
     with pytest.raises(ConfigError, match=r"cluster.local.gpus \('fast'\).*auto or a list of GPU ids"):
         cfg_of(1, 1, gpus="fast")
     only = build_config(
-        {
-            "model": {"device": "cuda"},
-            "cluster": {"gpu_types": ["l40s"], "local": {"rollout_workers": 1, "trainer_workers": 1}},
-        },
+        required(
+            {
+                "model": {"device": "cuda"},
+                "cluster": {"gpu_types": ["l40s"], "local": {"rollout_workers": 1, "trainer_workers": 1}},
+            }
+        ),
         check_paths=False,
         algorithms=False,
     )
@@ -228,7 +230,7 @@ def write_config(tmp_path, **sections) -> str:
         **sections,
     }
     path = tmp_path / "cfg.yaml"
-    path.write_text(yaml.safe_dump(data))
+    path.write_text(yaml.safe_dump(required(data)))
     return str(path)
 
 
