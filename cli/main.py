@@ -10,6 +10,7 @@ each command module registers its commands on the app when imported here:
 - :mod:`cli.bench` ``bench``, ``report``;
 - :mod:`cli.export_cmd` ``export``;
 - :mod:`cli.service` ``submit``, ``serve``, ``status``, ``logs``, ``cancel``, ``worker``;
+- :mod:`cli.certs_cmd` ``certs``;
 - :mod:`cli.simulate` ``simulate``, ``sp-bench``.
 
 Exit codes: 0 ok, 1 runtime failure, 2 bad input (a :class:`~digen.errors.ConfigError`).
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 # isort: off
 # importing a command module registers its commands; this order is that of ``digen --help``
-from cli import train, models_cmd, algorithms_cmd, bench, export_cmd, service, simulate  # noqa: F401
+from cli import train, models_cmd, algorithms_cmd, bench, export_cmd, service, certs_cmd, simulate  # noqa: F401
 
 # isort: on
 from cli.app import app
