@@ -28,7 +28,7 @@ from tests.reliability.conftest import fault_config
 
 from .conftest import Namespace
 
-pytestmark = pytest.mark.slow  # one job of 3 iterations on 3 worker processes (~40 s on 2 cores)
+pytestmark = pytest.mark.slow  # one job of 1 iteration on 3 worker processes (~40 s on 2 cores)
 
 HOLD_FLAG = "probed"
 
@@ -87,6 +87,7 @@ def held_job(tiny_sd3: Path, tmp_path_factory) -> Iterator[HeldJob]:
 
     cfg = fault_config(
         tiny_sd3,
+        iterations=1,
         schedule={"mode": "disaggregated", "gap": True, "max_staleness": 0},
         cluster__local={"rollout_workers": 1, "trainer_workers": 2, "dashboard": True},
         train__reduce="allreduce",
