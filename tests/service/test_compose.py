@@ -207,6 +207,8 @@ def test_dask_is_tls_and_each_service_mounts_only_its_own_certificate(compose: d
         assert s["depends_on"]["certs"]["condition"] == "service_completed_successfully", name
         if cmd[:2] == ["dask", "scheduler"]:
             assert cmd[cmd.index("--protocol") + 1] == "tls"
+            probe = " ".join(s["healthcheck"]["test"])  # HTTP: a bare probe of the TLS port logs a failure
+            assert "http://localhost:8787/health" in probe and "8786" not in probe
             for flag, file in (
                 ("--tls-ca-file", "ca.pem"),
                 ("--tls-cert", "cert.pem"),
