@@ -272,7 +272,7 @@ def serve(
         from digen.runtime.node import check_reachable, check_scheduler_address
 
         check_scheduler_address(scheduler, insecure=insecure)
-        check_reachable(scheduler)
+        check_reachable(scheduler, security=security)
     # unique even for a container restarted with the same host name and pid
     name = name or f"digen-serve-{socket.gethostname().split('.')[0]}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
     _SERVE = ServeContext(

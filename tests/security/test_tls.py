@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from digen.config import Config
+from digen.errors import ConnectionFailure
 from digen.runtime import node
 
 from .conftest import Namespace
@@ -175,6 +176,15 @@ def test_the_embedded_cluster_is_tls_with_the_nodes_certificates(certs: Path, tm
         assert digen("certs", str(other_ca), "--hosts", "head").returncode == 0
         with pytest.raises((OSError, TimeoutError)):
             Client(cluster.scheduler_address, security=_security(other_ca, "head"), timeout=3)
+        # what digen worker and digen serve check before they start: the handshake, in one line
+        node.check_reachable(
+            cluster.scheduler_address, security=node.load_security(certs / "worker-1" / "security.yaml")
+        )
+        with pytest.raises(ConnectionFailure, match="same `digen certs` CA") as err:
+            node.check_reachable(
+                cluster.scheduler_address, security=node.load_security(other_ca / "head" / "security.yaml")
+            )
+        assert "\n" not in str(err.value)
         with pytest.raises((OSError, TimeoutError)):
             Client(cluster.scheduler_address.replace("tls://", "tcp://"), timeout=3)
         # a worker with its own files and a config naming the controller's: its own win
