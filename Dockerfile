@@ -34,9 +34,12 @@ RUN pip install -e . "bokeh>=3.1" && python -c "import digen, workers, cli.main"
 COPY configs configs
 COPY assets assets
 
+# /certs: where the compose file's one-shot `certs` service writes the cluster's CA and node
+# files (a named volume takes this folder's owner, so every service, as digen, reads its own)
 RUN useradd --create-home --uid 1000 digen \
-    && mkdir -p /app/runs /app/.digen /models \
-    && chown -R digen /app/runs /app/.digen
+    && mkdir -p /app/runs /app/.digen /models /certs \
+    && chown -R digen /app/runs /app/.digen /certs \
+    && chmod 0700 /certs
 USER digen
 
 # 8786: Dask scheduler, 8787: its dashboard

@@ -44,8 +44,39 @@ RedisOpt = Annotated[
     str | None, typer.Option("--redis-url", help="Redis URL; default: an embedded redis-server.")
 ]
 SchedOpt = Annotated[
-    str | None, typer.Option("--scheduler", help="Dask scheduler address; default: a LocalCluster.")
+    str | None,
+    typer.Option(
+        "--scheduler", help="Dask scheduler address (tls://host:8786); default: a local cluster on loopback."
+    ),
 ]
+SecurityOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--security",
+        help="This node's TLS files: a YAML with a security: section (digen certs writes one per node; "
+        "a job config works).",
+    ),
+]
+InsecureOpt = Annotated[
+    bool,
+    typer.Option(
+        "--insecure",
+        help="Allow a plain tcp:// scheduler on another host (anyone who reaches it can run code in the "
+        "cluster; for a network isolated otherwise).",
+    ),
+]
+
+
+def warn_insecure(scheduler: str | None, insecure: bool) -> None:
+    """Refuse a plain ``tcp://`` scheduler on another host (exit 2, before anything connects)
+    unless ``insecure``; then print one warning line."""
+    if scheduler is None:
+        return
+    from digen.runtime.node import check_scheduler_address
+
+    warning = check_scheduler_address(scheduler, insecure=insecure)
+    if warning is not None:
+        err.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False, soft_wrap=True)
 
 
 def fail(exc: DigenError) -> None:

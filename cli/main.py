@@ -10,6 +10,7 @@ each command module registers its commands on the app when imported here:
 - :mod:`cli.bench` ``bench``, ``report``;
 - :mod:`cli.export_cmd` ``export``;
 - :mod:`cli.service` ``submit``, ``serve``, ``status``, ``logs``, ``cancel``, ``worker``;
+- :mod:`cli.certs_cmd` ``certs``;
 - :mod:`cli.simulate` ``simulate``, ``sp-bench``;
 - :mod:`cli.machine` ``plan``, ``doctor``.
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 # isort: off
 # importing a command module registers its commands; this order is that of ``digen --help``
-from cli import train, models_cmd, algorithms_cmd, bench, export_cmd, service, simulate, machine  # noqa: F401
+from cli import train, models_cmd, algorithms_cmd, bench, export_cmd, service, certs_cmd, simulate, machine  # noqa: F401
 
 # isort: on
 from cli.app import app

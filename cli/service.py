@@ -17,7 +17,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from cli.app import SetOpt, app, err, handles_errors, out
+from cli.app import InsecureOpt, SecurityOpt, SetOpt, app, err, handles_errors, out, warn_insecure
 from digen.errors import ConfigError
 
 ServiceRedisOpt = Annotated[
@@ -173,11 +173,16 @@ def serve(
         typer.Option("--name", help="Worker name shown by rq and digen status; unique among running serves."),
     ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every job start and end.")] = False,
+    security: SecurityOpt = None,
+    insecure: InsecureOpt = False,
 ) -> None:
     """Run submitted jobs (an rq worker; each job runs the controller)."""
     from digen.runtime import runner
+    from digen.runtime.node import load_security
     from digen.runtime.redis_conn import embedded_url, mask_url
 
+    warn_insecure(scheduler, insecure)
+    sec = load_security(security) if security is not None else None
     r = _connect(redis_url)
     url = redis_url or embedded_url(r)
     where = f"{mask_url(redis_url)}" if redis_url else "the embedded Redis"
@@ -188,7 +193,15 @@ def serve(
         markup=False,
     )
     ran = runner.serve(
-        r, url, scheduler=scheduler, burst=burst, burst_wait_s=burst_wait, name=name, verbose=verbose
+        r,
+        url,
+        scheduler=scheduler,
+        burst=burst,
+        burst_wait_s=burst_wait,
+        name=name,
+        verbose=verbose,
+        security=sec,
+        insecure=insecure,
     )
     if burst and not ran:
         err.print(f"no job arrived within {burst_wait:g} s; nothing to do", highlight=False)
@@ -333,15 +346,13 @@ def worker(
     host: Annotated[
         str | None,
         typer.Option(
-            "--host", help="Address to listen on and advertise (default: the one facing the scheduler)."
+            "--host",
+            help="Address to listen on and advertise (default: the one that routes to the scheduler; "
+            "127.0.0.1 for a scheduler on this host).",
         ),
     ] = None,
-    security: Annotated[
-        Path | None,
-        typer.Option(
-            "--security", help="YAML with a security: section (TLS certificates); a job config works."
-        ),
-    ] = None,
+    security: SecurityOpt = None,
+    insecure: InsecureOpt = False,
     sp_group: Annotated[
         str | None,
         typer.Option(
@@ -354,6 +365,7 @@ def worker(
     """Start a Dask worker with a role and GPU type (with --gpus: one per GPU); running jobs use it from their next iteration."""
     from digen.runtime.node import load_security, node_placement, run_node_workers, run_worker
 
+    warn_insecure(scheduler, insecure)
     sec = load_security(security) if security is not None else None
     if gpus is not None:
         if device is not None or name is not None:
@@ -375,6 +387,7 @@ def worker(
             security=sec,
             on_ready=joined,
             sp_group=sp_group,
+            insecure=insecure,
         )
         return
     if gpu_type is None:
@@ -397,4 +410,5 @@ def worker(
         security=sec,
         on_ready=ready,
         sp_group=sp_group,
+        insecure=insecure,
     )

@@ -11,7 +11,20 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from cli.app import ConfigArg, RedisOpt, SchedOpt, SetOpt, app, err, fail, handles_errors, out
+from cli.app import (
+    ConfigArg,
+    InsecureOpt,
+    RedisOpt,
+    SchedOpt,
+    SecurityOpt,
+    SetOpt,
+    app,
+    err,
+    fail,
+    handles_errors,
+    out,
+    warn_insecure,
+)
 from cli.console import setup_logging
 from cli.progress import Progress
 from digen.errors import ConfigError
@@ -50,6 +63,8 @@ def train(
             "--dashboard", help="Serve the local cluster's Dask dashboard (cluster.local.dashboard)."
         ),
     ] = False,
+    security: SecurityOpt = None,
+    insecure: InsecureOpt = False,
 ) -> None:
     """Run a training job in the foreground (embedded Redis and Dask when no URL/address)."""
     from digen.config import load_config
@@ -57,10 +72,15 @@ def train(
 
     if log_format not in ("rich", "json", "quiet"):
         fail(ConfigError(f"--log-format ({log_format}) must be rich, json or quiet"))
+    warn_insecure(scheduler, insecure)  # before anything connects
     dash = ["cluster.local.dashboard=true"] if dashboard else []
     # train.algorithm is checked with the rewards by check_inputs (in a child process for the
     # distributed modes): the algorithm registry imports torch, which the controller does not
     cfg = load_config(config, [*(set_ or []), *dash], algorithms=False)
+    if security is not None:  # this node's TLS files, over the config's security: section
+        from digen.runtime.node import load_security
+
+        cfg = cfg.model_copy(update={"security": load_security(security)})
     if scheduler is None and cfg.schedule.mode != "reference":
         _print_placement(cfg, log_format)  # workers that do not fit the GPUs: exit 2 here
     if (

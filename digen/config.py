@@ -394,8 +394,11 @@ class ClusterConfig(_Section):
 
 
 class SecurityConfig(_Section):
-    """Dask TLS for ``tls://`` scheduler addresses: PEM files (see docs/deploy.md). The
-    controller's client uses them; ``digen worker --security FILE`` reads the same section."""
+    """This node's TLS files (PEM; ``digen certs`` makes them; docs/deploy.md). The
+    controller's Dask client uses them for a ``tls://`` scheduler, and the embedded local
+    cluster, when they are given, speaks ``tls://`` with them. ``digen worker|serve|train
+    --security FILE`` reads the same section from a node's own file (a worker's blob server
+    uses its node's files, never the job's)."""
 
     ca_file: str | None = None
     """CA certificate that signed the scheduler's and every node's certificate."""

@@ -33,7 +33,7 @@ from digen.runtime.redis_conn import connect, count_round_trips
 from digen.startup import process_start_time
 from digen.testing import faults
 from workers.preload import LOAD_TIMES, worker_device
-from workers.runtime import WorkerRuntime, dask_worker_host, poll, quiet_worker_heartbeat
+from workers.runtime import WorkerRuntime, dask_worker_host, node_tls, poll, quiet_worker_heartbeat
 from workers.tasks import RUNNERS
 from workers.trainer import Member
 
@@ -113,9 +113,7 @@ def worker_loop(
     r = connect(redis_url, outage_s=cfg.schedule.redis_outage_s)  # a Redis restart pauses the loop
     share_breakers(r)  # a reward server one worker found down fails every worker's calls at once
     round_trips = count_round_trips(r)
-    sec = cfg.security
-    tls = (sec.ca_file, sec.cert_file, sec.key_file) if sec.enabled else None
-    server = local_server(dask_worker_host(), tls)  # type: ignore[arg-type]
+    server = local_server(dask_worker_host(), node_tls(cfg))
     rt = WorkerRuntime(
         name=name,
         gpu_type=gpu_type or "cpu",

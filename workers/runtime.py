@@ -280,6 +280,24 @@ def dask_worker_host() -> str:
         return "127.0.0.1"
 
 
+def node_tls(cfg: Config) -> tuple[str, str, str] | None:
+    """This node's TLS files ``(CA, certificate, key)`` for its blob server and fetches: those
+    its Dask worker was started with (``digen worker --security``: the node's own, not the
+    controller's, which the job's config names), else, outside a Dask worker or in one
+    without TLS files, the config's ``security:`` section (None: no TLS)."""
+    try:
+        from distributed import get_worker
+
+        sec = get_worker().security
+        files = (sec.tls_ca_file, sec.tls_worker_cert, sec.tls_worker_key)
+        if all(files):
+            return files  # type: ignore[return-value]
+    except (ImportError, ValueError):
+        pass
+    s = cfg.security
+    return (s.ca_file, s.cert_file, s.key_file) if s.enabled else None  # type: ignore[return-value]
+
+
 class HeartbeatNotice(logging.Filter):
     """In a worker process: Dask's "Failed to communicate with scheduler during heartbeat"
     ERROR (with its traceback) becomes a WARNING, so the worker's console handler, at ERROR

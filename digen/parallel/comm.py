@@ -1,4 +1,5 @@
-"""Small messages between the ranks of a trainer group, as JSON in uint8 tensors.
+"""Small messages between the ranks of a trainer group, as JSON in uint8 tensors; and how a
+group forms (:func:`join_process_group`).
 
 ``torch.distributed``'s object collectives (``broadcast_object_list``, ``all_gather_object``)
 pickle their payloads; digen never unpickles anything that crossed a process boundary
@@ -9,7 +10,11 @@ the rank's device as ``device``).
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import logging
+import os
+import socket
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -18,6 +23,10 @@ import torch
 import torch.distributed as dist
 
 from digen.tasks import TrainStats
+
+log = logging.getLogger(__name__)
+
+IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 
 def _to_bytes(obj: Any) -> torch.Tensor:
@@ -84,13 +93,29 @@ def join_process_group(
     The leader (rank 0) serves a ``TCPStore`` on ``host`` (OS-assigned port) and ``publish``es
     host, port and backend (gloo on CPU, NCCL on CUDA); the others ``await_address`` (None: give
     up, the job stopped or the leader left) and connect. Every rank then joins with
-    ``init_process_group``. Returns the address, or None when a rank gave up. The FSDP trainer
-    group (:mod:`workers.fsdp_loop`) and the sequence-parallel replicas (:mod:`workers.sp_loop`)
-    form their groups this way."""
+    ``init_process_group``. Returns the address, or None when a rank gave up. The trainer
+    group, the FSDP trainer group (:mod:`workers.fsdp_loop`) and the sequence-parallel
+    replicas (:mod:`workers.sp_loop`) form their groups this way.
+
+    Where it listens: ``host`` is the rank's Dask worker host (127.0.0.1 in the embedded
+    cluster). The store listens there only (:func:`store_listener`; ``TCPStore`` itself binds
+    every interface), and gloo's and NCCL's own sockets are pinned to that address's
+    interface (:func:`pin_interface`). Neither the store nor the collectives authenticate a
+    peer: docs/deploy.md says how to isolate them."""
     timeout = timedelta(seconds=timeout_s)
+    pin_interface(host)
     if leader:
         backend = "nccl" if device.type == "cuda" else "gloo"
-        store = dist.TCPStore(host, 0, world, is_master=True, timeout=timeout, wait_for_workers=False)
+        listener = store_listener(host)
+        store = dist.TCPStore(
+            host,
+            listener.getsockname()[1],
+            world,
+            is_master=True,
+            timeout=timeout,
+            wait_for_workers=False,
+            master_listen_fd=listener.detach(),  # the store owns the socket from here on
+        )
         publish(host, store.port, backend)
         addr = {"host": host, "port": store.port, "backend": backend}
     else:
@@ -103,3 +128,53 @@ def join_process_group(
         torch.cuda.set_device(device)
     dist.init_process_group(addr["backend"], store=store, rank=rank, world_size=world, timeout=timeout)
     return addr
+
+
+def store_listener(host: str) -> socket.socket:
+    """A listening socket on ``host`` (OS-assigned port) for the leader's ``TCPStore``: given
+    as ``master_listen_fd``, the store serves on it instead of binding ``*:port``."""
+    return socket.create_server((host.strip("[]"), 0), family=_family(host), backlog=128)
+
+
+def _family(host: str) -> socket.AddressFamily:
+    try:
+        return socket.AF_INET6 if ipaddress.ip_address(host.strip("[]")).version == 6 else socket.AF_INET
+    except ValueError:
+        return socket.AF_INET
+
+
+def interface_of(host: str) -> str | None:
+    """The name of the network interface that holds address ``host`` (``lo`` for 127.0.0.1),
+    or None when no interface of this machine holds it."""
+    import psutil
+
+    try:
+        addr = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        try:
+            addr = ipaddress.ip_address(socket.gethostbyname(host))
+        except OSError:
+            return None
+    for name, addrs in psutil.net_if_addrs().items():
+        for a in addrs:
+            if a.family in (socket.AF_INET, socket.AF_INET6):
+                try:
+                    if ipaddress.ip_address(a.address.split("%")[0]) == addr:
+                        return name
+                except ValueError:
+                    continue
+    if addr.is_loopback:  # 127.0.0.2 and the like live on lo without being listed
+        return next((n for n, s in psutil.net_if_stats().items() if n == "lo" and s.isup), None)
+    return None
+
+
+def pin_interface(host: str) -> None:
+    """Make gloo and NCCL open their sockets on ``host``'s interface (``GLOO_SOCKET_IFNAME``,
+    ``NCCL_SOCKET_IFNAME``), not on the interface this machine's host name resolves to. A
+    value the operator set is kept. Read by the backends when a group is created."""
+    name = interface_of(host)
+    if name is None:
+        log.debug("no interface holds %s: gloo and NCCL choose their own", host)
+        return
+    for var in IFNAME_VARS:
+        os.environ.setdefault(var, name)

@@ -4,6 +4,13 @@ Workers carry Dask *resources*: ``{"rollout": 1}`` or ``{"trainer": 1}``, plus
 ``{"gpu-<TYPE>": 1}``. The embedded default is a local cluster whose workers are described by
 the config's ``cluster.local`` section; ``--scheduler ADDR`` joins an existing cluster whose
 workers were started with ``digen worker``.
+
+Every listener of the local cluster binds loopback (:data:`LOOPBACK`): the scheduler, its
+dashboard, the nannies and the workers (whose blob servers and process-group rendezvous bind
+their worker's host, :mod:`workers.runtime`). Plain Dask runs any function a client that
+reaches it sends, so nothing of an embedded job may be reachable from another host. With a
+``security`` (the config's ``security:`` section) the local cluster speaks ``tls://`` too,
+every process showing the node's certificate.
 """
 
 from __future__ import annotations
@@ -84,22 +91,38 @@ def prefork_server() -> int | None:
     return start_forked_server(FORKSERVER_PRELOAD, FORKSERVER_SHARED)
 
 
+LOOPBACK = "127.0.0.1"
+"""Where every listener of the embedded cluster binds."""
+
+
 def nanny_options(
-    name: str, role: str, gpu_type: str, threads: int, extra_env: dict[str, str] | None = None
+    name: str,
+    role: str,
+    gpu_type: str,
+    threads: int,
+    extra_env: dict[str, str] | None = None,
+    security=None,
 ) -> dict:
-    """A local worker's Nanny options. ``env`` hands the worker this process's environment as
-    it is now: a worker forked from the fork server would otherwise see the environment the
-    server started with, not variables set since (``DIGEN_HOME``, ``DIGEN_FAULTS``, ...), which
-    a spawned worker inherits. ``extra_env`` goes on top: a placed worker's GPU
-    (:meth:`digen.runtime.placement.Slot.env`)."""
-    return {
+    """A local worker's Nanny options. ``host``: the nanny *and* its worker listen on loopback
+    (a Nanny given no host binds itself near the scheduler but leaves its worker on every
+    interface). ``env`` hands the worker this process's environment as it is now: a worker
+    forked from the fork server would otherwise see the environment the server started with,
+    not variables set since (``DIGEN_HOME``, ``DIGEN_FAULTS``, ...), which a spawned worker
+    inherits. ``extra_env`` goes on top: a placed worker's GPU
+    (:meth:`digen.runtime.placement.Slot.env`). ``security``: a ``distributed.Security`` (TLS)
+    or None."""
+    options = {
         "nthreads": threads,
         "resources": worker_resources(role, gpu_type),
         "name": name,
         "memory_limit": 0,
         "silence_logs": worker_console_level,
         "env": {**os.environ, **(extra_env or {})},
+        "host": LOOPBACK,
     }
+    if security is not None:
+        options.update(security=security, protocol="tls")
+    return options
 
 
 def start_local_cluster(
@@ -111,15 +134,18 @@ def start_local_cluster(
     start_method: str = "forkserver",
     reward: int = 0,
     placement=None,
+    security=None,
 ):
     """A local Dask cluster of ``rollout`` + ``trainer`` (+ ``reward``) worker processes with
-    role resources. ``placement`` (:class:`~digen.runtime.placement.Placement`): each worker's
-    GPU, its environment and its ``gpu-<type>`` tag; None: every worker tagged ``gpu_type``.
+    role resources, every listener on loopback. ``placement``
+    (:class:`~digen.runtime.placement.Placement`): each worker's GPU, its environment and its
+    ``gpu-<type>`` tag; None: every worker tagged ``gpu_type``.
 
     Returns ``(cluster, client)``. Each worker is a separate process (a Nanny restarts it if
     it dies), named ``rollout-0``, ``trainer-0``, ..., started by ``start_method``
     (:func:`use_start_method`); the nannies start them all at once. ``dashboard`` serves
     Dask's dashboard (bokeh, about 50 MiB in the scheduler's process) on a free local port.
+    ``security`` (a ``distributed.Security``): every connection is ``tls://`` with it.
     """
     from distributed import Client, Nanny, Scheduler, SpecCluster
 
@@ -133,15 +159,22 @@ def start_local_cluster(
             workers[name] = {
                 "cls": Nanny,
                 "options": nanny_options(
-                    name, role, slot.gpu_type if slot else gpu_type, threads, slot.env() if slot else None
+                    name,
+                    role,
+                    slot.gpu_type if slot else gpu_type,
+                    threads,
+                    slot.env() if slot else None,
+                    security,
                 ),
             }
-    scheduler = {
-        "cls": Scheduler,
-        "options": {"dashboard": dashboard, "dashboard_address": "127.0.0.1:0", "host": "127.0.0.1"},
-    }
-    cluster = SpecCluster(workers=workers, scheduler=scheduler, silence_logs=worker_console_level)
-    client = Client(cluster)
+    options = {"dashboard": dashboard, "dashboard_address": f"{LOOPBACK}:0", "host": LOOPBACK}
+    if security is not None:
+        options.update(security=security, protocol="tls")
+    scheduler = {"cls": Scheduler, "options": options}
+    cluster = SpecCluster(
+        workers=workers, scheduler=scheduler, silence_logs=worker_console_level, security=security
+    )
+    client = Client(cluster, security=security)
     client.wait_for_workers(rollout + trainer + reward, timeout=120)
     return cluster, client
 
@@ -163,10 +196,11 @@ class LocalClusterStart:
         reward: int = 0,
         dashboard: bool = False,
         placement=None,
+        security=None,
     ):
         self._args = (rollout, trainer, gpu_type, threads)
         self._start_method, self._reward, self._dashboard = start_method, reward, dashboard
-        self._placement = placement
+        self._placement, self._security = placement, security
         self._cfg_json = cfg_json
         self._made: tuple | None = None
         self._error: BaseException | None = None
@@ -182,6 +216,7 @@ class LocalClusterStart:
                     start_method=self._start_method,
                     reward=self._reward,
                     placement=self._placement,
+                    security=self._security,
                 )
             if self._cfg_json is not None:
                 self._preload(self._made[1])
@@ -238,7 +273,8 @@ def add_local_worker(cluster, role: str, gpu_type: str, threads: int = 1) -> str
 
     n = sum(1 for k in cluster.worker_spec if k.startswith(role))
     name = f"{role}-{n}"
-    cluster.worker_spec[name] = {"cls": Nanny, "options": nanny_options(name, role, gpu_type, threads)}
+    tls = cluster.security if cluster.scheduler_address.startswith("tls://") else None  # as its others
+    cluster.worker_spec[name] = {"cls": Nanny, "options": nanny_options(name, role, gpu_type, threads, tls)}
     cluster.sync(cluster._correct_state)
     return name
 

@@ -59,6 +59,7 @@ from digen.runtime.fsdp_group import FsdpControl
 from digen.runtime.jobstate import JobState
 from digen.runtime.ledger import Ledger
 from digen.runtime.membership import Membership
+from digen.runtime.node import dask_security
 from digen.runtime.placement import Placement, plan_local
 from digen.runtime.queue import TaskQueue, is_step_id
 from digen.runtime.redis_conn import connect, embedded_url, mask_url
@@ -359,6 +360,20 @@ def preflight(cfg: Config, local: bool, rewards: bool = True) -> Placement | Non
     return placement
 
 
+def with_absolute_security(cfg: Config) -> Config:
+    """``cfg`` with its ``security:`` files as absolute paths (relative ones name files next
+    to the config): the Dask client, the local cluster and the workers read them."""
+    sec = cfg.security
+    if not sec.enabled:
+        return cfg
+    files = {
+        name: str(cfg.resolve_path(getattr(sec, name)).resolve())
+        for name in ("ca_file", "cert_file", "key_file")
+        if getattr(sec, name)
+    }
+    return cfg.model_copy(update={"security": sec.model_copy(update=files)})
+
+
 def _local_cluster(cfg: Config, placement: Placement | None = None) -> LocalClusterStart:
     """Start the embedded local cluster of ``cluster.local`` (in a thread; see
     LocalClusterStart), each worker on its GPU of ``placement`` (logged one line per worker)."""
@@ -376,6 +391,7 @@ def _local_cluster(cfg: Config, placement: Placement | None = None) -> LocalClus
         reward=cl.reward_workers,
         dashboard=cl.dashboard,
         placement=placement,
+        security=dask_security(cfg.security),
     )
 
 
@@ -448,10 +464,15 @@ def run_distributed(
     """
     s = cfg.schedule.resolved()
     placement = preflight(cfg, local=scheduler is None, rewards=not rewards_checked)
+    cfg = with_absolute_security(cfg)
     with phase("redis start"):
         r = connect(redis_url, outage_s=s.redis_outage_s)
     url = redis_url or embedded_url(r)
-    client = connect_scheduler(scheduler, timeout_s=5.0) if scheduler is not None else None
+    client = (
+        connect_scheduler(scheduler, timeout_s=5.0, security=dask_security(cfg.security, "client"))
+        if scheduler is not None
+        else None
+    )
     run = RunDir(out, cfg, resume=resume)
     job_id = job_id or uuid.uuid4().hex[:12]
     queue, job = TaskQueue(r, job_id, lease_s=s.lease_s), JobState(r, job_id)

@@ -10,16 +10,27 @@ of the node instead, each pinned to its GPU and tagged with its type as the loca
 workers are (:mod:`digen.runtime.placement`); ``--role trainer=2,rollout`` splits the roles
 (trainers on adjacent GPUs first), ``--role rollout`` gives every GPU the one role.
 
-TLS (``tls://`` addresses): the config's ``security:`` section names a CA, a certificate and
-a key (PEM). :func:`dask_security` turns it into a ``distributed.Security`` for a worker or a
-client; :func:`dask_tls_config` into the dask config keys that a ``Client`` created without an
-explicit ``security`` (the controller's) reads.
+Where it listens: on the address that routes to the scheduler (:func:`listen_host`), so a
+worker of a scheduler on this host (``tcp://127.0.0.1:8786``) listens on loopback only, and
+one of a remote scheduler on the interface facing it, never on every interface. ``--host``
+overrides it.
+
+TLS (``tls://`` addresses): a node's ``security:`` section names the cluster's CA, the
+node's own certificate and key (PEM; ``digen certs`` makes them). :func:`dask_security` turns
+it into a ``distributed.Security`` whose every side (client, worker, scheduler) shows that
+certificate; :func:`dask_tls_config` into the dask config keys that a ``Client`` created
+without an explicit ``security`` reads. A plain ``tcp://`` address of another host is refused
+before anything connects (:func:`check_scheduler_address`): anyone who reaches a plain Dask
+scheduler or worker runs code in it. ``--insecure`` lets it through with a warning, for a
+network isolated otherwise.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import socket
+import ssl
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -55,21 +66,109 @@ def device_env(device: str | None) -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": index or "0", "DIGEN_DEVICE": "cuda:0"}
 
 
-def check_reachable(address: str, timeout_s: float = 10.0) -> None:
-    """Open (and close) a TCP connection to a Dask address (``tcp://`` or ``tls://``), or
-    raise :class:`ConnectionFailure` within ``timeout_s`` naming the address."""
-    parts = urlsplit(address if "://" in address else f"tcp://{address}")
-    if parts.scheme not in ("tcp", "tls") or not parts.hostname or not parts.port:
-        raise ConfigError(f"--scheduler ({address}) must look like tcp://host:8786 or tls://host:8786")
+LOOPBACK = "127.0.0.1"
+
+
+def is_loopback(host: str) -> bool:
+    """True when every address ``host`` names is a loopback one (127.0.0.0/8, ::1; a name is
+    looked up, nothing is connected to)."""
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
     try:
-        with socket.create_connection((parts.hostname, parts.port), timeout=timeout_s):
-            pass
+        return _loopback_ip(host)
+    except ValueError:
+        pass
+    try:
+        found = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except OSError:
+        return False
+    return bool(found) and all(_loopback_ip(a.split("%")[0]) for a in found)
+
+
+def _loopback_ip(text: str) -> bool:
+    ip = ipaddress.ip_address(text)
+    mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:127.0.0.1 is loopback too
+    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+def split_address(address: str, flag: str = "--scheduler") -> tuple[str, str, int]:
+    """``(scheme, host, port)`` of a Dask address (``tcp://`` when it names none)."""
+    parts = urlsplit(address if "://" in address else f"tcp://{address}")
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme not in ("tcp", "tls") or not parts.hostname or not port:
+        raise ConfigError(f"{flag} ({address}) must look like tls://host:8786 or tcp://127.0.0.1:8786")
+    return parts.scheme, parts.hostname, port
+
+
+def check_scheduler_address(address: str, *, insecure: bool = False, flag: str = "--scheduler") -> str | None:
+    """Refuse a plain ``tcp://`` scheduler on another host (:class:`ConfigError`, before
+    anything connects): plain Dask runs whatever function any client that reaches it sends.
+    Returns the warning to print when ``insecure`` lets one through, else None."""
+    scheme, host, _ = split_address(address, flag)
+    if scheme == "tls" or is_loopback(host):
+        return None
+    if not insecure:
+        raise ConfigError(
+            f"{flag} {address} is plain TCP to another host, which lets anyone who reaches it run code "
+            f"in the cluster: make certificates with `digen certs` and use tls:// with --security, or pass "
+            f"--insecure on a network you trust"
+        )
+    return (
+        f"--insecure: {address} is plain TCP; anyone who reaches the scheduler or a worker can run code "
+        f"in them (digen certs and tls:// close that)"
+    )
+
+
+def listen_host(scheduler: str) -> str:
+    """The address a worker of ``scheduler`` listens on: the local address that routes to the
+    scheduler (127.0.0.1 for a scheduler on loopback), found without sending anything."""
+    from distributed.utils import get_ip
+
+    _, host, port = split_address(scheduler)
+    if is_loopback(host):
+        return LOOPBACK
+    try:
+        return get_ip(host, port)
+    except (OSError, ValueError):
+        return LOOPBACK
+
+
+def check_reachable(address: str, timeout_s: float = 10.0, security: SecurityConfig | None = None) -> None:
+    """Open (and close) a connection to a Dask address (``tcp://`` or ``tls://``), or raise
+    :class:`ConnectionFailure` within ``timeout_s`` naming the address. With ``tls://`` and
+    this node's ``security`` files, the TLS handshake is made too: a scheduler whose
+    certificate this node's CA did not sign fails here, in one line (and the scheduler logs
+    no failed handshake, as it does for a bare TCP probe of its TLS port)."""
+    scheme, host, port = split_address(address)
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as sock:
+            if scheme == "tls" and security is not None and security.enabled:
+                with _client_context(security).wrap_socket(sock):
+                    pass
+    except ssl.SSLError as exc:
+        raise ConnectionFailure(
+            f"TLS with the Dask scheduler at {address} failed ({exc.reason or exc}): its certificate and this "
+            f"node's must come from the same `digen certs` CA"
+        ) from None
     except OSError as exc:
         reason = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or type(exc).__name__)
         raise ConnectionFailure(
             f"cannot reach the Dask scheduler at {address} ({reason}); start it with `dask scheduler` "
             f"(or docker compose up scheduler) and check the address and port"
         ) from None
+
+
+def _client_context(sec: SecurityConfig) -> ssl.SSLContext:
+    """A TLS client context with this node's files: the CA's signature is checked, host names
+    are not (as Dask does)."""
+    ctx = ssl.create_default_context(cafile=sec.ca_file)
+    ctx.check_hostname = False
+    ctx.load_cert_chain(str(sec.cert_file), str(sec.key_file))
+    return ctx
 
 
 # ---------------------------------------------------------------------------------------------
@@ -112,17 +211,19 @@ def absolute_security(sec: SecurityConfig, base: Path) -> SecurityConfig:
     return sec.model_copy(update=update)
 
 
-def dask_security(sec: SecurityConfig | None, side: Literal["client", "worker"]):
-    """A ``distributed.Security`` for ``side`` from the config section, or None (no TLS)."""
+def dask_security(sec: SecurityConfig | None, side: Literal["client", "worker", "all"] = "all"):
+    """A ``distributed.Security`` from a node's section, or None (no TLS): ``side``'s
+    certificate is the node's (``all``: the client's, the worker's and the scheduler's, for a
+    process that is all three, as the embedded cluster's is)."""
     if sec is None or not sec.enabled:
         return None
     from distributed import Security
 
-    return Security(
-        tls_ca_file=sec.ca_file,
-        require_encryption=sec.require_encryption,
-        **{f"tls_{side}_cert": sec.cert_file, f"tls_{side}_key": sec.key_file},
-    )
+    sides = ("client", "worker", "scheduler") if side == "all" else (side,)
+    files = {}
+    for s in sides:
+        files[f"tls_{s}_cert"], files[f"tls_{s}_key"] = sec.cert_file, sec.key_file
+    return Security(tls_ca_file=sec.ca_file, require_encryption=sec.require_encryption, **files)
 
 
 def dask_tls_config(sec: SecurityConfig | None) -> dict[str, object]:
@@ -163,11 +264,15 @@ def run_worker(
     security: SecurityConfig | None = None,
     on_ready: Callable[[str, str], None] | None = None,
     sp_group: str | None = None,
+    insecure: bool = False,
 ) -> None:
     """Run a Dask worker for digen until it is stopped (SIGTERM, SIGINT, or the scheduler
     closing). ``on_ready(name, address)`` is called once it has joined the scheduler.
     ``sp_group``: the rollout workers of one named group form sequence-parallel replicas
-    together (``rollout.sequence_parallel``; :func:`check_sp_group`)."""
+    together (``rollout.sequence_parallel``; :func:`check_sp_group`). A plain ``tcp://``
+    scheduler on another host needs ``insecure`` (:func:`check_scheduler_address`); with
+    ``tls://``, ``security`` is this node's own files. The worker listens on ``host``
+    (default :func:`listen_host`), over TLS with a ``tls://`` scheduler."""
     check_sp_group(sp_group, role)
     if role not in ROLES:
         raise ConfigError(f"--role ({role}) must be rollout, trainer or reward")
@@ -175,14 +280,18 @@ def run_worker(
     if nthreads < 1:
         raise ConfigError(f"--nthreads ({nthreads}) must be at least 1")
     env = device_env(device)
+    check_scheduler_address(scheduler, insecure=insecure)
     sec = dask_security(security, "worker")
     if scheduler.startswith("tls://") and sec is None:
-        raise ConfigError(f"--scheduler {scheduler} uses TLS: pass --security FILE with a security: section")
-    check_reachable(scheduler)
+        raise ConfigError(
+            f"--scheduler {scheduler} uses TLS: pass --security FILE with this node's security: section "
+            f"(digen certs makes one per node)"
+        )
+    check_reachable(scheduler, security=security)
     import asyncio
 
     spec = (worker_resources(role, gpu_type, sp_group), name or worker_name(role, gpu_type), env)
-    asyncio.run(_serve(scheduler, [spec], nthreads, host, sec, on_ready))
+    asyncio.run(_serve(scheduler, [spec], nthreads, host or listen_host(scheduler), sec, on_ready))
 
 
 def node_placement(role: str, gpus: str, gpu_type: str | None = None) -> Placement:
@@ -231,24 +340,30 @@ def run_node_workers(
     security: SecurityConfig | None = None,
     on_ready: Callable[[str, str], None] | None = None,
     sp_group: str | None = None,
+    insecure: bool = False,
 ) -> None:
     """Run one Dask worker (under its Nanny) per slot of ``placement`` (:func:`node_placement`)
-    in this process until stopped; each worker process sees only its slot's GPU."""
+    in this process until stopped; each worker process sees only its slot's GPU. Listens and
+    checks the scheduler's address as :func:`run_worker` does."""
     if nthreads < 1:
         raise ConfigError(f"--nthreads ({nthreads}) must be at least 1")
     for s in placement.slots:
         check_sp_group(sp_group if s.role == "rollout" else None, s.role)
+    check_scheduler_address(scheduler, insecure=insecure)
     sec = dask_security(security, "worker")
     if scheduler.startswith("tls://") and sec is None:
-        raise ConfigError(f"--scheduler {scheduler} uses TLS: pass --security FILE with a security: section")
-    check_reachable(scheduler)
+        raise ConfigError(
+            f"--scheduler {scheduler} uses TLS: pass --security FILE with this node's security: section "
+            f"(digen certs makes one per node)"
+        )
+    check_reachable(scheduler, security=security)
     import asyncio
 
     specs = [
         (worker_resources(s.role, s.gpu_type, sp_group if s.role == "rollout" else None), s.worker, s.env())
         for s in placement.slots
     ]
-    asyncio.run(_serve(scheduler, specs, nthreads, host, sec, on_ready))
+    asyncio.run(_serve(scheduler, specs, nthreads, host or listen_host(scheduler), sec, on_ready))
 
 
 async def _serve(scheduler, specs, nthreads, host, security, on_ready) -> None:
@@ -262,6 +377,7 @@ async def _serve(scheduler, specs, nthreads, host, security, on_ready) -> None:
     nannies = [
         Nanny(
             scheduler,
+            protocol=split_address(scheduler)[0],
             nthreads=nthreads,
             resources=resources,
             name=name,
@@ -292,11 +408,15 @@ async def _serve(scheduler, specs, nthreads, host, security, on_ready) -> None:
 
 
 __all__ = [
+    "LOOPBACK",
     "absolute_security",
     "check_reachable",
+    "check_scheduler_address",
     "dask_security",
     "dask_tls_config",
     "device_env",
+    "is_loopback",
+    "listen_host",
     "load_security",
     "node_placement",
     "run_node_workers",

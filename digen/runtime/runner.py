@@ -46,7 +46,7 @@ from rq import Worker
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
-from digen.config import Config, build_config
+from digen.config import Config, SecurityConfig, build_config
 from digen.errors import ConfigError, DigenError, JobCancelled
 from digen.runtime.jobs import (
     ALIVE_TTL_S,
@@ -242,6 +242,9 @@ class ServeContext:
     scheduler: str | None
     pid: int
     name: str
+    security: SecurityConfig | None = None
+    """``digen serve --security``: this node's TLS files, which the jobs' Dask client uses
+    instead of their config's ``security:`` section."""
 
 
 _SERVE: ServeContext | None = None
@@ -256,19 +259,25 @@ def serve(
     burst_wait_s: float = 30.0,
     name: str | None = None,
     verbose: bool = False,
+    security: SecurityConfig | None = None,
+    insecure: bool = False,
 ) -> bool:
     """Run submitted jobs with an rq worker until stopped (SIGINT/SIGTERM: after the current
     job). ``burst``: wait up to ``burst_wait_s`` for a first job (longer while a started job
     has lost its heartbeat: it is re-queued once confirmed lost), run jobs until the queue is
-    empty, return. Returns False when a burst found nothing to run."""
+    empty, return. Returns False when a burst found nothing to run. A plain ``tcp://``
+    scheduler on another host needs ``insecure``; ``security``: this node's TLS files."""
     global _SERVE
     if scheduler is not None:
-        from digen.runtime.node import check_reachable
+        from digen.runtime.node import check_reachable, check_scheduler_address
 
-        check_reachable(scheduler)
+        check_scheduler_address(scheduler, insecure=insecure)
+        check_reachable(scheduler, security=security)
     # unique even for a container restarted with the same host name and pid
     name = name or f"digen-serve-{socket.gethostname().split('.')[0]}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
-    _SERVE = ServeContext(redis_url=redis_url, scheduler=scheduler, pid=os.getpid(), name=name)
+    _SERVE = ServeContext(
+        redis_url=redis_url, scheduler=scheduler, pid=os.getpid(), name=name, security=security
+    )
     queue = job_queue(r)
     if burst:
         start = time.monotonic()
@@ -420,6 +429,8 @@ def _run(
             f"schedule.mode {cfg.schedule.mode} jobs run under digen serve (not a bare rq worker)"
         )
     scheduler = ctx.scheduler if ctx else None
+    if ctx is not None and ctx.security is not None:  # the node's own files over the job's
+        cfg = cfg.model_copy(update={"security": ctx.security})
     if scheduler and scheduler.startswith("tls://") and not cfg.security.enabled:
         raise ConfigError(
             f"the Dask scheduler {scheduler} uses TLS: give the job config a security: section "

@@ -25,6 +25,7 @@ COMMANDS = [
     "logs",
     "cancel",
     "worker",
+    "certs",
     "simulate",
     "sp-bench",
     "plan",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 import typer
@@ -85,15 +86,18 @@ def digen_command(args: list[str]):
 
 
 def test_compose_has_the_stack_and_env_example_sets_what_it_needs(compose: dict):
-    assert {"redis", "scheduler", "controller", "worker", "rollout-cpu", "trainer-cpu"} <= set(
+    assert {"certs", "redis", "scheduler", "controller", "worker", "rollout-cpu", "trainer-cpu"} <= set(
         compose["services"]
     )
     env = env_example()
     assert env["REDIS_PASSWORD"] and env["COMPOSE_PROFILES"] in ("gpu", "cpu")
 
 
-def test_every_service_command_is_a_real_command_that_accepts_its_flags(compose: dict):
+def test_every_service_command_is_a_real_command_that_accepts_its_flags(compose: dict, tmp_path: Path):
     from distributed.cli.dask_scheduler import main as dask_scheduler
+
+    for file in ("ca.pem", "cert.pem", "key.pem"):  # the scheduler's parser wants its TLS files to exist
+        (tmp_path / file).touch()
 
     seen = set()
     for name, s in compose["services"].items():
@@ -105,12 +109,13 @@ def test_every_service_command_is_a_real_command_that_accepts_its_flags(compose:
             assert res.exit_code == 0, (name, res.output)
             seen.add(cmd[1])
         elif cmd[:2] == ["dask", "scheduler"]:
-            with dask_scheduler.make_context("dask scheduler", cmd[2:]):
+            args = [a.replace("/etc/digen/tls", str(tmp_path)) for a in cmd[2:]]
+            with dask_scheduler.make_context("dask scheduler", args):
                 pass
             seen.add("dask scheduler")
         else:
             assert name == "redis" and "redis-server" in cmd[-1], name
-    assert seen == {"serve", "worker", "dask scheduler"}
+    assert seen == {"certs", "serve", "worker", "dask scheduler"}
 
 
 def test_the_command_parser_check_catches_a_bad_flag():
@@ -158,7 +163,74 @@ def test_each_profile_runs_the_whole_stack(compose: dict, profile: str):
         if "worker" in s["command"]
         for r in s["command"][s["command"].index("--role") + 1].split(",")
     }
-    assert {"redis", "scheduler", "controller"} <= set(active) and roles == {"rollout", "trainer"}
+    assert {"certs", "redis", "scheduler", "controller"} <= set(active) and roles == {"rollout", "trainer"}
+
+
+TLS_DIR = "/etc/digen/tls"
+
+
+def own_certs_mount(service: dict) -> dict | None:
+    """The service's mount of the certs volume (None without one)."""
+    mounts = [m for m in service.get("volumes", []) if isinstance(m, dict) and m.get("source") == "certs"]
+    assert len(mounts) <= 1
+    return mounts[0] if mounts else None
+
+
+def test_dask_is_tls_and_each_service_mounts_only_its_own_certificate(compose: dict):
+    """The default path is TLS: the scheduler listens on tls:// with its own files, every digen
+    service reaches it at tls:// with --security (no --insecure anywhere), and each mounts
+    only its own folder of the certs volume, which the one-shot certs service fills (with a
+    certificate for each of them) before any of them starts."""
+    certs = compose["services"]["certs"]
+    cmd = certs["command"]
+    assert cmd[:3] == ["digen", "certs", "/certs"] and certs["restart"] == "no"
+    hosts = set(cmd[cmd.index("--hosts") + 1].split(","))
+    assert certs["volumes"] == ["certs:/certs"]
+    assert "certs" in yaml.safe_load(COMPOSE.read_text())["volumes"]
+    dask_services = set()
+    for name, s in compose["services"].items():
+        cmd = s["command"]
+        assert "--insecure" not in cmd, name
+        assert not any(str(a).startswith("tcp://") for a in cmd), (name, cmd)
+        if name in ("certs", "redis"):
+            assert name == "certs" or own_certs_mount(s) is None
+            continue
+        dask_services.add(name)
+        mount = own_certs_mount(s)
+        assert mount is not None, f"{name} mounts no certificate"
+        assert mount["target"] == TLS_DIR and mount["read_only"] is True
+        assert mount["volume"]["subpath"] == name, f"{name} mounts another service's files"
+        assert s["depends_on"]["certs"]["condition"] == "service_completed_successfully", name
+        if cmd[:2] == ["dask", "scheduler"]:
+            assert cmd[cmd.index("--protocol") + 1] == "tls"
+            probe = " ".join(s["healthcheck"]["test"])  # HTTP: a bare probe of the TLS port logs a failure
+            assert "http://localhost:8787/health" in probe and "8786" not in probe
+            for flag, file in (
+                ("--tls-ca-file", "ca.pem"),
+                ("--tls-cert", "cert.pem"),
+                ("--tls-key", "key.pem"),
+            ):
+                assert cmd[cmd.index(flag) + 1] == f"{TLS_DIR}/{file}", (name, flag)
+        else:
+            assert cmd[cmd.index("--scheduler") + 1] == "tls://scheduler:8786", name
+            assert cmd[cmd.index("--security") + 1] == f"{TLS_DIR}/security.yaml", name
+    assert dask_services == hosts, "digen certs makes a certificate for exactly the services that mount one"
+
+
+def test_the_certs_service_makes_what_the_services_mount(tmp_path):
+    """Run the certs service's command here: each service's folder holds the files its
+    command names (the security.yaml one of them loads)."""
+    from digen.runtime.node import load_security
+
+    compose = yaml.safe_load(COMPOSE.read_text())
+    cmd = compose["services"]["certs"]["command"]
+    res = CliRunner().invoke(app, [cmd[1], str(tmp_path / "certs"), *cmd[3:]])
+    assert res.exit_code == 0, res.output
+    for name in cmd[cmd.index("--hosts") + 1].split(","):
+        folder = tmp_path / "certs" / name
+        assert {p.name for p in folder.iterdir()} == {"ca.pem", "cert.pem", "key.pem", "security.yaml"}
+        sec = load_security(folder / "security.yaml")
+        assert Path(sec.cert_file) == (folder / "cert.pem").resolve()
 
 
 def test_the_cpu_profile_needs_no_gpu(compose: dict):

@@ -92,7 +92,7 @@ def test_tls_scheduler_needs_certificates():
 
 
 def make_certs(folder: Path) -> dict[str, Path]:
-    """A CA and one node certificate signed by it (the commands of docs/deploy.md)."""
+    """A CA and one node certificate signed by it, made with openssl (digen certs is not the only way)."""
 
     def run(*args: str) -> None:
         subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)

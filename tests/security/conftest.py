@@ -1,0 +1,91 @@
+"""A second "host" on this machine for the security tests: a network namespace joined to this
+one by a veth pair, each end with an address of a private /30 that the fixture makes up and
+removes afterwards. From inside it, this machine's loopback is out of reach (as from another
+host), and its side of the pair (``host``) is reachable (as a LAN address would be)."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+PYTHON = sys.executable
+
+
+@dataclass(frozen=True)
+class Namespace:
+    name: str
+    host: str
+    """This machine's end of the veth pair: an address another host would reach it at."""
+    peer: str
+    """The namespace's end: an address of the "other host" (nothing listens there)."""
+
+    def python(self, script: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        """Run ``script`` (Python source) with this environment's interpreter inside the namespace."""
+        return subprocess.run(
+            ["ip", "netns", "exec", self.name, PYTHON, "-c", script, *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
+
+
+def _free_subnet() -> tuple[str, str]:
+    """Two addresses of a /30 in 10.213.0.0/16 that no interface of this machine uses
+    (chosen from the pid): this machine's end and the namespace's."""
+    used = _ip("-4", "-o", "addr", "show").stdout
+    for k in range(16384):
+        i = (os.getpid() + k) % 16384
+        base = ipaddress.ip_address(f"10.213.{i // 64}.{(i % 64) * 4}")
+        host, peer = str(base + 1), str(base + 2)
+        if f" {host}/" not in used and f" {peer}/" not in used:
+            return host, peer
+    raise RuntimeError("no free /30 in 10.213.0.0/16")
+
+
+def _why_not() -> str | None:
+    if shutil.which("ip") is None:
+        return "needs the ip command (iproute2) to make a network namespace"
+    if os.geteuid() != 0:
+        return "needs root to make a network namespace and a veth pair"
+    return None
+
+
+@pytest.fixture(scope="session")
+def netns() -> Iterator[Namespace]:
+    """The second host: namespace ``dgs<pid>`` and the veth pair ``dgs<pid>a``/``dgs<pid>b``."""
+    why = _why_not()
+    if why is not None:
+        pytest.skip(why)
+    tag = f"dgs{os.getpid() % 1_000_000}"
+    name, here, there = tag, f"{tag}a", f"{tag}b"
+    host, peer = _free_subnet()
+    made = _ip("netns", "add", name, check=False)
+    if made.returncode != 0:
+        pytest.skip(f"cannot make a network namespace here: {made.stderr.strip()}")
+    try:
+        _ip("link", "add", here, "type", "veth", "peer", "name", there)
+        _ip("link", "set", there, "netns", name)
+        _ip("addr", "add", f"{host}/30", "dev", here)
+        _ip("link", "set", here, "up")
+        _ip("netns", "exec", name, "ip", "addr", "add", f"{peer}/30", "dev", there)
+        _ip("netns", "exec", name, "ip", "link", "set", there, "up")
+        _ip("netns", "exec", name, "ip", "link", "set", "lo", "up")
+        yield Namespace(name, host, peer)
+    except subprocess.CalledProcessError as exc:
+        pytest.skip(f"cannot set up the veth pair: {exc.stderr.strip()}")
+    finally:
+        _ip("link", "del", here, check=False)  # takes its peer in the namespace with it
+        _ip("netns", "del", name, check=False)
