@@ -19,6 +19,7 @@ from cli.main import app
 from digen.config import Config
 from digen.errors import ConnectionFailure
 from digen.runtime import node
+from tests.conftest import required
 
 from .conftest import Namespace
 
@@ -163,7 +164,7 @@ def test_the_embedded_cluster_is_tls_with_the_nodes_certificates(certs: Path, tm
     head = node.load_security(certs / "head" / "security.yaml")
     one_scorer = {"rollout_workers": 0, "trainer_workers": 0, "reward_workers": 1, "start_method": "spawn"}
     cfg = Config.model_validate(  # a reward worker loads no model
-        {"cluster": {"local": one_scorer}, "security": head.model_dump()}
+        required({"cluster": {"local": one_scorer}, "security": head.model_dump()})
     )
     cluster, client = _local_cluster(cfg).result()
     try:
@@ -189,7 +190,7 @@ def test_the_embedded_cluster_is_tls_with_the_nodes_certificates(certs: Path, tm
             Client(cluster.scheduler_address.replace("tls://", "tcp://"), timeout=3)
         # a worker with its own files and a config naming the controller's: its own win
         theirs = Config.model_validate(
-            {"security": node.load_security(certs / "worker-1" / "security.yaml").model_dump()}
+            required({"security": node.load_security(certs / "worker-1" / "security.yaml").model_dump()})
         )
         files = client.submit(node_tls, theirs, workers=[w.address], pure=False).result(timeout=60)
         assert files == (head.ca_file, head.cert_file, head.key_file)
