@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from digen.dataplane.blobs import BlobLost, buckets, describe, fetch
+from digen.dataplane.blobs import BlobLost, Expect, buckets, describe, fetch
 
 log = logging.getLogger(__name__)
 
@@ -40,19 +40,22 @@ def fetch_version(
     bucket_bytes: int = BUCKET_BYTES,
     start: int = 0,
     on_bucket: Callable[[dict[str, torch.Tensor]], None] | None = None,
+    version: int | None = None,
 ) -> dict[str, torch.Tensor]:
     """Blob ``name`` (a version's weights) from ``holders`` (blob server addresses), bucket by
     bucket. ``on_bucket(tensors)`` receives each bucket as it lands (then nothing is kept and
     ``{}`` returns); else the whole dict returns. ``start`` offsets which holder serves the
     first bucket (spread receivers: their index). Raises :class:`BlobLost` when no holder can
-    serve some bucket."""
+    serve some bucket. ``version``: the version the blob must say it is (a holder that
+    answers with another is skipped, as a failed one)."""
+    expect = Expect(version=version)
     if not holders:
         raise BlobLost(f"{name}: no worker holds it")
     specs = None
     errors = []
     for h in holders[start % len(holders) :] + holders[: start % len(holders)]:
         try:
-            specs, _ = describe(h, name)
+            specs, _ = describe(h, name, expect=expect)
             break
         except BlobLost as exc:
             errors.append(str(exc))
@@ -66,7 +69,7 @@ def fetch_version(
         for j in range(len(holders)):
             h = holders[(start + i + j) % len(holders)]
             try:
-                return fetch(h, name, names=parts[i], dtype=dtype)[0]
+                return fetch(h, name, names=parts[i], dtype=dtype, expect=expect)[0]
             except BlobLost as exc:
                 tried.append(str(exc))
         raise BlobLost(f"{name} bucket {i}: every holder failed ({'; '.join(tried)})")
