@@ -231,8 +231,10 @@ def parse_request(req: dict[str, Any]) -> Request:
         raise PayloadError("'exclude' must be a list of strings")
     if dtype is not None and dtype not in DTYPES:
         raise PayloadError(f"unknown dtype {cut(dtype, 40)}")
+    if seq is None or nonce is None:  # no credential at all: refused as a wrong one is
+        seq, nonce = -1, ""
     if not isinstance(seq, int) or isinstance(seq, bool) or not isinstance(nonce, str) or len(nonce) > 64:
-        raise PayloadError("a request without its sequence number and nonce")
+        raise PayloadError("a request's sequence number or nonce is malformed")
     return Request(op, name, names, list(exclude), None if dtype is None else DTYPES[dtype], seq, nonce)
 
 

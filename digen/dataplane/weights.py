@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from digen.dataplane.blobs import BlobLost, Expect, buckets, describe, fetch
+from digen.dataplane.blobs import BlobLost, BlobMismatch, Expect, buckets, describe, fetch
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +46,11 @@ def fetch_version(
     bucket. ``on_bucket(tensors)`` receives each bucket as it lands (then nothing is kept and
     ``{}`` returns); else the whole dict returns. ``start`` offsets which holder serves the
     first bucket (spread receivers: their index). Raises :class:`BlobLost` when no holder can
-    serve some bucket. ``version``: the version the blob must say it is (a holder that
-    answers with another is skipped, as a failed one)."""
+    serve some bucket. ``version``: the version the blob must say it is. A holder whose
+    answer does not check out (:class:`~digen.dataplane.blobs.BlobMismatch`: another version,
+    no proof of the job's key) serves no further bucket: one warning, not one per bucket."""
     expect = Expect(version=version)
+    bad: set[str] = set()
     if not holders:
         raise BlobLost(f"{name}: no worker holds it")
     specs = None
@@ -57,6 +59,9 @@ def fetch_version(
         try:
             specs, _ = describe(h, name, expect=expect)
             break
+        except BlobMismatch as exc:
+            bad.add(h)
+            errors.append(str(exc))
         except BlobLost as exc:
             errors.append(str(exc))
     if specs is None:
@@ -68,8 +73,13 @@ def fetch_version(
         tried = []
         for j in range(len(holders)):
             h = holders[(start + i + j) % len(holders)]
+            if h in bad:
+                continue
             try:
                 return fetch(h, name, names=parts[i], dtype=dtype, expect=expect)[0]
+            except BlobMismatch as exc:
+                bad.add(h)
+                tried.append(str(exc))
             except BlobLost as exc:
                 tried.append(str(exc))
         raise BlobLost(f"{name} bucket {i}: every holder failed ({'; '.join(tried)})")
