@@ -64,7 +64,7 @@ from digen.dataplane.auth import (
     request_mac,
     same,
 )
-from digen.dataplane.digest import manifest_digest, tensor_digests
+from digen.dataplane.digest import ALGORITHM, ALGORITHMS, manifest_digest, tensor_digests
 from digen.dataplane.wire import (
     DTYPE_NAMES,
     DTYPES,
@@ -127,9 +127,10 @@ def make_manifest(
     name: str, tensors: dict[str, torch.Tensor], meta: dict[str, str], producer: str
 ) -> dict[str, Any]:
     """The manifest of blob ``name`` (its version is ``meta["version"]`` when that is set)."""
-    digests = tensor_digests(tensors)
+    digests = tensor_digests(tensors, ALGORITHM)
     version = meta.get("version")
     return {
+        "hash": ALGORITHM,
         "job": job_of(name),
         "name": name,
         "version": int(version) if version is not None and str(version).lstrip("-").isdigit() else None,
@@ -559,6 +560,8 @@ def _checked_manifest(
         raise _mismatch(ch, name, producer, "another blob under the same name (digest differs)")
     if expect is not None and expect.version is not None and manifest.get("version") != expect.version:
         raise _mismatch(ch, name, producer, f"version {manifest.get('version')}, not {expect.version}")
+    if manifest.get("hash") not in ALGORITHMS:
+        raise _mismatch(ch, name, producer, f"its digests use {cut(manifest.get('hash'), 40)}, unknown here")
     if not isinstance(manifest.get("tensors"), list) or not all(
         isinstance(e, dict) and isinstance(e.get("name"), str) for e in manifest["tensors"]
     ):
@@ -623,7 +626,9 @@ def fetch(
             hashed.append(s["name"])
     digests: dict[str, str] = {}
     try:
-        tensors = recv_tensors(ch.sock, head, max_bytes=max_bytes, hashed=hashed, digests=digests)
+        tensors = recv_tensors(
+            ch.sock, head, max_bytes=max_bytes, hashed=hashed, digests=digests, algorithm=manifest["hash"]
+        )
     except (OSError, ssl.SSLError, PayloadError) as exc:
         ch.broken = True
         raise BlobLost(

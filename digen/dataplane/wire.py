@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from digen.dataplane.digest import Receiver
+from digen.dataplane.digest import ALGORITHM, Receiver
 from digen.errors import PayloadError
 
 MAGIC = b"DGN1"
@@ -193,10 +193,11 @@ def recv_tensors(
     max_bytes: int | None = None,
     hashed: Collection[str] = (),
     digests: dict[str, str] | None = None,
+    algorithm: str = ALGORITHM,
 ) -> dict[str, torch.Tensor]:
     """Read the tensors ``header`` announces, each into a fresh CPU tensor. The digest
-    (:mod:`digen.dataplane.digest`) of each tensor named in ``hashed`` goes into ``digests``,
-    computed piece by piece while the rest is still arriving."""
+    (:mod:`digen.dataplane.digest`, with ``algorithm``) of each tensor named in ``hashed`` goes
+    into ``digests``, computed piece by piece while the rest is still arriving."""
     specs = header.get("tensors", [])
     total = sum(tensor_nbytes(s) for s in specs)
     if max_bytes is not None and total > max_bytes:
@@ -206,7 +207,7 @@ def recv_tensors(
     for spec in specs:
         t = torch.empty(spec["shape"], dtype=dtype_of(spec["dtype"]))
         data = _raw(t)
-        receiver = Receiver(data) if spec["name"] in hashed else None
+        receiver = Receiver(data, algorithm) if spec["name"] in hashed else None
         _recv_exact(sock, data, receiver=receiver)
         if receiver is not None:
             pending[spec["name"]] = receiver

@@ -17,10 +17,13 @@ Keys (``P = digen:<job_id>:``)::
 from __future__ import annotations
 
 import json
+import secrets
 from dataclasses import dataclass
 
 from digen.core.events import Role
-from digen.dataplane.auth import KEY_BYTES, new_key
+
+BLOB_KEY_BYTES = 32
+"""The job's blob key (HMAC-SHA256, :mod:`digen.dataplane.auth`: the same size there)."""
 
 
 @dataclass(frozen=True)
@@ -111,11 +114,11 @@ class JobState:
         """The job's blob key: made by the first to ask (the controller, when the job starts;
         ``SET NX``, so two askers get the same key) and read by every worker's loop. Only the
         job's processes can read the job's Redis: only they can sign a blob request."""
-        self.r.set(self.p + "blobkey", new_key().hex(), nx=True)
+        self.r.set(self.p + "blobkey", secrets.token_hex(BLOB_KEY_BYTES), nx=True)
         raw = self.r.get(self.p + "blobkey")
         key = bytes.fromhex(raw.decode()) if raw is not None else b""
-        if len(key) != KEY_BYTES:
-            raise ValueError(f"job {self.job_id}'s blob key in Redis is not {KEY_BYTES} bytes")
+        if len(key) != BLOB_KEY_BYTES:
+            raise ValueError(f"job {self.job_id}'s blob key in Redis is not {BLOB_KEY_BYTES} bytes")
         return key
 
     # --- status -----------------------------------------------------------------------

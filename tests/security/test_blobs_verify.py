@@ -15,6 +15,7 @@ import torch
 
 from digen.dataplane.auth import keyring, new_key, proof_mac
 from digen.dataplane.blobs import Blob, BlobLost, BlobMismatch, BlobStore, Expect, fetch
+from digen.dataplane.digest import ALGORITHMS
 from digen.dataplane.reduce import GradientMismatch, TaskSum, ordered_sum
 from digen.dataplane.weights import fetch_version, version_blob
 from digen.dataplane.wire import recv_header, send_frame
@@ -198,3 +199,24 @@ def test_a_first_gradient_in_float64_is_refused_without_trained_tensors_to_compa
 
 def test_the_process_keyring_is_left_as_found():
     assert keyring().get(JOB) is None
+
+
+def test_a_blob_hashed_with_sha256_is_checked_with_sha256_and_an_unknown_hash_is_refused(monkeypatch):
+    """The manifest names its algorithm (a producer without the ``xxhash`` package hashes with
+    SHA-256); the consumer hashes with the one named, and refuses one it does not know."""
+    with job_key(), serving() as (store, server):
+        monkeypatch.setattr("digen.dataplane.blobs.ALGORITHM", "sha256")
+        blob = store.put(TRAJ, trajectories(0))
+        assert blob.manifest["hash"] == "sha256"
+        assert torch.equal(
+            fetch(server.address, TRAJ, expect=Expect(blob.digest))[0]["latents"], blob.tensors["latents"]
+        )
+        blob.tensors["latents"].add_(1.0)
+        with pytest.raises(BlobMismatch, match="bytes of tensor latents differ"):
+            fetch(server.address, TRAJ)
+        monkeypatch.setattr("digen.dataplane.blobs.ALGORITHM", "md4")
+        monkeypatch.setitem(ALGORITHMS, "md4", lambda m: b"")
+        store.put(TRAJ, trajectories(0))
+        monkeypatch.delitem(ALGORITHMS, "md4")
+        with pytest.raises(BlobMismatch, match="its digests use md4, unknown here"):
+            fetch(server.address, TRAJ)
