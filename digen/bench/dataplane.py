@@ -99,7 +99,8 @@ class Round:
     link_bytes_per_s: float | None = None
     """The raw link's rate on this machine (measured once per bench)."""
     digest_put_s: float | None = None
-    """A trainer's time to store the version's bfloat16 copy (hashing every tensor)."""
+    """A trainer's time to hash the version's bfloat16 copy (its manifest: made once, at the
+    first fetch; timed here apart)."""
     digest_s: float | None = None
     """A rollout worker's time to hash the version it received (bfloat16), on its own (one
     rollout worker at a time)."""
@@ -215,7 +216,7 @@ def trainer_round(rank: int, world: int, port: int, nbytes: int, job: str, step:
     server = local_server()
     version = {k: v.to(torch.bfloat16) for k, v in weights.items()}
     t4 = time.time()
-    local_store().put(version_blob(job, 1), version)  # hashes every tensor (its manifest)
+    local_store().put(version_blob(job, 1), version).digest  # noqa: B018 - hash every tensor now (else the first fetch would)
     t5 = time.time()
     del store, weights, sums, version
     return {

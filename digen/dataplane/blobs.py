@@ -111,12 +111,33 @@ class Expect:
 
 @dataclass
 class Blob:
+    """A stored blob. Its manifest is made (its tensors hashed) the first time it is asked
+    for: when the producer publishes the digest (a group's trajectories, a gradient), else when
+    the blob is first served. A blob nobody fetches (most optimizer states) is never hashed."""
+
     tensors: dict[str, torch.Tensor]
     meta: dict[str, str] = field(default_factory=dict)
-    manifest: dict[str, Any] = field(default_factory=dict)
-    """Identity, metadata and every tensor's name, dtype, shape and digest."""
-    digest: str = ""
-    """The manifest's digest: what a consumer checks the blob against."""
+    name: str = ""
+    producer: str = ""
+    _made: tuple[dict[str, Any], str] | None = field(default=None, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def _make(self) -> tuple[dict[str, Any], str]:
+        with self._lock:  # concurrent first requests wait for one hashing
+            if self._made is None:
+                manifest = make_manifest(self.name, self.tensors, self.meta, self.producer)
+                self._made = (manifest, manifest_digest(manifest))
+            return self._made
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        """Identity, metadata and every tensor's name, dtype, shape and digest."""
+        return self._make()[0]
+
+    @property
+    def digest(self) -> str:
+        """The manifest's digest: what a consumer checks the blob against."""
+        return self._make()[1]
 
     @property
     def nbytes(self) -> int:
@@ -145,8 +166,7 @@ def make_manifest(
 
 class BlobStore:
     """The blobs this process serves, by name. Thread-safe; a blob is immutable once put
-    (a new version of something is a new name), so readers need no lock while sending.
-    :meth:`put` hashes the tensors (the manifest): a blob's digest is known once it is stored."""
+    (a new version of something is a new name), so readers need no lock while sending."""
 
     def __init__(self, producer: str | None = None) -> None:
         self._blobs: dict[str, Blob] = {}
@@ -156,8 +176,7 @@ class BlobStore:
 
     def put(self, name: str, tensors: dict[str, torch.Tensor], meta: dict[str, str] | None = None) -> Blob:
         meta = {str(k): str(v) for k, v in (meta or {}).items()}
-        manifest = make_manifest(name, tensors, meta, self.producer)
-        blob = Blob(dict(tensors), meta, manifest, manifest_digest(manifest))
+        blob = Blob(dict(tensors), meta, name, self.producer)
         with self._lock:
             self._blobs[name] = blob
         return blob
@@ -379,6 +398,7 @@ class BlobServer:
             with contextlib.suppress(OSError):
                 conn.settimeout(1.0)
                 send_frame(conn, {"ok": False, "error": "bad", "message": cut(exc, 200)})
+                _linger(conn)
         except (OSError, ssl.SSLError) as exc:
             log.debug("blob server: connection from %s ended (%s)", peer, cut(exc, 200))
         except Exception as exc:  # noqa: BLE001 - a peer's bytes must never print a traceback
@@ -423,6 +443,7 @@ class BlobServer:
             send_frame(
                 conn, {"ok": False, "error": "refused", "message": "not authorized"}, deadline=deadline
             )
+            _linger(conn)
             return False
         blob = self.store.get(req.blob)
         if blob is None:
@@ -455,6 +476,21 @@ class BlobServer:
             self.counts["served"] += 1
         send_frame(conn, head, out, cast=req.dtype, deadline=deadline)
         return True
+
+
+def _linger(conn: socket.socket, limit: int = 2**16, wait_s: float = 0.2) -> None:
+    """Before closing on a refused or bad request: send our FIN, then read (and drop) what the
+    peer already sent, a little of it for a little while. Closing with unread bytes would
+    send a reset, and the peer could lose the refusal frame that went out just before."""
+    conn.shutdown(socket.SHUT_WR)
+    conn.settimeout(wait_s)
+    end, got = time.monotonic() + wait_s, 0
+    with contextlib.suppress(OSError):
+        while got < limit and time.monotonic() < end:
+            chunk = conn.recv(min(65536, limit - got))
+            if not chunk:
+                return
+            got += len(chunk)
 
 
 # --- client ----------------------------------------------------------------------------

@@ -111,13 +111,14 @@ def test_connections_are_capped_per_server_and_per_peer():
 
 def test_malformed_requests_get_an_error_frame_and_a_debug_line_never_a_traceback(caplog):
     caplog.set_level(logging.DEBUG, "digen.dataplane.blobs")
-    huge = "n" * (3 * 2**20)
+    long = f"{JOB}:" + "n" * 500_000  # under the request limit: read whole, then refused
     with job_key(), serving(max_request=2**20) as (store, server):
         store.put(NAME, weights())
         cases = [
             b"GET / HTTP/1.1\r\n\r\n",
             MAGIC + (5).to_bytes(8, "little") + b"{nope",
             MAGIC + (2**40).to_bytes(8, "little"),
+            MAGIC + (3 * 2**20).to_bytes(8, "little"),  # over the 1 MiB request limit: not read
         ]
         for raw in cases:
             with raw_connection(server.address) as s:
@@ -128,7 +129,7 @@ def test_malformed_requests_get_an_error_frame_and_a_debug_line_never_a_tracebac
             {"op": "get", "blob": NAME, "names": "layer0.w", "seq": 0, "nonce": "c"},
             {"op": "get", "blob": NAME, "dtype": "complex128", "seq": 0, "nonce": "c"},
             {"op": "get", "blob": 7},
-            {"op": "get", "blob": huge},  # 3 MiB, over the 1 MiB request limit
+            {"op": "get", "blob": long, "names": 5, "seq": 0, "nonce": "c"},  # not echoed back
         ]
         for frame in frames:
             with raw_connection(server.address) as s:
