@@ -26,7 +26,7 @@ from collections.abc import Callable
 import torch
 
 from digen.core.events import Role, TaskKind, TaskRef
-from digen.dataplane.blobs import BlobLost, Expect, fetch
+from digen.dataplane.blobs import BlobLost, BlobMismatch, Expect, fetch
 from digen.evaluation import EvalTask
 from digen.evaluator import evaluate_chunk
 from digen.rewards.base import call_reward
@@ -128,7 +128,9 @@ def group_tensors(rt: WorkerRuntime, leased: LeasedTask, names: list[str] | None
 
 
 def park(rt: WorkerRuntime, leased: LeasedTask, exc: BlobLost) -> None:
-    log.warning("task %s on %s waits for its input: %s", leased.task_id, rt.name, exc)
+    # a mismatch was already the one warning (naming its producer) where the fetch found it
+    level = logging.INFO if isinstance(exc, BlobMismatch) else logging.WARNING
+    log.log(level, "task %s on %s waits for its input: %s", leased.task_id, rt.name, exc)
     rt.queue.park(leased.task_id, worker=rt.name, why=f"BlobLost: {exc}")
 
 

@@ -20,7 +20,7 @@ from digen.dataplane.reduce import GradientMismatch, TaskSum, ordered_sum
 from digen.dataplane.weights import fetch_version, version_blob
 from digen.dataplane.wire import recv_header, send_frame
 from tests.security.blob_helpers import JOB, job_key, serving, until_closed, weights
-from workers.tasks import group_tensors
+from workers.tasks import group_tensors, park
 
 TRAJ = f"{JOB}:traj:gen:1:0"
 
@@ -221,3 +221,23 @@ def test_a_blob_hashed_with_sha256_is_checked_with_sha256_and_an_unknown_hash_is
         monkeypatch.delitem(ALGORITHMS, "md4")
         with pytest.raises(BlobMismatch, match="its digests use md4, unknown here"):
             fetch(server.address, TRAJ)
+
+
+def test_a_mismatch_parks_the_task_with_one_warning_in_all(caplog):
+    """The task that needed the blob is parked (its input is made again, as for a dead
+    producer); the fetch's warning naming the producer is the only one."""
+    caplog.set_level(logging.INFO)
+    parked = []
+    with job_key():
+        genuine = BlobStore(producer="rollout-0@a").put(TRAJ, trajectories(0), {"version": "1"})
+        with serving(BlobStore(producer="rollout-9@z")) as (store, server):
+            store.put(TRAJ, trajectories(3), {"version": "1"})
+            rt = consumer()
+            rt.queue = SimpleNamespace(park=lambda task, worker, why: parked.append((task, worker, why)))
+            leased = train_task(server.address, genuine.digest, 1)
+            with pytest.raises(BlobMismatch) as err:
+                group_tensors(rt, leased, None)
+            park(rt, leased, err.value)
+    assert parked == [("train:1:0", "trainer-0", f"BlobLost: {err.value}")]
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "rollout-9@z" in warnings[0].getMessage()
