@@ -24,6 +24,7 @@ import torch
 from digen.config import Config
 from digen.core.events import Role, TaskRef
 from digen.core.policy import idle_kinds, pull_order
+from digen.dataplane.auth import INCARNATION, keyring
 from digen.dataplane.blobs import local_server, local_store
 from digen.errors import TaskDropped
 from digen.rewards.http import share_breakers
@@ -125,6 +126,8 @@ def worker_loop(
         blobs=local_store(),
         blob_addr=server.address,
     )
+    keyring().add(job_id, rt.job.blob_key())  # this job's blob requests are signed with it
+    rt.blobs.producer = f"{name}@{INCARNATION}"  # who made a blob, named when it does not match
     token = uuid.uuid4().hex
     rt.job.claim_loop(name, token)  # one loop per worker: an older one stops
     faults.point("start", rt.job, name)

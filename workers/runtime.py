@@ -163,11 +163,14 @@ class WorkerRuntime:
             shards = None if holders else self.group.shard_holders(version)
             try:
                 if holders:
-                    return fetch_version(holders, name, dtype=trained_dtype(self.cfg), start=start)
+                    return fetch_version(holders, name, dtype=trained_dtype(self.cfg), start=start, version=version)
                 if shards:  # an FSDP group: every rank's dim-0 shard, put together here
                     n = len(shards)  # each worker starts at another rank: no rank serves all first
                     order = [(start + i) % n for i in range(n)]
-                    got = {r: fetch_version([shards[r]], name, dtype=trained_dtype(self.cfg)) for r in order}
+                    got = {
+                        r: fetch_version([shards[r]], name, dtype=trained_dtype(self.cfg), version=version)
+                        for r in order
+                    }
                     return {k: torch.cat([got[r][k] for r in range(n)]) for k in got[0]}
             except BlobLost as exc:
                 last = str(exc)

@@ -26,7 +26,7 @@ from collections.abc import Callable
 import torch
 
 from digen.core.events import Role, TaskKind, TaskRef
-from digen.dataplane.blobs import BlobLost, fetch
+from digen.dataplane.blobs import BlobLost, BlobMismatch, Expect, fetch
 from digen.evaluation import EvalTask
 from digen.evaluator import evaluate_chunk
 from digen.rewards.base import call_reward
@@ -82,7 +82,7 @@ def gen_result(
         "worker": rt.name,
         "start": t0,
         "end": time.time(),
-        "blob": {"addr": rt.blob_addr, "name": name, "bytes": blob.nbytes},
+        "blob": {"addr": rt.blob_addr, "name": name, "bytes": blob.nbytes, "digest": blob.digest},
     }
     if leased.payload.get("grid"):
         result["cells"] = to_png(image_cells(traj.images))
@@ -104,25 +104,33 @@ NOT_TRAINED = ("images", "decoded")
 def group_tensors(rt: WorkerRuntime, leased: LeasedTask, names: list[str] | None) -> dict[str, torch.Tensor]:
     """Tensors ``names`` of the generated group a task works on (None: all but
     :data:`NOT_TRAINED`), from the worker that made it (this one: no copy; the payload's
-    ``source`` says where). :class:`BlobLost` when it is not stored (being generated again)
-    or its worker is gone."""
+    ``source`` says where, and the digest and version the controller counted). :class:`BlobLost`
+    when it is not stored (being generated again), its worker is gone, or what answers is not
+    that blob (:class:`~digen.dataplane.blobs.BlobMismatch`)."""
     ref = TaskRef.parse(leased.task_id)
     faults.point("fetch", rt.job, rt.name, task=leased.task_id, iteration=ref.iteration)
     src = leased.payload.get("source")
     if not isinstance(src, dict):
         raise BlobLost(f"the trajectories of group {ref.group} of iteration {ref.iteration} are not stored")
     addr, name = str(src["addr"]), str(src["name"])
+    digest = str(src["digest"]) if src.get("digest") else None
+    version = int(src["version"]) if src.get("version") is not None else None
     if addr == rt.blob_addr:
         own = rt.blobs.get(name)
         if own is None:
             raise BlobLost(f"{name}: this worker no longer holds it")
+        if digest is not None and own.digest != digest:
+            raise BlobLost(f"{name}: this worker holds another blob under that name (made again)")
         keep = names if names is not None else [k for k in own.tensors if k not in NOT_TRAINED]
         return {k: own.tensors[k] for k in keep}
-    return fetch(addr, name, names=names, exclude=NOT_TRAINED if names is None else ())[0]
+    expect = Expect(digest=digest, version=version)
+    return fetch(addr, name, names=names, exclude=NOT_TRAINED if names is None else (), expect=expect)[0]
 
 
 def park(rt: WorkerRuntime, leased: LeasedTask, exc: BlobLost) -> None:
-    log.warning("task %s on %s waits for its input: %s", leased.task_id, rt.name, exc)
+    # a mismatch was already the one warning (naming its producer) where the fetch found it
+    level = logging.INFO if isinstance(exc, BlobMismatch) else logging.WARNING
+    log.log(level, "task %s on %s waits for its input: %s", leased.task_id, rt.name, exc)
     rt.queue.park(leased.task_id, worker=rt.name, why=f"BlobLost: {exc}")
 
 
@@ -153,8 +161,8 @@ def run_train(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
     member = rt.member
     if member is None or rt.cfg.train.reduce == "exact":  # the trainers fetch it at the step
         name = rt.blob_name("grad", leased.task_id)
-        rt.blobs.put(name, grads)
-        result["grad"] = {"addr": rt.blob_addr, "name": name}
+        blob = rt.blobs.put(name, grads)
+        result["grad"] = {"addr": rt.blob_addr, "name": name, "digest": blob.digest}
         return result, None
     return result, lambda: member.add(leased.task_id, grads)
 

@@ -44,7 +44,7 @@ from safetensors.torch import load_file
 from digen.algos.state import load_version
 from digen.assembly import trained_dtype
 from digen.core.events import Role, TaskRef
-from digen.dataplane.blobs import BlobLost, fetch
+from digen.dataplane.blobs import BlobLost, Expect, fetch
 from digen.dataplane.reduce import TaskSum, all_reduce_sum, flatten, ordered_sum, unflatten
 from digen.dataplane.weights import version_blob
 from digen.errors import DigenError
@@ -131,7 +131,9 @@ class Member:
 
     # --- between steps ----------------------------------------------------------------------
     def add(self, task_id: str, grads: dict[str, torch.Tensor]) -> None:
-        """Count a train task this member ran and whose acknowledgement won."""
+        """Count a train task this member ran and whose acknowledgement won (a gradient not
+        shaped as the trained tensors is refused: :class:`~digen.dataplane.reduce.GradientMismatch`)."""
+        self.sums.like = self.store.params
         self.sums.add(task_id, grads)
 
     # --- a step -----------------------------------------------------------------------------
@@ -263,7 +265,9 @@ class Member:
             if addr == self.rt.blob_addr:
                 continue
             try:
-                got, _ = fetch(addr, version_blob(self.rt.job.job_id, version))
+                got, _ = fetch(
+                    addr, version_blob(self.rt.job.job_id, version), expect=Expect(version=version)
+                )
                 return version, {k: t.float() for k, t in got.items()}
             except BlobLost:
                 continue
@@ -273,15 +277,16 @@ class Member:
         """The step's summed gradient (see the module docstring)."""
         rt = self.rt
         if cmd.exact:
-            return ordered_sum(self._blob(addr, name) for _, addr, name in cmd.blobs)
+            return ordered_sum((self._blob(*b[1:]) for b in cmd.blobs), like=self.store.params)
         held = sorted(cmd.held.get(rt.name, []))
         if sorted(self.sums.tasks) != held:
             raise RuntimeError(
                 f"{rt.name} holds the gradients of {sorted(self.sums.tasks)}, the step counts {held}"
             )
         if cmd.rank(rt.name) == 0:  # gradients of non-members (RAT), added once
-            for task_id, addr, name in cmd.blobs:
-                self.sums.add(task_id, self._blob(addr, name))
+            self.sums.like = self.store.params
+            for task_id, *where in cmd.blobs:
+                self.sums.add(task_id, self._blob(*where))
         world = len(cmd.members)
         names, like = self.store.names, self.store.params
         if world == 1:
@@ -297,13 +302,14 @@ class Member:
         all_reduce_sum(flat)
         return unflatten(flat, names, like)
 
-    def _blob(self, addr: str, name: str) -> dict[str, torch.Tensor]:
+    def _blob(self, addr: str, name: str, digest: str = "") -> dict[str, torch.Tensor]:
+        """A gradient kept as a blob, checked against the digest its task's result published."""
         if addr == self.rt.blob_addr:
             own = self.rt.blobs.get(name)
-            if own is None:
+            if own is None or (digest and own.digest != digest):
                 raise BlobLost(f"{name}: this worker no longer holds it")
             return own.tensors
-        return fetch(addr, name)[0]
+        return fetch(addr, name, expect=Expect(digest=digest or None))[0]
 
     def _comm_device(self) -> torch.device:
         return torch.device(self.rt.device)

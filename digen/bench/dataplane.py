@@ -17,6 +17,16 @@ with a real Redis. One round per size; per round:
 - **trajectory**: a rollout worker keeps one FLUX group as a blob (16 samples x 7 latents
   x 4096 tokens x 64 float32, 117 MiB), a trainer fetches it.
 
+And the **digest** (:mod:`digen.dataplane.digest`): every blob is hashed when it is stored
+and checked when it lands. Per round, the seconds a trainer spent storing the version (the cast
+to bfloat16, and its manifest: every tensor hashed with
+:data:`~digen.dataplane.digest.ALGORITHM`, over :data:`~digen.dataplane.digest.THREADS`
+threads) and
+the seconds a rollout worker's hashing of what it received takes on its own (an upper bound of
+what verification adds to the distribute phase: the fetch hashes each piece while the next one
+is on the wire); and once, at the FLUX LoRA r64 size (or the first size), each candidate hash
+over the float32 gradient and its bfloat16 copy, on one thread and on the pool.
+
 And the **link** itself: raw TCP between a rollout and a trainer process (one socket, one
 ``sendall`` of 256 MiB, no framing), so that each phase's rate reads as a fraction of what
 the machine's link carries: the simulator (:mod:`digen.sim.dataplane`) takes these fractions
@@ -88,6 +98,21 @@ class Round:
     """Bytes each trainer wrote during the reduction, over the gradient's size."""
     link_bytes_per_s: float | None = None
     """The raw link's rate on this machine (measured once per bench)."""
+    digest_put_s: float | None = None
+    """A trainer's time to hash the version's bfloat16 copy (its manifest: made once, at the
+    first fetch; timed here apart)."""
+    digest_s: float | None = None
+    """A rollout worker's time to hash the version it received (bfloat16), on its own (one
+    rollout worker at a time)."""
+    digests: list[dict] = field(default_factory=list)
+    """Candidate hashes at this round's size: ``{algorithm, dtype, threads, s, bytes}``."""
+
+    def digest_share(self) -> float | None:
+        """The digest's cost as a fraction of the transfer: a rollout's hashing of the version
+        it received over the distribute phase (an upper bound: the fetch overlaps it)."""
+        if self.digest_s is None or self.distribute_s <= 0:
+            return None
+        return self.digest_s / self.distribute_s
 
     def efficiency(self) -> dict[str, float]:
         """Each transfer phase's rate as a fraction of the raw link's: reduce (bytes each
@@ -144,12 +169,21 @@ def _free_port() -> int:
 
 
 # --- in the trainer workers -------------------------------------------------------------------
-def trainer_round(rank: int, world: int, port: int, nbytes: int, job: str, step: bool) -> dict:
+def _join(job: str, key: str) -> None:
+    """This worker process holds the bench job's blob key (a real worker reads its job's from
+    the job's Redis)."""
+    from digen.dataplane.auth import keyring
+
+    keyring().add(job, bytes.fromhex(key))
+
+
+def trainer_round(rank: int, world: int, port: int, nbytes: int, job: str, step: bool, key: str) -> dict:
     """One trainer's part: build a running sum and (with ``step``) an AdamW store of the size;
     all-reduce; step; serve the new version in bfloat16. Returns timings and traffic."""
     import torch
     import torch.distributed as dist
 
+    _join(job, key)
     from digen.config import TrainConfig
     from digen.dataplane.blobs import local_server, local_store
     from digen.dataplane.reduce import TaskSum, all_reduce_sum
@@ -180,52 +214,132 @@ def trainer_round(rank: int, world: int, port: int, nbytes: int, job: str, step:
         weights = sums.total
     t3 = time.time()
     server = local_server()
-    local_store().put(version_blob(job, 1), {k: v.to(torch.bfloat16) for k, v in weights.items()})
-    del store, weights, sums
+    version = {k: v.to(torch.bfloat16) for k, v in weights.items()}
+    t4 = time.time()
+    local_store().put(version_blob(job, 1), version).digest  # noqa: B018 - hash every tensor now (else the first fetch would)
+    t5 = time.time()
+    del store, weights, sums, version
     return {
         "reduce_s": t1 - t0,
         "step_s": t3 - t2 if step else None,
+        "put_s": t5 - t4,
         "traffic": w1 - w0,
         "addr": server.address,
     }
 
 
-def rollout_fetch(holders: list[str], job: str, start: int) -> dict:
-    """One rollout worker takes in version 1 from the trainers (bucketed, bfloat16)."""
+def rollout_fetch(holders: list[str], job: str, start: int, key: str) -> dict:
+    """One rollout worker takes in version 1 from the trainers (bucketed, bfloat16, every
+    tensor checked against its digest as it lands); then, for the report, how long hashing
+    all of it takes on its own."""
     import torch
 
     from digen.dataplane.weights import fetch_version, version_blob
 
+    _join(job, key)
     t0 = time.time()
     got = fetch_version(holders, version_blob(job, 1), dtype=torch.bfloat16, start=start)
+    t1 = time.time()
+    _RECEIVED["version"] = got
     n = sum(v.numel() * v.element_size() for v in got.values())
-    return {"s": time.time() - t0, "bytes": n}
+    return {"s": t1 - t0, "bytes": n}
 
 
-def keep_trajectory(job: str) -> dict:
+_RECEIVED: dict = {}
+"""What :func:`rollout_fetch` received, kept for :func:`hash_received` (then dropped)."""
+
+
+def hash_received() -> float:
+    """Seconds to hash what this rollout worker received, on its own: run on one rollout
+    worker at a time, so that the other's hashing does not share the cores."""
+    from digen.dataplane.digest import tensor_digests
+
+    got = _RECEIVED.pop("version")
+    t0 = time.time()
+    tensor_digests(got)
+    return time.time() - t0
+
+
+DIGEST_ROUND = "flux-lora-r64"
+"""The size whose candidate hashes the bench measures (else its first size)."""
+
+
+def digest_candidates(nbytes: int) -> list[dict]:
+    """Each candidate hash over ``nbytes`` of float32 and its bfloat16 copy, one thread and
+    the pool (pieces of :data:`~digen.dataplane.digest.CHUNK`): the cryptographic SHA-256 and
+    BLAKE2b, and the non-cryptographic CRC-32 (zlib) and XXH3-128 (what digen uses, from the
+    ``xxhash`` package)."""
+    import hashlib
+    import zlib
+
+    import torch
+
+    from digen.dataplane.digest import CHUNK, THREADS, pool, raw_bytes
+
+    algos: dict[str, Callable[[memoryview], object]] = {
+        "sha256": lambda m: hashlib.sha256(m).digest(),
+        "blake2b": lambda m: hashlib.blake2b(m).digest(),
+        "crc32": zlib.crc32,
+    }
+    try:
+        import xxhash
+
+        algos["xxh3-128"] = lambda m: xxhash.xxh3_128(m).digest()
+    except ImportError:
+        pass
+    f32 = torch.randn(nbytes // 4, generator=torch.Generator().manual_seed(5))
+    out = []
+    for dtype, t in (("float32", f32), ("bfloat16", f32.to(torch.bfloat16))):
+        data = raw_bytes(t)
+        pieces = [data[i : i + CHUNK] for i in range(0, len(data), CHUNK)]
+        for name, fn in algos.items():
+            for threads in (1, THREADS):
+                t0 = time.perf_counter()
+                if threads == 1:
+                    for p in pieces:
+                        fn(p)
+                else:
+                    list(pool().map(fn, pieces))
+                out.append(
+                    {
+                        "algorithm": name,
+                        "dtype": dtype,
+                        "threads": threads,
+                        "s": time.perf_counter() - t0,
+                        "bytes": len(data),
+                    }
+                )
+    return out
+
+
+def keep_trajectory(job: str, key: str) -> dict:
     """A rollout worker keeps one FLUX group as a blob (as a generation task does)."""
     import torch
 
     from digen.dataplane.blobs import local_server, local_store
 
+    _join(job, key)
     name = f"{job}:traj:gen:0:0"
     latents = torch.randn(*TRAJECTORY_SHAPE, generator=torch.Generator().manual_seed(3))
     local_store().put(name, {"latents": latents, "log_probs": torch.zeros(16, 6)})
     return {"addr": local_server().address, "name": name}
 
 
-def fetch_trajectory(addr: str, name: str) -> dict:
+def fetch_trajectory(addr: str, name: str, job: str, key: str) -> dict:
     from digen.dataplane.blobs import fetch
 
+    _join(job, key)
     t0 = time.time()
     got, _ = fetch(addr, name, names=["latents", "log_probs"])
     return {"s": time.time() - t0, "bytes": sum(v.numel() * v.element_size() for v in got.values())}
 
 
 def drop_blobs(job: str) -> None:
+    from digen.dataplane.auth import keyring
     from digen.dataplane.blobs import local_store
 
     local_store().drop_where(lambda n: not n.startswith(job + ":"))
+    keyring().drop(job)
 
 
 # --- the raw link ------------------------------------------------------------------------------
@@ -317,10 +431,15 @@ def run_dataplane_bench(
         rounds = []
         link = measure_link(client, rollouts[0], trainers[0])
         say(f"raw link: {link / 2**30:.2f} GiB/s")
+        hashed = DIGEST_ROUND if DIGEST_ROUND in sizes else next(iter(sizes), None)
         for name, nbytes in sizes.items():
             say(f"data plane: {name} ({nbytes / MiB:g} MiB)")
             rounds.append(_dataplane_round(client, r, counted, through, trainers, rollouts, name, nbytes))
             rounds[-1].link_bytes_per_s = link
+            if name == hashed:
+                say(f"candidate digests at {name}")
+                fut = client.submit(digest_candidates, nbytes, workers=[rollouts[0]], pure=False)
+                rounds[-1].digests = fut.result()
         say(f"the path through Redis: {OLD_PATH_TASKS} tasks x {old_bytes / MiB:g} MiB")
         rounds.append(_old_round(client, r, counted, through, url, trainers, rollouts, old_bytes))
         return rounds
@@ -334,26 +453,30 @@ def run_dataplane_bench(
 def _dataplane_round(
     client, r, counted, through, trainers: list[str], rollouts: list[str], name: str, nbytes: int
 ) -> Round:
+    from digen.dataplane.auth import new_key
+
     job = f"bench-dp-{name}"
+    key = new_key().hex()  # the bench's job key (a controller keeps its job's in the job's Redis)
     step = not name.startswith("full")
     io0, redis0 = through.total, _redis_bytes(r)
     counted.set(f"digen:{job}:status", "running")  # what a controller does with Redis: small values
     port = _free_port()
     futs = [
-        client.submit(trainer_round, i, len(trainers), port, nbytes, job, step, workers=[a], pure=False)
+        client.submit(trainer_round, i, len(trainers), port, nbytes, job, step, key, workers=[a], pure=False)
         for i, a in enumerate(trainers)
     ]
     parts = client.gather(futs)
     holders = [p["addr"] for p in parts]
     got = client.gather(
         [
-            client.submit(rollout_fetch, holders, job, i, workers=[a], pure=False)
+            client.submit(rollout_fetch, holders, job, i, key, workers=[a], pure=False)
             for i, a in enumerate(rollouts)
         ]
     )
-    traj = client.submit(keep_trajectory, job, workers=[rollouts[0]], pure=False).result()
+    hashed = [client.submit(hash_received, workers=[a], pure=False).result() for a in rollouts]
+    traj = client.submit(keep_trajectory, job, key, workers=[rollouts[0]], pure=False).result()
     moved = client.submit(
-        fetch_trajectory, traj["addr"], traj["name"], workers=[trainers[0]], pure=False
+        fetch_trajectory, traj["addr"], traj["name"], job, key, workers=[trainers[0]], pure=False
     ).result()
     for a in trainers + rollouts:
         client.submit(drop_blobs, job, workers=[a], pure=False).result()
@@ -368,6 +491,8 @@ def _dataplane_round(
         redis_bytes=_redis_bytes(r) - redis0,
         controller_bytes=through.total - io0 + _gathered(*parts, *got, traj, moved),
         reduce_traffic_per_trainer=[p["traffic"] / nbytes for p in parts],
+        digest_put_s=max(p["put_s"] for p in parts),
+        digest_s=max(hashed),
     )
 
 
@@ -453,7 +578,10 @@ def write_dataplane_report(
         "command": command,
         "commit": commit,
         "date": date,
-        "rounds": [asdict(x) | {"total_s": x.total_s, "efficiency": x.efficiency()} for x in rounds],
+        "rounds": [
+            asdict(x) | {"total_s": x.total_s, "efficiency": x.efficiency(), "digest_share": x.digest_share()}
+            for x in rounds
+        ],
         "compare": compare(rounds),
     }
     (out / "bench-dataplane.json").write_text(json.dumps(data, indent=1))
@@ -483,9 +611,43 @@ def write_dataplane_report(
             lines.append(
                 f"| {name} | {c['through_redis_scaled_s']:.2f}{note} | {c['dataplane_s']:.2f} | {c['speedup']:.1f}x |"
             )
+    lines += _digest_lines(rounds)
     md = out / "bench-dataplane.md"
     md.write_text("\n".join(lines) + "\n")
     return out / "bench-dataplane.json", md
+
+
+def _digest_lines(rounds: list[Round]) -> list[str]:
+    """The digest's cost per round, and the candidate hashes where they were measured."""
+    rows = [x for x in rounds if x.digest_s is not None]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "| tensors | store the version (hash) s | hash what landed s | distribute s | hash / distribute |",
+        "|---|---|---|---|---|",
+    ]
+    for x in rows:
+        share = x.digest_share()
+        lines.append(
+            f"| {x.name} ({x.bytes / MiB:g} MiB) | {x.digest_put_s or 0:.3f} | {x.digest_s:.3f} | "
+            f"{x.distribute_s:.2f} | {'-' if share is None else f'{100 * share:.1f}%'} |"
+        )
+    for x in rounds:
+        if x.digests:
+            lines += [
+                "",
+                f"Candidate digests at {x.name} ({x.bytes / MiB:g} MiB float32, and its bfloat16 copy):",
+                "",
+                "| algorithm | dtype | threads | s | GB/s |",
+                "|---|---|---|---|---|",
+            ]
+            for d in x.digests:
+                rate = d["bytes"] / d["s"] / 1e9 if d["s"] > 0 else float("inf")
+                lines.append(
+                    f"| {d['algorithm']} | {d['dtype']} | {d['threads']} | {d['s']:.3f} | {rate:.2f} |"
+                )
+    return lines
 
 
 def _human(n: int) -> str:

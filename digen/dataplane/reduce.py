@@ -12,21 +12,66 @@ each trainer fetches them all and folds them in (group, part) order (:func:`orde
 order of the reference loop's :meth:`~digen.iteration.IterationBook.gradient`, so the result is
 the reference's bit for bit. It moves every task's gradient to every trainer: for tests and
 checks, not for speed.
+
+Both refuse a gradient that is not shaped as the trained tensors (:func:`check_gradient`):
+other names, another shape (PyTorch's ``+=`` would broadcast a shape-[1] tensor into every
+row), another dtype (a float64 gradient would be rounded silently). The trained tensors are
+``like`` when given (the trainer's parameters), else the first gradient summed, which must be
+float32 (the trainers' gradients are: :func:`~digen.training.task_gradient`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import torch
 import torch.distributed as dist
 
+from digen.errors import DigenError
 
-def ordered_sum(parts: Iterable[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+
+class GradientMismatch(DigenError):
+    """A gradient whose names, shapes or dtypes are not the trained tensors'."""
+
+
+def check_gradient(grads: Mapping[str, torch.Tensor], like: Mapping[str, torch.Tensor], what: str) -> None:
+    """Refuse ``grads`` unless it has exactly ``like``'s names, and each tensor its shape and dtype."""
+    if set(grads) != set(like):
+        extra, missing = sorted(set(grads) - set(like)), sorted(set(like) - set(grads))
+        raise GradientMismatch(
+            f"{what}: not the trained tensors (extra {extra[:3]}, missing {missing[:3]})"[:300]
+        )
+    for k, g in grads.items():
+        want = like[k]
+        if tuple(g.shape) != tuple(want.shape) or g.dtype != want.dtype:
+            raise GradientMismatch(
+                f"{what}: tensor {k[:120]} is {g.dtype} {list(g.shape)[:8]}, "
+                f"the trained one {want.dtype} {list(want.shape)[:8]}"
+            )
+
+
+def _check_first(grads: Mapping[str, torch.Tensor], what: str) -> None:
+    if not grads:
+        raise GradientMismatch(f"{what}: an empty gradient")
+    odd = next((k for k, g in grads.items() if g.dtype != torch.float32), None)
+    if odd is not None:
+        raise GradientMismatch(f"{what}: tensor {odd[:120]} is {grads[odd].dtype}, not float32")
+
+
+def ordered_sum(
+    parts: Iterable[dict[str, torch.Tensor]], like: Mapping[str, torch.Tensor] | None = None
+) -> dict[str, torch.Tensor]:
     """``parts[0] + parts[1] + ...`` tensor by tensor, left to right (the first part cloned):
-    the reference's summation order."""
+    the reference's summation order. Every part must be shaped as ``like`` (else as the first
+    part, float32): :class:`GradientMismatch`."""
     total: dict[str, torch.Tensor] | None = None
-    for part in parts:
+    for i, part in enumerate(parts):
+        if like is not None:
+            check_gradient(part, like, f"gradient {i} of the sum")
+        elif total is None:
+            _check_first(part, f"gradient {i} of the sum")
+        else:
+            check_gradient(part, total, f"gradient {i} of the sum")
         if total is None:
             total = {k: v.clone() for k, v in part.items()}
         else:
@@ -45,13 +90,24 @@ class TaskSum:
     tensor, names sorted as the optimizer's), so the step all-reduces it in place, in one call,
     with no copy: at a FLUX LoRA r64's 684 MiB, one buffer instead of three."""
 
-    def __init__(self) -> None:
+    def __init__(self, like: Mapping[str, torch.Tensor] | None = None) -> None:
         self.flat: torch.Tensor | None = None
         self.total: dict[str, torch.Tensor] | None = None
         self.tasks: list[str] = []
+        self.like = like
+        """The trained tensors every gradient must match (None: the first gradient added)."""
 
     def add(self, task_id: str, grads: dict[str, torch.Tensor]) -> None:
-        """Add one task's gradient (the first is copied in: ``0 + g`` is not computed)."""
+        """Add one task's gradient (the first is copied in: ``0 + g`` is not computed); one
+        not shaped as the trained tensors is refused (:class:`GradientMismatch`) and changes
+        nothing."""
+        what = f"the gradient of task {task_id[:120]}"
+        if self.like is not None:
+            check_gradient(grads, self.like, what)
+        elif self.total is None:
+            _check_first(grads, what)
+        else:
+            check_gradient(grads, self.total, what)
         if self.total is None:
             names = sorted(grads)
             first = grads[names[0]]

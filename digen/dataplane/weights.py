@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from digen.dataplane.blobs import BlobLost, buckets, describe, fetch
+from digen.dataplane.blobs import BlobLost, BlobMismatch, Expect, buckets, describe, fetch
 
 log = logging.getLogger(__name__)
 
@@ -40,20 +40,28 @@ def fetch_version(
     bucket_bytes: int = BUCKET_BYTES,
     start: int = 0,
     on_bucket: Callable[[dict[str, torch.Tensor]], None] | None = None,
+    version: int | None = None,
 ) -> dict[str, torch.Tensor]:
     """Blob ``name`` (a version's weights) from ``holders`` (blob server addresses), bucket by
     bucket. ``on_bucket(tensors)`` receives each bucket as it lands (then nothing is kept and
     ``{}`` returns); else the whole dict returns. ``start`` offsets which holder serves the
     first bucket (spread receivers: their index). Raises :class:`BlobLost` when no holder can
-    serve some bucket."""
+    serve some bucket. ``version``: the version the blob must say it is. A holder whose
+    answer does not check out (:class:`~digen.dataplane.blobs.BlobMismatch`: another version,
+    no proof of the job's key) serves no further bucket: one warning, not one per bucket."""
+    expect = Expect(version=version)
+    bad: set[str] = set()
     if not holders:
         raise BlobLost(f"{name}: no worker holds it")
     specs = None
     errors = []
     for h in holders[start % len(holders) :] + holders[: start % len(holders)]:
         try:
-            specs, _ = describe(h, name)
+            specs, _ = describe(h, name, expect=expect)
             break
+        except BlobMismatch as exc:
+            bad.add(h)
+            errors.append(str(exc))
         except BlobLost as exc:
             errors.append(str(exc))
     if specs is None:
@@ -65,8 +73,13 @@ def fetch_version(
         tried = []
         for j in range(len(holders)):
             h = holders[(start + i + j) % len(holders)]
+            if h in bad:
+                continue
             try:
-                return fetch(h, name, names=parts[i], dtype=dtype)[0]
+                return fetch(h, name, names=parts[i], dtype=dtype, expect=expect)[0]
+            except BlobMismatch as exc:
+                bad.add(h)
+                tried.append(str(exc))
             except BlobLost as exc:
                 tried.append(str(exc))
         raise BlobLost(f"{name} bucket {i}: every holder failed ({'; '.join(tried)})")

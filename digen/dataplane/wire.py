@@ -18,10 +18,13 @@ import json
 import math
 import socket
 import struct
+import time
+from collections.abc import Collection
 from typing import Any
 
 import torch
 
+from digen.dataplane.digest import ALGORITHM, Receiver
 from digen.errors import PayloadError
 
 MAGIC = b"DGN1"
@@ -69,44 +72,97 @@ def _raw(t: torch.Tensor) -> memoryview:
     return memoryview(flat.view(torch.uint8).numpy()).cast("B")
 
 
+def cast_to(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """``t`` as it travels when the receiver asked for ``dtype``: floating tensors cast,
+    others as they are."""
+    return t.to(dtype) if dtype is not None and t.is_floating_point() else t
+
+
+def _timeout(sock: socket.socket, deadline: float | None) -> None:
+    """Give the next socket call what is left until ``deadline`` (monotonic; None: leave it)."""
+    if deadline is not None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request's deadline passed")
+        sock.settimeout(left)
+
+
 def send_frame(
-    sock: socket.socket, header: dict[str, Any], tensors: dict[str, torch.Tensor] | None = None
+    sock: socket.socket,
+    header: dict[str, Any],
+    tensors: dict[str, torch.Tensor] | None = None,
+    *,
+    cast: torch.dtype | None = None,
+    deadline: float | None = None,
 ) -> int:
-    """Write one frame: ``header`` plus ``tensors`` (moved to the CPU and made contiguous one
-    at a time, as they are sent). Returns the payload bytes sent."""
+    """Write one frame: ``header`` plus ``tensors`` (each moved to the CPU, made contiguous and,
+    for floating tensors when ``cast`` is given, cast, one at a time as it is sent: never a copy
+    of the whole frame). ``deadline`` (monotonic): the whole frame must be out by then, else
+    :class:`TimeoutError`. Returns the payload bytes sent."""
     tensors = tensors or {}
     head = dict(header)
-    head["tensors"] = describe(tensors)
+    head["tensors"] = [
+        {"name": n, "dtype": DTYPE_NAMES[cast_to_dtype(t, cast)], "shape": list(t.shape)}
+        for n, t in tensors.items()
+    ]
     body = json.dumps(head).encode()
+    _timeout(sock, deadline)
     sock.sendall(MAGIC + struct.pack("<Q", len(body)) + body)
     sent = 0
     for t in tensors.values():
-        data = _raw(t.detach().to("cpu").contiguous())
+        data = _raw(cast_to(t.detach(), cast).to("cpu").contiguous())
+        _timeout(sock, deadline)
         sock.sendall(data)
         sent += len(data)
     return sent
 
 
-def _recv_exact(sock: socket.socket, view: memoryview) -> None:
+def cast_to_dtype(t: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
+    return dtype if dtype is not None and t.is_floating_point() else t.dtype
+
+
+def _recv_exact(
+    sock: socket.socket, view: memoryview, deadline: float | None = None, receiver: Receiver | None = None
+) -> None:
     got = 0
     while got < len(view):
+        _timeout(sock, deadline)
         n = sock.recv_into(view[got:])
         if n == 0:
             raise ConnectionError(f"the peer closed the connection after {got} of {len(view)} bytes")
         got += n
+        if receiver is not None:
+            receiver.landed(got)
 
 
-def recv_header(sock: socket.socket) -> dict[str, Any]:
-    """Read a frame's header (the tensors' bytes follow: :func:`recv_tensors`)."""
+def recv_header(
+    sock: socket.socket,
+    *,
+    max_header: int = MAX_HEADER,
+    idle_s: float | None = None,
+    header_s: float | None = None,
+) -> dict[str, Any]:
+    """Read a frame's header (the tensors' bytes follow: :func:`recv_tensors`). A server reads
+    requests with ``idle_s``: how long to wait for a request's first byte, and ``header_s``:
+    how long the whole header may take from there (a peer that trickles bytes is cut, however
+    often it sends one). :class:`TimeoutError` when either passes."""
     pre = bytearray(12)
-    _recv_exact(sock, memoryview(pre))
+    view = memoryview(pre)
+    if idle_s is not None:
+        sock.settimeout(idle_s)
+        n = sock.recv_into(view[:1])
+        if n == 0:
+            raise ConnectionError("the peer closed the connection")
+        view = view[1:]
+    deadline = None if header_s is None else time.monotonic() + header_s
+    _recv_exact(sock, view, deadline)
     if bytes(pre[:4]) != MAGIC:
         raise PayloadError(f"not a digen data-plane frame (starts with {bytes(pre[:4])!r})")
     (n,) = struct.unpack("<Q", pre[4:])
-    if n > MAX_HEADER:
-        raise PayloadError(f"frame header of {n} bytes is over the {MAX_HEADER}-byte limit")
+    if n > max_header:
+        raise PayloadError(f"frame header of {n} bytes is over the {max_header}-byte limit")
     body = bytearray(n)
-    _recv_exact(sock, memoryview(body))
+    _recv_exact(sock, memoryview(body), deadline)
     try:
         header = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -131,16 +187,31 @@ def _check_spec(spec: Any) -> None:
 
 
 def recv_tensors(
-    sock: socket.socket, header: dict[str, Any], *, max_bytes: int | None = None
+    sock: socket.socket,
+    header: dict[str, Any],
+    *,
+    max_bytes: int | None = None,
+    hashed: Collection[str] = (),
+    digests: dict[str, str] | None = None,
+    algorithm: str = ALGORITHM,
 ) -> dict[str, torch.Tensor]:
-    """Read the tensors ``header`` announces, each into a fresh CPU tensor."""
+    """Read the tensors ``header`` announces, each into a fresh CPU tensor. The digest
+    (:mod:`digen.dataplane.digest`, with ``algorithm``) of each tensor named in ``hashed`` goes
+    into ``digests``, computed piece by piece while the rest is still arriving."""
     specs = header.get("tensors", [])
     total = sum(tensor_nbytes(s) for s in specs)
     if max_bytes is not None and total > max_bytes:
         raise PayloadError(f"frame announces {total} bytes, over the {max_bytes}-byte limit")
     out: dict[str, torch.Tensor] = {}
+    pending: dict[str, Receiver] = {}
     for spec in specs:
         t = torch.empty(spec["shape"], dtype=dtype_of(spec["dtype"]))
-        _recv_exact(sock, _raw(t))
+        data = _raw(t)
+        receiver = Receiver(data, algorithm) if spec["name"] in hashed else None
+        _recv_exact(sock, data, receiver=receiver)
+        if receiver is not None:
+            pending[spec["name"]] = receiver
         out[spec["name"]] = t
+    if digests is not None:
+        digests.update({n: r.digest() for n, r in pending.items()})
     return out

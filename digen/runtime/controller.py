@@ -486,6 +486,7 @@ def run_distributed(
     steps = StepControl(cfg, run, queue, group, ledger, version, checkpoint)
     steps.publish_current()
     job.set_stepped(start_iteration - 1)
+    job.blob_key()  # made here, before any worker: the workers' loops read it
     job.set_status("running")
     # the local cluster starts and its workers load their models: each builds version 0
     # itself (digen.assembly.build_policy), or its trainers load the resumed checkpoint

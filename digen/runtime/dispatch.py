@@ -92,9 +92,18 @@ class Dispatcher:
 
     def source(self, t: TaskRef) -> dict | None:
         """Where the trajectories of ``t``'s group are (the worker fetches them from there;
-        None: being generated again, the task will be re-posted with it)."""
+        None: being generated again, the task will be re-posted with it), their digest and the
+        version they were generated with (the worker checks what it fetched against both)."""
         b = self.ledger.sources.get(t.iteration, {}).get(t.group)
-        return None if b is None else {"addr": b.addr, "name": b.name}
+        if b is None:
+            return None
+        out: dict = {"addr": b.addr, "name": b.name}
+        if b.digest:
+            out["digest"] = b.digest
+        version = self.ledger.gen_versions.get(t.iteration, {}).get(t.group)
+        if version is not None:
+            out["version"] = int(version)
+        return out
 
     def put(self, t: TaskRef, queue: str, payload: dict) -> None:
         """Queue ``t``; one that exists (released again: its input or result was lost) runs anew."""

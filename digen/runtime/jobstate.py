@@ -10,14 +10,20 @@ Keys (``P = digen:<job_id>:``)::
     P loop:<worker>    string  token of the worker's current loop (one loop per worker)
     P stepped          string  the newest iteration whose optimizer step is done: workers drop
                                the trajectories and gradients of it and older ones
+    P blobkey          string  the job's blob key (hex, 32 bytes): every blob request of the job
+                               is signed with it (:mod:`digen.dataplane.auth`)
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 from dataclasses import dataclass
 
 from digen.core.events import Role
+
+BLOB_KEY_BYTES = 32
+"""The job's blob key (HMAC-SHA256, :mod:`digen.dataplane.auth`: the same size there)."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +108,18 @@ class JobState:
     def startup_notes(self) -> dict[str, dict[str, float]]:
         raw = self.r.hgetall(self.p + "startup")
         return {k.decode(): json.loads(v) for k, v in raw.items()}
+
+    # --- the data plane's key ----------------------------------------------------------
+    def blob_key(self) -> bytes:
+        """The job's blob key: made by the first to ask (the controller, when the job starts;
+        ``SET NX``, so two askers get the same key) and read by every worker's loop. Only the
+        job's processes can read the job's Redis: only they can sign a blob request."""
+        self.r.set(self.p + "blobkey", secrets.token_hex(BLOB_KEY_BYTES), nx=True)
+        raw = self.r.get(self.p + "blobkey")
+        key = bytes.fromhex(raw.decode()) if raw is not None else b""
+        if len(key) != BLOB_KEY_BYTES:
+            raise ValueError(f"job {self.job_id}'s blob key in Redis is not {BLOB_KEY_BYTES} bytes")
+        return key
 
     # --- status -----------------------------------------------------------------------
     def set_status(self, status: str) -> None:

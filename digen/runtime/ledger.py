@@ -19,11 +19,13 @@ from digen.tasks import plan_groups
 
 @dataclass(frozen=True)
 class Blob:
-    """Where a blob lives: the worker that holds it, its server's address, its name."""
+    """Where a blob lives: the worker that holds it, its server's address, its name; and its
+    digest (what a consumer checks it against: :mod:`digen.dataplane.blobs`; "" unknown)."""
 
     worker: str
     addr: str
     name: str
+    digest: str = ""
 
 
 @dataclass(frozen=True)

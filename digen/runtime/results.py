@@ -66,7 +66,7 @@ class Collector:
                 book.add_rewards(ref.group, [float(x) for x in res["rewards"]])
             b = res["blob"]
             led.sources.setdefault(ref.iteration, {})[ref.group] = Blob(
-                res["worker"], str(b["addr"]), str(b["name"])
+                res["worker"], str(b["addr"]), str(b["name"]), str(b.get("digest", ""))
             )
             led.gen_versions.setdefault(ref.iteration, {})[ref.group] = book.groups[ref.group].version
             if "cells" in res:
@@ -79,7 +79,9 @@ class Collector:
         else:
             grad = res.get("grad")
             blob = (
-                Blob(res["worker"], str(grad["addr"]), str(grad["name"])) if isinstance(grad, dict) else None
+                Blob(res["worker"], str(grad["addr"]), str(grad["name"]), str(grad.get("digest", "")))
+                if isinstance(grad, dict)
+                else None
             )
             led.trained.setdefault(ref.iteration, {})[task_id] = Trained(ref, res["worker"], blob)
             book.stats[(ref.group, ref.part or 0)] = TrainStats.from_json(res["stats"])

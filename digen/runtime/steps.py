@@ -102,7 +102,7 @@ class StepControl:
         }
         exact = self.cfg.train.reduce == "exact"
         order = sorted(trained.values(), key=lambda t: (t.task.group, t.task.part or 0))
-        blobs = [[t.task.id, t.blob.addr, t.blob.name] for t in order if t.blob is not None]
+        blobs = [[t.task.id, t.blob.addr, t.blob.name, t.blob.digest] for t in order if t.blob is not None]
         held: dict[str, list[str]] = {}
         for t in order:
             if t.blob is None:

@@ -65,7 +65,7 @@ class StepCommand:
     held: dict[str, list[str]] = field(default_factory=dict)
     """allreduce: member -> the train tasks in its running sum (checked before reducing)."""
     blobs: list[list[str]] = field(default_factory=list)
-    """[task id, blob server address, blob name] of gradients kept as blobs: every task's with
+    """[task id, blob server address, blob name, digest] of gradients kept as blobs: every task's with
     ``train.reduce: exact`` (then in (group, part) order), else those of non-members (RAT)."""
     exact: bool = False
     writer: str = ""

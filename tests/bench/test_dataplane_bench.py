@@ -31,3 +31,7 @@ def test_a_small_dataplane_bench_moves_nothing_through_the_controller_and_writes
     assert json.loads(js.read_text())["commit"] == "abc1234"
     text = md.read_text()
     assert "| lora-8mib (8 MiB) | dataplane |" in text and "through-redis" in text
+    # the digest: its cost per round, and the candidate hashes at the first size
+    assert new.digest_s is not None and new.digest_put_s is not None and new.digest_share() is not None
+    assert {d["algorithm"] for d in new.digests} >= {"sha256", "blake2b", "crc32", "xxh3-128"}
+    assert not full.digests and "hash / distribute" in text and "| xxh3-128 | bfloat16 |" in text

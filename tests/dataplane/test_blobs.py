@@ -106,11 +106,15 @@ def test_describe_gives_shapes_without_bytes_and_buckets_split_by_travelling_siz
     assert buckets(specs, 4096, dtype=torch.bfloat16) == [["a", "b", "c", "d"]]  # half the bytes
 
 
-def hung_up(s: socket.socket) -> bool:
+def until_closed(s: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection (the hello, then its answer)."""
+    got = b""
     try:
-        return s.recv(100) == b""
+        while chunk := s.recv(65536):
+            got += chunk
     except ConnectionResetError:
-        return True
+        pass
+    return got
 
 
 def test_junk_and_oversized_requests_are_refused_without_harm(served):
@@ -119,14 +123,15 @@ def test_junk_and_oversized_requests_are_refused_without_harm(served):
     host, port = server.address.rsplit(":", 1)
     with socket.create_connection((host, int(port))) as s:  # not a frame at all
         s.sendall(b"\x80\x04\x95pickle-ish bytes")
-        assert hung_up(s)
+        assert b'"error": "bad"' in until_closed(s)
     with socket.create_connection((host, int(port))) as s:  # a header claiming 1 GiB
         s.sendall(MAGIC + struct.pack("<Q", 2**30))
-        assert hung_up(s)
+        assert b"over the" in until_closed(s)
     with socket.create_connection((host, int(port))) as s:  # an unknown op gets an answer
         send_frame(s, {"op": "exec", "blob": "x"})
-        assert b"unknown request" in s.recv(1000)
+        assert b"unknown request op exec" in until_closed(s)
     assert torch.equal(fetch(server.address, "x")[0]["t"], torch.ones(2))  # still serving
+    assert server.counts["bad"] == 3 and server.counts["served"] == 1
 
 
 def test_mutual_tls_serves_peers_with_a_signed_certificate_and_refuses_others(tmp_path):
@@ -134,7 +139,7 @@ def test_mutual_tls_serves_peers_with_a_signed_certificate_and_refuses_others(tm
     server_ctx, client_ctx = tls_contexts(str(certs.ca), str(certs.cert), str(certs.key))
     store = BlobStore()
     store.put("x", {"t": torch.arange(4.0)})
-    server = BlobServer(store, ssl_context=server_ctx)
+    server = BlobServer(store, ssl_context=server_ctx, handshake_s=0.5)  # a plain client sends no TLS hello
     try:
         with connection(server.address, client_ctx) as s:
             assert torch.equal(fetch(server.address, "x", sock=s)[0]["t"], torch.arange(4.0))

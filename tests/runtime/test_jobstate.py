@@ -81,6 +81,7 @@ def test_a_worker_loop_cycle_takes_two_round_trips(redis_client, role, queue):
 def test_lora_weight_sync_moves_only_the_adapter(tiny_sd3):
     """A version travels trainer -> rollout as the trained tensors only: the adapter of a
     LoRA run (a fifth of the transformer's bytes or less), fetched whole and equal."""
+    from digen.dataplane.auth import keyring, new_key
     from digen.dataplane.blobs import BlobServer, BlobStore
     from digen.dataplane.weights import fetch_version, version_blob
     from digen.models import load_policy
@@ -92,6 +93,7 @@ def test_lora_weight_sync_moves_only_the_adapter(tiny_sd3):
     assert all("lora_" in k for k in adapter)
     sent = {}
     for name, tensors in (("full", full), ("lora", adapter)):
+        keyring().add(name, new_key())  # this process stands for the job's processes
         store = BlobStore()
         store.put(version_blob(name, 0), tensors)
         server = BlobServer(store)

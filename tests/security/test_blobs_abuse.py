@@ -1,0 +1,184 @@
+"""A blob server that survives abuse: out of file descriptors, trickling and idle peers, too
+many connections, malformed and oversized requests, a peer that never reads, a TLS peer that
+never finishes its handshake. Each test decides from what the server did (its counts, what
+it sent) with small, configured timeouts."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from digen.dataplane.auth import keyring, request_mac
+from digen.dataplane.blobs import BlobLost, connection, fetch, tls_contexts
+from digen.dataplane.wire import MAGIC, recv_header, send_frame
+from tests.reliability.certs import make_certs
+from tests.security.blob_helpers import (
+    JOB,
+    job_key,
+    raw_connection,
+    read_hello,
+    serving,
+    until_closed,
+    wait_until,
+    weights,
+)
+
+NAME = f"{JOB}:weights:1"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_accept_loop_survives_running_out_of_file_descriptors():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [sys.executable, "-m", "tests.security.emfile_child"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["failed_while_out"] >= 3  # accept() kept failing with EMFILE, and kept being retried
+    assert seen["hello"] == "digen-blob/2"  # the waiting peer was served once descriptors were back
+    assert seen["fetched"] == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert seen["accept_warnings"] == 1  # logged once, not once per retry
+
+
+def test_a_peer_that_trickles_its_header_is_cut_by_the_header_deadline():
+    with job_key(), serving(header_s=0.3, idle_s=30) as (store, server):
+        store.put(NAME, weights())
+        with raw_connection(server.address) as s:
+            read_hello(s)
+            sent = 0
+            try:
+                for b in MAGIC + b"\x00" * 8:  # one byte every 50 ms: each arrives well within idle_s
+                    s.sendall(bytes([b]))
+                    sent += 1
+                    time.sleep(0.05)
+                    if server.counts["timed_out"]:
+                        break
+            except OSError:
+                pass
+            wait_until(lambda: server.counts["timed_out"] == 1, "the header deadline")
+            assert until_closed(s) == b""  # closed, nothing answered
+        assert sent < 12 and server.active == 0
+
+
+def test_an_idle_connection_is_closed_after_idle_s():
+    with job_key(), serving(idle_s=0.2) as (store, server):
+        with raw_connection(server.address) as s:
+            read_hello(s)
+            assert until_closed(s) == b""
+        wait_until(lambda: server.counts["timed_out"] == 1 and server.active == 0, "the idle timeout")
+
+
+def test_connections_are_capped_per_server_and_per_peer():
+    with job_key(), serving(max_conns=3, max_per_peer=2) as (store, server):
+        store.put(NAME, weights())
+        held = [raw_connection(server.address, "127.0.0.1") for _ in range(2)]
+        for s in held:
+            read_hello(s)
+        with raw_connection(server.address, "127.0.0.1") as third:  # a third from the same peer
+            assert recv_header(third) == {
+                "ok": False,
+                "error": "busy",
+                "message": "too many connections",
+                "tensors": [],
+            }
+        other = raw_connection(server.address, "127.0.0.2")  # another peer still gets in...
+        read_hello(other)
+        with raw_connection(server.address, "127.0.0.3") as fourth:  # ...until the server is full
+            assert recv_header(fourth)["error"] == "busy"
+        assert server.counts["busy"] == 2 and server.active == 3
+        with pytest.raises(BlobLost, match="too many connections"):
+            fetch(server.address, NAME)
+        for s in [*held, other]:
+            s.close()
+        wait_until(lambda: server.active == 0, "the connections to end")
+        assert torch.equal(fetch(server.address, NAME)[0]["layer0.w"], weights()["layer0.w"])
+
+
+def test_malformed_requests_get_an_error_frame_and_a_debug_line_never_a_traceback(caplog):
+    caplog.set_level(logging.DEBUG, "digen.dataplane.blobs")
+    long = f"{JOB}:" + "n" * 500_000  # under the request limit: read whole, then refused
+    with job_key(), serving(max_request=2**20) as (store, server):
+        store.put(NAME, weights())
+        cases = [
+            b"GET / HTTP/1.1\r\n\r\n",
+            MAGIC + (5).to_bytes(8, "little") + b"{nope",
+            MAGIC + (2**40).to_bytes(8, "little"),
+            MAGIC + (3 * 2**20).to_bytes(8, "little"),  # over the 1 MiB request limit: not read
+        ]
+        for raw in cases:
+            with raw_connection(server.address) as s:
+                read_hello(s)
+                s.sendall(raw)
+                assert b'"error": "bad"' in until_closed(s)
+        frames = [
+            {"op": "get", "blob": NAME, "names": "layer0.w", "seq": 0, "nonce": "c"},
+            {"op": "get", "blob": NAME, "dtype": "complex128", "seq": 0, "nonce": "c"},
+            {"op": "get", "blob": 7},
+            {"op": "get", "blob": long, "names": 5, "seq": 0, "nonce": "c"},  # not echoed back
+        ]
+        for frame in frames:
+            with raw_connection(server.address) as s:
+                read_hello(s)
+                send_frame(s, frame)
+                answer = until_closed(s)
+                assert b'"error": "bad"' in answer and len(answer) < 600  # the name is not echoed
+        assert server.counts["bad"] == len(cases) + len(frames) and server.bytes_sent == 0
+        assert torch.equal(fetch(server.address, NAME)[0]["layer0.w"], weights()["layer0.w"])  # still serving
+    loud = [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
+    assert loud == [] and any("bad frame" in r.getMessage() for r in caplog.records)
+
+
+def test_a_missing_blobs_long_name_is_cut_in_the_answer():
+    with job_key(), serving() as (_store, server):
+        name = f"{JOB}:" + "x" * 100_000
+        with pytest.raises(BlobLost) as err:
+            fetch(server.address, name)
+        assert "no blob" in str(err.value) and len(str(err.value)) < 600
+
+
+def test_a_peer_that_asks_for_a_float64_copy_and_never_reads_is_cut_by_the_request_deadline():
+    """The cast is made one tensor at a time as it goes out; a reader that stalls is cut at
+    ``request_s`` and the copy is freed with its connection."""
+    big = {f"t{i}": torch.zeros(2**20) for i in range(16)}  # 64 MiB float32, 128 MiB as float64
+    with job_key() as key, serving(request_s=0.5) as (store, server):
+        store.put(NAME, big)
+        with raw_connection(server.address) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            nonce = read_hello(s)["nonce"]
+            req = {"op": "get", "blob": NAME, "names": None, "exclude": [], "dtype": "float64"}
+            req |= {"seq": 0, "nonce": "c" * 32, "from": "test"}
+            req["mac"] = request_mac(key, nonce, req)
+            send_frame(s, req)
+            wait_until(lambda: server.counts["timed_out"] == 1, "the request deadline")
+        wait_until(lambda: server.active == 0, "the connection to end")
+
+
+def test_a_tls_peer_that_never_finishes_its_handshake_is_cut(tmp_path):
+    certs = make_certs(tmp_path / "certs")
+    server_ctx, client_ctx = tls_contexts(str(certs.ca), str(certs.cert), str(certs.key))
+    with job_key(), serving(ssl_context=server_ctx, handshake_s=0.3) as (store, server):
+        store.put(NAME, weights())
+        with raw_connection(server.address) as s:  # TCP only: no ClientHello ever comes
+            assert until_closed(s) == b""
+        wait_until(lambda: server.counts["timed_out"] == 1 and server.active == 0, "the handshake timeout")
+        with connection(server.address, client_ctx) as ch:  # a real peer is served as before
+            assert torch.equal(fetch(server.address, NAME, sock=ch)[0]["layer2.w"], weights()["layer2.w"])
+
+
+def test_the_process_keyring_is_left_as_found():
+    assert keyring().get(JOB) is None
