@@ -163,7 +163,9 @@ class WorkerRuntime:
             shards = None if holders else self.group.shard_holders(version)
             try:
                 if holders:
-                    return fetch_version(holders, name, dtype=trained_dtype(self.cfg), start=start, version=version)
+                    return fetch_version(
+                        holders, name, dtype=trained_dtype(self.cfg), start=start, version=version
+                    )
                 if shards:  # an FSDP group: every rank's dim-0 shard, put together here
                     n = len(shards)  # each worker starts at another rank: no rank serves all first
                     order = [(start + i) % n for i in range(n)]
