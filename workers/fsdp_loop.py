@@ -4,9 +4,10 @@
 job's trainer workers (the member list the controller fixed at job start, sorted by name) form
 one torch.distributed process group, rendezvous through Redis (no pickle anywhere):
 
-1. rank 0 starts a ``TCPStore`` on its host (OS-assigned port) and writes host/port/backend
-   to Redis (:class:`~digen.runtime.fsdp_keys.FsdpGroup`); the others poll for it and
-   connect; every rank calls ``init_process_group`` (gloo on CPU, NCCL on CUDA);
+1. rank 0 names a formation and its backend in Redis
+   (:class:`~digen.runtime.fsdp_keys.FsdpGroup`); the others poll for it; every rank calls
+   ``init_process_group`` (gloo on CPU, NCCL on CUDA) over a store in the job's Redis
+   (:mod:`digen.parallel.store`: no rendezvous port);
 2. every rank starts from version 0 (its own seeded build) or, on ``--resume``, the
    checkpoint's weights (read from the file), shards them with
    :class:`~digen.parallel.fsdp.ShardedTrainer` and takes its share of the checkpoint's AdamW

@@ -271,6 +271,7 @@ def join_group(
         timeout_s=rt.cfg.schedule.lease_s,
         publish=rendezvous.publish,
         await_address=await_address,
+        store=rendezvous.store,
     )
 
 

@@ -4,8 +4,9 @@
 returns at once for a worker outside the controller's plan (:mod:`digen.runtime.sp_keys`),
 else this worker is one rank of its replica until the job stops or the replica breaks, and
 then the ordinary (d=1) loop goes on. Rendezvous as the FSDP group does
-(:mod:`workers.fsdp_loop`): the leader (rank 0) starts a ``TCPStore`` and writes its address
-to Redis, the others connect; one torch.distributed group (gloo on CPU, NCCL on CUDA).
+(:mod:`workers.fsdp_loop`): the leader (rank 0) names a formation in Redis, every rank meets
+the others in a store in the job's Redis (:mod:`digen.parallel.store`); one torch.distributed
+group (gloo on CPU, NCCL on CUDA).
 
 The leader reads its role tag, leases ``gen`` tasks (then ``eval`` ones) and broadcasts each
 as a JSON command; every rank loads the task's weights version and runs the same denoising

@@ -14,6 +14,7 @@ import ipaddress
 import json
 import logging
 import os
+import secrets
 import socket
 from collections.abc import Callable
 from datetime import timedelta
@@ -85,62 +86,43 @@ def join_process_group(
     world: int,
     device: torch.device,
     timeout_s: float,
-    publish: Callable[[str, int, str], None],
+    publish: Callable[[dict], None],
     await_address: Callable[[], dict | None],
+    store: Callable[[str, timedelta], dist.Store],
 ) -> dict | None:
     """Form a group's ``torch.distributed`` process group through a rendezvous in Redis.
 
-    The leader (rank 0) serves a ``TCPStore`` on ``host`` (OS-assigned port) and ``publish``es
-    host, port and backend (gloo on CPU, NCCL on CUDA); the others ``await_address`` (None: give
-    up, the job stopped or the leader left) and connect. Every rank then joins with
-    ``init_process_group``. Returns the address, or None when a rank gave up. The trainer
-    group, the FSDP trainer group (:mod:`workers.fsdp_loop`) and the sequence-parallel
-    replicas (:mod:`workers.sp_loop`) form their groups this way.
+    The leader (rank 0) names a fresh formation (a random ``store`` name) and its backend
+    (gloo on CPU, NCCL on CUDA) and ``publish``es them; the others ``await_address`` (None:
+    give up, the job stopped or the leader left). Every rank then joins with
+    ``init_process_group`` over ``store(name, timeout)``: a
+    :class:`~digen.parallel.store.RedisStore` in the job's Redis, so the rendezvous opens no
+    port (a ``TCPStore`` would answer anyone who reaches it). Returns the published address,
+    or None when a rank gave up. The trainer group, the FSDP trainer group
+    (:mod:`workers.fsdp_loop`) and the sequence-parallel replicas (:mod:`workers.sp_loop`)
+    form their groups this way.
 
-    Where it listens: ``host`` is the rank's Dask worker host (127.0.0.1 in the embedded
-    cluster). The store listens there only (:func:`store_listener`; ``TCPStore`` itself binds
-    every interface), and gloo's and NCCL's own sockets are pinned to that address's
-    interface (:func:`pin_interface`). Neither the store nor the collectives authenticate a
-    peer: docs/deploy.md says how to isolate them."""
+    Where the collectives listen: gloo's and NCCL's own sockets are pinned to the interface of
+    ``host``, the rank's Dask worker host (127.0.0.1 in the embedded cluster;
+    :func:`pin_interface`). They authenticate no peer: docs/deploy.md says how to isolate
+    them."""
     timeout = timedelta(seconds=timeout_s)
     pin_interface(host)
     if leader:
         backend = "nccl" if device.type == "cuda" else "gloo"
-        listener = store_listener(host)
-        store = dist.TCPStore(
-            host,
-            listener.getsockname()[1],
-            world,
-            is_master=True,
-            timeout=timeout,
-            wait_for_workers=False,
-            master_listen_fd=listener.detach(),  # the store owns the socket from here on
-        )
-        publish(host, store.port, backend)
-        addr = {"host": host, "port": store.port, "backend": backend}
+        addr = {"host": host, "store": secrets.token_hex(8), "backend": backend}
+        publish(addr)
     else:
         found = await_address()
         if found is None:
             return None
         addr = found
-        store = dist.TCPStore(addr["host"], int(addr["port"]), world, is_master=False, timeout=timeout)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(addr["backend"], store=store, rank=rank, world_size=world, timeout=timeout)
+    dist.init_process_group(
+        addr["backend"], store=store(addr["store"], timeout), rank=rank, world_size=world, timeout=timeout
+    )
     return addr
-
-
-def store_listener(host: str) -> socket.socket:
-    """A listening socket on ``host`` (OS-assigned port) for the leader's ``TCPStore``: given
-    as ``master_listen_fd``, the store serves on it instead of binding ``*:port``."""
-    return socket.create_server((host.strip("[]"), 0), family=_family(host), backlog=128)
-
-
-def _family(host: str) -> socket.AddressFamily:
-    try:
-        return socket.AF_INET6 if ipaddress.ip_address(host.strip("[]")).version == 6 else socket.AF_INET
-    except ValueError:
-        return socket.AF_INET
 
 
 def interface_of(host: str) -> str | None:

@@ -22,8 +22,8 @@ The trainer workers of a job (fixed at job start, sorted by name) form one proce
 (the rank loop: :mod:`workers.fsdp_loop`; the controller's side: :mod:`digen.runtime.fsdp_group`;
 the Redis keys: :mod:`digen.runtime.fsdp_keys`):
 
-1. rendezvous through Redis: rank 0 serves a ``TCPStore`` on its host and publishes its
-   address; every rank loads the start version's weights from Redis and calls
+1. rendezvous through Redis: rank 0 publishes a formation, and the ranks meet in a store in
+   the job's Redis (:mod:`digen.parallel.store`); every rank loads the start version's weights from Redis and calls
    ``ShardedTrainer(policy, cfg.train, activation_checkpointing=...)`` (which shards it); on
    ``--resume`` rank 0 reads the checkpoint's ``optimizer.safetensors`` and
    :meth:`ShardedTrainer.load_optimizer_state` scatters each rank's shard;

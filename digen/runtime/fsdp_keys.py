@@ -6,7 +6,7 @@ Keys (``P = digen:<job_id>:``, cleared with the job's other keys)::
     P fsdp:plan      string  JSON {"members": [sorted trainer names], "version": v,
                              "checkpoint": folder or null}: written once by the controller at
                              job start (a resumed job's ranks load the checkpoint)
-    P fsdp:store     string  JSON {"host", "port", "backend"}: rank 0's TCPStore, for the others
+    P fsdp:store     string  JSON {"host", "store", "backend"}: rank 0's formation, for the others
     P fsdp:joined    hash    member -> 1 once its loop joined (a second join is a restart)
     P fsdp:error     string  the first rank failure (set once)
     P q:step         list    step commands ``step:<iteration>`` (``step:<iteration>:<mini-batch>``

@@ -4,8 +4,10 @@ group and the sequence-parallel replicas keep their keys in Redis the same way.
 A group's keys are ``digen:<job_id>:<section>:<name>`` (cleared with the job's other keys);
 a value is JSON text (no pickle: Redis may be shared), and a key that is not set reads as
 None. Each group forms its torch.distributed process group through a :class:`Rendezvous`
-key: rank 0 publishes the JSON ``{"host", "port", "backend"}`` of the TCPStore it serves and
-the other ranks poll for it (:func:`digen.parallel.comm.join_process_group`).
+key: rank 0 publishes the JSON ``{"host", "store", "backend"}`` of one formation and the
+other ranks poll for it; every rank then meets the others in a
+:class:`~digen.parallel.store.RedisStore` under ``<key>:store:<store>:``, in the job's Redis
+(:func:`digen.parallel.comm.join_process_group`): no rendezvous port is opened.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ class JsonKeys:
 
 @dataclass(frozen=True)
 class Rendezvous:
-    """The key where one process group's rank 0 publishes its TCPStore's address."""
+    """The key where one process group's rank 0 publishes its formation (host, store name,
+    backend), and the store the ranks then meet in."""
 
     keys: JsonKeys
     key: str
@@ -42,8 +45,15 @@ class Rendezvous:
     gone: Callable[[], str | None] = lambda: None
     """Why the address will never come (its leader left), or None while it may."""
 
-    def publish(self, host: str, port: int, backend: str) -> None:
-        self.keys.set_json(self.key, {"host": host, "port": port, "backend": backend})
+    def publish(self, addr: dict) -> None:
+        self.keys.set_json(self.key, addr)
+
+    def store(self, name: str, timeout):
+        """The torch.distributed store of formation ``name``, in the job's Redis (torch is
+        imported here, never by the controller, which only reads and clears these keys)."""
+        from digen.parallel.store import RedisStore
+
+        return RedisStore(self.keys.r, f"{self.keys.p}{self.key}:store:{name}:", timeout)
 
     def poll(self) -> dict | None:
         """The address; ``{"gone": why}`` once it will never come; None until either."""

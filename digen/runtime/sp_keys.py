@@ -5,7 +5,7 @@ read.
 Keys (``P = digen:<job_id>:``, cleared with the job's other keys)::
 
     P sp:plan           string  JSON {"degree": d, "replicas": [[leader, follower, ...], ...]}
-    P sp:store:<leader> string  JSON {"host", "port", "backend"}: the leader's TCPStore
+    P sp:store:<leader> string  JSON {"host", "store", "backend"}: the leader's formation
     P sp:joined         hash    worker -> 1 once its loop joined (a second join is a restart)
     P sp:solo           hash    worker -> why it left its replica (it runs d=1 from then on)
 """

@@ -13,7 +13,8 @@ Keys (``P = digen:<job_id>:``, cleared with the job's other keys)::
     P tg:ok:<step>:<e>   set     members whose reduction of <step> in epoch <e> succeeded
     P tg:decision:<step> string  "commit:<e>" or "abort:<e>": written once (SET NX), so a
                                  step is either applied by every member or by none
-    P tg:addr:<e>        string  JSON {host, port, backend}: rank 0's rendezvous for epoch <e>
+    P tg:addr:<e>        string  JSON {host, store, backend}: rank 0's formation for epoch <e>
+    P tg:addr:<e>:store:<s>:*    torch.distributed's store of that formation (gloo/NCCL addresses)
     P tg:holders         hash    worker -> JSON {"addr": blob server, "versions": [v, ...],
                                  "state": v or null}: the weight versions a worker serves and
                                  the optimizer state it holds
