@@ -127,7 +127,7 @@ def worker_loop(
         blobs=local_store(),
         blob_addr=server.address,
     )
-    token = uuid.uuid4().hex
+    token = rt.incarnation = uuid.uuid4().hex
     rt.job.claim_loop(name, token)  # one loop per worker: an older one stops
     faults.point("start", rt.job, name)
     if not scorer:

@@ -64,6 +64,11 @@ class Membership:
             if self.role_of(w) in (Role.TRAINER, Role.COLOCATED) and n in self.loops and self.job.is_ready(n)
         )
 
+    def incarnations(self, names: list[str]) -> dict[str, str]:
+        """name -> incarnation (the token of its current loop) of workers ``names``; a worker
+        restarted under the same name has a new one."""
+        return self.job.incarnations(names)
+
     def sync(self, now: float) -> list[Event]:
         """Workers that joined or left since the last look, as scheduler events; restarts
         crashed loops. A worker restarted under the same name left and joined again."""

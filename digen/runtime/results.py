@@ -133,9 +133,11 @@ class Collector:
         led.collected.discard(led.gen_id(iteration, group))
         return [GroupLost(iteration, group, now)]
 
-    def worker_left(self, worker: str, now: float) -> list[Event]:
-        """Regenerate what only ``worker`` held and train again what it had trained."""
-        groups, tasks = self.ledger.held_on(worker)
+    def worker_left(self, worker: str, now: float, keep: set[str] = frozenset()) -> list[Event]:
+        """Regenerate what only ``worker`` held and train again what it had trained, but for
+        the train tasks in ``keep`` (the step in flight's: its decision says whether they are
+        lost, :meth:`~digen.runtime.steps.StepControl.check`)."""
+        groups, tasks = self.ledger.held_on(worker, keep)
         out: list[Event] = []
         for k, g in groups:
             log.warning("worker %s left with the trajectories of group %d of iteration %d", worker, g, k)
