@@ -252,7 +252,7 @@ class StepControl:
         what, _, epoch = decided.partition(":")
         if what == COMMIT and int(epoch) == cmd.epoch:
             if cmd.writer in gone:  # committed: any other member holds the same state
-                survivors = [m for m in cmd.members if m in alive]
+                survivors = [m for m in cmd.members if m in alive and m not in left]
                 if survivors and survivors[0] != cmd.writer:
                     log.warning(
                         "the step's writer %s left after the commit; %s finishes it", cmd.writer, survivors[0]

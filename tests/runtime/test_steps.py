@@ -123,3 +123,17 @@ def test_the_books_count_only_committed_tasks(redis_client, tmp_path: Path):
     assert led.settle(1) == ["train:1:1"]
     assert led.dead[1] == ["train:1:1"] and led.untrained[1] == {(1, None)}
     assert led.books[1].metrics()["trained_rows"] == 8
+
+
+def test_a_writer_restarted_after_the_commit_is_replaced_by_a_member_that_holds_the_state(
+    redis_client, tmp_path: Path
+):
+    steps = make_steps(redis_client, tmp_path, "exact")
+    collect(steps, "train:1:0", "trainer-0", blob=True)
+    collect(steps, "train:1:1", "trainer-1", blob=True)
+    assert steps.request(1, ["trainer-0", "trainer-1"], 0, FIRST)
+    steps.group.decide("step:1", "commit", steps.epoch)
+    # the writer (rank 0) is back under its name, a new incarnation: it holds nothing
+    assert steps.check({"trainer-0": "a2", "trainer-1": "b"}) is None
+    cmd = steps.group.step()
+    assert cmd is not None and cmd.writer == "trainer-1" and steps.aborts == []
