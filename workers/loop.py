@@ -195,6 +195,7 @@ def run_task(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> None:
     if outcome is None:  # parked: its input is made again first
         return
     result, after = outcome
+    result["incarnation"] = rt.incarnation  # a result of a process that is gone does not count
     for e in result["events"]:  # when it left the queue: the bench's eval waits read it
         e["leased"] = leased.leased_at
     rt.report_redis(result["events"])

@@ -137,3 +137,34 @@ def test_a_writer_restarted_after_the_commit_is_replaced_by_a_member_that_holds_
     assert steps.check({"trainer-0": "a2", "trainer-1": "b"}) is None
     cmd = steps.group.step()
     assert cmd is not None and cmd.writer == "trainer-1" and steps.aborts == []
+
+
+def test_a_train_result_of_a_worker_process_gone_since_is_not_counted_and_runs_again(
+    redis_client, tmp_path: Path
+):
+    from digen.runtime.dispatch import Dispatcher
+    from digen.runtime.jobstate import JobState
+    from digen.runtime.results import Collector
+
+    steps = make_steps(redis_client, tmp_path, "exact")
+    led, queue, job = steps.ledger, steps.queue, JobState(redis_client, "steps")
+    collector = Collector(led, queue, steps.run, Dispatcher(led, queue, job))
+    payload = {"spec": "{}", "version": 1}
+    for tid in TASKS:
+        queue.put("train", tid, payload)
+        led.outstanding[tid] = ("train", payload)
+    job.claim_loop("trainer-1", "b2")  # trainer-1 restarted after it acknowledged train:1:1
+    res = {
+        "worker": "trainer-1",
+        "incarnation": "b",
+        "events": [],
+        "stats": TrainStats(rows=8).to_json(),
+        "grad": {"addr": "127.0.0.1:9001", "name": "steps:grad:train:1:1"},
+        "start": 0.0,
+        "end": 1.0,
+    }
+    assert collector.collect("train:1:1", res) == []
+    assert "train:1:1" not in led.trained.get(1, {}) and "train:1:1" not in led.collected
+    assert queue.state("train:1:1") == "pending"  # queued to run again
+    assert [e.task.id for e in collector.collect("train:1:1", {**res, "incarnation": "b2"})] == ["train:1:1"]
+    assert "train:1:1" in led.trained[1]
