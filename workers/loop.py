@@ -88,10 +88,13 @@ def worker_loop(
     device: str | None = None,
     threads: int = 1,
     trainer: bool | None = None,
+    incarnation: str | None = None,
 ) -> dict:
     """Run tasks of ``job_id`` until the job stops. Returns counts for the controller's log.
     A reward worker (Dask resource ``reward``) loads no policy: it only scores. ``trainer``
-    (default: the Dask resource ``trainer``) makes it a member of the trainer group."""
+    (default: the Dask resource ``trainer``) makes it a member of the trainer group.
+    ``incarnation``: this loop's token, which the controller placing it chose (default: a new
+    one); step commands name their members by it."""
     started = time.time()
     scorer = False
     try:  # inside a Dask worker: mark the task long-running so it does not block the pool
@@ -127,7 +130,7 @@ def worker_loop(
         blobs=local_store(),
         blob_addr=server.address,
     )
-    token = rt.incarnation = uuid.uuid4().hex
+    token = rt.incarnation = incarnation or uuid.uuid4().hex
     rt.job.claim_loop(name, token)  # one loop per worker: an older one stops
     faults.point("start", rt.job, name)
     if not scorer:

@@ -295,7 +295,7 @@ class Controller:
         if self.fsdp is not None or self.steps.inflight is None:
             return []
         iteration, mini_batch = self.steps.inflight.iteration, self.steps.inflight.mini_batch
-        incarnations = self.members.incarnations(list(self.workers))
+        incarnations = self.members.running(list(self.workers))
         lost = self.steps.check({w: incarnations.get(w, "") for w in self.workers})
         if lost is None:
             return []

@@ -8,9 +8,10 @@ Keys (``P = digen:<job_id>:``)::
     P status           string  running | cancel | done | failed
     P ready            hash    worker -> gpu type, for workers whose loop has loaded the model
     P loop:<worker>    string  token of the worker's current loop (one loop per worker): its
-                               *incarnation*. A restarted worker keeps its name and takes a new
-                               token, so the trainer group counts it as a new member (a step
-                               command names each member's incarnation)
+                               *incarnation*, chosen by the controller that placed the loop. A
+                               restarted worker keeps its name and gets a new loop and token,
+                               so the trainer group counts it as a new member (a step command
+                               names each member's incarnation)
     P stepped          string  the newest iteration whose optimizer step is done: workers drop
                                the trajectories and gradients of it and older ones
 """

@@ -67,28 +67,34 @@ def twin(tiny_sd3: Path, tmp_path_factory) -> Path:
     return out
 
 
-KILL_AFTER_OTHER_REPORTED = (
-    # each trainer trains one group of iteration 1: trainer-0 keeps its gradient until
-    # trainer-1 computed one (so trainer-1 holds a gradient the step needs)
-    Fault("train", "signal", worker="trainer-1", iteration=1, flag="t1-trained"),
-    Fault("train", "hold", worker="trainer-0", iteration=1, flag="t1-trained", seconds=120),
-    # the step: trainer-0 reports its reduction; trainer-1, reduced too, dies right then
-    Fault("reported", "signal", worker="trainer-0", iteration=1, flag="t0-reported"),
-    Fault("reduced", "hold", worker="trainer-1", iteration=1, flag="t0-reported", seconds=120),
-    Fault("reduced", "kill", worker="trainer-1", iteration=1),
+def kill_after_other_reported(i: int) -> tuple[Fault, ...]:
+    """Trainer-1 SIGKILLed the moment trainer-0 reported its reduction of step ``i``."""
+    return (
+        # each trainer trains one group of iteration i: trainer-0 keeps its gradient until
+        # trainer-1 computed one (so trainer-1 holds a gradient the step needs)
+        Fault("train", "signal", worker="trainer-1", iteration=i, flag=f"t1-trained-{i}"),
+        Fault("train", "hold", worker="trainer-0", iteration=i, flag=f"t1-trained-{i}", seconds=120),
+        # the step: trainer-0 reports its reduction; trainer-1, reduced too, dies right then
+        Fault("reported", "signal", worker="trainer-0", iteration=i, flag=f"t0-reported-{i}"),
+        Fault("reduced", "hold", worker="trainer-1", iteration=i, flag=f"t0-reported-{i}", seconds=120),
+        Fault("reduced", "kill", worker="trainer-1", iteration=i),
+    )
+
+
+@pytest.mark.parametrize(
+    ("reduce", "kill_at"),
+    [("exact", (1,)), ("allreduce", (1,)), ("exact", (1, 2))],
+    ids=["exact", "allreduce", "exact-twice"],
 )
-
-
-@pytest.mark.parametrize("reduce", ["exact", "allreduce"])
 def test_a_trainer_killed_right_after_the_other_reported_its_reduction_loses_no_task(
-    tiny_sd3: Path, twin: Path, tmp_path: Path, reduce: str
+    tiny_sd3: Path, twin: Path, tmp_path: Path, reduce: str, kill_at: tuple[int, ...]
 ):
     from digen.runtime.redis_conn import connect
     from digen.runtime.trainer_group import TrainerGroup
 
     cfg = chaos_config(tiny_sd3, reduce)
-    out, job_id = tmp_path / "run", f"chaos-{reduce}"
-    reasons: dict[str, dict[str, str]] = {}
+    out, job_id = tmp_path / "run", f"chaos-{reduce}-{len(kill_at)}"
+    reasons: dict[str, str] = {}
 
     def progress(row: dict) -> None:
         # why any member aborted a step (written by the member); a restarted trainer that
@@ -103,47 +109,34 @@ def test_a_trainer_killed_right_after_the_other_reported_its_reduction_loses_no_
     ctl = {}
     guard = threading.Timer(HANG_S, lambda: ctl["c"].job.set_status("cancel"))  # a hang fails, never waits
     guard.start()
+    faults = [f for i in kill_at for f in kill_after_other_reported(i)]
     try:
-        fired = run_job(
-            cfg,
-            out,
-            job_id,
-            *KILL_AFTER_OTHER_REPORTED,
-            progress=progress,
-            on_start=lambda c: ctl.update(c=c),
-        )
+        fired = run_job(cfg, out, job_id, *faults, progress=progress, on_start=lambda c: ctl.update(c=c))
     except JobCancelled:
-        pytest.fail(f"the job hung: cancelled after {HANG_S:g} s")
+        pytest.fail(f"the job hung: cancelled after {HANG_S:g} s; aborts: {ctl['c'].steps.aborts}")
     finally:
         guard.cancel()
-    got = sorted((f["point"], f["action"], f["worker"]) for f in fired)
-    assert got == [
-        ("reduced", "hold", "trainer-1"),
-        ("reduced", "kill", "trainer-1"),
-        ("reported", "signal", "trainer-0"),
-        ("train", "hold", "trainer-0"),
-        ("train", "signal", "trainer-1"),
-    ], got
+    got = sorted((f["iteration"], f["point"], f["action"], f["worker"]) for f in fired)
+    assert got == sorted((f.iteration, f.point, f.action, f.worker) for f in faults), got
     rows, want = metrics(out), metrics(twin)
     assert [m["iteration"] for m in rows] == [0, 1, 2]
     for field in ("samples", "dropped_samples", "trained_rows", "rewards"):
         assert [m[field] for m in rows] == [m[field] for m in want], field
     assert not any("dead_tasks" in m for m in rows)
-    # iteration 1's two groups were trained again after the abort (both with the all-reduce:
+    # a killed step's groups were trained again after the abort (both with the all-reduce:
     # trainer-0's sum is dropped too; with exact, trainer-1's blob only), generated once
-    trains = sorted(e["task"] for e in timeline(out) if e["kind"] == "train" and e["iteration"] == 1)
-    again = ["train:1:0", "train:1:1"] if reduce == "allreduce" else None
-    if again is not None:
-        assert trains == sorted(["train:1:0", "train:1:1", *again]), trains
-    else:
-        assert len(trains) == 3 and sorted(set(trains)) == ["train:1:0", "train:1:1"], trains
-    assert not any("StateLost" in why for why in reasons.values()), reasons
+    for i in kill_at:
+        trains = sorted(e["task"] for e in timeline(out) if e["kind"] == "train" and e["iteration"] == i)
+        assert sorted(set(trains)) == [f"train:{i}:0", f"train:{i}:1"], trains
+        assert len(trains) == (4 if reduce == "allreduce" else 3), trains
     a, b = weights(out), weights(twin)
     if reduce == "exact":
         assert all(torch.equal(a[k], b[k]) for k in b), max_diff(a, b)
     else:
         assert max_diff(a, b) <= TWIN_ATOL
     steps = ctl["c"].steps
-    # one abort, of step 1, with trainer-1 gone; the restarted trainer-1 formed a new epoch
-    assert [(a["step"], a["gone"]) for a in steps.aborts] == [("step:1", ["trainer-1"])], steps.aborts
-    assert steps.epoch >= 2
+    # one abort per kill, with trainer-1 gone; each restart formed a new epoch
+    assert [(a["step"], a["gone"]) for a in steps.aborts] == [(f"step:{i}", ["trainer-1"]) for i in kill_at]
+    assert steps.epoch >= 1 + len(kill_at)
+    reasons.update({f"{a['step']}/{w}": why for a in steps.aborts for w, why in a["why"].items()})
+    assert not any("StateLost" in why for why in reasons.values()), reasons
