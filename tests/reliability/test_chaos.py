@@ -7,7 +7,8 @@ computed its own), then trainer-1 holds right after its reduction until trainer-
 reported its own (``SADD ...tg:ok:step:1:<epoch>``) and is killed there. The step is aborted
 (trainer-1 never reported); every gradient it took with it (its running sum, or its blob with
 ``train.reduce: exact``) is trained again, and the step is asked for anew only once its
-members hold every train task of the iteration again.
+members hold every train task of the iteration again. A third case kills trainer-1 so at
+two steps of one run (the second kill hits the restarted trainer-1).
 
 The twin is the reference loop on the same config (``schedule.tsp: true``: the same packing of
 a task's rows into one forward; ``max_staleness: 0``; RAT off, so no group is split into halves
