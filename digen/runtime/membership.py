@@ -68,8 +68,8 @@ class Membership:
             for n, w in self.workers.items()
             if self.role_of(w) in (Role.TRAINER, Role.COLOCATED) and n in self.loops and self.job.is_ready(n)
         )
-        running = self.job.incarnations(trainers)
-        return [n for n in trainers if running.get(n) == self.tokens.get(n)]
+        running = self.job.incarnations(trainers)  # (a key a restarted Redis lost: taken as is)
+        return [n for n in trainers if running.get(n, self.tokens.get(n)) == self.tokens.get(n)]
 
     def incarnations(self, names: list[str]) -> dict[str, str]:
         """name -> incarnation of the loop placed on the current process of workers ``names``."""
