@@ -89,10 +89,13 @@ def worker_loop(
     device: str | None = None,
     threads: int = 1,
     trainer: bool | None = None,
+    incarnation: str | None = None,
 ) -> dict:
     """Run tasks of ``job_id`` until the job stops. Returns counts for the controller's log.
     A reward worker (Dask resource ``reward``) loads no policy: it only scores. ``trainer``
-    (default: the Dask resource ``trainer``) makes it a member of the trainer group."""
+    (default: the Dask resource ``trainer``) makes it a member of the trainer group.
+    ``incarnation``: this loop's token, which the controller placing it chose (default: a new
+    one); step commands name their members by it."""
     started = time.time()
     scorer = False
     try:  # inside a Dask worker: mark the task long-running so it does not block the pool
@@ -128,7 +131,7 @@ def worker_loop(
     )
     keyring().add(job_id, rt.job.blob_key())  # this job's blob requests are signed with it
     rt.blobs.producer = f"{name}@{INCARNATION}"  # who made a blob, named when it does not match
-    token = uuid.uuid4().hex
+    token = rt.incarnation = incarnation or uuid.uuid4().hex
     rt.job.claim_loop(name, token)  # one loop per worker: an older one stops
     faults.point("start", rt.job, name)
     if not scorer:
@@ -196,6 +199,7 @@ def run_task(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> None:
     if outcome is None:  # parked: its input is made again first
         return
     result, after = outcome
+    result["incarnation"] = rt.incarnation  # a result of a process that is gone does not count
     for e in result["events"]:  # when it left the queue: the bench's eval waits read it
         e["leased"] = leased.leased_at
     rt.report_redis(result["events"])

@@ -88,6 +88,9 @@ class WorkerRuntime:
     """Where peers fetch this worker's blobs (``host:port``)."""
     member: GroupShare | None = None
     """This worker's share of the trainer group (trainers; every worker in ``colocated`` mode)."""
+    incarnation: str = ""
+    """The token of this loop (``P loop:<worker>``): a restarted worker keeps its name and
+    takes a new one, and acts only on step commands that name it."""
 
     @property
     def group(self) -> TrainerGroup:

@@ -142,12 +142,16 @@ class Member:
         (or finished, as its writer) or aborted."""
         rt, me = self.rt, self.rt.name
         key = (cmd.id, cmd.epoch, cmd.writer)
-        if me not in cmd.members or key in self.handled:
-            return
+        if not cmd.names(me, rt.incarnation) or key in self.handled:
+            return  # not asked of this incarnation (a restarted worker: its predecessor was)
         self.handled.add(key)
         if cmd.id in self.applied:  # applied already: a new writer finishes it
             if cmd.writer == me:
                 self.finish(cmd, self.applied[cmd.id])
+            return
+        if (decided := rt.group.decision(cmd.id)) is not None and decided != f"{COMMIT}:{cmd.epoch}":
+            log.info("%s: step %s (epoch %d) was aborted before it took part", me, cmd.id, cmd.epoch)
+            self.sums.clear()
             return
         t0 = time.time()
         try:
@@ -156,12 +160,19 @@ class Member:
             kept = self._keep(cmd.keep_version)
         except Exception as exc:  # a peer died mid-collective, a blob was lost, a check failed
             why = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-            log.warning("%s: step %s (epoch %d) aborted: %s", me, cmd.id, cmd.epoch, why)
-            rt.group.abort(cmd.id, cmd.epoch, me, why)
+            decided = rt.group.abort(cmd.id, cmd.epoch, me, why)
+            if decided == f"{ABORT}:{cmd.epoch}":
+                log.warning("%s: step %s (epoch %d) aborted: %s", me, cmd.id, cmd.epoch, why)
+            else:  # decided without it (a commit it missed): nothing was aborted
+                log.info(
+                    "%s: step %s (epoch %d) was decided (%s) before: %s", me, cmd.id, cmd.epoch, decided, why
+                )
             self.leave_group()
             self.sums.clear()
             return
+        faults.point("reduced", rt.job, me, task=cmd.id, iteration=cmd.iteration)
         rt.group.report_ok(cmd.id, cmd.epoch, me)
+        faults.point("reported", rt.job, me, task=cmd.id, iteration=cmd.iteration)
         if self.await_decision(cmd) != f"{COMMIT}:{cmd.epoch}":
             log.info("%s: step %s (epoch %d) aborted; its tasks run again", me, cmd.id, cmd.epoch)
             self.sums.clear()

@@ -39,6 +39,7 @@ from digen.core.events import (
     Step,
     StepDone,
     TaskKind,
+    TrainLost,
     WorkerLeft,
 )
 from digen.core.scheduler import Scheduler, SchedulerConfig
@@ -119,14 +120,23 @@ class Controller:
 
     # --- events and instructions ------------------------------------------------------------
     def handle(self, events: list[Event]) -> list[Instruction]:
-        """Feed events to the scheduler; a worker that left also takes its data with it."""
+        """Feed events to the scheduler; a worker that left also takes its data with it (but
+        for the step in flight's gradients: its decision settles them). Train tasks to run
+        again cancel a step waiting for a member: the scheduler asks for it once they are done."""
         out: list[Instruction] = []
         pending = list(events)
         while pending:
             ev = pending.pop(0)
             out += self.sched.handle(ev)
             if isinstance(ev, WorkerLeft) and self.fsdp is None:
-                pending += self.results.worker_left(ev.worker, ev.t)
+                self.steps.worker_left(ev.worker)
+                pending += self.results.worker_left(ev.worker, ev.t, keep=self.steps.in_flight_tasks())
+            elif (
+                isinstance(ev, TrainLost)
+                and self.waiting_step is not None
+                and ev.iteration == self.waiting_step[0]
+            ):
+                self.waiting_step = None
         return out
 
     def apply(self, instructions: list[Instruction]) -> bool:
@@ -157,7 +167,8 @@ class Controller:
             kept = self.steps.keep_version(iteration)
             oldest = self.steps.version if kept is None else kept
             self.steps.keep_from = self.evals.keep_from(oldest, self.sched.evals_waiting)
-        if self.steps.request(iteration, self.members.members(), mini_batch):
+        members = self.members.members()
+        if self.steps.request(iteration, members, mini_batch, self.members.incarnations(members)):
             self.waiting_step = None
         else:
             if self.waiting_step != (iteration, mini_batch):
@@ -198,6 +209,13 @@ class Controller:
         led.events += step.events
         window = [e for e in led.events if e["end"] > self.window_start and e["role"] != "controller"]
         window += in_flight_events(self.queue, list(led.outstanding), now)  # next iteration's, under GAP
+        never = led.settle(k) if self.fsdp is None else []  # FSDP: its group checks its own tasks
+        if never:
+            log.warning(
+                "iteration %d: train tasks %s are in no committed step; their samples count as dropped",
+                k,
+                ", ".join(never),
+            )
         dead = led.dead.pop(k, [])
         dropped = sum(len(book.task_spec(g, p).samples) for g, p in led.untrained.pop(k, set()))
         m_total = self.cfg.train.mini_batches
@@ -279,7 +297,8 @@ class Controller:
         if self.fsdp is not None or self.steps.inflight is None:
             return []
         iteration, mini_batch = self.steps.inflight.iteration, self.steps.inflight.mini_batch
-        lost = self.steps.check(set(self.workers))
+        incarnations = self.members.running(list(self.workers))
+        lost = self.steps.check({w: incarnations.get(w, "") for w in self.workers})
         if lost is None:
             return []
         if not lost:  # every gradient survived the abort (blobs): ask again, in a new epoch

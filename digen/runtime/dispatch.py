@@ -88,6 +88,7 @@ class Dispatcher:
             "source": self.source(t),
         }
         self.put(t, "train", payload)
+        led.train_released.setdefault(t.iteration, set()).add(t.id)
         return None
 
     def source(self, t: TaskRef) -> dict | None:

@@ -7,7 +7,11 @@ Keys (``P = digen:<job_id>:``)::
     P tag:<worker>     hash    role, budget (TAG/RAT off-role tasks), iteration (when it was set)
     P status           string  running | cancel | done | failed
     P ready            hash    worker -> gpu type, for workers whose loop has loaded the model
-    P loop:<worker>    string  token of the worker's current loop (one loop per worker)
+    P loop:<worker>    string  token of the worker's current loop (one loop per worker): its
+                               *incarnation*, chosen by the controller that placed the loop. A
+                               restarted worker keeps its name and gets a new loop and token,
+                               so the trainer group counts it as a new member (a step command
+                               names each member's incarnation)
     P stepped          string  the newest iteration whose optimizer step is done: workers drop
                                the trajectories and gradients of it and older ones
     P blobkey          string  the job's blob key (hex, 32 bytes): every blob request of the job
@@ -70,8 +74,20 @@ class JobState:
     # --- workers ----------------------------------------------------------------------
     def claim_loop(self, worker: str, token: str) -> None:
         """Make ``token`` the worker's current loop: an older loop on it stops at its next
-        task boundary (a worker that seemed to leave and rejoin gets a second loop)."""
-        self.r.set(self.p + f"loop:{worker}", token)
+        task boundary (a worker that seemed to leave and rejoin gets a second loop). The
+        worker is not ready again until this loop has loaded its model (a restarted trainer
+        is no member before it holds the state)."""
+        pipe = self.r.pipeline(transaction=True)
+        pipe.set(self.p + f"loop:{worker}", token)
+        pipe.hdel(self.p + "ready", worker)
+        pipe.execute()
+
+    def incarnations(self, workers: list[str]) -> dict[str, str]:
+        """worker -> the token of its current loop (its incarnation), for those that have one."""
+        if not workers:
+            return {}
+        raw = self.r.mget([self.p + f"loop:{w}" for w in workers])
+        return {w: v.decode() for w, v in zip(workers, raw, strict=True) if v is not None}
 
     def owns_loop(self, worker: str, token: str) -> bool:
         return _owns(self.r.get(self.p + f"loop:{worker}"), token)

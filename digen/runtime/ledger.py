@@ -53,7 +53,12 @@ class Ledger:
     sources: dict[int, dict[int, Blob]] = field(default_factory=dict)
     """Per iteration, per group: where its generated trajectories are."""
     trained: dict[int, dict[str, Trained]] = field(default_factory=dict)
-    """Per iteration: the train tasks that counted, by id."""
+    """Per iteration: the train tasks that counted and whose gradient is held, by id (until
+    their step commits)."""
+    train_released: dict[int, set[str]] = field(default_factory=dict)
+    """Per iteration: every train task put in the ``train`` queue (a step sums them all)."""
+    committed: dict[int, dict[str, int]] = field(default_factory=dict)
+    """Per iteration: the train tasks in committed steps -> their rows (the iteration's books)."""
     regenerating: set[tuple[int, int]] = field(default_factory=set)
     """(iteration, group) whose trajectories were lost and are being generated again."""
     parked: dict[tuple[int, int], set[str]] = field(default_factory=dict)
@@ -77,9 +82,12 @@ class Ledger:
             )
         return self.books[iteration]
 
-    def held_on(self, worker: str) -> tuple[list[tuple[int, int]], dict[int, list[TaskRef]]]:
+    def held_on(
+        self, worker: str, keep: set[str] = frozenset()
+    ) -> tuple[list[tuple[int, int]], dict[int, list[TaskRef]]]:
         """What a worker that left took with it: the (iteration, group) whose trajectories
-        only it held, and per iteration the train tasks whose gradients it held."""
+        only it held, and per iteration the train tasks whose gradients it held (less those in
+        ``keep``: the step in flight's, which its decision settles)."""
         groups = [
             (k, g)
             for k, src in sorted(self.sources.items())
@@ -87,7 +95,11 @@ class Ledger:
             if b.worker == worker
         ]
         tasks = {
-            k: [t.task for t in done.values() if (t.blob.worker if t.blob else t.worker) == worker]
+            k: [
+                t.task
+                for t in done.values()
+                if (t.blob.worker if t.blob else t.worker) == worker and t.task.id not in keep
+            ]
             for k, done in sorted(self.trained.items())
         }
         return groups, {k: v for k, v in tasks.items() if v}
@@ -102,9 +114,37 @@ class Ledger:
             if book is not None:
                 book.stats.pop((ref.group, ref.part or 0), None)
 
+    def settle(self, iteration: int) -> list[str]:
+        """The books of a finished iteration follow its committed steps: a train result no
+        committed step summed stops counting (its stats go), and a released train task that no
+        committed step holds and that is not dead counts as dead (its samples are dropped).
+        Returns those tasks (none while the step invariant holds: :mod:`digen.runtime.steps`)."""
+        committed = self.committed.get(iteration, {})
+        dead = self.dead.setdefault(iteration, [])
+        never = sorted(self.train_released.get(iteration, set()) - committed.keys() - set(dead))
+        for tid in never:
+            ref = TaskRef.parse(tid)
+            dead.append(tid)
+            self.untrained.setdefault(iteration, set()).add((ref.group, ref.part))
+        book = self.books[iteration]
+        summed = {(r.group, r.part or 0) for r in map(TaskRef.parse, committed)}
+        for key in [k for k, st in book.stats.items() if k not in summed and st.rows]:
+            del book.stats[key]
+        if not dead:
+            del self.dead[iteration]
+        return never
+
     def forget(self, iteration: int) -> None:
         """Drop an iteration's records once it is finished."""
-        for d in (self.books, self.sources, self.trained, self.cells, self.gen_versions):
+        for d in (
+            self.books,
+            self.sources,
+            self.trained,
+            self.cells,
+            self.gen_versions,
+            self.train_released,
+            self.committed,
+        ):
             d.pop(iteration, None)
         self.collected = {t for t in self.collected if TaskRef.parse(t).iteration != iteration}
         self.regenerating = {x for x in self.regenerating if x[0] != iteration}

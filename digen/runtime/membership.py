@@ -42,6 +42,8 @@ class Membership:
     workers: dict[str, WorkerInfo] = field(default_factory=dict)
     loops: dict[str, object] = field(default_factory=dict)
     """Worker name -> the Dask future of its loop."""
+    tokens: dict[str, str] = field(default_factory=dict)
+    """Worker name -> the incarnation (token) of the loop placed on its current process."""
     loop_failures: dict[str, int] = field(default_factory=dict)
     restarting: dict[str, float] = field(default_factory=dict)
     """Workers asked to restart their process after a loop failure, since when."""
@@ -54,15 +56,29 @@ class Membership:
         return Role.COLOCATED if self.cfg.schedule.mode == "colocated" else w.role
 
     def members(self) -> list[str]:
-        """The trainer group's members (sorted): the trainers whose loop has loaded its model
-        (every non-reward worker in ``colocated`` mode); none with ``train.fsdp``."""
+        """The trainer group's members (sorted): the trainers whose loop placed on their current
+        process runs (its token is the worker's loop) and has loaded its model (every
+        non-reward worker in ``colocated`` mode); none with ``train.fsdp``. A worker restarted
+        under its name is no member until its new loop is ready (its predecessor's ready mark
+        does not count)."""
         if self.cfg.train.fsdp:
             return []
-        return sorted(
+        trainers = sorted(
             n
             for n, w in self.workers.items()
             if self.role_of(w) in (Role.TRAINER, Role.COLOCATED) and n in self.loops and self.job.is_ready(n)
         )
+        running = self.job.incarnations(trainers)  # (a key a restarted Redis lost: taken as is)
+        return [n for n in trainers if running.get(n, self.tokens.get(n)) == self.tokens.get(n)]
+
+    def incarnations(self, names: list[str]) -> dict[str, str]:
+        """name -> incarnation of the loop placed on the current process of workers ``names``."""
+        return {n: self.tokens[n] for n in names if n in self.tokens}
+
+    def running(self, names: list[str]) -> dict[str, str]:
+        """name -> the token of the loop that runs on the worker now (Redis): a loop that took
+        over, or a restarted process, shows another one than its command names."""
+        return self.job.incarnations(names)
 
     def sync(self, now: float) -> list[Event]:
         """Workers that joined or left since the last look, as scheduler events; restarts
@@ -94,6 +110,8 @@ class Membership:
         return out
 
     def start_loop(self, w: WorkerInfo) -> None:
+        """Place a worker loop on ``w``, with a new incarnation token (the loop claims it)."""
+        token = self.tokens[w.name] = uuid.uuid4().hex
         self.loops[w.name] = self.client.submit(
             self.loop_fn,
             self.job.job_id,
@@ -102,8 +120,9 @@ class Membership:
             workers=[w.address],
             allow_other_workers=False,
             pure=False,
-            key=f"digen-loop-{self.job.job_id}-{w.name}-{uuid.uuid4().hex[:6]}",
+            key=f"digen-loop-{self.job.job_id}-{w.name}-{token[:8]}",
             threads=self.cfg.cluster.local.threads_per_worker,
+            incarnation=token,
         )
 
     def restart_process(self, w: WorkerInfo, now: float) -> None:

@@ -57,6 +57,8 @@ class Collector:
             return self.collect_eval(ref, res)
         if not isinstance(res, dict) or ref.iteration not in led.books:
             return []
+        if ref.kind is TaskKind.TRAIN and self.from_a_past_incarnation(task_id, res):
+            return []
         led.collected.add(task_id)
         led.outstanding.pop(task_id, None)
         book = led.books[ref.iteration]
@@ -86,6 +88,22 @@ class Collector:
             led.trained.setdefault(ref.iteration, {})[task_id] = Trained(ref, res["worker"], blob)
             book.stats[(ref.group, ref.part or 0)] = TrainStats.from_json(res["stats"])
         return [TaskDone(ref, res["worker"], res["start"], res["end"])]
+
+    def from_a_past_incarnation(self, task_id: str, res: dict) -> bool:
+        """A train result acknowledged by a worker process that is gone since (its name is
+        back as a new incarnation, which does not hold that gradient): not counted; the task
+        runs again (it is still outstanding, the scheduler still waits for it)."""
+        made_by = res.get("incarnation")
+        worker = str(res["worker"])
+        if not made_by or self.dispatch.job.incarnations([worker]).get(worker, made_by) == made_by:
+            return False
+        log.warning(
+            "train task %s was acknowledged by %s before it restarted; it runs again", task_id, worker
+        )
+        queue, payload = self.ledger.outstanding.get(task_id, ("train", None))
+        if payload is not None:
+            self.queue.repost(queue, task_id, payload)
+        return True
 
     def stamp(self, task_id: str, events: list[dict]) -> list[dict]:
         """Mark a collected task's timeline rows with its id (``task``) and release time."""
@@ -135,9 +153,11 @@ class Collector:
         led.collected.discard(led.gen_id(iteration, group))
         return [GroupLost(iteration, group, now)]
 
-    def worker_left(self, worker: str, now: float) -> list[Event]:
-        """Regenerate what only ``worker`` held and train again what it had trained."""
-        groups, tasks = self.ledger.held_on(worker)
+    def worker_left(self, worker: str, now: float, keep: set[str] = frozenset()) -> list[Event]:
+        """Regenerate what only ``worker`` held and train again what it had trained, but for
+        the train tasks in ``keep`` (the step in flight's: its decision says whether they are
+        lost, :meth:`~digen.runtime.steps.StepControl.check`)."""
+        groups, tasks = self.ledger.held_on(worker, keep)
         out: list[Event] = []
         for k, g in groups:
             log.warning("worker %s left with the trajectories of group %d of iteration %d", worker, g, k)

@@ -15,6 +15,26 @@ leaves after the commit is replaced by another member, which holds the same stat
 acknowledgement (:meth:`StepControl.collect`) gives the new version, its grad norm and the
 staged checkpoint.
 
+**The step invariant.** A step's command lists exactly the train tasks of its iteration's
+mini-batch that were released (less those dead under ``schedule.on_poison: drop``), each one
+with the member whose running sum holds its gradient or the blob that holds it; it is issued
+only when every one of them is held, and its rows are those tasks' rows.
+:meth:`StepControl.request` checks this before it writes the command and fails the job naming
+the task otherwise (:class:`~digen.errors.DigenError`): it never trains on without it. Three
+rules keep it true whatever the interleaving of deaths, aborts and re-released tasks:
+
+- a worker that leaves while a step is in flight does not take that step's tasks out of the
+  ledger (:meth:`StepControl.worker_left` remembers it): the step's decision says what is lost
+  (abort: the members' sums, and the blobs of every worker that left; commit: nothing);
+- after an abort the step is asked for again at once only if nothing was lost; otherwise the
+  scheduler asks for it once the tasks run again are done (never the controller by itself);
+- members are incarnations, not names: a trainer restarted under its old name left (what it
+  held is gone) and joined as a new member, so the next step forms a new epoch.
+
+The books follow the committed steps (:attr:`~digen.runtime.ledger.Ledger.committed`): an
+iteration's trained rows are its committed tasks' rows; a released task that no committed step
+holds (impossible while the invariant holds) is counted as dropped, with a warning.
+
 The controller never holds a gradient or a weight: everything above is names and addresses.
 """
 
@@ -49,6 +69,10 @@ class StepResult:
     """When the step was asked for (controller clock)."""
     mini_batch: int = 0
     last_of_iteration: bool = True
+    rows: int = 0
+    """The rows the step divided by (its tasks' rows)."""
+    tasks: list[str] = field(default_factory=list)
+    """The train tasks whose gradients the step summed."""
 
 
 @dataclass
@@ -65,6 +89,13 @@ class StepControl:
     epoch: int = 0
     members: list[str] = field(default_factory=list)
     """The member list of the current epoch."""
+    incarnations: dict[str, str] = field(default_factory=dict)
+    """member -> incarnation of the current epoch (a restart is a new member: a new epoch)."""
+    departed: set[str] = field(default_factory=set)
+    """Workers that left while the step in flight ran (a member, or a worker holding one of its
+    gradients as a blob): what they held is gone even if a worker of that name is back."""
+    aborts: list[dict] = field(default_factory=list)
+    """Every aborted step: {"step", "epoch", "gone", "lost", "why"} (for tests and the log)."""
     inflight: StepCommand | None = None
     asked: float = 0.0
     keep_from: int | None = None
@@ -88,18 +119,29 @@ class StepControl:
         self.group.set_current(self.version, self.checkpoint, keep)
 
     # --- asking -----------------------------------------------------------------------------
-    def request(self, iteration: int, members: list[str], mini_batch: int = 0) -> bool:
-        """Ask the trainer group for the step of ``iteration``'s mini-batch ``mini_batch``;
-        False (ask again later) when no member is there to take it."""
+    def request(
+        self,
+        iteration: int,
+        members: list[str],
+        mini_batch: int = 0,
+        incarnations: dict[str, str] | None = None,
+    ) -> bool:
+        """Ask the trainer group for the step of ``iteration``'s mini-batch ``mini_batch``
+        (``incarnations``: member -> the token of its loop); False (ask again later) when no
+        member is there to take it. Raises :class:`DigenError` when the step's tasks are not
+        all held (see the module docstring: the step invariant)."""
         if not members:
             return False
+        step = step_id(iteration, mini_batch, self.mini_batches)
+        if self.inflight is not None:
+            raise DigenError(
+                f"the optimizer step {step} was asked for while {self.inflight.id} (epoch {self.inflight.epoch}) "
+                f"is in flight; this is a bug in digen: rerun with --resume to continue from the last checkpoint"
+            )
         book = self.ledger.books[iteration]
-        rows = book.trained_rows(mini_batch)
-        trained = {
-            k: t
-            for k, t in self.ledger.trained.get(iteration, {}).items()
-            if book.mini_batch(t.task.group) == mini_batch
-        }
+        book.trained_rows(mini_batch)  # no row at all: the reward's error, naming why
+        trained = self.held_tasks(iteration, mini_batch, step)
+        rows = sum(book.stats[(t.task.group, t.task.part or 0)].rows for t in trained.values())
         exact = self.cfg.train.reduce == "exact"
         order = sorted(trained.values(), key=lambda t: (t.task.group, t.task.part or 0))
         blobs = [[t.task.id, t.blob.addr, t.blob.name, t.blob.digest] for t in order if t.blob is not None]
@@ -107,14 +149,15 @@ class StepControl:
         for t in order:
             if t.blob is None:
                 held.setdefault(t.worker, []).append(t.task.id)
-        if members != self.members:
-            self.epoch, self.members = self.epoch + 1, list(members)
+        incarnations = {m: incarnations[m] for m in members if m in (incarnations or {})}
+        if members != self.members or incarnations != self.incarnations:
+            self.epoch, self.members, self.incarnations = self.epoch + 1, list(members), incarnations
         last = mini_batch == self.mini_batches - 1
         folder = None
         if last and checkpoints(self.cfg, iteration):
             folder = str(self.run.checkpoint_dir(iteration).resolve())
         cmd = StepCommand(
-            id=step_id(iteration, mini_batch, self.mini_batches),
+            id=step,
             iteration=iteration,
             epoch=self.epoch,
             members=self.members,
@@ -131,6 +174,7 @@ class StepControl:
             keep_version=self.keep_version(iteration),
             serve_from=self.keep_from,
             restore=self.checkpoint,
+            incarnations=dict(self.incarnations),
         )
         self.group.forget_step(cmd.id)
         payload = {"iteration": iteration, "mini_batch": mini_batch}
@@ -140,13 +184,54 @@ class StepControl:
         self.group.set_step(cmd)
         self.queue.wake(*cmd.members)
         self.inflight, self.asked = cmd, time.time()
+        self.departed = set()
         return True
 
+    def held_tasks(self, iteration: int, mini_batch: int, step: str) -> dict:
+        """The ledger's trained tasks of the mini-batch (id -> :class:`Trained`), checked to be
+        exactly its released train tasks less the dead ones (:class:`DigenError` naming the
+        task otherwise: the step invariant)."""
+        led = self.ledger
+        book = led.books[iteration]
+        trained = {
+            k: t
+            for k, t in led.trained.get(iteration, {}).items()
+            if book.mini_batch(t.task.group) == mini_batch
+        }
+        dead = set(led.dead.get(iteration, []))
+        want = {
+            tid
+            for tid in led.train_released.get(iteration, set())
+            if book.mini_batch(TaskRef.parse(tid).group) == mini_batch and tid not in dead
+        }
+        missing, extra = sorted(want - trained.keys()), sorted(trained.keys() - want)
+        if missing or extra:
+            what = [f"train task {t} (no member holds its gradient)" for t in missing]
+            what += [f"train task {t} (never released for it)" for t in extra]
+            raise DigenError(
+                f"the optimizer step {step} would leave out or add {', '.join(what)}: a step sums every train "
+                f"task of its mini-batch or none; this is a bug in digen: rerun with --resume to continue from "
+                f"the last checkpoint"
+            )
+        return trained
+
+    def worker_left(self, worker: str) -> None:
+        """``worker`` left: what it held for the step in flight is gone (see :meth:`check`)."""
+        if self.inflight is not None:
+            self.departed.add(worker)
+
+    def in_flight_tasks(self) -> set[str]:
+        """The train tasks of the step in flight (a departure does not take them out of the
+        ledger: the step's decision says what is lost)."""
+        return set(self.inflight.tasks()) if self.inflight is not None else set()
+
     # --- watching ---------------------------------------------------------------------------
-    def check(self, alive: set[str]) -> list[TaskRef] | None:
-        """Watch the step in flight (``alive``: the workers still there). Returns the train
-        tasks to run again when it was aborted (those whose gradient was in a member's sum or
-        in a blob of a worker that left; possibly none: then ask again), None otherwise."""
+    def check(self, alive: dict[str, str]) -> list[TaskRef] | None:
+        """Watch the step in flight (``alive``: the workers still there -> their incarnation).
+        Returns the train tasks to run again when it was aborted (those whose gradient was in
+        a member's sum or in a blob of a worker that left; possibly none: then ask again),
+        None otherwise. A member restarted under its name (another incarnation, or seen
+        leaving) is gone."""
         cmd = self.inflight
         if cmd is None:
             return None
@@ -155,7 +240,10 @@ class StepControl:
             err = DigenError(failed["message"])
             err.exit_code = int(failed["exit_code"])
             raise err
-        gone = [m for m in cmd.members if m not in alive]
+        left = self.departed | {
+            w for w in alive if w in cmd.incarnations and alive[w] not in ("", cmd.incarnations[w])
+        }
+        gone = [m for m in cmd.members if m not in alive or m in left]
         decided = self.group.decision(cmd.id)
         if decided is None and gone:
             decided = self.group.decide(cmd.id, ABORT, cmd.epoch)
@@ -164,7 +252,7 @@ class StepControl:
         what, _, epoch = decided.partition(":")
         if what == COMMIT and int(epoch) == cmd.epoch:
             if cmd.writer in gone:  # committed: any other member holds the same state
-                survivors = [m for m in cmd.members if m in alive]
+                survivors = [m for m in cmd.members if m in alive and m not in left]
                 if survivors and survivors[0] != cmd.writer:
                     log.warning(
                         "the step's writer %s left after the commit; %s finishes it", cmd.writer, survivors[0]
@@ -173,18 +261,41 @@ class StepControl:
                     self.group.set_step(cmd)
                     self.queue.wake(*survivors)
             return None
-        log.warning("step %s (epoch %d) aborted; its train tasks run again", cmd.id, cmd.epoch)
-        self._count_abort(cmd, gone)
+        lost = self.lost_with_abort(cmd, left | {w for w in self._holders(cmd) if w not in alive})
+        why = self.group.abort_reasons(cmd.id)
+        self.aborts.append(
+            {"step": cmd.id, "epoch": cmd.epoch, "gone": gone, "lost": [t.id for t in lost], "why": why}
+        )
+        log.warning(
+            "step %s (epoch %d) aborted%s; %s",
+            cmd.id,
+            cmd.epoch,
+            f" ({', '.join(gone)} left)" if gone else "",
+            f"train tasks {', '.join(t.id for t in lost)} run again"
+            if lost
+            else "every gradient is still held",
+        )
+        self._count_abort(cmd, gone or sorted(left))
         self.inflight = None
         self.members = []  # a new epoch: the old process group may be broken
-        book = self.ledger.books[cmd.iteration]
+        return lost
+
+    def _holders(self, cmd: StepCommand) -> set[str]:
         trained = self.ledger.trained.get(cmd.iteration, {})
-        return [
-            t.task
-            for t in trained.values()
-            if book.mini_batch(t.task.group) == cmd.mini_batch
-            and (t.blob is None or t.blob.worker not in alive)
-        ]
+        return {
+            t.blob.worker for tid in cmd.tasks() if (t := trained.get(tid)) is not None and t.blob is not None
+        }
+
+    def lost_with_abort(self, cmd: StepCommand, left: set[str]) -> list[TaskRef]:
+        """The tasks of aborted step ``cmd`` whose gradient is gone: those in the members'
+        running sums (every member drops its sum), and the blobs of workers in ``left``."""
+        trained = self.ledger.trained.get(cmd.iteration, {})
+        lost = []
+        for tid in cmd.tasks():
+            t = trained.get(tid)
+            if t is None or t.blob is None or t.blob.worker in left:
+                lost.append(TaskRef.parse(tid))
+        return lost
 
     def _count_abort(self, cmd: StepCommand, gone: list[str]) -> None:
         """Fail the job once the same step was aborted ``schedule.max_attempts`` times in a
@@ -215,8 +326,12 @@ class StepControl:
         # the mini-batch's gradients are in the state now: nothing of it can be lost any more
         book = self.ledger.books[cmd.iteration]
         done = self.ledger.trained.get(cmd.iteration, {})
-        for k in [k for k, t in done.items() if book.mini_batch(t.task.group) == cmd.mini_batch]:
-            del done[k]
+        committed = self.ledger.committed.setdefault(cmd.iteration, {})
+        for tid in cmd.tasks():
+            ref = TaskRef.parse(tid)
+            stats = book.stats.get((ref.group, ref.part or 0))
+            committed[tid] = stats.rows if stats is not None else 0
+            done.pop(tid, None)
         return StepResult(
             cmd.iteration,
             self.version,
@@ -226,6 +341,8 @@ class StepControl:
             self.asked,
             cmd.mini_batch,
             cmd.last_of_iteration,
+            cmd.rows,
+            cmd.tasks(),
         )
 
     def checkpoint_placed(self, folder: str | None) -> None:

@@ -28,7 +28,10 @@ Keys (``P = digen:<job_id>:``, cleared with the job's other keys)::
 
 An *epoch* is one membership of the group: the controller bumps it whenever the member list
 changes (a trainer joined, left or restarted), and the members form a new torch.distributed
-process group for it at the next step.
+process group for it at the next step. A member is a worker *incarnation* (its name and the
+token of its loop, :meth:`~digen.runtime.jobstate.JobState.incarnations`): a trainer
+restarted under its old name is a new member, which acts only on commands that name its
+incarnation, never on one issued before it joined.
 
 Commit protocol of one step (why: a member can die half-way through a collective, leaving the
 others with different sums; the step must then be applied by all or none): each member
@@ -86,6 +89,17 @@ class StepCommand:
     restore: str | None = None
     """The newest checkpoint folder, for a member that must start from it when no member holds
     the state (every trainer restarted): used only if its version is ``version``."""
+    incarnations: dict[str, str] = field(default_factory=dict)
+    """member -> its incarnation (the token of its loop) when the command was issued."""
+
+    def names(self, worker: str, incarnation: str) -> bool:
+        """Whether this command asks ``worker``'s incarnation ``incarnation`` to take part: a
+        restarted worker, with its predecessor's name, is not asked by an older command."""
+        return worker in self.members and self.incarnations.get(worker, incarnation) == incarnation
+
+    def tasks(self) -> list[str]:
+        """Every train task whose gradient the step sums (in members' sums and in blobs)."""
+        return sorted({t for ts in self.held.values() for t in ts} | {b[0] for b in self.blobs})
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

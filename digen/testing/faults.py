@@ -10,6 +10,10 @@ The worker loop calls :func:`point` at each named place of a task:
 ``fetch``  a task is about to fetch its input (a generated group) from the worker that made it
 ``reduce`` a trainer of a group of two or more is in the step's process group, about to
            all-reduce
+``reduced`` a member of the trainer group holds the step's summed gradient, before it
+           reports its reduction (``iteration``: the step's iteration)
+``reported`` a member has reported its reduction (``SADD ...tg:ok:<step>:<epoch>``), before it
+           waits for the step's decision
 ``checkpoint`` a step's writer is about to stage its checkpoint
 ``start``  a worker loop starts, before it loads the model (``raise`` here crashes the loop)
 
@@ -31,7 +35,9 @@ Actions:
 ``hold``        wait until the flag ``flag`` is set, then go on: an order between two
                 workers' tasks that does not depend on their speeds. ``seconds`` only
                 guards against a deadlock: a hold that outlives it goes on and records
-                ``hold_expired`` in :func:`fired`
+                ``hold_expired`` in :func:`fired`. After a hold the next armed fault
+                matching the same place may fire too (in the order armed): a ``hold`` then a
+                ``kill`` kills a worker the moment another one got somewhere
 
 A fault fires ``times`` times in all, whichever processes hit it (claimed atomically in
 Redis, so a restarted worker does not die again). :func:`fired` lists what fired.
@@ -57,7 +63,19 @@ from typing import Literal
 log = logging.getLogger(__name__)
 
 ENV = "DIGEN_FAULTS"
-POINTS = ("gen", "train", "sync", "ack", "acked", "fetch", "start", "reduce", "checkpoint")
+POINTS = (
+    "gen",
+    "train",
+    "sync",
+    "ack",
+    "acked",
+    "fetch",
+    "start",
+    "reduce",
+    "reduced",
+    "reported",
+    "checkpoint",
+)
 Action = Literal["kill", "stall", "drop_redis", "raise", "signal", "hold"]
 
 
@@ -123,7 +141,7 @@ def point(where: str, job, worker: str, *, task: str = "", iteration: int | None
         return
     r = job.r
     plan, left, done, flags = _keys(job.job_id)
-    for fid, raw in sorted(r.hgetall(plan).items()):
+    for fid, raw in sorted(r.hgetall(plan).items(), key=lambda kv: int(kv[0][1:])):  # armed order
         f = Fault(**json.loads(raw))
         if not f.matches(where, worker, task, iteration):
             continue
@@ -146,7 +164,8 @@ def point(where: str, job, worker: str, *, task: str = "", iteration: int | None
         if f.action == "hold":
             if not _hold(r, flags, f):
                 r.rpush(done, json.dumps({**record, "action": "hold_expired", "t": time.time()}))
-        elif f.action != "signal":
+            continue  # a fault armed after it at the same place may fire now
+        if f.action != "signal":
             _act(f, r)
         return
 
