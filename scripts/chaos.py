@@ -16,6 +16,12 @@ final weights are ``torch.equal``: use it where the twin is reproducible, i.e. s
 The kill moments are wall-clock times, so two runs of one seed kill at different points of the
 job; the victims and gaps are the seed's. The deterministic replay of one interleaving is
 ``tests/reliability/test_chaos.py``.
+
+``--controller-kill`` adds a third run: ``digen train`` as a process of its own, with the same
+seeded worker killer inside it, whose *controller* is SIGKILLed once a seeded number of
+iterations is in its ``metrics.jsonl`` (its workers are orphaned; the embedded Redis's
+watchdog stops the Redis it started), then ``digen train --resume`` into the same run
+directory, to the end. That run is compared with the twin as the in-process one is.
 """
 
 from __future__ import annotations
@@ -25,8 +31,10 @@ import json
 import os
 import random
 import signal
+import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from safetensors.torch import load_file
@@ -91,6 +99,66 @@ def run(cfg, out: Path, *, seed: int | None, kills: int, gap: tuple[float, float
     return log
 
 
+CHAOS_CHILD = r"""
+import json, random, sys, threading
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from chaos import killer  # noqa: E402
+from digen.config import load_config  # noqa: E402
+from digen.runtime.controller import run_distributed  # noqa: E402
+
+args = json.loads(sys.argv[2])
+cfg = load_config(args["config"], args["overrides"])
+box, log, done = {"rows": []}, [], threading.Event()
+if args["kills"]:
+    rng = random.Random(args["seed"])
+    threading.Thread(
+        target=killer, args=(box, rng, args["kills"], tuple(args["gap"]), args["roles"], done, log), daemon=True
+    ).start()
+run_distributed(
+    cfg, Path(args["out"]), job_id="chaos-" + Path(args["out"]).name, resume=args["resume"],
+    on_start=lambda ctl: box.update(ctl=ctl),
+    progress=lambda row: box["rows"].append(row) if "iteration" in row else None,
+)
+done.set()
+"""
+
+
+def run_killed_controller(args, out: Path, rng: random.Random) -> dict:
+    """The ``--controller-kill`` run: a controller process SIGKILLed after a seeded number of
+    iterations (worker kills inside it as in :func:`run`), then ``--resume`` to the end."""
+    iterations = load_config(args.config, args.overrides).iterations
+    kill_after = rng.randint(1, max(1, iterations - 2))
+    child = {
+        "config": args.config,
+        "overrides": args.overrides,
+        "out": str(out),
+        "seed": args.seed,
+        "kills": args.kills,
+        "gap": list(args.gap),
+        "roles": args.roles,
+        "resume": False,
+    }
+    here = str(Path(__file__).resolve().parent)
+    proc = subprocess.Popen([sys.executable, "-c", CHAOS_CHILD, here, json.dumps(child)])
+    rows = out / "metrics.jsonl"
+    while proc.poll() is None:
+        done = len(rows.read_text().splitlines()) if rows.exists() else 0
+        if done >= kill_after:
+            os.kill(proc.pid, signal.SIGKILL)
+            print(
+                f"chaos: SIGKILL the controller (pid {proc.pid}) after {done} iteration(s)", file=sys.stderr
+            )
+            break
+        time.sleep(0.05)
+    proc.wait()
+    killed_at = len(rows.read_text().splitlines()) if rows.exists() else 0
+    resumed = subprocess.run(
+        [sys.executable, "-c", CHAOS_CHILD, here, json.dumps({**child, "kills": 0, "resume": True})]
+    )
+    return {"controller_killed_after": killed_at, "resume_exit": resumed.returncode}
+
+
 def metrics(out: Path) -> list[dict]:
     return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
 
@@ -132,6 +200,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gap", type=float, nargs=2, default=(8.0, 20.0), metavar=("MIN_S", "MAX_S"))
     ap.add_argument("--roles", nargs="+", default=["trainer", "rollout"])
     ap.add_argument("--exact", action="store_true", help="also require torch.equal final weights")
+    ap.add_argument(
+        "--controller-kill",
+        action="store_true",
+        help="also run one whose controller is SIGKILLed mid-job, then resumed (--resume)",
+    )
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     args = ap.parse_args(argv)
     cfg = load_config(args.config, args.overrides)
@@ -142,7 +215,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     killed = ", ".join(f"{k['worker']}@{k['iteration']}" for k in log)
     print(f"seed {args.seed}: {len(log)} kill(s): {killed}")
-    return 0 if compare(args.out / "twin", args.out / "chaos", args.exact) else 1
+    ok = compare(args.out / "twin", args.out / "chaos", args.exact)
+    if args.controller_kill:
+        res = run_killed_controller(args, args.out / "resumed", random.Random(args.seed + 1))
+        print(
+            f"controller SIGKILLed after {res['controller_killed_after']} iteration(s); --resume exit {res['resume_exit']}"
+        )
+        ok &= res["resume_exit"] == 0 and compare(args.out / "twin", args.out / "resumed", args.exact)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
