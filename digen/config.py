@@ -223,10 +223,10 @@ class TrainConfig(_Section):
     a group's samples then train in several mini-batches (one train task per group and
     mini-batch). Its cost: no mini-batch can start before every group of the iteration is
     scored (the shuffle needs them all), so training never overlaps the last groups'
-    generation, in digen mode too; RAT does not split train tasks further. When the count
-    does not divide (only when non-finite rewards dropped samples: Flow-GRPO has no such
-    case), the first ``count % mini_batches`` parts take one sample more; every step divides
-    by its own rows."""
+    generation, in digen mode too; RAT does not split train tasks further. ``mini_batches``
+    must divide ``rollout.batch_size``; when the trained count does not (only when non-finite
+    rewards dropped samples: Flow-GRPO has no such case), the first ``count % mini_batches``
+    parts take one sample more; every step divides by its own rows."""
     kl_target: Literal["mean", "velocity"] | None = None
     """What ``kl_beta`` penalises: ``mean``, the SDE transition mean's KL to the base weights
     (Flow-GRPO's); ``velocity``, ``mean((v - v_ref)^2)``, the KL Flow-GRPO's maintainer
@@ -763,10 +763,11 @@ def algorithm_problems(cfg: Config) -> list[str]:
             f"(rollout.batch_size / rollout.group_size = {groups}): each optimizer step takes whole groups; "
             f"or set train.mini_batch_split=samples"
         )
-    if t.mini_batch_split == "samples" and t.mini_batches > cfg.rollout.batch_size:
+    if t.mini_batch_split == "samples" and cfg.rollout.batch_size % t.mini_batches:
         problems.append(
-            f"train.mini_batches ({t.mini_batches}) exceeds the iteration's samples (rollout.batch_size = "
-            f"{cfg.rollout.batch_size}): with train.mini_batch_split samples every mini-batch needs a sample"
+            f"train.mini_batches ({t.mini_batches}) must divide the iteration's samples (rollout.batch_size = "
+            f"{cfg.rollout.batch_size}): with train.mini_batch_split samples each optimizer step takes an "
+            f"equal share of them, as Flow-GRPO's"
         )
     if t.fsdp and algo.keeps_state:
         problems.append(

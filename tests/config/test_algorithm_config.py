@@ -25,9 +25,9 @@ def test_mini_batches_must_divide_the_iteration_s_groups():
     ]
     samples = {"mini_batches": 2, "mini_batch_split": "samples"}  # 12 samples: 6 a step
     assert problems(rollout={"batch_size": 12, "group_size": 4}, train=samples) == []
-    assert problems(rollout={"batch_size": 4, "group_size": 4}, train={**samples, "mini_batches": 5}) == [
-        "train.mini_batches (5) exceeds the iteration's samples (rollout.batch_size = 4): with "
-        "train.mini_batch_split samples every mini-batch needs a sample"
+    assert problems(rollout={"batch_size": 12, "group_size": 4}, train={**samples, "mini_batches": 5}) == [
+        "train.mini_batches (5) must divide the iteration's samples (rollout.batch_size = 12): with "
+        "train.mini_batch_split samples each optimizer step takes an equal share of them, as Flow-GRPO's"
     ]
 
 

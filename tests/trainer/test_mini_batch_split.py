@@ -109,11 +109,11 @@ def test_reference_runs_the_samples_split_and_it_differs_from_the_groups_split(s
     assert all(math.isfinite(x) for x in b["grad_norms"])
 
 
-def config(tiny_sd3: Path, reduce: str = "allreduce", **sections):
+def config(tiny_sd3: Path, reduce: str = "allreduce", mini_batches: int = 2, **sections):
     from tests.conftest import small_config_data
 
     d = small_config_data(tiny_sd3, **{"iterations": 2, "rollout__num_steps": 3, **sections})
-    d["train"].update({**SAMPLES, "zero_advantage": "drop", "reduce": reduce})
+    d["train"].update({**SAMPLES, "zero_advantage": "drop", "reduce": reduce, "mini_batches": mini_batches})
     return build_config(d)
 
 
@@ -131,13 +131,16 @@ KEYS = (
 
 @pytest.mark.slow
 def test_the_samples_split_equals_the_reference_bit_for_bit_in_the_synchronous_modes(tiny_sd3, tmp_path):
+    """4 mini-batches of 2 samples (task ids train:<i>:<g>:0..3): a group's samples in several."""
     from digen.runtime.controller import run_distributed
 
-    run_reference(config(tiny_sd3), tmp_path / "ref")
+    run_reference(config(tiny_sd3, mini_batches=4), tmp_path / "ref")
+    assert [len(r["grad_norms"]) for r in rows(tmp_path / "ref")] == [4, 4]
     for mode, trainers in (("colocated", 1), ("disaggregated", 2)):
         cfg = config(
             tiny_sd3,
             "exact",
+            4,
             schedule={"mode": mode, "max_staleness": 0},
             cluster={"local": {"rollout_workers": 1, "trainer_workers": trainers}},
         )
