@@ -2,7 +2,8 @@
 
 :class:`IterationBook` receives group rewards as groups finish generating, says which groups
 can train (GAP: a group's advantages need only its own rewards; with ``train.global_std`` they
-need the whole batch, so nothing trains before the last group is scored), builds each group's
+need the whole batch, and with ``train.mini_batch_split: samples`` the shuffle does, so
+nothing trains before the last group is scored), builds each group's
 train-task spec (advantages, trained steps per sample), collects task gradients (in the
 reference loop; the distributed trainers keep theirs) and, once every group of a mini-batch is
 in, sums them in (group, part) order (one mini-batch per optimizer step: ``train.mini_batches``;
