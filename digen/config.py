@@ -204,12 +204,29 @@ class TrainConfig(_Section):
     family member ``rollout.sde.kind`` and ``train.timesteps.strategy`` name (cps, dance-grpo,
     flow-grpo-fast for the window strategy, else flow-grpo)."""
     mini_batches: int = Field(1, ge=1)
-    """Optimizer steps per iteration (rollout batch): the iteration's groups split into this
-    many consecutive equal runs, each trained with the weights the previous one's step made
-    and stepped on the mean over its own rows (the peers' ``num_batches_per_epoch /
-    gradient_accumulation_steps``: 2 for Flow-GRPO's SD3.5/FLUX recipes). Must divide
-    ``rollout.batch_size / rollout.group_size``. Above 1 it runs in ``schedule.mode:
-    reference`` only for now (docs/algorithms.md, "Mini-batches")."""
+    """Optimizer steps per iteration (rollout batch): the iteration's trained samples split
+    into this many mini-batches (how: ``mini_batch_split``), each trained with the weights the
+    previous one's step made and stepped on the mean over its own rows (the peers'
+    ``num_batches_per_epoch / gradient_accumulation_steps``: 2 for Flow-GRPO's SD3.5/FLUX
+    recipes). Runs in every mode (docs/algorithms.md, "Mini-batches")."""
+    mini_batch_split: Literal["groups", "samples"] = "groups"
+    """How the iteration is cut into ``mini_batches``. ``groups``: consecutive equal runs of
+    whole prompt groups (``mini_batches`` must divide ``rollout.batch_size /
+    rollout.group_size``); with group-local advantages (no ``global_std``) and GAP (digen
+    mode) a mini-batch's training starts as soon as its own groups are scored, while later
+    groups still generate: that overlap is why this split exists. ``samples``: Flow-GRPO's
+    (yifan123/flow_grpo scripts/train_sd3.py ``main``): the iteration's trained samples
+    (``zero_advantage: drop`` leaves out the zero-advantage ones, switching random ones back
+    on until the count divides ``mini_batches``, as Flow-GRPO does for its micro-batches) in a
+    seeded random order (:func:`digen.seeding.permutation` of the iteration's
+    ``"mini_batches"`` stream, the same in every mode) cut into ``mini_batches`` equal parts;
+    a group's samples then train in several mini-batches (one train task per group and
+    mini-batch). Its cost: no mini-batch can start before every group of the iteration is
+    scored (the shuffle needs them all), so training never overlaps the last groups'
+    generation, in digen mode too; RAT does not split train tasks further. ``mini_batches``
+    must divide ``rollout.batch_size``; when the trained count does not (only when non-finite
+    rewards dropped samples: Flow-GRPO has no such case), the first ``count % mini_batches``
+    parts take one sample more; every step divides by its own rows."""
     kl_target: Literal["mean", "velocity"] | None = None
     """What ``kl_beta`` penalises: ``mean``, the SDE transition mean's KL to the base weights
     (Flow-GRPO's); ``velocity``, ``mean((v - v_ref)^2)``, the KL Flow-GRPO's maintainer
@@ -740,10 +757,17 @@ def algorithm_problems(cfg: Config) -> list[str]:
     algo = registry.get(name)
     problems = algo.check(cfg)
     groups = cfg.rollout.prompts_per_iteration
-    if groups and groups % t.mini_batches:
+    if groups and groups % t.mini_batches and t.mini_batch_split == "groups":
         problems.append(
             f"train.mini_batches ({t.mini_batches}) must divide the iteration's prompt groups "
-            f"(rollout.batch_size / rollout.group_size = {groups}): each optimizer step takes whole groups"
+            f"(rollout.batch_size / rollout.group_size = {groups}): each optimizer step takes whole groups; "
+            f"or set train.mini_batch_split=samples"
+        )
+    if t.mini_batch_split == "samples" and cfg.rollout.batch_size % t.mini_batches:
+        problems.append(
+            f"train.mini_batches ({t.mini_batches}) must divide the iteration's samples (rollout.batch_size = "
+            f"{cfg.rollout.batch_size}): with train.mini_batch_split samples each optimizer step takes an "
+            f"equal share of them, as Flow-GRPO's"
         )
     if t.fsdp and algo.keeps_state:
         problems.append(

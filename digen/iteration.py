@@ -2,11 +2,14 @@
 
 :class:`IterationBook` receives group rewards as groups finish generating, says which groups
 can train (GAP: a group's advantages need only its own rewards; with ``train.global_std`` they
-need the whole batch, so nothing trains before the last group is scored), builds each group's
+need the whole batch, and with ``train.mini_batch_split: samples`` the shuffle does, so
+nothing trains before the last group is scored), builds each group's
 train-task spec (advantages, trained steps per sample), collects task gradients (in the
 reference loop; the distributed trainers keep theirs) and, once every group of a mini-batch is
-in, sums them in group order (one mini-batch per optimizer step: ``train.mini_batches``,
-:func:`digen.core.scheduler.mini_batch_of`) and produces the iteration's metrics.
+in, sums them in (group, part) order (one mini-batch per optimizer step: ``train.mini_batches``;
+whole groups, :func:`digen.core.scheduler.mini_batch_of`, or with ``train.mini_batch_split:
+samples`` a seeded shuffle of the samples, :meth:`IterationBook.sample_split`, where a train
+task's ``part`` is its mini-batch) and produces the iteration's metrics.
 :func:`finish_iteration` records an iteration's end the same way in every mode.
 
 No torch here: the controller imports this module and holds no tensor. Rewards are plain
@@ -30,6 +33,7 @@ from digen.core.advantages import float32, group_advantages
 from digen.core.scheduler import mini_batch_of
 from digen.errors import RewardError
 from digen.rundir import RunDir
+from digen.seeding import permutation
 from digen.tasks import GroupTask, TrainSpec, TrainStats
 from digen.viz import GridRow, write_sample_grid
 
@@ -59,6 +63,13 @@ class IterationBook:
     zero_std_groups: int = 0
     zero_advantage_dropped: int = 0
     """Samples released groups left out for a zero advantage (``train.zero_advantage: drop``)."""
+    _split: dict[tuple[int, int], int] | None = None
+    _switched_on: set[tuple[int, int]] | None = None
+
+    @property
+    def by_samples(self) -> bool:
+        """``train.mini_batch_split: samples``: a train task's ``part`` is its mini-batch."""
+        return self.cfg.train.mini_batch_split == "samples"
 
     # --- generation side -----------------------------------------------------------
     def add_rewards(self, group: int, rewards: Sequence[float]) -> None:
@@ -67,7 +78,7 @@ class IterationBook:
 
     def trainable_groups(self) -> list[int]:
         """Groups whose train task can be released now and was not yet (in group order)."""
-        if self.cfg.train.global_std:
+        if self.cfg.train.global_std or self.by_samples:  # the batch's std, or the shuffle
             ready = list(range(len(self.groups))) if len(self.rewards) == len(self.groups) else []
         else:
             ready = sorted(self.rewards)
@@ -112,7 +123,8 @@ class IterationBook:
         keep = [i for i in range(len(adv)) if math.isfinite(adv[i])]
         dropped = len(adv) - len(keep)
         if self.cfg.train.zero_advantage == "drop":  # Flow-GRPO's filter (TrainConfig.zero_advantage)
-            trained = [i for i in keep if adv[i] != 0.0]
+            back = self._zero_switched_on() if self.by_samples else set()
+            trained = [i for i in keep if adv[i] != 0.0 or (group, i) in back]
             self.zero_advantage_dropped += len(keep) - len(trained)
             keep = trained
         if dropped:
@@ -133,9 +145,57 @@ class IterationBook:
         return self.specs[group]
 
     def task_spec(self, group: int, part: int | None) -> TrainSpec:
-        """The spec of one train task: the group's, or its half ``part``."""
+        """The spec of one train task: the group's, or its half ``part`` (with
+        ``train.mini_batch_split: samples``: its samples of mini-batch ``part``)."""
         spec = self.train_spec(group)
-        return spec if part is None else spec.half(part)
+        if part is None:
+            return spec
+        if self.by_samples:
+            split = self.sample_split()
+            return spec.select(j for j, i in enumerate(spec.samples) if split[(group, i)] == part)
+        return spec.half(part)
+
+    def _zero_switched_on(self) -> set[tuple[int, int]]:
+        """``zero_advantage: drop`` with the samples split: the zero-advantage samples switched
+        back on, as Flow-GRPO does (scripts/train_sd3.py ``main``: when the kept count does not
+        divide its micro-batch count, ``torch.randperm`` over the dropped samples, in batch
+        order, picks the ones to keep), here until the count divides ``mini_batches``; the
+        draw is the iteration's ``"zero_advantage"`` stream. Needs every group scored."""
+        if self._switched_on is None:
+            self._switched_on, kept, zero = set(), 0, []
+            for g in range(len(self.groups)):
+                for i, a in enumerate(self._advantages(g)):
+                    if math.isfinite(a):
+                        kept += a != 0.0
+                        if a == 0.0:
+                            zero.append((g, i))
+            need = -kept % self.cfg.train.mini_batches
+            if need and len(zero) >= need:
+                draw = permutation(len(zero), self.cfg.seed, self.iteration, "zero_advantage")
+                self._switched_on = {zero[j] for j in draw[:need]}
+        return self._switched_on
+
+    def sample_split(self) -> dict[tuple[int, int], int]:
+        """``train.mini_batch_split: samples``: (group, sample position) -> mini-batch of every
+        trained sample. Flow-GRPO's inner epoch (scripts/train_sd3.py ``main``): the trained
+        samples, in batch order, permuted (here by :func:`~digen.seeding.permutation` of the
+        iteration's ``"mini_batches"`` stream: the same draw in every mode) and cut into
+        ``mini_batches`` consecutive equal parts; a count that does not divide (non-finite
+        rewards only) gives the first ``count % M`` parts one sample more. Needs every group
+        scored (it releases them all)."""
+        if self._split is None:
+            rows = [(g, i) for g in range(len(self.groups)) for i in self.train_spec(g).samples]
+            order = [rows[j] for j in permutation(len(rows), self.cfg.seed, self.iteration, "mini_batches")]
+            m_total = self.cfg.train.mini_batches
+            size, extra = divmod(len(order), m_total)
+            split: dict[tuple[int, int], int] = {}
+            start = 0
+            for m in range(m_total):
+                end = start + size + (m < extra)
+                split.update((key, m) for key in order[start:end])
+                start = end
+            self._split = split
+        return self._split
 
     # --- training side -------------------------------------------------------------
     def add_gradient(
@@ -146,8 +206,13 @@ class IterationBook:
         self.stats.setdefault(key, stats)
 
     def mini_batch(self, group: int) -> int:
-        """The mini-batch (optimizer step of the iteration) ``group`` trains in."""
+        """The mini-batch (optimizer step of the iteration) ``group`` trains in (whole groups)."""
         return mini_batch_of(group, len(self.groups), self.cfg.train.mini_batches)
+
+    def task_mini_batch(self, group: int, part: int | None) -> int:
+        """The mini-batch of train task (``group``, ``part``): the group's, or with
+        ``train.mini_batch_split: samples`` its part."""
+        return (part or 0) if self.by_samples else self.mini_batch(group)
 
     def trained_rows(self, mini_batch: int | None = None) -> int:
         """The (sample, step) rows one mini-batch's train tasks trained (None: every task
@@ -155,14 +220,16 @@ class IterationBook:
 
         Raises :class:`RewardError` when no row trained (every reward NaN or inf, or every
         group's task dropped): there is nothing to step on."""
-        order = sorted(k for k in self.stats if mini_batch is None or self.mini_batch(k[0]) == mini_batch)
+        order = sorted(k for k in self.stats if mini_batch is None or self.task_mini_batch(*k) == mini_batch)
         rows = sum(self.stats[g].rows for g in order)
         where = f"iteration {self.iteration}" + (
             f" mini-batch {mini_batch}" if mini_batch is not None and self.cfg.train.mini_batches > 1 else ""
         )
         if rows == 0 and self.zero_advantage_dropped:
             n = sum(
-                1 for g in range(len(self.groups)) if mini_batch is None or self.mini_batch(g) == mini_batch
+                1
+                for g in range(len(self.groups))
+                if mini_batch is None or self.by_samples or self.mini_batch(g) == mini_batch
             )
             raise RewardError(
                 f"{where}: every trainable sample has advantage 0 (all {n} groups flat) and "
@@ -186,7 +253,7 @@ class IterationBook:
         from digen.training import sum_gradients
 
         rows = self.trained_rows(mini_batch)
-        order = sorted(k for k in self.grads if mini_batch is None or self.mini_batch(k[0]) == mini_batch)
+        order = sorted(k for k in self.grads if mini_batch is None or self.task_mini_batch(*k) == mini_batch)
         return sum_gradients([self.grads[g] for g in order]), rows
 
     def metrics(self) -> dict:

@@ -2,7 +2,8 @@
 every other mode::
 
     for iteration k:  prompts -> generate groups (version M k) -> decode -> reward -> advantages
-        for mini-batch m in 0 .. M-1 (its groups; M = train.mini_batches):
+        for mini-batch m in 0 .. M-1 (its groups, or its share of the shuffled samples;
+                                     M = train.mini_batches, train.mini_batch_split):
             gradient of K timesteps per trajectory (version M k + m) -> AdamW step
 
 The algorithm (``train.algorithm``) is the library's: :func:`generate_group` runs its rollout
@@ -100,17 +101,17 @@ def _reference_loop(
             book.add_rewards(task.group, traj.rewards.tolist())
         norms = []
         for m in range(cfg.train.mini_batches):  # one optimizer step per mini-batch
-            for g in book.trainable_groups():
-                if book.mini_batch(g) != m:
-                    continue
+            for g, part in mini_batch_tasks(book, m):
                 check_cancel(k)
-                spec = book.train_spec(g)
+                spec = book.task_spec(g, part)
+                if not spec.samples:  # none of the group's samples is in this mini-batch
+                    continue
                 t0 = time.time()
                 grads, stats = train_group(
                     policy, spec, trajs[g].tensors(), embed(groups[g].prompt), cfg, tsp=tsp
                 )
                 timer("train", t0, time.time())
-                book.add_gradient(g, grads, stats)
+                book.add_gradient(g, grads, stats, part)
             t0 = time.time()
             grad, rows = book.gradient(m)
             last = m == cfg.train.mini_batches - 1
@@ -141,3 +142,12 @@ def _reference_loop(
             if progress is not None:
                 progress(progress_row(row))
     return run.write_summary("reference")
+
+
+def mini_batch_tasks(book: IterationBook, m: int) -> list[tuple[int, int | None]]:
+    """The train tasks (group, part) of mini-batch ``m``, in order: its whole groups, or with
+    ``train.mini_batch_split: samples`` every group's part ``m`` (the distributed modes'
+    tasks, :class:`digen.core.scheduler.Scheduler`)."""
+    if book.by_samples:
+        return [(g, m) for g in range(len(book.groups))]  # every group is scored here
+    return [(g, None) for g in book.trainable_groups() if book.mini_batch(g) == m]

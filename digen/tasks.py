@@ -13,6 +13,7 @@ reference loop with the same code, and the workers read them from their payloads
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -76,15 +77,21 @@ class TrainSpec(Record):
         split in two (the first half gets the odd sample). The halves' gradient sums add
         up to the whole group's (up to float summation order)."""
         h = (len(self.samples) + 1) // 2
-        cut = slice(0, h) if part == 0 else slice(h, None)
+        return self.select(range(h) if part == 0 else range(h, len(self.samples)))
+
+    def select(self, rows: Iterable[int]) -> TrainSpec:
+        """The spec of some of its samples (``rows``: indices into :attr:`samples`, in order):
+        a half (:meth:`half`) or the samples of one mini-batch (``train.mini_batch_split:
+        samples``)."""
+        keep = list(rows)
         return TrainSpec(
             self.iteration,
             self.group,
             self.gen_version,
-            self.samples[cut],
-            self.sample_ids[cut],
-            self.advantages[cut],
-            self.steps[cut],
+            [self.samples[j] for j in keep],
+            [self.sample_ids[j] for j in keep],
+            [self.advantages[j] for j in keep],
+            [self.steps[j] for j in keep] if self.steps else [],
         )
 
 

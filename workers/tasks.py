@@ -155,8 +155,9 @@ def run_train(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
     )
     faults.point("train", rt.job, rt.name, task=leased.task_id, iteration=spec.iteration)
     events.append(event(rt, role, "train", ref, version, t1, time.time()))
-    if ref.part is not None:  # half a group (RAT): the bench counts it as such
-        events[-1]["share"] = ref.share
+    if ref.part is not None:  # half a group (RAT), or one mini-batch's share of it: the bench counts it so
+        samples = rt.cfg.train.mini_batch_split == "samples"
+        events[-1]["share"] = 1 / rt.cfg.train.mini_batches if samples else ref.share
     result = {"stats": stats.to_json(), "events": events, "worker": rt.name, "start": t0, "end": time.time()}
     member = rt.member
     if member is None or rt.cfg.train.reduce == "exact":  # the trainers fetch it at the step

@@ -34,7 +34,9 @@ class TaskRef:
     a chunk of test prompts, evaluating the version after ``iteration``). ``part``: a train
     task split in two halves of the group's samples (0 or 1; None: the whole group), which
     the scheduler does for the last groups of an iteration when an idle rollout worker
-    should take half a group's training (RAT at half-group granularity)."""
+    should take half a group's training (RAT at half-group granularity); with
+    ``train.mini_batch_split: samples``, the mini-batch whose samples of the group the task
+    trains (0 .. M-1)."""
 
     kind: TaskKind
     iteration: int

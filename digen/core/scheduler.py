@@ -23,6 +23,14 @@ a trajectory trained in mini-batch m lags ``M s + m`` (at most ``M s + M - 1``):
 1`` every mini-batch after the first trains off-policy even at s = 0, as in the peers (the
 PPO clip acts there). s = 0 is the reference loop's order exactly (digen/reference.py).
 
+With ``split_samples`` (``train.mini_batch_split: samples``, Flow-GRPO's split) a mini-batch
+is a seeded shuffle's share of the iteration's samples (:meth:`digen.iteration.IterationBook.sample_split`),
+so a group's samples train in several mini-batches: mini-batch m is one train task per group,
+``TaskRef(TRAIN, i, g, part=m)`` (a task with no sample of m is settled at once by the
+controller), released only once *every* group of the iteration is scored (the shuffle needs
+them all; GAP starts nothing early) and version ``M i + m`` is published. RAT splits no task
+further (the parts are already fractions of a group).
+
 In the runtime (:mod:`digen.runtime.steps`, :mod:`workers.trainer`): a :class:`Step` ``(i, m)``
 sums only mini-batch m's task gradients and steps with ``last_of_iteration = (m == M - 1)``
 (an algorithm's state moves once per iteration); an iteration's metrics row, checkpoint and
@@ -89,7 +97,11 @@ class SchedulerConfig:
     max_staleness: int = 0
     """Iterations a generation may run ahead of training (0 or 1)."""
     mini_batches: int = 1
-    """Optimizer steps per iteration (``train.mini_batches``); must divide ``groups``."""
+    """Optimizer steps per iteration (``train.mini_batches``); must divide ``groups`` unless
+    ``split_samples``."""
+    split_samples: bool = False
+    """``train.mini_batch_split: samples``: a mini-batch is one task per group (``part`` = m),
+    released once the whole iteration is scored."""
     group_local_advantages: bool = True
     """False (``train.global_std``): advantages need the whole batch, so GAP cannot start a
     group early."""
@@ -129,6 +141,7 @@ class Scheduler:
     gen_released: set[int] = field(default_factory=set)
     gen_done: dict[int, set[int]] = field(default_factory=dict)
     train_released: dict[int, set[int]] = field(default_factory=dict)
+    """Per iteration: groups whose train tasks are released (``split_samples``: mini-batches)."""
     train_done: dict[int, set[tuple[int, int | None]]] = field(default_factory=dict)
     """Per iteration: (group, part) of every trained task."""
     splits: dict[int, int] = field(default_factory=dict)
@@ -152,7 +165,7 @@ class Scheduler:
 
     def __post_init__(self) -> None:
         c = self.cfg
-        if c.mini_batches < 1 or c.groups % c.mini_batches:
+        if c.mini_batches < 1 or (c.groups % c.mini_batches and not c.split_samples):
             raise ValueError(f"mini_batches ({c.mini_batches}) must be >= 1 and divide groups ({c.groups})")
         self.stepped = c.start_iteration - 1
 
@@ -166,12 +179,22 @@ class Scheduler:
         """The version iteration ``iteration`` generates with."""
         return max(0, iteration - self.cfg.max_staleness) * self.cfg.mini_batches
 
-    def train_version(self, iteration: int, group: int) -> int:
-        """The version a train task of ``group`` trains (its mini-batch's)."""
-        return iteration * self.cfg.mini_batches + self.mini_batch(group)
+    def train_version(self, iteration: int, group: int, part: int | None = None) -> int:
+        """The version a train task of ``group`` (``part``) trains (its mini-batch's)."""
+        return iteration * self.cfg.mini_batches + self.task_mini_batch(group, part)
 
     def mini_batch(self, group: int) -> int:
         return mini_batch_of(group, self.cfg.groups, self.cfg.mini_batches)
+
+    def task_mini_batch(self, group: int, part: int | None) -> int:
+        """The mini-batch of a train task: its group's, or with ``split_samples`` its part."""
+        return (part or 0) if self.cfg.split_samples else self.mini_batch(group)
+
+    def _share(self, t: TaskRef) -> float:
+        """The fraction of a group's work ``t`` is (``split_samples``: 1/M on average)."""
+        if self.cfg.split_samples and t.kind is TaskKind.TRAIN:
+            return 1.0 / self.cfg.mini_batches
+        return t.share
 
     def start(self, t: float) -> list[Instruction]:
         """Tag the workers known so far and release the first work."""
@@ -224,7 +247,7 @@ class Scheduler:
     def _task_done(self, ev: TaskDone) -> list[Instruction]:
         t = ev.task
         if t.kind not in self.cfg.task_seconds:
-            self._learn(ev.worker, t.kind, (ev.end - ev.start) / t.share)  # seconds per whole group
+            self._learn(ev.worker, t.kind, (ev.end - ev.start) / self._share(t))  # seconds per whole group
         self.in_flight[t.kind] = max(0, self.in_flight.get(t.kind, 0) - 1)
         out: list[Instruction] = []
         if t.kind is TaskKind.GEN:
@@ -293,7 +316,9 @@ class Scheduler:
         for group, part in ev.tasks:
             if (group, part) in done:
                 done.discard((group, part))
-                out.append(Release(TaskRef(TaskKind.TRAIN, i, group, part), self.train_version(i, group)))
+                out.append(
+                    Release(TaskRef(TaskKind.TRAIN, i, group, part), self.train_version(i, group, part))
+                )
         if out:
             self.stepping = False
         return self._count(out)
@@ -323,7 +348,12 @@ class Scheduler:
             scored = self.scored.get(i, set())
             released = self.train_released.setdefault(i, set())
             whole = len(scored) == c.groups
-            if len(released) < len(scored) and ((c.gap and c.group_local_advantages) or whole):
+            if c.split_samples:  # one task per group, once the whole iteration is scored
+                if whole and m not in released:
+                    released.add(m)
+                    v = self.train_version(i, 0, m)
+                    out += [Release(TaskRef(TaskKind.TRAIN, i, g, m), v) for g in range(c.groups)]
+            elif len(released) < len(scored) and ((c.gap and c.group_local_advantages) or whole):
                 halves = c.groups - self.splits.get(i, 0)  # groups from here on train as halves
                 for g in sorted(scored - released):
                     if self.mini_batch(g) != m:  # a later mini-batch: its version is not out yet
@@ -333,15 +363,18 @@ class Scheduler:
                     out += [
                         Release(TaskRef(TaskKind.TRAIN, i, g, p), self.train_version(i, g)) for p in parts
                     ]
-            done = [g for g, _ in self.train_done.get(i, ()) if self.mini_batch(g) == m]
+            done = [g for g, p in self.train_done.get(i, ()) if self.task_mini_batch(g, p) == m]
             if not self.stepping and len(done) == self._tasks_of(i, m):
                 self.stepping = True
                 out.append(Step(i, m))
         return self._count(out) + self._release_evals()
 
     def _tasks_of(self, iteration: int, mini_batch: int) -> int:
-        """Train tasks of a mini-batch: one per group, two for a group split in halves (RAT)."""
+        """Train tasks of a mini-batch: one per group, two for a group split in halves (RAT);
+        ``split_samples``: one per group of the iteration."""
         c = self.cfg
+        if c.split_samples:
+            return c.groups
         halves = c.groups - self.splits.get(iteration, 0)
         groups = [g for g in range(c.groups) if self.mini_batch(g) == mini_batch]
         return len(groups) + sum(1 for g in groups if g >= halves)
@@ -395,7 +428,7 @@ class Scheduler:
         out: list[Instruction] = []
         budgets = self._budgets() if self.cfg.tag or self.cfg.rat else {}
         rat = sum(b for n, b in budgets.items() if self.workers[n].role is Role.ROLLOUT)
-        if rat > 0:  # the rollout workers may take `rat` halves: split that many last groups
+        if rat > 0 and not self.cfg.split_samples:  # rollout workers may take `rat` halves: split that many
             self.splits[self.stepped + 1] = min(rat, self.cfg.groups)
         for name, w in sorted(self.workers.items()):
             budget = budgets.get(name, 0)

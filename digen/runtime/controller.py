@@ -532,6 +532,7 @@ def run_distributed(
             eval_tasks=eval_task_count(cfg),
             task_seconds={TaskKind(k): v for k, v in s.task_seconds.items()},
             mini_batches=cfg.train.mini_batches,
+            split_samples=cfg.train.mini_batch_split == "samples",
         )
     )
     evals = Evaluations(cfg, run, job, held_out_prompts(cfg), progress) if cfg.eval.every else None

@@ -196,13 +196,13 @@ class StepControl:
         trained = {
             k: t
             for k, t in led.trained.get(iteration, {}).items()
-            if book.mini_batch(t.task.group) == mini_batch
+            if book.task_mini_batch(t.task.group, t.task.part) == mini_batch
         }
         dead = set(led.dead.get(iteration, []))
         want = {
             tid
             for tid in led.train_released.get(iteration, set())
-            if book.mini_batch(TaskRef.parse(tid).group) == mini_batch and tid not in dead
+            if book.task_mini_batch(*_group_part(tid)) == mini_batch and tid not in dead
         }
         missing, extra = sorted(want - trained.keys()), sorted(trained.keys() - want)
         if missing or extra:
@@ -349,3 +349,8 @@ class StepControl:
         if folder is not None:
             self.checkpoint = folder
         self.publish_current()
+
+
+def _group_part(task_id: str) -> tuple[int, int | None]:
+    ref = TaskRef.parse(task_id)
+    return ref.group, ref.part

@@ -21,7 +21,13 @@ def test_mini_batches_must_divide_the_iteration_s_groups():
     assert problems(rollout={"batch_size": 16, "group_size": 4}, train={"mini_batches": 2}) == []
     assert problems(rollout={"batch_size": 12, "group_size": 4}, train={"mini_batches": 2}) == [
         "train.mini_batches (2) must divide the iteration's prompt groups (rollout.batch_size / "
-        "rollout.group_size = 3): each optimizer step takes whole groups"
+        "rollout.group_size = 3): each optimizer step takes whole groups; or set train.mini_batch_split=samples"
+    ]
+    samples = {"mini_batches": 2, "mini_batch_split": "samples"}  # 12 samples: 6 a step
+    assert problems(rollout={"batch_size": 12, "group_size": 4}, train=samples) == []
+    assert problems(rollout={"batch_size": 12, "group_size": 4}, train={**samples, "mini_batches": 5}) == [
+        "train.mini_batches (5) must divide the iteration's samples (rollout.batch_size = 12): with "
+        "train.mini_batch_split samples each optimizer step takes an equal share of them, as Flow-GRPO's"
     ]
 
 

@@ -86,6 +86,8 @@ def test_recipes_take_their_peer_s_optimizer_steps_per_rollout_batch():
         assert cfg.train.mini_batches == m, name
         assert cfg.rollout.prompts_per_iteration % m == 0, name
         assert cfg.schedule.mode == "disaggregated", name
+        flow_grpo = name in EXPECTED  # Flow-GRPO's shuffle of the samples; the others' whole groups
+        assert cfg.train.mini_batch_split == ("samples" if flow_grpo else "groups"), name
 
 
 def test_mix_grpo_and_nft_recipes_carry_their_peer_numbers():

@@ -162,3 +162,35 @@ def test_evaluation_uses_the_iteration_s_last_version():
     out = s.handle(StepDone(0, 1.0, 2.0, mini_batch=1))
     assert releases(out, EVAL) == [(0, 0, 2)]
     assert s.handle(done(EVAL, 0, 0)) == [Finish()]
+
+
+def parts(out):
+    return [
+        (i.task.group, i.task.part, i.version) for i in out if isinstance(i, Release) and i.task.kind is TRAIN
+    ]
+
+
+def test_samples_split_waits_for_every_group_even_with_gap():
+    """``split_samples`` (Flow-GRPO's split): mini-batch m is one task per group (part m),
+    released only when the whole iteration is scored, even in GAP with group-local advantages."""
+    s = make(gap=True, groups=3, split_samples=True)  # 3 groups, 2 mini-batches: need not divide
+    s.start(0.0)
+    for g in (0, 1):
+        assert parts(s.handle(done(GEN, 0, g))) == []
+    assert parts(s.handle(done(GEN, 0, 2))) == [(0, 0, 0), (1, 0, 0), (2, 0, 0)]
+    assert s.handle(done(TRAIN, 0, 0, "t0", part=0), done(TRAIN, 0, 2, "t0", part=0)) == []
+    assert s.handle(done(TRAIN, 0, 1, "t0", part=0)) == [Step(0, 0)]
+    out = s.handle(StepDone(0, 1.0, 1.1, mini_batch=0))
+    assert parts(out) == [(0, 1, 1), (1, 1, 1), (2, 1, 1)]  # mini-batch 1 at version 1
+    s.handle(done(TRAIN, 0, 0, "t0", part=1), done(TRAIN, 0, 1, "t0", part=1))
+    assert s.handle(done(TRAIN, 0, 2, "t0", part=1)) == [Step(0, 1)]
+    out = s.handle(StepDone(0, 2.0, 2.1, mini_batch=1))
+    assert releases(out, GEN) == [(1, g, 2) for g in range(3)]
+
+
+def test_samples_split_learns_a_train_task_as_one_mth_of_a_group():
+    s = make(groups=2, mini_batches=4, split_samples=True)
+    s.start(0.0)
+    s.handle(done(GEN, 0, 0), done(GEN, 0, 1))
+    s.handle(TaskDone(TaskRef(TRAIN, 0, 0, 0), "t0", 0.0, 2.0))
+    assert s.seconds[("t0", TRAIN)] == 8.0  # 2 s for a quarter of a group's samples

@@ -174,17 +174,18 @@ def test_fsdp_resumes_a_reference_checkpoint(reference_run, tiny_sd3, tmp_path):
 
 
 @pytest.mark.slow
-def test_fsdp_mini_batches_equal_the_reference(tiny_sd3, tmp_path):
-    """Two optimizer steps per rollout batch (``train.mini_batches``): the ranks step after each
-    mini-batch's tasks, and every iteration's rewards and the final weights match the
-    reference's, which steps the same way."""
+@pytest.mark.parametrize("split", ["groups", "samples"])
+def test_fsdp_mini_batches_equal_the_reference(split, tiny_sd3, tmp_path):
+    """Two optimizer steps per rollout batch (``train.mini_batches``, whole groups or Flow-GRPO's
+    shuffled samples): the ranks step after each mini-batch's tasks, and every iteration's
+    rewards and the final weights match the reference's, which steps the same way."""
     from digen.reference import run_reference
     from digen.runtime.controller import run_distributed
 
     # mini-batch 1 trains off-policy, where Flow-GRPO's clip (1e-4) decides row by row: a
     # float32 round-off between the sharded and the whole sums could flip a row at the boundary,
     # a jump no tolerance bounds. A wide clip range keeps the comparison continuous.
-    train = {"train__mini_batches": 2, "train__clip_range": 10.0}
+    train = {"train__mini_batches": 2, "train__clip_range": 10.0, "train__mini_batch_split": split}
     ref = tmp_path / "ref"
     run_reference(_config(tiny_sd3, **train), ref)
     out = tmp_path / "fsdp"

@@ -277,6 +277,95 @@ def test_flow_grpo_two_optimizer_steps_per_rollout_batch_equal_the_peer(world, p
     assert_same_iteration(ours, grads, peer_weights(policy))
 
 
+# --- Flow-GRPO's own mini-batch split: shuffled samples (train.mini_batch_split: samples) ------
+@pytest.mark.parametrize("tsp", [True, False])
+def test_flow_grpo_sample_split_equals_the_peer_with_its_order_forced_to_digens_draw(world, policy, tsp):
+    """Flow-GRPO's inner epoch (scripts/train_sd3.py ``main``): zero-advantage samples masked
+    out, random ones switched back on until the kept count divides ``num_batches_per_epoch``,
+    the rest permuted along the batch (``torch.randperm``), reshaped into micro-batches (here
+    of 1 sample) and stepped every ``gradient_accumulation_steps`` of them (here 2: 3 steps).
+    Its draws are forced to digen's (``torch.randperm`` with :func:`digen.seeding.generator`
+    of digen's streams, which :func:`digen.seeding.permutation` restates); digen's side is
+    the reference loop's (:func:`digen.reference.mini_batch_tasks`). Group 1 is flat: 4 kept
+    samples, 2 switched back on, 3 steps of 2 samples whose groups straddle steps."""
+    from digen.reference import mini_batch_tasks
+    from digen.seeding import generator
+
+    _, embeds, base, _ = world
+    rewards, m_total, accumulation, k, beta = [[0.9, 0.1, 0.5, 0.2], [0.4] * G], 3, 2, 2, 0.04
+    split = {"mini_batch_split": "samples", "zero_advantage": "drop"}
+    cfg = config(base, steps=4, mini_batches=m_total, kl_beta=beta, kl_target="velocity", **split)
+    trajs = []
+    for g in range(GROUPS):
+        task = GroupTask(0, g, PROMPT, tuple(range(g * G, (g + 1) * G)), 0)
+        traj = generate_group(policy, task, cfg, lambda *_, g=g: torch.tensor(rewards[g]), embeds=embeds)
+        t = {k: v.double() if v.is_floating_point() else v for k, v in traj.tensors().items()}
+        t["log_probs"] = t["log_probs"] + offsets(4)
+        trajs.append(t)
+    groups = [GroupTask(0, g, PROMPT, tuple(range(g * G, (g + 1) * G)), 0) for g in range(GROUPS)]
+    book = IterationBook(cfg, 0, groups)
+    for g in range(GROUPS):
+        book.add_rewards(g, rewards[g])
+    store = ParameterStore(policy.trainable_state_dict(), cfg.train)
+    start, grads, stats = store.trained(), [], []
+    for m in range(m_total):  # the reference loop's order
+        total = TrainStats()
+        for g, part in mini_batch_tasks(book, m):
+            spec = book.task_spec(g, part)
+            if spec.samples:
+                grad, st = train_group(policy, spec, trajs[g], embeds, cfg, tsp=tsp)
+                book.add_gradient(g, grad, st, part)
+                total.add(st)
+        summed, rows = book.gradient(m)
+        grads.append({n: v / rows for n, v in summed.items()})
+        stats.append(total)
+        store.step(summed, rows, last_of_iteration=m == m_total - 1)
+        load_version(policy, store.weights())
+    ours = Iteration(book, grads, stats, start, store.trained(), store)
+    assert [s.rows for s in ours.stats] == [2 * k] * 3
+    assert {g for g, _ in book.sample_split()} == {0, 1} and book.zero_advantage_dropped == 2
+
+    # the peer: every sample of the batch, its advantage and its trained steps (the same draws)
+    keep = config(base, steps=4, mini_batches=1, kl_beta=beta, kl_target="velocity")
+    full = IterationBook(keep, 0, groups)
+    for g in range(GROUPS):
+        full.add_rewards(g, rewards[g])
+    specs = [drawn_steps(full.train_spec(g), keep) for g in range(GROUPS)]
+    adv = torch.tensor([a for sp in specs for a in sp.advantages], dtype=torch.float64).clamp(-5, 5)
+    steps = [st for sp in specs for st in sp.steps]
+    mask = adv.abs() != 0
+    micro_batches = m_total * accumulation  # num_batches_per_epoch
+    if int(mask.sum()) % micro_batches:
+        false = torch.where(~mask)[0]
+        need = micro_batches - int(mask.sum()) % micro_batches
+        mask[false[torch.randperm(len(false), generator=generator(cfg.seed, 0, "zero_advantage"))[:need]]] = (
+            True
+        )
+    kept = torch.arange(GROUPS * G)[mask]
+    kept = kept[torch.randperm(len(kept), generator=generator(cfg.seed, 0, "mini_batches"))]
+    policy.load_trainable_state_dict(ours.start)
+    load_version(policy, ours.start)
+    opt, peer = PeerOptimizer(policy, cfg), []
+    for i, n in enumerate(kept.reshape(micro_batches, -1)[:, 0].tolist()):
+        g, b = divmod(n, G)
+        traj, idx = trajs[g], torch.tensor([b])
+        for j in steps[n]:
+            x, x_next = traj["latents"][idx, j], traj["latents"][idx, j + 1]
+            sig, sig_next = traj["sigmas"][j].expand(1), traj["sigmas"][j + 1].expand(1)
+            v = peer_velocity(policy, x, sig, embeds, 1.0)
+            logp, _, _, _ = peer_sde_step(v, x, x_next, sig, sig_next, float(traj["sigmas"][1]))
+            ratio = torch.exp(logp - traj["log_probs"][idx, j])
+            a = adv[n].expand(1)
+            loss = torch.mean(torch.maximum(-a * ratio, -a * torch.clamp(ratio, 1 - 1e-4, 1 + 1e-4)))
+            with torch.no_grad(), policy.reference_mode():
+                v_ref = peer_velocity(policy, x, sig, embeds, 1.0)
+            loss = loss + beta * torch.mean(((v - v_ref) ** 2).mean(dim=(1, 2, 3)))
+            (loss / (accumulation * k)).backward()
+        if (i + 1) % accumulation == 0:
+            peer.append(opt.step())
+    assert_same_iteration(ours, peer, peer_weights(policy))
+
+
 def test_velocity_kl_changes_the_gradient(world, policy):
     """The two KL targets give different updates (the test above can tell them apart)."""
     _, embeds, base, _ = world
