@@ -130,6 +130,7 @@ def _translate(f: dict[str, Any], gpus: int, script: str, out: Imported) -> None
     set_dotted(c, "model.dtype", "float32")
     if get("mixed_precision") == "bf16":
         set_dotted(c, "model.autocast", "bfloat16")
+    set_dotted(c, "model.vae_dtype", "bfloat16")  # AutoencoderKL.from_pretrained(..., torch_dtype=bfloat16)
     set_dotted(c, "model.device", "cuda")
     lora = "lora" in script
     if lora:

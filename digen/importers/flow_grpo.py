@@ -299,6 +299,15 @@ def _reward(fg: dict[str, Any], out: Imported) -> None:
         if name == "pickscore":
             spec["kwargs"] = {"divisor": 26}  # flow_grpo/pickscore_scorer.py: score / 26
         specs.append(spec)
+    from digen.rewards import available
+
+    for spec in specs:
+        if spec["name"] == "video_ocr":  # flow_grpo/rewards.py: ocr of a video's frames
+            spec["name"] = "ocr"
+        elif spec["name"] not in available():
+            out.placeholders[f"reward {spec['name']}"] = (
+                "not a digen reward: name one of digen rewards, or serve it through the http reward"
+            )
     if not specs:
         specs = [{"name": "REWARD", "weight": 1.0}]
         out.placeholders["reward"] = "the recipe names no reward_fn: digen rewards lists the names"

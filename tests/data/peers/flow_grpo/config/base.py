@@ -65,7 +65,7 @@ def get_config():
     sample.sde_window_size = 2
     # sde window range
     sample.sde_window_range = (0, 10)
-    
+
     ###### Training ######
     config.train = train = ml_collections.ConfigDict()
     # batch size (per GPU!) to use for training.

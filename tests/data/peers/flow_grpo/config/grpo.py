@@ -1,4 +1,3 @@
-import ml_collections
 import imp
 import os
 
@@ -36,7 +35,7 @@ def general_ocr_wan2_1():
     config.sample.eval_num_steps = 50
     config.sample.guidance_scale=4.5
     config.run_name = "wan_flow_grpo"
-    
+
     config.height = 240
     config.width = 416
     config.frames = 33
@@ -74,7 +73,7 @@ def general_ocr_wan2_1():
     config.reward_fn = {
         "video_ocr": 1.0,
     }
-    
+
     config.prompt_fn = "general_ocr"
 
     config.per_prompt_stat_tracking = True
@@ -116,7 +115,7 @@ def general_ocr_sd3():
     config.reward_fn = {
         "ocr": 1.0,
     }
-    
+
     config.prompt_fn = "general_ocr"
 
     config.per_prompt_stat_tracking = True
@@ -150,11 +149,11 @@ def geneval_sd3():
     config.train.ema = True
     config.save_freq = 60 # epoch
     config.eval_freq = 60
-    config.save_dir = f'logs/geneval/sd3.5-M'
+    config.save_dir = 'logs/geneval/sd3.5-M'
     config.reward_fn = {
         "geneval": 1.0,
     }
-    
+
     config.prompt_fn = "geneval"
 
     config.per_prompt_stat_tracking = True
@@ -196,7 +195,7 @@ def geneval_sd3_fast_nocfg():
     config.reward_fn = {
         "geneval": 1.0,
     }
-    
+
     config.prompt_fn = "geneval"
 
     config.per_prompt_stat_tracking = True
@@ -234,7 +233,7 @@ def pickscore_sd3():
     config.reward_fn = {
         "pickscore": 1.0,
     }
-    
+
     config.prompt_fn = "general_ocr"
 
     config.per_prompt_stat_tracking = True
@@ -272,7 +271,7 @@ def clipscore_sd3():
     config.reward_fn = {
         "clipscore": 1.0,
     }
-    
+
     config.prompt_fn = "general_ocr"
 
     config.per_prompt_stat_tracking = True
@@ -313,7 +312,7 @@ def pickscore_sd3_fast():
     config.reward_fn = {
         "pickscore": 1.0,
     }
-    
+
     config.prompt_fn = "general_ocr"
 
     config.per_prompt_stat_tracking = True
@@ -356,7 +355,7 @@ def pickscore_sd3_fast_nocfg():
     config.reward_fn = {
         "pickscore": 1.0,
     }
-    
+
     config.prompt_fn = "general_ocr"
 
     config.per_prompt_stat_tracking = True
@@ -397,7 +396,7 @@ def general_ocr_sd3_4gpu():
     config.reward_fn = {
         "ocr": 1.0,
     }
-    
+
     config.prompt_fn = "general_ocr"
 
     config.per_prompt_stat_tracking = True
@@ -435,7 +434,7 @@ def pickscore_sd3_4gpu():
     config.reward_fn = {
         "pickscore": 1.0,
     }
-    
+
     config.prompt_fn = "general_ocr"
 
     config.per_prompt_stat_tracking = True
@@ -475,7 +474,7 @@ def general_ocr_sd3_1gpu():
     config.reward_fn = {
         "ocr": 1.0,
     }
-    
+
     config.prompt_fn = "general_ocr"
 
     config.per_prompt_stat_tracking = True
@@ -515,7 +514,7 @@ def pickscore_flux():
     config.reward_fn = {
         "pickscore": 1.0,
     }
-    
+
     config.prompt_fn = "general_ocr"
 
     config.per_prompt_stat_tracking = True
@@ -555,7 +554,7 @@ def pickscore_flux_8gpu():
     config.reward_fn = {
         "pickscore": 1.0,
     }
-    
+
     config.prompt_fn = "general_ocr"
 
     config.per_prompt_stat_tracking = True
@@ -599,7 +598,7 @@ def geneval_flux_fast():
     config.reward_fn = {
         "geneval": 1.0,
     }
-    
+
     config.prompt_fn = "geneval"
 
     config.per_prompt_stat_tracking = True
@@ -644,7 +643,7 @@ def pickscore_flux_fast():
     config.reward_fn = {
         "pickscore": 1.0,
     }
-    
+
     config.prompt_fn = "general_ocr"
 
     config.per_prompt_stat_tracking = True
@@ -727,7 +726,7 @@ def pickscore_qwenimage():
     config.reward_fn = {
         "pickscore": 1.0,
     }
-    
+
     config.prompt_fn = "general_ocr"
 
     config.per_prompt_stat_tracking = True
@@ -772,7 +771,7 @@ def pickscore_qwenimage_8gpu():
     config.reward_fn = {
         "pickscore": 1.0,
     }
-    
+
     config.prompt_fn = "general_ocr"
 
     config.per_prompt_stat_tracking = True
@@ -925,7 +924,7 @@ def pickscore_bagel():
     config.sample.train_batch_size = 6
     config.sample.num_image_per_prompt = 16
     config.sample.num_batches_per_epoch = int(48/(gpu_number*config.sample.train_batch_size/config.sample.num_image_per_prompt))    # =2 for 32 gpus
-    config.sample.test_batch_size = 1 
+    config.sample.test_batch_size = 1
 
     config.train.batch_size = config.sample.train_batch_size
     config.train.gradient_accumulation_steps = config.sample.num_batches_per_epoch//2
@@ -950,7 +949,7 @@ def pickscore_bagel():
     config.reward_fn = {
         "pickscore": 1.0,
     }
-    
+
     config.prompt_fn = "general_ocr"
 
     config.per_prompt_stat_tracking = True
@@ -980,7 +979,7 @@ def pickscore_bagel_lora():
     config.sample.train_batch_size = 6
     config.sample.num_image_per_prompt = 16
     config.sample.num_batches_per_epoch = int(48/(gpu_number*config.sample.train_batch_size/config.sample.num_image_per_prompt))    # =2 for 32 gpus
-    config.sample.test_batch_size = 1 
+    config.sample.test_batch_size = 1
 
     config.train.batch_size = config.sample.train_batch_size
     config.train.gradient_accumulation_steps = config.sample.num_batches_per_epoch//2
@@ -1005,7 +1004,7 @@ def pickscore_bagel_lora():
     config.reward_fn = {
         "pickscore": 1.0,
     }
-    
+
     config.prompt_fn = "general_ocr"
 
     config.per_prompt_stat_tracking = True
