@@ -39,7 +39,7 @@ CARRIED = {
     f"{A}rollout.pipeline.max_sequence_length", f"{A}rollout.algo.noise_level", f"{A}rollout.algo.sde_type",
     f"{A}rollout.algo.sde_window_size", f"{A}rollout.val_kwargs.pipeline.num_inference_steps",
     "algorithm.global_std", "algorithm.timestep_fraction", "algorithm.adv_estimator",
-    "data.train_files", "data.val_files", "data.train_batch_size", "data.seed",
+    "data.train_files", "data.val_files", "data.val_max_samples", "data.train_batch_size", "data.seed",
     "trainer.total_training_steps", "trainer.save_freq", "trainer.test_freq", "trainer.max_actor_ckpt_to_keep",
     "reward.custom_reward_function.name", "reward.custom_reward_function.path",
 }  # fmt: skip
@@ -81,7 +81,6 @@ KEYS = {
     "trainer.n_gpus_per_node": "scale cluster.local (rollout_workers, trainer_workers) to your GPUs",
     "trainer.nnodes": "several machines: see docs/deploy.md (digen worker on each)",
     "data.max_prompt_length": "model.max_sequence_length bounds the text",
-    "data.val_max_samples": "eval.num_prompts",
 }
 
 _ALGORITHMS = {"flow_grpo": "flow-grpo", "grpo_guard": "grpo-guard", "mix_grpo": "mix-grpo",
@@ -237,6 +236,9 @@ def _translate(f: dict[str, Any], out: Imported) -> None:
     test_freq, save_freq = f.get("trainer.test_freq"), f.get("trainer.save_freq")
     set_dotted(c, "eval.every", test_freq if isinstance(test_freq, int) and test_freq > 0 else 0)
     set_dotted(c, "output.checkpoint_every", save_freq if isinstance(save_freq, int) and save_freq > 0 else 1)
+    val = f.get("data.val_max_samples")
+    if isinstance(val, int) and val > 0:
+        set_dotted(c, "eval.num_prompts", val)
     keep = f.get("trainer.max_actor_ckpt_to_keep")
     if isinstance(keep, int) and keep > 0:
         set_dotted(c, "output.keep_checkpoints", keep)
