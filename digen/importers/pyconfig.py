@@ -165,7 +165,7 @@ class _Frame:
             left, right = self.expr(node.left), self.expr(node.right)
             if not all(isinstance(v, (int, float, str, tuple, list)) for v in (left, right)):
                 raise _Fail
-            if isinstance(node.op, ast.Pow) and abs(right) > 64:
+            if _too_big(node.op, left, right):
                 raise _Fail
             try:
                 return _BINOPS[type(node.op)](left, right)
@@ -205,6 +205,30 @@ class _Frame:
             except (TypeError, ValueError):
                 raise _Fail from None
         raise _Fail
+
+
+_MAX_ITEMS = 100_000
+_MAX_BASE = 2**64
+
+
+def _too_big(op: ast.operator, left: Any, right: Any) -> bool:
+    """Whether ``left op right`` could take more than a small bounded time or memory (a config
+    value is a number or a short string; ``"a" * 10**12`` or ``9 ** 9 ** 9`` is refused)."""
+    sizes = [len(v) for v in (left, right) if isinstance(v, (str, tuple, list))]
+    counts = [abs(v) for v in (left, right) if isinstance(v, int) and not isinstance(v, bool)]
+    if isinstance(op, ast.Mult) and sizes and counts:
+        return sizes[0] * counts[0] > _MAX_ITEMS
+    if isinstance(op, ast.Add) and len(sizes) == 2:
+        return sum(sizes) > _MAX_ITEMS
+    if isinstance(op, ast.Pow):
+        return (
+            not all(isinstance(v, (int, float)) for v in (left, right))
+            or abs(left) > _MAX_BASE
+            or abs(right) > 64
+        )
+    if isinstance(op, ast.Mult) and all(isinstance(v, int) for v in (left, right)):
+        return abs(left).bit_length() + abs(right).bit_length() > 4096
+    return False
 
 
 def _dotted(node: ast.expr) -> str:

@@ -53,8 +53,9 @@ def read_command(path: Path, entry: str) -> tuple[list[str], list[str]]:
         match = _VAR.match(line)
         if match:
             name, value = match.groups()
-            default = _DEFAULT.match(value)
-            value = _substitute(default.group(1) if default else value, variables)
+            while default := _DEFAULT.match(value):  # ${A:-${B:-x}}: the innermost default
+                value = default.group(1)
+            value = _substitute(value, variables)
             variables[name] = value.strip("'\"")
     raise ConfigError(f"{path} does not call {entry}")
 

@@ -134,12 +134,14 @@ def test_the_reader_runs_nothing_of_the_file(tmp_path):
         f"    config.b = open('{marker}', 'w')\n"
         "    config.c = 2 ** 10000\n"
         "    config.d = 3 * (4 + 1) // 2\n"
+        "    config.e = 'a' * 10 ** 12\n"
+        "    config.f = ((2 ** 64) ** 64) ** 64\n"
         "    return config\n"
     )
     cfg = ConfigModule(src).call("recipe")
     assert not marker.exists()
     assert cfg["a"] is UNEVALUATED and cfg["b"] is UNEVALUATED and cfg["c"] is UNEVALUATED
-    assert cfg["d"] == 7
+    assert cfg["d"] == 7 and cfg["e"] is UNEVALUATED and cfg["f"] is UNEVALUATED
     loop = tmp_path / "loop.py"
     loop.write_text("def recipe():\n    for i in range(3):\n        pass\n    return None\n")
     with pytest.raises(ConfigError, match="For statement"):
