@@ -12,6 +12,7 @@ base.py).
 
 from __future__ import annotations
 
+import ast
 import posixpath
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,8 +145,6 @@ def import_recipe(spec: str, *, gpus: int | None = None) -> Imported:
 
 def _gpu_number(spec: str, recipe: str) -> int | None:
     """The recipe's local ``gpu_number`` (Flow-GRPO sizes each recipe's batch for it)."""
-    import ast
-
     path = Path(spec.rpartition(":")[0])
     fn = ConfigModule(path).functions[recipe]
     for stmt in fn.body:
