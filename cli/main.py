@@ -12,7 +12,8 @@ each command module registers its commands on the app when imported here:
 - :mod:`cli.service` ``submit``, ``serve``, ``status``, ``logs``, ``cancel``, ``worker``;
 - :mod:`cli.certs_cmd` ``certs``;
 - :mod:`cli.simulate` ``simulate``, ``sp-bench``;
-- :mod:`cli.machine` ``plan``, ``doctor``.
+- :mod:`cli.machine` ``plan``, ``doctor``;
+- :mod:`cli.import_cmd` ``import-config``.
 
 Exit codes: 0 ok, 1 runtime failure, 2 bad input (a :class:`~digen.errors.ConfigError`).
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 # isort: off
 # importing a command module registers its commands; this order is that of ``digen --help``
 from cli import train, models_cmd, algorithms_cmd, bench, export_cmd, service, certs_cmd, simulate, machine  # noqa: F401
+from cli import import_cmd  # noqa: F401  (``import-config``)
 
 # isort: on
 from cli.app import app

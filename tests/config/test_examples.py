@@ -66,9 +66,23 @@ ALGORITHM_EXAMPLES = (
 tests/trainer/test_algorithms_learn.py)."""
 
 
+PEER_EXAMPLES = ("dance-grpo-flux.yaml", "qwen-image-ocr-verl-omni.yaml")
+"""The headline runs of DanceGRPO and VeRL-Omni, as `digen import-config` writes them
+(tests/importers/ checks them against the peers' files)."""
+
+
 def test_every_example_is_listed():
     assert sorted(p.name for p in EXAMPLES.glob("*.yaml")) == sorted(
-        [*EXPECTED, *SP_EXAMPLES, *ALGORITHM_EXAMPLES, *DATAPLANE_EXAMPLES]
+        [*EXPECTED, *SP_EXAMPLES, *ALGORITHM_EXAMPLES, *DATAPLANE_EXAMPLES, *PEER_EXAMPLES]
+    )
+
+
+@pytest.mark.parametrize("name", PEER_EXAMPLES)
+def test_peer_headline_recipes_load(name):
+    cfg = load_config(EXAMPLES / name, check_paths=False)
+    assert (
+        cfg.schedule.mode == "disaggregated"
+        and cfg.rollout.prompts_per_iteration % cfg.train.mini_batches == 0
     )
 
 

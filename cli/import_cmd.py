@@ -1,0 +1,58 @@
+"""``digen import-config``: a Flow-GRPO, VeRL-Omni or DanceGRPO recipe as a digen config."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cli.app import app, err, handles_errors, out
+from digen.errors import ConfigError
+
+
+@app.command("import-config")
+@handles_errors
+def import_config(
+    peer: Annotated[str, typer.Argument(help="flow-grpo, verl-omni or dance-grpo.")],
+    spec: Annotated[
+        str,
+        typer.Argument(
+            help="flow-grpo: PATH/config/grpo.py:RECIPE; verl-omni: a composed config .yaml or an "
+            "examples/**/*.sh launch script; dance-grpo: a scripts/finetune/*.sh script."
+        ),
+    ],
+    out_file: Annotated[
+        Path | None, typer.Option("--out", help="YAML file to write; default: print it.")
+    ] = None,
+    gpus: Annotated[
+        int | None,
+        typer.Option(
+            "--gpus", min=1, help="flow-grpo: GPUs the recipe's batch is sized for (default its gpu_number)."
+        ),
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing --out file.")] = False,
+) -> None:
+    """Write the digen config of a peer's recipe and list every key it could not carry, with why.
+    The peer's files are read as data, never run."""
+    from digen.importers import import_config as run_import
+
+    result = run_import(peer, spec, gpus=gpus)
+    result.validate()
+    text = result.to_yaml()
+    if out_file is None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        notes = err
+    else:
+        if out_file.exists() and not force:
+            raise ConfigError(f"{out_file} exists (--force replaces it)")
+        out_file.parent.mkdir(parents=True, exist_ok=True)
+        out_file.write_text(text)
+        out.print(f"[green]wrote[/green] {out_file} from {result.source}", highlight=False, soft_wrap=True)
+        notes = out
+    for key, why in result.placeholders.items():
+        notes.print(f"[yellow]fill in[/yellow] {key}: {why}", highlight=False, soft_wrap=True)
+    for key, why in result.dropped.items():
+        notes.print(f"[dim]not carried[/dim] {key}: {why}", highlight=False, soft_wrap=True)

@@ -1,0 +1,97 @@
+"""The arguments a launch script passes to its trainer, read without running the script.
+
+VeRL-Omni's ``examples/**/*.sh`` and DanceGRPO's ``scripts/finetune/*.sh`` set a few shell
+variables (``NAME=value``, ``NAME=${NAME:-default}``) and call one Python entry point with
+``key=value`` (Hydra) or ``--flag value`` arguments over backslash-continued lines. This reads
+the variables (literal values only), substitutes them where they appear as ``$NAME`` or
+``${NAME}`` (``$((A / B))`` of known integers too), and splits the call's words with
+:mod:`shlex`. Nothing is executed; a word that still holds ``$`` stays as written.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import yaml
+
+from digen.errors import ConfigError
+
+_VAR = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(\S*)\s*$")
+_DEFAULT = re.compile(r"^\$\{[A-Za-z_][A-Za-z0-9_]*:-(.*)\}$")
+_ARITH = re.compile(r"\$\(\(\s*([A-Za-z0-9_ +\-*/]+?)\s*\)\)")
+
+
+def read_script(path: Path, entry: str) -> list[str]:
+    """The words after ``entry`` (a substring of the command, e.g. ``main_diffusion``) in
+    the script at ``path``, variables substituted."""
+    return read_command(path, entry)[1]
+
+
+def read_command(path: Path, entry: str) -> tuple[list[str], list[str]]:
+    """(the words before the one holding ``entry``, the words after it) of the first command
+    line of the script at ``path`` that names ``entry`` (``torchrun --nnodes=2 ...`` before)."""
+    if not path.is_file():
+        raise ConfigError(f"{path} does not exist")
+    text = re.sub(r"\\[ \t]*(\r?\n|\Z)", " ", path.read_text())
+    variables: dict[str, str] = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if entry in line:
+            try:
+                words = shlex.split(_substitute(line, variables), comments=True)
+            except ValueError as exc:
+                raise ConfigError(
+                    f"{path}: the command line naming {entry} does not split as shell words: {exc}"
+                ) from None
+            for i, word in enumerate(words):
+                if entry in word:
+                    return words[:i], words[i + 1 :]
+        match = _VAR.match(line)
+        if match:
+            name, value = match.groups()
+            while default := _DEFAULT.match(value):  # ${A:-${B:-x}}: the innermost default
+                value = default.group(1)
+            value = _substitute(value, variables)
+            variables[name] = value.strip("'\"")
+    raise ConfigError(f"{path} does not call {entry}")
+
+
+def _substitute(text: str, variables: dict[str, str]) -> str:
+    def arith(match: re.Match[str]) -> str:
+        expr = re.sub(
+            r"[A-Za-z_][A-Za-z0-9_]*", lambda m: variables.get(m.group(0), m.group(0)), match.group(1)
+        )
+        if re.fullmatch(r"[0-9 +\-*/]+", expr):
+            terms = re.split(r"\s*(/|\*|\+|-)\s*", expr.strip())
+            value = int(terms[0])
+            for op, term in zip(terms[1::2], terms[2::2], strict=True):
+                n = int(term)
+                value = {"/": value // n if n else value, "*": value * n, "+": value + n, "-": value - n}[op]
+            return str(value)
+        return match.group(0)
+
+    text = _ARITH.sub(arith, text)
+    for name in sorted(variables, key=len, reverse=True):
+        text = text.replace("${" + name + "}", variables[name]).replace("$" + name, variables[name])
+    return text
+
+
+def scalar(text: str) -> object:
+    """A command-line value as the peer's parser reads it: numbers (``1e-5`` too), booleans,
+    ``null``, lists ``[0,5]``; anything else the string itself."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    return value if isinstance(value, (list, dict)) or value is None else text
