@@ -80,10 +80,12 @@ def test_every_example_is_listed():
 @pytest.mark.parametrize("name", PEER_EXAMPLES)
 def test_peer_headline_recipes_load(name):
     cfg = load_config(EXAMPLES / name, check_paths=False)
-    assert (
-        cfg.schedule.mode == "disaggregated"
-        and cfg.rollout.prompts_per_iteration % cfg.train.mini_batches == 0
-    )
+    units = (
+        cfg.rollout.batch_size
+        if cfg.train.mini_batch_split == "samples"
+        else cfg.rollout.prompts_per_iteration
+    )  # what a mini-batch takes a share of: samples, or whole groups
+    assert cfg.schedule.mode == "disaggregated" and units % cfg.train.mini_batches == 0
 
 
 def test_recipes_take_their_peer_s_optimizer_steps_per_rollout_batch():
