@@ -17,7 +17,17 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from cli.app import InsecureOpt, SecurityOpt, SetOpt, app, err, handles_errors, out, warn_insecure
+from cli.app import (
+    InsecureOpt,
+    SecurityOpt,
+    SetOpt,
+    app,
+    err,
+    handles_errors,
+    out,
+    print_table,
+    warn_insecure,
+)
 from digen.errors import ConfigError
 
 ServiceRedisOpt = Annotated[
@@ -241,8 +251,9 @@ def status(
     table = Table(box=None, header_style="bold")
     junk = any(j.quarantined for j in listed)  # junk read from Redis, moved to the dead letters
     cols = ("JOB", "STATE", "ITER", "REWARD", "SAMPLES/S", "STARTED", *(("QUARANTINED",) if junk else ()))
-    for col in (*cols, "RUN DIR"):
-        table.add_column(col, no_wrap=col != "RUN DIR")
+    for col in cols:  # a job id stays whole (it is what logs and cancel take); the rest may shorten
+        table.add_column(col, no_wrap=col == "JOB", overflow="ellipsis", min_width=len(col))
+    table.add_column("RUN DIR", overflow="fold")
     for j in listed:
         style = _STATE_STYLE.get(j.state, "white")
         table.add_row(
@@ -255,7 +266,7 @@ def status(
             *((str(j.quarantined),) if junk else ()),
             escape(j.run_dir),
         )
-    out.print(table)
+    print_table(table)
 
 
 @app.command()
