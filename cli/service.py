@@ -152,8 +152,22 @@ def submit(
             r, cfg, run_dir, job_id=job_id, retries=retries, timeout_s=timeout_s, config_name=config.stem
         )
     print(job_id, flush=True)
+    _warn_no_runner(r, job_id)
     if wait:
         raise typer.Exit(_follow(r, job_id))
+
+
+def _warn_no_runner(r, job_id: str) -> None:
+    """One warning line when no ``digen serve`` is up on this Redis: the job waits queued."""
+    from digen.runtime.jobs import live_runners
+
+    if not live_runners(r):
+        err.print(
+            f"[yellow]warning:[/yellow] no digen serve is running on this Redis: job {escape(job_id)} "
+            f"waits in the queue until one starts (digen serve, with the same --redis-url)",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 @app.command()
