@@ -9,7 +9,7 @@ import json
 from rich.markup import escape
 
 from cli.app import err
-from cli.console import open_run_log
+from cli.console import PROGRESS_LOG, open_run_log
 
 
 class Progress:
@@ -99,7 +99,10 @@ class Progress:
                 )
 
     def __call__(self, m: dict) -> None:
+        from digen.iteration import progress_line
+
         open_run_log()  # the run has started (its directory is checked)
+        PROGRESS_LOG.info("%s", progress_line(m, self.total))  # RUN_DIR/digen.log, every mode
         if "event" in m:
             self.event(m)
             return

@@ -49,6 +49,7 @@ from rq.serializers import JSONSerializer
 
 from digen.config import Config, SecurityConfig, build_config
 from digen.errors import ConfigError, DigenError, JobCancelled
+from digen.iteration import progress_line
 from digen.runtime.jobs import (
     ALIVE_TTL_S,
     HEARTBEAT_S,
@@ -483,13 +484,7 @@ def _run(
             )
             _note_quarantined(r, job, attempt)
             job.save_meta()
-            push_log(
-                r,
-                jid,
-                f"iteration {k}/{cfg.iterations}  reward {m.get('reward_mean', float('nan')):.4f} "
-                f"± {m.get('reward_std', float('nan')):.4f}  loss {m.get('loss', float('nan')):.3g}  "
-                f"{m.get('samples_per_s', 0.0):.1f} samples/s  bubble {m.get('bubble_ratio', 0.0):.2f}",
-            )
+            push_log(r, jid, progress_line(m, cfg.iterations))
 
         with _job_logging(r, jid), _dask_tls(cfg if scheduler else None):
             summary = run_training(

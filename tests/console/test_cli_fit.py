@@ -212,3 +212,15 @@ def test_train_resume_to_a_reached_target_exits_2_with_one_line(tiny_sd3, tmp_pa
     assert res.exit_code == 2, res.output
     (line,) = res.output.strip().splitlines()
     assert "has completed 2 iterations" in line and "nothing to run" in line
+
+
+def test_digen_log_holds_a_progress_line_per_iteration_in_reference_mode(tiny_sd3, tmp_path):
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(small_config_data(tiny_sd3, output={"plots": False})))
+    res = cli("train", path, "--out", tmp_path / "run", "--log-format", "json")
+    assert res.exit_code == 0, res.output
+    lines = (tmp_path / "run" / "digen.log").read_text().splitlines()
+    progress = [line.split("digen.progress: ", 1)[1] for line in lines if "digen.progress: " in line]
+    assert [p.split("  ")[0] for p in progress] == ["iteration 1/2", "iteration 2/2"], lines
+    assert all(" reward " in p and " samples/s " in p for p in progress)
+    assert "digen.progress" not in res.stderr  # the console shows the display, not the log lines
