@@ -35,7 +35,10 @@ def simulate(
         ),
     ] = None,
     json_out: Annotated[
-        bool, typer.Option("--json", help="Print one JSON object per mode instead of a table.")
+        bool,
+        typer.Option(
+            "--json", help="Print one JSON object per mode instead of a table (with --all: per config)."
+        ),
     ] = False,
     testbed: Annotated[
         str | None, typer.Option("--testbed", help="Simulate on another testbed of the catalog.")
@@ -87,7 +90,7 @@ def simulate(
         return
     plane = DataPlaneModel.load(dataplane) if dataplane is not None else DataPlaneModel()
     if all_:
-        _all(config or SIM_CONFIGS, mode_list, md_out, calibration, plane)
+        _all(config or SIM_CONFIGS, mode_list, md_out, calibration, plane, json_out)
         return
     if config is None:
         raise ConfigError("CONFIG is missing: pass a configs/sim/*.yaml file, --all, or --from-run RUN_DIR")
@@ -128,10 +131,17 @@ def _simulated(modes: list[str]) -> list[str]:
 
 
 def _all(
-    folder: Path, mode_list: list[str], md_out: Path | None, calibration: Path | None, plane: DataPlaneModel
+    folder: Path,
+    mode_list: list[str],
+    md_out: Path | None,
+    calibration: Path | None,
+    plane: DataPlaneModel,
+    json_out: bool = False,
 ) -> None:
+    """Every config of ``folder``: the README's Markdown tables, or with ``json_out`` one
+    object per config (``workload``, ``testbed``, ``modes``: ``digen simulate --json``'s rows)."""
     from digen.sim.catalog import is_run_config, load_sim_config
-    from digen.sim.report import explain, markdown_dataplane, markdown_results, sp_summary
+    from digen.sim.report import explain, json_rows, markdown_dataplane, markdown_results, sp_summary
     from digen.sim.study import run_study
 
     if not folder.is_dir():
@@ -169,6 +179,10 @@ def _all(
     if md_out is not None:
         md_out.parent.mkdir(parents=True, exist_ok=True)  # --out runs/sim/results.md on a fresh clone
         md_out.write_text(text)
+    if json_out:
+        rows = [{"workload": w, "testbed": t, "modes": json_rows(st)} for w, t, st in studies]
+        print(json.dumps(rows, indent=1))
+        return
     print(text)
 
 

@@ -224,3 +224,17 @@ def test_digen_log_holds_a_progress_line_per_iteration_in_reference_mode(tiny_sd
     assert [p.split("  ")[0] for p in progress] == ["iteration 1/2", "iteration 2/2"], lines
     assert all(" reward " in p and " samples/s " in p for p in progress)
     assert "digen.progress" not in res.stderr  # the console shows the display, not the log lines
+
+
+def test_simulate_all_prints_json_per_config_with_a_step_per_mode(tmp_path):
+    import shutil
+
+    for name in ("flux_A.yaml", "catalog.yaml"):
+        shutil.copy(ROOT / "configs" / "sim" / name, tmp_path / name)
+    res = cli("simulate", tmp_path, "--all", "--modes", "colocated", "--json")
+    assert res.exit_code == 0, res.output
+    (row,) = json.loads(res.stdout)
+    assert (row["workload"], row["testbed"]) == ("flow-grpo-flux", "A")
+    assert [m["mode"] for m in row["modes"]] == ["colocated", "digen", "colocated-digen"]
+    steps = [line.split(": step ")[1] for line in res.stderr.splitlines() if ": step " in line]
+    assert steps == [f"{i}/3 flow-grpo-flux @ A {m['mode']}" for i, m in enumerate(row["modes"], 1)]
