@@ -61,13 +61,14 @@ def _value_options(params: list) -> set[str]:
 
 
 def hydra_argument(args: list[str], value_options: set[str]) -> str | None:
-    """The first ``key=value`` argument of ``args`` that is not an option's value: a Hydra or
-    VeRL-style override, which digen takes as ``--set key=value``."""
+    """The first ``key=value`` argument of ``args`` that is not an option's value (nor an
+    existing file's name): a Hydra or VeRL-style override, which digen takes as ``--set
+    key=value``."""
     previous = ""
     for arg in args:
         if arg == "--":
             return None
-        if _KEY_VALUE.match(arg) and previous not in value_options:
+        if _KEY_VALUE.match(arg) and previous not in value_options and not Path(arg).exists():
             return arg
         previous = arg
     return None
