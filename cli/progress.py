@@ -165,7 +165,3 @@ class Steps:
                 markup=False,
                 soft_wrap=True,
             )
-
-    def finish(self) -> None:
-        if self._bar is not None:
-            self._bar.update(self._task, completed=self.total, description="")
