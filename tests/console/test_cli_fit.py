@@ -150,14 +150,14 @@ def test_misspelt_names_come_with_the_configs_other_problems_before_anything_sta
 
 
 def test_simulate_says_each_mode_as_it_starts_before_its_result():
-    res = cli("simulate", ROOT / "configs" / "sim" / "flux_A.yaml", "--modes", "disaggregated", "--json")
+    res = cli("simulate", ROOT / "configs" / "sim" / "flux_A.yaml", "--modes", "colocated-digen", "--json")
     assert res.exit_code == 0, res.output
     steps = [line for line in res.stderr.splitlines() if ": step " in line]
     assert steps == [
         "simulate flow-grpo-flux @ A: step 1/2 colocated",
-        "simulate flow-grpo-flux @ A: step 2/2 disaggregated",
+        "simulate flow-grpo-flux @ A: step 2/2 colocated-digen",
     ]
-    assert [row["mode"] for row in json.loads(res.stdout)] == ["disaggregated"]
+    assert [row["mode"] for row in json.loads(res.stdout)] == ["colocated-digen"]
 
 
 def test_run_study_reports_each_mode_before_simulating_it():
@@ -166,9 +166,9 @@ def test_run_study_reports_each_mode_before_simulating_it():
 
     setup = load_sim_config(ROOT / "configs" / "sim" / "flux_A.yaml")
     seen: list[str] = []
-    study = run_study(setup.cost, ["disaggregated"], setup.settings, progress=seen.append)
-    assert seen == ["colocated", "disaggregated"]
-    assert [r.mode for r in study.results] == ["disaggregated"]
+    study = run_study(setup.cost, ["colocated-digen"], setup.settings, progress=seen.append)
+    assert seen == ["colocated", "colocated-digen"]
+    assert [r.mode for r in study.results] == ["colocated-digen"]
 
 
 def test_steps_print_a_line_per_step_in_a_log(capsys):
