@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from cli.app import app, handles_errors, out
+from cli.app import app, handles_errors, out, print_table
 
 
 @app.command("algorithms")
@@ -42,7 +42,7 @@ def algorithms(
     for r in rows:
         holds = "\n".join(f"{k} {_shape(v)}" for k, v in r["trajectory"].items())
         table.add_row(f"[bold]{r['name']}[/bold]\n{r['title']}", r["peer"], r["rollout"], holds, r["modes"])
-    out.print(table)
+    print_table(table)
     out.print(
         "train.algorithm selects one; train.mini_batches sets the optimizer steps per rollout batch; "
         "rollout.guidance_scale 1 with train.kl_target velocity is no-CFG training (docs/algorithms.md).",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Annotated
 
@@ -30,11 +31,135 @@ for _var, _val in (
 from cli.console import CONSOLE, RunLog  # noqa: E402
 from digen.errors import DigenError  # noqa: E402
 
-app = typer.Typer(
-    add_completion=False, no_args_is_help=True, help="digen: disaggregated RL for diffusion models."
-)
 err = Console(stderr=True)
 out = Console()
+
+_KEY_VALUE = re.compile(r"^[A-Za-z_][\w-]*(\.[\w-]+)*=")
+"""A Hydra-style ``key=value`` argument (``iterations=3``, ``train.lr=1e-4``)."""
+
+
+def _plain_flags(params: list) -> list:
+    """Give every flag (``--resume``, ``--help``) an empty type label: Typer's help shows a
+    ``<bool>`` type beside flags, as if they took a value; they take none."""
+    for p in params:
+        if getattr(p, "is_flag", False) and getattr(p, "metavar", None) is None:
+            p.metavar = ""
+    return params
+
+
+def _value_options(params: list) -> set[str]:
+    """The option names of ``params`` that take a value (``--set``, ``--out``)."""
+    names: set[str] = set()
+    for p in params:
+        if (
+            p.param_type_name == "option"
+            and not getattr(p, "is_flag", False)
+            and not getattr(p, "count", False)
+        ):
+            names.update(p.opts)
+    return names
+
+
+def hydra_argument(args: list[str], value_options: set[str]) -> str | None:
+    """The first ``key=value`` argument of ``args`` that is not an option's value (nor an
+    existing file's name): a Hydra or VeRL-style override, which digen takes as ``--set
+    key=value``."""
+    previous = ""
+    for arg in args:
+        if arg == "--":
+            return None
+        if _KEY_VALUE.match(arg) and previous not in value_options and not Path(arg).exists():
+            return arg
+        previous = arg
+    return None
+
+
+class Command(typer.core.TyperCommand):
+    """digen's commands: flags without a type label, and a Hydra-style ``key=value`` argument
+    answered with one line suggesting ``--set key=value`` (exit 2) instead of Click's
+    "unexpected extra argument"."""
+
+    def get_params(self, ctx):
+        return _plain_flags(super().get_params(ctx))
+
+    def parse_args(self, ctx, args: list[str]) -> list[str]:
+        params = self.get_params(ctx)
+        if any("--set" in getattr(p, "opts", ()) for p in params):
+            arg = hydra_argument(args, _value_options(params))
+            if arg is not None:
+                err.print(
+                    f"[red]error:[/red] {escape(arg)} is not an argument of digen {escape(ctx.info_name or '')}: "
+                    f"did you mean --set {escape(arg)}?",
+                    highlight=False,
+                    soft_wrap=True,
+                )
+                ctx.exit(2)
+        return super().parse_args(ctx, args)
+
+
+class Group(typer.core.TyperGroup):
+    """The ``digen`` group: its flags (``--help``, ``--version``) without a type label."""
+
+    def get_params(self, ctx):
+        return _plain_flags(super().get_params(ctx))
+
+
+class Typer(typer.Typer):
+    """A Typer app whose commands are :class:`Command` unless they name another class."""
+
+    def command(self, *args, **kwargs):
+        kwargs.setdefault("cls", Command)
+        return super().command(*args, **kwargs)
+
+
+app = Typer(
+    cls=Group,
+    add_completion=False,
+    no_args_is_help=True,
+    help="digen: disaggregated RL for diffusion models.",
+)
+
+
+def version() -> str:
+    """The installed package's version (``digen --version``)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as package_version
+
+    try:
+        return package_version("digen")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        out.print(f"digen {version()}", highlight=False, markup=False)
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print digen's version and exit."
+        ),
+    ] = False,
+) -> None:
+    """digen: disaggregated RL for diffusion models."""
+
+
+def print_table(table) -> None:
+    """Print a Rich table on stdout. On a terminal Rich sizes it to the terminal's width
+    (long cells fold or end in an ellipsis, as each column says); in a pipe or a file it
+    is as wide as its longest words need (at least ``COLUMNS``, else 80), so no word, job id
+    or path is cut at Rich's default width (``--json`` gives the same data for programs)."""
+    if out.is_terminal:
+        out.print(table)
+        return
+    width = max(out.width, out.measure(table, options=out.options.update_width(100_000)).minimum)
+    Console(width=width, color_system=out.color_system and "auto", no_color=out.no_color).print(table)
+
 
 ConfigArg = Annotated[Path, typer.Argument(help="YAML config (see configs/).")]
 SetOpt = Annotated[

@@ -11,6 +11,7 @@ import typer
 
 from cli.app import SetOpt, app, err, handles_errors, out
 from cli.console import open_run_log, setup_logging
+from cli.progress import Steps
 from digen.errors import ConfigError
 
 DEFAULT_MODES = "reference,colocated,disaggregated,digen"
@@ -135,16 +136,18 @@ def bench(
         from digen.runtime.cluster import prefork_server
 
         prefork_server()  # before the reference run computes anything (see its docstring)
-    result = run_bench(
-        cfg,
-        mode_list,
-        out_dir,
-        rounds=rounds,
-        warmup=warmup,
-        workers=counts,
-        tsp_ks=ks,
-        notify=lambda msg: err.print(f"[dim]{msg}[/dim]", highlight=False),
-    )
+    with Steps("bench", rounds * len(mode_list) + (1 if ks else 0)) as steps:
+        result = run_bench(
+            cfg,
+            mode_list,
+            out_dir,
+            rounds=rounds,
+            warmup=warmup,
+            workers=counts,
+            tsp_ks=ks,
+            notify=lambda msg: err.print(f"  {msg}", style="dim", highlight=False, markup=False),
+            started=steps.start,
+        )
     command = _command(config, modes, workers, out_dir, rounds, warmup, set_ or [], tsp_k)
     paths = write_outputs(result, out_dir, command=command, rounds=rounds, warmup=warmup)
     if as_json:

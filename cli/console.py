@@ -10,6 +10,9 @@ from pathlib import Path
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 CONSOLE: dict = {}
 """The console's settings of this command (``verbose``, ``log_file``), for :func:`cli.app.crash`."""
+PROGRESS_LOG = logging.getLogger("digen.progress")
+"""``digen train``'s progress, one line per iteration (:func:`digen.iteration.progress_line`):
+to ``RUN_DIR/digen.log`` in every mode, never to the console, which shows the live display."""
 DASK_LOGGERS = ("distributed", "tornado", "bokeh")
 """Loggers of Dask's libraries: to the run's log file; on the console only with --verbose
 (their errors always, as one line)."""
@@ -150,6 +153,10 @@ def open_run_log() -> None:
             h.open()
 
 
+def _not_progress(record: logging.LogRecord) -> bool:
+    return record.name != PROGRESS_LOG.name
+
+
 def _quiet_dask(record: logging.LogRecord) -> bool:
     return not _is_dask(record) or record.levelno >= logging.ERROR
 
@@ -170,6 +177,7 @@ def setup_logging(
     console = logging.StreamHandler(sys.stderr)
     console.setLevel(logging.INFO if verbose else logging.ERROR if quiet else logging.WARNING)
     console.setFormatter(ConsoleFormatter(verbose, log_file))
+    console.addFilter(_not_progress)
     if not verbose:
         console.addFilter(_quiet_dask)
     handlers: list[logging.Handler] = [console]

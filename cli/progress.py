@@ -1,11 +1,15 @@
-"""The live progress of ``digen train``: a rich display, JSON lines, or nothing."""
+"""Live progress: ``digen train``'s (:class:`Progress`: a rich display, JSON lines, or
+nothing) and that of a command made of steps (:class:`Steps`: ``digen simulate``, ``digen
+bench``)."""
 
 from __future__ import annotations
 
 import json
 
+from rich.markup import escape
+
 from cli.app import err
-from cli.console import open_run_log
+from cli.console import PROGRESS_LOG, open_run_log
 
 
 class Progress:
@@ -95,7 +99,10 @@ class Progress:
                 )
 
     def __call__(self, m: dict) -> None:
+        from digen.iteration import progress_line
+
         open_run_log()  # the run has started (its directory is checked)
+        PROGRESS_LOG.info("%s", progress_line(m, self.total))  # RUN_DIR/digen.log, every mode
         if "event" in m:
             self.event(m)
             return
@@ -109,3 +116,52 @@ class Progress:
 
             self._bar.update(self._task, completed=m["iteration"] + 1)
             self._live.update(self._group(self._bar, Text("\n".join(self.status_lines(m)))))
+
+
+class Steps:
+    """The progress of a command made of steps (``digen simulate``'s modes, ``digen bench``'s
+    runs): on a terminal a Rich bar on stderr naming the step that runs; elsewhere (a pipe,
+    a log file, a test) one line per step as it starts, ``<what>: step i/n <label>``, so a
+    log shows where a long command is and the first line comes at once. Lines printed on
+    :data:`cli.app.err` meanwhile appear above the bar."""
+
+    def __init__(self, what: str, total: int):
+        self.what, self.total, self.done = what, total, 0  # done: steps started
+        self._bar = None
+        if err.is_terminal:
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import Progress as Bar
+
+            self._bar = Bar(
+                TextColumn(f"[bold]{escape(what)}[/bold]"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("{task.description}"),
+                console=err,
+                transient=True,
+            )
+            self._task = self._bar.add_task("", total=total)
+
+    def __enter__(self):
+        if self._bar is not None:
+            self._bar.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self._bar is not None:
+            self._bar.stop()
+
+    def start(self, label: str) -> None:
+        """The next step, ``label``, starts (the steps before it are done)."""
+        self.done += 1
+        self.total = max(self.total, self.done)
+        if self._bar is not None:
+            self._bar.update(self._task, completed=self.done - 1, total=self.total, description=escape(label))
+        else:
+            err.print(
+                f"{self.what}: step {self.done}/{self.total} {label}",
+                highlight=False,
+                markup=False,
+                soft_wrap=True,
+            )

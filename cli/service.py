@@ -17,7 +17,17 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from cli.app import InsecureOpt, SecurityOpt, SetOpt, app, err, handles_errors, out, warn_insecure
+from cli.app import (
+    InsecureOpt,
+    SecurityOpt,
+    SetOpt,
+    app,
+    err,
+    handles_errors,
+    out,
+    print_table,
+    warn_insecure,
+)
 from digen.errors import ConfigError
 
 ServiceRedisOpt = Annotated[
@@ -142,8 +152,22 @@ def submit(
             r, cfg, run_dir, job_id=job_id, retries=retries, timeout_s=timeout_s, config_name=config.stem
         )
     print(job_id, flush=True)
+    _warn_no_runner(r, job_id)
     if wait:
         raise typer.Exit(_follow(r, job_id))
+
+
+def _warn_no_runner(r, job_id: str) -> None:
+    """One warning line when no ``digen serve`` is up on this Redis: the job waits queued."""
+    from digen.runtime.jobs import live_runners
+
+    if not live_runners(r):
+        err.print(
+            f"[yellow]warning:[/yellow] no digen serve is running on this Redis: job {escape(job_id)} "
+            f"waits in the queue until one starts (digen serve, with the same --redis-url)",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 @app.command()
@@ -241,8 +265,9 @@ def status(
     table = Table(box=None, header_style="bold")
     junk = any(j.quarantined for j in listed)  # junk read from Redis, moved to the dead letters
     cols = ("JOB", "STATE", "ITER", "REWARD", "SAMPLES/S", "STARTED", *(("QUARANTINED",) if junk else ()))
-    for col in (*cols, "RUN DIR"):
-        table.add_column(col, no_wrap=col != "RUN DIR")
+    for col in cols:  # a job id stays whole (it is what logs and cancel take); the rest may shorten
+        table.add_column(col, no_wrap=col == "JOB", overflow="ellipsis", min_width=len(col))
+    table.add_column("RUN DIR", overflow="fold")
     for j in listed:
         style = _STATE_STYLE.get(j.state, "white")
         table.add_row(
@@ -255,7 +280,7 @@ def status(
             *((str(j.quarantined),) if junk else ()),
             escape(j.run_dir),
         )
-    out.print(table)
+    print_table(table)
 
 
 @app.command()

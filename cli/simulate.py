@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from cli.app import app, err, handles_errors, out
+from cli.progress import Steps
 from digen.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -34,7 +35,10 @@ def simulate(
         ),
     ] = None,
     json_out: Annotated[
-        bool, typer.Option("--json", help="Print one JSON object per mode instead of a table.")
+        bool,
+        typer.Option(
+            "--json", help="Print one JSON object per mode instead of a table (with --all: per config)."
+        ),
     ] = False,
     testbed: Annotated[
         str | None, typer.Option("--testbed", help="Simulate on another testbed of the catalog.")
@@ -86,7 +90,7 @@ def simulate(
         return
     plane = DataPlaneModel.load(dataplane) if dataplane is not None else DataPlaneModel()
     if all_:
-        _all(config or SIM_CONFIGS, mode_list, md_out, calibration, plane)
+        _all(config or SIM_CONFIGS, mode_list, md_out, calibration, plane, json_out)
         return
     if config is None:
         raise ConfigError("CONFIG is missing: pass a configs/sim/*.yaml file, --all, or --from-run RUN_DIR")
@@ -95,7 +99,8 @@ def simulate(
     from digen.sim.study import run_study
 
     setup = load_sim_config(config, testbed=testbed, calibration=calibration, dataplane=plane)
-    study = run_study(setup.cost, mode_list, setup.settings)
+    with Steps(f"simulate {setup.name}", len(_simulated(mode_list))) as steps:
+        study = run_study(setup.cost, mode_list, setup.settings, progress=steps.start)
     if not no_gantt:
         path = gantt or Path("runs") / "sim" / f"{config.stem}{'_' + testbed if testbed else ''}.png"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -120,11 +125,23 @@ def simulate(
         out.print(note, highlight=False)
 
 
+def _simulated(modes: list[str]) -> list[str]:
+    """The modes :func:`digen.sim.study.run_study` simulates for ``modes``: colocated too."""
+    return list(dict.fromkeys(["colocated", *modes]))
+
+
 def _all(
-    folder: Path, mode_list: list[str], md_out: Path | None, calibration: Path | None, plane: DataPlaneModel
+    folder: Path,
+    mode_list: list[str],
+    md_out: Path | None,
+    calibration: Path | None,
+    plane: DataPlaneModel,
+    json_out: bool = False,
 ) -> None:
+    """Every config of ``folder``: the README's Markdown tables, or with ``json_out`` one
+    object per config (``workload``, ``testbed``, ``modes``: ``digen simulate --json``'s rows)."""
     from digen.sim.catalog import is_run_config, load_sim_config
-    from digen.sim.report import explain, markdown_dataplane, markdown_results, sp_summary
+    from digen.sim.report import explain, json_rows, markdown_dataplane, markdown_results, sp_summary
     from digen.sim.study import run_study
 
     if not folder.is_dir():
@@ -135,14 +152,16 @@ def _all(
             f"{folder} holds no simulation configs (YAML files naming a workload and a testbed)"
         )
     studies, notes = [], []
-    for p in files:
-        setup = load_sim_config(p, calibration=calibration, dataplane=plane)
-        err.print(f"simulating {setup.name} ({setup.cost.gpu_count} GPUs)", highlight=False)
-        st = run_study(
-            setup.cost, list(dict.fromkeys([*mode_list, "digen", "colocated-digen"])), setup.settings
-        )
-        studies.append((setup.workload.name, setup.testbed.name, st))
-        notes.append(f"- {explain(st)} {sp_summary(setup.cost.sp)}")
+    modes = list(dict.fromkeys([*mode_list, "digen", "colocated-digen"]))
+    with Steps("simulate --all", len(files) * len(_simulated(modes))) as steps:
+        for p in files:
+            setup = load_sim_config(p, calibration=calibration, dataplane=plane)
+            err.print(f"simulating {setup.name} ({setup.cost.gpu_count} GPUs)", highlight=False)
+            st = run_study(
+                setup.cost, modes, setup.settings, progress=lambda m, n=setup.name: steps.start(f"{n} {m}")
+            )
+            studies.append((setup.workload.name, setup.testbed.name, st))
+            notes.append(f"- {explain(st)} {sp_summary(setup.cost.sp)}")
     order = {"A": 0, "B": 1, "C": 2, "A+C": 3}
     ranked = sorted(
         range(len(studies)), key=lambda i: (studies[i][0], order.get(studies[i][1], 9), studies[i][1])
@@ -160,6 +179,10 @@ def _all(
     if md_out is not None:
         md_out.parent.mkdir(parents=True, exist_ok=True)  # --out runs/sim/results.md on a fresh clone
         md_out.write_text(text)
+    if json_out:
+        rows = [{"workload": w, "testbed": t, "modes": json_rows(st)} for w, t, st in studies]
+        print(json.dumps(rows, indent=1))
+        return
     print(text)
 
 

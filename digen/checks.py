@@ -69,7 +69,7 @@ def check_inputs(
     if files and (cfg.resolve_path(cfg.model.path) / "model_index.json").is_file():
         problems += model_problems(cfg)
     if files and out is not None and run_dir:
-        problems += run_dir_problems(out, resume)
+        problems += run_dir_problems(out, resume, iterations=cfg.iterations)
     if cfg.schedule.mode == "reference":
         problems = registry_problems(cfg, prompts) + problems
     else:  # the controller's process: no torch
@@ -359,10 +359,11 @@ def _sequence_problems(cfg: Config, model_dir: Path, pipeline: str) -> list[str]
 # --- the run directory and its disk ------------------------------------------------------
 
 
-def run_dir_problems(out: Path, resume: bool) -> list[str]:
-    """The directory is in use by another run; ``--resume`` finds no checkpoint. (A directory
-    that holds a run without ``--resume`` is refused by :class:`~digen.rundir.RunDir`, before
-    it writes anything.)"""
+def run_dir_problems(out: Path, resume: bool, iterations: int | None = None) -> list[str]:
+    """The directory is in use by another run; ``--resume`` finds no checkpoint, or its newest
+    checkpoint already holds ``iterations`` (the target) or more: there is nothing to run. (A
+    directory that holds a run without ``--resume`` is refused by
+    :class:`~digen.rundir.RunDir`, before it writes anything.)"""
     out = Path(out)
     holder = RunLock.holder(out)
     if holder is not None:
@@ -376,7 +377,27 @@ def run_dir_problems(out: Path, resume: bool) -> list[str]:
                 f"run without --resume, with another --out or after deleting {out}"
             ]
         return [f"--resume: {out} has no checkpoint yet; start without --resume"]
+    if resume and iterations is not None:
+        return resume_target_problems(out, iterations)
     return []
+
+
+def resume_target_problems(out: Path, iterations: int) -> list[str]:
+    """``--resume`` to ``iterations`` when the newest checkpoint already holds that many
+    completed iterations or more (its ``state.json``'s ``iteration`` counts from 0): a run
+    with nothing to do is bad input, not a silent success. A checkpoint that cannot be read
+    is left to the resume itself, which names it."""
+    ckpt = latest_intact_checkpoint(out)
+    try:
+        done = int(json.loads((ckpt / "state.json").read_text())["iteration"]) + 1 if ckpt else 0
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    if iterations > done:
+        return []
+    return [
+        f"--resume: {out} has completed {done} iterations (checkpoint {ckpt.name if ckpt else '-'}), and "
+        f"iterations is {iterations}: nothing to run; raise the target, e.g. --set iterations={done + 1}"
+    ]
 
 
 def _safetensors_shapes(path: Path) -> dict[str, list[int]]:

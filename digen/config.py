@@ -660,6 +660,7 @@ def _cross_checks(cfg: Config, check_paths: bool, algorithms: bool = True) -> li
         problems.append("schedule.mode colocated needs at least one worker in cluster.local")
     problems += _fsdp_checks(cfg)
     problems += _sp_checks(cfg, check_paths)
+    problems += name_problems(cfg, algorithm=not algorithms)
     if algorithms:
         problems += algorithm_problems(cfg)
     if cfg.eval.every and cfg.prompts.test_file is None and cfg.prompts.dataset is None:
@@ -737,6 +738,76 @@ def _sp_checks(cfg: Config, check_paths: bool) -> list[str]:
                 f"rollout.sequence_parallel ({d}): the {family} family has no Ulysses attention processor "
                 f"(supported: {', '.join(SP_FAMILIES)}); set rollout.sequence_parallel=1"
             )
+    return problems
+
+
+ALGORITHM_NAMES = (
+    "flow-grpo",
+    "flow-grpo-fast",
+    "cps",
+    "dance-grpo",
+    "mix-grpo",
+    "grpo-guard",
+    "flow-dppo",
+    "diffusion-nft",
+)
+"""The algorithm registry's names (:mod:`digen.algos.registry`), in its listing order, for
+the processes that must not import torch (a test keeps the two equal)."""
+
+REWARD_NAMES = (
+    "aesthetic",
+    "brightness",
+    "clipscore",
+    "color",
+    "digit_classifier",
+    "geneval",
+    "hpsv2",
+    "http",
+    "imagereward",
+    "jpeg_compressibility",
+    "jpeg_incompressibility",
+    "ocr",
+    "pickscore",
+)
+"""The built-in rewards' names (:mod:`digen.rewards.registry`, sorted), for the same
+processes (a test keeps the two equal)."""
+
+
+def _reward_names() -> set[str]:
+    """:data:`REWARD_NAMES`, and any reward this process registered beyond them (when it has
+    imported the registry: a test's own reward)."""
+    import sys
+
+    registry = sys.modules.get("digen.rewards.registry")
+    return set(REWARD_NAMES) | set(registry.available() if registry is not None else ())
+
+
+def name_problems(cfg: Config, *, algorithm: bool = True) -> list[str]:
+    """Each ``reward[i].name`` and (with ``algorithm``) ``train.algorithm`` is a name digen
+    knows, checked from the tables above without importing torch: a misspelt name is
+    reported with the config's other problems, before anything starts. What the registries
+    say of the rest (a reward's kwargs, an algorithm's own checks) is
+    :func:`digen.checks.check_inputs`'s."""
+    problems: list[str] = []
+    known = _reward_names()
+    for i, spec in enumerate(cfg.reward):
+        if spec.name not in known:
+            hint, names = did_you_mean(spec.name, known), ", ".join(sorted(known))
+            problems.append(
+                f"reward[{i}].name: reward '{spec.name}' does not exist"
+                + (f"{hint} (available: {names})" if hint else f"; available: {names}")
+            )
+    name = cfg.train.algorithm
+    if algorithm and name is not None and name not in ALGORITHM_NAMES:
+        hint, names = did_you_mean(name, ALGORITHM_NAMES), ", ".join(ALGORITHM_NAMES)
+        problems.append(
+            f"train.algorithm ({name!r}) is not a registered algorithm"
+            + (
+                f"{hint} (use one of {names})"
+                if hint
+                else f"; use one of {names} (digen algorithms lists them)"
+            )
+        )
     return problems
 
 

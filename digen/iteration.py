@@ -46,6 +46,19 @@ ProgressFn = Callable[[dict], None]
 """Called with each iteration's metrics row (and start/eval notices) as a run goes."""
 
 
+def progress_line(m: dict, total: int) -> str:
+    """One iteration's progress as a log line, from its metrics row ``m``: what ``digen
+    train`` writes to ``RUN_DIR/digen.log`` and ``digen serve`` to the job's log, in every
+    mode; an announcement (``{"event": ...}``) as ``event: key=value, ...``."""
+    if "event" in m or "iteration" not in m:
+        return f"{m.get('event', 'event')}: " + ", ".join(f"{k}={v}" for k, v in m.items() if k != "event")
+    return (
+        f"iteration {int(m['iteration']) + 1}/{total}  reward {m.get('reward_mean', float('nan')):.4f} "
+        f"± {m.get('reward_std', float('nan')):.4f}  loss {m.get('loss', float('nan')):.3g}  "
+        f"{m.get('samples_per_s', 0.0):.1f} samples/s  bubble {m.get('bubble_ratio', 0.0):.2f}"
+    )
+
+
 @dataclass
 class IterationBook:
     cfg: Config

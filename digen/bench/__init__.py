@@ -8,13 +8,13 @@ its ``metrics.jsonl`` and ``timeline.jsonl`` and reports per mode, over iteratio
 
 - ``samples_per_s``: median over all rounds' iterations of the per-iteration samples/s;
   ``s_per_iteration``: median iteration wall time;
-- ``bubble_ratio`` (idle worker-seconds / worker-seconds, DESIGN.md section 3) overall and
+- ``bubble_ratio`` (idle worker-seconds / worker-seconds, docs/architecture.md "metrics.jsonl") overall and
   per role, from the timeline clipped to the measured window (a task running across an
   iteration boundary counts on both sides); ``bubble_ratio_metrics`` is the same from
   ``metrics.jsonl``'s ``busy_s``/``worker_s``;
 - ``speedup_vs_colocated`` / ``speedup_vs_disaggregated``: ratio of ``samples_per_s``;
 - ``bound_samples_per_s``: the zero-bubble bound of the mode's workers from their measured
-  task durations (DESIGN.md section 4, :func:`digen.sim.bounds.lp_bound`) and
+  task durations (docs/simulator.md, :func:`digen.sim.bounds.lp_bound`) and
   ``fraction_of_bound``;
 - per worker: measured generation and training rates, busy fraction and peak RSS;
 - held-out evaluation's cost (``+eval`` / ``-eval`` on a mode turns ``eval`` on, with the

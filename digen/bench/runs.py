@@ -120,8 +120,11 @@ def run_bench(
     workers: tuple[int, int] | None = None,
     tsp_ks: Sequence[int] = (1, 2, 4, 8),
     notify: Notify | None = None,
+    started: Notify | None = None,
 ) -> BenchResult:
     """Run every mode ``rounds`` times, interleaved; summarize; run the TSP micro-benchmark.
+    ``started`` is told each step (``round 1/2 digen``, then the micro-benchmark) as it
+    starts, ``notify`` what a run measured once it ends.
 
     Writes nothing but the runs' directories under ``out/runs``; see :func:`write_outputs`.
     """
@@ -130,12 +133,14 @@ def run_bench(
     if warmup < 0 or warmup >= cfg.iterations:
         raise ConfigError(f"--warmup ({warmup}) must lie in [0, iterations) = [0, {cfg.iterations})")
     notify = notify or (lambda _msg: None)
+    started = started or (lambda _msg: None)
     configs = {m: mode_config(cfg, m, workers) for m in modes}
     records: list[RunRecord] = []
     with _private_redis(out, any(c.schedule.mode != "reference" for c in configs.values())) as redis_url:
         for r in range(rounds):
             order = modes if r % 2 == 0 else list(reversed(modes))
             for m in order:
+                started(f"round {r + 1}/{rounds} {m}")
                 t0 = time.time()
                 rec = run_one(
                     configs[m],
@@ -163,6 +168,6 @@ def run_bench(
     add_startup_ratios(rows)
     tsp = []
     if tsp_ks:
-        notify(f"TSP micro-benchmark, K in {list(tsp_ks)}")
+        started(f"TSP micro-benchmark, K in {list(tsp_ks)}")
         tsp = tsp_microbench(cfg, tsp_ks)
     return BenchResult(rows, tsp, records)

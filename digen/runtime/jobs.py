@@ -13,6 +13,11 @@ Keys besides rq's own (``rq:job:<id>``, ``rq:queue:digen:jobs`` and its registri
                                    lost_since (when a runner first saw the job lost)
     digen:job:<id>:log     list    log lines (the newest LOG_MAX)
     digen:job:<id>:alive   string  heartbeat of the process running the job (expires in ALIVE_TTL_S)
+    digen:runner:<name>    string  a ``digen serve`` starting or waiting for a first ``--burst``
+                                   job, before rq registers it (expires in RUNNER_TTL_S)
+
+``submit`` warns when no runner is up (:func:`live_runners`: rq's registered workers of the
+queue, whose registration expires when a runner dies, and the ``digen:runner:*`` keys).
 
 Progress (``state``, ``iteration`` done, ``total``, ``reward``, ``samples_per_s``,
 ``run_dir``, ``quarantined``...) lives in the rq job's ``meta``. Each attempt's controller
@@ -100,6 +105,28 @@ def attempt_keys_pattern(job_id: str) -> str:
 
 def job_queue(r: redis.Redis) -> Queue:
     return Queue(QUEUE_NAME, connection=r, serializer=JSONSerializer)
+
+
+RUNNER_PREFIX = "digen:runner:"
+RUNNER_TTL_S = 15
+"""Seconds a ``digen:runner:<name>`` key lives unless its runner refreshes it."""
+
+
+def mark_runner(r: redis.Redis, name: str) -> None:
+    """``digen serve`` ``name`` is up (refreshed while it waits for a first ``--burst`` job;
+    once rq's worker runs, rq's own registration says so)."""
+    r.set(RUNNER_PREFIX + name, "up", ex=RUNNER_TTL_S)
+
+
+def live_runners(r: redis.Redis) -> list[str]:
+    """The names of the ``digen serve`` runners up on this Redis: rq's workers registered on
+    the job queue (rq drops a dead one's registration after its ``worker_ttl``) and the
+    runners still starting (:func:`mark_runner`)."""
+    from rq import Worker
+
+    names = {w.name for w in Worker.all(queue=job_queue(r))}
+    names |= {_text(k)[len(RUNNER_PREFIX) :] for k in r.scan_iter(match=RUNNER_PREFIX + "*", count=100)}
+    return sorted(names)
 
 
 def _text(value: Any) -> str:

@@ -27,6 +27,7 @@ When the retry starts, the keys the dead attempt's controller left in Redis
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -48,10 +49,12 @@ from rq.serializers import JSONSerializer
 
 from digen.config import Config, SecurityConfig, build_config
 from digen.errors import ConfigError, DigenError, JobCancelled
+from digen.iteration import progress_line
 from digen.runtime.jobs import (
     ALIVE_TTL_S,
     HEARTBEAT_S,
     QUEUE_NAME,
+    RUNNER_PREFIX,
     STARTING_GRACE_S,
     _text,
     alive_key,
@@ -59,6 +62,7 @@ from digen.runtime.jobs import (
     attempt_keys_pattern,
     info_key,
     job_queue,
+    mark_runner,
     push_log,
 )
 
@@ -279,37 +283,43 @@ def serve(
         redis_url=redis_url, scheduler=scheduler, pid=os.getpid(), name=name, security=security
     )
     queue = job_queue(r)
-    if burst:
-        start = time.monotonic()
-        while True:
-            recover_lost_jobs(r, by=name)
-            if queue.count:
-                break
-            waited = time.monotonic() - start
-            if waited >= burst_wait_s and (
-                waited >= burst_wait_s + RECOVERY_BOUND_S or not _lost_soon(r, waited)
-            ):
-                return False
-            time.sleep(0.5)
-    worker = DigenWorker(
-        [queue],
-        connection=r,
-        serializer=JSONSerializer,
-        name=name,
-        maintenance_interval=MAINTENANCE_S,
-        worker_ttl=_WORKER_TTL_S,
-        job_monitoring_interval=JOB_MONITORING_S,
-    )
+    mark_runner(r, name)  # digen submit sees a runner from now on (rq registers it in work())
     try:
-        worker.work(burst=burst, logging_level="INFO" if verbose else "WARNING")
-    except ValueError as exc:
-        if "active worker" not in str(exc):
-            raise
-        raise ConfigError(
-            f"a digen serve named {name} is already registered (running, or died less than "
-            f"{worker.worker_ttl + 60} s ago); choose another --name or drop it"
-        ) from None
-    return True
+        if burst:
+            start = time.monotonic()
+            while True:
+                mark_runner(r, name)
+                recover_lost_jobs(r, by=name)
+                if queue.count:
+                    break
+                waited = time.monotonic() - start
+                if waited >= burst_wait_s and (
+                    waited >= burst_wait_s + RECOVERY_BOUND_S or not _lost_soon(r, waited)
+                ):
+                    return False
+                time.sleep(0.5)
+        worker = DigenWorker(
+            [queue],
+            connection=r,
+            serializer=JSONSerializer,
+            name=name,
+            maintenance_interval=MAINTENANCE_S,
+            worker_ttl=_WORKER_TTL_S,
+            job_monitoring_interval=JOB_MONITORING_S,
+        )
+        try:
+            worker.work(burst=burst, logging_level="INFO" if verbose else "WARNING")
+        except ValueError as exc:
+            if "active worker" not in str(exc):
+                raise
+            raise ConfigError(
+                f"a digen serve named {name} is already registered (running, or died less than "
+                f"{worker.worker_ttl + 60} s ago); choose another --name or drop it"
+            ) from None
+        return True
+    finally:
+        with contextlib.suppress(redis.RedisError):  # a runner that stops says so at once
+            r.delete(RUNNER_PREFIX + name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -474,13 +484,7 @@ def _run(
             )
             _note_quarantined(r, job, attempt)
             job.save_meta()
-            push_log(
-                r,
-                jid,
-                f"iteration {k}/{cfg.iterations}  reward {m.get('reward_mean', float('nan')):.4f} "
-                f"± {m.get('reward_std', float('nan')):.4f}  loss {m.get('loss', float('nan')):.3g}  "
-                f"{m.get('samples_per_s', 0.0):.1f} samples/s  bubble {m.get('bubble_ratio', 0.0):.2f}",
-            )
+            push_log(r, jid, progress_line(m, cfg.iterations))
 
         with _job_logging(r, jid), _dask_tls(cfg if scheduler else None):
             summary = run_training(

@@ -1,4 +1,4 @@
-"""Throughput bounds: what no schedule can beat (DESIGN.md section 4).
+"""Throughput bounds: what no schedule can beat (docs/simulator.md, "What it models").
 
 - Zero-bubble bound, identical workers: an iteration needs at least ``(G + T) / N`` seconds
   (``G``, ``T``: generation and training worker-seconds).

@@ -65,7 +65,7 @@ def text_table(study: Study) -> str:
 
 
 def json_rows(study: Study) -> list[dict]:
-    """``digen simulate --json``: one object per mode (DESIGN.md section 3 keys first)."""
+    """``digen simulate --json``: one object per mode (the metrics of docs/architecture.md, "metrics.jsonl", first)."""
     return [r.to_json() for r in study.results]
 
 

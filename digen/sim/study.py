@@ -14,6 +14,7 @@ does at the same split, or better.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from digen.core.events import Role
@@ -170,8 +171,14 @@ def run_mode(
     return best[0], best[1], len(cands)
 
 
-def run_study(cost: CostModel, modes: list[str], settings: SimSettings | None = None) -> Study:
-    """Simulate ``modes`` (colocated always, as the speedup's reference)."""
+def run_study(
+    cost: CostModel,
+    modes: list[str],
+    settings: SimSettings | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Study:
+    """Simulate ``modes`` (colocated always, as the speedup's reference); ``progress`` is
+    called with each mode's name as its simulation starts (``digen simulate``'s progress)."""
     settings = settings or SimSettings()
     bound = costmodel_bound(cost)
     study = Study(cost.label, cost, bound)
@@ -183,6 +190,8 @@ def run_study(cost: CostModel, modes: list[str], settings: SimSettings | None = 
     splits: dict[str, int] = {}
     done: dict[str, ModeResult] = {}
     for name in run_order:
+        if progress is not None:
+            progress(name)
         mode = MODES[name]
         prev = splits.get(PREDECESSOR.get(name, ""))
         res, r, tried = run_mode(cost, mode, settings, prev, order)

@@ -291,6 +291,15 @@ def test_cli_bench_reference_and_digen(tiny_sd3, tmp_path):
     md = (out / "bench.md").read_text()
     assert md.startswith("`digen bench ") and "| digen | 2 |" in md
     assert "| digen | 2 |" in res.output
+    # progress: a line per step as it starts (not a terminal), each run's result after it
+    steps = [line for line in res.stderr.splitlines() if line.startswith("bench: step ")]
+    assert steps == [
+        "bench: step 1/3 round 1/1 reference",
+        "bench: step 2/3 round 1/1 digen",
+        "bench: step 3/3 TSP micro-benchmark, K in [1, 2]",
+    ]
+    lines = res.stderr.splitlines()
+    assert lines.index(steps[0]) < next(i for i, x in enumerate(lines) if "round 1/1 reference:" in x)
 
 
 def test_summarize_reports_the_worker_loops_redis_round_trips():

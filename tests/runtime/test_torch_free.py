@@ -88,14 +88,28 @@ def test_a_digen_mode_run_keeps_torch_out_of_the_controller(tiny_sd3, tmp_path):
     assert all(json.loads(r)["trained_rows"] > 0 for r in rows)
 
 
-def test_the_child_checks_the_algorithm_and_the_rewards_of_a_distributed_run(tiny_sd3, tmp_path):
-    """Loaded as digen train loads it (``algorithms=False``), a digen-mode config with an
-    unknown algorithm and an unknown reward fails check_inputs with both problems at once."""
-    data = small_config_data(tiny_sd3, schedule={"mode": "digen"}, train__algorithm="flow-grpoo")
+def test_the_names_of_a_distributed_run_are_checked_with_the_config(tiny_sd3, tmp_path):
+    """Loaded as digen train loads it (``algorithms=False``, no torch), a digen-mode config
+    with an unknown algorithm and an unknown reward fails with both problems and the
+    config's others at once, from the torch-free tables of names."""
+    data = small_config_data(
+        tiny_sd3, schedule={"mode": "digen"}, train__algorithm="flow-grpoo", rollout__group_size=3
+    )
     data["reward"] = [{"name": "brightnes"}]
-    cfg = build_config(data, algorithms=False)
     with pytest.raises(ConfigError) as err:
-        check_inputs(cfg, tmp_path / "run")
+        build_config(data, algorithms=False)
     text = str(err.value)
     assert "train.algorithm ('flow-grpoo') is not a registered algorithm" in text
     assert "reward 'brightnes' does not exist" in text
+    assert "rollout.group_size (3) must divide rollout.batch_size (8)" in text
+
+
+def test_the_child_checks_what_the_registries_say_of_a_distributed_run(tiny_sd3, tmp_path):
+    """Names known, the child process still checks what only the registries know: a
+    reward's kwargs."""
+    data = small_config_data(tiny_sd3, schedule={"mode": "digen"})
+    data["reward"] = [{"name": "brightness", "kwargs": {"nope": 1}}]
+    cfg = build_config(data, algorithms=False)
+    with pytest.raises(ConfigError) as err:
+        check_inputs(cfg, tmp_path / "run")
+    assert "reward 'brightness' got bad kwargs ['nope']" in str(err.value)

@@ -260,3 +260,33 @@ def test_password_and_acl_user_urls(tiny_sd3: Path, tmp_path: Path):
         admin.close()
     finally:
         stop_embedded(db)
+
+
+NO_RUNNER = "no digen serve is running on this Redis"
+
+
+def test_submit_warns_when_no_runner_is_up(r, tiny_sd3: Path, tmp_path: Path):
+    """One warning line on stderr (the job id alone on stdout) while no ``digen serve`` is up;
+    none once a runner is starting (its ``digen:runner:`` key) or registered with rq."""
+    from rq import Worker
+
+    res = cli("submit", CONFIG, *quick_sets(tiny_sd3), "--out", tmp_path / "a")
+    assert res.exit_code == 0, res.output
+    assert NO_RUNNER in res.stderr and res.stdout.strip() == res.stdout.strip().splitlines()[-1]
+    assert jobs.live_runners(r) == []
+
+    jobs.mark_runner(r, "serve-starting")
+    assert jobs.live_runners(r) == ["serve-starting"]
+    res = cli("submit", CONFIG, *quick_sets(tiny_sd3), "--out", tmp_path / "b")
+    assert res.exit_code == 0 and NO_RUNNER not in res.stderr, res.output
+    r.delete(jobs.RUNNER_PREFIX + "serve-starting")
+
+    worker = Worker([jobs.job_queue(r)], connection=r, name="serve-registered")
+    worker.register_birth()
+    try:
+        assert jobs.live_runners(r) == ["serve-registered"]
+        res = cli("submit", CONFIG, *quick_sets(tiny_sd3), "--out", tmp_path / "c")
+        assert res.exit_code == 0 and NO_RUNNER not in res.stderr, res.output
+    finally:
+        worker.register_death()
+    assert jobs.live_runners(r) == []
