@@ -177,10 +177,12 @@ def _translate(f: dict[str, Any], gpus: int, script: str, out: Imported) -> None
     set_dotted(c, "train.rows_per_forward", 1)
     if get("use_ema"):
         set_dotted(c, "train.ema", {"enabled": True, "decay": get("ema_decay"), "every": 1})
-    reward = "hpsv2" if get("use_hpsv2") else "pickscore" if get("use_pickscore") else "REWARD"
-    c["reward"] = [{"name": reward, "weight": 1.0}]
-    if reward == "REWARD":
-        out.placeholders["reward"] = "the script names no --use_hpsv2/--use_pickscore: name a digen reward"
+    reward = "hpsv2" if get("use_hpsv2") else "pickscore" if get("use_pickscore") else None
+    c["reward"] = [{"name": reward or "brightness", "weight": 1.0}]
+    if reward is None:
+        out.placeholders["reward"] = (
+            "the script names no --use_hpsv2/--use_pickscore: brightness stands in; name a digen reward"
+        )
     set_dotted(c, "output.checkpoint_every", get("checkpointing_steps"))
     set_dotted(c, "schedule.mode", "disaggregated")
     c["cluster"] = {"local": {"rollout_workers": 1, "trainer_workers": 1}}

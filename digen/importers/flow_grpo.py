@@ -304,10 +304,15 @@ def _reward(fg: dict[str, Any], out: Imported) -> None:
         if spec["name"] == "video_ocr":  # flow_grpo/rewards.py: ocr of a video's frames
             spec["name"] = "ocr"
         elif spec["name"] not in available():
-            out.placeholders[f"reward {spec['name']}"] = (
-                "not a digen reward: name one of digen rewards, or serve it through the http reward"
+            # served through the http reward (digen reward-server, or any scorer behind a URL)
+            peer_name = spec["name"]
+            spec.update(name="http", kwargs={"url": f"http://127.0.0.1:8765/{peer_name}", "name": peer_name})
+            out.placeholders[f"reward {peer_name}"] = (
+                "not a digen reward: serve it at the http reward's url (a placeholder), or name one of digen rewards"
             )
     if not specs:
-        specs = [{"name": "REWARD", "weight": 1.0}]
-        out.placeholders["reward"] = "the recipe names no reward_fn: digen rewards lists the names"
+        specs = [{"name": "brightness", "weight": 1.0}]
+        out.placeholders["reward"] = (
+            "the recipe names no reward_fn: brightness stands in; digen rewards lists the names"
+        )
     out.config["reward"] = specs

@@ -324,7 +324,7 @@ def _reward(f: dict[str, Any], out: Imported) -> None:
                     "VeRL-Omni scores OCR with a VLM judge (GenRM-OCR); digen's ocr reward is RapidOCR's edit distance"
                 )
             return
-    out.config["reward"] = [{"name": "REWARD", "weight": 1.0}]
+    out.config["reward"] = [{"name": "brightness", "weight": 1.0}]
     out.placeholders["reward"] = (
-        "VeRL-Omni's reward is a custom function: name a digen reward (digen rewards)"
+        "VeRL-Omni's reward is a custom function: brightness stands in; name a digen reward (digen rewards)"
     )
