@@ -30,6 +30,7 @@ COMMANDS = [
     "sp-bench",
     "plan",
     "doctor",
+    "import-config",
 ]
 
 
