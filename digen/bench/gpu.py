@@ -210,15 +210,18 @@ def _allreduce_rank(rank: int, world: int, port: int, q) -> None:
 def _fetch_part(src: str, dst: str, mib: int = ADAPTER_MIB) -> dict:
     """The weight fetch of ``mib`` MiB from a process on device ``src`` to one on ``dst``
     (``cuda:N``; ``cpu`` runs the same code without a GPU, as the tests do)."""
+    import secrets
+
     ctx = mp.get_context("spawn")
     q, done = ctx.Queue(), ctx.Event()
-    holder = ctx.Process(target=_hold_adapter, args=(src, mib, q, done), daemon=True)
+    key = secrets.token_hex(32)  # the bench job's blob key: both processes hold it, as a job's do
+    holder = ctx.Process(target=_hold_adapter, args=(src, mib, q, done, key), daemon=True)
     holder.start()
     try:
         ready = q.get(timeout=120)
         if "error" in ready:
             return ready
-        got = _in_child(_fetch_adapter, (ready["address"], ready["blob"], dst), 120)
+        got = _in_child(_fetch_adapter, (ready["address"], ready["blob"], dst, key), 120)
     finally:
         done.set()
         holder.join(10)
@@ -255,14 +258,17 @@ def _peak_gib(device: str) -> float | None:
     return round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
 
 
-def _hold_adapter(device: str, mib: int, q, done) -> None:
+def _hold_adapter(device: str, mib: int, q, done, key: str) -> None:
     """Hold a ``mib`` MiB float32 adapter on ``device``, publish it (to host memory, into
-    this process's blob store, as a trainer publishes a version) and serve it until ``done``."""
+    this process's blob store, as a trainer publishes a version) and serve it until ``done``
+    (to requests signed with the bench job's ``key``)."""
     try:
         import torch
 
+        from digen.dataplane.auth import keyring
         from digen.dataplane.blobs import local_server, local_store
 
+        keyring().add("bench", bytes.fromhex(key))
         n_tensors = max(1, mib // 4)  # about 4 MiB per tensor, as LoRA factors come
         per = mib * 2**20 // n_tensors // 4
         weights = {f"lora.{i}.weight": torch.randn(per, device=device) for i in range(n_tensors)}
@@ -285,12 +291,15 @@ def _hold_adapter(device: str, mib: int, q, done) -> None:
         q.put({"error": f"{type(exc).__name__}: {exc}"})
 
 
-def _fetch_adapter(address: str, blob: str, device: str) -> dict:
-    """Fetch ``blob`` bucket by bucket, each bucket copied to ``device`` as it lands."""
+def _fetch_adapter(address: str, blob: str, device: str, key: str) -> dict:
+    """Fetch ``blob`` bucket by bucket (signed with the bench job's ``key``), each bucket
+    copied to ``device`` as it lands."""
     import torch
 
+    from digen.dataplane.auth import keyring
     from digen.dataplane.weights import fetch_version
 
+    keyring().add("bench", bytes.fromhex(key))
     torch.ones(1, device=device)  # the CUDA context first: not part of the fetch
     landed: dict = {}
 

@@ -93,10 +93,13 @@ class SpBenchSpec:
 def _config(spec: SpBenchSpec):
     from digen.config import Config, RolloutConfig
 
-    return Config(
+    return Config(  # the model is built here, not read from model.path; the bench scores nothing
+        model={"path": "tiny-wan (built in memory)", "max_sequence_length": 32},
+        prompts={"items": [PROMPT]},
+        reward=[{"name": "brightness"}],
         rollout=RolloutConfig(
             batch_size=spec.group_size, group_size=spec.group_size, num_steps=spec.steps, guidance_scale=2.0
-        )
+        ),
     )
 
 

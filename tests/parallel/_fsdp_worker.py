@@ -34,13 +34,16 @@ def make_cfg(kl: bool = False) -> Config:
     """A clip range wide enough that no row sits at the PPO clip boundary, a grad clip low
     enough that clipping is active (the norm is a cross-rank reduction)."""
     return Config(
+        model={"path": "tiny (loaded by make_policy)"},
+        prompts={"items": ["a red square"]},
+        reward=[{"name": "brightness"}],
         train=TrainConfig(
             clip_range=0.5,
             grad_clip=0.002 if kl else 0.05,
             rows_per_forward=2,
             lr=1e-3,
             kl_beta=0.1 if kl else 0.0,
-        )
+        ),
     )
 
 

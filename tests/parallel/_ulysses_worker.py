@@ -29,6 +29,9 @@ ADVANTAGES = torch.tensor([1.0, -0.7])
 def make_cfg() -> Config:
     """SDE rollouts with true CFG (text and empty-prompt rows in one batched forward)."""
     return Config(
+        model={"path": "tiny (loaded by make_policy)"},
+        prompts={"items": ["a red square"]},
+        reward=[{"name": "brightness"}],
         rollout=RolloutConfig(batch_size=2, group_size=2, num_steps=3, guidance_scale=2.0),
         train=TrainConfig(clip_range=0.5, rows_per_forward=2, kl_beta=0.1),
     )
