@@ -105,3 +105,17 @@ def test_micro_batching_makes_the_peers_faster_per_sample():
 def test_a_peer_mode_on_a_measured_cost_model_is_a_config_error():
     with pytest.raises(ConfigError, match="paper-scale"):
         run_study(uniform_model(), ["verl-omni"], FAST)
+
+
+def test_the_results_table_compares_digen_with_each_peer():
+    from digen.sim.report import markdown_results
+
+    setup = load_sim_config(CONFIGS / "verl-omni-published.yaml")
+    study = run_study(setup.cost, [*PEERS, "digen"], FAST)
+    text = markdown_results([("w", "t", study)])
+    head = text.splitlines()[0]
+    assert all(f"digen vs {p}" in head and f"{p} s/it" in head for p in PEERS)
+    row = text.splitlines()[2].split("|")
+    ratio = float(row[head.split("|").index(" digen vs verl-omni ")].strip().rstrip("x"))
+    got = {r.mode: r.sim.samples_per_s for r in study.results}
+    assert ratio == pytest.approx(got["digen"] / got["verl-omni"], abs=0.006)
