@@ -37,6 +37,9 @@ def test_default_modes_include_every_peer_in_the_json_rows():
     rows = {r["mode"]: r for r in json_rows(study)}
     assert set(rows) == {*PEERS, "digen"}
     assert all(rows[p]["s_per_iteration"] > 0 for p in PEERS)
+    for p in PEERS:  # digen's speedup over each peer, in its row
+        want = rows["digen"]["samples_per_s"] / rows[p]["samples_per_s"]
+        assert rows["digen"]["speedup_vs_peers"][p] == pytest.approx(want)
 
 
 def test_peer_phase_orders_follow_their_code():
