@@ -9,6 +9,13 @@ from pathlib import Path
 from digen.bench.runs import BenchResult
 
 
+def _of_bound(r: dict) -> str:
+    """The "of bound" cell: flagged "(invalid)" when the bound does not hold
+    (:func:`digen.bench.summary.bound_validity`), so no fraction above 100% stands unflagged."""
+    cell = _fmt(r["fraction_of_bound"], ".0%")
+    return cell if r.get("bound_valid", True) else f"{cell} (invalid)"
+
+
 def _fmt(x: float | None, spec: str, suffix: str = "") -> str:
     return "n/a" if x is None else format(x, spec) + suffix
 
@@ -50,8 +57,11 @@ def markdown_table(
             f"| {r['mode']} | {r['workers']} | {r['s_per_iteration']:.3f} | {r['samples_per_s']:.2f} "
             f"| {r['bubble_ratio']:.2f} | {roles} | {_fmt(r['speedup_vs_colocated'], '.2f', 'x')} "
             f"| {_fmt(r['speedup_vs_disaggregated'], '.2f', 'x')} | {r['bound_samples_per_s']:.2f} "
-            f"| {_fmt(r['fraction_of_bound'], '.0%')} | {rss} |"
+            f"| {_of_bound(r)} | {rss} |"
         )
+    flagged = [r for r in rows if r.get("bound_warning")]
+    if flagged:
+        lines += [""] + [f"Bound invalid for {r['mode']}: {r['bound_warning']}." for r in flagged]
     lines += startup_table(rows)
     lines += eval_table(rows)
     if tsp:

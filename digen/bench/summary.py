@@ -4,6 +4,7 @@ and the ratios between modes (:func:`add_speedups`, :func:`add_startup_ratios`).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from digen.bench.stats import RatePool, RunRecord, WorkerStats, bubble_by_role, median, worker_stats
@@ -64,6 +65,7 @@ def summarize(mode: str, records: list[RunRecord], pool: RatePool, group_size: i
         "speedup_vs_disaggregated": None,
         "bound_samples_per_s": bound,
         "fraction_of_bound": sps / bound if bound > 0 else None,
+        **bound_validity(sps, bound, merged, os.cpu_count() or 1),
         "controller_peak_rss_mb": round(max(ctl_peak), 1) if ctl_peak else None,
         "startup": startup_summary([rec.startup for rec in records]),
         **eval_cost(records),
@@ -71,6 +73,36 @@ def summarize(mode: str, records: list[RunRecord], pool: RatePool, group_size: i
         "worker_redis_round_trips_per_cycle": round(trips / cycles, 3) if cycles else None,
         "per_worker": workers,
         "run_dirs": [str(rec.run_dir) for rec in records],
+    }
+
+
+def bound_validity(sps: float, bound: float, merged: dict[str, WorkerStats], cores: int) -> dict:
+    """Whether the bound holds: it is built from task durations, which only measure a
+    worker's speed when the workers did not share cores. ``busy_workers`` is the mean number
+    of workers running a task at once (busy seconds over the window); above the machine's
+    ``cores`` every task ran slower than alone, the rates are low and the bound with them:
+    it is flagged invalid. A fraction above 1 is flagged whatever the cause.
+
+    Returns ``bound_valid``, ``bound_warning`` (None when valid), ``busy_workers``, ``cores``."""
+    windows = [m.window_s for m in merged.values() if m.window_s > 0]
+    span = max(windows) if windows else 0.0
+    busy = sum(m.busy_s for m in merged.values())
+    concurrency = busy / span if span > 0 else 0.0
+    warnings = []
+    if concurrency > cores:
+        warnings.append(
+            f"oversubscribed: {concurrency:.1f} workers busy at once on {cores} CPU core(s), so task "
+            f"durations (and the bound built from them) include waiting for a core"
+        )
+    if bound > 0 and sps > bound * (1 + 1e-9):
+        warnings.append(
+            f"throughput {sps:.3g} samples/s is above the bound {bound:.3g}: the bound does not hold"
+        )
+    return {
+        "bound_valid": not warnings,
+        "bound_warning": "; ".join(warnings) or None,
+        "busy_workers": round(concurrency, 2),
+        "cores": cores,
     }
 
 

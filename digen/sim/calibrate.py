@@ -266,7 +266,10 @@ def compare_run(run_dir: str | Path, *, warmup: int = 1) -> Comparison:
 def predict_modes(run_dir: str | Path, modes: list[str], *, warmup: int = 1) -> list[Comparison]:
     """Predictions for ``modes`` on the run's workers (measured fields are None except for the
     run's own mode). Colocated here is the runtime's (``colocated-digen``) unless asked for
-    by name with the peers' overheads, which a calibrated model does not have."""
+    by name with the peers' overheads, which a calibrated model does not have. The peer modes
+    (:mod:`digen.sim.peers`) are left out: they restate a peer's recipe at paper scale, and a
+    model measured from a run has none."""
+    modes = [m for m in modes if MODES[m].peer is None]
     run = Path(run_dir)
     cost, info = _calibrate(run, warmup)
     sps, bubble = measured(run, warmup=warmup)

@@ -19,9 +19,20 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from digen.errors import ConfigError
-from digen.sim.costmodel import CostModel, GpuType, ModelSpec, Testbed, Workload, paper_costmodel
+from digen.sim.costmodel import (
+    FLAT,
+    CostModel,
+    EfficiencyCurve,
+    GpuType,
+    ModelSpec,
+    PaperInputs,
+    Testbed,
+    Workload,
+    paper_costmodel,
+)
 from digen.sim.dataplane import DataPlaneModel
 from digen.sim.files import read_mapping
+from digen.sim.peers import PeerRecipe
 from digen.sim.sp_calibration import calibrated_model, load_calibration
 from digen.sim.study import SimSettings
 
@@ -50,16 +61,31 @@ class GpuEntry(_Section):
     mem_gbps: float | None = Field(None, gt=0)
 
 
+class LoraEntry(_Section):
+    """A LoRA recipe counted on the architecture: each adapted ``in x out`` linear adds
+    ``rank x (in + out)`` parameters; ``dims_per_block`` is the sum of ``in + out`` over one
+    block's adapted linears (the recipe's target modules)."""
+
+    rank: int = Field(ge=1)
+    dims_per_block: int = Field(ge=1)
+
+
 class ModelEntry(_Section):
     tflop_per_step: float = Field(gt=0)
     cfg: int = Field(ge=1, le=2)
     weights_gb: float = Field(gt=0)
     adapter_gb: float | None = Field(None, gt=0)
+    lora: LoraEntry | None = None
+    """The adapter's size from the architecture (overrides ``adapter_gb``)."""
+    text_encoder_gb: float = Field(0.0, ge=0)
+    vae_gb: float = Field(0.0, ge=0)
     layers: int = Field(ge=1)
     activation_gb: float = Field(ge=0)
     train_flops_factor: float = Field(3.0, ge=1)
     decode_s_ref: float = Field(ge=0)
     reward_tflop: float = Field(0.0, ge=0)
+    reward: str | None = None
+    """A key of the catalog's ``rewards`` (overrides ``reward_tflop``)."""
     sp_efficiency: dict[int, float] = {}
     train_cfg: int | None = Field(None, ge=1, le=2)
     latent_numel: int | None = Field(None, ge=1)
@@ -72,6 +98,43 @@ class WorkloadEntry(_Section):
     prompts: int = Field(32, ge=1)
     group_size: int = Field(16, ge=1)
     samples_per_task: int = Field(1, ge=1)
+    reward: str | None = None
+    """A key of the catalog's ``rewards`` (overrides the model's)."""
+
+
+class RewardEntry(_Section):
+    """A reward model's cost per sample: measured GPU-seconds on a catalog GPU, or TFLOP."""
+
+    gpu_s_per_sample: float | None = Field(None, gt=0)
+    measured_on: str | None = None
+    tflop_per_sample: float | None = Field(None, ge=0)
+    weights_gb: float = Field(0.0, ge=0)
+
+
+class CurveEntry(_Section):
+    half_tokens: float = Field(gt=0)
+    ref_tokens: float = Field(gt=0)
+    cap: float = Field(1.0, gt=0)
+
+
+class PeerEntry(_Section):
+    """:class:`digen.sim.peers.PeerRecipe`'s fields."""
+
+    engine: str
+    gen_batch: int = Field(ge=1)
+    gen_on_trainer: bool
+    fsdp: bool
+    logprob_batch: int | None = Field(None, ge=1)
+    reference_forward: bool
+    train_micro_batch: int = Field(ge=1)
+    optimizer_steps: int = Field(ge=1)
+    rollout_sleep_wake: bool
+    actor_offload: bool
+    reward_wake: bool
+    reward_tp: int = Field(1, ge=1)
+    weight_sync: bool = False
+    driver_gbps: float | None = Field(None, gt=0)
+    calibration: float = Field(1.0, gt=0)
 
 
 class TestbedEntry(_Section):
@@ -84,6 +147,11 @@ class Catalog(_Section):
     models: dict[str, ModelEntry]
     workloads: dict[str, WorkloadEntry]
     testbeds: dict[str, TestbedEntry]
+    rewards: dict[str, RewardEntry] = {}
+    engines: dict[str, float] = {"eager": 1.0}
+    """Rollout engine speedup over eager PyTorch."""
+    efficiency_curve: CurveEntry | None = None
+    peers: dict[str, PeerEntry] = {}
 
 
 class SimSection(_Section):
@@ -135,6 +203,23 @@ def load_catalog(path: Path) -> Catalog:
         for n, w in cat.workloads.items()
         if w.model not in cat.models
     ]
+    named = [(f"models.{n}", m.reward) for n, m in cat.models.items()]
+    named += [(f"workloads.{n}", w.reward) for n, w in cat.workloads.items()]
+    problems += [
+        f"{path.name}: {where}.reward ({r}) is not in rewards"
+        for where, r in named
+        if r and r not in cat.rewards
+    ]
+    problems += [
+        f"{path.name}: rewards.{n}: give gpu_s_per_sample with measured_on (a GPU of gpus), or tflop_per_sample"
+        for n, r in cat.rewards.items()
+        if (r.gpu_s_per_sample is None or r.measured_on not in cat.gpus) and r.tflop_per_sample is None
+    ]
+    problems += [
+        f"{path.name}: peers.{n}.engine ({p.engine}) is not in engines"
+        for n, p in cat.peers.items()
+        if p.engine not in cat.engines
+    ]
     problems += [
         f"{path.name}: testbeds.{n}.gpus.{g} is not in gpus"
         for n, t in cat.testbeds.items()
@@ -144,6 +229,22 @@ def load_catalog(path: Path) -> Catalog:
     if problems:
         raise ConfigError(problems)
     return cat
+
+
+def lora_gb(lora: LoraEntry, blocks: int) -> float:
+    """bf16 GB of a LoRA adapter: ``rank x dims_per_block`` parameters per block, 2 B each
+    (what ``digen bench --dataplane`` counts in float32: :data:`digen.bench.dataplane.SIZES`)."""
+    return lora.rank * lora.dims_per_block * blocks * 2 / 1e9
+
+
+def reward_cost(cat: Catalog, name: str) -> tuple[float, float]:
+    """``(TFLOP-equivalent per sample, weights GB)`` of reward ``name``: a measured
+    ``gpu_s_per_sample`` on GPU ``measured_on`` is that GPU's achieved TFLOPS x the seconds,
+    so it scales with the GPU as the model's other work does."""
+    r = cat.rewards[name]
+    if r.gpu_s_per_sample is not None and r.measured_on in cat.gpus:
+        return r.gpu_s_per_sample * cat.gpus[r.measured_on].tflops, r.weights_gb
+    return r.tflop_per_sample or 0.0, r.weights_gb
 
 
 def is_run_config(path: Path) -> bool:
@@ -194,7 +295,14 @@ def load_sim_config(
             f"{run.catalog}: models.{wl.model}.latent_numel is missing: the elements of one sample's latent "
             f"(channels x latent frames x height x width), the size of the trajectories a trainer fetches"
         )
-    model = ModelSpec(name=wl.model, **(m.model_dump() | {"latent_numel": numel}))
+    reward_name = wl.reward or m.reward
+    reward_tflop, reward_gb = m.reward_tflop, 0.0
+    if reward_name:
+        reward_tflop, reward_gb = reward_cost(cat, reward_name)
+    fields = m.model_dump(exclude={"lora", "reward"}) | {"latent_numel": numel, "reward_tflop": reward_tflop}
+    if m.lora is not None:
+        fields["adapter_gb"] = lora_gb(m.lora, m.layers)
+    model = ModelSpec(name=wl.model, **fields)
     if calibration is not None:
         cal = load_calibration(calibration)
         model = calibrated_model(model, cal, f"{calibration}: {cal.source}")
@@ -205,6 +313,14 @@ def load_sim_config(
     tb = Testbed(
         tb_name, tbe.net_gbps, tuple((GpuType(g, **cat.gpus[g].model_dump()), n) for g, n in tbe.gpus.items())
     )
-    cost = paper_costmodel(workload, tb, tsp_batch_gain=run.tsp_batch_gain, dataplane=dataplane)
+    paper = PaperInputs(
+        workload,
+        tb,
+        curve=EfficiencyCurve(**cat.efficiency_curve.model_dump()) if cat.efficiency_curve else FLAT,
+        engines=dict(cat.engines),
+        reward_weights_gb=reward_gb,
+        peers={n: PeerRecipe(name=n, **p.model_dump()) for n, p in cat.peers.items()},
+    )
+    cost = paper_costmodel(workload, tb, tsp_batch_gain=run.tsp_batch_gain, dataplane=dataplane, paper=paper)
     settings = SimSettings(**run.sim.model_dump())
     return SimSetup(f"{run.workload} @ {tb_name}", workload, tb, settings, cost)

@@ -86,6 +86,16 @@ class ModelSpec:
     sp_calibrated: dict[int, str] = field(default_factory=dict)
     """Degrees of ``sp_efficiency`` measured rather than cited, and where (a calibration file
     or run directory, :mod:`digen.sim.sp_calibration`)."""
+    text_encoder_gb: float = 0.0
+    """bf16 text encoder(s): resident while prompts are encoded, offloaded while the
+    transformer runs (the fit check takes the larger of the two)."""
+    vae_gb: float = 0.0
+    """The VAE, resident with the transformer (it decodes every sample)."""
+
+    @property
+    def tokens(self) -> int:
+        """Latent tokens of one sample (``latent_numel`` / 64: 16 channels x a 2x2 patch)."""
+        return max(1, self.latent_numel // 64)
 
     def sp_eff_source(self, degree: int) -> str:
         """Where :meth:`sp_eff` ``(degree)`` comes from, in words."""
@@ -222,6 +232,8 @@ class CostModel:
     """Derived choices to report (parallel degrees, FSDP, bytes moved)."""
     sp: list[SpChoice] = field(default_factory=list)
     """The sequence-parallel degree chosen per GPU type (paper-scale models)."""
+    paper: PaperInputs | None = None
+    """What a paper-scale model was built from (None: measured from a run)."""
 
     @property
     def samples(self) -> int:
@@ -240,11 +252,68 @@ class CostModel:
         return g, t
 
 
+@dataclass(frozen=True)
+class EfficiencyCurve:
+    """Achieved TFLOPS as a function of the tokens of one pass (``configs/sim/catalog.yaml``
+    ``efficiency_curve``): ``n / (n + half_tokens)``, relative to its value at ``ref_tokens``
+    (where the GPU's ``tflops`` were measured) and at most ``cap``."""
+
+    half_tokens: float = 0.0
+    ref_tokens: float = 1.0
+    cap: float = 1.0
+
+
+FLAT = EfficiencyCurve()
+"""No dependence on the pass's size (0 half-tokens)."""
+
+
+def pass_efficiency(curve: EfficiencyCurve, tokens: float) -> float:
+    """The GPU's relative efficiency on a pass of ``tokens`` tokens (1.0 at ``ref_tokens``)."""
+    if curve.half_tokens <= 0:
+        return 1.0
+    at = tokens / (tokens + curve.half_tokens)
+    ref = curve.ref_tokens / (curve.ref_tokens + curve.half_tokens)
+    return min(curve.cap, at / ref)
+
+
+@dataclass(frozen=True)
+class PaperInputs:
+    """What a paper-scale cost model was built from: the peers' modes restate their
+    iterations from it (:mod:`digen.sim.peers`)."""
+
+    workload: Workload
+    testbed: Testbed
+    curve: EfficiencyCurve = FLAT
+    engines: dict[str, float] = field(default_factory=lambda: {"eager": 1.0})
+    """Rollout engine speedup over eager PyTorch per engine kind."""
+    reward_weights_gb: float = 0.0
+    """The reward model's weights (a peer that wakes it on the training GPUs loads them)."""
+    peers: dict = field(default_factory=dict)
+    """Name -> :class:`digen.sim.peers.PeerRecipe`."""
+
+    @property
+    def gpus(self) -> int:
+        return self.testbed.gpu_count
+
+    @property
+    def nodes(self) -> int:
+        return math.ceil(self.testbed.gpu_count / GPUS_PER_NODE)
+
+    @property
+    def net_gbps(self) -> float:
+        return self.testbed.net_gbps
+
+
+GPUS_PER_NODE = 8
+"""GPUs per node (assumption: 8-GPU servers), for where a collective leaves the node."""
+
+
 # --- paper-scale builder ---------------------------------------------------------------
 def sample_memory_gb(model: ModelSpec, degree: int) -> float:
     """GPU memory of generating one sample at sequence-parallel ``degree``: SP replicates the
-    weights and splits the activations."""
-    return model.weights_gb + model.activation_gb / degree
+    weights and splits the activations; the VAE stays resident; the text encoder is resident
+    only while encoding (offloaded while the transformer runs), so the peak is the larger."""
+    return max(model.text_encoder_gb, model.weights_gb + model.activation_gb / degree) + model.vae_gb
 
 
 def sp_degree(model: ModelSpec, gpu: GpuType) -> int:
@@ -325,21 +394,24 @@ def _pass_s(compute_s: float, gather_s: float, layers: int) -> float:
 
 
 def worker_cost(
-    w: Workload, gpu: GpuType, degree: int, *, tsp_batch_gain: float = 1.0
+    w: Workload, gpu: GpuType, degree: int, *, tsp_batch_gain: float = 1.0, curve: EfficiencyCurve = FLAT
 ) -> tuple[WorkerCost, bool]:
     """Task costs of one replica of ``degree`` GPUs of type ``gpu``; also whether it trains
-    with FSDP."""
+    with FSDP. A pass runs at :func:`pass_efficiency` of its tokens: a task's micro-batch
+    (``samples_per_task`` samples), and with TSP its K timesteps in one pass."""
     m, mdl = w.samples_per_task, w.model
-    speed = degree * gpu.tflops * mdl.sp_eff(degree)  # TFLOP/s of the replica
+    k = w.trained_timesteps
+    eff = pass_efficiency(curve, m * mdl.tokens)
+    tsp_gain = tsp_batch_gain * pass_efficiency(curve, k * m * mdl.tokens) / eff
+    speed = degree * gpu.tflops * mdl.sp_eff(degree) * eff  # TFLOP/s of the replica
     fwd = m * mdl.cfg * mdl.tflop_per_step / speed  # one step of the micro-batch, all CFG passes
     fwd_train = m * (mdl.train_cfg or mdl.cfg) * mdl.tflop_per_step / speed
-    k = w.trained_timesteps
     fsdp = needs_fsdp(mdl, gpu, degree)
     gather = mdl.weights_gb / gpu.intra_gbps if fsdp else 0.0  # one full all-gather
     train_pass = fwd_train * mdl.train_flops_factor
     # FSDP gathers the weights for the forward and again for the backward of every pass
     train_s = k * _pass_s(train_pass, 2 * gather, mdl.layers)
-    train_tsp_s = _pass_s(k * train_pass / tsp_batch_gain, 2 * gather, mdl.layers)
+    train_tsp_s = _pass_s(k * train_pass / tsp_gain, 2 * gather, mdl.layers)
     gen_s = w.steps * fwd
     gen_on_trainer_s = w.steps * _pass_s(fwd, gather, mdl.layers)
     decode_s = m * mdl.decode_s_ref * REFERENCE_TFLOPS / gpu.tflops
@@ -362,10 +434,17 @@ def worker_cost(
 
 
 def paper_costmodel(
-    w: Workload, tb: Testbed, *, tsp_batch_gain: float = 1.0, dataplane: DataPlaneModel | None = None
+    w: Workload,
+    tb: Testbed,
+    *,
+    tsp_batch_gain: float = 1.0,
+    dataplane: DataPlaneModel | None = None,
+    paper: PaperInputs | None = None,
 ) -> CostModel:
     """Cost model of workload ``w`` on testbed ``tb`` from FLOPs, bytes and bandwidths;
-    ``dataplane``: the data plane's calibration (default: :class:`DataPlaneModel`'s)."""
+    ``dataplane``: the data plane's calibration (default: :class:`DataPlaneModel`'s);
+    ``paper``: the efficiency curve, engines and peer recipes (default: flat, none)."""
+    paper = paper or PaperInputs(w, tb)
     workers: list[SimWorker] = []
     notes: list[str] = []
     choices: list[SpChoice] = []
@@ -376,7 +455,7 @@ def paper_costmodel(
             raise ConfigError(f"testbed {tb.name}: {exc}") from None
         choices.append(choice)
         degree = choice.degree
-        cost, fsdp = worker_cost(w, gpu, degree, tsp_batch_gain=tsp_batch_gain)
+        cost, fsdp = worker_cost(w, gpu, degree, tsp_batch_gain=tsp_batch_gain, curve=paper.curve)
         notes.append(
             f"{gpu.name}: {count // degree} workers x {degree} GPU (SP {degree}, eff "
             f"{w.model.sp_eff(degree):.2f}){', FSDP training' if fsdp else ''}"
@@ -401,4 +480,5 @@ def paper_costmodel(
         label=f"{w.name} on {tb.name}",
         notes=notes,
         sp=choices,
+        paper=paper,
     )

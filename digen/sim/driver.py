@@ -85,11 +85,15 @@ class Mode:
     rat: bool = False
     max_staleness: int = 0
     peer_overheads: bool = False
-    """Colocated as veRL-Omni / GenRL run it: offload/reload at each phase switch and an
-    old-log-prob recompute before training (cost-model.md l.26-27)."""
+    """digen's own per-sample tasks plus an offload/reload at each phase switch and an
+    old-log-prob recompute before training: a colocated strawman, not a peer (the peers are
+    the ``peer`` modes)."""
     static_shares: bool = False
     """SPMD data parallelism, as the colocated peers split a batch: task ``g`` (its
     generation and its training) belongs to worker ``g mod N``; nobody pulls another's."""
+    peer: str | None = None
+    """A peer's own iteration, restated from its code (:mod:`digen.sim.peers`): the key of
+    its recipe in the catalog's ``peers``; phase-serial, no Scheduler."""
 
     @property
     def disaggregated(self) -> bool:
@@ -99,6 +103,8 @@ class Mode:
 def _ladder() -> dict[str, Mode]:
     d = "disaggregated"
     modes = [
+        # the peers, each restated from its code (digen/sim/peers.py, catalog peers:)
+        *(Mode(p, colocated=True, peer=p) for p in PEERS),
         Mode("colocated", colocated=True, peer_overheads=True, static_shares=True),
         Mode(d),
         # the ablation ladder, cumulative
@@ -116,10 +122,12 @@ def _ladder() -> dict[str, Mode]:
     return {m.name: m for m in modes}
 
 
+PEERS = ["verl-omni", "genrl", "flow-grpo"]
+"""The peer modes (:mod:`digen.sim.peers`)."""
 MODES: dict[str, Mode] = _ladder()
 LADDER = ["disaggregated", "disagg+gap", "disagg+gap+tsp", "disagg+gap+tsp+tag", "digen"]
 ALONE = ["disagg+gap", "disagg+tsp", "disagg+tag", "disagg+async"]
-DEFAULT_MODES = ["colocated", *LADDER]
+DEFAULT_MODES = [*PEERS, "colocated", *LADDER]
 
 
 def parse_modes(text: str | None) -> list[str]:
@@ -402,6 +410,8 @@ def simulate(
             f"sim.iterations ({iterations}) must exceed sim.warmup ({warmup}) + sim.trailing ({trailing}), "
             f"both at least 0: at least one iteration is measured"
         )
+    if mode.peer is not None:
+        return _simulate_peer(cost, mode, iterations, warmup, trailing)
     if mode.colocated:
         roles = {w.name: Role.COLOCATED for w in cost.workers}
     elif roles is None or set(roles) != {w.name for w in cost.workers}:
@@ -440,6 +450,20 @@ def simulate(
     )
     _measure(res, sim)
     return res
+
+
+def _simulate_peer(cost: CostModel, mode: Mode, iterations: int, warmup: int, trailing: int) -> SimResult:
+    from digen.sim.peers import simulate_peer
+
+    recipe = cost.paper.peers.get(mode.peer) if cost.paper is not None else None
+    if cost.paper is not None and recipe is None:
+        raise ConfigError(f"mode {mode.name}: the catalog has no peers.{mode.peer} recipe")
+    if recipe is None:
+        raise ConfigError(
+            f"mode {mode.name} needs a paper-scale cost model (a configs/sim run config): a cost model "
+            f"measured from a run has no recipe of the peer to restate"
+        )
+    return simulate_peer(cost, recipe, iterations=iterations, warmup=warmup, trailing=trailing)
 
 
 def _rows(sim: _Sim) -> list[dict]:
@@ -510,6 +534,11 @@ def measured_window(step_ends: list[float], warmup: int, trailing: int = 0) -> t
 
 
 def _measure(res: SimResult, sim: _Sim) -> None:
+    _measure_rows(res)
+
+
+def _measure_rows(res: SimResult) -> None:
+    """Fill ``res``'s metrics from its rows and step ends (:func:`measured_window`)."""
     lo, hi = measured_window(res.step_ends, res.warmup, res.trailing)
     n = len(res.step_ends) - res.warmup - res.trailing
     res.window = (lo, hi)

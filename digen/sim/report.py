@@ -10,7 +10,7 @@ from pathlib import Path
 
 from digen.plots import KIND_COLORS, OTHER_COLOR
 from digen.sim.costmodel import SpChoice
-from digen.sim.driver import DATAPLANE_PARTS, LADDER, SimResult, measured_window, time_shares
+from digen.sim.driver import DATAPLANE_PARTS, LADDER, PEERS, SimResult, measured_window, time_shares
 from digen.sim.study import Study
 
 DATAPLANE_HEADERS = ["reduce s", "step s", "distribute s", "trajectory s"]
@@ -79,15 +79,18 @@ def _markdown(headers: list[str], rows: list[list[str]]) -> str:
 
 
 def markdown_results(studies: list[tuple[str, str, Study]]) -> str:
-    """The README results table: one row per (workload, testbed): digen vs colocated (the
-    peers), its fraction of the bound, the ablation ladder's speedups over colocated, and
-    digen's own colocated mode (the runtime's: no offload, log-probs reused) when simulated."""
+    """The results table: one row per (workload, testbed): each peer's s/iteration (the
+    peers restated from their code, :mod:`digen.sim.peers`) and digen's, digen's speedup over
+    each peer and over the ``colocated`` strawman, its fraction of the bound, the ablation
+    ladder's speedups over colocated, and digen's own colocated mode when simulated."""
+    peers = [p for p in PEERS if any(r.mode == p for _, _, st in studies for r in st.results)]
     headers = [
         "workload",
         "testbed",
         "GPUs",
-        "colocated s/it",
+        *[f"{p} s/it" for p in peers],
         "digen s/it",
+        *[f"digen vs {p}" for p in peers],
         "digen vs colocated",
         "digen / bound",
         *LADDER[:-1],
@@ -107,8 +110,12 @@ def markdown_results(studies: list[tuple[str, str, Study]]) -> str:
                 workload,
                 testbed,
                 str(st.cost.gpu_count),
-                f"{col.sim.s_per_iteration:.0f}",
+                *[f"{got[p].sim.s_per_iteration:.0f}" if p in got else "-" for p in peers],
                 f"{dg.sim.s_per_iteration:.0f}",
+                *[
+                    f"{dg.sim.samples_per_s / got[p].sim.samples_per_s:.2f}x" if p in got else "-"
+                    for p in peers
+                ],
                 f"{dg.speedup_vs_colocated:.2f}x",
                 f"{dg.fraction_of_bound:.3f}",
                 *[
@@ -122,7 +129,7 @@ def markdown_results(studies: list[tuple[str, str, Study]]) -> str:
 
 
 DATAPLANE_MODES = ("colocated", "colocated-digen", "digen")
-"""The modes of the ``--all`` data-plane table: the peers' colocated system, digen's own
+"""The modes of the ``--all`` data-plane table: the colocated strawman, digen's own
 colocated mode and digen."""
 
 
@@ -170,9 +177,15 @@ def explain(study: Study) -> str:
     d_over = sum(
         d.get(k, 0.0) for k in ("weights fetch", "weights load", "trajectory fetch", "context switch", "sync")
     )
+    vs_peers = ", ".join(
+        f"{r.mode} {dg.sim.samples_per_s / r.sim.samples_per_s:.2f}x"
+        for r in study.results
+        if r.mode in PEERS and r.sim.samples_per_s > 0
+    )
     return (
-        f"{study.label}: digen {dg.speedup_vs_colocated:.2f}x colocated, {dg.fraction_of_bound:.3f} of the bound. "
-        f"Colocated spends {c.get('recompute', 0.0):.1%} of its GPU time recomputing old log-probs, "
+        (f"{study.label}: digen over the peers: {vs_peers}. " if vs_peers else f"{study.label}: ")
+        + f"digen {dg.speedup_vs_colocated:.2f}x colocated, {dg.fraction_of_bound:.3f} of the bound. "
+        f"The colocated strawman spends {c.get('recompute', 0.0):.1%} of its GPU time recomputing old log-probs, "
         f"{c.get('offload/reload', 0.0):.1%} offloading/reloading and {c['idle']:.1%} idle (phase barriers, "
         f"unequal GPUs), so it reaches {col.fraction_of_bound:.3f} of the bound and no schedule can beat it by more "
         f"than {ceiling:.2f}x. digen idles {d['idle']:.1%} (step barrier and pipeline tails) and spends "

@@ -21,7 +21,7 @@ from digen.core.events import Role
 from digen.errors import ConfigError
 from digen.sim.bounds import LpSolution, costmodel_bound
 from digen.sim.costmodel import CostModel
-from digen.sim.driver import LADDER, MODES, Mode, SimResult, simulate
+from digen.sim.driver import LADDER, MODES, PEERS, Mode, SimResult, simulate
 
 PREDECESSOR = {b: a for a, b in zip(LADDER, LADDER[1:], strict=False)} | {
     "disagg+tsp": "disaggregated",
@@ -63,6 +63,8 @@ class ModeResult:
     fraction_of_bound: float
     bound_samples_per_s: float
     candidates: int = 1
+    speedup_vs_peers: dict[str, float] = field(default_factory=dict)
+    """This mode's samples/s over each simulated peer mode's (:data:`digen.sim.driver.PEERS`)."""
 
     def to_json(self) -> dict:
         s = self.sim
@@ -73,6 +75,7 @@ class ModeResult:
             "samples_per_s_per_gpu": s.samples_per_s_per_gpu,
             "bubble_ratio": s.bubble_ratio,
             "speedup_vs_colocated": self.speedup_vs_colocated,
+            "speedup_vs_peers": dict(self.speedup_vs_peers),
             "fraction_of_bound": self.fraction_of_bound,
             "bound_samples_per_s": self.bound_samples_per_s,
             "rollout_gpus": self.rollout_gpus,
@@ -202,8 +205,10 @@ def run_study(
             name, res, roll, train, 0.0, res.samples_per_s / bound.x if bound.x > 0 else 0.0, bound.x, tried
         )
     base = done["colocated"].sim.samples_per_s
+    peers = {p: done[p].sim.samples_per_s for p in PEERS if p in done and done[p].sim.samples_per_s > 0}
     for result in done.values():
         result.speedup_vs_colocated = result.sim.samples_per_s / base if base > 0 else 0.0
+        result.speedup_vs_peers = {p: result.sim.samples_per_s / sps for p, sps in peers.items()}
     study.colocated = done["colocated"]
     study.results = [done[m] for m in modes]
     return study

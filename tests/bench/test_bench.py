@@ -284,6 +284,7 @@ def test_cli_bench_reference_and_digen(tiny_sd3, tmp_path):
         ):
             assert key in r
         assert r["samples_per_s"] > 0 and r["bound_samples_per_s"] > 0
+        assert r["fraction_of_bound"] <= 1 or r["bound_warning"]  # never above 1 unflagged
         assert all(w["peak_rss_mb"] and w["peak_rss_mb"] > 50 for w in r["per_worker"])
     assert {w["worker"] for w in rows[1]["per_worker"]} == {"rollout-0", "trainer-0"}
     tsp = json.loads((out / "tsp.json").read_text())

@@ -79,7 +79,8 @@ def test_sequence_parallelism_when_a_sample_does_not_fit_one_gpu():
 def test_shipped_configs_load_with_every_workload_and_testbed():
     files = [p for p in sorted(CONFIGS.glob("*.yaml")) if is_run_config(p)]
     seen = {(load_sim_config(p).workload.name, load_sim_config(p).testbed.name) for p in files}
-    workloads = {w for w, _ in seen}
+    assert ("verl-omni-qwen-image-ocr", "H800x4") in seen  # the published run the peers are checked on
+    workloads = {w for w, _ in seen} - {"verl-omni-qwen-image-ocr"}
     assert len(workloads) == 4
     for w in workloads:
         assert {(w, tb) for tb in ("A", "B", "C", "A+C")} <= seen

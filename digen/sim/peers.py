@@ -1,0 +1,227 @@
+"""The peers as simulator modes: VeRL-Omni, GenRL and Flow-GRPO, each a phase-serial SPMD
+iteration restated from its code.
+
+The three peers run one synchronous program on every GPU: each phase (generate, score,
+recompute, train, sync) starts on all GPUs together and ends at a collective, so an iteration
+is the sum of its phases, each as long as its slowest GPU (a heterogeneous testbed gives every
+GPU the same share). Nothing is pulled or overlapped across phases, so the peers need no
+Scheduler: :func:`simulate_peer` lays each replica's phases on the timeline and returns a
+:class:`~digen.sim.driver.SimResult` measured on the same window as digen's modes.
+
+A :class:`PeerRecipe` (``configs/sim/catalog.yaml`` ``peers:``, every field cited there to
+file and commit of the peer) says what each phase does:
+
+- generation in the peer's engine (``engine``: vLLM-Omni compiled, diffusers eager) at its
+  generation batch, on the training model when it samples there (FSDP gathers per step);
+- the reward model on the same GPUs (``reward_wake``: its engine is woken and put to sleep
+  each iteration, as VeRL-Omni's colocated reward engine);
+- rollout sleep/wake and FSDP actor onload/offload over PCIe;
+- an old-log-prob forward at ``logprob_batch`` (None: the rollout's log-probs are reused) and
+  a reference forward per trained timestep when the recipe has a KL term;
+- training at ``train_micro_batch`` with ``optimizer_steps`` optimizer steps per rollout
+  (each one gradient all-reduce of the adapter);
+- the LoRA weight sync into the rollout engine and the trajectories through one driver.
+
+Efficiency depends on the tokens of a pass (:func:`digen.sim.costmodel.pass_efficiency`), so
+micro-batching shows; ``calibration`` (one stated factor per recipe) multiplies every phase.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from digen.core.events import Role
+from digen.errors import ConfigError
+from digen.sim.costmodel import (
+    REFERENCE_TFLOPS,
+    CostModel,
+    GpuType,
+    PaperInputs,
+    _pass_s,
+    needs_fsdp,
+    pass_efficiency,
+)
+from digen.sim.dataplane import GB
+
+
+@dataclass(frozen=True)
+class PeerRecipe:
+    """One peer's iteration (``configs/sim/catalog.yaml`` ``peers:``)."""
+
+    name: str
+    engine: str
+    """Rollout engine: a key of the catalog's ``engines`` (speedup over eager)."""
+    gen_batch: int
+    """Samples per generation pass."""
+    gen_on_trainer: bool
+    """Samples with the training model (FSDP-sharded when training shards: a gather per step)."""
+    fsdp: bool
+    """The actor is FSDP-sharded over all GPUs even where the weights fit (the peer's config)."""
+    logprob_batch: int | None
+    """Old-log-prob recompute micro-batch (None: reuses the rollout's log-probs)."""
+    reference_forward: bool
+    """A reference-model forward per trained timestep (KL to the reference)."""
+    train_micro_batch: int
+    optimizer_steps: int
+    """Optimizer steps per rollout batch."""
+    rollout_sleep_wake: bool
+    """The rollout engine's weights go to host after generation and come back at the sync."""
+    actor_offload: bool
+    """FSDP parameter and optimizer offload: the actor's shard comes on before training and
+    goes off after."""
+    reward_wake: bool
+    """The reward model's engine is woken on the same GPUs before scoring and put to sleep."""
+    reward_tp: int = 1
+    """Tensor parallelism of the reward engine (its weights split over this many GPUs)."""
+    weight_sync: bool = False
+    """The trained weights are copied into a separate rollout engine after each step."""
+    driver_gbps: float | None = None
+    """One driver process relays every sample's trajectory (None: no central driver)."""
+    calibration: float = 1.0
+    """Stated factor on every phase (1.0: none); see the catalog for its derivation."""
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    kind: str
+    """Timeline kind: gen, decode, reward, train, sync."""
+    seconds: float
+
+
+def peer_phases(
+    recipe: PeerRecipe, inputs: PaperInputs, gpu: GpuType, degree: int, share: int
+) -> list[Phase]:
+    """The phases of one iteration on one replica of ``degree`` GPUs of type ``gpu`` that holds
+    ``share`` of the iteration's samples, in the peer's order."""
+    w, mdl, curve = inputs.workload, inputs.workload.model, inputs.curve
+    speed = degree * gpu.tflops * mdl.sp_eff(degree)
+    tokens = mdl.tokens
+    engine = inputs.engines.get(recipe.engine)
+    if engine is None:
+        raise ConfigError(f"peer {recipe.name}: engine {recipe.engine} is not in the catalog's engines")
+    fsdp = recipe.fsdp or needs_fsdp(mdl, gpu, degree)
+    gather = mdl.weights_gb / gpu.intra_gbps if fsdp else 0.0
+    k = w.trained_timesteps
+    tcfg = mdl.train_cfg or mdl.cfg
+    out: list[Phase] = []
+
+    def fwd(batch: int, passes: int) -> float:
+        """One forward of ``batch`` samples x ``passes`` CFG passes, at its pass efficiency."""
+        return batch * passes * mdl.tflop_per_step / (speed * pass_efficiency(curve, batch * tokens))
+
+    def batched(total: int, size: int, one) -> float:
+        full, rest = divmod(total, size)
+        return full * one(size) + (one(rest) if rest else 0.0)
+
+    # generation: steps x CFG passes per batch, in the rollout engine (or on the actor)
+    gen_gather = gather if recipe.gen_on_trainer else 0.0
+    gen = batched(
+        share, recipe.gen_batch, lambda b: w.steps * _pass_s(fwd(b, mdl.cfg) / engine, gen_gather, mdl.layers)
+    )
+    out.append(Phase("generate", "gen", gen))
+    out.append(Phase("decode", "decode", share * mdl.decode_s_ref * REFERENCE_TFLOPS / gpu.tflops))
+    if recipe.rollout_sleep_wake:
+        out.append(Phase("rollout sleep", "sync", mdl.weights_gb / gpu.host_gbps))
+    if recipe.reward_wake:
+        out.append(Phase("reward wake", "sync", inputs.reward_weights_gb / recipe.reward_tp / gpu.host_gbps))
+    out.append(Phase("reward", "reward", share * mdl.reward_tflop / gpu.tflops))
+    if recipe.reward_wake:
+        out.append(Phase("reward sleep", "sync", inputs.reward_weights_gb / recipe.reward_tp / gpu.host_gbps))
+    n = inputs.gpus
+    if recipe.actor_offload:
+        out.append(Phase("actor onload", "sync", mdl.weights_gb / n / gpu.host_gbps))
+    if recipe.logprob_batch:
+        lp = batched(share, recipe.logprob_batch, lambda b: k * _pass_s(fwd(b, tcfg), gather, mdl.layers))
+        out.append(Phase("old log-prob", "train", lp))
+    if recipe.reference_forward:
+        ref = batched(
+            share, recipe.train_micro_batch, lambda b: k * _pass_s(fwd(b, tcfg), gather, mdl.layers)
+        )
+        out.append(Phase("reference forward", "train", ref))
+    train = batched(
+        share,
+        recipe.train_micro_batch,
+        lambda b: k * _pass_s(fwd(b, tcfg) * mdl.train_flops_factor, 2 * gather, mdl.layers),
+    )
+    out.append(Phase("train", "train", train))
+    trained_gb = mdl.adapter_gb if mdl.adapter_gb is not None else mdl.weights_gb
+    # each optimizer step all-reduces the float32 gradient of what is trained (ring: 2 (N-1)/N)
+    link = gpu.intra_gbps if inputs.nodes <= 1 else inputs.net_gbps
+    reduce = 2 * (n - 1) / n * 2 * trained_gb / link if n > 1 else 0.0
+    out.append(Phase("optimizer steps", "sync", recipe.optimizer_steps * reduce))
+    if recipe.actor_offload:
+        out.append(Phase("actor offload", "sync", mdl.weights_gb / n / gpu.host_gbps))
+    if recipe.weight_sync:
+        out.append(Phase("weight sync", "sync", 2 * trained_gb / gpu.host_gbps))
+    if recipe.rollout_sleep_wake:
+        out.append(Phase("rollout wake", "sync", mdl.weights_gb / gpu.host_gbps))
+    if recipe.driver_gbps:
+        # every sample's trajectory goes to the driver and back out to the actor
+        out.append(
+            Phase(
+                "driver relay",
+                "sync",
+                2 * share * w.trajectory_bytes / w.samples_per_task / GB / recipe.driver_gbps,
+            )
+        )
+    return [Phase(p.name, p.kind, p.seconds * recipe.calibration) for p in out if p.seconds > 0]
+
+
+def simulate_peer(cost: CostModel, recipe: PeerRecipe, *, iterations: int, warmup: int, trailing: int):
+    """``iterations`` synchronous iterations of ``recipe`` on ``cost``'s workers; a
+    :class:`~digen.sim.driver.SimResult` measured on the same window as the other modes."""
+    from digen.sim.driver import SimResult, _measure_rows
+
+    inputs = cost.paper
+    if inputs is None:
+        raise ConfigError(
+            f"mode {recipe.name} needs a paper-scale cost model (a configs/sim run config); a cost model "
+            f"measured from a run has no recipe to restate"
+        )
+    samples = cost.samples
+    replicas = len(cost.workers)
+    share = math.ceil(samples / replicas)  # SPMD: every replica the same share
+    gpu_of = {g.name: g for g, _ in inputs.testbed.gpus}
+    phases = {w.name: peer_phases(recipe, inputs, gpu_of[w.gpu_type], w.gpus, share) for w in cost.workers}
+    order = [p.name for p in next(iter(phases.values()))]
+    rows: list[dict] = []
+    step_ends: list[float] = []
+    t = 0.0
+    for it in range(iterations):
+        for name in order:
+            longest = 0.0
+            for w in cost.workers:
+                p = next((x for x in phases[w.name] if x.name == name), None)
+                if p is None:
+                    continue
+                longest = max(longest, p.seconds)
+                row = {
+                    "worker": w.name,
+                    "gpu_type": w.gpu_type,
+                    "role": Role.COLOCATED.value,
+                    "kind": p.kind,
+                    "iteration": it,
+                    "version": it,
+                    "start": t,
+                    "end": t + p.seconds,
+                    "gpus": w.gpus,
+                }
+                if p.kind == "sync" or p.name in ("old log-prob", "reference forward"):
+                    row["part"] = p.name
+                rows.append(row)
+            t += longest  # a collective ends every phase
+        step_ends.append(t)
+    res = SimResult(
+        recipe.name,
+        {w.name: Role.COLOCATED for w in cost.workers},
+        rows,
+        step_ends,
+        samples,
+        cost.gpu_count,
+        warmup,
+        trailing,
+    )
+    _measure_rows(res)
+    return res

@@ -1,0 +1,124 @@
+"""The peers as simulator modes, and the cost model checked against VeRL-Omni's published run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from digen.bench.dataplane import SIZES
+from digen.errors import ConfigError
+from digen.sim.catalog import load_sim_config
+from digen.sim.costmodel import EfficiencyCurve, pass_efficiency, sample_memory_gb
+from digen.sim.driver import PEERS, parse_modes
+from digen.sim.peers import peer_phases
+from digen.sim.report import json_rows
+from digen.sim.study import SimSettings, run_study
+
+from .conftest import uniform_model
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "sim"
+FAST = SimSettings(iterations=3, warmup=1, trailing=1, neighbours=0)
+
+
+def test_verl_omni_reproduces_its_published_run_within_ten_percent():
+    """420 s per step on 4 x H800 (VeRL-Omni docs/algo/performance.md); 378-462 s."""
+    setup = load_sim_config(CONFIGS / "verl-omni-published.yaml")
+    rows = {r["mode"]: r for r in json_rows(run_study(setup.cost, ["verl-omni"], FAST))}
+    assert 378 <= rows["verl-omni"]["s_per_iteration"] <= 462
+    assert rows["verl-omni"]["samples_per_s_per_gpu"] == pytest.approx(0.305, rel=0.1)
+
+
+def test_default_modes_include_every_peer_in_the_json_rows():
+    setup = load_sim_config(CONFIGS / "qwen-image_C.yaml")
+    modes = parse_modes(None)
+    assert set(PEERS) <= set(modes)
+    study = run_study(setup.cost, [*PEERS, "digen"], FAST)
+    rows = {r["mode"]: r for r in json_rows(study)}
+    assert set(rows) == {*PEERS, "digen"}
+    assert all(rows[p]["s_per_iteration"] > 0 for p in PEERS)
+    for p in PEERS:  # digen's speedup over each peer, in its row
+        want = rows["digen"]["samples_per_s"] / rows[p]["samples_per_s"]
+        assert rows["digen"]["speedup_vs_peers"][p] == pytest.approx(want)
+
+
+def test_peer_phase_orders_follow_their_code():
+    setup = load_sim_config(CONFIGS / "verl-omni-published.yaml")
+    paper = setup.cost.paper
+    gpu = paper.testbed.gpus[0][0]
+    names = {p: [x.name for x in peer_phases(paper.peers[p], paper, gpu, 1, 128)] for p in PEERS}
+    v = names["verl-omni"]
+    order = ["generate", "rollout sleep", "reward wake", "reward", "reward sleep", "actor onload"]
+    order += ["old log-prob", "train", "optimizer steps", "actor offload", "weight sync", "rollout wake"]
+    assert [n for n in v if n in order] == order
+    for p in ("genrl", "flow-grpo"):  # log-probs kept from sampling, a reference forward (KL)
+        assert "old log-prob" not in names[p] and "reference forward" in names[p]
+        assert "weight sync" not in names[p]  # they sample with the training model
+
+
+def test_verl_omni_reward_is_the_measured_ocr_cost():
+    """0.47 H800-GPU-s per image (60 s x 4 GPUs / 512 images), x 1.341 stated calibration."""
+    setup = load_sim_config(CONFIGS / "verl-omni-published.yaml")
+    paper = setup.cost.paper
+    recipe = paper.peers["verl-omni"]
+    gpu = paper.testbed.gpus[0][0]
+    reward = next(x for x in peer_phases(recipe, paper, gpu, 1, 128) if x.name == "reward")
+    assert reward.seconds / recipe.calibration == pytest.approx(128 * 0.47, rel=1e-6)
+
+
+def test_adapter_size_is_counted_from_the_architecture_as_the_dataplane_bench_does():
+    model = load_sim_config(CONFIGS / "verl-omni-published.yaml").workload.model
+    assert model.adapter_gb == pytest.approx(SIZES["qwen-image-lora-r64"] / 2 / 1e9, rel=0.01)
+    flux = load_sim_config(CONFIGS / "flux_B.yaml").workload.model
+    assert flux.adapter_gb == pytest.approx(SIZES["flux-lora-r64"] / 2 / 1e9, rel=0.01)
+
+
+def test_fit_check_counts_the_vae_and_a_text_encoder_larger_than_the_transformer():
+    model = load_sim_config(CONFIGS / "verl-omni-published.yaml").workload.model
+    assert sample_memory_gb(model, 1) == pytest.approx(model.weights_gb + model.activation_gb + model.vae_gb)
+    from dataclasses import replace
+
+    big_te = replace(model, text_encoder_gb=60.0)
+    assert sample_memory_gb(big_te, 1) == pytest.approx(60.0 + model.vae_gb)
+
+
+def test_efficiency_grows_with_the_tokens_of_a_pass():
+    curve = EfficiencyCurve(half_tokens=256, ref_tokens=4096, cap=1.05)
+    effs = [pass_efficiency(curve, n) for n in (256, 1024, 4096, 16384, 10**6)]
+    assert effs == sorted(effs) and effs[2] == pytest.approx(1.0) and effs[-1] == pytest.approx(1.05)
+    assert pass_efficiency(EfficiencyCurve(), 10) == 1.0
+
+
+def test_micro_batching_makes_the_peers_faster_per_sample():
+    """The curve is why a peer's micro-batch of 16 beats 16 passes of one."""
+    setup = load_sim_config(CONFIGS / "verl-omni-published.yaml")
+    paper = setup.cost.paper
+    gpu = paper.testbed.gpus[0][0]
+    from dataclasses import replace
+
+    recipe = paper.peers["verl-omni"]
+    one = replace(recipe, train_micro_batch=1)
+    train = {
+        r.train_micro_batch: next(x for x in peer_phases(r, paper, gpu, 1, 128) if x.name == "train")
+        for r in (recipe, one)
+    }
+    assert train[16].seconds < 0.9 * train[1].seconds
+
+
+def test_a_peer_mode_on_a_measured_cost_model_is_a_config_error():
+    with pytest.raises(ConfigError, match="paper-scale"):
+        run_study(uniform_model(), ["verl-omni"], FAST)
+
+
+def test_the_results_table_compares_digen_with_each_peer():
+    from digen.sim.report import markdown_results
+
+    setup = load_sim_config(CONFIGS / "verl-omni-published.yaml")
+    study = run_study(setup.cost, [*PEERS, "digen"], FAST)
+    text = markdown_results([("w", "t", study)])
+    head = text.splitlines()[0]
+    assert all(f"digen vs {p}" in head and f"{p} s/it" in head for p in PEERS)
+    row = text.splitlines()[2].split("|")
+    ratio = float(row[head.split("|").index(" digen vs verl-omni ")].strip().rstrip("x"))
+    got = {r.mode: r.sim.samples_per_s for r in study.results}
+    assert ratio == pytest.approx(got["digen"] / got["verl-omni"], abs=0.006)
