@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from digen.errors import ConfigError
-from digen.importers import Imported, set_dotted, set_mini_batches
+from digen.importers.common import Imported, set_dotted, set_mini_batches
 from digen.importers.shell import read_command, scalar
 
 DEFAULTS: dict[str, Any] = {

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from digen.errors import ConfigError
-from digen.importers import Imported, flow_grpo_member, set_dotted, set_mini_batches
+from digen.importers.common import Imported, flow_grpo_member, set_dotted, set_mini_batches
 from digen.importers.pyconfig import UNEVALUATED, ConfigModule, flatten
 
 

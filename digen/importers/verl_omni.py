@@ -20,7 +20,7 @@ from typing import Any
 
 from digen.config import read_yaml
 from digen.errors import ConfigError
-from digen.importers import Imported, flow_grpo_member, set_dotted, set_mini_batches
+from digen.importers.common import Imported, flow_grpo_member, set_dotted, set_mini_batches
 from digen.importers.shell import read_script, scalar
 
 GENERATED = "verl_omni/trainer/config/_generated_diffusion_trainer.yaml"

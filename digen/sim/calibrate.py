@@ -29,7 +29,8 @@ from digen.core.events import Role
 from digen.errors import ConfigError
 from digen.sim.costmodel import CostModel, SimWorker, WorkerCost
 from digen.sim.dataplane import DataPlaneSeconds
-from digen.sim.driver import MODES, Mode, SimResult
+from digen.sim.driver import MODES, Mode
+from digen.sim.measure import SimResult
 from digen.sim.rundata import is_follower_row, read_config, read_jsonl
 from digen.sim.study import SimSettings, run_mode
 

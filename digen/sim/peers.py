@@ -43,6 +43,7 @@ from digen.sim.costmodel import (
     pass_efficiency,
 )
 from digen.sim.dataplane import GB
+from digen.sim.measure import SimResult, measure_rows
 
 
 @dataclass(frozen=True)
@@ -172,7 +173,6 @@ def peer_phases(
 def simulate_peer(cost: CostModel, recipe: PeerRecipe, *, iterations: int, warmup: int, trailing: int):
     """``iterations`` synchronous iterations of ``recipe`` on ``cost``'s workers; a
     :class:`~digen.sim.driver.SimResult` measured on the same window as the other modes."""
-    from digen.sim.driver import SimResult, _measure_rows
 
     inputs = cost.paper
     if inputs is None:
@@ -223,5 +223,5 @@ def simulate_peer(cost: CostModel, recipe: PeerRecipe, *, iterations: int, warmu
         warmup,
         trailing,
     )
-    _measure_rows(res)
+    measure_rows(res)
     return res

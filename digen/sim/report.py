@@ -10,7 +10,8 @@ from pathlib import Path
 
 from digen.plots import KIND_COLORS, OTHER_COLOR
 from digen.sim.costmodel import SpChoice
-from digen.sim.driver import DATAPLANE_PARTS, LADDER, PEERS, SimResult, measured_window, time_shares
+from digen.sim.driver import LADDER, PEERS, time_shares
+from digen.sim.measure import DATAPLANE_PARTS, SimResult, measured_window
 from digen.sim.study import Study
 
 DATAPLANE_HEADERS = ["reduce s", "step s", "distribute s", "trajectory s"]

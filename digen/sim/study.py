@@ -21,7 +21,8 @@ from digen.core.events import Role
 from digen.errors import ConfigError
 from digen.sim.bounds import LpSolution, costmodel_bound
 from digen.sim.costmodel import CostModel
-from digen.sim.driver import LADDER, MODES, PEERS, Mode, SimResult, simulate
+from digen.sim.driver import LADDER, MODES, PEERS, Mode, simulate
+from digen.sim.measure import SimResult
 
 PREDECESSOR = {b: a for a, b in zip(LADDER, LADDER[1:], strict=False)} | {
     "disagg+tsp": "disaggregated",

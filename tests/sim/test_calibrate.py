@@ -13,7 +13,8 @@ from digen.core.events import Role
 from digen.sim.calibrate import compare_run, costmodel_from_run, predict_modes
 from digen.sim.costmodel import CostModel, SimWorker, WorkerCost
 from digen.sim.dataplane import DataPlaneSeconds
-from digen.sim.driver import BUSY_KINDS, MODES, simulate
+from digen.sim.driver import MODES, simulate
+from digen.sim.measure import BUSY_KINDS
 
 
 def source_model() -> CostModel:

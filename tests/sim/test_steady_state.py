@@ -8,7 +8,8 @@ import pytest
 from digen.errors import ConfigError
 from digen.sim.costmodel import Testbed as Bed
 from digen.sim.costmodel import Workload, paper_costmodel
-from digen.sim.driver import MODES, measured_window, simulate
+from digen.sim.driver import MODES, simulate
+from digen.sim.measure import measured_window
 from digen.sim.study import SimSettings, run_study
 from tests.sim.conftest import split, uniform_model
 from tests.sim.test_study import H100, MID, MODEL
