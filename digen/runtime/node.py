@@ -280,6 +280,17 @@ def run_worker(
     if nthreads < 1:
         raise ConfigError(f"--nthreads ({nthreads}) must be at least 1")
     env = device_env(device)
+    sec = _joinable(scheduler, security, insecure)
+    import asyncio
+
+    spec = (worker_resources(role, gpu_type, sp_group), name or worker_name(role, gpu_type), env)
+    asyncio.run(_serve(scheduler, [spec], nthreads, host or listen_host(scheduler), sec, on_ready))
+
+
+def _joinable(scheduler: str, security: SecurityConfig | None, insecure: bool):
+    """Check, before anything joins, that ``scheduler`` may be joined from here (a plain
+    ``tcp://`` on another host only with ``insecure``; ``tls://`` only with this node's
+    ``security``) and answers; returns the worker's ``distributed.Security`` (or None)."""
     check_scheduler_address(scheduler, insecure=insecure)
     sec = dask_security(security, "worker")
     if scheduler.startswith("tls://") and sec is None:
@@ -288,10 +299,7 @@ def run_worker(
             f"(digen certs makes one per node)"
         )
     check_reachable(scheduler, security=security)
-    import asyncio
-
-    spec = (worker_resources(role, gpu_type, sp_group), name or worker_name(role, gpu_type), env)
-    asyncio.run(_serve(scheduler, [spec], nthreads, host or listen_host(scheduler), sec, on_ready))
+    return sec
 
 
 def node_placement(role: str, gpus: str, gpu_type: str | None = None) -> Placement:
@@ -349,14 +357,7 @@ def run_node_workers(
         raise ConfigError(f"--nthreads ({nthreads}) must be at least 1")
     for s in placement.slots:
         check_sp_group(sp_group if s.role == "rollout" else None, s.role)
-    check_scheduler_address(scheduler, insecure=insecure)
-    sec = dask_security(security, "worker")
-    if scheduler.startswith("tls://") and sec is None:
-        raise ConfigError(
-            f"--scheduler {scheduler} uses TLS: pass --security FILE with this node's security: section "
-            f"(digen certs makes one per node)"
-        )
-    check_reachable(scheduler, security=security)
+    sec = _joinable(scheduler, security, insecure)
     import asyncio
 
     specs = [
