@@ -63,15 +63,16 @@ leader, leases and acknowledges them like tasks)."""
 STEP_PREFIX = "step:"
 
 _TASK_ID = re.compile(
-    rf"(?:{'|'.join(k.value for k in TaskKind)}):\d{{1,9}}:\d{{1,9}}(?::\d{{1,9}})?"
+    r"train:\d{1,9}:\d{1,9}(?::\d{1,9})?"  # :<part>: a half group, or a sample split's mini-batch
+    rf"|(?:{'|'.join(k.value for k in TaskKind if k is not TaskKind.TRAIN)}):\d{{1,9}}:\d{{1,9}}(?::[01])?"
     r"|step:\d{1,9}(?::\d{1,9})?"  # a step (step_id; :<mini-batch> with several)
 )
 JUNK_KEEP = 1000  # quarantine records kept (the count goes on)
 
 
 def is_task_id(text: str) -> bool:
-    """A digen task id: ``kind:iteration:group`` (``:part``: 0 or 1 for half a group, or the
-    mini-batch with ``train.mini_batch_split: samples``), or
+    """A digen task id: ``kind:iteration:group`` (``:part``: 0 or 1 for half a group; a train
+    task's may also be its mini-batch with ``train.mini_batch_split: samples``), or
     ``step:N`` (``step:N:M``: mini-batch M's step of iteration N)."""
     return _TASK_ID.fullmatch(text) is not None
 

@@ -121,14 +121,26 @@ def test_algorithms_prints_every_name_whole_and_as_json():
 
 def test_the_tables_of_names_are_the_registries():
     """The torch-free tables the config loader checks names against (digen.config) list
-    exactly what the registries, which import torch, hold."""
-    import digen.rewards  # noqa: F401 - registers the built-in rewards
-    from digen.algos import registry as algos
-    from digen.config import ALGORITHM_NAMES, REWARD_NAMES
-    from digen.rewards import registry as rewards
+    exactly what the registries, which import torch, hold: read in a fresh process, since
+    other tests register rewards of their own in this one."""
+    import json
+    import subprocess
+    import sys
 
-    assert tuple(algos.available()) == ALGORITHM_NAMES
-    assert tuple(rewards.available()) == REWARD_NAMES
+    from digen.config import ALGORITHM_NAMES, REWARD_NAMES
+
+    probe = (
+        "import json, digen.rewards\n"
+        "from digen.algos import registry as algos\n"
+        "from digen.rewards import registry as rewards\n"
+        "print(json.dumps([list(algos.available()), list(rewards.available())]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=True
+    )
+    algos, rewards = json.loads(out.stdout.strip().splitlines()[-1])
+    assert tuple(algos) == ALGORITHM_NAMES
+    assert tuple(rewards) == REWARD_NAMES
 
 
 def test_misspelt_names_come_with_the_configs_other_problems_before_anything_starts(tmp_path):

@@ -300,7 +300,11 @@ def test_embedded_redis_lost_before_any_checkpoint_says_so(tiny_sd3: Path, tmp_p
 def resumed(cfg: Path, out: Path, home: Path) -> None:
     """``digen train --resume`` two iterations past the newest checkpoint: it starts its own
     embedded Redis (its log says started, never found) and ends with every iteration once."""
-    last = int(sorted((out / "checkpoints").glob("iter_*"))[-1].name.split("_")[1])
+    last = max(  # whole checkpoints only: a SIGKILL mid-write leaves a staged iter_NNNN.tmp
+        int(p.name.split("_")[1])
+        for p in (out / "checkpoints").glob("iter_*")
+        if p.name.split("_")[1].isdigit()
+    )
     cmd = [sys.executable, "-m", "cli.main", "train", str(cfg), "--out", str(out), "--resume"]
     res = subprocess.run(
         [*cmd, "--set", f"iterations={last + 2}", "--log-format", "quiet"],

@@ -283,16 +283,17 @@ def test_flow_grpo_sample_split_equals_the_peer_with_its_order_forced_to_digens_
     """Flow-GRPO's inner epoch (scripts/train_sd3.py ``main``): zero-advantage samples masked
     out, random ones switched back on until the kept count divides ``num_batches_per_epoch``,
     the rest permuted along the batch (``torch.randperm``), reshaped into micro-batches (here
-    of 1 sample) and stepped every ``gradient_accumulation_steps`` of them (here 2: 3 steps).
+    of 1 sample) and stepped every ``gradient_accumulation_steps`` of them (here 1: 8 steps;
+    ``mini_batches`` divides the 8 samples, as Flow-GRPO's micro-batches must).
     Its draws are forced to digen's (``torch.randperm`` with :func:`digen.seeding.generator`
     of digen's streams, which :func:`digen.seeding.permutation` restates); digen's side is
     the reference loop's (:func:`digen.reference.mini_batch_tasks`). Group 1 is flat: 4 kept
-    samples, 2 switched back on, 3 steps of 2 samples whose groups straddle steps."""
+    samples, all 4 of the flat group switched back on, 8 steps of one sample each."""
     from digen.reference import mini_batch_tasks
     from digen.seeding import generator
 
     _, embeds, base, _ = world
-    rewards, m_total, accumulation, k, beta = [[0.9, 0.1, 0.5, 0.2], [0.4] * G], 3, 2, 2, 0.04
+    rewards, m_total, accumulation, k, beta = [[0.9, 0.1, 0.5, 0.2], [0.4] * G], 8, 1, 2, 0.04
     split = {"mini_batch_split": "samples", "zero_advantage": "drop"}
     cfg = config(base, steps=4, mini_batches=m_total, kl_beta=beta, kl_target="velocity", **split)
     trajs = []
@@ -322,8 +323,8 @@ def test_flow_grpo_sample_split_equals_the_peer_with_its_order_forced_to_digens_
         store.step(summed, rows, last_of_iteration=m == m_total - 1)
         load_version(policy, store.weights())
     ours = Iteration(book, grads, stats, start, store.trained(), store)
-    assert [s.rows for s in ours.stats] == [2 * k] * 3
-    assert {g for g, _ in book.sample_split()} == {0, 1} and book.zero_advantage_dropped == 2
+    assert [s.rows for s in ours.stats] == [accumulation * k] * m_total
+    assert {g for g, _ in book.sample_split()} == {0, 1} and book.zero_advantage_dropped == 0
 
     # the peer: every sample of the batch, its advantage and its trained steps (the same draws)
     keep = config(base, steps=4, mini_batches=1, kl_beta=beta, kl_target="velocity")
