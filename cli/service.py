@@ -397,32 +397,21 @@ def worker(
             raise ConfigError("--gpus starts one worker per GPU: drop --device and --name")
         placement = node_placement(role, gpus, gpu_type)
         kinds = {s.worker: f"{s.role}, gpu-{s.gpu_type}, GPU {s.gpus[0]}" for s in placement.slots}
-
-        def joined(worker_name: str, address: str) -> None:
-            err.print(
-                f"digen worker {worker_name} ({kinds[worker_name]}) joined {scheduler} from {address}",
-                highlight=False,
-            )
-
         run_node_workers(
             scheduler,
             placement,
             nthreads=nthreads,
             host=host,
             security=sec,
-            on_ready=joined,
+            on_ready=lambda worker_name, address: _joined(
+                worker_name, kinds[worker_name], scheduler, address
+            ),
             sp_group=sp_group,
             insecure=insecure,
         )
         return
     if gpu_type is None:
         raise ConfigError("--gpu-type is required without --gpus (e.g. --gpu-type h100, or cpu)")
-
-    def ready(worker_name: str, address: str) -> None:
-        err.print(
-            f"digen worker {worker_name} ({role}, gpu-{gpu_type}) joined {scheduler} from {address}",
-            highlight=False,
-        )
 
     run_worker(
         scheduler,
@@ -433,7 +422,14 @@ def worker(
         nthreads=nthreads,
         host=host,
         security=sec,
-        on_ready=ready,
+        on_ready=lambda worker_name, address: _joined(
+            worker_name, f"{role}, gpu-{gpu_type}", scheduler, address
+        ),
         sp_group=sp_group,
         insecure=insecure,
     )
+
+
+def _joined(worker_name: str, kind: str, scheduler: str, address: str) -> None:
+    """The line ``digen worker`` prints when a worker (``kind``: its role and GPU) joined."""
+    err.print(f"digen worker {worker_name} ({kind}) joined {scheduler} from {address}", highlight=False)
