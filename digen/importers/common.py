@@ -85,3 +85,14 @@ def set_mini_batches(out: Imported, steps: int, peer_key: str, what: str) -> Non
             f"{what} {steps} optimizer steps per rollout batch; digen's must divide its {units} {unit}: {fit}"
         )
     set_dotted(out.config, "train.mini_batches", fit)
+
+
+def served_reward(name: str, weight: float = 1.0) -> dict[str, Any]:
+    """A reward digen does not have, as the ``http`` reward at a placeholder URL on this host
+    (``digen reward-server`` or any scorer behind it). Never a stand-in that trains: a run
+    whose URL answers nothing fails its start-up check, naming the URL."""
+    return {
+        "name": "http",
+        "weight": weight,
+        "kwargs": {"url": f"http://127.0.0.1:8765/{name}", "name": name},
+    }

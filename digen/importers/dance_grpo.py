@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from digen.errors import ConfigError
-from digen.importers.common import Imported, set_dotted, set_mini_batches
+from digen.importers.common import Imported, served_reward, set_dotted, set_mini_batches
 from digen.importers.shell import read_command, scalar
 
 DEFAULTS: dict[str, Any] = {
@@ -178,10 +178,11 @@ def _translate(f: dict[str, Any], gpus: int, script: str, out: Imported) -> None
     if get("use_ema"):
         set_dotted(c, "train.ema", {"enabled": True, "decay": get("ema_decay"), "every": 1})
     reward = "hpsv2" if get("use_hpsv2") else "pickscore" if get("use_pickscore") else None
-    c["reward"] = [{"name": reward or "brightness", "weight": 1.0}]
+    c["reward"] = [{"name": reward, "weight": 1.0} if reward else served_reward("reward")]
     if reward is None:
         out.placeholders["reward"] = (
-            "the script names no --use_hpsv2/--use_pickscore: brightness stands in; name a digen reward"
+            "the script names no --use_hpsv2/--use_pickscore: serve a reward at the http reward's url "
+            "(a placeholder), or name a digen reward"
         )
     set_dotted(c, "output.checkpoint_every", get("checkpointing_steps"))
     set_dotted(c, "schedule.mode", "disaggregated")

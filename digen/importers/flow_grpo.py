@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from digen.errors import ConfigError
-from digen.importers.common import Imported, flow_grpo_member, set_dotted, set_mini_batches
+from digen.importers.common import Imported, flow_grpo_member, served_reward, set_dotted, set_mini_batches
 from digen.importers.pyconfig import UNEVALUATED, ConfigModule, flatten
 
 
@@ -306,13 +306,13 @@ def _reward(fg: dict[str, Any], out: Imported) -> None:
         elif spec["name"] not in available():
             # served through the http reward (digen reward-server, or any scorer behind a URL)
             peer_name = spec["name"]
-            spec.update(name="http", kwargs={"url": f"http://127.0.0.1:8765/{peer_name}", "name": peer_name})
+            spec.update(served_reward(peer_name, spec["weight"]))
             out.placeholders[f"reward {peer_name}"] = (
                 "not a digen reward: serve it at the http reward's url (a placeholder), or name one of digen rewards"
             )
     if not specs:
-        specs = [{"name": "brightness", "weight": 1.0}]
+        specs = [served_reward("reward")]
         out.placeholders["reward"] = (
-            "the recipe names no reward_fn: brightness stands in; digen rewards lists the names"
+            "the recipe names no reward_fn: serve one at the http reward's url (a placeholder), or name a digen reward"
         )
     out.config["reward"] = specs

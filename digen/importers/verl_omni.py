@@ -20,7 +20,7 @@ from typing import Any
 
 from digen.config import read_yaml
 from digen.errors import ConfigError
-from digen.importers.common import Imported, flow_grpo_member, set_dotted, set_mini_batches
+from digen.importers.common import Imported, flow_grpo_member, served_reward, set_dotted, set_mini_batches
 from digen.importers.shell import read_script, scalar
 
 GENERATED = "verl_omni/trainer/config/_generated_diffusion_trainer.yaml"
@@ -324,7 +324,8 @@ def _reward(f: dict[str, Any], out: Imported) -> None:
                     "VeRL-Omni scores OCR with a VLM judge (GenRM-OCR); digen's ocr reward is RapidOCR's edit distance"
                 )
             return
-    out.config["reward"] = [{"name": "brightness", "weight": 1.0}]
+    out.config["reward"] = [served_reward("custom_reward_function")]
     out.placeholders["reward"] = (
-        "VeRL-Omni's reward is a custom function: brightness stands in; name a digen reward (digen rewards)"
+        "VeRL-Omni's reward is a custom function: serve it at the http reward's url (a placeholder), "
+        "or name a digen reward (digen rewards)"
     )
