@@ -32,7 +32,7 @@ their rows are put one after another (group order) and packed together, so a for
 groups and a task of small groups makes ``ceil(rows / rows_per_forward)`` forwards, not one
 per group at least (an FSDP trainer's weight all-gathers). The rows and the loss are the
 same, so the step's mean is the same; only the summation order differs (the third such
-choice: tests/runtime/test_batched_tasks.py bounds it).
+choice: tests/trainer/test_batched_tasks.py bounds it).
 """
 
 from __future__ import annotations
