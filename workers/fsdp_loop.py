@@ -54,11 +54,10 @@ from digen.parallel.comm import all_gather_json, all_reduce_stats, broadcast_jso
 from digen.parallel.fsdp import ShardedTrainer, local_trainable_shards, shard_of, shard_rows
 from digen.runtime.fsdp_keys import FsdpGroup
 from digen.runtime.queue import STEP_QUEUE, LeasedTask
-from digen.tasks import TrainSpec
 from digen.testing import faults
 from digen.training import batch_rows
 from workers.runtime import WorkerRuntime, join_group, wait_for
-from workers.tasks import TRAINING_TENSORS, batch_entries, batch_tensors, park
+from workers.tasks import TRAINING_TENSORS, batch_specs, batch_tensors, park
 
 log = logging.getLogger(__name__)
 
@@ -235,8 +234,7 @@ def _train(rk: Rank, cmd: dict) -> None:
     rt, trainer = rk.rt, rk.trainer
     assert trainer is not None
     payload = cmd["payload"]
-    entries = batch_entries(payload)
-    specs = [TrainSpec.from_json(e["spec"]) for e in entries]
+    entries, specs = batch_specs(cmd["id"], payload)
     spec = specs[0]
     version = int(payload["version"])  # mini-batch m of iteration i: mini_batches x i + m
     if trainer.version != version:

@@ -153,6 +153,21 @@ def batch_entries(payload: dict) -> list[dict]:
     return [payload, *more]
 
 
+def batch_specs(task_id: str, payload: dict) -> tuple[list[dict], list[TrainSpec]]:
+    """A train task's payload entries (:func:`batch_entries`) and their specs, checked to be
+    the task's: its iteration, and consecutive groups from the one that names it (ValueError
+    otherwise: a payload read from Redis is not trusted)."""
+    ref = TaskRef.parse(task_id)
+    entries = batch_entries(payload)
+    specs = [TrainSpec.from_json(e["spec"]) for e in entries]
+    if [(s.iteration, s.group) for s in specs] != [(ref.iteration, ref.group + i) for i in range(len(specs))]:
+        raise ValueError(
+            f"train task {task_id} carries groups {[(s.iteration, s.group) for s in specs]}, not its own "
+            f"consecutive groups from {ref.group}"
+        )
+    return entries, specs
+
+
 def batch_tensors(
     rt: WorkerRuntime, leased: LeasedTask, names: list[str] | None
 ) -> list[dict[str, torch.Tensor]]:
@@ -160,15 +175,14 @@ def batch_tensors(
     first = group_tensors(rt, leased, names)
     ref = TaskRef.parse(leased.task_id)
     rest = [
-        source_tensors(rt, b.get("source"), ref.iteration, int(TrainSpec.from_json(b["spec"]).group), names)
-        for b in batch_entries(leased.payload)[1:]
+        source_tensors(rt, b.get("source"), ref.iteration, ref.group + i, names)
+        for i, b in enumerate(batch_entries(leased.payload)[1:], start=1)
     ]
     return [first, *rest]
 
 
 def run_train(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
-    entries = batch_entries(leased.payload)
-    specs = [TrainSpec.from_json(e["spec"]) for e in entries]
+    entries, specs = batch_specs(leased.task_id, leased.payload)
     spec = specs[0]
     ref = TaskRef.parse(leased.task_id)
     version = int(leased.payload["version"])  # mini-batch m of iteration i: mini_batches x i + m
