@@ -72,7 +72,7 @@ class NoisedRows:
         return NoisedRows(**_take(self, idx))
 
 
-def concat_rows(parts: list, samples: list[int]):
+def concat_rows(parts: list[TrainRows] | list[NoisedRows], samples: list[int]) -> TrainRows | NoisedRows:
     """The rows of several groups as one task's (``train.groups_per_task``): ``parts`` (one
     row type) one after another, each part's ``sample`` shifted past the samples of the parts
     before it (``samples``: each part's sample count), so it indexes the task's samples in
@@ -85,7 +85,7 @@ def concat_rows(parts: list, samples: list[int]):
             f"a train task's groups built rows of different kinds: {sorted(k.__name__ for k in kinds)}"
         )
     offsets = [sum(samples[:i]) for i in range(len(parts))]
-    out = {}
+    out: dict = {}  # field name -> tensor (None: a field no part holds)
     for f in fields(parts[0]):
         values = [getattr(p, f.name) for p in parts]
         if f.name == "sample":
