@@ -74,3 +74,40 @@ def test_allreduce_with_rat_trains_whole_batched_tasks_within_the_tolerance(
     assert tasks == {"train:0:0", "train:0:2", "train:1:0", "train:1:2"}  # never a half (RAT)
     assert [r["trained_rows"] for r in metrics(out)] == [32, 32]
     assert max_diff(checkpoint(reference_batched), checkpoint(out)) <= DIGEN_WEIGHTS_ATOL
+
+
+def test_a_batched_task_whose_trajectories_died_waits_for_all_its_groups_and_runs_whole(tiny_sd3, tmp_path):
+    """The rollout worker dies right after the last group of iteration 1 is acknowledged (both
+    groups' trajectories die with it) while the trainer is about to fetch them for the batched
+    task ``train:1:0``: the task parks, both groups are generated again, and it runs once,
+    whole; the job equals the batched reference bit for bit (``train.reduce: exact``)."""
+    from digen.testing.faults import Fault
+    from tests.conftest import faults_on
+    from tests.reliability.conftest import fault_config, one_thread, run_job, timeline, weights
+
+    ref = tmp_path / "ref"
+    with one_thread():
+        run_reference(fault_config(tiny_sd3, train__groups_per_task=2), ref)
+    cfg = fault_config(
+        tiny_sd3,
+        train__groups_per_task=2,
+        schedule={"mode": "disaggregated", "gap": True, "max_staleness": 0},
+        cluster__local={"rollout_workers": 1, "trainer_workers": 1},
+    )
+    out = tmp_path / "run"
+    with faults_on():  # the workers run the fault hooks
+        fired = run_job(
+            cfg,
+            out,
+            "batched-fetch",
+            Fault("acked", "kill", worker="rollout-0", task="gen:1:1", flag="gone"),
+            Fault("fetch", "hold", worker="trainer-0", task="train:1:0", flag="gone", seconds=120),
+        )
+    assert sorted((f["point"], f["task"]) for f in fired) == [("acked", "gen:1:1"), ("fetch", "train:1:0")]
+    assert [m["trained_rows"] for m in metrics(out)] == [16, 16, 16]
+    gens = sorted(e["task"] for e in timeline(out) if e["kind"] == "gen" and e["iteration"] == 1)
+    assert gens == ["gen:1:0", "gen:1:0", "gen:1:1", "gen:1:1"]  # both groups of the task again
+    assert [e["task"] for e in timeline(out) if e["kind"] == "train" and e["iteration"] == 1] == ["train:1:0"]
+    assert metrics(out) and [m["rewards"] for m in metrics(out)] == [m["rewards"] for m in metrics(ref)]
+    a, b = weights(out), weights(ref)
+    assert all(torch.equal(a[k], b[k]) for k in a), max_diff(a, b)
