@@ -285,6 +285,28 @@ class TrainConfig(_Section):
     grad_clip: float = Field(1.0, gt=0.0)
     rows_per_forward: int = Field(64, ge=1)
     """TSP packing limit: (sample, timestep) rows in one batched forward/backward."""
+    groups_per_task: int = Field(1, ge=1)
+    """Whole prompt groups one train task carries (1: one group per task). A batched task's
+    rows, all its groups' (sample, timestep) pairs, are packed together into forwards of up to
+    ``rows_per_forward`` rows, so a trainer makes fewer, fuller passes: with ``fsdp`` each pass
+    all-gathers the sharded weights once, and a group of fewer rows than ``rows_per_forward``
+    (G samples x K trained steps) no longer pays a pass of its own: the passes of a task are
+    ``ceil(groups_per_task * G * K / rows_per_forward)`` (with TSP; without, one per
+    denoising step, its rows taken from every group of the task), as the peers micro-batch 16
+    samples per pass. The groups of a task are consecutive: each mini-batch's
+    groups (with ``mini_batch_split: samples``, the iteration's) are cut from its first in runs
+    of ``groups_per_task``, the last run taking what is left; the task is named by its first
+    group (``train:<iteration>:<first group>``). The composition follows from the config
+    alone, never from which groups happened to be scored first, so a run's float results do not
+    depend on timing; GAP releases a task as soon as its own groups are scored (generation is
+    released and pulled in group order, so these are the first ones scored). A batched task
+    is never split in halves for RAT (halves only exist at 1); a rollout worker's RAT budget
+    then counts whole tasks. The step sums the same rows and divides by the same count: the
+    update equals the unbatched one up to float summation order (docs/guarantees.md).
+    Not chosen automatically: the right value depends on the activation memory of
+    ``rows_per_forward`` rows, which is what already bounds a pass, and on how many groups GAP
+    should wait for; set it so that ``groups_per_task * group_size * trained timesteps`` is
+    about ``rows_per_forward`` when training with ``fsdp``."""
     sequence_parallel: int = Field(1, ge=1)
     """Ulysses sequence-parallel degree of a trainer replica (Wan family): model-level support
     only (``digen.parallel.ulysses``, gradients summed over the group); trainer replicas are

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from digen.config import Config
 from digen.core.advantages import float32, group_advantages
-from digen.core.scheduler import mini_batch_of
+from digen.core.scheduler import mini_batch_of, task_groups
 from digen.errors import RewardError
 from digen.rundir import RunDir
 from digen.seeding import permutation
@@ -168,6 +168,18 @@ class IterationBook:
             return spec.select(j for j, i in enumerate(spec.samples) if split[(group, i)] == part)
         return spec.half(part)
 
+    def task_groups(self, group: int) -> range:
+        """The groups of the train task named by (or holding) ``group``: one, or with
+        ``train.groups_per_task`` n > 1 a run of up to n consecutive groups
+        (:func:`digen.core.scheduler.task_groups`)."""
+        t = self.cfg.train
+        return task_groups(group, len(self.groups), t.mini_batches, t.groups_per_task, self.by_samples)
+
+    def task_specs(self, group: int, part: int | None) -> list[TrainSpec]:
+        """The specs of train task (``group``, ``part``), one per group it carries, in group
+        order (:meth:`task_spec` of each)."""
+        return [self.task_spec(g, part) for g in self.task_groups(group)]
+
     def _zero_switched_on(self) -> set[tuple[int, int]]:
         """``zero_advantage: drop`` with the samples split: the zero-advantage samples switched
         back on, as Flow-GRPO does (scripts/train_sd3.py ``main``: when the kept count does not
@@ -293,6 +305,7 @@ class IterationBook:
             "zero_std_ratio": self.zero_std_groups / len(self.groups),
             "zero_advantage_dropped": self.zero_advantage_dropped,
             "trained_rows": total.rows,
+            "train_forwards": total.forwards,
             "rewards": [round(x, 7) for x in r],
         }
 

@@ -7,7 +7,7 @@ every other mode::
             gradient of K timesteps per trajectory (version M k + m) -> AdamW step
 
 The algorithm (``train.algorithm``) is the library's: :func:`generate_group` runs its rollout
-plan, :func:`train_group` its rows and loss, the store keeps its state (each version loaded
+plan, :func:`train_groups` its rows and loss, the store keeps its state (each version loaded
 with :func:`digen.algos.state.load_version`).
 
 It builds its parts as every mode does (:mod:`digen.assembly`) and keeps the books and
@@ -33,7 +33,7 @@ from digen.rollout import Trajectories, generate_group
 from digen.rundir import RunDir
 from digen.startup import phase
 from digen.tasks import plan_groups
-from digen.training import train_group
+from digen.training import train_groups
 from digen.viz import GridRow, image_cells
 
 
@@ -103,12 +103,17 @@ def _reference_loop(
         for m in range(cfg.train.mini_batches):  # one optimizer step per mini-batch
             for g, part in mini_batch_tasks(book, m):
                 check_cancel(k)
-                spec = book.task_spec(g, part)
-                if not spec.samples:  # none of the group's samples is in this mini-batch
+                specs = book.task_specs(g, part)  # its groups (train.groups_per_task)
+                if not any(x.samples for x in specs):  # none of its samples is in this mini-batch
                     continue
                 t0 = time.time()
-                grads, stats = train_group(
-                    policy, spec, trajs[g].tensors(), embed(groups[g].prompt), cfg, tsp=tsp
+                grads, stats = train_groups(
+                    policy,
+                    specs,
+                    [trajs[x.group].tensors() for x in specs],
+                    [embed(groups[x.group].prompt) for x in specs],
+                    cfg,
+                    tsp=tsp,
                 )
                 timer("train", t0, time.time())
                 book.add_gradient(g, grads, stats, part)
@@ -147,7 +152,12 @@ def _reference_loop(
 def mini_batch_tasks(book: IterationBook, m: int) -> list[tuple[int, int | None]]:
     """The train tasks (group, part) of mini-batch ``m``, in order: its whole groups, or with
     ``train.mini_batch_split: samples`` every group's part ``m`` (the distributed modes'
-    tasks, :class:`digen.core.scheduler.Scheduler`)."""
-    if book.by_samples:
-        return [(g, m) for g in range(len(book.groups))]  # every group is scored here
-    return [(g, None) for g in book.trainable_groups() if book.mini_batch(g) == m]
+    tasks, :class:`digen.core.scheduler.Scheduler`); with ``train.groups_per_task`` > 1 only
+    each task's first group names it (:meth:`IterationBook.task_groups`)."""
+    if book.by_samples:  # every group is scored here
+        return [(g, m) for g in range(len(book.groups)) if book.task_groups(g).start == g]
+    return [
+        (g, None)
+        for g in book.trainable_groups()
+        if book.mini_batch(g) == m and book.task_groups(g).start == g
+    ]

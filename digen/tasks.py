@@ -97,7 +97,8 @@ class TrainSpec(Record):
 
 @dataclass
 class TrainStats(Record):
-    """Sums over rows (divide by ``rows`` for means)."""
+    """Sums over rows (divide by ``rows`` for means), and the forward passes that trained them
+    (``forwards``: a sharded trainer's weight all-gathers; summed over tasks)."""
 
     rows: int = 0
     loss: float = 0.0
@@ -105,6 +106,7 @@ class TrainStats(Record):
     clipped: float = 0.0
     kl: float = 0.0
     ratio_max_dev: float = 0.0
+    forwards: int = 0
 
     def add(self, other: TrainStats) -> None:
         self.rows += other.rows
@@ -113,10 +115,12 @@ class TrainStats(Record):
         self.clipped += other.clipped
         self.kl += other.kl
         self.ratio_max_dev = max(self.ratio_max_dev, other.ratio_max_dev)
+        self.forwards += other.forwards
 
     def add_chunk(self, rows: int, loss, terms: LossTerms, kl) -> None:
         """Add one forward's sums (``loss``, ``kl``: ``[R]`` tensors)."""
         self.rows += rows
+        self.forwards += 1
         self.loss += float(loss.detach().sum())
         self.approx_kl += float(terms.approx_kl.detach().sum())
         self.clipped += float(terms.clipped.float().sum())

@@ -26,6 +26,13 @@ in ``.grad`` in chunk order; :meth:`digen.iteration.IterationBook.gradient` sums
 count (:func:`digen.assembly.compute_threads`). Two choices sum in another order, each
 legitimately: TSP's packing against one forward per step, and a group trained as two half
 tasks (RAT), whose two partial sums are added (tolerance: tests/runtime/test_equivalence.py).
+
+A train task may carry several whole groups (``train.groups_per_task``, :func:`train_groups`):
+their rows are put one after another (group order) and packed together, so a forward may mix
+groups and a task of small groups makes ``ceil(rows / rows_per_forward)`` forwards, not one
+per group at least (an FSDP trainer's weight all-gathers). The rows and the loss are the
+same, so the step's mean is the same; only the summation order differs (the third such
+choice: tests/trainer/test_batched_tasks.py bounds it).
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ import torch
 from digen.algos.loss import LossTerms
 from digen.algos.precision import at_least_float32
 from digen.algos.registry import Rows, algorithm_for
-from digen.algos.rows import TrainRows, transition_rows
+from digen.algos.rows import TrainRows, concat_rows, transition_rows
 from digen.config import Config
 from digen.models.base import FlowPolicy, PromptEmbeds
 from digen.tasks import TrainSpec, TrainStats
@@ -162,7 +169,40 @@ def train_group(
     :attr:`~digen.algos.registry.Algorithm.trajectory`); embeds: the prompt's embeddings, one
     row (repeated to the trained samples here).
     """
-    rows = spec_rows(spec, traj, cfg)
-    return task_gradient(
-        policy, rows, embeds.repeat_rows(len(spec.samples)), cfg, tsp=tsp, sigma_max=float(traj["sigmas"][1])
-    )
+    return train_groups(policy, [spec], [traj], [embeds], cfg, tsp=tsp)
+
+
+def batch_rows(
+    specs: list[TrainSpec], trajs: list[dict[str, torch.Tensor]], embeds: list[PromptEmbeds], cfg: Config
+) -> tuple[Rows, PromptEmbeds, float]:
+    """The rows of a train task of one or more groups (``specs``, ``trajs``, ``embeds``: one
+    each per group, in group order; groups with no trained sample are left out), its
+    embeddings (one row per trained sample, in row-sample order) and its ``sigma_max``."""
+    if not specs or len(specs) != len(trajs) or len(specs) != len(embeds):
+        raise ValueError(f"a train task needs one trajectory and embedding per group ({len(specs)} groups)")
+    keep = [i for i, s in enumerate(specs) if s.samples] or [0]  # none: the first group's (empty) rows
+    sigma_max = {float(trajs[i]["sigmas"][1]) for i in keep}
+    if len(sigma_max) != 1:
+        raise ValueError(
+            f"the groups of one train task were sampled on different schedules: {sorted(sigma_max)}"
+        )
+    counts = [len(specs[i].samples) for i in keep]
+    rows = concat_rows([spec_rows(specs[i], trajs[i], cfg) for i in keep], counts)
+    parts = [embeds[i].repeat_rows(n) for i, n in zip(keep, counts, strict=True)]
+    return rows, parts[0] if len(parts) == 1 else PromptEmbeds.cat(parts), sigma_max.pop()
+
+
+def train_groups(
+    policy: FlowPolicy,
+    specs: list[TrainSpec],
+    trajs: list[dict[str, torch.Tensor]],
+    embeds: list[PromptEmbeds],
+    cfg: Config,
+    *,
+    tsp: bool,
+) -> tuple[dict[str, torch.Tensor], TrainStats]:
+    """Gradient of a train task of one or more whole groups (``train.groups_per_task``): their
+    rows trained together (:func:`batch_rows`, then :func:`task_gradient`). One group is
+    :func:`train_group`'s task exactly."""
+    rows, emb, sigma_max = batch_rows(specs, trajs, embeds, cfg)
+    return task_gradient(policy, rows, emb, cfg, tsp=tsp, sigma_max=sigma_max)

@@ -15,8 +15,9 @@ one torch.distributed process group, rendezvous through Redis (no pickle anywher
 3. rank 0, the leader, leases step commands and train tasks from Redis and broadcasts each
    as a JSON command; every rank runs it together:
 
-   - ``train``: fetch the group's trajectories from the worker that generated them, build the
-     task's rows, train this rank's share (:func:`~digen.parallel.fsdp.shard_rows`); the leader
+   - ``train``: fetch the group's trajectories (a batched task's groups': ``train.groups_per_task``,
+     their rows packed together, so one all-gather serves a pass over several groups) from the
+     worker that generated them, build the task's rows, train this rank's share (:func:`~digen.parallel.fsdp.shard_rows`); the leader
      acknowledges with the stats summed over ranks and every rank's timeline event, no gradient
      (it stays sharded). Trajectories that cannot be fetched (their worker died) park the task;
    - ``step``: AdamW step; every rank serves its shard of version v+1 as a blob (rollout
@@ -53,11 +54,10 @@ from digen.parallel.comm import all_gather_json, all_reduce_stats, broadcast_jso
 from digen.parallel.fsdp import ShardedTrainer, local_trainable_shards, shard_of, shard_rows
 from digen.runtime.fsdp_keys import FsdpGroup
 from digen.runtime.queue import STEP_QUEUE, LeasedTask
-from digen.tasks import TrainSpec
 from digen.testing import faults
-from digen.training import spec_rows
+from digen.training import batch_rows
 from workers.runtime import WorkerRuntime, join_group, wait_for
-from workers.tasks import TRAINING_TENSORS, group_tensors, park
+from workers.tasks import TRAINING_TENSORS, batch_specs, batch_tensors, park
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +234,8 @@ def _train(rk: Rank, cmd: dict) -> None:
     rt, trainer = rk.rt, rk.trainer
     assert trainer is not None
     payload = cmd["payload"]
-    spec = TrainSpec.from_json(payload["spec"])
+    entries, specs = batch_specs(cmd["id"], payload)
+    spec = specs[0]
     version = int(payload["version"])  # mini-batch m of iteration i: mini_batches x i + m
     if trainer.version != version:
         raise RuntimeError(
@@ -243,8 +244,9 @@ def _train(rk: Rank, cmd: dict) -> None:
     t0 = time.time()
     leased = LeasedTask(TaskKind.TRAIN.value, cmd["id"], payload, 1)
     lost: BlobLost | None = None
+    data: list = []
     try:
-        data = group_tensors(rt, leased, TRAINING_TENSORS)
+        data = batch_tensors(rt, leased, TRAINING_TENSORS)
     except BlobLost as exc:
         lost = exc
     missing = torch.tensor([0 if lost is None else 1], dtype=torch.int64, device=rk.comm)
@@ -253,13 +255,11 @@ def _train(rk: Rank, cmd: dict) -> None:
         if rk.leader:
             park(rt, leased, lost or BlobLost(f"the trajectories of {cmd['id']} are gone"))
         return
-    rows = shard_rows(spec_rows(spec, data, rt.cfg), rk.rank, rk.world)
     assert rt.embed is not None
-    embeds = rt.embed(payload["prompt"]).repeat_rows(len(spec.samples))
+    whole, embeds, sigma_max = batch_rows(specs, data, [rt.embed(str(e["prompt"])) for e in entries], rt.cfg)
+    rows = shard_rows(whole, rk.rank, rk.world)
     t1 = time.time()
-    stats = trainer.accumulate(
-        rows, embeds, rt.cfg, tsp=bool(payload["tsp"]), sigma_max=float(data["sigmas"][1])
-    )
+    stats = trainer.accumulate(rows, embeds, rt.cfg, tsp=bool(payload["tsp"]), sigma_max=sigma_max)
     mine = rk.event("train", spec.iteration, version, t1, time.time())
     faults.point("train", rt.job, rt.name, task=cmd["id"], iteration=spec.iteration)
     total = all_reduce_stats(stats, device=rk.comm)

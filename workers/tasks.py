@@ -34,7 +34,7 @@ from digen.rollout import Trajectories, generate_group
 from digen.runtime.queue import LeasedTask
 from digen.tasks import GroupTask, TrainSpec
 from digen.testing import faults
-from digen.training import train_group
+from digen.training import train_groups
 from digen.viz import image_cells, to_png
 from workers.runtime import WorkerRuntime, event
 
@@ -109,9 +109,15 @@ def group_tensors(rt: WorkerRuntime, leased: LeasedTask, names: list[str] | None
     that blob (:class:`~digen.dataplane.blobs.BlobMismatch`)."""
     ref = TaskRef.parse(leased.task_id)
     faults.point("fetch", rt.job, rt.name, task=leased.task_id, iteration=ref.iteration)
-    src = leased.payload.get("source")
+    return source_tensors(rt, leased.payload.get("source"), ref.iteration, ref.group, names)
+
+
+def source_tensors(
+    rt: WorkerRuntime, src, iteration: int, group: int, names: list[str] | None
+) -> dict[str, torch.Tensor]:
+    """:func:`group_tensors` of one group whose payload ``source`` is ``src``."""
     if not isinstance(src, dict):
-        raise BlobLost(f"the trajectories of group {ref.group} of iteration {ref.iteration} are not stored")
+        raise BlobLost(f"the trajectories of group {group} of iteration {iteration} are not stored")
     addr, name = str(src["addr"]), str(src["name"])
     digest = str(src["digest"]) if src.get("digest") else None
     version = int(src["version"]) if src.get("version") is not None else None
@@ -134,8 +140,50 @@ def park(rt: WorkerRuntime, leased: LeasedTask, exc: BlobLost) -> None:
     rt.queue.park(leased.task_id, worker=rt.name, why=f"BlobLost: {exc}")
 
 
+def batch_entries(payload: dict) -> list[dict]:
+    """A train task's groups as its payload names them: its first group (``spec``,
+    ``prompt``, ``source``) and, for a batched task (``train.groups_per_task``), each entry
+    of ``batch`` (the same three keys). A payload read from Redis is not trusted: a ``batch``
+    that is not a list of such dicts is refused here (ValueError)."""
+    more = payload.get("batch", [])
+    if not isinstance(more, list) or not all(
+        isinstance(b, dict) and {"spec", "prompt"} <= b.keys() for b in more
+    ):
+        raise ValueError("a train task's batch must be a list of {spec, prompt, source} entries")
+    return [payload, *more]
+
+
+def batch_specs(task_id: str, payload: dict) -> tuple[list[dict], list[TrainSpec]]:
+    """A train task's payload entries (:func:`batch_entries`) and their specs, checked to be
+    the task's: its iteration, and consecutive groups from the one that names it (ValueError
+    otherwise: a payload read from Redis is not trusted)."""
+    ref = TaskRef.parse(task_id)
+    entries = batch_entries(payload)
+    specs = [TrainSpec.from_json(e["spec"]) for e in entries]
+    if [(s.iteration, s.group) for s in specs] != [(ref.iteration, ref.group + i) for i in range(len(specs))]:
+        raise ValueError(
+            f"train task {task_id} carries groups {[(s.iteration, s.group) for s in specs]}, not its own "
+            f"consecutive groups from {ref.group}"
+        )
+    return entries, specs
+
+
+def batch_tensors(
+    rt: WorkerRuntime, leased: LeasedTask, names: list[str] | None
+) -> list[dict[str, torch.Tensor]]:
+    """:func:`group_tensors` of every group of a (batched) train task, in group order."""
+    first = group_tensors(rt, leased, names)
+    ref = TaskRef.parse(leased.task_id)
+    rest = [
+        source_tensors(rt, b.get("source"), ref.iteration, ref.group + i, names)
+        for i, b in enumerate(batch_entries(leased.payload)[1:], start=1)
+    ]
+    return [first, *rest]
+
+
 def run_train(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
-    spec = TrainSpec.from_json(leased.payload["spec"])
+    entries, specs = batch_specs(leased.task_id, leased.payload)
+    spec = specs[0]
     ref = TaskRef.parse(leased.task_id)
     version = int(leased.payload["version"])  # mini-batch m of iteration i: mini_batches x i + m
     t0 = time.time()
@@ -144,20 +192,20 @@ def run_train(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
     if time.time() - t0 > 1e-3:
         events.append(event(rt, role, "sync", ref, version, t0, time.time()))
     try:
-        data = group_tensors(rt, leased, TRAINING_TENSORS)
+        data = batch_tensors(rt, leased, TRAINING_TENSORS)
     except BlobLost as exc:
         park(rt, leased, exc)
         return None
     assert rt.embed is not None
     t1 = time.time()
-    grads, stats = train_group(
-        rt.policy, spec, data, rt.embed(leased.payload["prompt"]), rt.cfg, tsp=bool(leased.payload["tsp"])
-    )
+    embeds = [rt.embed(str(e["prompt"])) for e in entries]
+    grads, stats = train_groups(rt.policy, specs, data, embeds, rt.cfg, tsp=bool(leased.payload["tsp"]))
     faults.point("train", rt.job, rt.name, task=leased.task_id, iteration=spec.iteration)
     events.append(event(rt, role, "train", ref, version, t1, time.time()))
-    if ref.part is not None:  # half a group (RAT), or one mini-batch's share of it: the bench counts it so
+    if ref.part is not None or len(specs) > 1:  # not one whole group: the bench counts its share so
         samples = rt.cfg.train.mini_batch_split == "samples"
-        events[-1]["share"] = 1 / rt.cfg.train.mini_batches if samples else ref.share
+        share = 1 / rt.cfg.train.mini_batches if samples else ref.share
+        events[-1]["share"] = share * len(specs)
     result = {"stats": stats.to_json(), "events": events, "worker": rt.name, "start": t0, "end": time.time()}
     member = rt.member
     if member is None or rt.cfg.train.reduce == "exact":  # the trainers fetch it at the step

@@ -72,6 +72,33 @@ class NoisedRows:
         return NoisedRows(**_take(self, idx))
 
 
+def concat_rows(parts: list[TrainRows] | list[NoisedRows], samples: list[int]) -> TrainRows | NoisedRows:
+    """The rows of several groups as one task's (``train.groups_per_task``): ``parts`` (one
+    row type) one after another, each part's ``sample`` shifted past the samples of the parts
+    before it (``samples``: each part's sample count), so it indexes the task's samples in
+    order. One part comes back as it is."""
+    if len(parts) == 1:
+        return parts[0]
+    kinds = {type(p) for p in parts}
+    if len(kinds) != 1:
+        raise AlgorithmError(
+            f"a train task's groups built rows of different kinds: {sorted(k.__name__ for k in kinds)}"
+        )
+    offsets = [sum(samples[:i]) for i in range(len(parts))]
+    out: dict = {}  # field name -> tensor (None: a field no part holds)
+    for f in fields(parts[0]):
+        values = [getattr(p, f.name) for p in parts]
+        if f.name == "sample":
+            values = [v + o for v, o in zip(values, offsets, strict=True)]
+        if any(v is None for v in values):
+            if not all(v is None for v in values):
+                raise AlgorithmError(f"a train task's groups disagree on whether rows hold {f.name}")
+            out[f.name] = None
+        else:
+            out[f.name] = torch.cat(values)
+    return type(parts[0])(**out)
+
+
 def _take(rows: TrainRows | NoisedRows, idx: torch.Tensor) -> dict:
     out = {}
     for f in fields(rows):

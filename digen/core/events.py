@@ -36,7 +36,9 @@ class TaskRef:
     the scheduler does for the last groups of an iteration when an idle rollout worker
     should take half a group's training (RAT at half-group granularity); with
     ``train.mini_batch_split: samples``, the mini-batch whose samples of the group the task
-    trains (0 .. M-1)."""
+    trains (0 .. M-1). With ``train.groups_per_task`` n > 1 a train task's ``group`` is the
+    first of the n consecutive groups it carries (:func:`digen.core.scheduler.task_groups`);
+    the id grammar is the same."""
 
     kind: TaskKind
     iteration: int

@@ -31,6 +31,15 @@ controller), released only once *every* group of the iteration is scored (the sh
 them all; GAP starts nothing early) and version ``M i + m`` is published. RAT splits no task
 further (the parts are already fractions of a group).
 
+Batched train tasks (``groups_per_task`` n > 1, ``train.groups_per_task``): a train task
+carries n consecutive whole groups (:func:`task_groups`: each mini-batch's groups, with
+``split_samples`` the iteration's, cut from its first in runs of n, the last run taking what
+is left) and is named by its first group, ``TaskRef(TRAIN, i, first[, part])``; the other
+groups of the run have no task of their own. GAP releases a task once all of its groups are
+scored. The composition is the config's alone (never the order groups happened to be scored
+in), so the float result does not depend on timing. RAT splits no batched task in halves;
+a rollout worker's budget counts whole tasks then.
+
 In the runtime (:mod:`digen.runtime.steps`, :mod:`workers.trainer`): a :class:`Step` ``(i, m)``
 sums only mini-batch m's task gradients and steps with ``last_of_iteration = (m == M - 1)``
 (an algorithm's state moves once per iteration); an iteration's metrics row, checkpoint and
@@ -112,6 +121,8 @@ class SchedulerConfig:
     """Evaluate the version after every ``eval_every``-th iteration and the last (0: never)."""
     eval_tasks: int = 0
     """``eval`` tasks per evaluation (chunks of the test prompts)."""
+    groups_per_task: int = 1
+    """Whole groups per train task (``train.groups_per_task``; :func:`task_groups`)."""
     task_seconds: dict[TaskKind, float] = field(default_factory=dict)
     """Seconds per group of a kind on every worker, pinned (``schedule.task_seconds``): TAG and
     RAT decide from these instead of the measured durations, so every iteration's roles and
@@ -167,6 +178,8 @@ class Scheduler:
         c = self.cfg
         if c.mini_batches < 1 or (c.groups % c.mini_batches and not c.split_samples):
             raise ValueError(f"mini_batches ({c.mini_batches}) must be >= 1 and divide groups ({c.groups})")
+        if c.groups_per_task < 1:
+            raise ValueError(f"groups_per_task ({c.groups_per_task}) must be >= 1")
         self.stepped = c.start_iteration - 1
 
     # --- public -----------------------------------------------------------------------
@@ -190,11 +203,19 @@ class Scheduler:
         """The mini-batch of a train task: its group's, or with ``split_samples`` its part."""
         return (part or 0) if self.cfg.split_samples else self.mini_batch(group)
 
+    def task_groups(self, group: int) -> range:
+        """The groups of the train task ``group`` is in (:func:`task_groups`)."""
+        c = self.cfg
+        return task_groups(group, c.groups, c.mini_batches, c.groups_per_task, c.split_samples)
+
     def _share(self, t: TaskRef) -> float:
-        """The fraction of a group's work ``t`` is (``split_samples``: 1/M on average)."""
-        if self.cfg.split_samples and t.kind is TaskKind.TRAIN:
-            return 1.0 / self.cfg.mini_batches
-        return t.share
+        """The groups' work ``t`` is (``split_samples``: 1/M of its groups on average)."""
+        if t.kind is not TaskKind.TRAIN:
+            return t.share
+        n = len(self.task_groups(t.group))
+        if self.cfg.split_samples:
+            return n / self.cfg.mini_batches
+        return n * t.share
 
     def start(self, t: float) -> list[Instruction]:
         """Tag the workers known so far and release the first work."""
@@ -348,17 +369,22 @@ class Scheduler:
             scored = self.scored.get(i, set())
             released = self.train_released.setdefault(i, set())
             whole = len(scored) == c.groups
-            if c.split_samples:  # one task per group, once the whole iteration is scored
+            if c.split_samples:  # one task per group (run), once the whole iteration is scored
                 if whole and m not in released:
                     released.add(m)
                     v = self.train_version(i, 0, m)
-                    out += [Release(TaskRef(TaskKind.TRAIN, i, g, m), v) for g in range(c.groups)]
+                    out += [
+                        Release(TaskRef(TaskKind.TRAIN, i, g, m), v) for g in self._leads(range(c.groups))
+                    ]
             elif len(released) < len(scored) and ((c.gap and c.group_local_advantages) or whole):
                 halves = c.groups - self.splits.get(i, 0)  # groups from here on train as halves
                 for g in sorted(scored - released):
                     if self.mini_batch(g) != m:  # a later mini-batch: its version is not out yet
                         continue
-                    released.add(g)
+                    run = self.task_groups(g)
+                    if g != run.start or not set(run) <= scored:  # a batched task: all its groups
+                        continue
+                    released.update(run)
                     parts: list[int | None] = [0, 1] if g >= halves else [None]
                     out += [
                         Release(TaskRef(TaskKind.TRAIN, i, g, p), self.train_version(i, g)) for p in parts
@@ -374,10 +400,14 @@ class Scheduler:
         ``split_samples``: one per group of the iteration."""
         c = self.cfg
         if c.split_samples:
-            return c.groups
+            return len(self._leads(range(c.groups)))
         halves = c.groups - self.splits.get(iteration, 0)
-        groups = [g for g in range(c.groups) if self.mini_batch(g) == mini_batch]
+        groups = self._leads(g for g in range(c.groups) if self.mini_batch(g) == mini_batch)
         return len(groups) + sum(1 for g in groups if g >= halves)
+
+    def _leads(self, groups) -> list[int]:
+        """The first group of each train task among ``groups``."""
+        return [g for g in groups if self.task_groups(g).start == g]
 
     def _count(self, out: list[Instruction]) -> list[Instruction]:
         for ins in out:
@@ -428,7 +458,8 @@ class Scheduler:
         out: list[Instruction] = []
         budgets = self._budgets() if self.cfg.tag or self.cfg.rat else {}
         rat = sum(b for n, b in budgets.items() if self.workers[n].role is Role.ROLLOUT)
-        if rat > 0 and not self.cfg.split_samples:  # rollout workers may take `rat` halves: split that many
+        if rat > 0 and not self.cfg.split_samples and self.cfg.groups_per_task == 1:
+            # rollout workers may take `rat` halves: split that many (never a batched task)
             self.splits[self.stepped + 1] = min(rat, self.cfg.groups)
         for name, w in sorted(self.workers.items()):
             budget = budgets.get(name, 0)
@@ -471,7 +502,11 @@ class Scheduler:
             out.update(assist_budgets(g, list(gen.values()), train, gen_t, margin=margin))
         if self.cfg.rat and not any(out.values()):
             train_r = secs(rollouts, TaskKind.TRAIN, mean_train)
-            out.update(assist_budgets(g, list(train.values()), gen, train_r, margin=margin, parts=2))
+            if self.cfg.groups_per_task == 1:
+                out.update(assist_budgets(g, list(train.values()), gen, train_r, margin=margin, parts=2))
+            else:  # batched tasks are not split: a budget of whole tasks (groups // groups_per_task)
+                got = assist_budgets(g, list(train.values()), gen, train_r, margin=margin)
+                out.update({w: b // self.cfg.groups_per_task for w, b in got.items()})
         return out
 
     def _learn(self, worker: str, kind: TaskKind, seconds: float, alpha: float = 0.2) -> None:
@@ -481,6 +516,24 @@ class Scheduler:
         key = (worker, kind)
         old = self.seconds.get(key)
         self.seconds[key] = seconds if old is None else (1 - alpha) * old + alpha * seconds
+
+
+def task_groups(
+    group: int, groups: int, mini_batches: int, per_task: int, split_samples: bool = False
+) -> range:
+    """The groups of the train task that trains ``group`` (``per_task``: ``train.groups_per_task``):
+    its mini-batch's groups (with ``split_samples`` every group of the iteration) cut from the
+    first in consecutive runs of ``per_task``, the last run taking what is left. The task is
+    named by the run's first group."""
+    if per_task <= 1:
+        return range(group, group + 1)
+    if split_samples:
+        lo, hi = 0, groups
+    else:
+        m = mini_batch_of(group, groups, mini_batches)
+        lo, hi = -(-m * groups // mini_batches), -(-(m + 1) * groups // mini_batches)
+    start = lo + (group - lo) // per_task * per_task
+    return range(start, min(start + per_task, hi))
 
 
 def mini_batch_of(group: int, groups: int, mini_batches: int) -> int:

@@ -75,7 +75,8 @@ def all_reduce_stats(stats: TrainStats, *, group=None, device: str | torch.devic
     peak = torch.tensor([stats.ratio_max_dev], dtype=torch.float64, device=device)
     dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
     rows, loss, approx_kl, clipped, kl = sums.tolist()
-    return TrainStats(int(round(rows)), loss, approx_kl, clipped, kl, float(peak.item()))
+    # forwards: the ranks agreed on their count (one gather each), so every rank's is the group's
+    return TrainStats(int(round(rows)), loss, approx_kl, clipped, kl, float(peak.item()), stats.forwards)
 
 
 def join_process_group(

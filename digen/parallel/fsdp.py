@@ -283,6 +283,7 @@ class ShardedTrainer:
                 stats.add_chunk(len(chunk), loss, terms, kl)
             else:
                 self._padding_backward(rows, embeds, cfg)
+        stats.forwards = forwards  # padding forwards gather too
         self.local_rows += stats.rows
         return stats
 

@@ -217,7 +217,7 @@ class Controller:
                 ", ".join(never),
             )
         dead = led.dead.pop(k, [])
-        dropped = sum(len(book.task_spec(g, p).samples) for g, p in led.untrained.pop(k, set()))
+        dropped = sum(len(x.samples) for g, p in led.untrained.pop(k, set()) for x in book.task_specs(g, p))
         m_total = self.cfg.train.mini_batches
         lags = [k - v // m_total for v in led.gen_versions.get(k, {}).values()]  # in iterations
         stats = dict(step.stats)
@@ -533,6 +533,7 @@ def run_distributed(
             task_seconds={TaskKind(k): v for k, v in s.task_seconds.items()},
             mini_batches=cfg.train.mini_batches,
             split_samples=cfg.train.mini_batch_split == "samples",
+            groups_per_task=cfg.train.groups_per_task,
         )
     )
     evals = Evaluations(cfg, run, job, held_out_prompts(cfg), progress) if cfg.eval.every else None

@@ -2,7 +2,9 @@
 
 :class:`Dispatcher` turns a :class:`~digen.core.events.Release` into a task in its queue with
 its payload (a generation task's group and version; a reward task's group; a train task's
-spec; an ``eval`` chunk), a :class:`~digen.core.events.SetRole` into the worker's tag, a
+spec, prompt and trajectories' ``source``, and for a task of several groups,
+``train.groups_per_task``, the same three for each further group in ``batch``; an ``eval``
+chunk), a :class:`~digen.core.events.SetRole` into the worker's tag, a
 :class:`~digen.core.events.RequeueWorker` into its leases going back to their queues. A task
 released again (its input or its result was lost) is re-posted: run anew with its payload.
 After a Redis outage it writes again what a restarted server may have lost.
@@ -74,19 +76,28 @@ class Dispatcher:
                 return TaskDone(t, "", time.time(), time.time())  # NaN rewards already
             self.put(t, "reward", {"task": book.groups[t.group].to_json(), "source": self.source(t)})
             return None
-        spec = book.task_spec(t.group, t.part)
-        if not spec.samples:  # nothing to train: settled with a zero gradient (nothing sent)
+        specs = book.task_specs(t.group, t.part)  # one per group (train.groups_per_task)
+        if not any(x.samples for x in specs):  # nothing to train: settled with a zero gradient (nothing sent)
             book.stats.setdefault((t.group, t.part or 0), TrainStats())
             led.collected.add(t.id)
             return TaskDone(t, "", time.time(), time.time())
         tsp = bool(led.cfg.schedule.resolved().tsp)
         payload = {
-            "spec": spec.to_json(),
+            "spec": specs[0].to_json(),
             "version": ins.version,  # mini-batch m of iteration i trains version M i + m
             "prompt": book.groups[t.group].prompt,
             "tsp": tsp,
             "source": self.source(t),
         }
+        if len(specs) > 1:  # a batched task: its further groups, in group order
+            payload["batch"] = [
+                {
+                    "spec": x.to_json(),
+                    "prompt": book.groups[x.group].prompt,
+                    "source": self.group_source(t.iteration, x.group),
+                }
+                for x in specs[1:]
+            ]
         self.put(t, "train", payload)
         led.train_released.setdefault(t.iteration, set()).add(t.id)
         return None
@@ -95,13 +106,17 @@ class Dispatcher:
         """Where the trajectories of ``t``'s group are (the worker fetches them from there;
         None: being generated again, the task will be re-posted with it), their digest and the
         version they were generated with (the worker checks what it fetched against both)."""
-        b = self.ledger.sources.get(t.iteration, {}).get(t.group)
+        return self.group_source(t.iteration, t.group)
+
+    def group_source(self, iteration: int, group: int) -> dict | None:
+        """:meth:`source` of one group."""
+        b = self.ledger.sources.get(iteration, {}).get(group)
         if b is None:
             return None
         out: dict = {"addr": b.addr, "name": b.name}
         if b.digest:
             out["digest"] = b.digest
-        version = self.ledger.gen_versions.get(t.iteration, {}).get(t.group)
+        version = self.ledger.gen_versions.get(iteration, {}).get(group)
         if version is not None:
             out["version"] = int(version)
         return out
@@ -118,13 +133,33 @@ class Dispatcher:
 
     def repost_parked(self, iteration: int, group: int) -> None:
         """The group's trajectories exist (again): run the tasks that waited for them, with
-        where they are now."""
-        for tid in sorted(self.ledger.parked.pop((iteration, group), set())):
-            queue, payload = self.ledger.outstanding.get(tid, (None, None))
-            if queue is not None and payload is not None:
-                payload = {**payload, "source": self.source(TaskRef.parse(tid))}
-                self.ledger.outstanding[tid] = (queue, payload)
-                self.queue.repost(queue, tid, payload)
+        where they are now (a batched train task once none of its groups is being generated
+        again: it stays parked on those)."""
+        led = self.ledger
+        for tid in sorted(led.parked.pop((iteration, group), set())):
+            queue, payload = led.outstanding.get(tid, (None, None))
+            if queue is None or payload is None:
+                continue
+            ref = TaskRef.parse(tid)
+            if any(
+                (iteration, g) in led.parked and tid in led.parked[(iteration, g)]
+                for g in self.groups_of(ref)
+            ):
+                continue  # another of its groups is still being generated again
+            payload = {**payload, "source": self.source(ref)}
+            if "batch" in payload:
+                payload["batch"] = [
+                    {**b, "source": self.group_source(iteration, g)}
+                    for b, g in zip(payload["batch"], self.groups_of(ref)[1:], strict=True)
+                ]
+            led.outstanding[tid] = (queue, payload)
+            self.queue.repost(queue, tid, payload)
+
+    def groups_of(self, ref: TaskRef) -> list[int]:
+        """The groups whose trajectories task ``ref`` reads (a batched train task's: several)."""
+        if ref.kind is TaskKind.TRAIN and ref.iteration in self.ledger.books:
+            return list(self.ledger.books[ref.iteration].task_groups(ref.group))
+        return [ref.group]
 
     def reconcile(self) -> list[str]:
         """After a Redis outage: write again what a restarted server may have lost (with

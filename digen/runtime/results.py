@@ -128,21 +128,25 @@ class Collector:
     # --- parked and lost --------------------------------------------------------------------
     def parked(self, task_id: str, why: str, now: float) -> list[Event]:
         """A task gave its lease back because its group's trajectories are gone: generate the
-        group again (once), then re-post every task parked on it."""
+        group again (once), then re-post every task parked on it. A batched train task
+        (``train.groups_per_task``) does not say which of its groups it missed: all of them
+        are generated again (the same seeds make the same trajectories; a failure path only)."""
         ref = TaskRef.parse(task_id)
         led = self.ledger
         if ref.iteration not in led.books:
             return []
-        key = (ref.iteration, ref.group)
-        led.parked.setdefault(key, set()).add(task_id)
-        log.warning(
-            "task %s lost its input (%s); generating group %d of iteration %d again",
-            task_id,
-            why,
-            ref.group,
-            ref.iteration,
-        )
-        return self.regenerate(ref.iteration, ref.group, now)
+        out: list[Event] = []
+        for g in self.dispatch.groups_of(ref):
+            led.parked.setdefault((ref.iteration, g), set()).add(task_id)
+            log.warning(
+                "task %s lost its input (%s); generating group %d of iteration %d again",
+                task_id,
+                why,
+                g,
+                ref.iteration,
+            )
+            out += self.regenerate(ref.iteration, g, now)
+        return out
 
     def regenerate(self, iteration: int, group: int, now: float) -> list[Event]:
         led = self.ledger

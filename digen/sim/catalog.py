@@ -170,6 +170,9 @@ class SimRunConfig(_Section):
     prompts: int | None = Field(None, ge=1)
     """Override the workload's prompt groups per iteration (large clusters)."""
     samples_per_task: int | None = Field(None, ge=1)
+    groups_per_task: int = Field(1, ge=1)
+    """Simulated tasks (micro-batches of ``samples_per_task``) one train task carries, as
+    ``train.groups_per_task`` does: an FSDP trainer gathers once per pass of the batch."""
     tsp_batch_gain: float = Field(1.0, ge=1.0)
     """Compute speedup of batching K timesteps in one forward (1.0: compute bound already,
     cost-model.md l.49-50)."""
@@ -307,7 +310,14 @@ def load_sim_config(
         cal = load_calibration(calibration)
         model = calibrated_model(model, cal, f"{calibration}: {cal.source}")
     workload = Workload(
-        run.workload, model, wl.steps, wl.timestep_fraction, run.prompts or wl.prompts, wl.group_size, spt
+        run.workload,
+        model,
+        wl.steps,
+        wl.timestep_fraction,
+        run.prompts or wl.prompts,
+        wl.group_size,
+        spt,
+        run.groups_per_task,
     )
     tbe = cat.testbeds[tb_name]
     tb = Testbed(

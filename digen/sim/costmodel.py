@@ -17,7 +17,9 @@ depend on the rollout/trainer split. Two builders fill it:
 
 Task unit. A task is one micro-batch of ``samples_per_task`` samples of one prompt group
 (``tasks_per_group = group_size / samples_per_task`` siblings). The Scheduler sees each
-micro-batch as a "group"; the driver keeps a sibling's training out of the queue until every
+micro-batch as a "group", and a train task carries ``groups_per_task`` of them as the runtime's
+``train.groups_per_task`` does (:meth:`WorkerCost.train_task_s`: with FSDP one pass's weight
+gathers serve the whole batch); the driver keeps a sibling's training out of the queue until every
 micro-batch of its prompt group is scored, so advantages use whole-group statistics (exact
 GRPO). A worker is a replica of ``gpus`` GPUs: one GPU, or a sequence-parallel group when
 one sample does not fit in one GPU's memory.
@@ -131,6 +133,8 @@ class Workload:
     """Prompt groups per iteration (one optimizer step)."""
     group_size: int
     samples_per_task: int
+    groups_per_task: int = 1
+    """Micro-batches per train task (``train.groups_per_task``)."""
 
     @property
     def trained_timesteps(self) -> int:
@@ -199,6 +203,30 @@ class WorkerCost:
     """Load a newly published weights version (adapter or full weights) into the worker."""
     overhead_s: float = 0.0
     """Per-task time outside its parts: lease, data transfer, acknowledgement (idle time)."""
+    train_gather_s: float = 0.0
+    """FSDP: the weight all-gathers of one training pass (forward and backward; 0 without FSDP)."""
+    train_pass_compute_s: float = 0.0
+    """Compute of one training pass of one task at one timestep (no TSP)."""
+    train_tsp_compute_s: float = 0.0
+    """Compute of one task's K timesteps packed in one pass (TSP)."""
+    train_passes: int = 1
+    """Passes of one task without TSP (K: one per trained timestep)."""
+    layers: int = 1
+    """Transformer blocks (the one gather per pass that cannot overlap is a block's)."""
+
+    def train_task_s(self, groups: int, tsp: bool) -> float:
+        """Seconds of a train task of ``groups`` micro-batches (``train.groups_per_task``):
+        their rows run together, so each pass (TSP: one; else one per trained timestep)
+        computes for all of them and gathers the FSDP-sharded weights once. Without FSDP
+        (or a measured cost model, which has no breakdown) it is ``groups`` tasks' time."""
+        one = self.train_tsp_s if tsp else self.train_s
+        if groups <= 1 or self.train_gather_s <= 0:
+            return groups * one
+        if tsp:
+            return _pass_s(groups * self.train_tsp_compute_s, self.train_gather_s, self.layers)
+        return self.train_passes * _pass_s(
+            groups * self.train_pass_compute_s, self.train_gather_s, self.layers
+        )
 
     @property
     def rollout_s(self) -> float:
@@ -224,6 +252,8 @@ class CostModel:
     """Tasks per iteration (the Scheduler's groups)."""
     samples_per_task: int
     tasks_per_group: int = 1
+    groups_per_task: int = 1
+    """Tasks (the Scheduler's groups) per train task (``train.groups_per_task``)."""
     dataplane: DataPlane | DataPlaneSeconds = DataPlaneSeconds()
     """The step's all-reduce and AdamW, weight distribution, trajectory transfer: modelled
     from bytes for a split (:class:`~digen.sim.dataplane.DataPlane`), or measured."""
@@ -429,6 +459,11 @@ def worker_cost(
         phase_switch_s=mdl.weights_gb / gpu.host_gbps,
         context_switch_s=trained_gb / gpu.host_gbps,
         load_s=trained_gb / gpu.host_gbps,
+        train_gather_s=2 * gather,
+        train_pass_compute_s=train_pass,
+        train_tsp_compute_s=k * train_pass / tsp_gain,
+        train_passes=k,
+        layers=mdl.layers,
     )
     return cost, fsdp
 
@@ -476,6 +511,7 @@ def paper_costmodel(
         tasks=w.tasks,
         samples_per_task=w.samples_per_task,
         tasks_per_group=w.tasks_per_group,
+        groups_per_task=w.groups_per_task,
         dataplane=plane,
         label=f"{w.name} on {tb.name}",
         notes=notes,

@@ -164,8 +164,10 @@ class _Sim:
     heap: list = field(default_factory=list)
     gen_q: deque = field(default_factory=deque)
     train_q: deque = field(default_factory=deque)
-    waiting: dict[tuple[int, int], list[TaskRef]] = field(default_factory=dict)
-    flushed: set[tuple[int, int]] = field(default_factory=set)
+    waiting: list[TaskRef] = field(default_factory=list)
+    """Released train tasks waiting for the other micro-batches of their prompt groups."""
+    covered: dict[tuple[int, int], set[int]] = field(default_factory=dict)
+    """(iteration, prompt group) -> its micro-batches some released train task carries."""
     """Prompt groups whose train tasks went to the queue."""
     idle: dict[Role, deque] = field(default_factory=dict)
     rows: list[tuple] = field(default_factory=list)
@@ -207,18 +209,21 @@ class _Sim:
             self.enqueue(t, ins.version)
             return
         # exact GRPO: a micro-batch trains once every micro-batch of its prompt group is scored
-        # (a micro-batch split in halves, RAT, counts once; its second half may come later)
-        key = (t.iteration, t.group // self.cost.tasks_per_group)
-        if key in self.flushed:
-            self.enqueue(t, None)
-            return
-        sib = self.waiting.setdefault(key, [])
-        sib.append(t)
-        if len({r.group for r in sib}) == self.cost.tasks_per_group:
-            for ref in sorted(sib, key=lambda r: (r.group, r.part or 0)):
-                self.enqueue(ref, None)
-            del self.waiting[key]
-            self.flushed.add(key)
+        # (a micro-batch split in halves, RAT, counts once; its second half may come later);
+        # a batched task (groups_per_task) once every prompt group it touches is
+        per = self.cost.tasks_per_group
+        for g in self.sched.task_groups(t.group):
+            self.covered.setdefault((t.iteration, g // per), set()).add(g)
+        self.waiting.append(t)
+        ready = [r for r in self.waiting if self._covered(r)]
+        self.waiting = [r for r in self.waiting if r not in ready]
+        for ref in sorted(ready, key=lambda r: (r.group, r.part or 0)):
+            self.enqueue(ref, None)
+
+    def _covered(self, t: TaskRef) -> bool:
+        per = self.cost.tasks_per_group
+        keys = {(t.iteration, g // per) for g in self.sched.task_groups(t.group)}
+        return all(len(self.covered.get(k, ())) == per for k in keys)
 
     def enqueue(self, t: TaskRef, version: int | None) -> None:
         if not self.mode.static_shares:
@@ -328,11 +333,14 @@ class _Sim:
             gen = c.gen_on_trainer_s if w.role is Role.TRAINER else c.gen_s
             parts += [("gen", gen, ""), ("decode", c.decode_s, ""), ("reward", c.reward_s, "")]
         else:
-            if self.made_by.get((task.iteration, task.group), w.index) != w.index:
-                parts.append(("sync", self.dp.trajectory_s, "trajectory fetch"))  # a RAT half: all of it
+            groups = self.sched.task_groups(task.group)
+            fetched = sum(self.made_by.get((task.iteration, g), w.index) != w.index for g in groups)
+            if fetched:  # a RAT half fetches all of its group
+                parts.append(("sync", fetched * self.dp.trajectory_s, "trajectory fetch"))
             if m.peer_overheads and c.recompute_s > 0:
-                parts.append(("train", c.recompute_s, "recompute"))  # old log-probs (peers)
-            parts.append(("train", (c.train_tsp_s if m.tsp else c.train_s) * task.share, ""))
+                parts.append(("train", len(groups) * c.recompute_s, "recompute"))  # old log-probs (peers)
+            train = c.train_task_s(len(groups), m.tsp)
+            parts.append(("train", train * task.share, ""))
         for kind, dur, part in parts:
             if dur > 0:
                 self.rows.append((w.index, kind, task.iteration, version, t, t + dur, part))
@@ -394,6 +402,7 @@ def simulate(
             tag=mode.tag,
             rat=mode.rat,
             max_staleness=mode.max_staleness,
+            groups_per_task=cost.groups_per_task,
         )
     )
     workers = {w.name: _Worker(w, roles[w.name], i) for i, w in enumerate(cost.workers)}

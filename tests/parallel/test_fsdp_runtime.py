@@ -266,3 +266,35 @@ def test_a_dead_rank_fails_the_job_with_a_resume_hint(tiny_sd3, tmp_path, monkey
         r.close()
     assert sorted(_rewards(out)) == [0]
     assert (out / "checkpoints/iter_0000/optimizer.safetensors").exists()
+
+
+@pytest.mark.slow
+def test_fsdp_batched_tasks_gather_once_per_pass_of_the_batch(tiny_sd3, tmp_path):
+    """Two groups per train task (``train.groups_per_task``): each rank trains its share of a
+    task's rows of both groups in one forward (one all-gather of the sharded weights, where
+    one group per task makes two), and the job equals the reference that batches the same way."""
+    from digen.reference import run_reference
+    from digen.runtime.controller import run_distributed
+
+    batched = {"train__groups_per_task": 2, "rollout__batch_size": 16}  # 4 groups: 2 tasks
+    ref = tmp_path / "ref"
+    run_reference(_config(tiny_sd3, **batched, schedule__tsp=True), ref)
+    out = tmp_path / "fsdp"
+    cfg = _config(
+        tiny_sd3,
+        **batched,
+        train__fsdp=True,
+        schedule={"mode": "disaggregated", "max_staleness": 0, "tsp": True},
+        cluster__local={"rollout_workers": 1, "trainer_workers": 2},
+    )
+    run_distributed(cfg, out)
+    r_rows, g_rows = (
+        [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()] for d in (ref, out)
+    )
+    # 2 tasks of 16 rows (8 a rank) an iteration, 64 rows a forward: one gather per task
+    assert [r["train_forwards"] for r in g_rows] == [r["train_forwards"] for r in r_rows] == [2] * ITERATIONS
+    for a, b in zip(r_rows, g_rows, strict=True):
+        assert b["rewards"] == pytest.approx(a["rewards"], abs=1e-6), f"iteration {a['iteration']}"
+        assert b["trained_rows"] == a["trained_rows"] == 32
+    last = f"checkpoints/iter_{ITERATIONS - 1:04d}/weights.safetensors"
+    assert _max_diff(load_file(str(out / last)), load_file(str(ref / last))) <= 1e-5

@@ -1,0 +1,78 @@
+"""The simulator's batched train tasks (``groups_per_task``, as ``train.groups_per_task``):
+a task of n micro-batches makes the passes of one, each computing for all n and gathering the
+FSDP-sharded weights once."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from digen.core.events import Role
+from digen.sim.costmodel import GpuType, ModelSpec, Workload, paper_costmodel
+from digen.sim.costmodel import Testbed as Bed
+from digen.sim.driver import MODES, simulate
+from tests.sim.conftest import uniform_model
+
+GPU = GpuType("g", tflops=300, memory_gb=80, host_gbps=50, intra_gbps=50)
+FULL = ModelSpec(  # a full fine-tune: trained with FSDP, whose gathers dominate a small pass
+    "full",
+    tflop_per_step=2,
+    cfg=1,
+    weights_gb=24,
+    adapter_gb=None,
+    layers=40,
+    activation_gb=4,
+    train_flops_factor=3,
+    decode_s_ref=0.1,
+    reward_tflop=0.1,
+    latent_numel=16 * 64 * 64,
+)
+
+
+def cost(per_task: int, model: ModelSpec = FULL):
+    wl = Workload("w", model, steps=10, timestep_fraction=0.4, prompts=8, group_size=4, samples_per_task=1)
+    return paper_costmodel(replace(wl, groups_per_task=per_task), Bed("t", 25, ((GPU, 4),)))
+
+
+def train_seconds(res) -> float:
+    return sum(r["end"] - r["start"] for r in res.rows if r["kind"] == "train")
+
+
+@pytest.mark.parametrize("tsp", [True, False])
+def test_a_batched_task_gathers_once_per_pass_for_all_its_micro_batches(tsp):
+    c = cost(1).workers[0].cost
+    assert c.train_gather_s > 0  # FSDP
+    one = c.train_task_s(1, tsp)
+    assert one == (c.train_tsp_s if tsp else c.train_s)
+    per_micro_batch = [c.train_task_s(n, tsp) / n for n in (1, 2, 4, 8)]
+    assert per_micro_batch == sorted(per_micro_batch, reverse=True) and per_micro_batch[-1] < 0.7 * one
+    # what batching saves is gathers: never below the compute alone
+    compute = c.train_tsp_compute_s if tsp else c.train_passes * c.train_pass_compute_s
+    assert per_micro_batch[-1] >= compute
+
+
+def test_without_fsdp_batching_changes_nothing():
+    lora = replace(FULL, adapter_gb=0.2)
+    c = cost(1, lora).workers[0].cost
+    assert c.train_gather_s == 0
+    assert c.train_task_s(4, True) == 4 * c.train_tsp_s
+
+
+def test_a_larger_groups_per_task_reduces_the_simulated_fsdp_training_time():
+    roles = {f"g-{i:04d}": Role.ROLLOUT if i < 2 else Role.TRAINER for i in range(4)}
+    mode = MODES["disagg+gap+tsp"]
+    times = [train_seconds(simulate(cost(n), mode, roles, iterations=3)) for n in (1, 2, 4)]
+    assert times[0] > times[1] > times[2]
+    # the same samples train: the work left is compute, the gathers are what went
+    assert times[2] < 0.8 * times[0]
+
+
+def test_a_batched_task_waits_for_every_micro_batch_of_the_prompt_groups_it_touches():
+    # 2 micro-batches a prompt group, 3 a task: a task spans prompt groups; all train, once each
+    c = uniform_model(workers=2, tasks=12, per_group=2)
+    c.groups_per_task = 3
+    res = simulate(c, MODES["disagg+gap"], {"w0": Role.ROLLOUT, "w1": Role.TRAINER}, iterations=3)
+    trains = [r for r in res.rows if r["kind"] == "train"]
+    assert len(trains) == 3 * 4  # 4 tasks of 3 micro-batches an iteration
+    assert sum(r["end"] - r["start"] for r in trains) == pytest.approx(3 * 12 * 2.0)  # no FSDP: n x one
