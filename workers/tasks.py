@@ -56,8 +56,8 @@ def generate(rt: WorkerRuntime, leased: LeasedTask, role: Role, *, score: bool, 
     rt.ensure_reward()
     assert rt.embed is not None
 
-    def timer(kind: str, s: float, e: float) -> None:
-        events.append(event(rt, role, kind, ref, task.version, s, e))
+    def timer(kind: str, s: float, e: float, cpu_s: float) -> None:
+        events.append(event(rt, role, kind, ref, task.version, s, e, cpu_s))
 
     reward = rt.reward if score else None  # else a reward task scores
     traj = generate_group(
@@ -149,12 +149,13 @@ def run_train(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
         park(rt, leased, exc)
         return None
     assert rt.embed is not None
-    t1 = time.time()
+    t1, c1 = time.time(), time.thread_time()
     grads, stats = train_group(
         rt.policy, spec, data, rt.embed(leased.payload["prompt"]), rt.cfg, tsp=bool(leased.payload["tsp"])
     )
+    cpu_s = time.thread_time() - c1
     faults.point("train", rt.job, rt.name, task=leased.task_id, iteration=spec.iteration)
-    events.append(event(rt, role, "train", ref, version, t1, time.time()))
+    events.append(event(rt, role, "train", ref, version, t1, time.time(), cpu_s))
     if ref.part is not None:  # half a group (RAT), or one mini-batch's share of it: the bench counts it so
         samples = rt.cfg.train.mini_batch_split == "samples"
         events[-1]["share"] = 1 / rt.cfg.train.mini_batches if samples else ref.share
@@ -180,13 +181,13 @@ def run_reward(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
         park(rt, leased, exc)
         return None
     rt.ensure_reward()
-    t1 = time.time()
+    t1, c1 = time.time(), time.thread_time()
     n = len(task.sample_ids)
     meta = rt.cfg.prompt_metadata(task.prompt)  # GenEval-style datasets: the rewards get it
     rewards = call_reward(rt.reward, decoded, [task.prompt] * n, None if meta is None else [meta] * n)
     rewards = rewards.float().cpu()
     t2 = time.time()
-    events = [event(rt, role, "reward", ref, task.version, t1, t2)]
+    events = [event(rt, role, "reward", ref, task.version, t1, t2, time.thread_time() - c1)]
     return {
         "rewards": [float(x) for x in rewards],
         "events": events,
