@@ -10,7 +10,7 @@ from contextlib import contextmanager
 
 import torch
 
-from digen.config import Config
+from digen.config import Config, trained_dtype_name
 from digen.models import load_policy
 from digen.models.base import FlowPolicy, PromptEmbeds
 from digen.rewards import build_rewards
@@ -38,9 +38,7 @@ def trained_dtype(cfg: Config) -> torch.dtype:
     it publishes to the rollout workers): ``model.lora.dtype`` for an adapter, the
     transformer's ``model.dtype`` for a full fine-tune, float64 for a float64 model."""
     m = cfg.model
-    if m.dtype == "float64" or not m.lora.enabled:
-        return DTYPES[m.dtype]
-    return DTYPES[m.lora.dtype]
+    return DTYPES[trained_dtype_name(m.dtype, m.lora.enabled, m.lora.dtype)]
 
 
 def build_policy(cfg: Config, device: str | None = None) -> FlowPolicy:

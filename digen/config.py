@@ -29,6 +29,20 @@ class _Section(BaseModel):
 
 Dtype = Literal["float32", "bfloat16", "float16", "float64"]
 
+DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
+"""Bytes per element of each :data:`Dtype`."""
+
+
+def trained_dtype_name(dtype: str, lora: bool, lora_dtype: str) -> str:
+    """The dtype of a policy's trained tensors, so of a version as the trainers serve it (the
+    bits the trainer computes with, ``docs/precision.md``): ``lora_dtype`` for an adapter
+    (``lora``), the transformer's ``dtype`` for a full fine-tune, float64 for a float64 model.
+    The one rule for the runtime (:func:`digen.assembly.trained_dtype`) and the simulator's
+    data plane (:attr:`digen.sim.costmodel.ModelSpec.version_bytes_per_param`)."""
+    if dtype == "float64" or not lora:
+        return dtype
+    return lora_dtype
+
 
 class LoraConfig(_Section):
     enabled: bool = True

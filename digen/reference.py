@@ -86,9 +86,12 @@ def _reference_loop(
         t_start = time.time()
         events: list[dict] = []
 
-        def timer(kind: str, s: float, e: float, _k: int = k, _events: list[dict] = events) -> None:
+        def timer(
+            kind: str, s: float, e: float, cpu_s: float, _k: int = k, _events: list[dict] = events
+        ) -> None:
             _events.append(
                 {**worker, "kind": kind, "iteration": _k, "version": store.version, "start": s, "end": e}
+                | {"cpu_s": cpu_s}
             )
 
         groups = plan_groups(cfg, prompts, k, version=store.version)
@@ -106,7 +109,7 @@ def _reference_loop(
                 specs = book.task_specs(g, part)  # its groups (train.groups_per_task)
                 if not any(x.samples for x in specs):  # none of its samples is in this mini-batch
                     continue
-                t0 = time.time()
+                t0, c0 = time.time(), time.thread_time()
                 grads, stats = train_groups(
                     policy,
                     specs,
@@ -115,14 +118,14 @@ def _reference_loop(
                     cfg,
                     tsp=tsp,
                 )
-                timer("train", t0, time.time())
+                timer("train", t0, time.time(), time.thread_time() - c0)
                 book.add_gradient(g, grads, stats, part)
-            t0 = time.time()
+            t0, c0 = time.time(), time.thread_time()
             grad, rows = book.gradient(m)
             last = m == cfg.train.mini_batches - 1
             norms.append(store.step(grad, rows, last_of_iteration=last)["grad_norm"])
             load_version(policy, store.weights())
-            timer("optim", t0, time.time())
+            timer("optim", t0, time.time(), time.thread_time() - c0)
         step_stats: dict = {"grad_norm": norms[0] if len(norms) == 1 else sum(norms) / len(norms)}
         if len(norms) > 1:  # one per optimizer step
             step_stats["grad_norms"] = norms

@@ -96,8 +96,11 @@ def _initial_noise(policy: FlowPolicy, gens: list[torch.Generator], shared: bool
     return torch.stack([policy.initial_noise(g) for g in gens])
 
 
-Timer = Callable[[str, float, float], None]
-"""Called as ``timer(kind, start, end)`` for each phase (``gen``, ``decode``, ``reward``)."""
+Timer = Callable[[str, float, float, float], None]
+"""Called as ``timer(kind, start, end, cpu_s)`` for each phase (``gen``, ``decode``,
+``reward``): wall-clock start and end, and the CPU seconds the calling thread spent in it
+(:func:`time.thread_time`), which waiting for a core does not inflate (``digen bench``'s
+bound on a machine with more busy workers than cores, :mod:`digen.bench.summary`)."""
 
 
 @torch.no_grad()
@@ -117,7 +120,7 @@ def generate_group(
     r = cfg.rollout
     algo = algorithm_for(cfg)
     plan = algo.rollout_plan(cfg, task.iteration)
-    t0 = time.time()
+    t0, c0 = time.time(), time.thread_time()
     n = len(task.sample_ids)
     cfg_on = r.guidance_scale > 1.0
     if embeds is None:
@@ -173,9 +176,9 @@ def generate_group(
                     )
             elif i + 1 == first:  # the stored range starts after this step
                 latents.append(x.cpu())
-    t1 = time.time()
+    t1, c1 = time.time(), time.thread_time()
     images = policy.decode(x).float().cpu()
-    t2 = time.time()
+    t2, c2 = time.time(), time.thread_time()
     scored = reward_fn is not None
     if not scored:  # a reward worker scores the stored images
         rewards = torch.full((n,), float("nan"))
@@ -183,12 +186,12 @@ def generate_group(
         meta = cfg.prompt_metadata(task.prompt)  # GenEval-style datasets: the rewards get it
         rewards = call_reward(reward_fn, images, [task.prompt] * n, None if meta is None else [meta] * n)
         rewards = rewards.float().cpu()
-    t3 = time.time()
+    t3, c3 = time.time(), time.thread_time()
     if timer is not None:
-        timer("gen", t0, t1)
-        timer("decode", t1, t2)
+        timer("gen", t0, t1, c1 - c0)
+        timer("decode", t1, t2, c2 - c1)
         if scored:
-            timer("reward", t2, t3)
+            timer("reward", t2, t3, c3 - c2)
     extra = {"first_step": torch.tensor(first, dtype=torch.int64)} if first else {}
     if plan.means:
         extra["means"] = torch.stack(means, dim=1) if means else torch.empty(n, 0, *x.shape[1:])

@@ -223,9 +223,20 @@ def poll(rt: WorkerRuntime, token: str) -> LoopState | None:
         time.sleep(0.05)
 
 
-def event(rt: WorkerRuntime, role: Role, kind: str, task: TaskRef, version: int, s: float, e: float) -> dict:
-    """A timeline row of this worker."""
-    return {
+def event(
+    rt: WorkerRuntime,
+    role: Role,
+    kind: str,
+    task: TaskRef,
+    version: int,
+    s: float,
+    e: float,
+    cpu_s: float | None = None,
+) -> dict:
+    """A timeline row of this worker; ``cpu_s``: the CPU seconds the thread that ran it spent
+    (:func:`time.thread_time`), where the task records them (``digen bench``'s bound on an
+    oversubscribed machine)."""
+    row = {
         "worker": rt.name,
         "gpu_type": rt.gpu_type,
         "role": role.value,
@@ -235,6 +246,9 @@ def event(rt: WorkerRuntime, role: Role, kind: str, task: TaskRef, version: int,
         "start": s,
         "end": e,
     }
+    if cpu_s is not None:
+        row["cpu_s"] = cpu_s
+    return row
 
 
 def wait_for(rt: WorkerRuntime, read: Callable[[], T | None], what: str) -> T | None:

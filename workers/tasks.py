@@ -56,8 +56,8 @@ def generate(rt: WorkerRuntime, leased: LeasedTask, role: Role, *, score: bool, 
     rt.ensure_reward()
     assert rt.embed is not None
 
-    def timer(kind: str, s: float, e: float) -> None:
-        events.append(event(rt, role, kind, ref, task.version, s, e))
+    def timer(kind: str, s: float, e: float, cpu_s: float) -> None:
+        events.append(event(rt, role, kind, ref, task.version, s, e, cpu_s))
 
     reward = rt.reward if score else None  # else a reward task scores
     traj = generate_group(
@@ -197,11 +197,12 @@ def run_train(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
         park(rt, leased, exc)
         return None
     assert rt.embed is not None
-    t1 = time.time()
+    t1, c1 = time.time(), time.thread_time()
     embeds = [rt.embed(str(e["prompt"])) for e in entries]
     grads, stats = train_groups(rt.policy, specs, data, embeds, rt.cfg, tsp=bool(leased.payload["tsp"]))
+    cpu_s = time.thread_time() - c1
     faults.point("train", rt.job, rt.name, task=leased.task_id, iteration=spec.iteration)
-    events.append(event(rt, role, "train", ref, version, t1, time.time()))
+    events.append(event(rt, role, "train", ref, version, t1, time.time(), cpu_s))
     if ref.part is not None or len(specs) > 1:  # not one whole group: the bench counts its share so
         samples = rt.cfg.train.mini_batch_split == "samples"
         share = 1 / rt.cfg.train.mini_batches if samples else ref.share
@@ -228,13 +229,13 @@ def run_reward(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
         park(rt, leased, exc)
         return None
     rt.ensure_reward()
-    t1 = time.time()
+    t1, c1 = time.time(), time.thread_time()
     n = len(task.sample_ids)
     meta = rt.cfg.prompt_metadata(task.prompt)  # GenEval-style datasets: the rewards get it
     rewards = call_reward(rt.reward, decoded, [task.prompt] * n, None if meta is None else [meta] * n)
     rewards = rewards.float().cpu()
     t2 = time.time()
-    events = [event(rt, role, "reward", ref, task.version, t1, t2)]
+    events = [event(rt, role, "reward", ref, task.version, t1, t2, time.thread_time() - c1)]
     return {
         "rewards": [float(x) for x in rewards],
         "events": events,

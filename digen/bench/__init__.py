@@ -14,9 +14,13 @@ its ``metrics.jsonl`` and ``timeline.jsonl`` and reports per mode, over iteratio
   ``metrics.jsonl``'s ``busy_s``/``worker_s``;
 - ``speedup_vs_colocated`` / ``speedup_vs_disaggregated``: ratio of ``samples_per_s``;
 - ``bound_samples_per_s``: the zero-bubble bound of the mode's workers from their measured
-  task durations (docs/simulator.md, :func:`digen.sim.bounds.lp_bound`) and
-  ``fraction_of_bound``;
-- per worker: measured generation and training rates, busy fraction and peak RSS;
+  task durations (docs/simulator.md, :func:`digen.sim.bounds.lp_bound`), or from the tasks'
+  CPU seconds where more workers were busy than there are cores or the throughput beat it
+  (``bound_source``; both in ``bound_samples_per_s_wall`` / ``_cpu``), and
+  ``fraction_of_bound``, with ``bound_valid`` false where even that bound does not hold
+  (:func:`digen.bench.summary.choose_bound`);
+- per worker: measured generation and training rates (per wall-clock and per CPU second),
+  busy fraction and peak RSS;
 - held-out evaluation's cost (``+eval`` / ``-eval`` on a mode turns ``eval`` on, with the
   config's ``eval.every`` or 1, or off): ``evaluations`` per run and ``eval_worker_s``, the
   worker-seconds its ``eval`` tasks took per run; run ``digen+eval,digen-eval`` side by side

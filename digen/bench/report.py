@@ -11,9 +11,13 @@ from digen.bench.runs import BenchResult
 
 def _of_bound(r: dict) -> str:
     """The "of bound" cell: flagged "(invalid)" when the bound does not hold
-    (:func:`digen.bench.summary.bound_validity`), so no fraction above 100% stands unflagged."""
+    (:func:`digen.bench.summary.bound_validity`), so no fraction above 100% stands unflagged;
+    "(CPU time)" when the bound came from the tasks' CPU seconds
+    (:func:`digen.bench.summary.choose_bound`)."""
     cell = _fmt(r["fraction_of_bound"], ".0%")
-    return cell if r.get("bound_valid", True) else f"{cell} (invalid)"
+    if not r.get("bound_valid", True):
+        return f"{cell} (invalid)"
+    return f"{cell} (CPU time)" if r.get("bound_source") == "cpu" else cell
 
 
 def _fmt(x: float | None, spec: str, suffix: str = "") -> str:
@@ -62,6 +66,14 @@ def markdown_table(
     flagged = [r for r in rows if r.get("bound_warning")]
     if flagged:
         lines += [""] + [f"Bound invalid for {r['mode']}: {r['bound_warning']}." for r in flagged]
+    cpu = [r for r in rows if r.get("bound_source") == "cpu" and not r.get("bound_warning")]
+    if cpu:
+        lines += [""] + [
+            f"Bound for {r['mode']} from the tasks' CPU seconds ({r['busy_workers']:.1f} workers busy at once "
+            f"on {r['cores']} core(s); from their wall-clock durations it would be "
+            f"{r['bound_samples_per_s_wall']:.2f} samples/s)."
+            for r in cpu
+        ]
     lines += startup_table(rows)
     lines += eval_table(rows)
     if tsp:

@@ -158,8 +158,7 @@ def run_bench(
     pool = RatePool()
     for rec in records:
         for st in worker_stats(rec.timeline, warmup).values():
-            pool.add(st.gpu_type, "gen", rec.tsp, st.gen_rate(cfg.rollout.group_size))
-            pool.add(st.gpu_type, "train", rec.tsp, st.train_rate(cfg.rollout.group_size))
+            pool.add_worker(st, rec.tsp, cfg.rollout.group_size)
     rows = [
         summarize(m, [rec for rec in records if rec.mode == m], pool, cfg.rollout.group_size, warmup)
         for m in modes

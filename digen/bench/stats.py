@@ -23,6 +23,14 @@ class WorkerStats:
     train_groups: float = 0.0
     """Groups trained (a half group, RAT's unit, counts 0.5)."""
     train_s: float = 0.0
+    gen_cpu_s: float = 0.0
+    """CPU seconds of the generation tasks' phases (their rows' ``cpu_s``, the thread that ran
+    them: :func:`time.thread_time`), as ``gen_s`` is their wall seconds."""
+    train_cpu_s: float = 0.0
+    """CPU seconds of the train tasks, as ``train_s`` is their wall seconds."""
+    cpu_missing: int = 0
+    """Timed rows (generation or training) that recorded no ``cpu_s`` (a worker of an older
+    digen): then the CPU rates are not given."""
     busy_s: float = 0.0
     window_s: float = 0.0
     peak_rss_mb: float | None = None
@@ -41,6 +49,19 @@ class WorkerStats:
         return (
             group_size * self.train_groups / self.train_s if self.train_groups and self.train_s > 0 else None
         )
+
+    def gen_cpu_rate(self, group_size: int) -> float | None:
+        """Samples per CPU second while generating: the rate of a worker that had its core to
+        itself, whatever the machine's load (None where a row lacks ``cpu_s``)."""
+        if self.cpu_missing or not self.gen_groups or self.gen_cpu_s <= 0:
+            return None
+        return group_size * self.gen_groups / self.gen_cpu_s
+
+    def train_cpu_rate(self, group_size: int) -> float | None:
+        """Samples per CPU second while training (None where a row lacks ``cpu_s``)."""
+        if self.cpu_missing or not self.train_groups or self.train_cpu_s <= 0:
+            return None
+        return group_size * self.train_groups / self.train_cpu_s
 
 
 @dataclass
@@ -96,11 +117,16 @@ def worker_stats(timeline: list[dict], warmup: int) -> dict[str, WorkerStats]:
             continue
         st.redis_round_trips += int(r.get("redis_round_trips", 0))  # on a task's last event
         st.cycles += int(r.get("cycles", 0))
+        cpu = r.get("cpu_s")
+        if kind in ROLLOUT_KINDS or kind == "train":
+            st.cpu_missing += cpu is None
         if kind in ROLLOUT_KINDS:
             st.gen_s += e - s
+            st.gen_cpu_s += float(cpu or 0.0)
             st.gen_groups += kind == "gen"
         elif kind == "train":
             st.train_s += e - s
+            st.train_cpu_s += float(cpu or 0.0)
             st.train_groups += float(r.get("share", 1.0))
     for w, counts in role_counts.items():
         out[w].role = max(counts, key=lambda k: counts[k])
@@ -134,10 +160,19 @@ class RatePool:
         self.rates: dict[tuple[str, str, bool], list[float]] = {}
 
     def add(self, gpu: str, kind: str, tsp: bool, rate: float | None) -> None:
+        """``kind``: ``gen`` or ``train`` (wall-clock rates), ``gen_cpu`` or ``train_cpu``
+        (per CPU second)."""
         if rate is not None:
-            self.rates.setdefault((gpu, kind, tsp if kind == "train" else False), []).append(rate)
+            self.rates.setdefault((gpu, kind, tsp if kind.startswith("train") else False), []).append(rate)
+
+    def add_worker(self, st: WorkerStats, tsp: bool, group_size: int) -> None:
+        """A worker's measured rates, wall-clock and per CPU second."""
+        self.add(st.gpu_type, "gen", tsp, st.gen_rate(group_size))
+        self.add(st.gpu_type, "train", tsp, st.train_rate(group_size))
+        self.add(st.gpu_type, "gen_cpu", tsp, st.gen_cpu_rate(group_size))
+        self.add(st.gpu_type, "train_cpu", tsp, st.train_cpu_rate(group_size))
 
     def get(self, gpu: str, kind: str, tsp: bool) -> float | None:
-        tsp = tsp if kind == "train" else False
+        tsp = tsp if kind.startswith("train") else False
         same = self.rates.get((gpu, kind, tsp)) or self.rates.get((gpu, kind, not tsp))
         return median(same) if same else None

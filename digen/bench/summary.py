@@ -1,6 +1,16 @@
 """bench.json's object per mode (:func:`summarize`): throughput, bubbles, the zero-bubble
 bound, per-worker rates and memory, start-up and held-out evaluation's cost over its rounds,
-and the ratios between modes (:func:`add_speedups`, :func:`add_startup_ratios`)."""
+and the ratios between modes (:func:`add_speedups`, :func:`add_startup_ratios`).
+
+The bound (:func:`choose_bound`) is the LP of :mod:`digen.sim.bounds` over each worker's
+generation and training rates. Measured in wall-clock seconds, a task's duration is the
+worker's speed only when it had a core to itself; when more workers are busy at once than
+the process may use cores (``busy_workers`` > ``cores``), or the throughput beats the wall
+bound (something else took the cores), the bound is taken from the tasks' CPU seconds
+instead (each timed row's ``cpu_s``: :func:`time.thread_time` of the thread that ran it),
+which waiting for a core does not inflate. A bound that still does not hold is flagged
+invalid: no "of bound" above 100% stands unflagged.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +27,9 @@ SUMMED = (
     "gen_s",
     "train_groups",
     "train_s",
+    "gen_cpu_s",
+    "train_cpu_s",
+    "cpu_missing",
     "busy_s",
     "window_s",
     "redis_round_trips",
@@ -25,8 +38,16 @@ SUMMED = (
 """The :class:`WorkerStats` fields that add up over a mode's rounds."""
 
 
-def summarize(mode: str, records: list[RunRecord], pool: RatePool, group_size: int, warmup: int) -> dict:
-    """bench.json's object for one mode (all its rounds)."""
+def summarize(
+    mode: str,
+    records: list[RunRecord],
+    pool: RatePool,
+    group_size: int,
+    warmup: int,
+    cores: int | None = None,
+) -> dict:
+    """bench.json's object for one mode (all its rounds); ``cores``: the CPU cores the workers
+    had (default :func:`usable_cores`)."""
     rows = [m for rec in records for m in rec.metrics if int(m["iteration"]) >= warmup]
     if not rows:
         raise ConfigError(
@@ -41,12 +62,16 @@ def summarize(mode: str, records: list[RunRecord], pool: RatePool, group_size: i
         sum(float(m.get("worker_s", 0.0)) for m in rows),
     )
     merged, bubbles, role_bubbles = pool_rounds(records, warmup)
-    workers, gens, trains = worker_rows(merged, pool, group_size, records[0].tsp)
-    solution = lp_bound(gens, trains)
-    bound = solution.x
+    tsp = records[0].tsp
+    workers, gens, trains = worker_rows(merged, pool, group_size, tsp)
+    wall = lp_bound(gens, trains)
+    cpu_rates = cpu_worker_rates(merged, pool, group_size, tsp)
+    cpu = lp_bound(*cpu_rates) if cpu_rates is not None else None
+    sps = median([float(m["samples_per_s"]) for m in rows])
+    bound = choose_bound(sps, wall.x, cpu.x if cpu is not None else None, merged, cores or usable_cores())
+    solution = cpu if bound["bound_source"] == "cpu" and cpu is not None else wall
     for wd, f in zip(workers, solution.fractions, strict=True):
         wd["bound_gen_fraction"] = round(f, 4)
-    sps = median([float(m["samples_per_s"]) for m in rows])
     trips, cycles = sum(m.redis_round_trips for m in merged.values()), sum(m.cycles for m in merged.values())
     window_s = sum(m.window_s for m in merged.values())
     ctl_peak = [rec.peak_rss_mb["controller"] for rec in records if "controller" in rec.peak_rss_mb]
@@ -63,9 +88,7 @@ def summarize(mode: str, records: list[RunRecord], pool: RatePool, group_size: i
         "bubble_ratio_metrics": max(0.0, 1 - busy / worker_s) if worker_s > 0 else 0.0,
         "speedup_vs_colocated": None,
         "speedup_vs_disaggregated": None,
-        "bound_samples_per_s": bound,
-        "fraction_of_bound": sps / bound if bound > 0 else None,
-        **bound_validity(sps, bound, merged, os.cpu_count() or 1),
+        **bound,
         "controller_peak_rss_mb": round(max(ctl_peak), 1) if ctl_peak else None,
         "startup": startup_summary([rec.startup for rec in records]),
         **eval_cost(records),
@@ -76,27 +99,69 @@ def summarize(mode: str, records: list[RunRecord], pool: RatePool, group_size: i
     }
 
 
-def bound_validity(sps: float, bound: float, merged: dict[str, WorkerStats], cores: int) -> dict:
-    """Whether the bound holds: it is built from task durations, which only measure a
-    worker's speed when the workers did not share cores. ``busy_workers`` is the mean number
-    of workers running a task at once (busy seconds over the window); above the machine's
-    ``cores`` every task ran slower than alone, the rates are low and the bound with them:
-    it is flagged invalid. A fraction above 1 is flagged whatever the cause.
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask where the OS has one, else
+    the machine's count): the workers the bench starts inherit it."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
 
-    Returns ``bound_valid``, ``bound_warning`` (None when valid), ``busy_workers``, ``cores``."""
+
+def busy_workers(merged: dict[str, WorkerStats]) -> float:
+    """The mean number of workers running a task at once: busy seconds over the window."""
     windows = [m.window_s for m in merged.values() if m.window_s > 0]
     span = max(windows) if windows else 0.0
-    busy = sum(m.busy_s for m in merged.values())
-    concurrency = busy / span if span > 0 else 0.0
+    return sum(m.busy_s for m in merged.values()) / span if span > 0 else 0.0
+
+
+def choose_bound(
+    sps: float, wall: float, cpu: float | None, merged: dict[str, WorkerStats], cores: int
+) -> dict:
+    """The bound bench.json reports for throughput ``sps``: ``wall`` (from task durations)
+    where the workers had their cores, else ``cpu`` (from the tasks' CPU seconds; None where
+    some task recorded none) when the machine was oversubscribed (more workers busy at once
+    than ``cores``) or ``sps`` beats the wall bound; then :func:`bound_validity` of the one
+    chosen. Returns ``bound_samples_per_s``, ``bound_source`` (``wall`` or ``cpu``),
+    ``bound_samples_per_s_wall`` and ``_cpu``, ``fraction_of_bound`` and the validity keys."""
+    oversubscribed = busy_workers(merged) > cores
+    beaten = wall > 0 and sps > wall * (1 + 1e-9)
+    use_cpu = cpu is not None and cpu > 0 and (oversubscribed or beaten)
+    bound = cpu if use_cpu and cpu is not None else wall
+    source = "cpu" if use_cpu else "wall"
+    return {
+        "bound_samples_per_s": bound,
+        "bound_source": source,
+        "bound_samples_per_s_wall": wall,
+        "bound_samples_per_s_cpu": cpu,
+        "fraction_of_bound": sps / bound if bound > 0 else None,
+        **bound_validity(sps, bound, merged, cores, source=source),
+    }
+
+
+def bound_validity(
+    sps: float, bound: float, merged: dict[str, WorkerStats], cores: int, *, source: str = "wall"
+) -> dict:
+    """Whether the bound holds. ``source`` ``wall``: built from task durations, which only
+    measure a worker's speed when the workers did not share cores; ``busy_workers`` is the
+    mean number of workers running a task at once, and above ``cores`` every task ran slower
+    than alone, the rates are low and the bound with them: flagged invalid (no task recorded
+    its CPU seconds, else :func:`choose_bound` took the ``cpu`` bound). ``cpu``: built from
+    CPU seconds, which sharing cores does not inflate. A fraction above 1 is flagged
+    whatever the source: the last resort.
+
+    Returns ``bound_valid``, ``bound_warning`` (None when valid), ``busy_workers``, ``cores``."""
+    concurrency = busy_workers(merged)
     warnings = []
-    if concurrency > cores:
+    if concurrency > cores and source == "wall":
         warnings.append(
             f"oversubscribed: {concurrency:.1f} workers busy at once on {cores} CPU core(s), so task "
-            f"durations (and the bound built from them) include waiting for a core"
+            f"durations (and the bound built from them) include waiting for a core, and the tasks "
+            f"recorded no CPU time to build it from instead"
         )
     if bound > 0 and sps > bound * (1 + 1e-9):
+        what = "CPU-time bound" if source == "cpu" else "bound"
         warnings.append(
-            f"throughput {sps:.3g} samples/s is above the bound {bound:.3g}: the bound does not hold"
+            f"throughput {sps:.3g} samples/s is above the {what} {bound:.3g}: the bound does not hold"
         )
     return {
         "bound_valid": not warnings,
@@ -156,12 +221,40 @@ def worker_rows(
                 "gen_rate_source": g_src,
                 "train_samples_per_s": round(t, 4),
                 "train_rate_source": t_src,
+                "gen_samples_per_cpu_s": _round(st.gen_cpu_rate(group_size)),
+                "train_samples_per_cpu_s": _round(st.train_cpu_rate(group_size)),
                 "busy_fraction": round(st.busy_s / st.window_s, 4) if st.window_s > 0 else None,
                 "peak_rss_mb": round(st.peak_rss_mb, 1) if st.peak_rss_mb is not None else None,
                 "peak_gpu_mb": round(st.peak_gpu_mb, 1) if st.peak_gpu_mb is not None else None,
             }
         )
     return workers, gens, trains
+
+
+def _round(x: float | None) -> float | None:
+    return round(x, 4) if x is not None else None
+
+
+def cpu_worker_rates(
+    merged: dict[str, WorkerStats], pool: RatePool, group_size: int, tsp: bool
+) -> tuple[list[float], list[float]] | None:
+    """Each worker's generation and training rates per CPU second (in :func:`worker_rows`'s
+    order), the pool's for its GPU type where it measured none; None when some worker has a
+    rate the tasks' CPU seconds cannot give (a row without ``cpu_s``)."""
+    gens: list[float] = []
+    trains: list[float] = []
+    for _, st in sorted(merged.items()):
+        if st.cpu_missing:
+            return None
+        g = st.gen_cpu_rate(group_size) or pool.get(st.gpu_type, "gen_cpu", tsp)
+        t = st.train_cpu_rate(group_size) or pool.get(st.gpu_type, "train_cpu", tsp)
+        wall_g = st.gen_rate(group_size) or pool.get(st.gpu_type, "gen", tsp)
+        wall_t = st.train_rate(group_size) or pool.get(st.gpu_type, "train", tsp)
+        if (wall_g and not g) or (wall_t and not t):
+            return None
+        gens.append(g or 0.0)
+        trains.append(t or 0.0)
+    return gens, trains
 
 
 def startup_summary(profiles: list[dict]) -> dict:

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from digen.config import Dtype
 from digen.errors import ConfigError
 from digen.sim.costmodel import (
     FLAT,
@@ -79,6 +81,10 @@ class ModelEntry(_Section):
     """The adapter's size from the architecture (overrides ``adapter_gb``)."""
     text_encoder_gb: float = Field(0.0, ge=0)
     vae_gb: float = Field(0.0, ge=0)
+    dtype: Dtype = "bfloat16"
+    """The transformer's weights (the sizes above stay bf16 counts): a full fine-tune's version."""
+    lora_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """The adapter's weights (``model.lora.dtype``): an adapter's version."""
     layers: int = Field(ge=1)
     activation_gb: float = Field(ge=0)
     train_flops_factor: float = Field(3.0, ge=1)
@@ -235,8 +241,10 @@ def load_catalog(path: Path) -> Catalog:
 
 
 def lora_gb(lora: LoraEntry, blocks: int) -> float:
-    """bf16 GB of a LoRA adapter: ``rank x dims_per_block`` parameters per block, 2 B each
-    (what ``digen bench --dataplane`` counts in float32: :data:`digen.bench.dataplane.SIZES`)."""
+    """bf16 GB of a LoRA adapter (the catalog's unit of size): ``rank x dims_per_block``
+    parameters per block, 2 B each (what ``digen bench --dataplane`` counts in float32:
+    :data:`digen.bench.dataplane.SIZES`). What its version moves is the model's
+    ``lora_dtype``'s (:attr:`~digen.sim.costmodel.ModelSpec.version_bytes_per_param`)."""
     return lora.rank * lora.dims_per_block * blocks * 2 / 1e9
 
 

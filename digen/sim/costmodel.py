@@ -30,8 +30,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from digen.config import DTYPE_BYTES, Dtype, trained_dtype_name
 from digen.errors import ConfigError
-from digen.sim.dataplane import GB, ROLLOUT_BYTES, DataPlane, DataPlaneModel, DataPlaneSeconds
+from digen.sim.dataplane import CATALOG_BYTES, GB, DataPlane, DataPlaneModel, DataPlaneSeconds
 
 # Reference GPU for the measured VAE-decode figures (RTX 4090, cost-model.md l.28-29):
 # 165 TFLOPS peak (l.40) x 0.31 eager MFU (l.4; l.18 gives 74*28/6.71/989 = 0.312).
@@ -93,6 +94,31 @@ class ModelSpec:
     transformer runs (the fit check takes the larger of the two)."""
     vae_gb: float = 0.0
     """The VAE, resident with the transformer (it decodes every sample)."""
+    dtype: Dtype = "bfloat16"
+    """The transformer's weights (``model.dtype``): bfloat16, as the catalog sizes and its
+    TFLOPS are; what a full fine-tune's version travels in."""
+    lora_dtype: Dtype = "float32"
+    """The adapter's weights (``model.lora.dtype``, float32 by default): what an adapter's
+    version travels in."""
+
+    @property
+    def trained_params(self) -> float:
+        """Parameters trained: the adapter's, or the transformer's for a full fine-tune (the
+        catalog's bf16 sizes / 2 B)."""
+        gb = self.adapter_gb if self.adapter_gb is not None else self.weights_gb
+        return gb * GB / CATALOG_BYTES
+
+    @property
+    def version_bytes_per_param(self) -> int:
+        """Bytes per trained parameter of a version as the trainers serve it, by the runtime's
+        rule (:func:`digen.config.trained_dtype_name`): 4 for a float32 adapter, 2 for a
+        bfloat16 full fine-tune."""
+        return DTYPE_BYTES[trained_dtype_name(self.dtype, self.adapter_gb is not None, self.lora_dtype)]
+
+    @property
+    def version_gb(self) -> float:
+        """One version's GB as it travels and loads (:attr:`version_bytes_per_param`)."""
+        return self.trained_params * self.version_bytes_per_param / GB
 
     @property
     def tokens(self) -> int:
@@ -446,7 +472,7 @@ def worker_cost(
     gen_on_trainer_s = w.steps * _pass_s(fwd, gather, mdl.layers)
     decode_s = m * mdl.decode_s_ref * REFERENCE_TFLOPS / gpu.tflops
     reward_s = m * mdl.reward_tflop / gpu.tflops
-    trained_gb = mdl.adapter_gb if mdl.adapter_gb is not None else mdl.weights_gb
+    trained_gb = mdl.version_gb  # a worker loads the version as it travels
     cost = WorkerCost(
         gen_s=gen_s,
         decode_s=decode_s,
@@ -497,9 +523,9 @@ def paper_costmodel(
         )
         workers += [SimWorker(f"{gpu.name}-{i:04d}", gpu.name, degree, cost) for i in range(count // degree)]
     mdl = w.model
-    trained_gb = mdl.adapter_gb if mdl.adapter_gb is not None else mdl.weights_gb
     plane = DataPlane(
-        params=trained_gb * GB / ROLLOUT_BYTES,  # the catalog gives bf16 sizes
+        params=mdl.trained_params,
+        version_bytes_per_param=mdl.version_bytes_per_param,
         trajectory_bytes=w.trajectory_bytes,
         net_gbps=tb.net_gbps,
         mem_gbps={gpu.name: gpu.mem_gbps for gpu, _ in tb.gpus if gpu.mem_gbps is not None},

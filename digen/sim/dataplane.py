@@ -14,8 +14,11 @@ the trained parameters):
 - **step**: each trainer steps its replica of AdamW (:class:`~digen.optim.ParameterStore`,
   float32 master weights) on its GPU, a memory-bound pass: ``P x step_bytes_per_param /
   mem_gbps``, the slowest trainer GPU type setting the pace (the members step at once).
-- **distribute**: after the step each trainer serves the new version in the rollout's dtype
-  (bfloat16: ``V = 2 P`` bytes). A rollout worker that needs it cuts the tensor list into
+- **distribute**: after the step each trainer serves the new version in the dtype of the
+  policy's trained tensors (:func:`digen.config.trained_dtype_name`, the runtime's rule:
+  ``model.lora.dtype``, float32 by default, for an adapter; ``model.dtype`` for a full
+  fine-tune): ``V = b P`` bytes, ``b`` = :attr:`DataPlane.version_bytes_per_param` (4 for a
+  float32 adapter, 2 for a bfloat16 transformer). A rollout worker that needs it cuts the tensor list into
   64 MiB buckets and fetches bucket ``i`` from holder ``(i + start) mod T``, its ``start``
   its own (:func:`~digen.dataplane.weights.fetch_version`): the ``R`` rollout workers'
   ``R x V`` bytes spread over the ``T`` trainers' links, ``R V / T`` each, while every rollout
@@ -56,8 +59,9 @@ GB = 1e9
 """The catalog's bandwidths are decimal GB/s (200 Gb/s = 25 GB/s)."""
 GRAD_BYTES = 4
 """Per trained parameter: the float32 running sum the trainers all-reduce."""
-ROLLOUT_BYTES = 2
-"""Per trained parameter: a version in the rollout's dtype (bfloat16)."""
+CATALOG_BYTES = 2
+"""Per parameter in the catalog's sizes (``weights_gb``, ``adapter_gb``: bf16 GB), to count
+parameters from them; what a version moves per parameter is the trained dtype's, not this."""
 
 
 @dataclass(frozen=True)
@@ -186,6 +190,10 @@ class DataPlane:
     sharded: bool = False
     """A full fine-tune: trained with ``train.fsdp`` (sharded step, shard-by-shard distribution)."""
     model: DataPlaneModel = DataPlaneModel()
+    version_bytes_per_param: int = 4
+    """Bytes per trained parameter of a served version: its trained dtype's
+    (:attr:`digen.sim.costmodel.ModelSpec.version_bytes_per_param`; 4 = a float32 adapter,
+    ``model.lora.dtype``'s default)."""
 
     @property
     def grad_bytes(self) -> float:
@@ -193,7 +201,7 @@ class DataPlane:
 
     @property
     def version_bytes(self) -> float:
-        return ROLLOUT_BYTES * self.params
+        return self.version_bytes_per_param * self.params
 
     def reduce_s(self, trainers: int) -> float:
         """Ring all-reduce of the float32 sum among ``trainers``."""

@@ -116,7 +116,7 @@ def _timed(policy, spec: SpBenchSpec, runs: int) -> tuple[list[float], object]:
     phases: dict[str, float] = {}
     for _ in range(runs):
         traj = generate_group(
-            policy, task, cfg, None, embeds=embeds, timer=lambda k, s, e: phases.__setitem__(k, e - s)
+            policy, task, cfg, None, embeds=embeds, timer=lambda k, s, e, _cpu: phases.__setitem__(k, e - s)
         )
         seconds.append(phases["gen"])
         latents = traj.latents

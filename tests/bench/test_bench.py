@@ -286,7 +286,11 @@ def test_cli_bench_reference_and_digen(tiny_sd3, tmp_path):
         assert r["samples_per_s"] > 0 and r["bound_samples_per_s"] > 0
         assert r["fraction_of_bound"] <= 1 or r["bound_warning"]  # never above 1 unflagged
         assert all(w["peak_rss_mb"] and w["peak_rss_mb"] > 50 for w in r["per_worker"])
+        # every timed task recorded its CPU seconds: the bound for a machine short of cores
+        assert r["bound_samples_per_s_cpu"] is not None and r["bound_samples_per_s_cpu"] > 0
     assert {w["worker"] for w in rows[1]["per_worker"]} == {"rollout-0", "trainer-0"}
+    per = {w["worker"]: w for w in rows[1]["per_worker"]}
+    assert per["rollout-0"]["gen_samples_per_cpu_s"] > 0 and per["trainer-0"]["train_samples_per_cpu_s"] > 0
     tsp = json.loads((out / "tsp.json").read_text())
     assert [t["K"] for t in tsp] == [1, 2] and all(t["batched_s"] > 0 for t in tsp)
     md = (out / "bench.md").read_text()

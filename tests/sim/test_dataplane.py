@@ -7,13 +7,18 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from cli.main import app
+from digen.assembly import trained_dtype
 from digen.bench.dataplane import ROLLOUTS, TRAINERS, TRAJECTORY_BYTES, Round, write_dataplane_report
+from digen.config import build_config
 from digen.core.events import Role
 from digen.errors import ConfigError
+from digen.sim import costmodel
 from digen.sim.catalog import load_sim_config
+from digen.sim.costmodel import GpuType, ModelSpec, Workload, paper_costmodel
 from digen.sim.dataplane import GB, DataPlane, DataPlaneModel
 from digen.sim.driver import MODES, simulate
 from digen.sim.report import TABLE_HEADERS, text_table
@@ -25,7 +30,9 @@ MODEL = DataPlaneModel(reduce_efficiency=0.5, distribute_efficiency=0.25, trajec
 
 
 def plane(net: float = 25.0, **kw) -> DataPlane:
-    """A 0.1 G-parameter adapter: 0.4 GB float32 gradient, 0.2 GB bfloat16 version."""
+    """A 0.1 G-parameter model trained in full in bfloat16: 0.4 GB float32 gradient, 0.2 GB
+    bfloat16 version."""
+    kw.setdefault("version_bytes_per_param", 2)
     return DataPlane(
         params=1e8, trajectory_bytes=1e7, net_gbps=net, mem_gbps={"fast": 2000.0}, model=MODEL, **kw
     )
@@ -43,7 +50,8 @@ def test_reduce_is_a_ring_of_the_float32_gradient_at_the_measured_fraction_of_th
 
 def test_distribution_shares_the_trainers_links_among_the_rollout_workers_in_bfloat16():
     p = plane()
-    assert p.version_bytes == p.grad_bytes / 2  # the rollout's dtype: half the float32 sum
+    assert p.version_bytes == p.grad_bytes / 2  # a bfloat16 version: half the float32 sum
+    assert plane(version_bytes_per_param=4).distribute_s(8, 2) == pytest.approx(2 * p.distribute_s(8, 2))
     one = p.version_bytes / (0.25 * 25 * GB)  # one rollout worker's link takes in V
     assert p.distribute_s(2, 2) == pytest.approx(one)
     assert p.distribute_s(1, 16) == pytest.approx(one)  # more holders than takers: its own link bounds it
@@ -89,6 +97,7 @@ def test_calibration_from_the_bench_gives_its_rounds_seconds_back(tmp_path):
     # the bench's own cluster, priced by the model: its measured seconds again
     p = DataPlane(
         params=big["bytes"] / 4,
+        version_bytes_per_param=2,  # the bench serves its float32 tensors' bfloat16 copy
         trajectory_bytes=TRAJECTORY_BYTES,
         net_gbps=big["link_bytes_per_s"] / GB,
         mem_gbps={},
@@ -192,3 +201,56 @@ def test_simulate_reports_the_data_plane_in_its_table_json_and_markdown(tmp_path
         "| workload | testbed | mode | s/iteration | reduce s | step s | distribute s | trajectory s |" in md
     )
     assert "| flow-grpo-flux | C | digen |" in md and DataPlaneModel().describe() in md
+
+
+def _spec(dtype: str, lora_dtype: str, adapter: bool) -> ModelSpec:
+    return ModelSpec(
+        name="m", tflop_per_step=1.0, cfg=1, weights_gb=2.0, adapter_gb=0.2 if adapter else None, layers=4,
+        activation_gb=1.0, train_flops_factor=3.0, decode_s_ref=0.0, reward_tflop=0.0, latent_numel=64,
+        dtype=dtype, lora_dtype=lora_dtype,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("dtype", "lora_dtype", "adapter"),
+    [
+        ("bfloat16", "float32", True),  # digen's default adapter on a bf16 transformer
+        ("bfloat16", "bfloat16", True),
+        ("float32", "float32", True),
+        ("bfloat16", "float32", False),  # a full fine-tune: the transformer's dtype
+        ("float32", "bfloat16", False),
+        ("float64", "bfloat16", True),  # a float64 model keeps float64 adapters
+    ],
+)
+def test_a_simulated_version_moves_the_bytes_the_runtime_publishes(dtype, lora_dtype, adapter):
+    """One case built both ways: the runtime's config and the trainer's publishing dtype
+    (:func:`digen.assembly.trained_dtype`), and the simulator's model and its data plane."""
+    cfg = build_config(
+        {
+            "model": {"path": "unused", "dtype": dtype, "lora": {"enabled": adapter, "dtype": lora_dtype}},
+            "prompts": {"items": ["a red square"]},
+            "reward": [{"name": "brightness"}],
+        },
+        check_paths=False,
+        algorithms=False,
+    )
+    published = torch.empty(0, dtype=trained_dtype(cfg)).element_size()
+    spec = _spec(dtype, lora_dtype, adapter)
+    assert spec.version_bytes_per_param == published
+    tb = costmodel.Testbed(
+        "t", 25.0, ((GpuType("g", tflops=100.0, memory_gb=80.0, host_gbps=25.0, intra_gbps=100.0), 4),)
+    )
+    cost = paper_costmodel(Workload("w", spec, 10, 0.5, 4, 4, 1), tb)
+    assert isinstance(cost.dataplane, DataPlane)
+    trained_gb = 0.2 if adapter else 2.0  # the catalog's bf16 sizes: 2 B per parameter
+    assert cost.dataplane.params == pytest.approx(trained_gb * GB / 2)
+    assert cost.dataplane.version_bytes == pytest.approx(cost.dataplane.params * published)
+    assert cost.workers[0].cost.load_s == pytest.approx(cost.dataplane.version_bytes / (25.0 * GB))
+
+
+def test_the_catalogs_adapters_travel_in_float32():
+    """``model.lora.dtype``'s default: a Qwen-Image LoRA r64 version is twice its bf16 size."""
+    cost = load_sim_config(CONFIGS / "qwen-image_A.yaml").cost
+    assert isinstance(cost.dataplane, DataPlane)
+    assert cost.dataplane.version_bytes_per_param == 4
+    assert cost.dataplane.version_bytes == pytest.approx(2 * cost.dataplane.params * 2)
