@@ -1,15 +1,24 @@
-"""Bench the training algorithms side by side on the digits workload with ``digen bench``.
+"""Bench the training algorithms side by side on the digits workload with ``digen bench``,
+over several seeds, in one mode held fixed.
 
 Each algorithm is one ``digen bench`` of the same workload (the digits demo's four hardest
-digits, 16 samples each, as tests/trainer/test_algorithms_learn.py) in the modes it runs in
-now; this script reads each bench's ``bench.json`` (samples/s: median over the iterations
-after warm-up) and the runs' ``metrics.jsonl`` (reward of the first and last 3 iterations,
-wall seconds), and writes one Markdown table::
+digits, 16 samples each, as tests/trainer/test_algorithms_learn.py) per seed (the config's
+top-level ``seed``: 0, 1, ... ``--seeds`` - 1), every algorithm in the same ``--mode`` (all of
+them run in ``reference`` and ``digen``), so that the algorithm is the only thing that differs
+between rows. The script reads each bench's ``bench.json`` (samples/s: median over the
+iterations after warm-up) and the run's ``metrics.jsonl`` (reward gain: the mean reward of the
+last 3 iterations minus that of the first 3), and writes per algorithm the mean over seeds of
+both with a 95% confidence interval (Student t, n - 1 degrees of freedom), plus one sentence
+for each pair whose intervals do not overlap (and nothing for those that do)::
 
-    PYTHONPATH=$PWD python scripts/bench_algorithms.py --out runs/bench-algorithms [--iterations 30]
+    PYTHONPATH=$PWD python scripts/bench_algorithms.py --out runs/bench-algorithms \\
+        --mode reference --seeds 3 [--iterations 30]
 
-The table goes to ``OUT/algorithms.md`` (docs/algorithms.md quotes one). Runs one after the
-other: on a shared machine compare rows measured close together.
+The table goes to ``OUT/algorithms-MODE.md`` (docs/algorithms.md quotes one) and every
+finished run to ``OUT/algorithms-MODE.json`` as it completes, so a stopped bench still reports
+the seeds it finished (``--render`` rewrites the table from that file without running
+anything; each row states its n). Seeds are the outer loop, so load on a shared machine spreads
+over every algorithm alike.
 """
 
 from __future__ import annotations
@@ -32,13 +41,13 @@ WORKLOAD = [
     "train.lr=5e-3",
     "train.clip_range=1e-2",
 ]
-ALGORITHMS: dict[str, tuple[str, list[str], str]] = {
-    # name: (config, overrides, modes)
-    "flow-grpo": ("configs/quickstart.yaml", [], "reference,digen"),
+MODES = ("reference", "digen")  # the modes every algorithm below runs in
+ALGORITHMS: dict[str, tuple[str, list[str]]] = {
+    # name: (config, overrides)
+    "flow-grpo": ("configs/quickstart.yaml", []),
     "flow-grpo-fast": (
         "configs/quickstart.yaml",
         ["train.timesteps.strategy=window", "train.timesteps.window=3"],
-        "reference,digen",
     ),
     "dance-grpo": (
         "configs/quickstart.yaml",
@@ -50,103 +59,189 @@ ALGORITHMS: dict[str, tuple[str, list[str], str]] = {
             "train.timesteps.fraction=0.6",
             "train.unbiased_std=true",
         ],
-        "reference,digen",
     ),
-    "mix-grpo": ("configs/examples/digits-mix-grpo.yaml", [], "reference,digen"),
+    "mix-grpo": ("configs/examples/digits-mix-grpo.yaml", []),
     "mix-grpo (flash)": (
         "configs/examples/digits-mix-grpo.yaml",
         ["train.mix_grpo.flash=true", "train.mix_grpo.flash_compress=0.5"],
-        "reference,digen",
     ),
-    "grpo-guard": (
-        "configs/quickstart.yaml",
-        ["train.algorithm=grpo-guard", "train.clip_range=2e-3"],
-        "reference,digen",
-    ),
+    "grpo-guard": ("configs/quickstart.yaml", ["train.algorithm=grpo-guard", "train.clip_range=2e-3"]),
     "flow-dppo": (
         "configs/quickstart.yaml",
         ["train.algorithm=flow-dppo", "train.flow_dppo.kl_threshold=1e-3"],
-        "reference,digen",
     ),
     "flow-grpo no-CFG + velocity KL": (
         "configs/quickstart.yaml",
         ["train.kl_beta=2e-3", "train.kl_target=velocity"],
-        "reference,digen",
     ),
-    "flow-grpo, 2 mini-batches": (
-        "configs/quickstart.yaml",
-        ["train.mini_batches=2", "train.lr=3.5e-3"],
-        "reference,digen",
-    ),
-    "diffusion-nft": ("configs/examples/digits-diffusion-nft.yaml", [], "reference,digen"),
+    "flow-grpo, 2 mini-batches": ("configs/quickstart.yaml", ["train.mini_batches=2", "train.lr=3.5e-3"]),
+    "diffusion-nft": ("configs/examples/digits-diffusion-nft.yaml", []),
 }
+
+# Two-sided 95% quantiles of Student's t, t_{0.975, dof}, for dof 1..30 (standard tables; scipy
+# is not a dependency). Beyond 30 the value for 30 is used: slightly wider than exact, never
+# narrower.
+T95 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+
+
+def t95(dof: int) -> float:
+    """The two-sided 95% Student t quantile for ``dof`` >= 1 degrees of freedom."""
+    if dof < 1:
+        raise ValueError(f"t quantile needs at least 1 degree of freedom, got {dof}")
+    return T95[min(dof, len(T95)) - 1]
+
+
+def mean_ci(xs: list[float]) -> tuple[float, float]:
+    """Mean of ``xs`` and the half-width of its 95% confidence interval (Student t, n - 1
+    degrees of freedom, sample standard deviation); the half-width is NaN for a single value."""
+    n = len(xs)
+    if n == 0:
+        raise ValueError("mean_ci of no values")
+    mean = sum(xs) / n
+    if n == 1:
+        return mean, math.nan
+    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
+    return mean, t95(n - 1) * sd / math.sqrt(n)
+
+
+def separated(a: tuple[float, float], b: tuple[float, float]) -> int:
+    """+1 if interval ``a`` (mean, half-width) lies wholly above ``b``, -1 if wholly below,
+    0 if they overlap or either has no width (n = 1)."""
+    (ma, ha), (mb, hb) = a, b
+    if math.isnan(ha) or math.isnan(hb):
+        return 0
+    if ma - ha > mb + hb:
+        return 1
+    if ma + ha < mb - hb:
+        return -1
+    return 0
+
+
+def summarize(runs: list[dict]) -> list[dict]:
+    """One row per algorithm (first-seen order): n, and the mean and 95% half-width of the
+    reward gain, samples/s, and the first and last 3 iterations' reward, over its runs."""
+    names = list(dict.fromkeys(r["algorithm"] for r in runs))
+    rows = []
+    for name in names:
+        mine = [r for r in runs if r["algorithm"] == name]
+        row = {"algorithm": name, "n": len(mine), "seeds": sorted(r["seed"] for r in mine)}
+        for key in ("gain", "samples_per_s", "first", "last"):
+            row[key] = mean_ci([float(r[key]) for r in mine])
+        rows.append(row)
+    return rows
+
+
+def verdicts(rows: list[dict]) -> list[str]:
+    """Sentences the intervals support: a gain whose interval excludes 0, and each pair of
+    algorithms whose gain or samples/s intervals do not overlap. Nothing for the rest."""
+    out = []
+    for r in rows:
+        m, h = r["gain"]
+        if not math.isnan(h) and m - h > 0:
+            out.append(f"{r['algorithm']} gained reward (gain {m:+.3f} ± {h:.3f}, n={r['n']}).")
+        elif not math.isnan(h) and m + h < 0:
+            out.append(f"{r['algorithm']} lost reward (gain {m:+.3f} ± {h:.3f}, n={r['n']}).")
+    for key, what in (("gain", "a larger reward gain"), ("samples_per_s", "more samples/s")):
+        for i, a in enumerate(rows):
+            for b in rows[i + 1 :]:
+                s = separated(a[key], b[key])
+                if s:
+                    hi, lo = (a, b) if s > 0 else (b, a)
+                    out.append(f"{hi['algorithm']} had {what} than {lo['algorithm']}.")
+    return out
+
+
+def table(rows: list[dict]) -> list[str]:
+    """The Markdown table of :func:`summarize`'s rows (mean ± 95% half-width; n = 1: no interval)."""
+
+    def pm(v: tuple[float, float], fmt: str) -> str:
+        m, h = v
+        return format(m, fmt) + ("" if math.isnan(h) else " ± " + format(h, fmt.lstrip("+")))
+
+    lines = [
+        "| algorithm | n (seeds) | reward gain, last 3 - first 3 (95% CI) | samples/s (95% CI) "
+        "| reward first 3 -> last 3 (means) |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        seeds = ",".join(str(s) for s in r["seeds"])
+        lines.append(
+            f"| {r['algorithm']} | {r['n']} ({seeds}) | {pm(r['gain'], '+.3f')} | {pm(r['samples_per_s'], '.1f')} "
+            f"| {r['first'][0]:.3f} -> {r['last'][0]:.3f} |"
+        )
+    return lines
 
 
 def reward_windows(run: Path, k: int = 3) -> dict:
+    """Mean reward of the run's first and last ``k`` iterations, their difference, wall seconds."""
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
-    def stats(rs: list[dict]) -> tuple[float, float, int]:
+    def mean(rs: list[dict]) -> float:
         xs = [x for r in rs for x in r["rewards"]]
-        mean = sum(xs) / len(xs)
-        var = sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)
-        return mean, var, len(xs)
+        return sum(xs) / len(xs)
 
-    (m0, v0, n0), (m1, v1, n1) = stats(rows[:k]), stats(rows[-k:])
-    wall = sum(float(r["wall_s"]) for r in rows)
+    first, last = mean(rows[:k]), mean(rows[-k:])
     return {
-        "first": m0,
-        "last": m1,
-        "z": (m1 - m0) / math.sqrt(v0 / n0 + v1 / n1),
-        "wall_s": wall,
-        "gain_per_min": 60 * (m1 - m0) / wall,
+        "first": first,
+        "last": last,
+        "gain": last - first,
+        "wall_s": sum(float(r["wall_s"]) for r in rows),
     }
 
 
-def bench(name: str, config: str, overrides: list[str], modes: str, out: Path, iterations: int) -> list[dict]:
-    folder = out / name.replace(" ", "_").replace(",", "").replace("(", "").replace(")", "")
-    sets = [f"iterations={iterations}", *WORKLOAD, *overrides]
-    cmd = [sys.executable, "-m", "cli.main", "bench", config, "--modes", modes, "--rounds", "1"]
+def bench(name: str, seed: int, mode: str, out: Path, iterations: int) -> dict:
+    """One ``digen bench`` of ``name`` at ``seed`` in ``mode``; its row."""
+    config, overrides = ALGORITHMS[name]
+    slug = name.replace(" ", "_").replace(",", "").replace("(", "").replace(")", "")
+    folder = out / mode / f"seed{seed}" / slug
+    sets = [f"seed={seed}", f"iterations={iterations}", *WORKLOAD, *overrides]
+    cmd = [sys.executable, "-m", "cli.main", "bench", config, "--modes", mode, "--rounds", "1"]
     cmd += ["--warmup", "1", "--tsp-k", "none", "--out", str(folder)]
     for s in sets:
         cmd += ["--set", s]
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-    rows = json.loads((folder / "bench.json").read_text())  # one row per mode
-    out_rows = []
-    for r in rows:
-        rw = reward_windows(Path(r["run_dirs"][0]))
-        out_rows.append({"algorithm": name, "mode": r["mode"], "samples_per_s": r["samples_per_s"], **rw})
-    return out_rows
+    (row,) = json.loads((folder / "bench.json").read_text())  # one mode, one round: one row
+    rw = reward_windows(Path(row["run_dirs"][0]))
+    return {"algorithm": name, "seed": seed, "mode": mode, "samples_per_s": row["samples_per_s"], **rw}
+
+
+def render(runs: list[dict], out: Path, mode: str) -> str:
+    """Write OUT/algorithms-MODE.md (table, then verdicts) and return it."""
+    rows = summarize(runs)
+    said = verdicts(rows)
+    text = "\n".join(table(rows)) + "\n\n" + "\n".join(f"- {s}" for s in said or ["(no interval separates)"])
+    (out / f"algorithms-{mode}.md").write_text(text + "\n")
+    return text
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("runs/bench-algorithms"))
     ap.add_argument("--iterations", type=int, default=30)
-    ap.add_argument("--only", nargs="*", help="algorithm names (default: all)")
+    ap.add_argument("--seeds", type=int, default=3, help="seeds 0 .. N-1 per algorithm (default 3)")
+    ap.add_argument("--mode", choices=MODES, default="reference", help="the one mode every algorithm runs in")
+    ap.add_argument("--only", nargs="*", choices=list(ALGORITHMS), help="algorithm names (default: all)")
     ap.add_argument(
-        "--append", action="store_true", help="add to OUT/algorithms.json instead of replacing it"
+        "--render", action="store_true", help="only rewrite the table from OUT/algorithms-MODE.json"
     )
     args = ap.parse_args()
-    saved = args.out / "algorithms.json"
-    rows = json.loads(saved.read_text()) if args.append and saved.exists() else []
-    for name, (config, overrides, modes) in ALGORITHMS.items():
-        if args.only and name not in args.only:
-            continue
-        print(f"bench {name} ({modes})", file=sys.stderr, flush=True)
-        rows += bench(name, config, overrides, modes, args.out, args.iterations)
-    lines = [
-        "| algorithm | mode | samples/s | reward first 3 -> last 3 | gap (std. errors) | reward gain per wall-minute |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['algorithm']} | {r['mode']} | {r['samples_per_s']:.1f} | {r['first']:.3f} -> {r['last']:.3f} "
-            f"| {r['z']:.1f} | {r['gain_per_min']:+.3f} |"
-        )
+    if args.seeds < 1 or args.iterations < 7:
+        ap.error("--seeds must be at least 1 and --iterations at least 7 (two windows of 3 after warm-up)")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "algorithms.json").write_text(json.dumps(rows, indent=1))
-    (args.out / "algorithms.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    saved = args.out / f"algorithms-{args.mode}.json"
+    runs = json.loads(saved.read_text()) if saved.exists() else []
+    if not args.render:
+        runs = []
+        for seed in range(args.seeds):
+            for name in args.only or ALGORITHMS:
+                print(f"bench {name} seed {seed} ({args.mode})", file=sys.stderr, flush=True)
+                runs.append(bench(name, seed, args.mode, args.out, args.iterations))
+                saved.write_text(json.dumps(runs, indent=1))
+    print(render(runs, args.out, args.mode))
 
 
 if __name__ == "__main__":
