@@ -55,7 +55,7 @@ _STATE_STYLE = {
 
 
 def _connect(url: str | None):
-    from digen.runtime.embedded import connect_service
+    from digen.controlplane.embedded import connect_service
 
     return connect_service(url)
 
@@ -201,9 +201,9 @@ def serve(
     insecure: InsecureOpt = False,
 ) -> None:
     """Run submitted jobs (an rq worker; each job runs the controller)."""
+    from digen.controlplane.redis_conn import embedded_url, mask_url
     from digen.runtime import runner
     from digen.runtime.node import load_security
-    from digen.runtime.redis_conn import embedded_url, mask_url
 
     warn_insecure(scheduler, insecure)
     sec = load_security(security) if security is not None else None

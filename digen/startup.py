@@ -13,7 +13,7 @@
 
 The code that starts things marks its phases with :func:`phase`, a no-op unless a profile is
 active in this process (:func:`profiling`). Worker processes write their own times to Redis
-(:meth:`~digen.runtime.jobstate.JobState.note_startup`) and the controller copies them in
+(:meth:`~digen.controlplane.jobstate.JobState.note_startup`) and the controller copies them in
 (:func:`add_worker_notes`).
 """
 
@@ -206,7 +206,7 @@ def process_label(proc, root_pid: int, server_pids: set[int]) -> str:
         return "other"
     if "redis-server" in cmd:
         return "redis-server"
-    if "digen.runtime.redis_life" in cmd:
+    if "digen.controlplane.redis_life" in cmd:
         return "redis watchdog"
     if parent == root_pid and ("forkserver" in cmd or proc.pid == _forked_server_pid()):
         return "fork server"

@@ -13,6 +13,7 @@ os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 import pytest  # noqa: E402
+import redis  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -22,7 +23,7 @@ def _digen_home(tmp_path_factory: pytest.TempPathFactory):
     old = os.environ.get("DIGEN_HOME")
     os.environ["DIGEN_HOME"] = str(home)
     yield home
-    from digen.runtime.redis_conn import stop_embedded
+    from digen.controlplane.redis_conn import stop_embedded
 
     stop_embedded()
     if old is None:
@@ -149,3 +150,25 @@ def small_config(tiny_sd3: Path):
         return build_config(small_config_data(tiny_sd3, **sections))
 
     return make
+
+
+@pytest.fixture(scope="session")
+def redis_db_path(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The db file of the session's embedded Redis for the control-plane and runtime tests
+    (stopped at the end of the session)."""
+    from digen.controlplane.redis_conn import stop_embedded
+
+    path = tmp_path_factory.mktemp("redis") / "test.db"
+    yield path
+    stop_embedded(path)
+
+
+@pytest.fixture()
+def redis_client(redis_db_path: Path) -> Iterator[redis.Redis]:
+    """A client of the session's embedded Redis, on an empty database."""
+    from digen.controlplane.redis_conn import connect
+
+    client = connect(None, db_path=redis_db_path)
+    client.flushdb()
+    yield client
+    client.close()

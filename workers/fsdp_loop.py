@@ -5,7 +5,7 @@ job's trainer workers (the member list the controller fixed at job start, sorted
 one torch.distributed process group, rendezvous through Redis (no pickle anywhere):
 
 1. rank 0 names a formation and its backend in Redis
-   (:class:`~digen.runtime.fsdp_keys.FsdpGroup`); the others poll for it; every rank calls
+   (:class:`~digen.controlplane.fsdp_keys.FsdpGroup`); the others poll for it; every rank calls
    ``init_process_group`` (gloo on CPU, NCCL on CUDA) over a store in the job's Redis
    (:mod:`digen.parallel.store`: no rendezvous port);
 2. every rank starts from version 0 (its own seeded build) or, on ``--resume``, the
@@ -47,13 +47,13 @@ import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
 from digen.assembly import trained_dtype
+from digen.controlplane.fsdp_keys import FsdpGroup
+from digen.controlplane.queue import STEP_QUEUE, LeasedTask
 from digen.core.events import Role, TaskKind
 from digen.dataplane.blobs import BlobLost, fetch
 from digen.dataplane.weights import version_blob
 from digen.parallel.comm import all_gather_json, all_reduce_stats, broadcast_json
 from digen.parallel.fsdp import ShardedTrainer, local_trainable_shards, shard_of, shard_rows
-from digen.runtime.fsdp_keys import FsdpGroup
-from digen.runtime.queue import STEP_QUEUE, LeasedTask
 from digen.testing import faults
 from digen.training import batch_rows
 from workers.runtime import WorkerRuntime, join_group, wait_for

@@ -22,15 +22,15 @@ import redis
 import torch
 
 from digen.config import Config
+from digen.controlplane.jobstate import JobState
+from digen.controlplane.queue import LeasedTask, TaskQueue
+from digen.controlplane.redis_conn import connect, count_round_trips
 from digen.core.events import Role, TaskRef
 from digen.core.policy import idle_kinds, pull_order
 from digen.dataplane.auth import INCARNATION, keyring
 from digen.dataplane.blobs import local_server, local_store
 from digen.errors import TaskDropped
 from digen.rewards.http import share_breakers
-from digen.runtime.jobstate import JobState
-from digen.runtime.queue import LeasedTask, TaskQueue
-from digen.runtime.redis_conn import connect, count_round_trips
 from digen.startup import process_start_time
 from digen.testing import faults
 from workers.preload import LOAD_TIMES, worker_device

@@ -23,16 +23,16 @@ from digen.algos.registry import stateful_algorithm
 from digen.algos.state import load_version
 from digen.assembly import EmbedCache, build_reward, trained_dtype
 from digen.config import Config
+from digen.controlplane.jobstate import JobState, LoopState
+from digen.controlplane.jsonkeys import Rendezvous
+from digen.controlplane.queue import TaskQueue
+from digen.controlplane.redis_conn import RoundTrips
+from digen.controlplane.trainer_group import StepCommand, TrainerGroup
 from digen.core.events import Role, TaskRef
 from digen.dataplane.blobs import BlobLost, BlobStore
 from digen.dataplane.weights import fetch_version, version_blob
 from digen.errors import TaskDropped
 from digen.parallel.comm import join_process_group
-from digen.runtime.jobstate import JobState, LoopState
-from digen.runtime.jsonkeys import Rendezvous
-from digen.runtime.queue import TaskQueue
-from digen.runtime.redis_conn import RoundTrips
-from digen.runtime.trainer_group import StepCommand, TrainerGroup
 from digen.testing import faults
 from workers.preload import take_policy
 

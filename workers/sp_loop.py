@@ -1,7 +1,7 @@
 """A rollout worker's part in a sequence-parallel replica (``rollout.sequence_parallel: d``).
 
 :func:`workers.loop.worker_loop` calls :func:`run_sp_rank` once its worker is ready; it
-returns at once for a worker outside the controller's plan (:mod:`digen.runtime.sp_keys`),
+returns at once for a worker outside the controller's plan (:mod:`digen.controlplane.sp_keys`),
 else this worker is one rank of its replica until the job stops or the replica breaks, and
 then the ordinary (d=1) loop goes on. Rendezvous as the FSDP group does
 (:mod:`workers.fsdp_loop`): the leader (rank 0) names a formation in Redis, every rank meets
@@ -24,7 +24,7 @@ disagree on the step at which they stop); the job stops after the task in hand.
 
 Failure: any error on a rank (a peer that died makes the next collective fail; a task that
 raises) ends the replica for this rank: the leader gives its task back (a failed attempt,
-re-queued at once, :meth:`~digen.runtime.queue.TaskQueue.nack`), the rank records that it
+re-queued at once, :meth:`~digen.controlplane.queue.TaskQueue.nack`), the rank records that it
 left (``sp:solo``) and runs on as a d=1 worker. A restarted rank does not re-join.
 """
 
@@ -38,11 +38,11 @@ import redis
 import torch
 import torch.distributed as dist
 
+from digen.controlplane.queue import LeasedTask
+from digen.controlplane.sp_keys import SpGroup
 from digen.core.events import Role, TaskKind, TaskRef
 from digen.parallel.comm import all_gather_json, broadcast_json
 from digen.parallel.ulysses import sequence_parallel
-from digen.runtime.queue import LeasedTask
-from digen.runtime.sp_keys import SpGroup
 from digen.testing import faults
 from workers.runtime import WorkerRuntime, join_group, poll, wait_for
 from workers.tasks import gen_result, generate, run_eval

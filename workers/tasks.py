@@ -25,13 +25,13 @@ from collections.abc import Callable
 
 import torch
 
+from digen.controlplane.queue import LeasedTask
 from digen.core.events import Role, TaskKind, TaskRef
 from digen.dataplane.blobs import BlobLost, BlobMismatch, Expect, fetch
 from digen.evaluation import EvalTask
 from digen.evaluator import evaluate_chunk
 from digen.rewards.base import call_reward
 from digen.rollout import Trajectories, generate_group
-from digen.runtime.queue import LeasedTask
 from digen.tasks import GroupTask, TrainSpec
 from digen.testing import faults
 from digen.training import train_groups

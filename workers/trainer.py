@@ -1,7 +1,7 @@
 """A trainer's share of the optimizer: its running gradient sum, its replica of AdamW, the
 versions it serves, and its part in each optimizer step.
 
-Every member of the job's trainer group (:mod:`digen.runtime.trainer_group`: the trainer
+Every member of the job's trainer group (:mod:`digen.controlplane.trainer_group`: the trainer
 workers; every worker in ``colocated`` mode) holds the whole optimizer state, replicated. Why
 replicated rather than sharded (ZeRO-1): a member that dies takes nothing with it but the
 gradients it had not reduced yet (any survivor holds the whole state, and a newcomer copies it
@@ -43,13 +43,13 @@ from safetensors.torch import load_file
 
 from digen.algos.state import load_version
 from digen.assembly import trained_dtype
+from digen.controlplane.trainer_group import ABORT, COMMIT, StepCommand
 from digen.core.events import Role, TaskRef
 from digen.dataplane.blobs import BlobLost, Expect, fetch
 from digen.dataplane.reduce import TaskSum, all_reduce_sum, flatten, ordered_sum, unflatten
 from digen.dataplane.weights import version_blob
 from digen.errors import DigenError
 from digen.optim import ParameterStore, stage_checkpoint
-from digen.runtime.trainer_group import ABORT, COMMIT, StepCommand
 from digen.testing import faults
 from workers.runtime import POLL_S, WorkerRuntime, event, join_group
 

@@ -26,7 +26,7 @@ its ``metrics.jsonl`` and ``timeline.jsonl`` and reports per mode, over iteratio
   worker-seconds its ``eval`` tasks took per run; run ``digen+eval,digen-eval`` side by side
   to read its effect on ``s_per_iteration``.
 - ``worker_redis_round_trips_per_s`` / ``_per_cycle``: the requests the worker loops sent to
-  Redis (counted by their client, :func:`digen.runtime.redis_conn.count_round_trips`) per
+  Redis (counted by their client, :func:`digen.controlplane.redis_conn.count_round_trips`) per
   second of the measured window, summed over workers, and per pass through a loop.
 
 Plus the TSP micro-benchmark: one train task of K timesteps per sample as one batched

@@ -39,7 +39,7 @@ runs at 250 MiB; :func:`compare` scales its per-byte time to the other sizes.
 
 Counted per phase: wall seconds; the bytes Redis took in and gave out (``INFO stats``); the
 bytes through the controller's process (this one): what its Redis client sent and received,
-counted at the socket (:func:`~digen.runtime.redis_conn.count_bytes`), plus the results it
+counted at the socket (:func:`~digen.controlplane.redis_conn.count_bytes`), plus the results it
 gathered from the workers (their msgpack size); per trainer, the bytes it wrote during the
 all-reduce (``/proc/self/io`` wchar: gloo writes with ``write``/``writev``) over the gradient's
 size (a ring all-reduce sends ``2 (N-1)/N`` of it).
@@ -387,8 +387,8 @@ def measure_link(client, sender: str, receiver: str, nbytes: int = LINK_BYTES) -
 # --- the path this replaced -------------------------------------------------------------------
 def old_put_gradient(redis_url: str, key: str, nbytes: int, seed: int) -> float:
     """A train task of the old path: its gradient into Redis as safetensors."""
-    from digen.runtime.codec import pack_tensors
-    from digen.runtime.redis_conn import connect
+    from digen.controlplane.codec import pack_tensors
+    from digen.controlplane.redis_conn import connect
 
     r = connect(redis_url)
     t0 = time.time()
@@ -399,8 +399,8 @@ def old_put_gradient(redis_url: str, key: str, nbytes: int, seed: int) -> float:
 
 def old_get_weights(redis_url: str, key: str) -> float:
     """A rollout worker of the old path takes in the version from Redis."""
-    from digen.runtime.codec import unpack_tensors
-    from digen.runtime.redis_conn import connect
+    from digen.controlplane.codec import unpack_tensors
+    from digen.controlplane.redis_conn import connect
 
     r = connect(redis_url)
     t0 = time.time()
@@ -415,8 +415,8 @@ def run_dataplane_bench(
 ) -> list[Round]:
     """Every size's round of the data plane (``{name: bytes}``), then the path it replaced
     (at ``old_bytes`` a task)."""
+    from digen.controlplane.redis_conn import connect, count_bytes, embedded_url
     from digen.runtime.cluster import close_local_cluster, list_workers, start_local_cluster
-    from digen.runtime.redis_conn import connect, count_bytes, embedded_url
 
     say = progress or (lambda _m: None)
     r = connect(None)
@@ -501,8 +501,8 @@ def _old_round(
 ) -> Round:
     """The path through Redis and the controller, as digen ran it before (see the module docstring)."""
     from digen.config import TrainConfig
+    from digen.controlplane.codec import pack_tensors, unpack_tensors
     from digen.optim import ParameterStore
-    from digen.runtime.codec import pack_tensors, unpack_tensors
 
     keys = [f"digen:bench-old:data:train:0:{i}" for i in range(OLD_PATH_TASKS)]
     store = ParameterStore(_tensors(nbytes, seed=1), TrainConfig())

@@ -91,7 +91,7 @@ def _private_redis(out: Path, needed: bool) -> Iterator[str | None]:
     if not needed:
         yield None
         return
-    from digen.runtime.redis_conn import connect, embedded_url, stop_embedded
+    from digen.controlplane.redis_conn import connect, embedded_url, stop_embedded
 
     db = (out / "redis" / "bench.db").resolve()
     try:

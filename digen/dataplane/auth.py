@@ -2,7 +2,7 @@
 
 Every job has a 32-byte key (:func:`new_key`: ``secrets.token_bytes``), made once by the
 controller and kept in the job's Redis under its key prefix (:meth:`JobState.blob_key
-<digen.runtime.jobstate.JobState.blob_key>`); the job's Redis is trusted (it holds the job's
+<digen.controlplane.jobstate.JobState.blob_key>`); the job's Redis is trusted (it holds the job's
 tasks already), so every process of the job, and nothing else, reads it there when its loop
 starts and adds it to its process's :class:`Keyring`. A blob belongs to the job its name starts
 with (``<job>:...``: :func:`job_of`), and only that job's key opens it.

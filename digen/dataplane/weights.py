@@ -3,7 +3,7 @@ to the dtype the receiver computes in, each bucket from another holder.
 
 Every trainer holds the newest version (and, with staleness 1, the one before) as a blob
 ``weights:<version>`` in its :class:`~digen.dataplane.blobs.BlobStore`. A rollout worker that
-needs version v asks the holders Redis lists (:mod:`digen.runtime.trainer_group`) for the
+needs version v asks the holders Redis lists (:mod:`digen.controlplane.trainer_group`) for the
 tensor list once, cuts it into buckets of about ``bucket_bytes``, and fetches bucket i from
 holder ``(i + start) mod H`` on its own connection, a few buckets in flight at once, so N
 rollout workers pulling a version spread over every trainer's link. A bucket whose holder

@@ -29,6 +29,11 @@ import redis
 
 from digen.checks import registries_apart
 from digen.config import Config
+from digen.controlplane.jobstate import JobState
+from digen.controlplane.queue import TaskQueue, is_step_id
+from digen.controlplane.redis_conn import connect, embedded_url, mask_url
+from digen.controlplane.sp_keys import SpGroup
+from digen.controlplane.trainer_group import TrainerGroup
 from digen.core.events import (
     Event,
     Finish,
@@ -57,18 +62,13 @@ from digen.runtime.cluster import (
 from digen.runtime.dispatch import Dispatcher
 from digen.runtime.evals import Evaluations
 from digen.runtime.fsdp_group import FsdpControl
-from digen.runtime.jobstate import JobState
 from digen.runtime.ledger import Ledger
 from digen.runtime.membership import Membership
 from digen.runtime.node import dask_security
 from digen.runtime.placement import Placement, plan_local
-from digen.runtime.queue import TaskQueue, is_step_id
-from digen.runtime.redis_conn import connect, embedded_url, mask_url
 from digen.runtime.results import Collector, PoisonTask
 from digen.runtime.sp_group import SpControl
-from digen.runtime.sp_keys import SpGroup
 from digen.runtime.steps import StepControl, StepResult
-from digen.runtime.trainer_group import TrainerGroup
 from digen.startup import add_worker_notes, phase
 from digen.viz import GridRow, from_png
 

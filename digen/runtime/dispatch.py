@@ -17,14 +17,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from digen.controlplane.jobstate import JobState
+from digen.controlplane.queue import TaskQueue
 from digen.core.events import Release, Role, TaskDone, TaskKind, TaskRef
 from digen.errors import ConnectionFailure
 from digen.iteration import draws_grid
 from digen.rundir import checkpoint_advice
 from digen.runtime.evals import Evaluations
-from digen.runtime.jobstate import JobState
 from digen.runtime.ledger import Ledger
-from digen.runtime.queue import TaskQueue
 from digen.tasks import TrainStats
 
 log = logging.getLogger(__name__)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from PIL import Image
 
 from digen.config import Config
+from digen.controlplane.jobstate import JobState
 from digen.core.events import TaskRef
 from digen.evaluation import (
     TOTAL,
@@ -27,7 +28,6 @@ from digen.evaluation import (
     write_evaluation,
 )
 from digen.rundir import RunDir
-from digen.runtime.jobstate import JobState
 from digen.viz import CELL, from_png
 
 

@@ -11,8 +11,8 @@ checkpoint. The controller then ends the iteration as for the replicated trainer
 (:meth:`digen.runtime.controller.Controller.end_iteration`).
 
 Its keys in Redis (the plan, the rendezvous, who joined, the first failure) are
-:class:`~digen.runtime.fsdp_keys.FsdpGroup`'s, which the ranks read too; step commands go
-through the task queue (:data:`~digen.runtime.queue.STEP_QUEUE`).
+:class:`~digen.controlplane.fsdp_keys.FsdpGroup`'s, which the ranks read too; step commands go
+through the task queue (:data:`~digen.controlplane.queue.STEP_QUEUE`).
 
 The group is fixed at job start. A member that dies or restarts fails the job (the others
 would wait in a collective until its timeout): rerun with ``--resume``; the checkpoint holds
@@ -25,14 +25,14 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from digen.controlplane.fsdp_keys import FsdpGroup
+from digen.controlplane.jobstate import JobState
+from digen.controlplane.queue import STEP_QUEUE, DeadLetter, TaskQueue, step_id
 from digen.core.events import Role
 from digen.errors import DigenError
 from digen.iteration import checkpoints
 from digen.rundir import RunDir
-from digen.runtime.fsdp_keys import FsdpGroup
-from digen.runtime.jobstate import JobState
 from digen.runtime.ledger import Ledger
-from digen.runtime.queue import STEP_QUEUE, DeadLetter, TaskQueue, step_id
 from digen.runtime.steps import StepResult
 
 log = logging.getLogger(__name__)

@@ -17,11 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from digen.config import Config
+from digen.controlplane.jobstate import JobState
+from digen.controlplane.redis_conn import SecretURL
 from digen.core.events import Event, Role, WorkerJoined, WorkerLeft
 from digen.errors import ConfigError, DigenError
 from digen.runtime.cluster import WorkerInfo, list_workers
-from digen.runtime.jobstate import JobState
-from digen.runtime.redis_conn import SecretURL
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ The rules, as GPU training wants them:
 - GPUs of one type are kept together, the types with the most memory first; within a type,
   ids ascending (neighbouring ids share a switch or an NVLink bridge on PCIe boxes).
 - Trainers go first, as one block (on the largest GPUs: optimizer state and activations need
-  the memory), in rank order (sorted names: :class:`~digen.runtime.trainer_group.TrainerGroup`),
+  the memory), in rank order (sorted names: :class:`~digen.controlplane.trainer_group.TrainerGroup`),
   so FSDP ranks (``train.fsdp``) and a replicated group's all-reduce get adjacent ids.
 - Rollout workers follow in sorted-name order, cut into sequence-parallel replicas of
   ``rollout.sequence_parallel`` exactly as the controller cuts them

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import redis
 
-from digen.runtime.queue import TaskQueue
-from digen.runtime.redis_conn import connect, stop_embedded
+from digen.controlplane.queue import TaskQueue
+from digen.controlplane.redis_conn import connect, stop_embedded
 
 
 def bench_queue(
@@ -127,7 +127,7 @@ def bench_queue_processes(
 
 
 def _embedded_url(client: redis.Redis) -> str:
-    from digen.runtime.redis_conn import embedded_url
+    from digen.controlplane.redis_conn import embedded_url
 
     return embedded_url(client)
 

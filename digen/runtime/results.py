@@ -7,7 +7,7 @@ events that follow. It also settles what did not come back as planned:
 
 - a task that failed ``schedule.max_attempts`` times (a dead letter): the job fails, or with
   ``schedule.on_poison: drop`` its samples are dropped;
-- a task parked because its input is gone (:meth:`~digen.runtime.queue.TaskQueue.park`): its
+- a task parked because its input is gone (:meth:`~digen.controlplane.queue.TaskQueue.park`): its
   group is generated again (:class:`~digen.core.events.GroupLost`), and the task re-posted
   once it is;
 - a worker that left: the groups whose trajectories only it held are generated again, and the
@@ -21,13 +21,13 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from digen.controlplane.queue import DeadLetter, TaskQueue, is_step_id
 from digen.core.events import Event, GroupLost, TaskDone, TaskKind, TaskRef, TrainLost
 from digen.errors import DigenError
 from digen.rundir import RunDir
 from digen.runtime.dispatch import Dispatcher
 from digen.runtime.evals import Evaluations
 from digen.runtime.ledger import Blob, Ledger, Trained
-from digen.runtime.queue import DeadLetter, TaskQueue, is_step_id
 from digen.tasks import TrainStats
 
 log = logging.getLogger(__name__)

@@ -405,7 +405,7 @@ def _drop_attempt_keys(r: redis.Redis, job_id: str) -> int:
 
 def _note_quarantined(r: redis.Redis, job: Job, attempt: int) -> None:
     """Copy the count of junk the attempt's queue quarantined into the job's meta."""
-    from digen.runtime.queue import quarantined_count
+    from digen.controlplane.queue import quarantined_count
 
     try:
         n = quarantined_count(r, attempt_id(job.id, attempt))

@@ -17,7 +17,7 @@ former follower to the scheduler as a joining rollout worker). A restarted rank 
 re-joins a replica (it runs d=1). Surviving ranks do not re-form a smaller replica.
 
 Its keys in Redis (the plan, each leader's rendezvous, who joined, who left its replica) are
-:class:`~digen.runtime.sp_keys.SpGroup`'s, which the ranks read too.
+:class:`~digen.controlplane.sp_keys.SpGroup`'s, which the ranks read too.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from digen.controlplane.sp_keys import SpGroup
 from digen.core.events import Instruction, Role, WorkerJoined, WorkerLeft
-from digen.runtime.sp_keys import SpGroup
 
 log = logging.getLogger(__name__)
 

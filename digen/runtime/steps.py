@@ -2,7 +2,7 @@
 
 When every train task of an iteration is done, the scheduler says :class:`~digen.core.events.Step`.
 :class:`StepControl` then writes a step command for the trainer group
-(:class:`~digen.runtime.trainer_group.StepCommand`: the members and their epoch, the version
+(:class:`~digen.controlplane.trainer_group.StepCommand`: the members and their epoch, the version
 the step starts from, the rows to divide by, which member holds which task's gradient in its
 running sum and which gradients are blobs, where to stage the checkpoint) and puts the step's
 task id (``step:<iteration>``) in the ``step`` queue, where the writer acknowledges it.
@@ -45,13 +45,13 @@ import time
 from dataclasses import dataclass, field
 
 from digen.config import Config
+from digen.controlplane.queue import STEP_QUEUE, TaskQueue, step_id
+from digen.controlplane.trainer_group import ABORT, COMMIT, StepCommand, TrainerGroup
 from digen.core.events import TaskRef
 from digen.errors import DigenError
 from digen.iteration import checkpoints
 from digen.rundir import RunDir
 from digen.runtime.ledger import Ledger
-from digen.runtime.queue import STEP_QUEUE, TaskQueue, step_id
-from digen.runtime.trainer_group import ABORT, COMMIT, StepCommand, TrainerGroup
 
 log = logging.getLogger(__name__)
 

@@ -136,7 +136,7 @@ def clear(r, job_id: str) -> None:
 
 def point(where: str, job, worker: str, *, task: str = "", iteration: int | None = None) -> None:
     """The hook: fire the first armed fault matching this place (``job``: the worker's
-    :class:`~digen.runtime.jobstate.JobState`). A no-op without ``DIGEN_FAULTS=1``."""
+    :class:`~digen.controlplane.jobstate.JobState`). A no-op without ``DIGEN_FAULTS=1``."""
     if os.environ.get(ENV) != "1":
         return
     r = job.r

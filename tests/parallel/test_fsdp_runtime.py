@@ -244,9 +244,9 @@ def test_a_dead_rank_fails_the_job_with_a_resume_hint(tiny_sd3, tmp_path, monkey
     """trainer-1 is killed while training in iteration 1 (its Nanny restarts it, but an FSDP
     group cannot take a rank back): the job fails naming the FSDP group and --resume, after
     iteration 0's checkpoint."""
+    from digen.controlplane.redis_conn import connect
     from digen.runtime.controller import run_distributed
     from digen.runtime.fsdp_group import FsdpGroupFailed
-    from digen.runtime.redis_conn import connect
     from digen.testing.faults import Fault, arm, clear, fired
 
     monkeypatch.setenv("DIGEN_FAULTS", "1")  # the local workers inherit it

@@ -14,8 +14,8 @@ import pytest
 import redis
 import torch.distributed as dist
 
+from digen.controlplane.redis_conn import start_embedded, stop_embedded
 from digen.parallel.store import RedisStore
-from digen.runtime.redis_conn import start_embedded, stop_embedded
 
 
 @pytest.fixture(scope="module")

@@ -108,8 +108,8 @@ def run_job(
     progress: Callable | None = None,
 ) -> list[dict]:
     """Run ``cfg`` distributed with ``faults`` armed; returns the faults that fired."""
+    from digen.controlplane.redis_conn import connect
     from digen.runtime.controller import run_distributed
-    from digen.runtime.redis_conn import connect
     from digen.testing.faults import arm, clear, fired
 
     r = connect(redis_url)

@@ -234,8 +234,8 @@ class _Trap:
 def test_an_invalid_payload_in_redis_is_dead_lettered_and_never_unpickled(tmp_path: Path):
     import pickle
 
-    from digen.runtime.queue import TaskQueue
-    from digen.runtime.redis_conn import connect, stop_embedded
+    from digen.controlplane.queue import TaskQueue
+    from digen.controlplane.redis_conn import connect, stop_embedded
 
     marker = tmp_path / "unpickled"
     r = connect(None, db_path=tmp_path / "payload.db")
@@ -415,7 +415,7 @@ def test_too_little_disk_space_is_refused_before_anything_starts(
 
 
 def test_submit_checks_every_input_before_it_enqueues(tiny_sd3: Path, tmp_path: Path, monkeypatch):
-    from digen.runtime.redis_conn import connect, stop_embedded
+    from digen.controlplane.redis_conn import connect, stop_embedded
 
     monkeypatch.setenv("DIGEN_HOME", str(tmp_path / "home"))
     (tmp_path / "prompts.txt").write_bytes(PNG)

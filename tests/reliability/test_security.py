@@ -19,11 +19,11 @@ import pytest
 import redis
 import yaml
 
+from digen.controlplane.jobstate import JobState
+from digen.controlplane.queue import TaskQueue
+from digen.controlplane.redis_conn import SecretURL, connect, start_embedded, stop_embedded
+from digen.controlplane.trainer_group import TrainerGroup
 from digen.errors import ConnectionFailure
-from digen.runtime.jobstate import JobState
-from digen.runtime.queue import TaskQueue
-from digen.runtime.redis_conn import SecretURL, connect, start_embedded, stop_embedded
-from digen.runtime.trainer_group import TrainerGroup
 
 PASSWORD = "auth-Pw-7f3c-digen"
 

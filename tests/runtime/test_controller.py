@@ -8,9 +8,9 @@ import time
 
 import pytest
 
+from digen.controlplane.queue import TaskQueue
 from digen.iteration import busy_seconds, timing_metrics
 from digen.runtime.controller import in_flight_events
-from digen.runtime.queue import TaskQueue
 
 
 def ev(worker: str, kind: str, iteration: int, start: float, end: float) -> dict:

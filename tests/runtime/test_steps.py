@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from digen.config import Config
+from digen.controlplane.queue import TaskQueue
+from digen.controlplane.trainer_group import ABORT, StepCommand, TrainerGroup
 from digen.core.events import TaskRef
 from digen.errors import DigenError
 from digen.rundir import RunDir
 from digen.runtime.ledger import Blob, Ledger, Trained
-from digen.runtime.queue import TaskQueue
 from digen.runtime.steps import StepControl
-from digen.runtime.trainer_group import ABORT, StepCommand, TrainerGroup
 from digen.tasks import TrainStats
 from tests.conftest import small_config_data
 
@@ -142,8 +142,8 @@ def test_a_writer_restarted_after_the_commit_is_replaced_by_a_member_that_holds_
 def test_a_train_result_of_a_worker_process_gone_since_is_not_counted_and_runs_again(
     redis_client, tmp_path: Path
 ):
+    from digen.controlplane.jobstate import JobState
     from digen.runtime.dispatch import Dispatcher
-    from digen.runtime.jobstate import JobState
     from digen.runtime.results import Collector
 
     steps = make_steps(redis_client, tmp_path, "exact")

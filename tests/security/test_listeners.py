@@ -83,8 +83,8 @@ def _wait(cond, timeout: float, what: str, job: threading.Thread) -> None:
 
 @pytest.fixture(scope="module")
 def held_job(tiny_sd3: Path, tmp_path_factory) -> Iterator[HeldJob]:
+    from digen.controlplane.redis_conn import connect
     from digen.runtime.controller import run_distributed
-    from digen.runtime.redis_conn import connect
     from digen.testing.faults import Fault, arm, clear, fired
 
     cfg = fault_config(

@@ -18,7 +18,7 @@ from .helpers import CONFIG, Procs, quick_sets
 def digen_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A private DIGEN_HOME (never ~/.local/share) whose embedded Redis this test process
     starts and owns for the session; subprocesses find it running."""
-    from digen.runtime.redis_conn import connect, start_embedded, stop_embedded
+    from digen.controlplane.redis_conn import connect, start_embedded, stop_embedded
 
     home = tmp_path_factory.mktemp("digen-home")
     old = os.environ.get("DIGEN_HOME")
@@ -37,7 +37,7 @@ def digen_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 @pytest.fixture
 def r(digen_home: Path) -> Iterator[redis.Redis]:
     """A client of the session's embedded Redis, on an empty database."""
-    from digen.runtime.redis_conn import connect
+    from digen.controlplane.redis_conn import connect
 
     client = connect(None, db_path=digen_home / "digen.db")
     client.flushdb()

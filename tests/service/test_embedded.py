@@ -13,7 +13,7 @@ from .helpers import ROOT, proc_env, wait_for
 CLIENT = """
 import sys, time
 from pathlib import Path
-from digen.runtime.embedded import connect_service
+from digen.controlplane.embedded import connect_service
 r = connect_service(None)
 print(r.connection_pool.connection_kwargs["path"], r.incr("visits"), flush=True)
 stop = Path(sys.argv[1])
@@ -35,7 +35,7 @@ def client(home: Path, stop: Path) -> subprocess.Popen:
 
 
 def visits(home: Path) -> int:
-    from digen.runtime.redis_conn import connect, start_embedded, stop_embedded
+    from digen.controlplane.redis_conn import connect, start_embedded, stop_embedded
 
     r = connect(None, db_path=home / "digen.db")
     try:

@@ -38,7 +38,7 @@ def test_serve_burst_and_submit_wait_on_a_laptop_match_digen_train(
     """`digen serve --burst & digen submit CONFIG --wait` with nothing running: they share one
     embedded Redis (whichever starts it), the job's metrics equal `digen train`'s, and the last
     process out saves and stops the server."""
-    from digen.runtime.redis_conn import connect, start_embedded, stop_embedded
+    from digen.controlplane.redis_conn import connect, start_embedded, stop_embedded
 
     home = tmp_path / "home"
     db = home / "digen.db"

@@ -218,7 +218,7 @@ def test_paths_that_exist_only_on_the_serve_host_need_no_check_paths(r, tiny_sd3
 
 def test_password_and_acl_user_urls(tiny_sd3: Path, tmp_path: Path):
     """A Redis with requirepass, and an ACL user limited to digen's and rq's keys."""
-    from digen.runtime.redis_conn import connect, start_embedded, stop_embedded
+    from digen.controlplane.redis_conn import connect, start_embedded, stop_embedded
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -1,6 +1,6 @@
 """Per-job Redis state besides the task queue: role tags, job status, what workers need to
 know at start. No tensor: those go worker to worker (:mod:`digen.dataplane`), and the trainer
-group's keys are :mod:`digen.runtime.trainer_group`'s.
+group's keys are :mod:`digen.controlplane.trainer_group`'s.
 
 Keys (``P = digen:<job_id>:``)::
 

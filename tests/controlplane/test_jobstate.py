@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from digen.controlplane.jobstate import JobState, LoopState
+from digen.controlplane.queue import TaskQueue
+from digen.controlplane.redis_conn import connect, count_round_trips, embedded_url
 from digen.core.events import Role
-from digen.runtime.jobstate import JobState, LoopState
-from digen.runtime.queue import TaskQueue
-from digen.runtime.redis_conn import connect, count_round_trips, embedded_url
 
 
 def test_tags_and_budget(redis_client):

@@ -1,4 +1,4 @@
-"""digen.runtime.codec: msgpack and safetensors only; pickle bytes are refused, never loaded."""
+"""digen.controlplane.codec: msgpack and safetensors only; pickle bytes are refused, never loaded."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import msgpack
 import pytest
 import torch
 
+from digen.controlplane.codec import looks_like_pickle, pack, pack_tensors, unpack, unpack_tensors
 from digen.errors import PayloadError
-from digen.runtime.codec import looks_like_pickle, pack, pack_tensors, unpack, unpack_tensors
 
 torch.set_num_threads(1)
 

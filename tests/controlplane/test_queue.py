@@ -1,4 +1,4 @@
-"""digen.runtime.queue.TaskQueue on a real Redis: leases, acks, re-delivery, dead letters."""
+"""digen.controlplane.queue.TaskQueue on a real Redis: leases, acks, re-delivery, dead letters."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import time
 import pytest
 import redis
 
-from digen.runtime.queue import LeasedTask, TaskQueue
+from digen.controlplane.queue import LeasedTask, TaskQueue
+from digen.controlplane.redis_conn import embedded_url
 from digen.runtime.queue_bench import bench_queue
-from digen.runtime.redis_conn import embedded_url
 
 
 @pytest.fixture()
@@ -319,8 +319,8 @@ def test_concurrent_consumers_run_every_task_exactly_once(q: TaskQueue):
 
 _CONSUMER = """
 import sys
-from digen.runtime.redis_conn import connect
-from digen.runtime.queue import TaskQueue
+from digen.controlplane.redis_conn import connect
+from digen.controlplane.queue import TaskQueue
 q = TaskQueue(connect(sys.argv[1]), "job1", task_ids=False)
 n = 0
 while (task := q.lease(["gen"], sys.argv[2], block_s=0.2)) is not None:
