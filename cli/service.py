@@ -1,7 +1,7 @@
 """digen CLI commands: service (registered on cli.app.app).
 
 ``submit``, ``status``, ``logs``, ``cancel`` talk to the job queue in Redis
-(:mod:`digen.runtime.jobs`), ``serve`` runs the jobs (:mod:`digen.runtime.runner`);
+(:mod:`digen.service.jobs`), ``serve`` runs the jobs (:mod:`digen.service.runner`);
 ``worker`` starts a Dask worker node (:mod:`digen.runtime.node`).
 With no ``--redis-url`` (and no ``DIGEN_REDIS_URL``) they share the embedded Redis under
 ``$DIGEN_HOME``: ``digen serve --burst & digen submit CONFIG --wait`` works with nothing installed.
@@ -66,7 +66,7 @@ def _when(ts: float | None) -> str:
 
 def _follow(r, job_id: str) -> int:
     """Print the job's log as it grows until it ends; exit code 0 if it finished."""
-    from digen.runtime.jobs import follow
+    from digen.service.jobs import follow
 
     info = follow(r, job_id, lambda line: err.print(line, highlight=False, markup=False, soft_wrap=True))
     style = _STATE_STYLE.get(info.state, "white")
@@ -124,7 +124,7 @@ def submit(
     ] = True,
 ) -> None:
     """Queue a training job for digen serve; prints its id."""
-    from digen.runtime import jobs
+    from digen.service import jobs
 
     timeout_s = jobs.parse_duration(timeout)
     if resume is not None:
@@ -159,7 +159,7 @@ def submit(
 
 def _warn_no_runner(r, job_id: str) -> None:
     """One warning line when no ``digen serve`` is up on this Redis: the job waits queued."""
-    from digen.runtime.jobs import live_runners
+    from digen.service.jobs import live_runners
 
     if not live_runners(r):
         err.print(
@@ -202,8 +202,8 @@ def serve(
 ) -> None:
     """Run submitted jobs (an rq worker; each job runs the controller)."""
     from digen.controlplane.redis_conn import embedded_url, mask_url
-    from digen.runtime import runner
     from digen.runtime.node import load_security
+    from digen.service import runner
 
     warn_insecure(scheduler, insecure)
     sec = load_security(security) if security is not None else None
@@ -240,7 +240,7 @@ def status(
     limit: Annotated[int, typer.Option("--limit", help="Newest N jobs (0: all).")] = 20,
 ) -> None:
     """Jobs and their progress: state, iteration/total, reward, samples/s, started, run dir."""
-    from digen.runtime import jobs
+    from digen.service import jobs
 
     r = _connect(redis_url)
     if job is not None:
@@ -291,7 +291,7 @@ def logs(
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")] = False,
 ) -> None:
     """A job's log: progress lines, warnings, the outcome."""
-    from digen.runtime import jobs
+    from digen.service import jobs
 
     r = _connect(redis_url)
     jobs.job_info(r, job)  # an unknown id is an error, not an empty log
@@ -310,7 +310,7 @@ def cancel(
     wait: Annotated[bool, typer.Option("--wait", help="Wait until the job has stopped.")] = False,
 ) -> None:
     """Stop a job at its next safe point (after a checkpoint); the run directory is kept."""
-    from digen.runtime import jobs
+    from digen.service import jobs
 
     r = _connect(redis_url)
     was = jobs.cancel(r, job)

@@ -134,8 +134,8 @@ def test_a_job_goes_on_with_junk_pushed_into_every_list(on_poison, tiny_sd3: Pat
 def test_digen_status_shows_the_count(tiny_sd3: Path, tmp_path: Path, monkeypatch):
     """The runner copies the attempt's count into the job's meta; status shows it."""
     from digen.controlplane.redis_conn import connect, stop_embedded
-    from digen.runtime import jobs
-    from digen.runtime.runner import _note_quarantined
+    from digen.service import jobs
+    from digen.service.runner import _note_quarantined
     from tests.service.helpers import CONFIG, quick_sets
 
     monkeypatch.setenv("DIGEN_HOME", str(tmp_path / "home"))

@@ -18,8 +18,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from digen.runtime import jobs
-from digen.runtime.runner import CONFIRM_S, RECOVERY_BOUND_S, recover_lost_jobs
+from digen.service import jobs
+from digen.service.runner import CONFIRM_S, RECOVERY_BOUND_S, recover_lost_jobs
 from tests.service.conftest import digen_home, procs, r, reference_run  # noqa: F401 - fixtures
 from tests.service.helpers import CONFIG, ITERATIONS, Procs, learning_rows, quick_sets, wait_for
 

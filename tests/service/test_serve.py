@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from digen.runtime import jobs
+from digen.service import jobs
 
 from .helpers import CONFIG, ITERATIONS, Procs, learning_rows, quick_sets, wait_for
 

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from digen.errors import ConfigError
-from digen.runtime import jobs
+from digen.service import jobs
 
 from .helpers import CONFIG, DIGEN, ROOT, proc_env, quick_sets
 
@@ -52,7 +52,7 @@ def test_submit_enqueues_a_json_job_with_a_long_timeout(r, tiny_sd3: Path, tmp_p
     job_id = submit_ok(tiny_sd3, tmp_path / "run", "--retries", "1")
     raw = r.hgetall(f"rq:job:{job_id}")
     func, _instance, args, kwargs = json.loads(zlib.decompress(raw[b"data"]))  # JSON, never pickle
-    assert func == jobs.JOB_FUNC == "digen.runtime.runner.execute_job"
+    assert func == jobs.JOB_FUNC == "digen.service.runner.execute_job"
     assert args == [] and kwargs["resume"] is False
     assert kwargs["out"] == str((tmp_path / "run").resolve())
     assert Path(kwargs["config"]["model"]["path"]).is_absolute()
@@ -68,6 +68,21 @@ def test_submit_enqueues_a_json_job_with_a_long_timeout(r, tiny_sd3: Path, tmp_p
     assert (
         table.exit_code == 0 and job_id in table.stdout and "queued" in table.stdout and "0/8" in table.stdout
     )
+
+
+@pytest.mark.parametrize("old", sorted(jobs.OLD_JOB_FUNCS))
+def test_a_job_an_older_digen_queued_runs_the_job_function_at_its_new_home(r, old: str):
+    from rq.job import Job
+    from rq.serializers import JSONSerializer
+
+    from digen.service.runner import adopt_old_name, execute_job
+
+    queued = Job.create(old, kwargs={"out": "run"}, connection=r, serializer=JSONSerializer)
+    queued.save()
+    job = Job.fetch(queued.id, connection=r, serializer=JSONSerializer)
+    assert job.func_name == old
+    adopt_old_name(job)
+    assert job.func_name == jobs.JOB_FUNC and job.func is execute_job and job.kwargs == {"out": "run"}
 
 
 def test_default_run_directory_is_named_after_config_and_job(r, tiny_sd3: Path, tmp_path: Path, monkeypatch):

@@ -1,6 +1,6 @@
 """The job runner, ``digen serve``: an rq worker that runs the jobs ``digen submit`` queued.
 
-rq keeps its queue and its worker apart; so does digen: :mod:`digen.runtime.jobs` is the
+rq keeps its queue and its worker apart; so does digen: :mod:`digen.service.jobs` is the
 client side (submit, status, logs, cancel), this module the worker side. ``digen serve``
 forks one work horse per job, which runs :func:`execute_job` (the reference loop or the
 distributed controller) and reports its progress in the job's meta and log.
@@ -10,7 +10,7 @@ whole runner dies (``kill -9`` of ``digen serve``, a lost host), rq itself would
 after the dead worker's started-registry entry expires (``job_monitoring_interval + 60`` =
 90 s) *and* a live worker runs its maintenance, which an idle rq worker does only after its
 blocking dequeue (``worker_ttl - 15`` s, 405 s by default). digen does not wait for either:
-every job heartbeats (``digen:job:<id>:alive``, :data:`~digen.runtime.jobs.ALIVE_TTL_S`),
+every job heartbeats (``digen:job:<id>:alive``, :data:`~digen.service.jobs.ALIVE_TTL_S`),
 and every runner, idle (its dequeue is cut to :data:`DEQUEUE_S`), busy (each time rq checks
 its work horse) or in ``--burst`` (before and while it waits for a job), calls
 :func:`recover_lost_jobs` every :data:`MAINTENANCE_S` seconds. A started job whose heartbeat
@@ -50,9 +50,11 @@ from rq.serializers import JSONSerializer
 from digen.config import Config, SecurityConfig, build_config
 from digen.errors import ConfigError, DigenError, JobCancelled
 from digen.iteration import progress_line
-from digen.runtime.jobs import (
+from digen.service.jobs import (
     ALIVE_TTL_S,
     HEARTBEAT_S,
+    JOB_FUNC,
+    OLD_JOB_FUNCS,
     QUEUE_NAME,
     RUNNER_PREFIX,
     STARTING_GRACE_S,
@@ -214,6 +216,13 @@ def _lost_soon(r: redis.Redis, waited_s: float) -> bool:
     return False
 
 
+def adopt_old_name(job: Job) -> None:
+    """A job an older digen queued names the job function where that digen kept it
+    (:data:`~digen.service.jobs.OLD_JOB_FUNCS`): it runs the same function at its new home."""
+    if job.func_name in OLD_JOB_FUNCS:
+        job.func_name = JOB_FUNC
+
+
 class DigenWorker(Worker):
     """rq's worker with digen's lost-job recovery in its maintenance, which runs every
     :data:`MAINTENANCE_S` seconds whether it is idle (its dequeue blocks :data:`DEQUEUE_S`)
@@ -222,6 +231,10 @@ class DigenWorker(Worker):
     def run_maintenance_tasks(self) -> None:
         super().run_maintenance_tasks()
         self._recover()
+
+    def perform_job(self, job, queue, execution) -> bool:  # in the work horse
+        adopt_old_name(job)
+        return super().perform_job(job, queue, execution)
 
     def maintain_heartbeats(self, job, execution) -> None:  # busy: called every job_monitoring_interval
         super().maintain_heartbeats(job, execution)

@@ -1,8 +1,8 @@
 """The job service's client side: what ``digen submit``, ``status``, ``logs`` and ``cancel`` do.
 
-``submit`` validates a config, then enqueues :func:`digen.runtime.runner.execute_job` by its
+``submit`` validates a config, then enqueues :func:`digen.service.runner.execute_job` by its
 import path with JSON-only arguments (rq's ``JSONSerializer``: nothing in Redis is pickled).
-The job runner, ``digen serve`` (:mod:`digen.runtime.runner`), is an rq worker that takes the
+The job runner, ``digen serve`` (:mod:`digen.service.runner`), is an rq worker that takes the
 jobs and runs them, as rq keeps its queue and its worker apart. ``status``, ``logs`` and
 ``cancel`` read and steer jobs from any process, on any machine that reaches the Redis.
 
@@ -27,8 +27,8 @@ attempt ends and, for an attempt whose runner died, when the next attempt starts
 A job's *state* (:data:`STATES`) combines rq's status with the heartbeat: a job rq still
 calls started whose heartbeat expired is ``lost`` (its runner died). Any running ``digen
 serve``, idle or busy, with or without ``--burst``, re-queues a lost job that has retries
-left (``--retries``) within :data:`~digen.runtime.runner.RECOVERY_BOUND_S` seconds of being
-up (:func:`digen.runtime.runner.recover_lost_jobs`); a work horse that crashes under a live
+left (``--retries``) within :data:`~digen.service.runner.RECOVERY_BOUND_S` seconds of being
+up (:func:`digen.service.runner.recover_lost_jobs`); a work horse that crashes under a live
 runner is retried by rq at once. ``digen submit --resume ID`` enqueues a new job on the same
 run directory. Every (re)start continues from the run directory's newest checkpoint, so no
 iteration is repeated or lost.
@@ -57,7 +57,10 @@ from digen.errors import ConfigError
 log = logging.getLogger(__name__)
 
 QUEUE_NAME = "digen:jobs"
-JOB_FUNC = "digen.runtime.runner.execute_job"
+JOB_FUNC = "digen.service.runner.execute_job"
+OLD_JOB_FUNCS = frozenset({"digen.runtime.runner.execute_job", "digen.runtime.service.execute_job"})
+"""Where older digens named the job function: a job they queued still runs
+(:meth:`~digen.service.runner.DigenWorker.perform_job` renames it to :data:`JOB_FUNC`)."""
 INDEX_KEY = "digen:job-index"
 DEFAULT_TIMEOUT_S = 7 * 24 * 3600  # training runs for hours or days; rq's default is 3 minutes
 DEFAULT_RETRIES = 2
