@@ -197,7 +197,7 @@ def warn_insecure(scheduler: str | None, insecure: bool) -> None:
     unless ``insecure``; then print one warning line."""
     if scheduler is None:
         return
-    from digen.runtime.node import check_scheduler_address
+    from digen.cluster.node import check_scheduler_address
 
     warning = check_scheduler_address(scheduler, insecure=insecure)
     if warning is not None:

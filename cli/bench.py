@@ -133,7 +133,7 @@ def bench(
     ks = _ks(tsp_k)
     cfg = load_config(config, set_ or [])
     if cfg.cluster.local.start_method == "forkserver" and any(m != "reference" for m in mode_list):
-        from digen.runtime.cluster import prefork_server
+        from digen.cluster.cluster import prefork_server
 
         prefork_server()  # before the reference run computes anything (see its docstring)
     with Steps("bench", rounds * len(mode_list) + (1 if ks else 0)) as steps:

@@ -1,4 +1,4 @@
-"""``digen certs``: a cluster's CA and one TLS certificate per node (:mod:`digen.runtime.certs`)."""
+"""``digen certs``: a cluster's CA and one TLS certificate per node (:mod:`digen.cluster.certs`)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def certs(
     """Make a cluster CA and a certificate and key per node, for tls:// Dask and the blob servers:
     OUT/NAME/security.yaml is that node's --security file. Run again to add nodes (the CA and
     existing nodes' files are kept)."""
-    from digen.runtime.certs import make_certs
+    from digen.cluster.certs import make_certs
 
     names = [n.strip() for item in (hosts or []) for n in item.split(",") if n.strip()]
     made = make_certs(out_dir, names or [socket.gethostname().split(".")[0] or "localhost"], days=days)

@@ -195,7 +195,7 @@ def _route_dask_logs(verbose: bool) -> None:
     """Send Dask's records to the root handlers (they print to stderr on their own at import)."""
     import distributed  # noqa: F401 - its import installs the handlers removed here
 
-    from digen.runtime import cluster
+    from digen.cluster import cluster
 
     for name in ("distributed", "distributed.client", "bokeh", "tornado", "tornado.application"):
         lg = logging.getLogger(name)

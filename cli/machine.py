@@ -28,8 +28,8 @@ def plan(
     set_: SetOpt = None,
 ) -> None:
     """Print the embedded cluster's placement: which GPU each worker of CONFIG gets (exit 2 when they do not fit)."""
+    from digen.cluster.placement import parse_spec, plan_local
     from digen.config import load_config
-    from digen.runtime.placement import parse_spec, plan_local
 
     cfg = load_config(config, set_ or [], check_paths=False, algorithms=False)
     placement = plan_local(cfg, parse_spec(gpus) if gpus is not None else None)

@@ -2,7 +2,7 @@
 
 ``submit``, ``status``, ``logs``, ``cancel`` talk to the job queue in Redis
 (:mod:`digen.service.jobs`), ``serve`` runs the jobs (:mod:`digen.service.runner`);
-``worker`` starts a Dask worker node (:mod:`digen.runtime.node`).
+``worker`` starts a Dask worker node (:mod:`digen.cluster.node`).
 With no ``--redis-url`` (and no ``DIGEN_REDIS_URL``) they share the embedded Redis under
 ``$DIGEN_HOME``: ``digen serve --burst & digen submit CONFIG --wait`` works with nothing installed.
 """
@@ -201,8 +201,8 @@ def serve(
     insecure: InsecureOpt = False,
 ) -> None:
     """Run submitted jobs (an rq worker; each job runs the controller)."""
+    from digen.cluster.node import load_security
     from digen.controlplane.redis_conn import embedded_url, mask_url
-    from digen.runtime.node import load_security
     from digen.service import runner
 
     warn_insecure(scheduler, insecure)
@@ -388,7 +388,7 @@ def worker(
     ] = None,
 ) -> None:
     """Start a Dask worker with a role and GPU type (with --gpus: one per GPU); running jobs use it from their next iteration."""
-    from digen.runtime.node import load_security, node_placement, run_node_workers, run_worker
+    from digen.cluster.node import load_security, node_placement, run_node_workers, run_worker
 
     warn_insecure(scheduler, insecure)
     sec = load_security(security) if security is not None else None

@@ -78,7 +78,7 @@ def train(
     # distributed modes): the algorithm registry imports torch, which the controller does not
     cfg = load_config(config, [*(set_ or []), *dash], algorithms=False)
     if security is not None:  # this node's TLS files, over the config's security: section
-        from digen.runtime.node import load_security
+        from digen.cluster.node import load_security
 
         cfg = cfg.model_copy(update={"security": load_security(security)})
     if scheduler is None and cfg.schedule.mode != "reference":
@@ -88,7 +88,7 @@ def train(
         and cfg.schedule.mode != "reference"
         and cfg.cluster.local.start_method == "forkserver"
     ):
-        from digen.runtime.cluster import prefork_server
+        from digen.cluster.cluster import prefork_server
 
         prefork_server()  # before anything computes or starts a thread (see its docstring)
     profile = _start_profile() if profile_startup else None
@@ -123,7 +123,7 @@ def train(
 
 def _print_placement(cfg, log_format: str) -> None:
     """The embedded cluster's placement (``digen plan``), one line per worker, before it starts."""
-    from digen.runtime.placement import plan_local
+    from digen.cluster.placement import plan_local
 
     placement = plan_local(cfg)
     if log_format == "json":

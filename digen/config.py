@@ -410,7 +410,7 @@ class LocalClusterConfig(_Section):
     """Resource tag (``gpu-<TYPE>``) of embedded workers placed on no GPU. A worker placed on
     a GPU (``gpus``) is tagged with that GPU's type, read from its name (``h100``, ``l40s``)."""
     gpus: Literal["auto"] | list[Annotated[int, Field(ge=0)]] = "auto"
-    """GPUs the embedded workers are placed on (:mod:`digen.runtime.placement`): ``auto``
+    """GPUs the embedded workers are placed on (:mod:`digen.cluster.placement`): ``auto``
     every visible one, or a list of ids (``[0, 1, 2, 3]``); none visible, ``[]`` or
     ``model.device: cpu``: the workers run on CPU. Each worker process sees only its own GPU
     (``CUDA_VISIBLE_DEVICES``). ``digen plan CONFIG`` prints the placement."""

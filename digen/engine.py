@@ -14,12 +14,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from digen.checks import check_inputs, checkpoint_estimate
+from digen.cluster.placement import plan_local
 from digen.config import Config
 from digen.evaluation import eval_metrics
 from digen.iteration import ProgressFn
 from digen.loggers import MetricsLogger, check_loggers, make_loggers
 from digen.rundir import RunLock, disk_writes
-from digen.runtime.placement import plan_local
 
 
 def run_training(

@@ -39,8 +39,8 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
+from digen.cluster.cluster import scheduler_identity
 from digen.config import load_config
-from digen.runtime.cluster import scheduler_identity
 from digen.runtime.controller import run_distributed
 
 

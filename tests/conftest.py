@@ -38,7 +38,7 @@ PURE_TEST_DIRS = {"core", "algos", "sim", "config"}
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Fork the workers' fork server from this process before collection, as ``digen train``
-    does first thing (digen.runtime.cluster.prefork_server). Before collection, because
+    does first thing (digen.cluster.cluster.prefork_server). Before collection, because
     importing the test modules starts threads a fork must not copy (onnxruntime's, with
     test_ocr; a torch op's OpenMP pool): forked after them, the server and its workers
     inherited their locks and state, and in one CI run in several the server died mid-suite.
@@ -49,7 +49,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         path = (Path(session.config.invocation_params.dir) / arg.split("::")[0]).resolve()
         dirs.add(path.relative_to(tests).parts[0] if path.is_relative_to(tests) and path != tests else "")
     if dirs - PURE_TEST_DIRS:
-        from digen.runtime.cluster import prefork_server
+        from digen.cluster.cluster import prefork_server
 
         prefork_server()
 

@@ -1,4 +1,4 @@
-"""Imported last by the fork server (:data:`digen.runtime.cluster.FORKSERVER_PRELOAD`): the
+"""Imported last by the fork server (:data:`digen.cluster.cluster.FORKSERVER_PRELOAD`): the
 code a worker's policy load and loop import, imported once for every worker forked from it,
 then frozen so the forked workers keep sharing those pages.
 

@@ -1,7 +1,7 @@
 """The long-lived worker loop: pull tasks by role tag, run them, acknowledge.
 
 The controller places one loop per Dask worker (``client.submit(run_worker_loop, ...,
-workers=[addr])``: :func:`digen.runtime.cluster.run_worker_loop` imports this module on the
+workers=[addr])``: :func:`digen.cluster.cluster.run_worker_loop` imports this module on the
 worker). The loop loads the policy once and starts this process's blob server (where its
 peers fetch what it produces: :mod:`digen.dataplane.blobs`); a trainer (every worker in
 ``colocated`` mode) also takes its share of the optimizer (:mod:`workers.trainer`). Then it

@@ -1,6 +1,6 @@
 """Load a worker's policy ahead of its loop: while the controller still loads its own copy.
 
-The local cluster (:class:`digen.runtime.cluster.LocalClusterStart`) submits
+The local cluster (:class:`digen.cluster.cluster.LocalClusterStart`) submits
 :func:`preload_policy` to each worker as soon as the worker is up; the job's loop
 (:mod:`workers.loop`) then takes that policy (:func:`take_policy`) instead of building a
 second one. A worker that was never preloaded (an external cluster, a restarted process)

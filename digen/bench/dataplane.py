@@ -415,8 +415,8 @@ def run_dataplane_bench(
 ) -> list[Round]:
     """Every size's round of the data plane (``{name: bytes}``), then the path it replaced
     (at ``old_bytes`` a task)."""
+    from digen.cluster.cluster import close_local_cluster, list_workers, start_local_cluster
     from digen.controlplane.redis_conn import connect, count_bytes, embedded_url
-    from digen.runtime.cluster import close_local_cluster, list_workers, start_local_cluster
 
     say = progress or (lambda _m: None)
     r = connect(None)

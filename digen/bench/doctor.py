@@ -3,7 +3,7 @@
 Each entry is read defensively: a library or tool that is missing, or that fails, gives a row
 that says so rather than an error, so the report is whole on any machine (no GPU, no
 ``nvidia-smi``, a CPU-only torch). The GPUs are those of
-:func:`digen.runtime.placement.discover` (the seam ``digen plan`` uses too); torch's view of
+:func:`digen.cluster.placement.discover` (the seam ``digen plan`` uses too); torch's view of
 them (peer access between each pair, NCCL) is asked only where CUDA is available. The
 placement shown is ``digen plan``'s for the given config, by default
 ``configs/quickstart.yaml``.
@@ -22,7 +22,7 @@ DEFAULT_CONFIG = Path("configs/quickstart.yaml")
 
 def doctor_report(config: Path | None = None) -> dict:
     """The environment as one JSON-able dict (see the module docstring)."""
-    from digen.runtime.placement import discover
+    from digen.cluster.placement import discover
 
     gpus = discover()
     report: dict = {
@@ -154,9 +154,9 @@ def _disk(path: Path) -> dict:
 
 def _placement(config: Path | None) -> dict:
     """``digen plan``'s placement of ``config`` (default :data:`DEFAULT_CONFIG` when present)."""
+    from digen.cluster.placement import plan_local
     from digen.config import load_config
     from digen.errors import ConfigError
-    from digen.runtime.placement import plan_local
 
     path = config if config is not None else DEFAULT_CONFIG
     if not path.exists():

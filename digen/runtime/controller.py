@@ -28,6 +28,15 @@ from pathlib import Path
 import redis
 
 from digen.checks import registries_apart
+from digen.cluster.cluster import (
+    LocalClusterStart,
+    close_local_cluster,
+    connect_scheduler,
+    exit_process,
+    run_worker_loop,
+)
+from digen.cluster.node import dask_security
+from digen.cluster.placement import Placement, plan_local
 from digen.config import Config
 from digen.controlplane.jobstate import JobState
 from digen.controlplane.queue import TaskQueue, is_step_id
@@ -52,20 +61,11 @@ from digen.errors import ConfigError, ConnectionFailure, JobCancelled
 from digen.evaluation import eval_task_count, held_out_prompts
 from digen.iteration import IterationEnd, ProgressFn, finish_iteration
 from digen.rundir import RunDir, checkpoint_advice, finalize_checkpoint
-from digen.runtime.cluster import (
-    LocalClusterStart,
-    close_local_cluster,
-    connect_scheduler,
-    exit_process,
-    run_worker_loop,
-)
 from digen.runtime.dispatch import Dispatcher
 from digen.runtime.evals import Evaluations
 from digen.runtime.fsdp_group import FsdpControl
 from digen.runtime.ledger import Ledger
 from digen.runtime.membership import Membership
-from digen.runtime.node import dask_security
-from digen.runtime.placement import Placement, plan_local
 from digen.runtime.results import Collector, PoisonTask
 from digen.runtime.sp_group import SpControl
 from digen.runtime.steps import StepControl, StepResult
@@ -361,7 +361,7 @@ def in_flight_events(queue: TaskQueue, task_ids: list[str], now: float) -> list[
 def preflight(cfg: Config, local: bool, rewards: bool = True) -> Placement | None:
     """Fail in seconds, before any cluster starts, on a reward that does not exist or takes
     other arguments (:class:`ConfigError`) or whose server does not answer (:class:`RewardError`),
-    on a local cluster whose workers do not fit its GPUs (:func:`~digen.runtime.placement.plan_local`)
+    on a local cluster whose workers do not fit its GPUs (:func:`~digen.cluster.placement.plan_local`)
     and on one on CPU whose GPU type ``cluster.gpu_types`` leaves out. Returns the local
     cluster's placement (None without a local cluster). The rewards are
     built and asked in a child process (:func:`~digen.checks.registries_apart`): their code
@@ -476,7 +476,7 @@ def run_distributed(
     scheduler: errors within seconds, naming what and where). A Redis restart pauses the job
     for up to ``schedule.redis_outage_s``, then it continues (see docs/guarantees.md).
     ``loop_fn``: the worker loop to place on each worker (default
-    :func:`~digen.runtime.cluster.run_worker_loop`, :func:`workers.loop.worker_loop` imported on
+    :func:`~digen.cluster.cluster.run_worker_loop`, :func:`workers.loop.worker_loop` imported on
     the worker: this process imports no torch). ``rewards_checked``: the caller ran
     :func:`~digen.checks.check_inputs` with ``health`` just before, so the preflight does not
     ask the rewards again.

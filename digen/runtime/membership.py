@@ -16,12 +16,12 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from digen.cluster.cluster import WorkerInfo, list_workers
 from digen.config import Config
 from digen.controlplane.jobstate import JobState
 from digen.controlplane.redis_conn import SecretURL
 from digen.core.events import Event, Role, WorkerJoined, WorkerLeft
 from digen.errors import ConfigError, DigenError
-from digen.runtime.cluster import WorkerInfo, list_workers
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class Membership:
     loop_fn: Callable
     """The worker loop placed on every worker (:func:`workers.loop.worker_loop`)."""
     exit_fn: Callable
-    """Run on a worker to end its process (:func:`digen.runtime.cluster.exit_process`)."""
+    """Run on a worker to end its process (:func:`digen.cluster.cluster.exit_process`)."""
     workers: dict[str, WorkerInfo] = field(default_factory=dict)
     loops: dict[str, object] = field(default_factory=dict)
     """Worker name -> the Dask future of its loop."""

@@ -286,7 +286,7 @@ def serve(
     scheduler on another host needs ``insecure``; ``security``: this node's TLS files."""
     global _SERVE
     if scheduler is not None:
-        from digen.runtime.node import check_reachable, check_scheduler_address
+        from digen.cluster.node import check_reachable, check_scheduler_address
 
         check_scheduler_address(scheduler, insecure=insecure)
         check_reachable(scheduler, security=security)
@@ -627,7 +627,7 @@ def _job_logging(r: redis.Redis, job_id: str) -> Iterator[None]:
 @contextmanager
 def _dask_tls(cfg: Config | None) -> Iterator[None]:
     """The config's ``security:`` section as dask's TLS settings for the controller's client."""
-    from digen.runtime.node import dask_tls_config
+    from digen.cluster.node import dask_tls_config
 
     settings = dask_tls_config(cfg.security) if cfg is not None else {}
     if not settings:

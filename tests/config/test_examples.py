@@ -163,7 +163,7 @@ def test_example_parses_with_the_peer_numbers(name):
 def test_the_8_gpu_pickscore_recipe_is_the_1_gpu_one_placed_on_8_gpus():
     """The same recipe as pickscore-sd35.yaml but the cluster; its workers fill 8 GPUs one
     each (the plan for an 8xh100 machine), and do not fit 4."""
-    from digen.runtime.placement import parse_spec, plan_local
+    from digen.cluster.placement import parse_spec, plan_local
 
     one = load_config(EXAMPLES / "pickscore-sd35.yaml", check_paths=False).model_dump(exclude={"cluster"})
     cfg = load_config(EXAMPLES / "pickscore-sd35-8gpu.yaml", check_paths=False)

@@ -265,9 +265,9 @@ def test_an_invalid_payload_in_redis_is_dead_lettered_and_never_unpickled(tmp_pa
 
 
 def test_workers_of_a_gpu_type_no_task_may_use_get_no_task(small_config):
+    from digen.cluster.cluster import WorkerInfo
     from digen.core.events import Role
     from digen.errors import ConfigError
-    from digen.runtime.cluster import WorkerInfo
     from digen.runtime.membership import Membership
 
     cfg = small_config(schedule__mode="digen", cluster__gpu_types=["h100", "a100"])

@@ -158,9 +158,9 @@ def test_redis_tls_url(auth_server: int, tmp_path: Path):
 def test_dask_tls_with_digen_worker(tmp_path: Path):
     from distributed import Client
 
+    from digen.cluster.cluster import list_workers
+    from digen.cluster.node import dask_security
     from digen.config import SecurityConfig
-    from digen.runtime.cluster import list_workers
-    from digen.runtime.node import dask_security
 
     certs = make_certs(tmp_path / "tls")
     sec_file = tmp_path / "security.yaml"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from digen.runtime.cluster import add_local_worker, list_workers
+from digen.cluster.cluster import add_local_worker, list_workers
 from digen.runtime.controller import run_distributed
 from digen.testing.faults import Fault, arm
 from tests.conftest import faults_on

@@ -8,12 +8,12 @@ from types import SimpleNamespace
 import pytest
 from typer.testing import CliRunner
 
+from digen.cluster.cluster import WorkerInfo, worker_resources
+from digen.cluster.node import check_sp_group
 from digen.controlplane.sp_keys import SpGroup
 from digen.core.events import Release, Role, SetRole, TaskKind, WorkerJoined
 from digen.core.scheduler import Scheduler, SchedulerConfig
 from digen.errors import ConfigError
-from digen.runtime.cluster import WorkerInfo, worker_resources
-from digen.runtime.node import check_sp_group
 from digen.runtime.sp_group import Candidate, SpControl, plan_replicas
 
 

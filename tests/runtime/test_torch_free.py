@@ -29,7 +29,7 @@ CONTROLLER_MODULES = [
     "digen.runtime.fsdp_group",
     "digen.runtime.sp_group",
     "digen.runtime.membership",
-    "digen.runtime.cluster",
+    "digen.cluster.cluster",
     "digen.engine",
     "digen.checks",
     "cli.main",

@@ -78,6 +78,6 @@ def test_an_interface_the_operator_chose_is_kept(monkeypatch: pytest.MonkeyPatch
 def test_a_worker_of_a_remote_scheduler_listens_on_the_interface_facing_it(netns: Namespace):
     """``digen worker`` without ``--host``: the local address that routes to the scheduler
     (found without sending anything), not every interface."""
-    from digen.runtime.node import listen_host
+    from digen.cluster.node import listen_host
 
     assert listen_host(f"tls://{netns.peer}:8786") == netns.host

@@ -16,9 +16,9 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
+from digen.cluster import node
 from digen.config import Config
 from digen.errors import ConnectionFailure
-from digen.runtime import node
 from tests.conftest import required
 
 from .conftest import Namespace
@@ -157,7 +157,7 @@ def test_the_embedded_cluster_is_tls_with_the_nodes_certificates(certs: Path, tm
     its Dask worker's files, not the config's."""
     from distributed import Client
 
-    from digen.runtime.cluster import close_local_cluster, list_workers
+    from digen.cluster.cluster import close_local_cluster, list_workers
     from digen.runtime.controller import _local_cluster
     from workers.runtime import node_tls
 

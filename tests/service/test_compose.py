@@ -140,7 +140,7 @@ def test_redis_has_a_password_from_env_aof_and_a_healthcheck(compose: dict):
 def test_one_gpu_worker_service_takes_every_gpu_of_its_node(compose: dict):
     """One service per node: all its GPUs reserved, one worker process per GPU (--gpus auto),
     the types read from the GPUs' names, the roles split by counts."""
-    from digen.runtime.placement import parse_roles
+    from digen.cluster.placement import parse_roles
 
     gpu = {n: s for n, s in compose["services"].items() if gpu_devices(s)}
     assert set(gpu) == {"worker"}
@@ -220,7 +220,7 @@ def test_dask_is_tls_and_each_service_mounts_only_its_own_certificate(compose: d
 def test_the_certs_service_makes_what_the_services_mount(tmp_path):
     """Run the certs service's command here: each service's folder holds the files its
     command names (the security.yaml one of them loads)."""
-    from digen.runtime.node import load_security
+    from digen.cluster.node import load_security
 
     compose = yaml.safe_load(COMPOSE.read_text())
     cmd = compose["services"]["certs"]["command"]

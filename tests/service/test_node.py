@@ -15,9 +15,9 @@ import yaml
 from typer.testing import CliRunner
 
 from cli.main import app
+from digen.cluster import node
 from digen.config import SecurityConfig, build_config
 from digen.errors import ConfigError, ConnectionFailure
-from digen.runtime import node
 from tests.conftest import required
 
 from .helpers import Procs, wait_for
@@ -199,7 +199,7 @@ def test_digen_worker_joins_a_tls_scheduler(tmp_path: Path, digen_home: Path):
     import dask
     import distributed  # noqa: F401 - its config defaults must exist before dask.config.set
 
-    from digen.runtime.cluster import connect_scheduler, list_workers
+    from digen.cluster.cluster import connect_scheduler, list_workers
 
     certs = make_certs(tmp_path / "certs")
     sec_file = tmp_path / "security.yaml"

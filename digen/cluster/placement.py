@@ -28,7 +28,7 @@ The rules, as GPU training wants them:
 
 A unit that fits no single type (6 trainers on a box of 4 H100 and 4 L40S) takes the first
 free GPUs in order and spans types; ``digen plan`` shows it. A worker added to a running local
-cluster (:func:`~digen.runtime.cluster.add_local_worker`, tests of elasticity) is not placed:
+cluster (:func:`~digen.cluster.cluster.add_local_worker`, tests of elasticity) is not placed:
 it inherits the controller's environment.
 """
 
@@ -327,7 +327,7 @@ def _too_many(workers: Sequence[tuple[str, str]], gpus: Sequence[Gpu], per_gpu: 
 
 
 def local_workers(rollout: int, trainer: int, reward: int = 0) -> list[tuple[str, str]]:
-    """The embedded cluster's workers, named as :func:`~digen.runtime.cluster.start_local_cluster`
+    """The embedded cluster's workers, named as :func:`~digen.cluster.cluster.start_local_cluster`
     names them."""
     return [
         (f"{role}-{i}", role)

@@ -1,13 +1,13 @@
 """A digen worker node: one Dask worker (under a Nanny) that carries a role and a GPU type.
 
 ``digen worker --scheduler ADDR --role trainer --gpu-type a100`` starts one. Its Dask
-resources are ``{"trainer": 1, "gpu-a100": 1}`` (:func:`~digen.runtime.cluster.worker_resources`),
+resources are ``{"trainer": 1, "gpu-a100": 1}`` (:func:`~digen.cluster.cluster.worker_resources`),
 so the controller of a running job sees it within half a second and gives it a worker loop at
 the next iteration boundary. ``--device cuda:N`` pins it to GPU N: the worker process sees
 only that GPU (``CUDA_VISIBLE_DEVICES=N``) and the worker loop runs on ``cuda:0``
 (``DIGEN_DEVICE``). ``--gpus auto`` (or ``--gpus 0,1,2,3``) starts one worker process per GPU
 of the node instead, each pinned to its GPU and tagged with its type as the local cluster's
-workers are (:mod:`digen.runtime.placement`); ``--role trainer=2,rollout`` splits the roles
+workers are (:mod:`digen.cluster.placement`); ``--role trainer=2,rollout`` splits the roles
 (trainers on adjacent GPUs first), ``--role rollout`` gives every GPU the one role.
 
 Where it listens: on the address that routes to the scheduler (:func:`listen_host`), so a
@@ -37,10 +37,10 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
+from digen.cluster.cluster import worker_resources
+from digen.cluster.placement import Placement, discover, parse_gpu_ids, parse_roles, place
 from digen.config import SecurityConfig, read_yaml
 from digen.errors import ConfigError, ConnectionFailure
-from digen.runtime.cluster import worker_resources
-from digen.runtime.placement import Placement, discover, parse_gpu_ids, parse_roles, place
 
 log = logging.getLogger(__name__)
 
@@ -304,7 +304,7 @@ def _joinable(scheduler: str, security: SecurityConfig | None, insecure: bool):
 
 def node_placement(role: str, gpus: str, gpu_type: str | None = None) -> Placement:
     """One worker per GPU of ``gpus`` (``auto``: every visible one; ``0,1,2``: those ids),
-    roles from ``role`` (:func:`~digen.runtime.placement.parse_roles`), named
+    roles from ``role`` (:func:`~digen.cluster.placement.parse_roles`), named
     ``<role>-<type>-<host>-<id>-gNN`` (NN: the GPU id). ``gpu_type`` overrides the types read
     from the GPUs' names."""
     found = discover()

@@ -14,9 +14,7 @@ import yaml
 from typer.testing import CliRunner
 
 from cli.main import app
-from digen.config import build_config
-from digen.errors import ConfigError
-from digen.runtime.placement import (
+from digen.cluster.placement import (
     FAKE_ENV,
     Gpu,
     _visible,
@@ -28,6 +26,8 @@ from digen.runtime.placement import (
     place,
     plan_local,
 )
+from digen.config import build_config
+from digen.errors import ConfigError
 from digen.runtime.sp_group import Candidate, plan_replicas
 from tests.conftest import required, small_config_data
 
@@ -193,7 +193,7 @@ def test_each_worker_process_of_a_local_cluster_sees_only_its_own_gpu(monkeypatc
     """A real local cluster (three worker processes) placed on a fake inventory of two kinds
     of GPU: each process reads back its own CUDA_VISIBLE_DEVICES, and its Dask resource
     carries its GPU's type."""
-    from digen.runtime.cluster import close_local_cluster, list_workers, start_local_cluster
+    from digen.cluster.cluster import close_local_cluster, list_workers, start_local_cluster
 
     monkeypatch.setenv(FAKE_ENV, "1xh100,2xl40s")
     placement = plan_local(cfg_of(2, 1))
@@ -262,7 +262,7 @@ def test_train_refuses_workers_that_do_not_fit_before_anything_starts(tmp_path, 
 
 
 def test_a_node_starts_one_worker_per_gpu_trainers_first(monkeypatch):
-    from digen.runtime.node import node_placement
+    from digen.cluster.node import node_placement
 
     monkeypatch.setenv(FAKE_ENV, "2xl40s,2xh100")
     p = node_placement("trainer=1,rollout", "auto")
@@ -390,7 +390,7 @@ def test_digen_worker_gpus_auto_starts_one_pinned_worker_per_gpu(tmp_path):
 
     from distributed import Client, LocalCluster
 
-    from digen.runtime.cluster import list_workers
+    from digen.cluster.cluster import list_workers
 
     with LocalCluster(
         n_workers=0, processes=False, protocol="tcp", host="127.0.0.1", dashboard_address=None

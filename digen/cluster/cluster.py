@@ -109,7 +109,7 @@ def nanny_options(
     forked from the fork server would otherwise see the environment the server started with,
     not variables set since (``DIGEN_HOME``, ``DIGEN_FAULTS``, ...), which a spawned worker
     inherits. ``extra_env`` goes on top: a placed worker's GPU
-    (:meth:`digen.runtime.placement.Slot.env`). ``security``: a ``distributed.Security`` (TLS)
+    (:meth:`digen.cluster.placement.Slot.env`). ``security``: a ``distributed.Security`` (TLS)
     or None."""
     options = {
         "nthreads": threads,
@@ -138,7 +138,7 @@ def start_local_cluster(
 ):
     """A local Dask cluster of ``rollout`` + ``trainer`` (+ ``reward``) worker processes with
     role resources, every listener on loopback. ``placement``
-    (:class:`~digen.runtime.placement.Placement`): each worker's GPU, its environment and its
+    (:class:`~digen.cluster.placement.Placement`): each worker's GPU, its environment and its
     ``gpu-<type>`` tag; None: every worker tagged ``gpu_type``.
 
     Returns ``(cluster, client)``. Each worker is a separate process (a Nanny restarts it if

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from digen.runtime.cluster import start_local_cluster
+from digen.cluster.cluster import start_local_cluster
 
 
 def on_worker(fn) -> list:
@@ -126,7 +126,7 @@ def test_the_server_is_forked_only_from_a_process_with_no_thread_pool(before):
 
     if "onnxruntime" in before:
         pytest.importorskip("onnxruntime")
-    code = f"{before}\nfrom digen.runtime.cluster import prefork_server\nprint(prefork_server())"
+    code = f"{before}\nfrom digen.cluster.cluster import prefork_server\nprint(prefork_server())"
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
     )
