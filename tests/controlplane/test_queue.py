@@ -11,9 +11,9 @@ import time
 import pytest
 import redis
 
+from digen.bench.queue import bench_queue
 from digen.controlplane.queue import LeasedTask, TaskQueue
 from digen.controlplane.redis_conn import embedded_url
-from digen.runtime.queue_bench import bench_queue
 
 
 @pytest.fixture()

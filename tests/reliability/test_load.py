@@ -4,7 +4,7 @@ counted twice while a worker dies holding a lease.
 
 The queue's speed is a benchmark, not a test verdict (a shared machine makes any threshold a race
 against the machine's load: 1,947/s here once, beside two busy loops and the suite):
-``python -m digen.runtime.queue_bench`` prints the round trips per second, and ``digen bench``
+``python -m digen.bench.queue`` prints the round trips per second, and ``digen bench``
 reports ``worker_redis_round_trips_per_s``."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections import Counter
 
 import pytest
 
-from digen.runtime.queue_bench import bench_queue_processes
+from digen.bench.queue import bench_queue_processes
 
 pytestmark = pytest.mark.slow
 

@@ -132,7 +132,7 @@ def _embedded_url(client: redis.Redis) -> str:
     return embedded_url(client)
 
 
-if __name__ == "__main__":  # python -m digen.runtime.queue_bench
+if __name__ == "__main__":  # python -m digen.bench.queue
     rate, q = bench_queue_processes(10_000, 4)
     q.clear()
     print(f"10,000 lease+ack round trips, 4 worker processes: {rate:,.0f}/s")
