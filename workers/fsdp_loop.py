@@ -49,9 +49,9 @@ from safetensors.torch import load_file, save_file
 from digen.assembly import trained_dtype
 from digen.controlplane.fsdp_keys import FsdpGroup
 from digen.controlplane.queue import STEP_QUEUE, LeasedTask
+from digen.core import blobnames
 from digen.core.events import Role, TaskKind
 from digen.dataplane.blobs import BlobLost, fetch
-from digen.dataplane.weights import version_blob
 from digen.parallel.comm import all_gather_json, all_reduce_stats, broadcast_json
 from digen.parallel.fsdp import ShardedTrainer, local_trainable_shards, shard_of, shard_rows
 from digen.testing import faults
@@ -188,7 +188,7 @@ def _serve_previous(rk: Rank, folder: Path, state: dict) -> int | None:
     rt = rk.rt
     shards = {k: shard_of(t, rk.rank, rk.world) for k, t in load_file(str(path)).items()}
     meta = {"version": str(prev), "rank": str(rk.rank), "world": str(rk.world)}
-    rt.blobs.put(version_blob(rt.job.job_id, int(prev)), shards, meta)
+    rt.blobs.put(blobnames.weights(rt.job.job_id, int(prev)), shards, meta)
     return int(prev)
 
 
@@ -202,12 +202,12 @@ def _serve_shards(rk: Rank, keep_from: int | None = None) -> None:
     dtype = trained_dtype(rt.cfg)
     shards = {k: t.to(dtype).contiguous() for k, t in local_trainable_shards(rt.policy).items()}
     rt.blobs.put(
-        version_blob(job, v), shards, {"version": str(v), "rank": str(rk.rank), "world": str(rk.world)}
+        blobnames.weights(job, v), shards, {"version": str(v), "rank": str(rk.rank), "world": str(rk.world)}
     )
-    keep = {version_blob(job, x) for x in range(v if keep_from is None else keep_from, v + 1)}
-    stale = [n for n in rt.blobs.names() if n.startswith(f"{job}:weights:") and n not in keep]
+    keep = {blobnames.weights(job, x) for x in range(v if keep_from is None else keep_from, v + 1)}
+    stale = [str(b) for b in blobnames.of_job(rt.blobs.names(), job, blobnames.WEIGHTS) if str(b) not in keep]
     rt.blobs.drop(*stale)
-    versions = sorted(int(n.rsplit(":", 1)[1]) for n in rt.blobs.names() if n.startswith(f"{job}:weights:"))
+    versions = blobnames.versions(rt.blobs.names(), job)
     rt.group.set_holding(rt.name, rt.blob_addr, versions, None, shard=(rk.rank, rk.world))
 
 
@@ -348,7 +348,7 @@ def _gather_served(rk: Rank, version: int) -> dict[str, torch.Tensor]:
     """Version ``version`` whole, from the shards every rank serves (no collective: the
     ranks' blob servers answer while they wait in this step)."""
     rt = rk.rt
-    name = version_blob(rt.job.job_id, version)
+    name = blobnames.weights(rt.job.job_id, version)
     holders = rt.group.shard_holders(version)
     if not holders:
         raise RuntimeError(f"no rank serves every shard of version {version} to checkpoint it")

@@ -28,9 +28,10 @@ from digen.controlplane.jsonkeys import Rendezvous
 from digen.controlplane.queue import TaskQueue
 from digen.controlplane.redis_conn import RoundTrips
 from digen.controlplane.trainer_group import StepCommand, TrainerGroup
+from digen.core import blobnames
 from digen.core.events import Role, TaskRef
 from digen.dataplane.blobs import BlobLost, BlobStore
-from digen.dataplane.weights import fetch_version, version_blob
+from digen.dataplane.weights import fetch_version
 from digen.errors import TaskDropped
 from digen.parallel.comm import join_process_group
 from digen.testing import faults
@@ -96,10 +97,6 @@ class WorkerRuntime:
     def group(self) -> TrainerGroup:
         return TrainerGroup(self.queue.redis, self.job.job_id)
 
-    def blob_name(self, kind: str, task_id: str) -> str:
-        """The name of a blob this worker makes for task ``task_id`` (``gen``, ``grad``...)."""
-        return f"{self.job.job_id}:{kind}:{task_id}"
-
     def ensure_reward(self) -> None:
         """Build the config's reward once per worker, on the worker's device."""
         if self.reward is None:
@@ -145,7 +142,7 @@ class WorkerRuntime:
         policy = self.ensure_policy()
         if self.version == version:
             return
-        own = self.blobs.get(version_blob(self.job.job_id, version))
+        own = self.blobs.get(blobnames.weights(self.job.job_id, version))
         weights = own.tensors if own is not None else self.weights_cache.get(version)
         if weights is None:
             weights = self._fetch_weights(version)
@@ -157,7 +154,7 @@ class WorkerRuntime:
         self.version = version
 
     def _fetch_weights(self, version: int) -> dict[str, torch.Tensor]:
-        name = version_blob(self.job.job_id, version)
+        name = blobnames.weights(self.job.job_id, version)
         deadline = time.monotonic() + WEIGHTS_WAIT_S
         last = "no trainer serves it yet"
         start = zlib.crc32(self.name.encode())  # spread the workers' first buckets over holders
@@ -190,16 +187,14 @@ class WorkerRuntime:
     def drop_blobs_before(self, iteration: int) -> None:
         """Forget trajectories and gradients of iterations up to ``iteration`` (stepped: no
         step can need them again)."""
-        prefix = f"{self.job.job_id}:"
+        job = self.job.job_id
 
         def keep(name: str) -> bool:
-            if not name.startswith(prefix):
-                return True
-            kind, _, task = name[len(prefix) :].partition(":")
-            if kind not in ("traj", "grad"):
+            blob = blobnames.parse(name)
+            if blob is None or blob.job != job or blob.kind not in blobnames.PER_TASK:
                 return True
             try:
-                return TaskRef.parse(task).iteration > iteration
+                return TaskRef.parse(blob.key).iteration > iteration
             except ValueError:
                 return False
 

@@ -26,6 +26,7 @@ from collections.abc import Callable
 import torch
 
 from digen.controlplane.queue import LeasedTask
+from digen.core import blobnames
 from digen.core.events import Role, TaskKind, TaskRef
 from digen.dataplane.blobs import BlobLost, BlobMismatch, Expect, fetch
 from digen.evaluation import EvalTask
@@ -74,7 +75,7 @@ def gen_result(
     timings, where the blob is, and (when the payload asks, for a sample grid) its images as
     grid cells."""
     version = GroupTask.from_json(leased.payload["task"]).version
-    name = rt.blob_name("traj", leased.task_id)
+    name = blobnames.trajectories(rt.job.job_id, leased.task_id)
     blob = rt.blobs.put(name, traj.tensors(), {"version": str(version)})
     result = {
         "rewards": [float(x) for x in traj.rewards],
@@ -210,7 +211,7 @@ def run_train(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
     result = {"stats": stats.to_json(), "events": events, "worker": rt.name, "start": t0, "end": time.time()}
     member = rt.member
     if member is None or rt.cfg.train.reduce == "exact":  # the trainers fetch it at the step
-        name = rt.blob_name("grad", leased.task_id)
+        name = blobnames.gradient(rt.job.job_id, leased.task_id)
         blob = rt.blobs.put(name, grads)
         result["grad"] = {"addr": rt.blob_addr, "name": name, "digest": blob.digest}
         return result, None

@@ -44,10 +44,10 @@ from safetensors.torch import load_file
 from digen.algos.state import load_version
 from digen.assembly import trained_dtype
 from digen.controlplane.trainer_group import ABORT, COMMIT, StepCommand
+from digen.core import blobnames
 from digen.core.events import Role, TaskRef
 from digen.dataplane.blobs import BlobLost, Expect, fetch
 from digen.dataplane.reduce import TaskSum, all_reduce_sum, flatten, ordered_sum, unflatten
-from digen.dataplane.weights import version_blob
 from digen.errors import DigenError
 from digen.optim import ParameterStore, stage_checkpoint
 from digen.testing import faults
@@ -110,23 +110,20 @@ class Member:
         if self.kept is not None:
             versions[self.kept[0]] = self.kept[1]
         job = rt.job.job_id
-        for name in rt.blobs.names():
-            kind = name[len(job) + 1 :].split(":", 1)[0] if name.startswith(job + ":") else ""
-            if kind == "weights":
-                held = int(name.rsplit(":", 1)[1])
-                if held not in versions and (keep_from is None or held < keep_from):
-                    rt.blobs.drop(name)
-            elif kind == "state":
-                rt.blobs.drop(name)
+        names = rt.blobs.names()
+        for held in blobnames.of_job(names, job, blobnames.WEIGHTS):
+            if held.version not in versions and (keep_from is None or held.version < keep_from):
+                rt.blobs.drop(str(held))
+        rt.blobs.drop(*(str(b) for b in blobnames.of_job(names, job, blobnames.STATE)))
         for ver, w in versions.items():
-            if rt.blobs.get(version_blob(job, ver)) is None:
+            if rt.blobs.get(blobnames.weights(job, ver)) is None:
                 rt.blobs.put(
-                    version_blob(job, ver), {k: t.to(dtype) for k, t in w.items()}, {"version": str(ver)}
+                    blobnames.weights(job, ver), {k: t.to(dtype) for k, t in w.items()}, {"version": str(ver)}
                 )
         weights, opt, state = self.store.state_parts()
         tensors = {**{f"w/{k}": t for k, t in weights.items()}, **{f"o/{k}": t for k, t in opt.items()}}
-        rt.blobs.put(f"{job}:state:{v}", tensors, {"state": json.dumps(state)})
-        served = sorted(int(n.rsplit(":", 1)[1]) for n in rt.blobs.names() if n.startswith(f"{job}:weights:"))
+        rt.blobs.put(blobnames.state(job, v), tensors, {"state": json.dumps(state)})
+        served = blobnames.versions(rt.blobs.names(), job)
         rt.group.set_holding(rt.name, rt.blob_addr, served, v)
 
     # --- between steps ----------------------------------------------------------------------
@@ -228,7 +225,7 @@ class Member:
             if worker == rt.name:
                 continue
             try:
-                tensors, meta = fetch(addr, f"{rt.job.job_id}:state:{version}")
+                tensors, meta = fetch(addr, blobnames.state(rt.job.job_id, version))
             except BlobLost as exc:
                 tried.append(str(exc))
                 continue
@@ -277,7 +274,7 @@ class Member:
                 continue
             try:
                 got, _ = fetch(
-                    addr, version_blob(self.rt.job.job_id, version), expect=Expect(version=version)
+                    addr, blobnames.weights(self.rt.job.job_id, version), expect=Expect(version=version)
                 )
                 return version, {k: t.float() for k, t in got.items()}
             except BlobLost:

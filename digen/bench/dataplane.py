@@ -185,9 +185,9 @@ def trainer_round(rank: int, world: int, port: int, nbytes: int, job: str, step:
 
     _join(job, key)
     from digen.config import TrainConfig
+    from digen.core import blobnames
     from digen.dataplane.blobs import local_server, local_store
     from digen.dataplane.reduce import TaskSum, all_reduce_sum
-    from digen.dataplane.weights import version_blob
     from digen.optim import ParameterStore
 
     torch.set_num_threads(1)
@@ -216,7 +216,7 @@ def trainer_round(rank: int, world: int, port: int, nbytes: int, job: str, step:
     server = local_server()
     version = {k: v.to(torch.bfloat16) for k, v in weights.items()}
     t4 = time.time()
-    local_store().put(version_blob(job, 1), version).digest  # noqa: B018 - hash every tensor now (else the first fetch would)
+    local_store().put(blobnames.weights(job, 1), version).digest  # noqa: B018 - hash every tensor now (else the first fetch would)
     t5 = time.time()
     del store, weights, sums, version
     return {
@@ -234,11 +234,12 @@ def rollout_fetch(holders: list[str], job: str, start: int, key: str) -> dict:
     all of it takes on its own."""
     import torch
 
-    from digen.dataplane.weights import fetch_version, version_blob
+    from digen.core import blobnames
+    from digen.dataplane.weights import fetch_version
 
     _join(job, key)
     t0 = time.time()
-    got = fetch_version(holders, version_blob(job, 1), dtype=torch.bfloat16, start=start)
+    got = fetch_version(holders, blobnames.weights(job, 1), dtype=torch.bfloat16, start=start)
     t1 = time.time()
     _RECEIVED["version"] = got
     n = sum(v.numel() * v.element_size() for v in got.values())
@@ -316,10 +317,11 @@ def keep_trajectory(job: str, key: str) -> dict:
     """A rollout worker keeps one FLUX group as a blob (as a generation task does)."""
     import torch
 
+    from digen.core.blobnames import trajectories
     from digen.dataplane.blobs import local_server, local_store
 
     _join(job, key)
-    name = f"{job}:traj:gen:0:0"
+    name = trajectories(job, "gen:0:0")
     latents = torch.randn(*TRAJECTORY_SHAPE, generator=torch.Generator().manual_seed(3))
     local_store().put(name, {"latents": latents, "log_probs": torch.zeros(16, 6)})
     return {"addr": local_server().address, "name": name}

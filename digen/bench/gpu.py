@@ -32,6 +32,8 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+from digen.core import blobnames
+
 ADAPTER_MIB = 684
 ALLREDUCE_MIB = 256
 PART_TIMEOUT_S = {"allreduce": 120.0, "weight_fetch": 180.0, "rollout_train": 420.0}
@@ -275,13 +277,13 @@ def _hold_adapter(device: str, mib: int, q, done, key: str) -> None:
         _sync(device)
         t0 = time.perf_counter()
         host = {k: v.to("cpu") for k, v in weights.items()}
-        local_store().put("bench:weights:1", host)
+        local_store().put(blobnames.weights("bench", 1), host)
         publish_s = time.perf_counter() - t0
         server = local_server()
         q.put(
             {
                 "address": server.address,
-                "blob": "bench:weights:1",
+                "blob": blobnames.weights("bench", 1),
                 "publish_s": publish_s,
                 "peak_gib": _peak_gib(device),
             }

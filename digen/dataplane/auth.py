@@ -5,7 +5,7 @@ controller and kept in the job's Redis under its key prefix (:meth:`JobState.blo
 <digen.controlplane.jobstate.JobState.blob_key>`); the job's Redis is trusted (it holds the job's
 tasks already), so every process of the job, and nothing else, reads it there when its loop
 starts and adds it to its process's :class:`Keyring`. A blob belongs to the job its name starts
-with (``<job>:...``: :func:`job_of`), and only that job's key opens it.
+with (``<job>:...``: :func:`digen.core.blobnames.job_of`), and only that job's key opens it.
 
 The exchange, on every connection to a blob server (:mod:`digen.dataplane.blobs`):
 
@@ -58,11 +58,6 @@ def new_key() -> bytes:
 
 def new_nonce() -> str:
     return secrets.token_hex(NONCE_BYTES)
-
-
-def job_of(name: str) -> str:
-    """The job a blob belongs to: its name up to the first ``:`` (``<job>:traj:...``)."""
-    return name.split(":", 1)[0]
 
 
 INCARNATION = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"

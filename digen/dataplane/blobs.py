@@ -54,10 +54,10 @@ from typing import Any
 
 import torch
 
+from digen.core.blobnames import job_of
 from digen.dataplane.auth import (
     INCARNATION,
     Keyring,
-    job_of,
     keyring,
     new_nonce,
     proof_mac,

@@ -28,10 +28,6 @@ one bucket with the transfer of the next."""
 IN_FLIGHT = 4
 
 
-def version_blob(job_id: str, version: int) -> str:
-    return f"{job_id}:weights:{version}"
-
-
 def fetch_version(
     holders: list[str],
     name: str,

@@ -81,9 +81,10 @@ def test_a_worker_loop_cycle_takes_two_round_trips(redis_client, role, queue):
 def test_lora_weight_sync_moves_only_the_adapter(tiny_sd3):
     """A version travels trainer -> rollout as the trained tensors only: the adapter of a
     LoRA run (a fifth of the transformer's bytes or less), fetched whole and equal."""
+    from digen.core import blobnames
     from digen.dataplane.auth import keyring, new_key
     from digen.dataplane.blobs import BlobServer, BlobStore
-    from digen.dataplane.weights import fetch_version, version_blob
+    from digen.dataplane.weights import fetch_version
     from digen.models import load_policy
 
     policy = load_policy(tiny_sd3, height=32, width=32)
@@ -95,10 +96,10 @@ def test_lora_weight_sync_moves_only_the_adapter(tiny_sd3):
     for name, tensors in (("full", full), ("lora", adapter)):
         keyring().add(name, new_key())  # this process stands for the job's processes
         store = BlobStore()
-        store.put(version_blob(name, 0), tensors)
+        store.put(blobnames.weights(name, 0), tensors)
         server = BlobServer(store)
         try:
-            got = fetch_version([server.address], version_blob(name, 0))
+            got = fetch_version([server.address], blobnames.weights(name, 0))
             assert all(torch.equal(got[k], tensors[k]) for k in tensors)
             sent[name] = server.bytes_sent
         finally:

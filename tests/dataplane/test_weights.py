@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from digen.core import blobnames
 from digen.dataplane.blobs import BlobLost, BlobServer, BlobStore
-from digen.dataplane.weights import fetch_version, version_blob
+from digen.dataplane.weights import fetch_version
 
 
 def weights() -> dict[str, torch.Tensor]:
@@ -20,7 +21,7 @@ def holders():
     servers = []
     for _ in range(2):
         store = BlobStore()
-        store.put(version_blob("job", 3), weights())
+        store.put(blobnames.weights("job", 3), weights())
         servers.append(BlobServer(store))
     yield servers
     for s in servers:
@@ -28,7 +29,7 @@ def holders():
 
 
 def test_a_version_comes_whole_in_buckets_spread_over_its_holders(holders):
-    got = fetch_version([s.address for s in holders], version_blob("job", 3), bucket_bytes=2048)
+    got = fetch_version([s.address for s in holders], blobnames.weights("job", 3), bucket_bytes=2048)
     want = weights()
     assert list(got) == list(want) and all(torch.equal(got[k], want[k]) for k in want)
     sent = [s.bytes_sent for s in holders]
@@ -39,7 +40,7 @@ def test_buckets_land_one_by_one_in_the_receivers_dtype(holders):
     landed: list[list[str]] = []
     out = fetch_version(
         [holders[0].address],
-        version_blob("job", 3),
+        blobnames.weights("job", 3),
         dtype=torch.bfloat16,
         bucket_bytes=1024,
         on_bucket=lambda b: landed.append(sorted(b)),
@@ -53,10 +54,10 @@ def test_buckets_land_one_by_one_in_the_receivers_dtype(holders):
 def test_a_gone_holder_is_replaced_by_the_next_and_no_holder_at_all_is_blob_lost(holders):
     addrs = [s.address for s in holders]
     holders[0].close()
-    got = fetch_version(addrs, version_blob("job", 3), bucket_bytes=2048)
+    got = fetch_version(addrs, blobnames.weights("job", 3), bucket_bytes=2048)
     assert torch.equal(got["layer7.w"], weights()["layer7.w"])
     holders[1].close()
     with pytest.raises(BlobLost, match="no holder answered"):
-        fetch_version(addrs, version_blob("job", 3))
+        fetch_version(addrs, blobnames.weights("job", 3))
     with pytest.raises(BlobLost, match="no worker holds it"):
-        fetch_version([], version_blob("job", 3))
+        fetch_version([], blobnames.weights("job", 3))

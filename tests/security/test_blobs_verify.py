@@ -13,11 +13,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from digen.core import blobnames
 from digen.dataplane.auth import keyring, new_key, proof_mac
 from digen.dataplane.blobs import Blob, BlobLost, BlobMismatch, BlobStore, Expect, fetch
 from digen.dataplane.digest import ALGORITHMS
 from digen.dataplane.reduce import GradientMismatch, TaskSum, ordered_sum
-from digen.dataplane.weights import fetch_version, version_blob
+from digen.dataplane.weights import fetch_version
 from digen.dataplane.wire import recv_header, send_frame
 from tests.security.blob_helpers import JOB, job_key, serving, until_closed, weights
 from workers.tasks import group_tensors, park
@@ -114,19 +115,19 @@ def test_a_blob_of_the_wrong_version_is_lost_and_fetch_version_skips_its_holder(
     caplog.set_level(logging.WARNING, "digen.dataplane.blobs")
     with job_key():
         with serving() as (old, stale), serving() as (new, good):
-            old.put(version_blob(JOB, 3), weights(0), {"version": "2"})  # says it is version 2
-            new.put(version_blob(JOB, 3), weights(1), {"version": "3"})
+            old.put(blobnames.weights(JOB, 3), weights(0), {"version": "2"})  # says it is version 2
+            new.put(blobnames.weights(JOB, 3), weights(1), {"version": "3"})
             with pytest.raises(BlobMismatch, match="version 2, not 3"):
-                fetch(stale.address, version_blob(JOB, 3), expect=Expect(version=3))
+                fetch(stale.address, blobnames.weights(JOB, 3), expect=Expect(version=3))
             caplog.clear()
             got = fetch_version(
-                [stale.address, good.address], version_blob(JOB, 3), version=3, bucket_bytes=1024
+                [stale.address, good.address], blobnames.weights(JOB, 3), version=3, bucket_bytes=1024
             )
             assert list(got) == list(weights(1)) and all(torch.equal(got[k], weights(1)[k]) for k in got)
             assert len(mismatches(caplog)) == 1  # the stale holder was asked once, then skipped
             assert good.counts["served"] == 2 and stale.counts["served"] == 1  # 2 buckets; the fetch above
             with pytest.raises(BlobLost, match="no holder answered"):
-                fetch_version([stale.address], version_blob(JOB, 3), version=3)
+                fetch_version([stale.address], blobnames.weights(JOB, 3), version=3)
 
 
 def test_bytes_that_differ_from_their_digest_are_a_lost_blob():
@@ -144,9 +145,9 @@ def test_bytes_that_differ_from_their_digest_are_a_lost_blob():
 
 def test_a_cast_fetch_checks_names_shapes_and_the_manifest():
     with job_key(), serving() as (store, server):
-        blob = store.put(version_blob(JOB, 2), weights(), {"version": "2"})
+        blob = store.put(blobnames.weights(JOB, 2), weights(), {"version": "2"})
         got, _ = fetch(
-            server.address, version_blob(JOB, 2), dtype=torch.bfloat16, expect=Expect(blob.digest, 2)
+            server.address, blobnames.weights(JOB, 2), dtype=torch.bfloat16, expect=Expect(blob.digest, 2)
         )
         assert {k: (v.dtype, tuple(v.shape)) for k, v in got.items()} == {
             k: (torch.bfloat16, (8, 16)) for k in weights()
