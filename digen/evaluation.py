@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from PIL import Image
 
 from digen.config import Config
+from digen.core.versions import published_after
 from digen.records import Record
 from digen.rundir import RunDir
 from digen.viz import write_eval_grid
@@ -75,7 +76,7 @@ def eval_batch_size(cfg: Config) -> int:
 def eval_version(cfg: Config, iteration: int) -> int:
     """The version evaluated after ``iteration``: the weights after its last optimizer step
     (``train.mini_batches`` steps an iteration)."""
-    return (iteration + 1) * cfg.train.mini_batches
+    return published_after(iteration, cfg.train.mini_batches)
 
 
 def plan_eval(cfg: Config, prompts: list[str], iteration: int) -> list[EvalTask]:

@@ -241,7 +241,7 @@ def _train(rk: Rank, cmd: dict) -> None:
     payload = cmd["payload"]
     entries, specs = batch_specs(cmd["id"], payload)
     spec = specs[0]
-    version = int(payload["version"])  # mini-batch m of iteration i: mini_batches x i + m
+    version = int(payload["version"])  # mini-batch m of iteration i: digen.core.versions.version
     if trainer.version != version:
         raise RuntimeError(
             f"train task {cmd['id']} needs version {version}, the group holds {trainer.version}"

@@ -186,7 +186,7 @@ def run_train(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
     entries, specs = batch_specs(leased.task_id, leased.payload)
     spec = specs[0]
     ref = TaskRef.parse(leased.task_id)
-    version = int(leased.payload["version"])  # mini-batch m of iteration i: mini_batches x i + m
+    version = int(leased.payload["version"])  # mini-batch m of iteration i: digen.core.versions.version
     t0 = time.time()
     rt.ensure_version(version)
     events = []

@@ -8,7 +8,8 @@ learns each worker's seconds per task kind from the durations on ``TaskDone`` ev
 
 Versions: version v is the weights after v optimizer steps. An iteration takes ``M =
 mini_batches`` steps (one per mini-batch, below); iteration i generates with version
-``M * max(0, i - max_staleness)`` and its mini-batch m trains version ``M * i + m``. With
+``M * max(0, i - max_staleness)`` and its mini-batch m trains version ``M * i + m``
+(:mod:`digen.core.versions`, the one home of that arithmetic). With
 staleness 1 the generation of iteration i+1 overlaps the training of iteration i. A generation
 task carries one version: a trajectory never mixes weights.
 
@@ -69,6 +70,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from digen.core import versions
 from digen.core.events import (
     Event,
     Finish,
@@ -186,15 +188,15 @@ class Scheduler:
     @property
     def published(self) -> int:
         """Newest published version."""
-        return (self.stepped + 1) * self.cfg.mini_batches + self.mini_stepped
+        return versions.version(self.stepped + 1, self.mini_stepped, self.cfg.mini_batches)
 
     def gen_version(self, iteration: int) -> int:
         """The version iteration ``iteration`` generates with."""
-        return max(0, iteration - self.cfg.max_staleness) * self.cfg.mini_batches
+        return versions.generation_version(iteration, self.cfg.mini_batches, self.cfg.max_staleness)
 
     def train_version(self, iteration: int, group: int, part: int | None = None) -> int:
         """The version a train task of ``group`` (``part``) trains (its mini-batch's)."""
-        return iteration * self.cfg.mini_batches + self.task_mini_batch(group, part)
+        return versions.version(iteration, self.task_mini_batch(group, part), self.cfg.mini_batches)
 
     def mini_batch(self, group: int) -> int:
         return mini_batch_of(group, self.cfg.groups, self.cfg.mini_batches)
@@ -438,7 +440,9 @@ class Scheduler:
             k = self.evals_waiting[0]
             c = self.evals_released.get(k, 0)
             self.evals_open.setdefault(k, set()).add(c)
-            out.append(Release(TaskRef(TaskKind.EVAL, k, c), (k + 1) * self.cfg.mini_batches))
+            out.append(
+                Release(TaskRef(TaskKind.EVAL, k, c), versions.published_after(k, self.cfg.mini_batches))
+            )
             slots -= 1
             self.evals_released[k] = c + 1
             if c + 1 == self.cfg.eval_tasks:

@@ -57,6 +57,7 @@ from digen.core.events import (
     WorkerLeft,
 )
 from digen.core.scheduler import Scheduler, SchedulerConfig
+from digen.core.versions import iterations_behind
 from digen.errors import ConfigError, ConnectionFailure, JobCancelled
 from digen.evaluation import eval_task_count, held_out_prompts
 from digen.iteration import IterationEnd, ProgressFn, finish_iteration
@@ -219,7 +220,7 @@ class Controller:
         dead = led.dead.pop(k, [])
         dropped = sum(len(x.samples) for g, p in led.untrained.pop(k, set()) for x in book.task_specs(g, p))
         m_total = self.cfg.train.mini_batches
-        lags = [k - v // m_total for v in led.gen_versions.get(k, {}).values()]  # in iterations
+        lags = [iterations_behind(k, v, m_total) for v in led.gen_versions.get(k, {}).values()]
         stats = dict(step.stats)
         if self.grad_norms:  # one per optimizer step, as the reference loop reports them
             norms = [*self.grad_norms, float(stats["grad_norm"])]

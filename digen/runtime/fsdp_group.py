@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from digen.controlplane.fsdp_keys import FsdpGroup
 from digen.controlplane.jobstate import JobState
 from digen.controlplane.queue import STEP_QUEUE, DeadLetter, TaskQueue, step_id
+from digen.core import versions
 from digen.core.events import Role
 from digen.errors import DigenError
 from digen.iteration import checkpoints
@@ -103,7 +104,7 @@ class FsdpControl:
         folder = None
         if last and checkpoints(cfg, iteration):
             folder = str(self.run.checkpoint_dir(iteration).resolve())
-        keep_from = m_total * iteration if cfg.schedule.resolved().max_staleness else None
+        keep_from = versions.kept_version(iteration, m_total, cfg.schedule.resolved().max_staleness)
         tid = step_id(iteration, mini_batch, m_total)
         payload = {
             "iteration": iteration,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from digen.config import Config
 from digen.core.events import TaskKind, TaskRef
+from digen.core.versions import generation_version
 from digen.iteration import IterationBook
 from digen.tasks import plan_groups
 
@@ -76,7 +77,7 @@ class Ledger:
     def book(self, iteration: int) -> IterationBook:
         if iteration not in self.books:
             lag = int(self.cfg.schedule.resolved().max_staleness or 0)  # in iterations
-            version = max(0, iteration - lag) * self.cfg.train.mini_batches  # the scheduler's gen_version
+            version = generation_version(iteration, self.cfg.train.mini_batches, lag)
             self.books[iteration] = IterationBook(
                 self.cfg, iteration, plan_groups(self.cfg, self.prompts, iteration, version)
             )

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from digen.config import Config
 from digen.controlplane.queue import STEP_QUEUE, TaskQueue, step_id
 from digen.controlplane.trainer_group import ABORT, COMMIT, StepCommand, TrainerGroup
+from digen.core import versions
 from digen.core.events import TaskRef
 from digen.errors import DigenError
 from digen.iteration import checkpoints
@@ -110,11 +111,11 @@ class StepControl:
     def keep_version(self, iteration: int) -> int | None:
         """Staleness 1: the version iteration ``iteration`` generated with, which the next
         iteration's rollouts may still use while its steps run (None at staleness 0)."""
-        return self.mini_batches * iteration if self.cfg.schedule.resolved().max_staleness else None
+        return versions.kept_version(iteration, self.mini_batches, self.cfg.schedule.resolved().max_staleness)
 
     def publish_current(self) -> None:
         """Tell joining members which state to start from (and which older version to keep)."""
-        iteration = -(-self.version // self.mini_batches) - 1  # the iteration whose steps made it
+        iteration = versions.iteration_of(self.version, self.mini_batches)
         keep = self.keep_version(max(iteration, 0)) if self.version else None
         self.group.set_current(self.version, self.checkpoint, keep)
 
