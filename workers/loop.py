@@ -25,6 +25,7 @@ from digen.config import Config
 from digen.controlplane.jobstate import JobState
 from digen.controlplane.queue import LeasedTask, TaskQueue
 from digen.controlplane.redis_conn import connect, count_round_trips
+from digen.controlplane.trainer_group import holds_optimizer
 from digen.core.events import Role, TaskRef
 from digen.core.policy import idle_kinds, pull_order
 from digen.dataplane.auth import INCARNATION, keyring
@@ -70,14 +71,6 @@ def next_task(rt: WorkerRuntime, role: Role, budget: int) -> LeasedTask | None:
     if leased is None:
         rt.queue.wait(queues, rt.name, IDLE_WAIT_S)
     return leased
-
-
-def is_member(cfg: Config, trainer: bool, scorer: bool) -> bool:
-    """Whether a worker holds a share of the optimizer: trainers do, and in ``colocated`` mode
-    every worker that is not a reward worker (the controller's rule too)."""
-    if scorer or cfg.train.fsdp:
-        return False
-    return trainer or cfg.schedule.mode == "colocated"
 
 
 def worker_loop(
@@ -137,7 +130,8 @@ def worker_loop(
     if not scorer:
         rt.ensure_policy()  # load before taking tasks: a joining worker never stalls a task
         rt.version = 0  # every build is version 0 (digen.assembly.build_policy)
-    if is_member(cfg, bool(trainer), scorer):
+    role = Role.REWARD if scorer else Role.TRAINER if trainer else Role.ROLLOUT
+    if holds_optimizer(role, cfg.schedule.mode, cfg.train.fsdp):
         rt.member = Member.start(rt)
     rt.ensure_reward()
     rt.job.note_startup(

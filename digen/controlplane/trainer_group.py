@@ -47,8 +47,21 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from digen.controlplane.jsonkeys import JsonKeys, Rendezvous
+from digen.core.events import Role
 
 COMMIT, ABORT = "commit", "abort"
+
+
+def holds_optimizer(role: Role, mode: str, fsdp: bool) -> bool:
+    """The membership rule: whether a worker of ``role`` holds a share of the replicated
+    optimizer (a member of the trainer group) in schedule mode ``mode``. Trainers do; in
+    ``colocated`` mode every worker but a reward worker does; with ``train.fsdp`` none does
+    (the FSDP ranks hold the shards: :mod:`digen.controlplane.fsdp_keys`). The controller
+    (:meth:`digen.runtime.membership.Membership.members`) and the worker loops
+    (:func:`workers.loop.worker_loop`) both ask this one rule."""
+    if fsdp or role is Role.REWARD:
+        return False
+    return role in (Role.TRAINER, Role.COLOCATED) or mode == "colocated"
 
 
 @dataclass

@@ -20,6 +20,7 @@ from digen.cluster.cluster import WorkerInfo, list_workers
 from digen.config import Config
 from digen.controlplane.jobstate import JobState
 from digen.controlplane.redis_conn import SecretURL
+from digen.controlplane.trainer_group import holds_optimizer
 from digen.core.events import Event, Role, WorkerJoined, WorkerLeft
 from digen.errors import ConfigError, DigenError
 
@@ -61,12 +62,11 @@ class Membership:
         non-reward worker in ``colocated`` mode); none with ``train.fsdp``. A worker restarted
         under its name is no member until its new loop is ready (its predecessor's ready mark
         does not count)."""
-        if self.cfg.train.fsdp:
-            return []
+        mode, fsdp = self.cfg.schedule.mode, self.cfg.train.fsdp
         trainers = sorted(
             n
             for n, w in self.workers.items()
-            if self.role_of(w) in (Role.TRAINER, Role.COLOCATED) and n in self.loops and self.job.is_ready(n)
+            if holds_optimizer(self.role_of(w), mode, fsdp) and n in self.loops and self.job.is_ready(n)
         )
         running = self.job.incarnations(trainers)  # (a key a restarted Redis lost: taken as is)
         return [n for n in trainers if running.get(n, self.tokens.get(n)) == self.tokens.get(n)]

@@ -106,3 +106,22 @@ def test_lora_weight_sync_moves_only_the_adapter(tiny_sd3):
             server.close()
     assert sent["lora"] == sum(v.numel() * v.element_size() for v in adapter.values())
     assert sent["lora"] < sent["full"] / 5
+
+
+@pytest.mark.parametrize(
+    ("role", "mode", "fsdp", "member"),
+    [
+        (Role.TRAINER, "disaggregated", False, True),
+        (Role.ROLLOUT, "disaggregated", False, False),
+        (Role.REWARD, "disaggregated", False, False),
+        (Role.COLOCATED, "colocated", False, True),
+        (Role.ROLLOUT, "colocated", False, True),  # a worker loop's own view: its resource, any mode
+        (Role.REWARD, "colocated", False, False),
+        (Role.TRAINER, "disaggregated", True, False),  # FSDP ranks hold shards, not a replica
+        (Role.COLOCATED, "colocated", True, False),
+    ],
+)
+def test_who_holds_the_optimizer(role: Role, mode: str, fsdp: bool, member: bool):
+    from digen.controlplane.trainer_group import holds_optimizer
+
+    assert holds_optimizer(role, mode, fsdp) is member
