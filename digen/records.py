@@ -3,16 +3,18 @@ spec, an evaluation chunk) goes to a worker inside a msgpack payload, as a dict 
 strings and lists, and is read back into its dataclass there.
 
 A :class:`Record` writes its fields as such a dict (tuples as lists) and reads one back,
-converting each value to its field's type (``int``, ``float``, ``str``, and tuples and lists
-of them, nested): a payload read from Redis is not trusted, so a value of the wrong kind
+converting each value to its field's type (``int``, ``float``, ``str``, ``bool`` (a bool
+only), another record, ``X | None``, and tuples and lists of them, nested); a field with a
+default may be absent. A payload read from Redis is not trusted, so a value of the wrong kind
 fails when the task is read (``int("x")``), not deep inside the task.
 """
 
 from __future__ import annotations
 
+import types
 import typing
 from collections.abc import Callable
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from typing import Any, Self
 
 
@@ -24,11 +26,30 @@ class Record:
 
     @classmethod
     def from_json(cls, d: dict) -> Self:
-        return cls(**{name: convert(d[name]) for name, convert in _converters(cls)})
+        return cls(
+            **{
+                name: convert(d[name])
+                for name, convert in _converters(cls)
+                if name in d or name not in _optional(cls)
+            }
+        )
 
 
 def _plain(value: Any) -> Any:
+    if isinstance(value, Record):
+        return value.to_json()
     return [_plain(v) for v in value] if isinstance(value, tuple | list) else value
+
+
+def _optional(cls: type) -> set[str]:
+    """The fields of ``cls`` that have a default (may be absent from a dict)."""
+    return {f.name for f in fields(cls) if f.default is not MISSING or f.default_factory is not MISSING}
+
+
+def _bool(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise TypeError(f"expected true or false, got {type(v).__name__}")
+    return v
 
 
 _CONVERTERS: dict[type, list[tuple[str, Callable[[Any], Any]]]] = {}
@@ -46,6 +67,13 @@ def _converters(cls: type) -> list[tuple[str, Callable[[Any], Any]]]:
 def _converter(tp: Any) -> Callable[[Any], Any]:
     """``int`` -> int(); ``tuple[int, ...]`` -> a tuple of int(); ``list[list[int]]`` -> nested lists."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType) and len(args) == 2 and type(None) in args:
+        inner = _converter(next(a for a in args if a is not type(None)))
+        return lambda v: None if v is None else inner(v)
+    if isinstance(tp, type) and issubclass(tp, Record):
+        return tp.from_json
+    if tp is bool:
+        return _bool
     if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
         item = _converter(args[0])
         return lambda v: tuple(item(x) for x in v)
@@ -54,4 +82,6 @@ def _converter(tp: Any) -> Callable[[Any], Any]:
         return lambda v: [item(x) for x in v]
     if tp in (int, float, str):
         return tp
-    raise TypeError(f"a Record field must be int, float, str, or a list or tuple of them; got {tp!r}")
+    raise TypeError(
+        f"a Record field must be int, float, str, bool, a Record, X | None, or a list or tuple of them; got {tp!r}"
+    )

@@ -48,6 +48,7 @@ from safetensors.torch import load_file, save_file
 
 from digen.assembly import trained_dtype
 from digen.controlplane.fsdp_keys import FsdpGroup
+from digen.controlplane.payloads import FsdpStepPayload, TrainPayload
 from digen.controlplane.queue import STEP_QUEUE, LeasedTask
 from digen.core import blobnames
 from digen.core.events import Role, TaskKind
@@ -238,20 +239,20 @@ def _next_command(rk: Rank) -> dict:
 def _train(rk: Rank, cmd: dict) -> None:
     rt, trainer = rk.rt, rk.trainer
     assert trainer is not None
-    payload = cmd["payload"]
-    entries, specs = batch_specs(cmd["id"], payload)
-    spec = specs[0]
-    version = int(payload["version"])  # mini-batch m of iteration i: digen.core.versions.version
+    payload = TrainPayload.read(cmd["payload"])
+    entries = batch_specs(cmd["id"], payload)
+    specs = [e.spec for e in entries]
+    spec, version = specs[0], payload.version  # mini-batch m of iteration i: digen.core.versions.version
     if trainer.version != version:
         raise RuntimeError(
             f"train task {cmd['id']} needs version {version}, the group holds {trainer.version}"
         )
     t0 = time.time()
-    leased = LeasedTask(TaskKind.TRAIN.value, cmd["id"], payload, 1)
+    leased = LeasedTask(TaskKind.TRAIN.value, cmd["id"], cmd["payload"], 1)
     lost: BlobLost | None = None
     data: list = []
     try:
-        data = batch_tensors(rt, leased, TRAINING_TENSORS)
+        data = batch_tensors(rt, leased, entries, TRAINING_TENSORS)
     except BlobLost as exc:
         lost = exc
     missing = torch.tensor([0 if lost is None else 1], dtype=torch.int64, device=rk.comm)
@@ -261,10 +262,10 @@ def _train(rk: Rank, cmd: dict) -> None:
             park(rt, leased, lost or BlobLost(f"the trajectories of {cmd['id']} are gone"))
         return
     assert rt.embed is not None
-    whole, embeds, sigma_max = batch_rows(specs, data, [rt.embed(str(e["prompt"])) for e in entries], rt.cfg)
+    whole, embeds, sigma_max = batch_rows(specs, data, [rt.embed(e.prompt) for e in entries], rt.cfg)
     rows = shard_rows(whole, rk.rank, rk.world)
     t1, c1 = time.time(), time.thread_time()
-    stats = trainer.accumulate(rows, embeds, rt.cfg, tsp=bool(payload["tsp"]), sigma_max=sigma_max)
+    stats = trainer.accumulate(rows, embeds, rt.cfg, tsp=payload.tsp, sigma_max=sigma_max)
     mine = rk.event("train", spec.iteration, version, t1, time.time(), time.thread_time() - c1)
     faults.point("train", rt.job, rt.name, task=cmd["id"], iteration=spec.iteration)
     total = all_reduce_stats(stats, device=rk.comm)
@@ -275,16 +276,16 @@ def _train(rk: Rank, cmd: dict) -> None:
 def _step(rk: Rank, cmd: dict) -> None:
     rt, trainer = rk.rt, rk.trainer
     assert trainer is not None
-    payload = cmd["payload"]
-    iteration, version = int(payload["iteration"]), trainer.version
+    payload = FsdpStepPayload.read(cmd["payload"])
+    iteration, version = payload.iteration, trainer.version
     t0 = time.time()
-    rows = _agreed_rows(rk, int(payload["rows"]))
+    rows = _agreed_rows(rk, payload.rows)
     opt = trainer.step(total_rows=rows)
     rt.version = trainer.version
     t1 = time.time()
-    keep_from = payload.get("keep_from")
+    keep_from = payload.keep_from
     _serve_shards(rk, keep_from)
-    folder = cmd["payload"]["checkpoint"]
+    folder = payload.checkpoint
     _stage_checkpoint(rk, folder, iteration, keep_from)
     t2 = time.time()
     mine = [

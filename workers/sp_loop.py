@@ -38,6 +38,7 @@ import redis
 import torch
 import torch.distributed as dist
 
+from digen.controlplane.payloads import GenPayload
 from digen.controlplane.queue import LeasedTask
 from digen.controlplane.sp_keys import SpGroup
 from digen.core.events import Role, TaskKind, TaskRef
@@ -156,7 +157,7 @@ def _run(rk: Rank, leased: LeasedTask) -> None:
     rt = rk.rt
     with sequence_parallel(rt.policy, None):
         if leased.queue == TaskKind.GEN.value:
-            score = rk.leader and leased.payload.get("score", True)
+            score = rk.leader and GenPayload.read(leased.payload).score
             traj, events, t0 = generate(rt, leased, Role.ROLLOUT, score=score, stop=None)
         else:
             result, _ = run_eval(rt, leased, Role.ROLLOUT)

@@ -25,15 +25,22 @@ from collections.abc import Callable
 
 import torch
 
+from digen.controlplane.payloads import (
+    EvalPayload,
+    GenPayload,
+    RewardPayload,
+    Source,
+    TrainEntry,
+    TrainPayload,
+)
 from digen.controlplane.queue import LeasedTask
 from digen.core import blobnames
 from digen.core.events import Role, TaskKind, TaskRef
 from digen.dataplane.blobs import BlobLost, BlobMismatch, Expect, fetch
-from digen.evaluation import EvalTask
+from digen.errors import PayloadError
 from digen.evaluator import evaluate_chunk
 from digen.rewards.base import call_reward
 from digen.rollout import Trajectories, generate_group
-from digen.tasks import GroupTask, TrainSpec
 from digen.testing import faults
 from digen.training import train_groups
 from digen.viz import image_cells, to_png
@@ -47,7 +54,7 @@ Outcome = tuple[dict, Callable[[], None] | None] | None
 def generate(rt: WorkerRuntime, leased: LeasedTask, role: Role, *, score: bool, stop) -> tuple:
     """A generation task's group and timeline events (scored when ``score``), nothing stored:
     ``(trajectories, events, start)``. Also what every rank of a sequence-parallel replica runs."""
-    task = GroupTask.from_json(leased.payload["task"])
+    task = GenPayload.read(leased.payload).task
     ref = TaskRef(TaskKind.GEN, task.iteration, task.group)
     t0 = time.time()
     rt.ensure_version(task.version)
@@ -74,7 +81,8 @@ def gen_result(
     """Keep a generated group's tensors as a blob of this worker; the task's result: rewards,
     timings, where the blob is, and (when the payload asks, for a sample grid) its images as
     grid cells."""
-    version = GroupTask.from_json(leased.payload["task"]).version
+    payload = GenPayload.read(leased.payload)
+    version = payload.task.version
     name = blobnames.trajectories(rt.job.job_id, leased.task_id)
     blob = rt.blobs.put(name, traj.tensors(), {"version": str(version)})
     result = {
@@ -85,13 +93,13 @@ def gen_result(
         "end": time.time(),
         "blob": {"addr": rt.blob_addr, "name": name, "bytes": blob.nbytes, "digest": blob.digest},
     }
-    if leased.payload.get("grid"):
+    if payload.grid:
         result["cells"] = to_png(image_cells(traj.images))
     return result
 
 
 def run_gen(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
-    score = leased.payload.get("score", True)
+    score = GenPayload.read(leased.payload).score
     traj, events, t0 = generate(rt, leased, role, score=score, stop=rt.job_stopped)
     return gen_result(rt, leased, traj, events, t0), None
 
@@ -102,26 +110,26 @@ trajectory holds what its loss needs, :mod:`digen.algos.registry`) but the image
 NOT_TRAINED = ("images", "decoded")
 
 
-def group_tensors(rt: WorkerRuntime, leased: LeasedTask, names: list[str] | None) -> dict[str, torch.Tensor]:
+def group_tensors(
+    rt: WorkerRuntime, leased: LeasedTask, src: Source | None, names: list[str] | None
+) -> dict[str, torch.Tensor]:
     """Tensors ``names`` of the generated group a task works on (None: all but
     :data:`NOT_TRAINED`), from the worker that made it (this one: no copy; the payload's
-    ``source`` says where, and the digest and version the controller counted). :class:`BlobLost`
+    ``src`` says where, and the digest and version the controller counted). :class:`BlobLost`
     when it is not stored (being generated again), its worker is gone, or what answers is not
     that blob (:class:`~digen.dataplane.blobs.BlobMismatch`)."""
     ref = TaskRef.parse(leased.task_id)
     faults.point("fetch", rt.job, rt.name, task=leased.task_id, iteration=ref.iteration)
-    return source_tensors(rt, leased.payload.get("source"), ref.iteration, ref.group, names)
+    return source_tensors(rt, src, ref.iteration, ref.group, names)
 
 
 def source_tensors(
-    rt: WorkerRuntime, src, iteration: int, group: int, names: list[str] | None
+    rt: WorkerRuntime, src: Source | None, iteration: int, group: int, names: list[str] | None
 ) -> dict[str, torch.Tensor]:
-    """:func:`group_tensors` of one group whose payload ``source`` is ``src``."""
-    if not isinstance(src, dict):
+    """:func:`group_tensors` of one group whose trajectories are at ``src``."""
+    if src is None:
         raise BlobLost(f"the trajectories of group {group} of iteration {iteration} are not stored")
-    addr, name = str(src["addr"]), str(src["name"])
-    digest = str(src["digest"]) if src.get("digest") else None
-    version = int(src["version"]) if src.get("version") is not None else None
+    addr, name, digest, version = src.addr, src.name, src.digest or None, src.version
     if addr == rt.blob_addr:
         own = rt.blobs.get(name)
         if own is None:
@@ -141,66 +149,50 @@ def park(rt: WorkerRuntime, leased: LeasedTask, exc: BlobLost) -> None:
     rt.queue.park(leased.task_id, worker=rt.name, why=f"BlobLost: {exc}")
 
 
-def batch_entries(payload: dict) -> list[dict]:
-    """A train task's groups as its payload names them: its first group (``spec``,
-    ``prompt``, ``source``) and, for a batched task (``train.groups_per_task``), each entry
-    of ``batch`` (the same three keys). A payload read from Redis is not trusted: a ``batch``
-    that is not a list of such dicts is refused here (ValueError)."""
-    more = payload.get("batch", [])
-    if not isinstance(more, list) or not all(
-        isinstance(b, dict) and {"spec", "prompt"} <= b.keys() for b in more
-    ):
-        raise ValueError("a train task's batch must be a list of {spec, prompt, source} entries")
-    return [payload, *more]
-
-
-def batch_specs(task_id: str, payload: dict) -> tuple[list[dict], list[TrainSpec]]:
-    """A train task's payload entries (:func:`batch_entries`) and their specs, checked to be
-    the task's: its iteration, and consecutive groups from the one that names it (ValueError
-    otherwise: a payload read from Redis is not trusted)."""
+def batch_specs(task_id: str, payload: TrainPayload) -> list[TrainEntry]:
+    """A train task's groups (:meth:`~digen.controlplane.payloads.TrainPayload.entries`: its
+    first group and, for a batched task, ``train.groups_per_task``, the others), checked to
+    be the task's: its iteration, and consecutive groups from the one that names it
+    (:class:`~digen.errors.PayloadError` otherwise: a payload read from Redis is not trusted)."""
     ref = TaskRef.parse(task_id)
-    entries = batch_entries(payload)
-    specs = [TrainSpec.from_json(e["spec"]) for e in entries]
-    if [(s.iteration, s.group) for s in specs] != [(ref.iteration, ref.group + i) for i in range(len(specs))]:
-        raise ValueError(
-            f"train task {task_id} carries groups {[(s.iteration, s.group) for s in specs]}, not its own "
-            f"consecutive groups from {ref.group}"
+    entries = payload.entries()
+    got = [(e.spec.iteration, e.spec.group) for e in entries]
+    if got != [(ref.iteration, ref.group + i) for i in range(len(entries))]:
+        raise PayloadError(
+            f"train task {task_id} carries groups {got}, not its own consecutive groups from {ref.group}"
         )
-    return entries, specs
+    return entries
 
 
 def batch_tensors(
-    rt: WorkerRuntime, leased: LeasedTask, names: list[str] | None
+    rt: WorkerRuntime, leased: LeasedTask, entries: list[TrainEntry], names: list[str] | None
 ) -> list[dict[str, torch.Tensor]]:
     """:func:`group_tensors` of every group of a (batched) train task, in group order."""
-    first = group_tensors(rt, leased, names)
-    ref = TaskRef.parse(leased.task_id)
-    rest = [
-        source_tensors(rt, b.get("source"), ref.iteration, ref.group + i, names)
-        for i, b in enumerate(batch_entries(leased.payload)[1:], start=1)
-    ]
+    first = group_tensors(rt, leased, entries[0].source, names)
+    rest = [source_tensors(rt, e.source, e.spec.iteration, e.spec.group, names) for e in entries[1:]]
     return [first, *rest]
 
 
 def run_train(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
-    entries, specs = batch_specs(leased.task_id, leased.payload)
-    spec = specs[0]
-    ref = TaskRef.parse(leased.task_id)
-    version = int(leased.payload["version"])  # mini-batch m of iteration i: digen.core.versions.version
+    payload = TrainPayload.read(leased.payload)
+    entries = batch_specs(leased.task_id, payload)
+    specs = [e.spec for e in entries]
+    spec, ref = specs[0], TaskRef.parse(leased.task_id)
+    version = payload.version  # mini-batch m of iteration i: digen.core.versions.version
     t0 = time.time()
     rt.ensure_version(version)
     events = []
     if time.time() - t0 > 1e-3:
         events.append(event(rt, role, "sync", ref, version, t0, time.time()))
     try:
-        data = batch_tensors(rt, leased, TRAINING_TENSORS)
+        data = batch_tensors(rt, leased, entries, TRAINING_TENSORS)
     except BlobLost as exc:
         park(rt, leased, exc)
         return None
     assert rt.embed is not None
     t1, c1 = time.time(), time.thread_time()
-    embeds = [rt.embed(str(e["prompt"])) for e in entries]
-    grads, stats = train_groups(rt.policy, specs, data, embeds, rt.cfg, tsp=bool(leased.payload["tsp"]))
+    embeds = [rt.embed(e.prompt) for e in entries]
+    grads, stats = train_groups(rt.policy, specs, data, embeds, rt.cfg, tsp=payload.tsp)
     cpu_s = time.thread_time() - c1
     faults.point("train", rt.job, rt.name, task=leased.task_id, iteration=spec.iteration)
     events.append(event(rt, role, "train", ref, version, t1, time.time(), cpu_s))
@@ -221,11 +213,12 @@ def run_train(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
 def run_reward(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
     """Score a generated group from its decoded images (the same float32 tensor the
     generation task would have scored inline, so the rewards are the same)."""
-    task = GroupTask.from_json(leased.payload["task"])
+    payload = RewardPayload.read(leased.payload)
+    task = payload.task
     ref = TaskRef(TaskKind.REWARD, task.iteration, task.group)
     t0 = time.time()
     try:
-        decoded = group_tensors(rt, leased, ["decoded"])["decoded"]
+        decoded = group_tensors(rt, leased, payload.source, ["decoded"])["decoded"]
     except BlobLost as exc:
         park(rt, leased, exc)
         return None
@@ -249,7 +242,7 @@ def run_reward(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
 def run_eval(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
     """Sample and score a chunk of held-out prompts with the version the task names; the
     result holds the scores and the images as grid cells."""
-    task = EvalTask.from_json(leased.payload["task"])
+    task = EvalPayload.read(leased.payload).task
     ref = TaskRef.parse(leased.task_id)
     t0 = time.time()
     rt.ensure_version(task.version)

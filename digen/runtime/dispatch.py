@@ -18,6 +18,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from digen.controlplane.jobstate import JobState
+from digen.controlplane.payloads import (
+    GenPayload,
+    Payload,
+    RewardPayload,
+    Source,
+    TrainEntry,
+    TrainPayload,
+    with_sources,
+)
 from digen.controlplane.queue import TaskQueue
 from digen.core.events import Release, Role, TaskDone, TaskKind, TaskRef
 from digen.errors import ConnectionFailure
@@ -64,17 +73,12 @@ class Dispatcher:
         if t.kind is TaskKind.GEN:
             task = book.groups[t.group]
             assert task.version == ins.version, (task.version, ins.version)
-            payload = {
-                "task": task.to_json(),
-                "score": not self.reward_tasks,
-                "grid": draws_grid(led.cfg, t.iteration),
-            }
-            self.put(t, "gen", payload)
+            self.put(t, "gen", GenPayload(task, not self.reward_tasks, draws_grid(led.cfg, t.iteration)))
             return None
         if t.kind is TaskKind.REWARD:
             if led.gen_id(t.iteration, t.group) in led.dead.get(t.iteration, []):
                 return TaskDone(t, "", time.time(), time.time())  # NaN rewards already
-            self.put(t, "reward", {"task": book.groups[t.group].to_json(), "source": self.source(t)})
+            self.put(t, "reward", RewardPayload(book.groups[t.group], self.source(t)))
             return None
         specs = book.task_specs(t.group, t.part)  # one per group (train.groups_per_task)
         if not any(x.samples for x in specs):  # nothing to train: settled with a zero gradient (nothing sent)
@@ -82,51 +86,35 @@ class Dispatcher:
             led.collected.add(t.id)
             return TaskDone(t, "", time.time(), time.time())
         tsp = bool(led.cfg.schedule.resolved().tsp)
-        payload = {
-            "spec": specs[0].to_json(),
-            "version": ins.version,  # mini-batch m of iteration i trains version M i + m
-            "prompt": book.groups[t.group].prompt,
-            "tsp": tsp,
-            "source": self.source(t),
-        }
-        if len(specs) > 1:  # a batched task: its further groups, in group order
-            payload["batch"] = [
-                {
-                    "spec": x.to_json(),
-                    "prompt": book.groups[x.group].prompt,
-                    "source": self.group_source(t.iteration, x.group),
-                }
-                for x in specs[1:]
-            ]
-        self.put(t, "train", payload)
+        first = book.groups[t.group]
+        batch = tuple(  # a batched task (train.groups_per_task): its further groups, in group order
+            TrainEntry(x, book.groups[x.group].prompt, self.group_source(t.iteration, x.group))
+            for x in specs[1:]
+        )
+        self.put(t, "train", TrainPayload(specs[0], ins.version, first.prompt, tsp, self.source(t), batch))
         led.train_released.setdefault(t.iteration, set()).add(t.id)
         return None
 
-    def source(self, t: TaskRef) -> dict | None:
+    def source(self, t: TaskRef) -> Source | None:
         """Where the trajectories of ``t``'s group are (the worker fetches them from there;
         None: being generated again, the task will be re-posted with it), their digest and the
         version they were generated with (the worker checks what it fetched against both)."""
         return self.group_source(t.iteration, t.group)
 
-    def group_source(self, iteration: int, group: int) -> dict | None:
+    def group_source(self, iteration: int, group: int) -> Source | None:
         """:meth:`source` of one group."""
         b = self.ledger.sources.get(iteration, {}).get(group)
         if b is None:
             return None
-        out: dict = {"addr": b.addr, "name": b.name}
-        if b.digest:
-            out["digest"] = b.digest
         version = self.ledger.gen_versions.get(iteration, {}).get(group)
-        if version is not None:
-            out["version"] = int(version)
-        return out
+        return Source(b.addr, b.name, b.digest or "", None if version is None else int(version))
 
-    def put(self, t: TaskRef, queue: str, payload: dict) -> None:
+    def put(self, t: TaskRef, queue: str, payload: Payload) -> None:
         """Queue ``t``; one that exists (released again: its input or result was lost) runs anew."""
         led = self.ledger
         led.outstanding[t.id] = (queue, payload)
-        if not self.queue.put(queue, t.id, payload):
-            state = self.queue.repost(queue, t.id, payload)
+        if not self.queue.put(queue, t.id, payload.to_json()):
+            state = self.queue.repost(queue, t.id, payload.to_json())
             log.info("task %s released again (it was %s)", t.id, state)
             led.collected.discard(t.id)
         led.released_at.setdefault(t.id, time.time())  # after the put: a later lease saw it queued
@@ -141,19 +129,12 @@ class Dispatcher:
             if queue is None or payload is None:
                 continue
             ref = TaskRef.parse(tid)
-            if any(
-                (iteration, g) in led.parked and tid in led.parked[(iteration, g)]
-                for g in self.groups_of(ref)
-            ):
+            groups = self.groups_of(ref)
+            if any((iteration, g) in led.parked and tid in led.parked[(iteration, g)] for g in groups):
                 continue  # another of its groups is still being generated again
-            payload = {**payload, "source": self.source(ref)}
-            if "batch" in payload:
-                payload["batch"] = [
-                    {**b, "source": self.group_source(iteration, g)}
-                    for b, g in zip(payload["batch"], self.groups_of(ref)[1:], strict=True)
-                ]
+            payload = with_sources(payload, [self.group_source(iteration, g) for g in groups])
             led.outstanding[tid] = (queue, payload)
-            self.queue.repost(queue, tid, payload)
+            self.queue.repost(queue, tid, payload.to_json())
 
     def groups_of(self, ref: TaskRef) -> list[int]:
         """The groups whose trajectories task ``ref`` reads (a batched train task's: several)."""
@@ -179,7 +160,7 @@ class Dispatcher:
             state = self.queue.state(tid)
             if state is None:
                 log.warning("task %s was lost with Redis; queuing it again", tid)
-                self.queue.put(queue, tid, payload)
+                self.queue.put(queue, tid, payload.to_json())
             elif state == "done":
                 done.append(tid)
         return done

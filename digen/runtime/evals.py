@@ -16,6 +16,7 @@ from PIL import Image
 
 from digen.config import Config
 from digen.controlplane.jobstate import JobState
+from digen.controlplane.payloads import EvalPayload
 from digen.core.events import TaskRef
 from digen.evaluation import (
     TOTAL,
@@ -43,14 +44,14 @@ class Evaluations:
     rows: list[dict] = field(default_factory=list)
     """Rows written so far (one per finished evaluation)."""
 
-    def payload(self, ref: TaskRef) -> dict:
+    def payload(self, ref: TaskRef) -> EvalPayload:
         """The queued payload of ``eval`` task ``ref`` (chunk ``ref.group`` of the evaluation
         after iteration ``ref.iteration``)."""
         k = ref.iteration
         if k not in self.plans:
             self.plans[k] = plan_eval(self.cfg, self.prompts, k)
             self.books[k] = EvalBook(k, eval_version(self.cfg, k), len(self.plans[k]))
-        return {"task": self.plans[k][ref.group].to_json()}
+        return EvalPayload(self.plans[k][ref.group])
 
     def pending(self, ref: TaskRef) -> bool:
         """True while ``eval`` task ``ref``'s result is awaited (not counted yet)."""

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from digen.controlplane.fsdp_keys import FsdpGroup
 from digen.controlplane.jobstate import JobState
+from digen.controlplane.payloads import FsdpStepPayload
 from digen.controlplane.queue import STEP_QUEUE, DeadLetter, TaskQueue, step_id
 from digen.core import versions
 from digen.core.events import Role
@@ -57,7 +58,7 @@ class FsdpControl:
     version: int
     checkpoint: str | None
     members: list[str] = field(default_factory=list)
-    steps: dict[str, tuple[float, dict]] = field(default_factory=dict)
+    steps: dict[str, tuple[float, FsdpStepPayload]] = field(default_factory=dict)
     """Step commands queued and not yet acknowledged: id -> (when queued, payload)."""
 
     @staticmethod
@@ -106,17 +107,10 @@ class FsdpControl:
             folder = str(self.run.checkpoint_dir(iteration).resolve())
         keep_from = versions.kept_version(iteration, m_total, cfg.schedule.resolved().max_staleness)
         tid = step_id(iteration, mini_batch, m_total)
-        payload = {
-            "iteration": iteration,
-            "mini_batch": mini_batch,
-            "last_of_iteration": last,
-            "rows": rows,
-            "checkpoint": folder,
-            "keep_from": keep_from,
-        }
+        payload = FsdpStepPayload(iteration, mini_batch, last, rows, folder, keep_from)
         self.steps[tid] = (time.time(), payload)
         self.ledger.outstanding[tid] = (STEP_QUEUE, payload)
-        self.queue.put(STEP_QUEUE, tid, payload)
+        self.queue.put(STEP_QUEUE, tid, payload.to_json())
 
     def collect(self, task_id: str, res) -> StepResult | None:
         """The leader acknowledged a step command: the next version is served by the ranks."""
@@ -126,14 +120,14 @@ class FsdpControl:
         self.ledger.outstanding.pop(task_id, None)
         self.version = int(res["version"])
         return StepResult(
-            int(payload["iteration"]),
+            payload.iteration,
             self.version,
             {"grad_norm": float(res["grad_norm"])},
             list(res["events"]),
             res.get("checkpoint"),
             asked,
-            int(payload["mini_batch"]),
-            bool(payload["last_of_iteration"]),
+            payload.mini_batch,
+            payload.last_of_iteration,
         )
 
     def dead_task(self, dead: DeadLetter) -> FsdpGroupFailed:

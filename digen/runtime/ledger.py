@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from digen.config import Config
+from digen.controlplane.payloads import Payload
 from digen.core.events import TaskKind, TaskRef
 from digen.core.versions import generation_version
 from digen.iteration import IterationBook
@@ -44,7 +45,7 @@ class Ledger:
     cfg: Config
     prompts: list[str]
     books: dict[int, IterationBook] = field(default_factory=dict)
-    outstanding: dict[str, tuple[str, dict]] = field(default_factory=dict)
+    outstanding: dict[str, tuple[str, Payload]] = field(default_factory=dict)
     """Released tasks not yet collected: id -> (queue, payload), to queue again if Redis lost them."""
     released_at: dict[str, float] = field(default_factory=dict)
     """When each outstanding task went into its queue (controller clock): its timeline rows get

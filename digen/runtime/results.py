@@ -102,7 +102,7 @@ class Collector:
         )
         queue, payload = self.ledger.outstanding.get(task_id, ("train", None))
         if payload is not None:
-            self.queue.repost(queue, task_id, payload)
+            self.queue.repost(queue, task_id, payload.to_json())
         return True
 
     def stamp(self, task_id: str, events: list[dict]) -> list[dict]:

@@ -45,6 +45,7 @@ import time
 from dataclasses import dataclass, field
 
 from digen.config import Config
+from digen.controlplane.payloads import StepPayload
 from digen.controlplane.queue import STEP_QUEUE, TaskQueue, step_id
 from digen.controlplane.trainer_group import ABORT, COMMIT, StepCommand, TrainerGroup
 from digen.core import versions
@@ -178,9 +179,9 @@ class StepControl:
             incarnations=dict(self.incarnations),
         )
         self.group.forget_step(cmd.id)
-        payload = {"iteration": iteration, "mini_batch": mini_batch}
-        if not self.queue.put(STEP_QUEUE, cmd.id, payload):
-            self.queue.repost(STEP_QUEUE, cmd.id, payload)
+        payload = StepPayload(iteration, mini_batch)
+        if not self.queue.put(STEP_QUEUE, cmd.id, payload.to_json()):
+            self.queue.repost(STEP_QUEUE, cmd.id, payload.to_json())
         self.ledger.outstanding[cmd.id] = (STEP_QUEUE, payload)
         self.group.set_step(cmd)
         self.queue.wake(*cmd.members)

@@ -25,6 +25,6 @@ def test_versions_of_waiting_and_running_evaluations_stay_published(tmp_path):
     assert evals.keep_from(6, [3]) == 4
     # released: chunk payloads of the evaluation after iteration 1 (version 2) are out
     payload = evals.payload(TaskRef(TaskKind.EVAL, 1, 1))
-    assert payload["task"]["version"] == 2 and payload["task"]["prompts"] == ["c"]
+    assert payload.task.version == 2 and payload.task.prompts == ("c",)
     assert evals.keep_from(6, [3]) == 2
     assert evals.pending(TaskRef(TaskKind.EVAL, 1, 0)) and not evals.pending(TaskRef(TaskKind.EVAL, 5, 0))

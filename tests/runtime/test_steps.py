@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from digen.config import Config
+from digen.controlplane.payloads import TrainPayload
 from digen.controlplane.queue import TaskQueue
 from digen.controlplane.trainer_group import ABORT, StepCommand, TrainerGroup
 from digen.core.events import TaskRef
@@ -17,7 +18,7 @@ from digen.errors import DigenError
 from digen.rundir import RunDir
 from digen.runtime.ledger import Blob, Ledger, Trained
 from digen.runtime.steps import StepControl
-from digen.tasks import TrainStats
+from digen.tasks import TrainSpec, TrainStats
 from tests.conftest import small_config_data
 
 TASKS = ["train:1:0", "train:1:1"]
@@ -149,9 +150,10 @@ def test_a_train_result_of_a_worker_process_gone_since_is_not_counted_and_runs_a
     steps = make_steps(redis_client, tmp_path, "exact")
     led, queue, job = steps.ledger, steps.queue, JobState(redis_client, "steps")
     collector = Collector(led, queue, steps.run, Dispatcher(led, queue, job))
-    payload = {"spec": "{}", "version": 1}
+    spec = TrainSpec(iteration=1, group=0, gen_version=0, samples=[0], sample_ids=[0], advantages=[1.0])
+    payload = TrainPayload(spec, version=1, prompt="a")
     for tid in TASKS:
-        queue.put("train", tid, payload)
+        queue.put("train", tid, payload.to_json())
         led.outstanding[tid] = ("train", payload)
     job.claim_loop("trainer-1", "b2")  # trainer-1 restarted after it acknowledged train:1:1
     res = {

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from digen.controlplane.payloads import Source
 from digen.core import blobnames
 from digen.dataplane.auth import keyring, new_key, proof_mac
 from digen.dataplane.blobs import Blob, BlobLost, BlobMismatch, BlobStore, Expect, fetch
@@ -39,10 +40,10 @@ def trajectories(seed: int) -> dict[str, torch.Tensor]:
     return {"latents": torch.randn(2, 3, 8, generator=g), "log_probs": torch.randn(2, 3, generator=g)}
 
 
-def train_task(addr: str, digest: str, version: int) -> SimpleNamespace:
-    """A leased train task as the controller posts it: where its group is, its digest, its version."""
-    source = {"addr": addr, "name": TRAJ, "digest": digest, "version": version}
-    return SimpleNamespace(task_id="train:1:0", payload={"source": source})
+def train_task(addr: str, digest: str, version: int) -> tuple[SimpleNamespace, Source]:
+    """A leased train task and its payload's source as the controller posts them: where its
+    group is, its digest, its version."""
+    return SimpleNamespace(task_id="train:1:0"), Source(addr, TRAJ, digest, version)
 
 
 def consumer(addr: str = "") -> SimpleNamespace:
@@ -90,7 +91,7 @@ def test_a_taken_over_port_serving_another_blob_under_the_same_name_is_a_lost_bl
         genuine = BlobStore(producer="rollout-0@a").put(TRAJ, trajectories(0), {"version": "1"})
         impostor = Impostor(BlobStore(producer="intruder@b").put(TRAJ, trajectories(1), {"version": "1"}))
         with pytest.raises(BlobMismatch, match=r"producer intruder@b.*no proof of the job's key"):
-            group_tensors(consumer(), train_task(impostor.address, genuine.digest, 1), None)
+            group_tensors(consumer(), *train_task(impostor.address, genuine.digest, 1), None)
         impostor.thread.join(5)
     assert len(mismatches(caplog)) == 1 and "intruder@b" in mismatches(caplog)[0].message
 
@@ -105,8 +106,8 @@ def test_a_job_process_serving_another_blob_under_the_name_is_caught_by_the_publ
             with serving(BlobStore(producer="rollout-1@c")) as (store, server):
                 store.put(TRAJ, trajectories(0), {"version": "1"})  # the same tensors, made again elsewhere:
                 with pytest.raises(BlobLost, match="digest differs"):  # another incarnation, another blob
-                    group_tensors(consumer(), train_task(server.address, counted.digest, 1), None)
-            got = group_tensors(consumer(), train_task(counted_at.address, counted.digest, 1), None)
+                    group_tensors(consumer(), *train_task(server.address, counted.digest, 1), None)
+            got = group_tensors(consumer(), *train_task(counted_at.address, counted.digest, 1), None)
     assert torch.equal(got["latents"], trajectories(0)["latents"])
     assert len(mismatches(caplog)) == 1 and "rollout-1@c" in mismatches(caplog)[0].message
 
@@ -235,9 +236,9 @@ def test_a_mismatch_parks_the_task_with_one_warning_in_all(caplog):
             store.put(TRAJ, trajectories(3), {"version": "1"})
             rt = consumer()
             rt.queue = SimpleNamespace(park=lambda task, worker, why: parked.append((task, worker, why)))
-            leased = train_task(server.address, genuine.digest, 1)
+            leased, src = train_task(server.address, genuine.digest, 1)
             with pytest.raises(BlobMismatch) as err:
-                group_tensors(rt, leased, None)
+                group_tensors(rt, leased, src, None)
             park(rt, leased, err.value)
     assert parked == [("train:1:0", "trainer-0", f"BlobLost: {err.value}")]
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]

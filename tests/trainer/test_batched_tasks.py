@@ -115,16 +115,21 @@ def test_without_tsp_a_batched_task_runs_one_forward_per_step_for_all_its_groups
 
 
 def test_a_worker_refuses_a_batch_that_is_not_the_tasks_own_consecutive_groups():
+    from digen.controlplane.payloads import TrainPayload
+    from digen.errors import PayloadError
     from digen.tasks import TrainSpec
     from workers.tasks import batch_specs
 
     def entry(it, g):
-        return {"spec": TrainSpec(it, g, 0, [0], [4 * g], [1.0]).to_json(), "prompt": "p", "source": None}
+        spec = TrainSpec(it, g, 0, [0], [4 * g], [1.0]).to_json()
+        return {"spec": spec, "prompt": "p", "source": None, "version": 0}
+
+    def groups(task_id, raw):
+        return [e.spec.group for e in batch_specs(task_id, TrainPayload.read(raw))]
 
     ok = {**entry(3, 2), "batch": [entry(3, 3), entry(3, 4)]}
-    entries, specs = batch_specs("train:3:2", ok)
-    assert [s.group for s in specs] == [2, 3, 4] and len(entries) == 3
-    assert [s.group for s in batch_specs("train:3:2:1", entry(3, 2))[1]] == [2]  # unbatched: as before
+    assert groups("train:3:2", ok) == [2, 3, 4]
+    assert groups("train:3:2:1", entry(3, 2)) == [2]  # unbatched: as before
     for bad in (
         {**entry(3, 2), "batch": [entry(3, 4)]},  # a gap
         {**entry(3, 2), "batch": [entry(2, 3)]},  # another iteration
@@ -132,5 +137,5 @@ def test_a_worker_refuses_a_batch_that_is_not_the_tasks_own_consecutive_groups()
         {**entry(3, 2), "batch": "nope"},
         {**entry(3, 2), "batch": [{"spec": entry(3, 3)["spec"]}]},  # no prompt
     ):
-        with pytest.raises(ValueError):
-            batch_specs("train:3:2", bad)
+        with pytest.raises(PayloadError):  # the payload does not read, or names other groups
+            groups("train:3:2", bad)
