@@ -141,23 +141,27 @@ class Controller:
         return out
 
     def apply(self, instructions: list[Instruction]) -> bool:
-        """Carry out instructions (some feed events back). True once finished."""
+        """Carry out instructions (some feed events back). True once finished. An instruction
+        the controller has no handler for is a bug between the scheduler and it: a TypeError
+        naming it, never silently dropped (as dask's worker state machine does)."""
         pending = list(instructions)
         finished = False
         while pending:
-            ins = pending.pop(0)
-            if isinstance(ins, Release):
-                done = self.dispatch.release(ins)
-                if done is not None:
-                    pending += self.handle([done])
-            elif isinstance(ins, SetRole):
-                self.dispatch.set_role(ins.worker, ins.role, ins.budget)
-            elif isinstance(ins, RequeueWorker):
-                self.dispatch.requeue_worker(ins.worker)
-            elif isinstance(ins, Step):
-                self.ask_step(ins.iteration, ins.mini_batch)
-            elif isinstance(ins, Finish):
-                finished = True
+            match ins := pending.pop(0):
+                case Release():
+                    done = self.dispatch.release(ins)
+                    if done is not None:
+                        pending += self.handle([done])
+                case SetRole():
+                    self.dispatch.set_role(ins.worker, ins.role, ins.budget)
+                case RequeueWorker():
+                    self.dispatch.requeue_worker(ins.worker)
+                case Step():
+                    self.ask_step(ins.iteration, ins.mini_batch)
+                case Finish():
+                    finished = True
+                case _:
+                    raise TypeError(f"the controller has no handler for instruction {ins!r}")
         return finished
 
     def ask_step(self, iteration: int, mini_batch: int = 0) -> None:

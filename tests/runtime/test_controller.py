@@ -5,6 +5,7 @@ tasks still running at the window's end count up to it (real embedded Redis)."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import pytest
 
@@ -63,3 +64,21 @@ def test_tasks_in_flight_at_the_window_end_count_up_to_it(redis_client):
     window = (spans[0]["start"] - 1.0, now)
     assert busy_seconds(got, *window) == pytest.approx(now - spans[0]["start"])
     assert in_flight_events(queue, [ids[2]], now) == []
+
+
+def test_an_instruction_without_a_handler_raises_and_finish_finishes():
+    """The controller carries out every instruction the scheduler gives or says it cannot:
+    an unknown one is a TypeError naming it, never dropped."""
+    from types import SimpleNamespace
+
+    from digen.core.events import Finish
+    from digen.runtime.controller import Controller
+
+    @dataclass(frozen=True)
+    class Teleport:
+        worker: str
+
+    with pytest.raises(TypeError, match=r"no handler for instruction .*Teleport\(worker=.w0.\)"):
+        Controller.apply(SimpleNamespace(), [Finish(), Teleport("w0")])  # type: ignore[arg-type]
+    assert Controller.apply(SimpleNamespace(), [Finish()]) is True  # type: ignore[arg-type]
+    assert Controller.apply(SimpleNamespace(), []) is False  # type: ignore[arg-type]
