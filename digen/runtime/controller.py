@@ -6,9 +6,11 @@ trajectories go worker to worker: :mod:`digen.dataplane`). Its four jobs each ha
 - who works on the job: :class:`~digen.runtime.membership.Membership` (loops, restarts);
 - carrying out instructions: :class:`~digen.runtime.dispatch.Dispatcher` (queues, tags);
 - results coming back: :class:`~digen.runtime.results.Collector` (acks, dead letters, lost data);
-- optimizer steps and the end of an iteration: :class:`~digen.runtime.steps.StepControl` (the
-  trainer group's steps) and :meth:`Controller.end_iteration` (the metrics row, timeline, grid
-  and checkpoint, written with the reference loop's :func:`~digen.iteration.finish_iteration`).
+- optimizer steps and the end of an iteration: the trainer group, a
+  :class:`~digen.runtime.steps.StepGroup` (replicated: :class:`~digen.runtime.steps.StepControl`;
+  FSDP: :class:`~digen.runtime.fsdp_group.FsdpControl`), and :meth:`Controller.end_iteration`
+  (the metrics row, timeline, grid and checkpoint, written with the reference loop's
+  :func:`~digen.iteration.finish_iteration`).
 
 :class:`Controller` wires them to the scheduler and runs the loop: collect what the workers
 acknowledged -> events -> instructions -> Redis, with a slower look every half second at the
@@ -69,7 +71,7 @@ from digen.runtime.ledger import Ledger
 from digen.runtime.membership import Membership
 from digen.runtime.results import Collector, PoisonTask
 from digen.runtime.sp_group import SpControl
-from digen.runtime.steps import StepControl, StepResult
+from digen.runtime.steps import StepControl, StepGroup, StepResult
 from digen.startup import add_worker_notes, phase
 from digen.viz import GridRow, from_png
 
@@ -96,11 +98,11 @@ class Controller:
     ledger: Ledger
     dispatch: Dispatcher
     results: Collector
-    steps: StepControl
+    group: StepGroup
+    """The trainer group: replicated (:class:`StepControl`) or FSDP (:class:`FsdpControl`)."""
     progress: ProgressFn | None = None
     evals: Evaluations | None = None
     sp: SpControl | None = None
-    fsdp: FsdpControl | None = None
     cluster: object = None
     """The local Dask cluster when digen started one (tests scale it)."""
     window_start: float = 0.0
@@ -129,9 +131,8 @@ class Controller:
         while pending:
             ev = pending.pop(0)
             out += self.sched.handle(ev)
-            if isinstance(ev, WorkerLeft) and self.fsdp is None:
-                self.steps.worker_left(ev.worker)
-                pending += self.results.worker_left(ev.worker, ev.t, keep=self.steps.in_flight_tasks())
+            if isinstance(ev, WorkerLeft) and (keep := self.group.settle_departure(ev.worker)) is not None:
+                pending += self.results.worker_left(ev.worker, ev.t, keep=keep)
             elif (
                 isinstance(ev, TrainLost)
                 and self.waiting_step is not None
@@ -165,15 +166,9 @@ class Controller:
         return finished
 
     def ask_step(self, iteration: int, mini_batch: int = 0) -> None:
-        if self.fsdp is not None:
-            self.fsdp.request_step(iteration, mini_batch)
-            return
-        if self.evals is not None:
-            kept = self.steps.keep_version(iteration)
-            oldest = self.steps.version if kept is None else kept
-            self.steps.keep_from = self.evals.keep_from(oldest, self.sched.evals_waiting)
-        members = self.members.members()
-        if self.steps.request(iteration, members, mini_batch, self.members.incarnations(members)):
+        evals = self.evals
+        hold = None if evals is None else (lambda oldest: evals.keep_from(oldest, self.sched.evals_waiting))
+        if self.group.ask(iteration, mini_batch, self.members, hold):
             self.waiting_step = None
         else:
             if self.waiting_step != (iteration, mini_batch):
@@ -183,9 +178,7 @@ class Controller:
     def collect(self, task_id: str) -> list[Instruction]:
         res = self.queue.get_result(task_id)
         if is_step_id(task_id):
-            step = (
-                self.fsdp.collect(task_id, res) if self.fsdp is not None else self.steps.collect(task_id, res)
-            )
+            step = self.group.collect(task_id, res)
             if step is None:
                 return []
             return self.end_iteration(step) if step.last_of_iteration else self.mini_batch_done(step)
@@ -214,7 +207,7 @@ class Controller:
         led.events += step.events
         window = [e for e in led.events if e["end"] > self.window_start and e["role"] != "controller"]
         window += in_flight_events(self.queue, list(led.outstanding), now)  # next iteration's, under GAP
-        never = led.settle(k) if self.fsdp is None else []  # FSDP: its group checks its own tasks
+        never = self.group.settle(k)
         if never:
             log.warning(
                 "iteration %d: train tasks %s are in no committed step; their samples count as dropped",
@@ -260,8 +253,7 @@ class Controller:
         led.events = [e for e in led.events if e["iteration"] != k]
         if step.checkpoint is not None:
             finalize_checkpoint(Path(step.checkpoint), self.cfg.output.keep_checkpoints)
-        if self.fsdp is None:
-            self.steps.checkpoint_placed(step.checkpoint)
+        self.group.checkpoint_placed(step.checkpoint)
         self.job.set_stepped(k)
         led.forget(k)
         self.window_start = now
@@ -276,20 +268,15 @@ class Controller:
         s = self.cfg.schedule.resolved()
         if outage:
             self.backlog += self.dispatch.reconcile()
-            self.steps.publish_current()
-            if self.steps.inflight is not None:
-                self.steps.group.set_step(self.steps.inflight)
+            self.group.reconcile()
         events: list[Event] = list(self.members.sync(now))
         instructions = self.handle(events)
-        if self.fsdp is not None:
-            self.fsdp.check(self.members)
+        self.group.look(self.members)
         if self.sp is not None:
             instructions += self.sp.check(self.members, self.sched, now)
         self.queue.requeue_expired(max_attempts=s.max_attempts)
         for dead in self.queue.dead_letters():
-            instructions += self.handle(
-                self.results.poisoned(dead, self.fsdp.dead_task if self.fsdp is not None else None)
-            )
+            instructions += self.handle(self.results.poisoned(dead, self.group.dead_task))
         for task_id, why in self.queue.pop_parked():
             instructions += self.handle(self.results.parked(task_id, why, now))
         if self.waiting_step is not None:
@@ -299,13 +286,15 @@ class Controller:
     def check_step(self, now: float) -> list[Instruction]:
         """Watch the trainer group's step in flight (a commit needs nothing from here: the
         writer's acknowledgement ends it; this catches aborts and a writer that left)."""
-        if self.fsdp is not None or self.steps.inflight is None:
+
+        def alive() -> dict[str, str]:
+            incarnations = self.members.running(list(self.workers))
+            return {w: incarnations.get(w, "") for w in self.workers}
+
+        aborted = self.group.watch(alive)
+        if aborted is None:
             return []
-        iteration, mini_batch = self.steps.inflight.iteration, self.steps.inflight.mini_batch
-        incarnations = self.members.running(list(self.workers))
-        lost = self.steps.check({w: incarnations.get(w, "") for w in self.workers})
-        if lost is None:
-            return []
+        iteration, mini_batch, lost = aborted
         if not lost:  # every gradient survived the abort (blobs): ask again, in a new epoch
             self.ask_step(iteration, mini_batch)
             return []
@@ -569,8 +558,9 @@ def run_distributed(
             members.wait_ready(ctl.handle, expected=n_local if cluster else 0)
         add_worker_notes(job.startup_notes())
         if cfg.train.fsdp:
-            ctl.fsdp = FsdpControl.create(queue, job, ledger, run, version, checkpoint)
-            ctl.fsdp.start(members)
+            fsdp = FsdpControl.create(queue, job, ledger, run, version, checkpoint)
+            fsdp.start(members)
+            ctl.group = fsdp
         if cfg.rollout.sequence_parallel > 1:
             ctl.sp = SpControl(SpGroup(r, job_id), cfg.rollout.sequence_parallel)
             ctl.sp.start(members, sched, time.time())

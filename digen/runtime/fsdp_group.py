@@ -23,19 +23,24 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from digen.controlplane.fsdp_keys import FsdpGroup
 from digen.controlplane.jobstate import JobState
 from digen.controlplane.payloads import FsdpStepPayload
 from digen.controlplane.queue import STEP_QUEUE, DeadLetter, TaskQueue, step_id
 from digen.core import versions
-from digen.core.events import Role
+from digen.core.events import Role, TaskRef
 from digen.errors import DigenError
 from digen.iteration import checkpoints
 from digen.rundir import RunDir
 from digen.runtime.ledger import Ledger
-from digen.runtime.steps import StepResult
+from digen.runtime.steps import Hold, StepResult
+
+if TYPE_CHECKING:
+    from digen.runtime.membership import Membership
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +53,8 @@ class FsdpGroupFailed(DigenError):
 
 @dataclass
 class FsdpControl:
-    """Controller hooks for ``train.fsdp`` (see the module docstring)."""
+    """The FSDP trainer group's :class:`~digen.runtime.steps.StepGroup` (``train.fsdp``; see
+    the module docstring)."""
 
     group: FsdpGroup
     queue: TaskQueue
@@ -129,6 +135,29 @@ class FsdpControl:
             payload.mini_batch,
             payload.last_of_iteration,
         )
+
+    # --- the step group (StepGroup) ---------------------------------------------------------
+    def ask(self, iteration: int, mini_batch: int, members: Membership, hold: Hold | None) -> bool:
+        self.request_step(iteration, mini_batch)  # fixed members: nobody to wait for
+        return True
+
+    def settle_departure(self, worker: str) -> set[str] | None:
+        return None  # a rank that leaves fails the job (look)
+
+    def settle(self, iteration: int) -> list[str]:
+        return []  # the group checks its own tasks' rows (each rank against the step's)
+
+    def checkpoint_placed(self, folder: str | None) -> None:
+        return None  # the leader staged it; nobody joins later
+
+    def look(self, members: Membership) -> None:
+        self.check(members)
+
+    def watch(self, alive: Callable[[], dict[str, str]]) -> tuple[int, int, list[TaskRef]] | None:
+        return None  # a step is never aborted: a failed rank fails the job
+
+    def reconcile(self) -> None:
+        return None  # the plan is written once at start; step commands are in the queue
 
     def dead_task(self, dead: DeadLetter) -> FsdpGroupFailed:
         """The error for a dead train task or step command: the group's gradient (or its

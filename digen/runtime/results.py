@@ -178,12 +178,13 @@ class Collector:
         return [TrainLost(iteration, tuple((r.group, r.part) for r in refs), now)]
 
     # --- dead letters -----------------------------------------------------------------------
-    def poisoned(self, dead: DeadLetter, on_fsdp=None) -> list[Event]:
+    def poisoned(self, dead: DeadLetter, group_error=None) -> list[Event]:
         """A task that failed ``schedule.max_attempts`` times (its error is in
         ``dead_letters.jsonl``): fail the job, or (``on_poison: drop``) drop its samples: a dead
         generation task's samples count as dropped (NaN rewards) and its group trains nothing;
         a dead train task's group adds nothing to the step and its samples do not count.
-        ``on_fsdp(dead)``: the error to raise for an FSDP group's task, or None."""
+        ``group_error(dead)``: the error the trainer group raises for a dead train task or step
+        command, or None (:meth:`~digen.runtime.steps.StepGroup.dead_task`)."""
         if dead.task_id in self.dead_seen:
             return []
         self.dead_seen.add(dead.task_id)
@@ -204,8 +205,10 @@ class Collector:
                 }
             ],
         )
-        if on_fsdp is not None and (is_step_id(dead.task_id) or dead.queue == TaskKind.TRAIN.value):
-            raise on_fsdp(dead)
+        if group_error is not None and (is_step_id(dead.task_id) or dead.queue == TaskKind.TRAIN.value):
+            err = group_error(dead)
+            if err is not None:
+                raise err
         if is_step_id(dead.task_id):
             return []
         if "RewardServiceDown" in first:  # not this task's fault: no task would score

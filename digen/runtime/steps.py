@@ -42,11 +42,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
 from digen.config import Config
 from digen.controlplane.payloads import StepPayload
-from digen.controlplane.queue import STEP_QUEUE, TaskQueue, step_id
+from digen.controlplane.queue import STEP_QUEUE, DeadLetter, TaskQueue, step_id
 from digen.controlplane.trainer_group import ABORT, COMMIT, StepCommand, TrainerGroup
 from digen.core import versions
 from digen.core.events import TaskRef
@@ -54,6 +56,9 @@ from digen.errors import DigenError
 from digen.iteration import checkpoints
 from digen.rundir import RunDir
 from digen.runtime.ledger import Ledger
+
+if TYPE_CHECKING:
+    from digen.runtime.membership import Membership
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +82,62 @@ class StepResult:
     """The train tasks whose gradients the step summed."""
 
 
+Hold = Callable[[int], int]
+"""Given the oldest version the trainers would keep serving, the oldest they must (an
+evaluation still waiting for its version: :meth:`digen.runtime.evals.Evaluations.keep_from`)."""
+
+
+class StepGroup(Protocol):
+    """The trainer group as the controller drives it, whichever its kind: the replicated group
+    (:class:`StepControl`: every member holds the whole optimizer; members come and go) or the
+    FSDP group (:class:`~digen.runtime.fsdp_group.FsdpControl`: the ranks hold shards; fixed
+    at job start). The controller asks it for each optimizer step and collects the result;
+    what differs between the kinds is behind these methods, never a branch in the controller."""
+
+    def ask(self, iteration: int, mini_batch: int, members: Membership, hold: Hold | None) -> bool:
+        """Ask for the step of ``iteration``'s mini-batch ``mini_batch``; False while it waits
+        for a member to be there (the controller asks again at its next look)."""
+        ...
+
+    def collect(self, task_id: str, res: object) -> StepResult | None:
+        """The acknowledged step command ``task_id`` (None: not one this group waits for)."""
+        ...
+
+    def settle_departure(self, worker: str) -> set[str] | None:
+        """``worker`` left: the train tasks whose gradients the step in flight settles (the
+        rest of what it held is lost with it), or None when the group settles a departure
+        itself (the FSDP group fails the job)."""
+        ...
+
+    def settle(self, iteration: int) -> list[str]:
+        """At the end of ``iteration``: its train tasks in no committed step (dropped)."""
+        ...
+
+    def checkpoint_placed(self, folder: str | None) -> None: ...
+
+    def look(self, members: Membership) -> None:
+        """The controller's periodic look: raise when the group cannot continue."""
+        ...
+
+    def watch(self, alive: Callable[[], dict[str, str]]) -> tuple[int, int, list[TaskRef]] | None:
+        """The step in flight was aborted: (its iteration, its mini-batch, the train tasks to
+        run again); ``alive()``: the workers there -> their loop's incarnation."""
+        ...
+
+    def reconcile(self) -> None:
+        """After a Redis outage: write again the group's keys a restarted server may have lost."""
+        ...
+
+    def dead_task(self, dead: DeadLetter) -> Exception | None:
+        """The error that ends the job for a dead train task or step command (None: the task
+        is settled as any other, ``schedule.on_poison``)."""
+        ...
+
+
 @dataclass
 class StepControl:
+    """The replicated trainer group's :class:`StepGroup`."""
+
     cfg: Config
     run: RunDir
     queue: TaskQueue
@@ -351,6 +410,39 @@ class StepControl:
         if folder is not None:
             self.checkpoint = folder
         self.publish_current()
+
+    # --- the step group (StepGroup) ---------------------------------------------------------
+    def ask(self, iteration: int, mini_batch: int, members: Membership, hold: Hold | None) -> bool:
+        if hold is not None:
+            kept = self.keep_version(iteration)
+            self.keep_from = hold(self.version if kept is None else kept)
+        names = members.members()
+        return self.request(iteration, names, mini_batch, members.incarnations(names))
+
+    def settle_departure(self, worker: str) -> set[str] | None:
+        self.worker_left(worker)
+        return self.in_flight_tasks()
+
+    def settle(self, iteration: int) -> list[str]:
+        return self.ledger.settle(iteration)
+
+    def look(self, members: Membership) -> None:
+        return None  # members come and go: a departure aborts the step in flight (watch)
+
+    def watch(self, alive: Callable[[], dict[str, str]]) -> tuple[int, int, list[TaskRef]] | None:
+        if self.inflight is None:
+            return None
+        iteration, mini_batch = self.inflight.iteration, self.inflight.mini_batch
+        lost = self.check(alive())
+        return None if lost is None else (iteration, mini_batch, lost)
+
+    def reconcile(self) -> None:
+        self.publish_current()
+        if self.inflight is not None:
+            self.group.set_step(self.inflight)
+
+    def dead_task(self, dead: DeadLetter) -> Exception | None:
+        return None
 
 
 def _group_part(task_id: str) -> tuple[int, int | None]:
