@@ -149,6 +149,49 @@ def reduce_gradients(grads: dict[str, torch.Tensor], group=None) -> dict[str, to
     return grads
 
 
+# --- the attention every family shares ---------------------------------------------------
+def _attend(
+    seq: list[torch.Tensor],
+    text: list[torch.Tensor] | None,
+    group,
+    *,
+    text_first: bool = False,
+    rotate: Any = None,
+    mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Ulysses attention, the one implementation the families' processors share.
+
+    ``seq``: q, k, v ``[B, S/d, H, D]`` of this rank's share of the split tokens; they go
+    through the all-to-all (heads scattered, sequence gathered) to ``[B, S, H/d, D]``.
+    ``text``: q, k, v ``[B, L, H, D]`` of the replicated text tokens of joint attention
+    (None: self-attention); this rank keeps its H/d heads of them (:func:`_head_slice`).
+    ``rotate(seq, text)`` applies the rotary embedding to the q and k of those lists in place,
+    at each token's global position. The rank attends over the tokens (text first with
+    ``text_first``, as FLUX orders them; else after) with its heads and ``mask``; the split
+    tokens' output returns by the inverse all-to-all, the text's is all-gathered over heads
+    with a reduce-scatter backward (:func:`gather_shared`). Returns both outputs, heads
+    flattened, in q's dtype (the text's None for self-attention)."""
+    from diffusers.models.attention_dispatch import dispatch_attention_fn
+
+    seq = [all_to_all(t, 2, 1, group) for t in seq]
+    text = None if text is None else [_head_slice(t, group) for t in text]
+    if rotate is not None:
+        rotate(seq, text)
+    n_seq, n_text = seq[0].shape[1], 0 if text is None else text[0].shape[1]
+    if text is None:
+        q, k, v = seq
+    else:
+        q, k, v = (torch.cat((t, s) if text_first else (s, t), dim=1) for s, t in zip(seq, text, strict=True))
+    out = dispatch_attention_fn(q, k, v, attn_mask=mask, dropout_p=0.0, is_causal=False)
+    seq_part, text_part = (
+        (out[:, n_text:], out[:, :n_text]) if text_first else (out[:, :n_seq], out[:, n_seq:])
+    )
+    seq_out = all_to_all(seq_part, 1, 2, group).flatten(2, 3).to(q.dtype)
+    if text is None:
+        return seq_out, None
+    return seq_out, gather_shared(text_part, 2, group).flatten(2, 3).to(q.dtype)
+
+
 # --- Wan ---------------------------------------------------------------------------------
 def _wan_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Wan's interleaved rotary embedding on ``x [B, S, H, D]`` (``cos``/``sin`` ``[1, S, 1, D]``),
@@ -185,7 +228,6 @@ class WanUlyssesProcessor:
         attention_mask: torch.Tensor | None = None,
         rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        from diffusers.models.attention_dispatch import dispatch_attention_fn
         from diffusers.models.transformers.transformer_wan import _get_qkv_projections
 
         if encoder_hidden_states is not None or attention_mask is not None:
@@ -193,12 +235,13 @@ class WanUlyssesProcessor:
         check_divisible("attention heads", attn.heads, dist.get_world_size(self.group))
         q, k, v = _get_qkv_projections(attn, hidden_states, None)  # type: ignore[arg-type]
         q, k = attn.norm_q(q), attn.norm_k(k)
-        # [B, S/d, H, D] -> [B, S, H/d, D]: scatter heads (dim 2), gather the sequence (dim 1)
-        q, k, v = (all_to_all(t.unflatten(2, (attn.heads, -1)), 2, 1, self.group) for t in (q, k, v))
-        if rotary_emb is not None:
-            q, k = _wan_rotary(q, *rotary_emb), _wan_rotary(k, *rotary_emb)
-        out = dispatch_attention_fn(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False)
-        out = all_to_all(out, 1, 2, self.group).flatten(2, 3).type_as(q)
+
+        def rotate(seq: list[torch.Tensor], _text: None) -> None:
+            if rotary_emb is not None:
+                seq[:2] = [_wan_rotary(t, *rotary_emb) for t in seq[:2]]
+
+        seq = [t.unflatten(2, (attn.heads, -1)) for t in (q, k, v)]
+        out, _ = _attend(seq, None, self.group, rotate=rotate)
         return attn.to_out[1](attn.to_out[0](out))
 
 
@@ -302,28 +345,27 @@ class HunyuanVideoUlyssesProcessor:
         attention_mask: torch.Tensor | None = None,
         image_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        from diffusers.models.attention_dispatch import dispatch_attention_fn
         from diffusers.models.embeddings import apply_rotary_emb
 
         if encoder_hidden_states is None:
             raise SequenceParallelError("HunyuanVideoUlyssesProcessor is for joint video + text attention")
-        check_divisible("attention heads", attn.heads, dist.get_world_size(self.group))
-        # video [B, S/d, H, D] -> [B, S, H/d, D]; text [B, L, H, D] -> [B, L, H/d, D]
-        video = [all_to_all(t, 2, 1, self.group) for t in _joint_qkv(attn, hidden_states, False)]
-        text = [_head_slice(t, self.group) for t in _joint_qkv(attn, encoder_hidden_states, True)]
-        if image_rotary_emb is not None:
-            rotate: Any = apply_rotary_emb  # annotated as returning a tuple; returns the tensor
-            video[:2] = [rotate(t, image_rotary_emb, sequence_dim=1) for t in video[:2]]
-        n_video = video[0].shape[1]
-        if attention_mask is not None and attention_mask.shape[-1] != n_video + text[0].shape[1]:
+        world = dist.get_world_size(self.group)
+        check_divisible("attention heads", attn.heads, world)
+        n_video, n_text = hidden_states.shape[1] * world, encoder_hidden_states.shape[1]
+        if attention_mask is not None and attention_mask.shape[-1] != n_video + n_text:
             raise SequenceParallelError(
                 f"attention mask over {attention_mask.shape[-1]} tokens, expected the full video "
-                f"({n_video}) + text ({text[0].shape[1]})"
+                f"({n_video}) + text ({n_text})"
             )
-        q, k, v = (torch.cat(pair, dim=1) for pair in zip(video, text, strict=True))
-        out = dispatch_attention_fn(q, k, v, attn_mask=attention_mask, dropout_p=0.0, is_causal=False)
-        video_out = all_to_all(out[:, :n_video], 1, 2, self.group).flatten(2, 3).to(q.dtype)
-        text_out = gather_shared(out[:, n_video:], 2, self.group).flatten(2, 3).to(q.dtype)
+
+        def rotate(video: list[torch.Tensor], _text: list[torch.Tensor]) -> None:  # video tokens only
+            if image_rotary_emb is not None:
+                turn: Any = apply_rotary_emb  # annotated as returning a tuple; returns the tensor
+                video[:2] = [turn(t, image_rotary_emb, sequence_dim=1) for t in video[:2]]
+
+        video, text = _joint_qkv(attn, hidden_states, False), _joint_qkv(attn, encoder_hidden_states, True)
+        video_out, text_out = _attend(video, text, self.group, rotate=rotate, mask=attention_mask)
+        assert text_out is not None
         if attn.to_out is not None:
             video_out = attn.to_out[1](attn.to_out[0](video_out))
         if attn.to_add_out is not None:
@@ -393,7 +435,6 @@ class FluxUlyssesProcessor:
         attention_mask: torch.Tensor | None = None,
         image_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> Any:
-        from diffusers.models.attention_dispatch import dispatch_attention_fn
         from diffusers.models.embeddings import apply_rotary_emb
 
         world = dist.get_world_size(self.group)
@@ -407,17 +448,17 @@ class FluxUlyssesProcessor:
             local, rows = hidden_states.shape[1], image_rotary_emb[0].shape[0]
             n_text = rows - (rows - local) * world // (world - 1)
             encoder_hidden_states, hidden_states = hidden_states[:, :n_text], hidden_states[:, n_text:]
-        n_text = encoder_hidden_states.shape[1]
-        image = [all_to_all(t, 2, 1, self.group) for t in _joint_qkv(attn, hidden_states, False)]
-        text = [_head_slice(t, self.group) for t in _joint_qkv(attn, encoder_hidden_states, True)]
-        rotate: Any = apply_rotary_emb  # annotated as returning a tuple; returns the tensor
-        for part, start in ((text, 0), (image, n_text)):
-            rope = _rope_rows(image_rotary_emb, start, part[0].shape[1])
-            part[:2] = [rotate(t, rope, sequence_dim=1) for t in part[:2]]
-        q, k, v = (torch.cat(pair, dim=1) for pair in zip(text, image, strict=True))
-        out = dispatch_attention_fn(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False)
-        text_out = gather_shared(out[:, :n_text], 2, self.group).flatten(2, 3).to(q.dtype)
-        image_out = all_to_all(out[:, n_text:], 1, 2, self.group).flatten(2, 3).to(q.dtype)
+        n_text, rope_all = encoder_hidden_states.shape[1], image_rotary_emb
+
+        def rotate(image: list[torch.Tensor], text: list[torch.Tensor]) -> None:  # every token, text first
+            turn: Any = apply_rotary_emb  # annotated as returning a tuple; returns the tensor
+            for part, start in ((text, 0), (image, n_text)):
+                rope = _rope_rows(rope_all, start, part[0].shape[1])
+                part[:2] = [turn(t, rope, sequence_dim=1) for t in part[:2]]
+
+        image, text = _joint_qkv(attn, hidden_states, False), _joint_qkv(attn, encoder_hidden_states, True)
+        image_out, text_out = _attend(image, text, self.group, text_first=True, rotate=rotate)
+        assert text_out is not None
         if single:
             return torch.cat([text_out, image_out], dim=1)
         return attn.to_out[1](attn.to_out[0](image_out)), attn.to_add_out(text_out)
