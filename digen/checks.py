@@ -152,11 +152,11 @@ def reward_problems(cfg: Config, prompts: list[str]) -> list[str]:
 
 
 def registry_problems(cfg: Config, prompts: list[str]) -> list[str]:
-    """The problems of ``train.algorithm`` (:func:`digen.config.algorithm_problems`) and of
+    """The problems of ``train.algorithm`` (:func:`digen.algos.registry.config_problems`) and of
     the rewards (:func:`reward_problems`): what the registries, torch's code, say of the config."""
-    from digen.config import algorithm_problems
+    from digen.algos.registry import config_problems
 
-    return algorithm_problems(cfg) + reward_problems(cfg, prompts)
+    return config_problems(cfg) + reward_problems(cfg, prompts)
 
 
 def reward_health(cfg: Config) -> None:

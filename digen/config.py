@@ -697,8 +697,11 @@ def _cross_checks(cfg: Config, check_paths: bool, algorithms: bool = True) -> li
     problems += _fsdp_checks(cfg)
     problems += _sp_checks(cfg, check_paths)
     problems += name_problems(cfg, algorithm=not algorithms)
+    problems += _mini_batch_checks(cfg)
     if algorithms:
-        problems += algorithm_problems(cfg)
+        from digen.algos.registry import config_problems
+
+        problems += config_problems(cfg)
     if cfg.eval.every and cfg.prompts.test_file is None and cfg.prompts.dataset is None:
         problems.append(
             f"eval.every ({cfg.eval.every}) needs prompts.test_file (held-out prompts, one per line) "
@@ -847,22 +850,10 @@ def name_problems(cfg: Config, *, algorithm: bool = True) -> list[str]:
     return problems
 
 
-def algorithm_problems(cfg: Config) -> list[str]:
-    """``train.algorithm`` is registered and fits the config (its own checks), mini-batches
-    divide the iteration's groups, and an algorithm with state beside the weights is not
-    trained sharded (``train.fsdp``). It imports the algorithm registry, whose modules import
-    torch (:func:`build_config`'s ``algorithms``)."""
-    from digen.algos import registry
-
-    t = cfg.train
-    name = registry.resolved_name(cfg)
-    if name not in registry.available():
-        return [
-            f"train.algorithm ({name!r}) is not a registered algorithm; use one of "
-            f"{', '.join(registry.available())} (digen algorithms lists them)"
-        ]
-    algo = registry.get(name)
-    problems = algo.check(cfg)
+def _mini_batch_checks(cfg: Config) -> list[str]:
+    """``train.mini_batches`` divides what it splits; ``train.kl_target`` has a weight. The
+    algorithm's own checks are the registry's (:func:`digen.algos.registry.config_problems`)."""
+    t, problems = cfg.train, []
     groups = cfg.rollout.prompts_per_iteration
     if groups and groups % t.mini_batches and t.mini_batch_split == "groups":
         problems.append(
@@ -875,11 +866,6 @@ def algorithm_problems(cfg: Config) -> list[str]:
             f"train.mini_batches ({t.mini_batches}) must divide the iteration's samples (rollout.batch_size = "
             f"{cfg.rollout.batch_size}): with train.mini_batch_split samples each optimizer step takes an "
             f"equal share of them, as Flow-GRPO's"
-        )
-    if t.fsdp and algo.keeps_state:
-        problems.append(
-            f"train.algorithm ({name}) keeps state beside the weights, which the FSDP trainer group's "
-            f"sharded store does not hold; set train.fsdp=false (a replicated trainer group) for {name}"
         )
     if t.kl_target is not None and t.kl_beta == 0:
         problems.append(
@@ -946,7 +932,7 @@ def build_config(
     """Validate ``data`` (+ ``--set`` overrides) into a :class:`Config`; every problem at once.
 
     ``algorithms``: also check ``train.algorithm`` against the algorithm registry
-    (:func:`algorithm_problems`), which imports torch. A process that must not load torch
+    (:func:`digen.algos.registry.config_problems`), which imports torch. A process that must not load torch
     (the controller of a distributed run: ``digen train``, the job runner) passes False and
     leaves it to :func:`digen.checks.check_inputs`, which checks it with the rewards in a
     child process."""

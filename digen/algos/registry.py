@@ -203,3 +203,25 @@ def stateful_algorithm(train: TrainConfig) -> Algorithm:
     """The algorithm whose state an optimizer store keeps (``train.algorithm``; unset is a
     Flow-GRPO family member, which keeps none)."""
     return get(train.algorithm or "flow-grpo")
+
+
+def config_problems(cfg: Config) -> list[str]:
+    """``train.algorithm`` is registered and fits the config: the algorithm's own checks
+    (:meth:`Algorithm.check`, each on its own config section) and, for an algorithm with state
+    beside the weights, no sharded trainer group (``train.fsdp``). The config's checks call it
+    when they may import torch (:func:`digen.config.build_config`'s ``algorithms``); a process
+    that must not asks :func:`digen.checks.registries_apart`, whose child calls it."""
+    name = resolved_name(cfg)
+    if name not in available():
+        return [
+            f"train.algorithm ({name!r}) is not a registered algorithm; use one of "
+            f"{', '.join(available())} (digen algorithms lists them)"
+        ]
+    algo = get(name)
+    problems = algo.check(cfg)
+    if cfg.train.fsdp and algo.keeps_state:
+        problems.append(
+            f"train.algorithm ({name}) keeps state beside the weights, which the FSDP trainer group's "
+            f"sharded store does not hold; set train.fsdp=false (a replicated trainer group) for {name}"
+        )
+    return problems
