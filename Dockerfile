@@ -24,13 +24,14 @@ WORKDIR /app
 # torch first, from the index that matches the hardware (its own layer: it rarely changes)
 RUN pip install --index-url "${TORCH_INDEX_URL}" "torch>=2.4"
 
-COPY pyproject.toml README* ./
+COPY pyproject.toml setup.py README* ./
 COPY digen digen
 COPY workers workers
 COPY cli cli
-# editable: digen finds its assets (the quickstart's model and reward classifier) next to its source.
+# editable: cli/ and workers/ install as digen.cli and digen.workers (setup.py, docs/install.md);
+# digen finds its assets (the quickstart's model and reward classifier) next to its source.
 # bokeh: the Dask dashboard (scheduler service, port 8787)
-RUN pip install -e . "bokeh>=3.1" && python -c "import digen, workers, cli.main"
+RUN pip install -e . "bokeh>=3.1" && python -c "import digen.cli.main, digen.workers"
 COPY configs configs
 COPY assets assets
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 # isort: off
 # importing a command module registers its commands; this order is that of ``digen --help``
-from cli import train, models_cmd, algorithms_cmd, bench, export_cmd, service, certs_cmd, simulate, machine  # noqa: F401
+from cli import train, models_cmd, algorithms_cmd, bench, export_cmd  # noqa: F401
+from cli import service, certs_cmd, simulate, machine  # noqa: F401
 from cli import import_cmd  # noqa: F401  (``import-config``)
 
 # isort: on

@@ -1,5 +1,6 @@
-"""Fail when a module imports a module that imports it back: a 2-cycle of digen, workers or cli,
-imports inside functions included. import-linter's contracts (pyproject's
+"""Fail when a module imports a module that imports it back: a 2-cycle of digen (digen.cli and
+digen.workers included, read from the installed layout: ``installed_layout.py``), imports
+inside functions included. import-linter's contracts (pyproject's
 ``[tool.importlinter]``) keep the layers; this keeps any two modules from leaning on each other.
 
 An import under ``if TYPE_CHECKING:`` does not count, as import-linter's contracts do not count
@@ -16,12 +17,10 @@ with their lines) or an exception that no longer happens (remove it from the lis
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import grimp
 
-REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("digen", "workers", "cli")
+PACKAGES = ("digen",)
 
 EXCEPTIONS: frozenset[frozenset[str]] = frozenset()
 """Pairs allowed to import each other (none now); each would say why beside it."""
@@ -64,8 +63,11 @@ def check(graph: grimp.ImportGraph, exceptions: frozenset[frozenset[str]] = EXCE
 
 
 def main() -> int:
-    sys.path.insert(0, str(REPO))
-    graph = import_graph(*PACKAGES)
+    from installed_layout import installed_layout  # beside this script
+
+    with installed_layout() as root:  # digen.cli and digen.workers where an install puts them
+        sys.path.insert(0, str(root))
+        graph = import_graph(*PACKAGES)
     problems = check(graph)
     for p in problems:
         print(p)

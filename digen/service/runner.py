@@ -610,7 +610,7 @@ class _RedisLogHandler(logging.Handler):
 def _job_logging(r: redis.Redis, job_id: str) -> Iterator[None]:
     """digen's and the workers' log records (INFO and up) also go to the job's log."""
     handler = _RedisLogHandler(r, job_id)
-    loggers = [logging.getLogger(name) for name in ("digen", "workers")]
+    loggers = [logging.getLogger("digen")]  # digen.workers.* included
     levels = [lg.level for lg in loggers]
     for lg in loggers:
         lg.addHandler(handler)
