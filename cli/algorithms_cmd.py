@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from cli.app import app, handles_errors, out, print_table
+from digen.cli.app import app, handles_errors, out, print_table
 
 
 @app.command("algorithms")

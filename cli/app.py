@@ -1,6 +1,6 @@
 """The ``digen`` Typer app and what its command modules share: the consoles, the error handling
 and the options several commands take. Command modules import from here and register on
-:data:`app`; :mod:`cli.main` imports them all.
+:data:`app`; :mod:`digen.cli.main` imports them all.
 
 Exit codes: 0 ok, 1 runtime failure, 2 bad input (a :class:`~digen.errors.ConfigError`).
 """
@@ -28,7 +28,7 @@ for _var, _val in (
 ):
     os.environ.setdefault(_var, _val)
 
-from cli.console import CONSOLE, RunLog  # noqa: E402
+from digen.cli.console import CONSOLE, RunLog  # noqa: E402
 from digen.errors import DigenError  # noqa: E402
 
 err = Console(stderr=True)

@@ -1,4 +1,4 @@
-"""digen CLI commands: bench and report (registered on cli.app.app)."""
+"""digen CLI commands: bench and report (registered on digen.cli.app.app)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Annotated
 
 import typer
 
-from cli.app import SetOpt, app, err, handles_errors, out
-from cli.console import open_run_log, setup_logging
-from cli.progress import Steps
+from digen.cli.app import SetOpt, app, err, handles_errors, out
+from digen.cli.console import open_run_log, setup_logging
+from digen.cli.progress import Steps
 from digen.errors import ConfigError
 
 DEFAULT_MODES = "reference,colocated,disaggregated,digen"

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from cli.app import app, err, handles_errors
+from digen.cli.app import app, err, handles_errors
 
 
 @app.command("certs")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 CONSOLE: dict = {}
-"""The console's settings of this command (``verbose``, ``log_file``), for :func:`cli.app.crash`."""
+"""The console's settings of this command (``verbose``, ``log_file``), for :func:`digen.cli.app.crash`."""
 PROGRESS_LOG = logging.getLogger("digen.progress")
 """``digen train``'s progress, one line per iteration (:func:`digen.iteration.progress_line`):
 to ``RUN_DIR/digen.log`` in every mode, never to the console, which shows the live display."""

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from cli.app import app, err, handles_errors, out
+from digen.cli.app import app, err, handles_errors, out
 from digen.errors import ConfigError
 
 

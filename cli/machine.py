@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from cli.app import ConfigArg, SetOpt, app, err, handles_errors, out
+from digen.cli.app import ConfigArg, SetOpt, app, err, handles_errors, out
 
 
 @app.command()

@@ -1,19 +1,19 @@
 """The ``digen`` command line (Typer): the entry point. The only code that prints to the
 terminal or exits lives in this package.
 
-:mod:`cli.app` holds the Typer app, the consoles, the error handling and the shared options;
+:mod:`digen.cli.app` holds the Typer app, the consoles, the error handling and the shared options;
 each command module registers its commands on the app when imported here:
 
-- :mod:`cli.train` ``train`` (with :mod:`cli.progress` and :mod:`cli.console`: the live
+- :mod:`digen.cli.train` ``train`` (with :mod:`digen.cli.progress` and :mod:`digen.cli.console`: the live
   display and where log records go);
-- :mod:`cli.models_cmd` ``make-tiny-model``, ``reward-server``;
-- :mod:`cli.bench` ``bench``, ``report``;
-- :mod:`cli.export_cmd` ``export``;
-- :mod:`cli.service` ``submit``, ``serve``, ``status``, ``logs``, ``cancel``, ``worker``;
-- :mod:`cli.certs_cmd` ``certs``;
-- :mod:`cli.simulate` ``simulate``, ``sp-bench``;
-- :mod:`cli.machine` ``plan``, ``doctor``;
-- :mod:`cli.import_cmd` ``import-config``.
+- :mod:`digen.cli.models_cmd` ``make-tiny-model``, ``reward-server``;
+- :mod:`digen.cli.bench` ``bench``, ``report``;
+- :mod:`digen.cli.export_cmd` ``export``;
+- :mod:`digen.cli.service` ``submit``, ``serve``, ``status``, ``logs``, ``cancel``, ``worker``;
+- :mod:`digen.cli.certs_cmd` ``certs``;
+- :mod:`digen.cli.simulate` ``simulate``, ``sp-bench``;
+- :mod:`digen.cli.machine` ``plan``, ``doctor``;
+- :mod:`digen.cli.import_cmd` ``import-config``.
 
 Exit codes: 0 ok, 1 runtime failure, 2 bad input (a :class:`~digen.errors.ConfigError`).
 """
@@ -22,12 +22,12 @@ from __future__ import annotations
 
 # isort: off
 # importing a command module registers its commands; this order is that of ``digen --help``
-from cli import train, models_cmd, algorithms_cmd, bench, export_cmd  # noqa: F401
-from cli import service, certs_cmd, simulate, machine  # noqa: F401
-from cli import import_cmd  # noqa: F401  (``import-config``)
+from digen.cli import train, models_cmd, algorithms_cmd, bench, export_cmd  # noqa: F401
+from digen.cli import service, certs_cmd, simulate, machine  # noqa: F401
+from digen.cli import import_cmd  # noqa: F401  (``import-config``)
 
 # isort: on
-from cli.app import app
+from digen.cli.app import app
 
 __all__ = ["app", "main"]
 

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from cli.app import app, handles_errors, out
+from digen.cli.app import app, handles_errors, out
 from digen.errors import ConfigError
 
 

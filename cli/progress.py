@@ -8,8 +8,8 @@ import json
 
 from rich.markup import escape
 
-from cli.app import err
-from cli.console import PROGRESS_LOG, open_run_log
+from digen.cli.app import err
+from digen.cli.console import PROGRESS_LOG, open_run_log
 
 
 class Progress:
@@ -123,7 +123,7 @@ class Steps:
     runs): on a terminal a Rich bar on stderr naming the step that runs; elsewhere (a pipe,
     a log file, a test) one line per step as it starts, ``<what>: step i/n <label>``, so a
     log shows where a long command is and the first line comes at once. Lines printed on
-    :data:`cli.app.err` meanwhile appear above the bar."""
+    :data:`digen.cli.app.err` meanwhile appear above the bar."""
 
     def __init__(self, what: str, total: int):
         self.what, self.total, self.done = what, total, 0  # done: steps started

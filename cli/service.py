@@ -1,4 +1,4 @@
-"""digen CLI commands: service (registered on cli.app.app).
+"""digen CLI commands: service (registered on digen.cli.app.app).
 
 ``submit``, ``status``, ``logs``, ``cancel`` talk to the job queue in Redis
 (:mod:`digen.service.jobs`), ``serve`` runs the jobs (:mod:`digen.service.runner`);
@@ -17,7 +17,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from cli.app import (
+from digen.cli.app import (
     InsecureOpt,
     SecurityOpt,
     SetOpt,

@@ -1,4 +1,4 @@
-"""digen CLI commands: simulate and sp-bench (registered on cli.app.app)."""
+"""digen CLI commands: simulate and sp-bench (registered on digen.cli.app.app)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from cli.app import app, err, handles_errors, out
-from cli.progress import Steps
+from digen.cli.app import app, err, handles_errors, out
+from digen.cli.progress import Steps
 from digen.errors import ConfigError
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from cli.app import (
+from digen.cli.app import (
     ConfigArg,
     InsecureOpt,
     RedisOpt,
@@ -25,8 +25,8 @@ from cli.app import (
     out,
     warn_insecure,
 )
-from cli.console import setup_logging
-from cli.progress import Progress
+from digen.cli.console import setup_logging
+from digen.cli.progress import Progress
 from digen.errors import ConfigError
 
 

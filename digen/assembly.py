@@ -97,7 +97,7 @@ def compute_threads(cfg: Config) -> Iterator[None]:
     A CPU matmul, convolution or norm splits its sums across threads, so its float result
     depends on the thread count (measured on the digits model: a reward 1.8e-7 apart at 1 and
     2 threads). Every process that computes a float of a run uses this one count: the
-    reference loop, each worker loop (:func:`workers.loop.worker_loop`) and the trainers'
+    reference loop, each worker loop (:func:`digen.workers.loop.worker_loop`) and the trainers'
     optimizer step. With the same count, the same batches and the same summation order, the
     synchronous modes compute the reference's bits (docs/guarantees.md).
     """

@@ -2,7 +2,7 @@
 
 A :class:`ParameterStore` lives in the reference loop's process, and on every trainer of a
 distributed job (replicated: each applies the same step to the same summed gradient,
-:mod:`workers.trainer`; with ``train.fsdp`` the trainer group holds it sharded instead). It
+:mod:`digen.workers.trainer`; with ``train.fsdp`` the trainer group holds it sharded instead). It
 receives summed task gradients, steps AdamW and yields the next policy version's weights, which
 workers load. The trained tensors live here (the LoRA adapter, or the full transformer for a
 full fine-tune), and so does the state an algorithm keeps beside them (DiffusionNFT's ``old``

@@ -143,7 +143,7 @@ def phase(name: str) -> Iterator[None]:
 
 
 def add_worker_notes(notes: dict[str, dict]) -> None:
-    """Copy the workers' own start-up times (wall clock, from workers.loop: ``process``
+    """Copy the workers' own start-up times (wall clock, from digen.workers.loop: ``process``
     created, ``load_start`` / ``load_end`` of its model, ``loop`` started) into the active
     profile as ``worker process start`` (creation to the first of model load and loop: the
     interpreter, Dask and digen imports) and ``worker model load``."""

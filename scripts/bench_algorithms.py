@@ -199,7 +199,7 @@ def bench(name: str, seed: int, mode: str, out: Path, iterations: int) -> dict:
     slug = name.replace(" ", "_").replace(",", "").replace("(", "").replace(")", "")
     folder = out / mode / f"seed{seed}" / slug
     sets = [f"seed={seed}", f"iterations={iterations}", *WORKLOAD, *overrides]
-    cmd = [sys.executable, "-m", "cli.main", "bench", config, "--modes", mode, "--rounds", "1"]
+    cmd = [sys.executable, "-m", "digen.cli.main", "bench", config, "--modes", mode, "--rounds", "1"]
     cmd += ["--warmup", "1", "--tsp-k", "none", "--out", str(folder)]
     for s in sets:
         cmd += ["--set", s]

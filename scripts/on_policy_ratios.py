@@ -41,7 +41,7 @@ def run_cell(out: Path, mode: str, dtype: str, tsp: bool, iterations: int, extra
     cmd = [
         sys.executable,
         "-m",
-        "cli.main",
+        "digen.cli.main",
         "train",
         str(ROOT / "configs/quickstart.yaml"),
         "--out",

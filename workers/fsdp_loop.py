@@ -1,6 +1,6 @@
 """A trainer worker's loop when ``train.fsdp`` is on: one rank of the job's FSDP group.
 
-:func:`workers.loop.worker_loop` hands over here once its first role tag says trainer. The
+:func:`digen.workers.loop.worker_loop` hands over here once its first role tag says trainer. The
 job's trainer workers (the member list the controller fixed at job start, sorted by name) form
 one torch.distributed process group, rendezvous through Redis (no pickle anywhere):
 
@@ -57,8 +57,8 @@ from digen.parallel.comm import all_gather_json, all_reduce_stats, broadcast_jso
 from digen.parallel.fsdp import ShardedTrainer, local_trainable_shards, shard_of, shard_rows
 from digen.testing import faults
 from digen.training import batch_rows
-from workers.runtime import WorkerRuntime, join_group, wait_for
-from workers.tasks import TRAINING_TENSORS, batch_specs, batch_tensors, park
+from digen.workers.runtime import WorkerRuntime, join_group, wait_for
+from digen.workers.tasks import TRAINING_TENSORS, batch_specs, batch_tensors, park
 
 log = logging.getLogger(__name__)
 

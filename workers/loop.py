@@ -4,10 +4,10 @@ The controller places one loop per Dask worker (``client.submit(run_worker_loop,
 workers=[addr])``: :func:`digen.cluster.cluster.run_worker_loop` imports this module on the
 worker). The loop loads the policy once and starts this process's blob server (where its
 peers fetch what it produces: :mod:`digen.dataplane.blobs`); a trainer (every worker in
-``colocated`` mode) also takes its share of the optimizer (:mod:`workers.trainer`). Then it
+``colocated`` mode) also takes its share of the optimizer (:mod:`digen.workers.trainer`). Then it
 repeats: read this worker's role tag and the trainer group's step command from Redis (one
 round trip) -> take part in the step if one is asked of it -> lease a task from the queues
-:func:`digen.core.policy.pull_order` names -> run it (:mod:`workers.tasks`) -> acknowledge.
+:func:`digen.core.policy.pull_order` names -> run it (:mod:`digen.workers.tasks`) -> acknowledge.
 It returns when the job's status leaves ``running``.
 """
 
@@ -34,10 +34,10 @@ from digen.errors import TaskDropped
 from digen.rewards.http import share_breakers
 from digen.startup import process_start_time
 from digen.testing import faults
-from workers.preload import LOAD_TIMES, worker_device
-from workers.runtime import WorkerRuntime, dask_worker_host, node_tls, poll, quiet_worker_heartbeat
-from workers.tasks import RUNNERS
-from workers.trainer import Member
+from digen.workers.preload import LOAD_TIMES, worker_device
+from digen.workers.runtime import WorkerRuntime, dask_worker_host, node_tls, poll, quiet_worker_heartbeat
+from digen.workers.tasks import RUNNERS
+from digen.workers.trainer import Member
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ def worker_loop(
     rt.job.mark_ready(name, rt.gpu_type)
     log.info("worker %s (%s) joined job %s", name, rt.gpu_type, job_id)
     if cfg.rollout.sequence_parallel > 1 and not scorer:  # a rank of a replica first, if planned so
-        from workers.sp_loop import run_sp_rank
+        from digen.workers.sp_loop import run_sp_rank
 
         rt.tasks_run += run_sp_rank(rt, token)
     stepped, step_mark = -1, None
@@ -150,7 +150,7 @@ def worker_loop(
             assert state.tag is not None
             role, budget = state.tag
             if cfg.train.fsdp and role is Role.TRAINER:  # a rank of the job's FSDP group from now on
-                from workers.fsdp_loop import run_fsdp_rank
+                from digen.workers.fsdp_loop import run_fsdp_rank
 
                 return run_fsdp_rank(rt)
             if rt.member is not None and state.step is not None and state.step != step_mark:

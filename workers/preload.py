@@ -2,7 +2,7 @@
 
 The local cluster (:class:`digen.cluster.cluster.LocalClusterStart`) submits
 :func:`preload_policy` to each worker as soon as the worker is up; the job's loop
-(:mod:`workers.loop`) then takes that policy (:func:`take_policy`) instead of building a
+(:mod:`digen.workers.loop`) then takes that policy (:func:`take_policy`) instead of building a
 second one. A worker that was never preloaded (an external cluster, a restarted process)
 builds its policy in the loop as before. Either way a worker holds one copy of the model.
 

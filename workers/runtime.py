@@ -1,11 +1,11 @@
 """What one worker process holds between tasks, and the helpers every worker loop shares.
 
-:class:`WorkerRuntime` is the state of a worker's loop (:mod:`workers.loop`): its policy and
+:class:`WorkerRuntime` is the state of a worker's loop (:mod:`digen.workers.loop`): its policy and
 reward, the weights version loaded, its connection to the job's Redis keys, and its end of the
 data plane: the :class:`~digen.dataplane.blobs.BlobStore` of what it produced (trajectories,
 gradients, weight versions) and the address peers fetch them from. The trainer's share of the
-optimizer (:mod:`workers.trainer`), the sequence-parallel ranks (:mod:`workers.sp_loop`) and
-the FSDP ranks (:mod:`workers.fsdp_loop`) build on it; none of them imports the loop.
+optimizer (:mod:`digen.workers.trainer`), the sequence-parallel ranks (:mod:`digen.workers.sp_loop`) and
+the FSDP ranks (:mod:`digen.workers.fsdp_loop`) build on it; none of them imports the loop.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from digen.dataplane.weights import fetch_version
 from digen.errors import TaskDropped
 from digen.parallel.comm import join_process_group
 from digen.testing import faults
-from workers.preload import take_policy
+from digen.workers.preload import take_policy
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ POLL_S = 0.05
 
 class GroupShare(Protocol):
     """What the loop and the tasks ask of a worker's share of the trainer group
-    (:class:`workers.trainer.Member`, which builds on this runtime: hence a protocol here)."""
+    (:class:`digen.workers.trainer.Member`, which builds on this runtime: hence a protocol here)."""
 
     def add(self, task_id: str, grads: dict[str, torch.Tensor]) -> None: ...
 

@@ -1,10 +1,10 @@
 """A rollout worker's part in a sequence-parallel replica (``rollout.sequence_parallel: d``).
 
-:func:`workers.loop.worker_loop` calls :func:`run_sp_rank` once its worker is ready; it
+:func:`digen.workers.loop.worker_loop` calls :func:`run_sp_rank` once its worker is ready; it
 returns at once for a worker outside the controller's plan (:mod:`digen.controlplane.sp_keys`),
 else this worker is one rank of its replica until the job stops or the replica breaks, and
 then the ordinary (d=1) loop goes on. Rendezvous as the FSDP group does
-(:mod:`workers.fsdp_loop`): the leader (rank 0) names a formation in Redis, every rank meets
+(:mod:`digen.workers.fsdp_loop`): the leader (rank 0) names a formation in Redis, every rank meets
 the others in a store in the job's Redis (:mod:`digen.parallel.store`); one torch.distributed
 group (gloo on CPU, NCCL on CUDA).
 
@@ -45,8 +45,8 @@ from digen.core.events import Role, TaskKind, TaskRef
 from digen.parallel.comm import all_gather_json, broadcast_json
 from digen.parallel.ulysses import sequence_parallel
 from digen.testing import faults
-from workers.runtime import WorkerRuntime, join_group, poll, wait_for
-from workers.tasks import gen_result, generate, run_eval
+from digen.workers.runtime import WorkerRuntime, join_group, poll, wait_for
+from digen.workers.tasks import gen_result, generate, run_eval
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ returns their address with the rewards and timings: the trainer that trains the 
 reward worker that scores it, fetches them from here (:mod:`digen.dataplane.blobs`). A train
 task fetches its group's trajectories from wherever they were generated and computes the
 gradient; a trainer adds it into its running sum once its acknowledgement won
-(:mod:`workers.trainer`), any other worker (a rollout worker training under RAT), or every
+(:mod:`digen.workers.trainer`), any other worker (a rollout worker training under RAT), or every
 worker with ``train.reduce: exact``, keeps it as a blob the trainers fetch at the step. An
 ``eval`` task returns its scores and its images as grid cells (a small PNG).
 
@@ -44,7 +44,7 @@ from digen.rollout import Trajectories, generate_group
 from digen.testing import faults
 from digen.training import train_groups
 from digen.viz import image_cells, to_png
-from workers.runtime import WorkerRuntime, event
+from digen.workers.runtime import WorkerRuntime, event
 
 log = logging.getLogger(__name__)
 

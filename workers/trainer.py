@@ -8,7 +8,7 @@ gradients it had not reduced yet (any survivor holds the whole state, and a newc
 from one), there is no collective after the step (each member applies the same update to the
 same sum), and at the sizes LoRA trains (a FLUX r64 adapter is 684 MiB in float32; AdamW
 three times that) a replica fits every GPU. A model whose full fine-tune does not fit one
-device is trained with ``train.fsdp`` (:mod:`workers.fsdp_loop`), which shards instead.
+device is trained with ``train.fsdp`` (:mod:`digen.workers.fsdp_loop`), which shards instead.
 
 Between steps a member trains tasks like any worker and adds each gradient whose
 acknowledgement won into its running sum (:class:`~digen.dataplane.reduce.TaskSum`). At a step
@@ -51,7 +51,7 @@ from digen.dataplane.reduce import TaskSum, all_reduce_sum, flatten, ordered_sum
 from digen.errors import DigenError
 from digen.optim import ParameterStore, stage_checkpoint
 from digen.testing import faults
-from workers.runtime import POLL_S, WorkerRuntime, event, join_group
+from digen.workers.runtime import POLL_S, WorkerRuntime, event, join_group
 
 log = logging.getLogger(__name__)
 

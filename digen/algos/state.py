@@ -20,7 +20,7 @@ loss reads them too). A process that loads versions with ``policy.load_trainable
 alone cannot run such an algorithm (it gets a clear error naming :func:`load_version`).
 
 In the distributed modes the trainer group's members hold it in their replicated stores
-(``workers.trainer``: it moves after an iteration's last optimizer step, and a member that
+(``digen.workers.trainer``: it moves after an iteration's last optimizer step, and a member that
 joins copies it with the optimizer state), serve it with every version, and every worker
 loads versions with :func:`load_version`. The FSDP trainer group's sharded store keeps no
 state, so ``train.fsdp`` is refused for such an algorithm (:mod:`digen.config`).

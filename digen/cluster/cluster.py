@@ -7,7 +7,7 @@ workers were started with ``digen worker``.
 
 Every listener of the local cluster binds loopback (:data:`LOOPBACK`): the scheduler, its
 dashboard, the nannies and the workers (whose blob servers and process-group rendezvous bind
-their worker's host, :mod:`workers.runtime`). Plain Dask runs any function a client that
+their worker's host, :mod:`digen.workers.runtime`). Plain Dask runs any function a client that
 reaches it sends, so nothing of an embedded job may be reachable from another host. With a
 ``security`` (the config's ``security:`` section) the local cluster speaks ``tls://`` too,
 every process showing the node's certificate.
@@ -51,15 +51,15 @@ def worker_resources(role: str, gpu_type: str, sp_group: str | None = None) -> d
 
 FORKSERVER_PRELOAD = (
     "distributed",
-    "workers.loop",
-    "workers.preload",
+    "digen.workers.loop",
+    "digen.workers.preload",
     "diffusers.models.modeling_utils",
     "transformers.modeling_utils",
     "peft",
-    "workers.forkserver",
+    "digen.workers.forkserver",
 )
 """Modules the fork server imports once for every worker it forks: what a worker loop and a
-policy load need (a missing one is skipped). The last, :mod:`workers.forkserver`, imports the
+policy load need (a missing one is skipped). The last, :mod:`digen.workers.forkserver`, imports the
 families' pipeline code and freezes the server's objects, so its forked workers share them."""
 
 FORKSERVER_SHARED = ("distributed",)
@@ -81,12 +81,12 @@ def use_start_method(method: str) -> None:
 
 
 def prefork_server() -> int | None:
-    """Start the fork server now as a fork of this process (:func:`workers.forkserver.start_forked_server`),
+    """Start the fork server now as a fork of this process (:func:`digen.workers.forkserver.start_forked_server`),
     before this process computes anything or starts a thread: the server shares this process's
     Dask (:data:`FORKSERVER_SHARED`), imports the workers' code and torch once, and the workers
     it forks share them. Its pid, or ``None`` where forking is not safe (the spawned server is
     used)."""
-    from workers.forkserver import start_forked_server
+    from digen.workers.forkserver import start_forked_server
 
     return start_forked_server(FORKSERVER_PRELOAD, FORKSERVER_SHARED)
 
@@ -181,7 +181,7 @@ def start_local_cluster(
 
 class LocalClusterStart:
     """:func:`start_local_cluster` in a thread, so the caller loads its own copy of the model
-    meanwhile; once the workers are up, each gets :func:`workers.preload.preload_policy` of
+    meanwhile; once the workers are up, each gets :func:`digen.workers.preload.preload_policy` of
     ``cfg_json`` (its job loop then finds the model loaded). :meth:`result` waits for the
     cluster; :meth:`discard` closes it when the caller fails before taking it."""
 
@@ -226,7 +226,7 @@ class LocalClusterStart:
     def _preload(self, client) -> None:
         from distributed import fire_and_forget
 
-        from workers.preload import preload_policy
+        from digen.workers.preload import preload_policy
 
         for w in list_workers(client):
             if w.role == Role.REWARD:  # a reward worker loads no policy
@@ -293,10 +293,10 @@ def connect_scheduler(address: str, timeout_s: float = 10.0, security=None):
 
 
 def run_worker_loop(*args, **kwargs) -> dict:
-    """:func:`workers.loop.worker_loop`, imported where it runs: the controller places this on
+    """:func:`digen.workers.loop.worker_loop`, imported where it runs: the controller places this on
     each worker (Dask pickles a function by its module and name), so the controller's process
     never imports the workers' code, nor torch with it."""
-    from workers.loop import worker_loop
+    from digen.workers.loop import worker_loop
 
     return worker_loop(*args, **kwargs)
 

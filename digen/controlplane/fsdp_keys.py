@@ -1,5 +1,5 @@
 """The FSDP trainer group's keys in Redis (``train.fsdp: true``): what its ranks
-(:mod:`workers.fsdp_loop`) and the controller (:mod:`digen.runtime.fsdp_group`) both read.
+(:mod:`digen.workers.fsdp_loop`) and the controller (:mod:`digen.runtime.fsdp_group`) both read.
 
 Keys (``P = digen:<job_id>:``, cleared with the job's other keys)::
 

@@ -2,14 +2,14 @@
 
 The controller's dispatcher (:mod:`digen.runtime.dispatch`), its step control
 (:mod:`digen.runtime.steps`, :mod:`digen.runtime.fsdp_group`) and the held-out evaluation
-(:mod:`digen.runtime.evals`) build these records; the workers (:mod:`workers.tasks`,
-:mod:`workers.fsdp_loop`, :mod:`workers.sp_loop`) read them back with :meth:`Payload.read`.
+(:mod:`digen.runtime.evals`) build these records; the workers (:mod:`digen.workers.tasks`,
+:mod:`digen.workers.fsdp_loop`, :mod:`digen.workers.sp_loop`) read them back with :meth:`Payload.read`.
 Every byte from Redis is untrusted: a payload that is not a dict of the right fields with
 values of the right kinds raises :class:`~digen.errors.PayloadError` when it is read (the
 task fails there, never deep inside the work).
 
 To add a task kind: a record here, its release in :mod:`digen.runtime.dispatch`, its run in
-:mod:`workers.tasks` (``RUNNERS``).
+:mod:`digen.workers.tasks` (``RUNNERS``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The sequence-parallel replicas' keys in Redis (``rollout.sequence_parallel: d``): what
-their ranks (:mod:`workers.sp_loop`) and the controller (:mod:`digen.runtime.sp_group`) both
+their ranks (:mod:`digen.workers.sp_loop`) and the controller (:mod:`digen.runtime.sp_group`) both
 read.
 
 Keys (``P = digen:<job_id>:``, cleared with the job's other keys)::

@@ -2,7 +2,7 @@
 
 The trainers of a job (every trainer-role worker; in ``colocated`` mode every worker) own the
 optimizer, replicated: each holds the whole AdamW state and applies the same step to the same
-summed gradient (:mod:`workers.trainer`). Redis carries only the small messages that
+summed gradient (:mod:`digen.workers.trainer`). Redis carries only the small messages that
 coordinate them; gradients and weights go worker to worker (:mod:`digen.dataplane`).
 
 Keys (``P = digen:<job_id>:``, cleared with the job's other keys)::
@@ -58,7 +58,7 @@ def holds_optimizer(role: Role, mode: str, fsdp: bool) -> bool:
     ``colocated`` mode every worker but a reward worker does; with ``train.fsdp`` none does
     (the FSDP ranks hold the shards: :mod:`digen.controlplane.fsdp_keys`). The controller
     (:meth:`digen.runtime.membership.Membership.members`) and the worker loops
-    (:func:`workers.loop.worker_loop`) both ask this one rule."""
+    (:func:`digen.workers.loop.worker_loop`) both ask this one rule."""
     if fsdp or role is Role.REWARD:
         return False
     return role in (Role.TRAINER, Role.COLOCATED) or mode == "colocated"

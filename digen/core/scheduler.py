@@ -41,7 +41,7 @@ scored. The composition is the config's alone (never the order groups happened t
 in), so the float result does not depend on timing. RAT splits no batched task in halves;
 a rollout worker's budget counts whole tasks then.
 
-In the runtime (:mod:`digen.runtime.steps`, :mod:`workers.trainer`): a :class:`Step` ``(i, m)``
+In the runtime (:mod:`digen.runtime.steps`, :mod:`digen.workers.trainer`): a :class:`Step` ``(i, m)``
 sums only mini-batch m's task gradients and steps with ``last_of_iteration = (m == M - 1)``
 (an algorithm's state moves once per iteration); an iteration's metrics row, checkpoint and
 sample grid are written after its last mini-batch; trainers keep serving version ``M i`` (what

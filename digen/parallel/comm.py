@@ -100,7 +100,7 @@ def join_process_group(
     :class:`~digen.parallel.store.RedisStore` in the job's Redis, so the rendezvous opens no
     port (a ``TCPStore`` would answer anyone who reaches it). Returns the published address,
     or None when a rank gave up. The trainer group, the FSDP trainer group
-    (:mod:`workers.fsdp_loop`) and the sequence-parallel replicas (:mod:`workers.sp_loop`)
+    (:mod:`digen.workers.fsdp_loop`) and the sequence-parallel replicas (:mod:`digen.workers.sp_loop`)
     form their groups this way.
 
     Where the collectives listen: gloo's and NCCL's own sockets are pinned to the interface of

@@ -19,7 +19,7 @@ How the runtime uses it (``train.fsdp: true``)
 ---------------------------------------------
 The trainer workers of a job (fixed at job start, sorted by name) form one process group
 (``gloo`` on CPU, ``nccl`` on GPU) and act as ONE logical trainer that owns the optimizer
-(the rank loop: :mod:`workers.fsdp_loop`; the controller's side: :mod:`digen.runtime.fsdp_group`;
+(the rank loop: :mod:`digen.workers.fsdp_loop`; the controller's side: :mod:`digen.runtime.fsdp_group`;
 the Redis keys: :mod:`digen.controlplane.fsdp_keys`):
 
 1. rendezvous through Redis: rank 0 publishes a formation, and the ranks meet in a store in

@@ -470,7 +470,7 @@ def run_distributed(
     scheduler: errors within seconds, naming what and where). A Redis restart pauses the job
     for up to ``schedule.redis_outage_s``, then it continues (see docs/guarantees.md).
     ``loop_fn``: the worker loop to place on each worker (default
-    :func:`~digen.cluster.cluster.run_worker_loop`, :func:`workers.loop.worker_loop` imported on
+    :func:`~digen.cluster.cluster.run_worker_loop`, :func:`digen.workers.loop.worker_loop` imported on
     the worker: this process imports no torch). ``rewards_checked``: the caller ran
     :func:`~digen.checks.check_inputs` with ``health`` just before, so the preflight does not
     ask the rewards again.

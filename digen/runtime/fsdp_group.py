@@ -2,7 +2,7 @@
 
 With FSDP the trainer workers of a job form one torch.distributed process group that holds
 the trained weights, their gradients and AdamW state sharded (:mod:`digen.parallel.fsdp`; the
-ranks run :mod:`workers.fsdp_loop`). The controller queues train tasks as usual (rank 0, the
+ranks run :mod:`digen.workers.fsdp_loop`). The controller queues train tasks as usual (rank 0, the
 *leader*, leases them and every rank trains its share), and at the optimizer step it queues a
 *step command*. The leader acknowledges it once the group has stepped: every rank then serves
 its shard of version v+1 (rollout workers fetch the shards and put them together: no rank

@@ -1,7 +1,7 @@
 """Who works on a job: the Dask workers the controller sees, their loops, and restarts.
 
 :class:`Membership` keeps the job's view of the cluster: it places one worker loop on every
-usable worker (:func:`workers.loop.worker_loop`), turns workers that appear and disappear into
+usable worker (:func:`digen.workers.loop.worker_loop`), turns workers that appear and disappear into
 :class:`~digen.core.events.WorkerJoined` / :class:`~digen.core.events.WorkerLeft` events (a
 worker restarted under the same name, a Nanny restart with a new address, left and joined
 again), restarts a worker whose loop crashed in a fresh process, and fails the job when a
@@ -37,7 +37,7 @@ class Membership:
     job: JobState
     redis_url: str
     loop_fn: Callable
-    """The worker loop placed on every worker (:func:`workers.loop.worker_loop`)."""
+    """The worker loop placed on every worker (:func:`digen.workers.loop.worker_loop`)."""
     exit_fn: Callable
     """Run on a worker to end its process (:func:`digen.cluster.cluster.exit_process`)."""
     workers: dict[str, WorkerInfo] = field(default_factory=dict)

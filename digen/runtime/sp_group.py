@@ -1,7 +1,7 @@
 """The controller's side of sequence-parallel rollout replicas (``rollout.sequence_parallel: d``).
 
 A *replica* is d rollout workers of one GPU type that generate each sample together
-(:mod:`digen.parallel.ulysses`; the ranks run :mod:`workers.sp_loop`). At job start, once the
+(:mod:`digen.parallel.ulysses`; the ranks run :mod:`digen.workers.sp_loop`). At job start, once the
 workers are ready, the controller fixes the replicas (:func:`plan_replicas`) and writes the
 plan to Redis. The scheduler then sees a replica as ONE rollout worker, its leader (rank 0,
 the first name): the other ranks (*followers*) are taken out of its worker list, so

@@ -74,7 +74,7 @@ class DataPlaneModel:
 
         digen bench --dataplane --sizes sd3.5-m-lora-r32 --out /tmp/simbench
 
-    (``python -m cli.main``) at commit e13d8e4, 2026-12-06, on a shared 2-core machine (2
+    (``python -m digen.cli.main``) at commit e13d8e4, 2026-12-06, on a shared 2-core machine (2
     trainers + 2 rollout workers as local processes, gloo, loopback; raw link 1.68, 1.75 and
     1.60 GiB/s): reduce 0.350 / 0.285 / 0.222, distribute 0.171 / 0.123 / 0.152, trajectory
     0.491 / 0.405 / 0.555. On loopback the "link" is a kernel memory copy as fast as the data

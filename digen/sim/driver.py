@@ -8,7 +8,7 @@ workers of the runtime (``digen/runtime/controller.py``, ``workers/loop.py``):
   publication) and carries out its instructions (``Release`` into the queues, ``SetRole``
   into the role tags and TAG budgets, ``Step``, ``Finish``);
 - idle simulated workers *pull* from the queues in :func:`digen.core.policy.pull_order` of
-  their tag, as ``workers.loop.next_task`` does: a trainer takes a generation task only when
+  their tag, as ``digen.workers.loop.next_task`` does: a trainer takes a generation task only when
   no train task is ready and its TAG budget (reset by each ``SetRole``) is positive, a rollout
   worker takes a train task only when no generation task is ready and its RAT budget is
   positive, and each stolen task spends 1.

@@ -92,7 +92,7 @@ def test_digen_algorithms_lists_each_with_its_peer_needs_and_trajectory():
 
     from typer.testing import CliRunner
 
-    from cli.main import app
+    from digen.cli.main import app
 
     res = CliRunner().invoke(app, ["algorithms", "--json"])
     assert res.exit_code == 0, res.output

@@ -248,7 +248,7 @@ def test_peak_rss_of_this_process():
 # --- end to end ------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_cli_bench_reference_and_digen(tiny_sd3, tmp_path):
-    from cli.main import app
+    from digen.cli.main import app
     from tests.conftest import small_config_data
 
     cfg = tmp_path / "bench.yaml"

@@ -1,7 +1,7 @@
 """The embedded local cluster: workers forked from the fork server see the environment the
 controller has when it starts them, not the one the fork server started with (a spawned
 worker would inherit it; fault hooks and DIGEN_HOME rely on that); they start with the
-families' pipeline code imported and the fork server's objects frozen (workers.forkserver)."""
+families' pipeline code imported and the fork server's objects frozen (digen.workers.forkserver)."""
 
 from __future__ import annotations
 
@@ -163,7 +163,7 @@ def test_the_forked_server_keeps_no_log_handler_that_writes_to_a_descriptor_it_c
     import os
     import sys
 
-    from workers.forkserver import _drop_parent_handlers
+    from digen.workers.forkserver import _drop_parent_handlers
 
     r, w = os.pipe()
     lg = logging.getLogger("digen.test.forked")

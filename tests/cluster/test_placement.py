@@ -13,7 +13,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from cli.main import app
+from digen.cli.main import app
 from digen.cluster.placement import (
     FAKE_ENV,
     Gpu,
@@ -398,7 +398,7 @@ def test_digen_worker_gpus_auto_starts_one_pinned_worker_per_gpu(tmp_path):
         env = dict(os.environ, **{FAKE_ENV: "1xh100,2xl40s", "OMP_NUM_THREADS": "1"})
         env.pop("DIGEN_SCHEDULER", None)
         log = open(tmp_path / "worker.log", "w")  # noqa: SIM115 - closed below
-        cmd = [sys.executable, "-m", "cli.main", "worker", "--scheduler", cluster.scheduler_address]
+        cmd = [sys.executable, "-m", "digen.cli.main", "worker", "--scheduler", cluster.scheduler_address]
         proc = subprocess.Popen(
             [*cmd, "--gpus", "auto", "--role", "trainer=1,rollout"],
             env=env,

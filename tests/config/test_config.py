@@ -6,7 +6,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from cli.main import app
+from digen.cli.main import app
 from digen.config import build_config, dump_config, load_config, parse_overrides
 from digen.errors import ConfigError
 from tests.conftest import required

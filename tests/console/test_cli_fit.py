@@ -16,8 +16,8 @@ from rich.console import Console
 from rich.table import Table
 from typer.testing import CliRunner
 
-from cli.app import hydra_argument
-from cli.main import app
+from digen.cli.app import hydra_argument
+from digen.cli.main import app
 from tests.conftest import small_config_data
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,7 +87,7 @@ def _wide_table() -> tuple[Table, str, str]:
 
 
 def test_a_table_in_a_pipe_cuts_no_job_id_or_path(capsys):
-    from cli.app import print_table
+    from digen.cli.app import print_table
 
     table, job, path = _wide_table()
     print_table(table)
@@ -96,14 +96,14 @@ def test_a_table_in_a_pipe_cuts_no_job_id_or_path(capsys):
 
 
 def test_a_table_on_a_terminal_fits_its_width(monkeypatch):
-    import cli.app
+    import digen.cli.app
 
     screen = io.StringIO()
     monkeypatch.setattr(
-        cli.app, "out", Console(file=screen, force_terminal=True, width=60, color_system=None)
+        digen.cli.app, "out", Console(file=screen, force_terminal=True, width=60, color_system=None)
     )
     table, _, _ = _wide_table()
-    cli.app.print_table(table)
+    digen.cli.app.print_table(table)
     lines = screen.getvalue().splitlines()
     assert len(lines) > 1 and max(len(line) for line in lines) <= 60
 
@@ -184,7 +184,7 @@ def test_run_study_reports_each_mode_before_simulating_it():
 
 
 def test_steps_print_a_line_per_step_in_a_log(capsys):
-    from cli.progress import Steps
+    from digen.cli.progress import Steps
 
     with Steps("bench", 2) as steps:
         steps.start("round 1/1 reference")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from cli.console import ConsoleFormatter, _quiet_dask, open_run_log, setup_logging
+from digen.cli.console import ConsoleFormatter, _quiet_dask, open_run_log, setup_logging
 from tests.conftest import small_config_data
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +32,7 @@ def test_a_workers_heartbeat_failure_leaves_the_console_and_other_errors_stay():
     """A worker's failed heartbeat (the controller closing its scheduler) is a WARNING there,
     without traceback, so a worker's console handler at ERROR drops it; Dask's other ERRORs
     from the same logger pass unchanged."""
-    from workers.runtime import HeartbeatNotice, quiet_worker_heartbeat
+    from digen.workers.runtime import HeartbeatNotice, quiet_worker_heartbeat
 
     lg = logging.getLogger("distributed.worker")
     shown: list[logging.LogRecord] = []
@@ -104,7 +104,17 @@ def test_train_in_digen_mode_prints_no_dask_lines(tmp_path: Path, tiny_sd3: Path
     path.write_text(yaml.safe_dump(cfg))
     out = tmp_path / "run"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-m", "cli.main", "train", str(path), "--out", str(out), "--log-format", "json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "digen.cli.main",
+        "train",
+        str(path),
+        "--out",
+        str(out),
+        "--log-format",
+        "json",
+    ]
     res = subprocess.run(
         [*cmd, "--profile-startup"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
     )

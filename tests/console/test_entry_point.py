@@ -1,5 +1,5 @@
-"""The ``digen`` entry point (cli.main): one Typer app (cli.app) that every command module
-registers on, whether run as the ``digen`` script or as ``python -m cli.main``."""
+"""The ``digen`` entry point (digen.cli.main): one Typer app (digen.cli.app) that every command module
+registers on, whether run as the ``digen`` script or as ``python -m digen.cli.main``."""
 
 from __future__ import annotations
 
@@ -35,17 +35,17 @@ COMMANDS = [
 
 
 def test_the_script_sees_every_command_once_on_the_shared_app():
-    import cli.app
-    from cli.main import app
+    import digen.cli.app
+    from digen.cli.main import app
 
-    assert app is cli.app.app
+    assert app is digen.cli.app.app
     assert list(typer.main.get_command(app).commands) == COMMANDS
 
 
 def test_python_m_lists_the_same_commands_in_the_same_order():
     env = {**os.environ, "COLUMNS": "400"}  # one line per command
     r = subprocess.run(
-        [sys.executable, "-m", "cli.main", "--help"],
+        [sys.executable, "-m", "digen.cli.main", "--help"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -59,7 +59,7 @@ def test_python_m_lists_the_same_commands_in_the_same_order():
 def test_bad_input_in_a_command_module_is_one_red_line_and_exit_2(tmp_path):
     from typer.testing import CliRunner
 
-    from cli.main import app
+    from digen.cli.main import app
 
     res = CliRunner().invoke(app, ["report", str(tmp_path / "missing")])
     assert res.exit_code == 2

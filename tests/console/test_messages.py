@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 from typer.testing import CliRunner
 
-from cli.main import app
+from digen.cli.main import app
 from tests.conftest import small_config_data
 from tests.reliability.reward_servers import RewardServer
 

@@ -52,8 +52,8 @@ def test_a_worker_loop_cycle_takes_two_round_trips(redis_client, role, queue):
     """Counted on the wire (a counting connection around the real client): the top of a cycle
     (status, loop owner, tag) is one pipelined round trip, the lease one script call; the
     three separate reads it replaces were three round trips."""
-    from workers.loop import next_task
-    from workers.runtime import WorkerRuntime, poll
+    from digen.workers.loop import next_task
+    from digen.workers.runtime import WorkerRuntime, poll
 
     counted = connect(embedded_url(redis_client))
     trips = count_round_trips(counted)

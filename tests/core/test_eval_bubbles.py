@@ -3,7 +3,7 @@
 A small discrete-event harness plays the controller (releases into per-kind queues, steps)
 and the workers (an idle worker leases the first non-empty queue of
 :func:`~digen.core.policy.pull_order` + :func:`~digen.core.policy.idle_kinds`, as
-``workers.loop.next_task`` does). Its timeline rows carry the release and lease times the
+``digen.workers.loop.next_task`` does). Its timeline rows carry the release and lease times the
 runtime records, and :func:`digen.evaluation.eval_interference` (what ``digen bench``
 reports) decides from them: no worker leases an ``eval`` task while a task it pulls first
 waits, so a released generation task waits at most the remainder of one ``eval`` task."""

@@ -297,7 +297,7 @@ def test_cli_exports_a_trained_run(tiny_sd3, tmp_path):
     samples what the trained policy samples, and not what the base does."""
     from safetensors.torch import load_file
 
-    from cli.main import app
+    from digen.cli.main import app
     from digen.reference import run_reference
 
     data = small_config_data(

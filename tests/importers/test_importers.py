@@ -15,7 +15,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from cli.main import app
+from digen.cli.main import app
 from digen.config import load_config
 from digen.errors import ConfigError
 from digen.importers import import_config

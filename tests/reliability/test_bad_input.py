@@ -15,7 +15,7 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
-from cli.main import app
+from digen.cli.main import app
 from tests.conftest import small_config_data
 
 

@@ -16,8 +16,8 @@ import yaml
 from safetensors import SafetensorError
 from typer.testing import CliRunner
 
-from cli.console import RunLog
-from cli.main import app
+from digen.cli.console import RunLog
+from digen.cli.main import app
 from tests.conftest import small_config_data
 
 

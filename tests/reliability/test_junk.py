@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
+from digen.cli.main import app
 from digen.controlplane.queue import TaskQueue
 from digen.core.events import TaskRef
 from tests.reliability.conftest import assert_equals_reference, assert_exactly_once, fault_config, run_job

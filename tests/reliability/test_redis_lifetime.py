@@ -257,7 +257,7 @@ def test_embedded_redis_lost_before_any_checkpoint_says_so(tiny_sd3: Path, tmp_p
     and to run afresh; ``--resume`` is then one line, and a fresh run there is not refused."""
     from typer.testing import CliRunner
 
-    from cli.main import app
+    from digen.cli.main import app
     from digen.config import load_config
     from digen.controlplane.redis_conn import digen_home, start_embedded, stop_embedded
     from digen.errors import ConnectionFailure
@@ -307,7 +307,7 @@ def resumed(cfg: Path, out: Path, home: Path) -> None:
         for p in (out / "checkpoints").glob("iter_*")
         if p.name.split("_")[1].isdigit()
     )
-    cmd = [sys.executable, "-m", "cli.main", "train", str(cfg), "--out", str(out), "--resume"]
+    cmd = [sys.executable, "-m", "digen.cli.main", "train", str(cfg), "--out", str(out), "--resume"]
     res = subprocess.run(
         [*cmd, "--set", f"iterations={last + 2}", "--log-format", "quiet"],
         cwd=ROOT,
@@ -334,7 +334,17 @@ def test_a_sigkilled_digen_train_leaves_no_redis_behind(
     home, out = tmp_path / "home", tmp_path / "run"
     cfg = tiny_job(tiny_sd3, tmp_path, iterations=50)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "train", str(cfg), "--out", str(out), "--log-format", "quiet"],
+        [
+            sys.executable,
+            "-m",
+            "digen.cli.main",
+            "train",
+            str(cfg),
+            "--out",
+            str(out),
+            "--log-format",
+            "quiet",
+        ],
         cwd=ROOT,
         env={**proc_env(home), "PYTHONPATH": str(ROOT)},
         stdout=subprocess.DEVNULL,

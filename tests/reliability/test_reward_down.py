@@ -148,7 +148,7 @@ def test_a_job_whose_reward_server_hangs_fails_naming_it(tiny_sd3: Path, tmp_pat
         cmd = [
             sys.executable,
             "-m",
-            "cli.main",
+            "digen.cli.main",
             "train",
             str(cfg),
             "--out",

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from cli.main import app
+from digen.cli.main import app
 from digen.rundir import LOCK_NAME, RunDirBusy, RunLock
 from tests.conftest import small_config_data
 from tests.reliability.reward_servers import RewardServer
@@ -116,7 +116,7 @@ def test_two_digen_train_into_one_folder_write_every_iteration_once(tiny_sd3: Pa
         cmd = [
             sys.executable,
             "-m",
-            "cli.main",
+            "digen.cli.main",
             "train",
             str(cfg),
             "--out",

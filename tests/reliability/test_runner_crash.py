@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
+from digen.cli.main import app
 from digen.service import jobs
 from digen.service.runner import CONFIRM_S, RECOVERY_BOUND_S, recover_lost_jobs
 from tests.service.conftest import digen_home, procs, r, reference_run  # noqa: F401 - fixtures

@@ -74,7 +74,7 @@ def test_digen_train_with_the_ocr_reward_runs_offline(tiny_sd3, tmp_path, monkey
     import yaml
     from typer.testing import CliRunner
 
-    from cli.main import app
+    from digen.cli.main import app
     from tests.conftest import small_config_data
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

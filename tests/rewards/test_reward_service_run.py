@@ -26,7 +26,16 @@ def free_port() -> int:
 
 def start_server(port: int) -> subprocess.Popen:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "reward-server", "--reward", "brightness", "--port", str(port)],
+        [
+            sys.executable,
+            "-m",
+            "digen.cli.main",
+            "reward-server",
+            "--reward",
+            "brightness",
+            "--port",
+            str(port),
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

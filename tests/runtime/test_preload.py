@@ -1,4 +1,4 @@
-"""workers.preload: the version-0 weights a worker hands the controller are the seeded build's
+"""digen.workers.preload: the version-0 weights a worker hands the controller are the seeded build's
 the reference makes, and a CPU worker's loop then takes that same build (no second load)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load
 
 from digen.assembly import build_policy
-from workers import preload
+from digen.workers import preload
 
 
 def test_initial_weights_equal_a_seeded_build_and_the_loop_takes_that_build(small_config, monkeypatch):

@@ -88,7 +88,7 @@ def test_sp_group_option_is_checked_and_becomes_a_dask_resource():
 
 
 def test_digen_worker_refuses_an_sp_group_on_a_trainer_before_connecting():
-    from cli.main import app
+    from digen.cli.main import app
 
     res = CliRunner().invoke(
         app,

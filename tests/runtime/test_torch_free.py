@@ -32,12 +32,12 @@ CONTROLLER_MODULES = [
     "digen.cluster.cluster",
     "digen.engine",
     "digen.checks",
-    "cli.main",
+    "digen.cli.main",
 ]
 
 RUN = """
 import json, subprocess, sys
-from cli.main import app
+from digen.cli.main import app
 children = []
 real_run = subprocess.run
 def counted_run(args, *a, **kw):  # the real call; the checks' children are counted

@@ -21,8 +21,8 @@ from digen.dataplane.digest import ALGORITHMS
 from digen.dataplane.reduce import GradientMismatch, TaskSum, ordered_sum
 from digen.dataplane.weights import fetch_version
 from digen.dataplane.wire import recv_header, send_frame
+from digen.workers.tasks import group_tensors, park
 from tests.security.blob_helpers import JOB, job_key, serving, until_closed, weights
-from workers.tasks import group_tensors, park
 
 TRAJ = f"{JOB}:traj:gen:1:0"
 

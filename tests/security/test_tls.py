@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
+from digen.cli.main import app
 from digen.cluster import node
 from digen.config import Config
 from digen.errors import ConnectionFailure
@@ -159,7 +159,7 @@ def test_the_embedded_cluster_is_tls_with_the_nodes_certificates(certs: Path, tm
 
     from digen.cluster.cluster import close_local_cluster, list_workers
     from digen.runtime.controller import _local_cluster
-    from workers.runtime import node_tls
+    from digen.workers.runtime import node_tls
 
     head = node.load_security(certs / "head" / "security.yaml")
     one_scorer = {"rollout_workers": 0, "trainer_workers": 0, "reward_workers": 1, "start_method": "spawn"}

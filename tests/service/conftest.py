@@ -60,7 +60,7 @@ def reference_run(tiny_sd3: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     import torch
     from typer.testing import CliRunner
 
-    from cli.main import app
+    from digen.cli.main import app
 
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("train") / "run"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
+from digen.cli.main import app
 from digen.service import jobs
 
 from .helpers import CONFIG, Procs, quick_sets, wait_for

@@ -14,7 +14,7 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
-from cli.main import app
+from digen.cli.main import app
 
 from .helpers import ROOT
 

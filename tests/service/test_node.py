@@ -14,7 +14,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from cli.main import app
+from digen.cli.main import app
 from digen.cluster import node
 from digen.config import SecurityConfig, build_config
 from digen.errors import ConfigError, ConnectionFailure

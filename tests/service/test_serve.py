@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
+from digen.cli.main import app
 from digen.service import jobs
 
 from .helpers import CONFIG, ITERATIONS, Procs, learning_rows, quick_sets, wait_for

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
+from digen.cli.main import app
 from digen.errors import ConfigError
 from digen.service import jobs
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from cli.main import app
 from digen.assembly import trained_dtype
 from digen.bench.dataplane import ROLLOUTS, TRAINERS, TRAJECTORY_BYTES, Round, write_dataplane_report
+from digen.cli.main import app
 from digen.config import build_config
 from digen.core.events import Role
 from digen.errors import ConfigError

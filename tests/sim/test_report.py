@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 from typer.testing import CliRunner
 
-from cli.main import app
+from digen.cli.main import app
 from digen.sim.driver import LADDER
 from digen.sim.report import explain, markdown_results, plot_gantt, text_table
 from digen.sim.study import SimSettings, run_study

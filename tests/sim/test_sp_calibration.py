@@ -11,7 +11,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from cli.main import app
+from digen.cli.main import app
 from digen.errors import ConfigError
 from digen.sim.calibrate import costmodel_from_run
 from digen.sim.catalog import load_sim_config

@@ -118,7 +118,7 @@ def test_a_worker_refuses_a_batch_that_is_not_the_tasks_own_consecutive_groups()
     from digen.controlplane.payloads import TrainPayload
     from digen.errors import PayloadError
     from digen.tasks import TrainSpec
-    from workers.tasks import batch_specs
+    from digen.workers.tasks import batch_specs
 
     def entry(it, g):
         spec = TrainSpec(it, g, 0, [0], [4 * g], [1.0]).to_json()

@@ -1,10 +1,10 @@
-"""The live display of ``digen train`` (cli.progress.Progress): rich, json lines and quiet."""
+"""The live display of ``digen train`` (digen.cli.progress.Progress): rich, json lines and quiet."""
 
 from __future__ import annotations
 
 import json
 
-from cli.progress import Progress
+from digen.cli.progress import Progress
 
 from ._runs import metrics_rows
 

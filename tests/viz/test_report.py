@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 from typer.testing import CliRunner
 
-from cli.main import app
+from digen.cli.main import app
 from digen.errors import ConfigError
 from digen.report import pick_grids, render_report
 
