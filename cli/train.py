@@ -20,7 +20,6 @@ from digen.cli.app import (
     SetOpt,
     app,
     err,
-    fail,
     handles_errors,
     out,
     warn_insecure,
@@ -67,22 +66,17 @@ def train(
     insecure: InsecureOpt = False,
 ) -> None:
     """Run a training job in the foreground (embedded Redis and Dask when no URL/address)."""
-    from digen.config import load_config
     from digen.engine import run_training
 
-    if log_format not in ("rich", "json", "quiet"):
-        fail(ConfigError(f"--log-format ({log_format}) must be rich, json or quiet"))
     warn_insecure(scheduler, insecure)  # before anything connects
     dash = ["cluster.local.dashboard=true"] if dashboard else []
-    # train.algorithm is checked with the rewards by check_inputs (in a child process for the
-    # distributed modes): the algorithm registry imports torch, which the controller does not
-    cfg = load_config(config, [*(set_ or []), *dash], algorithms=False)
+    cfg, placement = _checked(config, [*(set_ or []), *dash], log_format, embedded=scheduler is None)
     if security is not None:  # this node's TLS files, over the config's security: section
         from digen.cluster.node import load_security
 
         cfg = cfg.model_copy(update={"security": load_security(security)})
-    if scheduler is None and cfg.schedule.mode != "reference":
-        _print_placement(cfg, log_format)  # workers that do not fit the GPUs: exit 2 here
+    if placement is not None:
+        _print_placement(placement, log_format)
     if (
         scheduler is None
         and cfg.schedule.mode != "reference"
@@ -121,11 +115,47 @@ def train(
         )
 
 
-def _print_placement(cfg, log_format: str) -> None:
-    """The embedded cluster's placement (``digen plan``), one line per worker, before it starts."""
-    from digen.cluster.placement import plan_local
+LOG_FORMATS = ("rich", "json", "quiet")
 
-    placement = plan_local(cfg)
+
+def _checked(config: Path, overrides: list[str], log_format: str, *, embedded: bool):
+    """The config and, for a run on the embedded cluster (no ``--scheduler``, not the
+    reference mode), its workers' placement on this machine's GPUs (``digen plan``; None
+    otherwise). Every problem of the three (``--log-format``, the config's own, the placement's)
+    is reported together, in one :class:`ConfigError` (exit 2), before anything starts.
+
+    ``train.algorithm`` is checked with the rewards by ``check_inputs`` (in a child process for
+    the distributed modes): the algorithm registry imports torch, which the controller does not.
+    The placement is planned once the config has its keys and types (it reads them)."""
+    from digen.config import load_config
+
+    problems = (
+        [] if log_format in LOG_FORMATS else [f"--log-format ({log_format}) must be rich, json or quiet"]
+    )
+    planned = []
+
+    def placement_problems(cfg) -> list[str]:
+        if not embedded or cfg.schedule.mode == "reference":
+            return []
+        from digen.cluster.placement import plan_local
+
+        try:
+            planned.append(plan_local(cfg))
+        except ConfigError as exc:  # workers that do not fit the GPUs, GPUs that are not here
+            return exc.problems
+        return []
+
+    try:
+        cfg = load_config(config, overrides, algorithms=False, also=placement_problems)
+    except ConfigError as exc:
+        raise ConfigError(problems + exc.problems) from None
+    if problems:
+        raise ConfigError(problems)
+    return cfg, (planned[0] if planned else None)
+
+
+def _print_placement(placement, log_format: str) -> None:
+    """The embedded cluster's placement (``digen plan``), one line per worker, before it starts."""
     if log_format == "json":
         print(json.dumps({"placement": placement.to_json()}), flush=True)
     elif log_format == "rich":

@@ -8,6 +8,7 @@ at once (unknown keys, wrong types, impossible sizes, a missing model folder) as
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
@@ -928,6 +929,7 @@ def build_config(
     source_dir: Path | None = None,
     check_paths: bool = True,
     algorithms: bool = True,
+    also: Callable[[Config], list[str]] | None = None,
 ) -> Config:
     """Validate ``data`` (+ ``--set`` overrides) into a :class:`Config`; every problem at once.
 
@@ -935,7 +937,11 @@ def build_config(
     (:func:`digen.algos.registry.config_problems`), which imports torch. A process that must not load torch
     (the controller of a distributed run: ``digen train``, the job runner) passes False and
     leaves it to :func:`digen.checks.check_inputs`, which checks it with the rewards in a
-    child process."""
+    child process.
+
+    ``also``: the caller's own problems of a config that has the right keys and types (what
+    ``digen train`` knows beyond the file: where the embedded cluster's workers go on this
+    machine's GPUs); they are reported with the cross-checks', in one :class:`ConfigError`."""
     data = dict(data)
     for key, value in parse_overrides(overrides or []):
         _set_dotted(data, key, value)
@@ -947,6 +953,8 @@ def build_config(
         cfg.source_dir = str(source_dir)
         _absolute_paths(cfg)
     problems = _cross_checks(cfg, check_paths, algorithms)
+    if also is not None:
+        problems += also(cfg)
     if problems:
         raise ConfigError(problems)
     return cfg
@@ -967,7 +975,12 @@ def read_yaml(path: Path, what: str) -> Any:
 
 
 def load_config(
-    path: str | Path, overrides: list[str] | None = None, *, check_paths: bool = True, algorithms: bool = True
+    path: str | Path,
+    overrides: list[str] | None = None,
+    *,
+    check_paths: bool = True,
+    algorithms: bool = True,
+    also: Callable[[Config], list[str]] | None = None,
 ) -> Config:
     """Read a YAML config file; see :func:`build_config`."""
     p = Path(path)
@@ -975,7 +988,12 @@ def load_config(
     if not isinstance(data, dict):
         raise ConfigError(f"{p} must hold a mapping of config sections, got {type(data).__name__}")
     return build_config(
-        data, overrides, source_dir=p.parent.resolve(), check_paths=check_paths, algorithms=algorithms
+        data,
+        overrides,
+        source_dir=p.parent.resolve(),
+        check_paths=check_paths,
+        algorithms=algorithms,
+        also=also,
     )
 
 
