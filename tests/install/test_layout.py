@@ -98,3 +98,19 @@ def test_the_lint_view_has_the_installed_layout():
         assert sources(root / "digen" / "cli") == sources(REPO / "cli")
         assert sources(root / "digen" / "workers") == sources(REPO / "workers")
         assert not (root / "cli").exists() and not (root / "workers").exists()
+
+
+def test_every_module_the_fork_server_preloads_is_found():
+    """The fork server skips a preload module it cannot import, silently: a stale name (such
+    as ``workers.loop`` for ``digen.workers.loop``) would only make every worker start slower."""
+    import importlib.util
+
+    from digen.runtime.cluster import FORKSERVER_PRELOAD
+
+    own = [
+        m
+        for m in FORKSERVER_PRELOAD
+        if m.split(".")[0] not in ("distributed", "diffusers", "transformers", "peft")
+    ]
+    assert own and all(m.startswith("digen.") for m in own), own
+    assert [m for m in own if importlib.util.find_spec(m) is None] == []
