@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 
 .PHONY: setup demo test test-fast lint docs bench simulate clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
