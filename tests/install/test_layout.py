@@ -105,7 +105,7 @@ def test_every_module_the_fork_server_preloads_is_found():
     as ``workers.loop`` for ``digen.workers.loop``) would only make every worker start slower."""
     import importlib.util
 
-    from digen.runtime.cluster import FORKSERVER_PRELOAD
+    from digen.cluster.cluster import FORKSERVER_PRELOAD
 
     own = [
         m
