@@ -114,7 +114,7 @@ def test_a_trainer_killed_right_after_the_other_reported_its_reduction_loses_no_
     try:
         fired = run_job(cfg, out, job_id, *faults, progress=progress, on_start=lambda c: ctl.update(c=c))
     except JobCancelled:
-        pytest.fail(f"the job hung: cancelled after {HANG_S:g} s; aborts: {ctl['c'].steps.aborts}")
+        pytest.fail(f"the job hung: cancelled after {HANG_S:g} s; aborts: {ctl['c'].group.aborts}")
     finally:
         guard.cancel()
     got = sorted((f["iteration"], f["point"], f["action"], f["worker"]) for f in fired)
@@ -135,7 +135,7 @@ def test_a_trainer_killed_right_after_the_other_reported_its_reduction_loses_no_
         assert all(torch.equal(a[k], b[k]) for k in b), max_diff(a, b)
     else:
         assert max_diff(a, b) <= TWIN_ATOL
-    steps = ctl["c"].steps
+    steps = ctl["c"].group
     # one abort per kill, with trainer-1 gone; each restart formed a new epoch
     assert [(a["step"], a["gone"]) for a in steps.aborts] == [(f"step:{i}", ["trainer-1"]) for i in kill_at]
     assert steps.epoch >= 1 + len(kill_at)
