@@ -53,10 +53,35 @@ class PromptEmbeds:
 
     @staticmethod
     def cat(parts: list[PromptEmbeds]) -> PromptEmbeds:
-        return PromptEmbeds(
-            {k: torch.cat([p.tensors[k] for p in parts]) for k in parts[0].tensors},
-            {k: torch.cat([p.uncond[k] for p in parts]) for k in parts[0].uncond},
-        )
+        """The rows of ``parts`` one after another (a batched train task's groups, each encoded
+        by its own call). A family whose prompt length is the longest prompt of one encoding
+        call (Qwen-Image: the states with a padding mask ``<name>_mask``, 0 for padding) gets
+        its shorter parts padded at the end to the longest, as its pipeline pads the prompts
+        of one call: zeros in the states and in the mask. Any other disagreement of shapes is
+        a ValueError naming the tensor."""
+        return PromptEmbeds(_cat_rows([p.tensors for p in parts]), _cat_rows([p.uncond for p in parts]))
+
+
+def _cat_rows(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Each tensor of ``parts`` stacked along rows, a padding-masked sequence padded to the
+    longest (:meth:`PromptEmbeds.cat`)."""
+    out = {}
+    for k in parts[0]:
+        values = [d[k] for d in parts]
+        if len({v.shape[1:] for v in values}) > 1:
+            masked = k.endswith("_mask") or f"{k}_mask" in parts[0]
+            if not masked or len({v.shape[2:] for v in values}) > 1:
+                shapes = sorted({tuple(v.shape[1:]) for v in values})
+                raise ValueError(
+                    f"prompt embeddings {k!r} of shapes {shapes} cannot stack: only a sequence "
+                    f"with a padding mask ({k}_mask) may differ in length"
+                )
+            n = max(v.shape[1] for v in values)
+            values = [
+                torch.nn.functional.pad(v, (0, 0) * (v.dim() - 2) + (0, n - v.shape[1])) for v in values
+            ]
+        out[k] = torch.cat(values)
+    return out
 
 
 def detach_uncond(uncond: torch.Tensor, cfg_grad: str) -> torch.Tensor:

@@ -160,3 +160,30 @@ def test_cfg_grad_cond_detaches_the_negative_prompt_pass(qwen):
     torch.testing.assert_close(v_cond, v_both)
     torch.testing.assert_close(g_cond, g_manual)
     assert (g_cond - g_both).norm() > 1e-3 * g_both.norm()
+
+
+def test_prompts_of_different_lengths_stack_padded_as_the_pipeline_pads(qwen):
+    """A batched train task stacks groups encoded by separate calls (``train.groups_per_task``):
+    Qwen-Image's prompt length is the longest of each call, so the shorter is padded (zeros,
+    mask 0) and each row's velocity equals its own call's."""
+    alone = [qwen.encode_prompts([p], with_uncond=True) for p in PROMPTS]
+    lengths = [e.tensors["encoder_hidden_states"].shape[1] for e in alone]
+    assert lengths[0] < lengths[1]
+    both = PromptEmbeds.cat(alone)
+    assert both.tensors["encoder_hidden_states"].shape[1] == lengths[1]
+    assert both.tensors["encoder_hidden_states_mask"][0].sum() == lengths[0]
+    together = qwen.encode_prompts(PROMPTS, with_uncond=True)  # the pipeline's own padding
+    for k, v in together.tensors.items():
+        torch.testing.assert_close(both.tensors[k], v, atol=1e-5, rtol=0)
+    x, sigmas = noise(qwen, 2), torch.tensor([0.7, 0.4])
+    stacked = qwen.velocity(x, sigmas, both, 4.0)
+    for row, e in enumerate(alone):
+        own = qwen.velocity(x[row : row + 1], sigmas[row : row + 1], e, 4.0)
+        torch.testing.assert_close(stacked[row : row + 1], own, atol=1e-5, rtol=1e-5)
+
+
+def test_prompt_embeddings_without_a_padding_mask_do_not_stack_padded():
+    a = PromptEmbeds({"encoder_hidden_states": torch.zeros(1, 3, 4)})
+    b = PromptEmbeds({"encoder_hidden_states": torch.zeros(1, 5, 4)})
+    with pytest.raises(ValueError, match="padding mask"):
+        PromptEmbeds.cat([a, b])
