@@ -31,7 +31,7 @@ lint: $(STAMP)  ## ruff, mypy on the typed core, the import contracts (pyproject
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy digen/core digen/algos digen/config.py digen/seeding.py
-	$(BIN)/python scripts/lint_imports.py
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python scripts/check_import_cycles.py
 
 docs: $(STAMP)  ## the documentation site (MkDocs, mkdocs.yml) into site/; a broken link fails it

@@ -1,5 +1,5 @@
 """Fail when a module imports a module that imports it back: a 2-cycle of digen (digen.cli and
-digen.workers included, read from the installed layout: ``installed_layout.py``), imports
+digen.workers included, found through the checkout's links ``digen/cli`` and ``digen/workers``), imports
 inside functions included. import-linter's contracts (pyproject's
 ``[tool.importlinter]``) keep the layers; this keeps any two modules from leaning on each other.
 
@@ -63,11 +63,7 @@ def check(graph: grimp.ImportGraph, exceptions: frozenset[frozenset[str]] = EXCE
 
 
 def main() -> int:
-    from installed_layout import installed_layout  # beside this script
-
-    with installed_layout() as root:  # digen.cli and digen.workers where an install puts them
-        sys.path.insert(0, str(root))
-        graph = import_graph(*PACKAGES)
+    graph = import_graph(*PACKAGES)
     problems = check(graph)
     for p in problems:
         print(p)

@@ -5,6 +5,7 @@ or be shadowed by, any other module of that name in the environment."""
 
 from __future__ import annotations
 
+import ast
 import importlib.metadata
 import shutil
 import subprocess
@@ -16,6 +17,17 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 MAPPED = {"digen.cli": "cli", "digen.workers": "workers"}
+
+
+def setup_package_dir() -> dict[str, str]:
+    """``setup.py``'s ``PACKAGE_DIR``, read without running setup()."""
+    tree = ast.parse((REPO / "setup.py").read_text())
+    (value,) = [
+        n.value
+        for n in tree.body
+        if isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "PACKAGE_DIR" for t in n.targets)
+    ]
+    return ast.literal_eval(value)
 
 
 def sources(folder: Path) -> set[str]:
@@ -86,18 +98,25 @@ def test_this_environment_installs_digen_alone_and_finds_the_mapped_folders():
         assert Path(module.__file__).parent.name == folder
 
 
-def test_the_lint_view_has_the_installed_layout():
-    """scripts/installed_layout.py (import-linter, the cycle check) reads setup.py's mapping."""
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        from installed_layout import installed_layout, package_dir
-    finally:
-        sys.path.remove(str(REPO / "scripts"))
-    assert package_dir() == MAPPED
-    with installed_layout() as root:
-        assert sources(root / "digen" / "cli") == sources(REPO / "cli")
-        assert sources(root / "digen" / "workers") == sources(REPO / "workers")
-        assert not (root / "cli").exists() and not (root / "workers").exists()
+def test_the_checkout_links_the_mapped_folders_into_digen():
+    """``digen/cli`` and ``digen/workers`` link to the folders setup.py maps, so the tools that
+    walk ``digen/`` (``lint-imports``, the cycle check) see the installed layout."""
+    assert setup_package_dir() == MAPPED
+    for package, folder in MAPPED.items():
+        link = REPO.joinpath(*package.split("."))
+        assert link.is_symlink(), f"{link} is not a symbolic link"
+        assert link.resolve() == (REPO / folder).resolve()
+        assert sources(link) == sources(REPO / folder)
+
+
+def test_the_import_graph_lint_imports_reads_has_the_mapped_packages():
+    """grimp, which import-linter runs, finds ``digen.cli`` and ``digen.workers`` by walking
+    ``digen/`` and the imports between them and the rest of digen."""
+    grimp = pytest.importorskip("grimp")
+    graph = grimp.build_graph("digen", cache_dir=None)
+    assert {"digen.cli.main", "digen.workers.loop", "digen.runtime.controller"} <= graph.modules
+    assert graph.direct_import_exists(importer="digen.cli.main", imported="digen.cli.app")
+    assert graph.direct_import_exists(importer="digen.workers.loop", imported="digen.controlplane.queue")
 
 
 def test_every_module_the_fork_server_preloads_is_found():
