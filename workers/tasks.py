@@ -7,7 +7,8 @@ reward worker that scores it, fetches them from here (:mod:`digen.dataplane.blob
 task fetches its group's trajectories from wherever they were generated and computes the
 gradient; a trainer adds it into its running sum once its acknowledgement won
 (:mod:`digen.workers.trainer`), any other worker (a rollout worker training under RAT), or every
-worker with ``train.reduce: exact``, keeps it as a blob the trainers fetch at the step. An
+worker when the task says ``keep_gradient`` (the controller's reading of ``train.reduce:
+exact``), keeps it as a blob the trainers fetch at the step. An
 ``eval`` task returns its scores and its images as grid cells (a small PNG).
 
 A task whose input is gone (the worker holding it died) is *parked*, not failed: the
@@ -202,7 +203,7 @@ def run_train(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
         events[-1]["share"] = share * len(specs)
     result = {"stats": stats.to_json(), "events": events, "worker": rt.name, "start": t0, "end": time.time()}
     member = rt.member
-    if member is None or rt.cfg.train.reduce == "exact":  # the trainers fetch it at the step
+    if member is None or payload.keep_gradient:  # the trainers fetch it at the step
         name = blobnames.gradient(rt.job.job_id, leased.task_id)
         blob = rt.blobs.put(name, grads)
         result["grad"] = {"addr": rt.blob_addr, "name": name, "digest": blob.digest}

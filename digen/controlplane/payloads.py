@@ -82,7 +82,13 @@ class TrainEntry(Record):
 class TrainPayload(Payload):
     """A train task: its spec, the version it trains (:func:`digen.core.versions.version`), the
     group's prompt, whether TSP splits its timesteps, and where its trajectories are; a batched
-    task (``train.groups_per_task``) carries its further groups in ``batch``, in group order."""
+    task (``train.groups_per_task``) carries its further groups in ``batch``, in group order.
+
+    ``keep_gradient`` is where the gradient goes, decided by the controller from
+    ``train.reduce`` (the worker never reads that key itself): True (``exact``), a blob that the
+    step fetches and sums in task order, whoever trained it; False (``allreduce``), a trainer
+    adds it into its own running sum (a rollout worker training under RAT keeps a blob either
+    way, having no sum)."""
 
     spec: TrainSpec
     version: int
@@ -90,6 +96,7 @@ class TrainPayload(Payload):
     tsp: bool = False
     source: Source | None = None
     batch: tuple[TrainEntry, ...] = ()
+    keep_gradient: bool = False
 
     def entries(self) -> list[TrainEntry]:
         """Every group of the task, its first (the one that names it) first."""

@@ -91,7 +91,11 @@ class Dispatcher:
             TrainEntry(x, book.groups[x.group].prompt, self.group_source(t.iteration, x.group))
             for x in specs[1:]
         )
-        self.put(t, "train", TrainPayload(specs[0], ins.version, first.prompt, tsp, self.source(t), batch))
+        keep = led.cfg.train.reduce == "exact"  # the step sums the blobs in task order
+        payload = TrainPayload(
+            specs[0], ins.version, first.prompt, tsp, self.source(t), batch, keep_gradient=keep
+        )
+        self.put(t, "train", payload)
         led.train_released.setdefault(t.iteration, set()).add(t.id)
         return None
 

@@ -40,6 +40,7 @@ def eval_task() -> EvalTask:
         RewardPayload(GROUP, SOURCE),
         RewardPayload(GROUP, None),
         TrainPayload(SPEC, 5, "a red square", tsp=True, source=SOURCE),
+        TrainPayload(SPEC, 5, "a red square", source=SOURCE, keep_gradient=True),
         TrainPayload(
             SPEC, 5, "a red square", source=SOURCE, batch=(TrainEntry(SPEC2, "a blue circle", None),)
         ),
