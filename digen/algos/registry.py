@@ -14,6 +14,16 @@ Adding an algorithm is one new module in ``digen/algos/`` that defines a subclas
 :class:`Algorithm` and ``ALGORITHM = TheClass()`` (plus a section of ``train`` in
 :mod:`digen.config` if it has options of its own). Modules are discovered, not listed.
 
+What an algorithm reads of the config. Its own options live in its own section of ``train``
+(``train.flow_dppo``, ``train.nft``, ``train.mix_grpo``), which no module outside the algorithm
+reads, and its own checks of them are :meth:`Algorithm.check`, gathered by
+:func:`config_problems`. The methods are still handed the whole :class:`~digen.config.Config`,
+by decision: an algorithm owns its rollout plan as well as its loss, so it reads
+``rollout.num_steps``, ``rollout.sde``, ``rollout.guidance_scale``, the seed and the shared
+``train`` keys (clipping, timesteps, KL) as much as its own section; passing the sections one
+by one would spread that list over every call site, and a narrowed view would be a second
+config type to keep in step with the first.
+
 The shapes in the docstrings: ``B`` samples of a group, ``T`` denoising steps of the rollout
 schedule (``rollout.num_steps``), ``S`` stored steps, ``R`` rows of a train task,
 ``*latent`` one sample's step-space latent.
