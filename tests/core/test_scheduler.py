@@ -23,26 +23,7 @@ from digen.core.events import (
 )
 from digen.core.policy import assist_budgets, pull_order, split_by_speed
 from digen.core.scheduler import Scheduler, SchedulerConfig
-
-GEN, TRAIN = TaskKind.GEN, TaskKind.TRAIN
-
-
-def make(groups=2, iterations=2, **kw) -> Scheduler:
-    s = Scheduler(SchedulerConfig(iterations=iterations, groups=groups, **kw))
-    s.handle(WorkerJoined("r0", Role.ROLLOUT, "a100", 0.0), WorkerJoined("t0", Role.TRAINER, "h100", 0.0))
-    return s
-
-
-def releases(out, kind):
-    return [
-        (i.task.iteration, i.task.group, i.version)
-        for i in out
-        if isinstance(i, Release) and i.task.kind is kind
-    ]
-
-
-def done(kind, it, g, w="r0", s=0.0, e=1.0):
-    return TaskDone(TaskRef(kind, it, g), w, s, e)
+from tests.core.scheduling import GEN, TRAIN, done, make, releases
 
 
 def test_start_tags_workers_and_releases_first_iteration():

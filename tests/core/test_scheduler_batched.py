@@ -7,25 +7,18 @@ import pytest
 from digen.core.events import (
     Finish,
     Release,
-    Role,
     SetRole,
     Step,
     StepDone,
-    TaskDone,
-    TaskKind,
-    TaskRef,
     TrainLost,
-    WorkerJoined,
 )
 from digen.core.scheduler import Scheduler, SchedulerConfig, task_groups
-
-GEN, TRAIN = TaskKind.GEN, TaskKind.TRAIN
+from tests.core import scheduling
+from tests.core.scheduling import GEN, TRAIN, done
 
 
 def make(groups=6, iterations=1, **kw) -> Scheduler:
-    s = Scheduler(SchedulerConfig(iterations=iterations, groups=groups, **kw))
-    s.handle(WorkerJoined("r0", Role.ROLLOUT, "a100", 0.0), WorkerJoined("t0", Role.TRAINER, "h100", 0.0))
-    return s
+    return scheduling.make(groups, iterations, **kw)
 
 
 def trains(out) -> list[tuple[int, int, int | None]]:
@@ -34,10 +27,6 @@ def trains(out) -> list[tuple[int, int, int | None]]:
         for i in out
         if isinstance(i, Release) and i.task.kind is TRAIN
     ]
-
-
-def done(kind, it, g, w="r0", part=None):
-    return TaskDone(TaskRef(kind, it, g, part), w, 0.0, 1.0)
 
 
 def test_a_task_is_a_run_of_consecutive_groups_of_its_mini_batch_the_last_taking_what_is_left():
@@ -78,8 +67,8 @@ def test_mini_batches_split_samples_release_one_task_per_run_and_mini_batch():
     s.start(0.0)
     out = s.handle(*[done(GEN, 0, g) for g in range(4)])
     assert trains(out) == [(0, 0, 0), (0, 2, 0)]
-    s.handle(done(TRAIN, 0, 0, "t0", 0))
-    assert s.handle(done(TRAIN, 0, 2, "t0", 0)) == [Step(0, 0)]
+    s.handle(done(TRAIN, 0, 0, "t0", part=0))
+    assert s.handle(done(TRAIN, 0, 2, "t0", part=0)) == [Step(0, 0)]
     assert trains(s.handle(StepDone(0, 1.0, 1.1, mini_batch=0))) == [(0, 0, 1), (0, 2, 1)]
 
 

@@ -10,14 +10,11 @@ from digen.core.events import (
     Step,
     StepDone,
     TaskDone,
-    TaskKind,
     TaskRef,
     TrainLost,
     WorkerJoined,
 )
-from tests.core.test_scheduler import GEN, TRAIN, done, make, releases
-
-REWARD = TaskKind.REWARD
+from tests.core.scheduling import GEN, REWARD, TRAIN, done, make, releases
 
 
 def trained(s, it, groups):

@@ -12,31 +12,15 @@ from digen.core.events import (
     Step,
     StepDone,
     TaskDone,
-    TaskKind,
     TaskRef,
-    WorkerJoined,
 )
 from digen.core.scheduler import Scheduler, SchedulerConfig, mini_batch_of
-
-GEN, TRAIN, EVAL = TaskKind.GEN, TaskKind.TRAIN, TaskKind.EVAL
+from tests.core import scheduling
+from tests.core.scheduling import EVAL, GEN, TRAIN, done, releases
 
 
 def make(groups=4, iterations=2, mini_batches=2, **kw) -> Scheduler:
-    s = Scheduler(SchedulerConfig(iterations=iterations, groups=groups, mini_batches=mini_batches, **kw))
-    s.handle(WorkerJoined("r0", Role.ROLLOUT, "a100", 0.0), WorkerJoined("t0", Role.TRAINER, "h100", 0.0))
-    return s
-
-
-def releases(out, kind):
-    return [
-        (i.task.iteration, i.task.group, i.version)
-        for i in out
-        if isinstance(i, Release) and i.task.kind is kind
-    ]
-
-
-def done(kind, it, g, w="r0", part=None):
-    return TaskDone(TaskRef(kind, it, g, part), w, 0.0, 1.0)
+    return scheduling.make(groups, iterations, mini_batches=mini_batches, **kw)
 
 
 def test_groups_split_into_consecutive_equal_mini_batches():
@@ -143,12 +127,12 @@ def test_rat_halves_of_the_last_groups_count_in_their_mini_batch():
     trains = [(i.task.group, i.task.part, i.version) for i in released if i.task.kind is TRAIN]
     # the last 3 groups train as halves: group 1 in mini-batch 0 (version 2), 2 and 3 wait
     assert trains == [(0, None, 2), (1, 0, 2), (1, 1, 2)]
-    assert s.handle(done(TRAIN, 1, 0, "t0"), done(TRAIN, 1, 1, "t0", 0)) == []
-    assert s.handle(done(TRAIN, 1, 1, "r0", 1)) == [Step(1, 0)]
+    assert s.handle(done(TRAIN, 1, 0, "t0"), done(TRAIN, 1, 1, "t0", part=0)) == []
+    assert s.handle(done(TRAIN, 1, 1, "r0", part=1)) == [Step(1, 0)]
     out = s.handle(StepDone(1, 0.0, 1.0, mini_batch=0))
     halves = [(i.task.group, i.task.part, i.version) for i in out if isinstance(i, Release)]
     assert halves == [(2, 0, 3), (2, 1, 3), (3, 0, 3), (3, 1, 3)]
-    steps = [i for g, p, _ in halves for i in s.handle(done(TRAIN, 1, g, "t0", p))]
+    steps = [i for g, p, _ in halves for i in s.handle(done(TRAIN, 1, g, "t0", part=p))]
     assert steps == [Step(1, 1)]
 
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from digen.core.events import Finish, Release, Role, Step, StepDone, TaskDone, TaskKind, TaskRef, WorkerJoined
+from digen.core.events import Finish, Role, Step, StepDone, WorkerJoined
 from digen.core.policy import idle_kinds, pull_order
 from digen.core.scheduler import Scheduler, SchedulerConfig
-
-GEN, TRAIN, EVAL, REWARD = TaskKind.GEN, TaskKind.TRAIN, TaskKind.EVAL, TaskKind.REWARD
+from tests.core.scheduling import EVAL, GEN, REWARD, TRAIN, done, releases
 
 
 def make(*roles: tuple[str, Role], groups=2, iterations=2, **kw) -> Scheduler:
@@ -14,18 +13,6 @@ def make(*roles: tuple[str, Role], groups=2, iterations=2, **kw) -> Scheduler:
     for name, role in roles or (("r0", Role.ROLLOUT), ("t0", Role.TRAINER)):
         s.handle(WorkerJoined(name, role, "cpu", 0.0))
     return s
-
-
-def released(out, kind):
-    return [
-        (i.task.iteration, i.task.group, i.version)
-        for i in out
-        if isinstance(i, Release) and i.task.kind is kind
-    ]
-
-
-def done(kind, it, g, w="r0"):
-    return TaskDone(TaskRef(kind, it, g), w, 0.0, 1.0)
 
 
 def run_iteration(s: Scheduler, k: int, groups: int = 2, gens: bool = True) -> list:
@@ -44,14 +31,14 @@ def test_eval_tasks_wait_until_no_generation_task_is_ready():
     s.start(0.0)
     out = run_iteration(s, 0)
     # the step of iteration 0 releases iteration 1's generation: evaluating version 1 waits
-    assert released(out, GEN) == [(1, 0, 1), (1, 1, 1)]
-    assert released(out, EVAL) == []
-    assert released(s.handle(done(GEN, 1, 0)), EVAL) == []  # one generation task still ready
+    assert releases(out, GEN) == [(1, 0, 1), (1, 1, 1)]
+    assert releases(out, EVAL) == []
+    assert releases(s.handle(done(GEN, 1, 0)), EVAL) == []  # one generation task still ready
     out = s.handle(done(GEN, 1, 1))
     # the rollout worker is idle now: one task per evaluating worker, the next when it is done
-    assert released(out, EVAL) == [(0, 0, 1)]
-    assert released(out, TRAIN) == [(1, 0, 1), (1, 1, 1)]
-    assert released(s.handle(done(EVAL, 0, 0)), EVAL) == [(0, 1, 1)]
+    assert releases(out, EVAL) == [(0, 0, 1)]
+    assert releases(out, TRAIN) == [(1, 0, 1), (1, 1, 1)]
+    assert releases(s.handle(done(EVAL, 0, 0)), EVAL) == [(0, 1, 1)]
 
 
 def test_eval_tasks_in_flight_at_most_one_per_evaluating_worker_none_left_queued():
@@ -66,16 +53,16 @@ def test_eval_tasks_in_flight_at_most_one_per_evaluating_worker_none_left_queued
     s.start(0.0)
     out = run_iteration(s, 0)
     out = s.handle(done(GEN, 1, 0), done(GEN, 1, 1))
-    assert released(out, EVAL) == [(0, 0, 1), (0, 1, 1)]  # two rollout workers
+    assert releases(out, EVAL) == [(0, 0, 1), (0, 1, 1)]  # two rollout workers
     for g in range(2):
         s.handle(done(TRAIN, 1, g, "t0"))
     out = s.handle(StepDone(1, 0.0, 1.0))  # generation of iteration 2 is out: no more eval
-    assert released(out, GEN) and released(out, EVAL) == []
-    assert released(s.handle(done(EVAL, 0, 0)), EVAL) == []
+    assert releases(out, GEN) and releases(out, EVAL) == []
+    assert releases(s.handle(done(EVAL, 0, 0)), EVAL) == []
     out = s.handle(done(GEN, 2, 0), done(GEN, 2, 1))
     # idle again: chunk 2 of the first evaluation, then the next evaluation's first chunk
-    assert released(out, EVAL) == [(0, 2, 1)]
-    assert released(s.handle(done(EVAL, 0, 1)), EVAL) == [(1, 0, 2)]
+    assert releases(out, EVAL) == [(0, 2, 1)]
+    assert releases(s.handle(done(EVAL, 0, 1)), EVAL) == [(1, 0, 2)]
 
 
 def test_eval_every_n_iterations_and_at_the_end_and_finish_waits_for_it():
@@ -87,9 +74,9 @@ def test_eval_every_n_iterations_and_at_the_end_and_finish_waits_for_it():
         if k < 4:  # the next iteration's generation done: the rollout worker is idle
             for g in range(2):
                 out += s.handle(done(GEN, k + 1, g))
-        evaluated += [(it, v) for it, _, v in released(out, EVAL)]
+        evaluated += [(it, v) for it, _, v in releases(out, EVAL)]
         if k < 4:
-            for it, c, _ in released(out, EVAL):
+            for it, c, _ in releases(out, EVAL):
                 s.handle(done(EVAL, it, c))
     assert evaluated == [(1, 2), (3, 4), (4, 5)]  # (iteration, version evaluated)
     assert Finish() not in out  # the last evaluation is still running
@@ -104,7 +91,7 @@ def test_colocated_eval_also_waits_for_train_tasks():
     out = s.handle(done(TRAIN, 0, 1, "c0"))
     assert out == [Step(0)]
     out = s.handle(StepDone(0, 0.0, 1.0))
-    assert released(out, EVAL) == [(0, 0, 1)] and Finish() not in out
+    assert releases(out, EVAL) == [(0, 0, 1)] and Finish() not in out
     assert s.handle(done(EVAL, 0, 0, "c0")) == [Finish()]
 
 
@@ -113,9 +100,9 @@ def test_reward_workers_turn_scoring_into_tasks():
     s.start(0.0)
     assert s.reward_tasks
     out = s.handle(done(GEN, 0, 1))
-    assert released(out, REWARD) == [(0, 1, 0)] and released(out, TRAIN) == []
+    assert releases(out, REWARD) == [(0, 1, 0)] and releases(out, TRAIN) == []
     out = s.handle(done(REWARD, 0, 1, "s0"))
-    assert released(out, TRAIN) == [(0, 1, 0)]  # scored: its training goes (GAP)
+    assert releases(out, TRAIN) == [(0, 1, 0)]  # scored: its training goes (GAP)
 
 
 def test_without_reward_workers_generation_scores_inline():
@@ -123,7 +110,7 @@ def test_without_reward_workers_generation_scores_inline():
     s.start(0.0)
     assert not s.reward_tasks
     out = s.handle(done(GEN, 0, 0))
-    assert released(out, REWARD) == [] and released(out, TRAIN) == [(0, 0, 0)]
+    assert releases(out, REWARD) == [] and releases(out, TRAIN) == [(0, 0, 0)]
 
 
 def test_pull_orders_of_the_new_kinds():
