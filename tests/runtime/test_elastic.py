@@ -59,19 +59,20 @@ def thread_stacks() -> str:
 
 
 def watch_newcomer(ctl, name: str, stop: threading.Event, report: dict, after_s: float = 60.0) -> None:
-    """Once a hold has waited ``after_s`` for ``name``'s signal, write into ``report`` what the
-    controller, Redis and ``name``'s own threads say of it: the failure message of a hold
-    that expires says where the newcomer was, not only that it never took work."""
+    """Once the latest hold has waited ``after_s`` and ``name`` has generated nothing of
+    iteration 4, write into ``report`` what the controller, Redis and the rollout workers'
+    own threads say: the failure message of a hold that expires says where the newcomer
+    was, not only that it never took work."""
     from digen.testing.faults import fired
 
     held = None
     while held is None or time.time() - held < after_s:
         if stop.wait(1.0):
             return
-        got = {f["action"]: f["t"] for f in fired(ctl.job.r, ctl.job.job_id)}
-        if "signal" in got:
+        got = fired(ctl.job.r, ctl.job.job_id)
+        if any(f["point"] == "gen" and f["action"] == "signal" and f["worker"] == name for f in got):
             return
-        held = got.get("hold")
+        held = max((f["t"] for f in got if f["action"] == "hold"), default=None)
     fut, job = ctl.members.loops.get(name), ctl.job
     report["controller"] = {
         "workers": sorted(ctl.workers),
@@ -84,14 +85,49 @@ def watch_newcomer(ctl, name: str, stop: threading.Event, report: dict, after_s:
         "tag": job.tag(name),
         "ready": job.is_ready(name),
         "startup": job.startup_notes().get(name),
-        "tasks": ctl.queue.progress([f"gen:4:{g}" for g in range(2)]),
+        "tasks": ctl.queue.progress([f"gen:{it}:{g}" for it in (3, 4) for g in range(2)]),
     }
     try:
         report["dask"] = {w.name: w.address for w in list_workers(ctl.client)}
-        if name in ctl.workers:
-            report["stacks"] = ctl.client.run(thread_stacks, workers=[ctl.workers[name].address])
+        rollouts = [n for n in ("rollout-0", name) if n in ctl.workers]
+        report["stacks"] = ctl.client.run(thread_stacks, workers=[ctl.workers[n].address for n in rollouts])
     except Exception as exc:  # noqa: BLE001 - a report, whatever Dask says
         report["dask_error"] = repr(exc)
+
+
+def join_faults(name: str) -> list[Fault]:
+    """The order between rollout-0 and ``name``, a rollout worker added at the end of
+    iteration 1, whatever the speeds (no hold waits on a flag set after it: no cycle):
+
+    - the controller registers the newcomer before iteration 3's step: rollout-0 holds its
+      first group of iteration 3 until the newcomer's loop has started, which the controller
+      does in the look at the cluster that turns the worker into a ``WorkerJoined``. The
+      newcomer is then tagged at iteration 2's or 3's boundary, before iteration 4 is
+      released. (Without it, a controller that looks every half second could first see the
+      worker after iterations 2 and 3, a quarter second each on a fast machine: tagged at
+      iteration 4's boundary, which the next hold never lets come.)
+    - each generates one group of iteration 4: rollout-0 holds its group until the newcomer
+      has generated the other one (the job cannot end before the newcomer has loaded the
+      model and taken work), and the newcomer holds its group until rollout-0 has taken the
+      other one (fetched the weights of version 4, which only an iteration-4 generation task
+      does), so an idle newcomer cannot generate both while rollout-0 is slow to come back."""
+    return [
+        Fault("start", "signal", worker=name, flag="started"),
+        Fault("gen", "hold", worker="rollout-0", iteration=3, flag="started", seconds=300),
+        Fault("gen", "hold", worker="rollout-0", iteration=4, flag="newcomer", seconds=300),
+        Fault("sync", "signal", worker="rollout-0", iteration=4, flag="rollout-0"),
+        Fault("gen", "hold", worker=name, iteration=4, flag="rollout-0", seconds=300),
+        Fault("gen", "signal", worker=name, iteration=4, flag="newcomer"),
+    ]
+
+
+def gen_tasks(run: Path) -> dict[str, list[tuple[int, int]]]:
+    """worker -> the (iteration, version) of each group it generated (a failure's message)."""
+    out: dict[str, list[tuple[int, int]]] = {}
+    for e in timeline(run):
+        if e["kind"] == "gen":
+            out.setdefault(e["worker"], []).append((e["iteration"], e["version"]))
+    return out
 
 
 def test_staleness_one_is_bounded_and_never_mixes_versions(small_config, tmp_path):
@@ -136,16 +172,10 @@ def test_worker_joining_mid_job_gets_tasks_from_the_next_iteration(small_config,
             name = add_local_worker(ctl.cluster, "rollout", "cpu")
             joined.update(name=name, after=m["iteration"] + 1)
             wait_for(lambda: name in {w.name for w in list_workers(ctl.client)}, "worker never joined Dask")
-            # in iteration 4, rollout-0 holds its first group until the newcomer has generated
-            # the other one, so the job cannot end before the newcomer's loop (started by the
-            # controller's next look at the cluster) has loaded the model and taken work; the
-            # controller itself is never held, it must go on looking to start that loop
-            arm(
-                ctl.job.r,
-                ctl.job.job_id,
-                Fault("gen", "hold", worker="rollout-0", iteration=4, flag="newcomer", seconds=300),
-                Fault("gen", "signal", worker=name, iteration=4, flag="newcomer"),
-            )
+            # the newcomer is tagged before iteration 4, which it and rollout-0 generate one
+            # group each (join_faults); its loop is started by the controller's next look at
+            # the cluster, and the controller itself is never held: it must go on looking
+            arm(ctl.job.r, ctl.job.job_id, *join_faults(name))
             threading.Thread(target=watch_newcomer, args=(ctl, name, stop, report), daemon=True).start()
 
     try:
@@ -153,12 +183,23 @@ def test_worker_joining_mid_job_gets_tasks_from_the_next_iteration(small_config,
     finally:
         stop.set()
     assert joined, "the worker was never added"
-    assert no_hold_expired(fired), f"{fired}\n{pprint.pformat(report, width=110)}"
-    assert {(f["action"], f["worker"]) for f in fired} == {("hold", "rollout-0"), ("signal", joined["name"])}
-    newcomer = [e for e in timeline(out) if e["worker"] == joined["name"]]
-    assert 4 in {e["iteration"] for e in newcomer}, f"{joined['name']} received no task of iteration 4"
-    assert min(e["iteration"] for e in newcomer) >= joined["after"]
-    assert [m["samples"] for m in metrics(out)] == [8] * 6
+    name = joined["name"]
+    gens = gen_tasks(out)
+    why = f"{pprint.pformat(fired, width=110)}\n{pprint.pformat(report, width=110)}\n{gens}"
+    assert no_hold_expired(fired), why
+    want = [("start", "signal", name, None)]
+    if any(it == 3 for it, _ in gens.get("rollout-0", [])):  # else the newcomer, tagged at
+        want.append(("gen", "hold", "rollout-0", 3))  # iteration 2's boundary, generated both
+    want += [("gen", "hold", "rollout-0", 4), ("sync", "signal", "rollout-0", 4)]
+    want += [("gen", "hold", name, 4), ("gen", "signal", name, 4)]
+    got = Counter((f["point"], f["action"], f["worker"], f["iteration"]) for f in fired)
+    assert got == Counter(want), why
+    newcomer = [e for e in timeline(out) if e["worker"] == name]
+    assert 4 in {e["iteration"] for e in newcomer}, f"{name} received no task of iteration 4\n{why}"
+    assert min(e["iteration"] for e in newcomer) >= joined["after"], why
+    gen4 = Counter(w for w, tasks in gens.items() for it, _ in tasks if it == 4)
+    assert gen4 == {"rollout-0": 1, name: 1}, why
+    assert [m["samples"] for m in metrics(out)] == [8] * 6, why
 
 
 def test_worker_killed_mid_job_loses_no_sample(small_config, tmp_path):
