@@ -246,18 +246,93 @@ def test_tag_idle_trainer_generates_when_generation_is_the_bottleneck(small_conf
         Fault("gen", "hold", worker="rollout-0", task="gen:2:0", flag="stolen", seconds=300),
         Fault("gen", "signal", worker="trainer-0", flag="stolen"),
     )
-    assert no_hold_expired(fired), fired
-    # the trainer may also take gen:2:0 itself, before rollout-0 does: then nothing holds
-    assert ("signal", "trainer-0") in {(f["action"], f["worker"]) for f in fired}
+    why = f"{pprint.pformat(fired, width=110)}\n{gen_tasks(out)}"
+    assert no_hold_expired(fired), why
+    # the trainer generates a group whatever the speeds: the budget is set before iteration
+    # 2's generation is released, and while rollout-0 holds gen:2:0 the rest of it waits in
+    # the queue for the trainer. It may also take gen:2:0 itself, before rollout-0 does:
+    # then nothing holds
+    got = [(f["point"], f["action"], f["worker"], f["task"]) for f in fired]
+    signals = [x for x in got if x[:3] == ("gen", "signal", "trainer-0")]
+    others = [x for x in got if x not in signals]
+    assert len(signals) == 1 and others in ([], [("gen", "hold", "rollout-0", "gen:2:0")]), why
     events = timeline(out)
     stolen = [e for e in events if e["worker"].startswith("trainer") and e["kind"] == "gen"]
-    assert stolen, "the trainer never generated"
+    assert stolen, f"the trainer never generated\n{why}"
     # the first budget comes at the first iteration boundary; the trainer generates with
     # the version the iteration's rollouts use (staleness 1), one version per trajectory
-    assert min(e["iteration"] for e in stolen) >= 1
-    assert all(e["version"] == e["iteration"] - 1 for e in stolen)
-    assert not [e for e in events if e["worker"].startswith("rollout") and e["kind"] == "train"]
-    assert [m["samples"] for m in metrics(out)] == [16] * 5
+    assert min(e["iteration"] for e in stolen) >= 1, why
+    assert all(e["version"] == e["iteration"] - 1 for e in stolen), why
+    assert not [e for e in events if e["worker"].startswith("rollout") and e["kind"] == "train"], why
+    assert [m["samples"] for m in metrics(out)] == [16] * 5, why
+
+
+def rat_faults() -> list[Fault]:
+    """The order of iterations 1-3 between rollout-0 and trainer-0, whatever the speeds (no
+    hold waits on a flag set after it: no cycle). Iteration k's train tasks are released at
+    iteration k-1's step, whole group 0 first, with the generation of iteration k+1; each
+    worker leases the oldest task of its queues, rollout-0 training only with its own queue
+    empty:
+
+    - rollout-0 is held while the step releases iteration k's tasks: at the acknowledgement
+      of its last task before that step (gen:1:3; then its half train:(k-1):1:1), until the
+      trainer has trained the whole group 0. (An idle rollout-0 that looks at the generation
+      queue just before the release and at the train queue just after it would take the
+      whole train:k:0.) Acknowledged, the task counts for the step all the same.
+    - the trainer has leased the first half, train:k:1:0, before rollout-0 stores its last
+      group of iteration k+1 (a slow trainer could leave it to rollout-0), and holds it
+      until rollout-0 has trained a half: that is train:k:1:1, the oldest task left.
+
+    The last iteration has nothing to generate after it: left to the race (any task, to
+    either worker)."""
+    faults = [Fault("acked", "hold", worker="rollout-0", task="gen:1:3", flag="whole-1", seconds=300)]
+    for k in (1, 2, 3):
+        faults += [
+            Fault("train", "signal", worker="trainer-0", task=f"train:{k}:0", flag=f"whole-{k}"),
+            Fault("fetch", "signal", worker="trainer-0", task=f"train:{k}:1:0", flag=f"leased-{k}"),
+            Fault("gen", "hold", worker="rollout-0", task=f"gen:{k + 1}:3", flag=f"leased-{k}", seconds=300),
+            Fault(
+                "train", "hold", worker="trainer-0", task=f"train:{k}:1:0", flag=f"helped-{k}", seconds=300
+            ),
+            Fault("train", "signal", worker="rollout-0", iteration=k, flag=f"helped-{k}"),
+        ]
+        if k < 3:
+            faults.append(
+                Fault(
+                    "acked",
+                    "hold",
+                    worker="rollout-0",
+                    task=f"train:{k}:1:1",
+                    flag=f"whole-{k + 1}",
+                    seconds=300,
+                )
+            )
+    return faults
+
+
+def rat_fired() -> Counter:
+    """(point, action, worker, task) of each fault :func:`rat_faults` fires, every time."""
+    want = [("acked", "hold", "rollout-0", "gen:1:3")]
+    for k in (1, 2, 3):
+        want += [
+            ("train", "signal", "trainer-0", f"train:{k}:0"),
+            ("fetch", "signal", "trainer-0", f"train:{k}:1:0"),
+            ("gen", "hold", "rollout-0", f"gen:{k + 1}:3"),
+            ("train", "hold", "trainer-0", f"train:{k}:1:0"),
+            ("train", "signal", "rollout-0", f"train:{k}:1:1"),
+        ]
+        if k < 3:
+            want.append(("acked", "hold", "rollout-0", f"train:{k}:1:1"))
+    return Counter(want)
+
+
+def trained(events: list[dict]) -> dict[str, list[str]]:
+    """worker -> the train tasks it ran, in the timeline's order (a failure's message)."""
+    out: dict[str, list[str]] = {}
+    for e in events:
+        if e["kind"] == "train":
+            out.setdefault(e["worker"], []).append(e["task"])
+    return out
 
 
 def test_rat_idle_rollout_trains_half_groups_when_training_is_the_bottleneck(small_config, tmp_path):
@@ -272,34 +347,22 @@ def test_rat_idle_rollout_trains_half_groups_when_training_is_the_bottleneck(sma
         cluster__local={"rollout_workers": 1, "trainer_workers": 1},
     )
     out = tmp_path / "run"
-    # the order of iterations 1-3, whatever the speeds: the trainer trains the whole group 0
-    # before rollout-0 stores its last group of the next iteration; then the trainer holds
-    # its first half until rollout-0 has trained a half. The last iteration has nothing to
-    # generate after it: left to the race (any task, to either worker)
-    faults = []
-    for k in (1, 2, 3):
-        faults += [
-            Fault("train", "signal", worker="trainer-0", task=f"train:{k}:0", flag=f"whole-{k}"),
-            Fault("gen", "hold", worker="rollout-0", task=f"gen:{k + 1}:3", flag=f"whole-{k}", seconds=300),
-            Fault(
-                "train", "hold", worker="trainer-0", task=f"train:{k}:1:0", flag=f"helped-{k}", seconds=300
-            ),
-            Fault("train", "signal", worker="rollout-0", iteration=k, flag=f"helped-{k}"),
-        ]
-    fired = run_job(cfg, out, "elastic-rat", *faults)
-    assert no_hold_expired(fired), fired
+    fired = run_job(cfg, out, "elastic-rat", *rat_faults())
     events = timeline(out)
+    why = f"{pprint.pformat(fired, width=110)}\n{trained(events)}"
+    assert no_hold_expired(fired), why
+    assert Counter((f["point"], f["action"], f["worker"], f["task"]) for f in fired) == rat_fired(), why
     train = [e for e in events if e["kind"] == "train"]
     # iteration 0 trains 4 whole groups (no speeds known at start), then 1 whole + 3 x 2 halves
-    assert Counter(e["iteration"] for e in train) == {0: 4, 1: 7, 2: 7, 3: 7, 4: 7}
+    assert Counter(e["iteration"] for e in train) == {0: 4, 1: 7, 2: 7, 3: 7, 4: 7}, why
     for k in range(5):
-        assert sum(e.get("share", 1.0) for e in train if e["iteration"] == k) == 4.0
+        assert sum(e.get("share", 1.0) for e in train if e["iteration"] == k) == 4.0, why
     helped = [e for e in train if e["worker"].startswith("rollout")]
-    assert {1, 2, 3} <= {e["iteration"] for e in helped}, "the rollout worker never trained"
-    assert min(e["iteration"] for e in helped) >= 1
+    assert {1, 2, 3} <= {e["iteration"] for e in helped}, f"the rollout worker never trained\n{why}"
+    assert min(e["iteration"] for e in helped) >= 1, why
     # a rollout worker trains the version it generated the next iteration with (staleness 1:
     # iteration k, version k), and while it generates next, halves only
-    assert all(e["version"] == e["iteration"] for e in helped)
-    assert all(e.get("share") == 0.5 for e in helped if e["iteration"] < 4)
-    assert not [e for e in events if e["worker"].startswith("trainer") and e["kind"] == "gen"]
-    assert [m["samples"] for m in metrics(out)] == [16] * 5
+    assert all(e["version"] == e["iteration"] for e in helped), why
+    assert all(e.get("share") == 0.5 for e in helped if e["iteration"] < 4), why
+    assert not [e for e in events if e["worker"].startswith("trainer") and e["kind"] == "gen"], why
+    assert [m["samples"] for m in metrics(out)] == [16] * 5, why
