@@ -6,6 +6,7 @@ Faults are injected inside the worker processes at named points (digen.testing.f
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -112,13 +113,17 @@ def test_hold_waits_for_the_signal_of_another_worker():
             point("train", job, "t0", task="a")
             went_on.append(True)
 
-        held = threading.Thread(target=hold)
+        held = threading.Thread(target=hold, daemon=True)
         held.start()
-        held.join(timeout=0.2)
-        assert held.is_alive()  # no signal yet: it waits (for up to 300 s)
+        # a hold is recorded before it waits: signalled only once it is, whatever the speeds
+        deadline = time.monotonic() + 60  # guards against a hang only
+        while not fired(r, "faults-hold"):
+            assert time.monotonic() < deadline, "the thread never reached its hold"
+            time.sleep(0.01)
+        assert held.is_alive() and not went_on  # no signal yet: it waits (for up to 300 s)
         point("train", job, "r0", task="b")
         held.join(timeout=60)
-        assert went_on == [True]  # the task goes on once signalled
+        assert went_on == [True], fired(r, "faults-hold")  # the task goes on once signalled
         point("gen", job, "t0", task="c")  # never signalled: goes on after its guard
         got = [(f["action"], f["worker"], f["task"]) for f in fired(r, "faults-hold")]
         assert got == [
