@@ -2,9 +2,10 @@
 its step's reduction, in ``digen`` mode with two trainers and two rollout workers.
 
 The interleaving is made deterministic with the fault harness (digen.testing.faults): each
-trainer trains one group of iteration 1 (trainer-0 holds its gradient until trainer-1 has
-computed its own), then trainer-1 holds right after its reduction until trainer-0 has
-reported its own (``SADD ...tg:ok:step:1:<epoch>``) and is killed there. The step is aborted
+trainer trains one group of iteration 1 (trainer-1 holds its gradient until trainer-0 has
+taken the other group, trainer-0 holds its own until trainer-1 has computed one), then
+trainer-1 holds right after its reduction until trainer-0 has reported its own (``SADD
+...tg:ok:step:1:<epoch>``) and is killed there. The step is aborted
 (trainer-1 never reported); every gradient it took with it (its running sum, or its blob with
 ``train.reduce: exact``) is trained again, and the step is asked for anew only once its
 members hold every train task of the iteration again. A third case kills trainer-1 so at
@@ -71,8 +72,12 @@ def twin(tiny_sd3: Path, tmp_path_factory) -> Path:
 def kill_after_other_reported(i: int) -> tuple[Fault, ...]:
     """Trainer-1 SIGKILLed the moment trainer-0 reported its reduction of step ``i``."""
     return (
-        # each trainer trains one group of iteration i: trainer-0 keeps its gradient until
+        # each trainer trains one group of iteration i, whatever the speeds: trainer-1 keeps
+        # its gradient until trainer-0 has leased the other group (a trainer-0 slow to come
+        # back to the queue would leave both to trainer-1), and trainer-0 keeps its own until
         # trainer-1 computed one (so trainer-1 holds a gradient the step needs)
+        Fault("fetch", "signal", worker="trainer-0", iteration=i, flag=f"t0-leased-{i}"),
+        Fault("train", "hold", worker="trainer-1", iteration=i, flag=f"t0-leased-{i}", seconds=120),
         Fault("train", "signal", worker="trainer-1", iteration=i, flag=f"t1-trained-{i}"),
         Fault("train", "hold", worker="trainer-0", iteration=i, flag=f"t1-trained-{i}", seconds=120),
         # the step: trainer-0 reports its reduction; trainer-1, reduced too, dies right then
@@ -118,7 +123,8 @@ def test_a_trainer_killed_right_after_the_other_reported_its_reduction_loses_no_
     finally:
         guard.cancel()
     got = sorted((f["iteration"], f["point"], f["action"], f["worker"]) for f in fired)
-    assert got == sorted((f.iteration, f.point, f.action, f.worker) for f in faults), got
+    who = [(e["task"], e["worker"]) for e in timeline(out) if e["kind"] == "train"]
+    assert got == sorted((f.iteration, f.point, f.action, f.worker) for f in faults), (got, who)
     rows, want = metrics(out), metrics(twin)
     assert [m["iteration"] for m in rows] == [0, 1, 2]
     for field in ("samples", "dropped_samples", "trained_rows", "rewards"):
