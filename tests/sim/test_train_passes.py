@@ -47,13 +47,17 @@ FULL = ModelSpec(  # full fine-tune (FSDP): a row is 2 TFLOP x 3 / 300 TFLOPS = 
 )
 ROW_S, GATHERS, LAYERS = 0.02, 2 * 24 / 50, 40  # a pass gathers for its forward and its backward
 CURVE = EfficiencyCurve(half_tokens=256, ref_tokens=4096, cap=1.05)
-WL = Workload(
-    "w", FULL, steps=10, timestep_fraction=0.4, prompts=8, group_size=4, samples_per_task=1
-)  # K = 4
+# K = 10 x 0.4 = 4 trained steps a sample
+WL = Workload("w", FULL, steps=10, timestep_fraction=0.4, prompts=8, group_size=4, samples_per_task=1)
 
 
-def worker(rows_per_forward: int = 64, model: ModelSpec = FULL, curve: EfficiencyCurve | None = None):
-    wl = replace(WL, model=model, rows_per_forward=rows_per_forward)
+def worker(
+    rows_per_forward: int = 64,
+    model: ModelSpec = FULL,
+    curve: EfficiencyCurve | None = None,
+    samples: int = 1,
+):
+    wl = replace(WL, model=model, rows_per_forward=rows_per_forward, samples_per_task=samples)
     bed = Bed("t", 25, ((GPU, 1),))
     paper = PaperInputs(wl, bed, curve=curve) if curve else None
     return paper_costmodel(wl, bed, paper=paper).workers[0].cost
@@ -78,10 +82,13 @@ def runtime_passes(groups: int, samples: int, k: int, tsp: bool, limit: int) -> 
 
 
 @pytest.mark.parametrize("tsp", [True, False])
-@pytest.mark.parametrize(("groups", "limit"), [(1, 64), (5, 8), (40, 64), (3, 1), (16, 5)])
-def test_the_passes_are_the_runtimes_forwards(groups, limit, tsp):
-    c = worker(limit)
-    assert c.passes.sizes(groups, tsp) == runtime_passes(groups, 1, 4, tsp, limit)
+@pytest.mark.parametrize(
+    ("groups", "samples", "limit"),
+    [(1, 1, 64), (5, 1, 8), (40, 1, 64), (3, 1, 1), (16, 1, 5), (3, 2, 7), (9, 4, 64)],
+)
+def test_the_passes_are_the_runtimes_forwards(groups, samples, limit, tsp):
+    c = worker(limit, samples=samples)
+    assert c.passes.sizes(groups, tsp) == runtime_passes(groups, samples, 4, tsp, limit)
 
 
 def test_a_batched_task_over_rows_per_forward_makes_ceil_passes_each_gathering():
