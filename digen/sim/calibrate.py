@@ -27,7 +27,7 @@ from pathlib import Path
 
 from digen.core.events import Role
 from digen.errors import ConfigError
-from digen.sim.costmodel import CostModel, SimWorker, WorkerCost
+from digen.sim.costmodel import ROWS_PER_FORWARD, CostModel, SimWorker, WorkerCost
 from digen.sim.dataplane import DataPlaneSeconds
 from digen.sim.driver import MODES, Mode
 from digen.sim.measure import SimResult
@@ -159,6 +159,7 @@ def _calibrate(run: Path, warmup: int) -> tuple[CostModel, RunInfo]:
     roll = cfg.get("rollout", {})
     group = int(roll.get("group_size", 1))
     tasks = int(roll.get("batch_size", group)) // group
+    rows_per_forward = int(cfg.get("train", {}).get("rows_per_forward", ROWS_PER_FORWARD))
 
     workers = sorted({r["worker"] for r in rows if r["worker"] != "controller"})
     gpu = {r["worker"]: r.get("gpu_type", "?") for r in rows}
@@ -215,11 +216,12 @@ def _calibrate(run: Path, warmup: int) -> tuple[CostModel, RunInfo]:
         tasks=tasks,
         samples_per_task=group,
         tasks_per_group=1,
+        rows_per_forward=rows_per_forward,
         dataplane=step_seconds(steady if any(r["kind"] == "optim" for r in steady) else rows),
         label=f"calibrated from {run}",
         notes=[
             f"{len(workers)} workers, {tasks} tasks x {group} samples per iteration; TSP and non-TSP train "
-            f"times are both the measured one"
+            f"times are both the measured one (its passes of up to {rows_per_forward} rows)"
         ],
     )
     roles = {

@@ -23,6 +23,7 @@ from digen.config import Dtype
 from digen.errors import ConfigError
 from digen.sim.costmodel import (
     FLAT,
+    ROWS_PER_FORWARD,
     CostModel,
     EfficiencyCurve,
     GpuType,
@@ -178,7 +179,11 @@ class SimRunConfig(_Section):
     samples_per_task: int | None = Field(None, ge=1)
     groups_per_task: int = Field(1, ge=1)
     """Simulated tasks (micro-batches of ``samples_per_task``) one train task carries, as
-    ``train.groups_per_task`` does: an FSDP trainer gathers once per pass of the batch."""
+    ``train.groups_per_task`` does: their rows share passes, so an FSDP trainer gathers once
+    per pass of the batch."""
+    rows_per_forward: int = Field(ROWS_PER_FORWARD, ge=1)
+    """Rows of one TSP training pass at most, as ``train.rows_per_forward`` (its default):
+    a train task of more rows makes ``ceil(rows / rows_per_forward)`` passes."""
     tsp_batch_gain: float = Field(1.0, ge=1.0)
     """Compute speedup of batching K timesteps in one forward (1.0: compute bound already,
     cost-model.md l.49-50)."""
@@ -326,6 +331,7 @@ def load_sim_config(
         wl.group_size,
         spt,
         run.groups_per_task,
+        run.rows_per_forward,
     )
     tbe = cat.testbeds[tb_name]
     tb = Testbed(

@@ -18,11 +18,19 @@ depend on the rollout/trainer split. Two builders fill it:
 Task unit. A task is one micro-batch of ``samples_per_task`` samples of one prompt group
 (``tasks_per_group = group_size / samples_per_task`` siblings). The Scheduler sees each
 micro-batch as a "group", and a train task carries ``groups_per_task`` of them as the runtime's
-``train.groups_per_task`` does (:meth:`WorkerCost.train_task_s`: with FSDP one pass's weight
-gathers serve the whole batch); the driver keeps a sibling's training out of the queue until every
+``train.groups_per_task`` does; the driver keeps a sibling's training out of the queue until every
 micro-batch of its prompt group is scored, so advantages use whole-group statistics (exact
 GRPO). A worker is a replica of ``gpus`` GPUs: one GPU, or a sequence-parallel group when
 one sample does not fit in one GPU's memory.
+
+Training passes, the runtime's rule (:func:`digen.training.forward_chunks`): a train task's
+rows, ``groups x samples_per_task x K`` (sample, trained timestep) pairs, are cut into passes
+as a trainer cuts them (:class:`TrainPasses`). With TSP: passes of ``rows_per_forward`` rows
+(``train.rows_per_forward``, 64 by default), the last taking the rest, so
+``ceil(rows / rows_per_forward)`` of them; without TSP one pass per trained timestep holding
+that step's rows of every micro-batch (the runtime does not cut these). Each pass computes at
+the :func:`pass_efficiency` of its own tokens and, with FSDP, gathers the sharded weights for
+its forward and its backward (:func:`_pass_s`); :meth:`WorkerCost.train_task_s` sums them.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from digen.config import DTYPE_BYTES, Dtype, trained_dtype_name
+from digen.config import DTYPE_BYTES, Dtype, TrainConfig, trained_dtype_name
 from digen.errors import ConfigError
 from digen.sim.dataplane import CATALOG_BYTES, GB, DataPlane, DataPlaneModel, DataPlaneSeconds
 
@@ -40,6 +48,8 @@ REFERENCE_TFLOPS = 165.0 * 0.31
 USABLE_MEMORY = 0.9
 """Fraction of a GPU's memory usable by the model (CUDA context, allocator fragmentation)."""
 SP_DEGREES = (1, 2, 4, 8)
+ROWS_PER_FORWARD: int = TrainConfig.model_fields["rows_per_forward"].default
+"""The runtime's default ``train.rows_per_forward``: rows of one training pass with TSP."""
 
 
 @dataclass(frozen=True)
@@ -161,6 +171,12 @@ class Workload:
     samples_per_task: int
     groups_per_task: int = 1
     """Micro-batches per train task (``train.groups_per_task``)."""
+    rows_per_forward: int = ROWS_PER_FORWARD
+    """Rows of one TSP training pass at most (``train.rows_per_forward``)."""
+
+    def __post_init__(self) -> None:
+        if self.rows_per_forward < 1:
+            raise ConfigError(f"rows_per_forward ({self.rows_per_forward}) must be >= 1")
 
     @property
     def trained_timesteps(self) -> int:
@@ -215,7 +231,8 @@ class WorkerCost:
     train_s: float
     """K trained timesteps, one forward/backward each (no TSP)."""
     train_tsp_s: float
-    """K timesteps packed in one batched forward/backward (TSP): one weight gather."""
+    """K timesteps packed in batched forward/backwards (TSP): one pass, one weight gather,
+    while the K x ``samples_per_task`` rows fit in ``rows_per_forward``."""
     gen_on_trainer_s: float
     """Denoising loop on a trainer (TAG): slower when its weights are FSDP-sharded."""
     recompute_s: float = 0.0
@@ -231,28 +248,22 @@ class WorkerCost:
     """Per-task time outside its parts: lease, data transfer, acknowledgement (idle time)."""
     train_gather_s: float = 0.0
     """FSDP: the weight all-gathers of one training pass (forward and backward; 0 without FSDP)."""
-    train_pass_compute_s: float = 0.0
-    """Compute of one training pass of one task at one timestep (no TSP)."""
-    train_tsp_compute_s: float = 0.0
-    """Compute of one task's K timesteps packed in one pass (TSP)."""
-    train_passes: int = 1
-    """Passes of one task without TSP (K: one per trained timestep)."""
     layers: int = 1
     """Transformer blocks (the one gather per pass that cannot overlap is a block's)."""
+    passes: TrainPasses | None = None
+    """How a train task's rows make passes (None: a measured model, which has no breakdown)."""
 
     def train_task_s(self, groups: int, tsp: bool) -> float:
         """Seconds of a train task of ``groups`` micro-batches (``train.groups_per_task``):
-        their rows run together, so each pass (TSP: one; else one per trained timestep)
-        computes for all of them and gathers the FSDP-sharded weights once. Without FSDP
-        (or a measured cost model, which has no breakdown) it is ``groups`` tasks' time."""
+        its rows cut into passes as the runtime cuts them (:meth:`TrainPasses.sizes`), each
+        at its own efficiency and gathering the FSDP-sharded weights. One micro-batch's is
+        ``train_tsp_s`` / ``train_s``; a measured model scales that by ``groups``."""
         one = self.train_tsp_s if tsp else self.train_s
-        if groups <= 1 or self.train_gather_s <= 0:
+        if self.passes is None:
             return groups * one
-        if tsp:
-            return _pass_s(groups * self.train_tsp_compute_s, self.train_gather_s, self.layers)
-        return self.train_passes * _pass_s(
-            groups * self.train_pass_compute_s, self.train_gather_s, self.layers
-        )
+        if groups == 1:
+            return one
+        return self.passes.task_s(groups, tsp, self.train_gather_s, self.layers)
 
     @property
     def rollout_s(self) -> float:
@@ -280,6 +291,8 @@ class CostModel:
     tasks_per_group: int = 1
     groups_per_task: int = 1
     """Tasks (the Scheduler's groups) per train task (``train.groups_per_task``)."""
+    rows_per_forward: int = ROWS_PER_FORWARD
+    """Rows of one TSP training pass at most (``train.rows_per_forward``)."""
     dataplane: DataPlane | DataPlaneSeconds = DataPlaneSeconds()
     """The step's all-reduce and AdamW, weight distribution, trajectory transfer: modelled
     from bytes for a split (:class:`~digen.sim.dataplane.DataPlane`), or measured."""
@@ -290,6 +303,10 @@ class CostModel:
     """The sequence-parallel degree chosen per GPU type (paper-scale models)."""
     paper: PaperInputs | None = None
     """What a paper-scale model was built from (None: measured from a run)."""
+
+    def __post_init__(self) -> None:
+        if self.rows_per_forward < 1:
+            raise ConfigError(f"rows_per_forward ({self.rows_per_forward}) must be >= 1")
 
     @property
     def samples(self) -> int:
@@ -330,6 +347,44 @@ def pass_efficiency(curve: EfficiencyCurve, tokens: float) -> float:
     at = tokens / (tokens + curve.half_tokens)
     ref = curve.ref_tokens / (curve.ref_tokens + curve.half_tokens)
     return min(curve.cap, at / ref)
+
+
+@dataclass(frozen=True)
+class TrainPasses:
+    """A replica's training passes: what one row costs and how the runtime packs rows."""
+
+    row_s: float
+    """Compute of one row (one sample at one trained timestep, forward and backward, every
+    CFG pass) at relative efficiency 1 (:func:`pass_efficiency`)."""
+    row_tokens: int
+    """Latent tokens of one row (one sample's): a pass's efficiency is of its rows' tokens."""
+    samples: int
+    """Samples of one micro-batch (``samples_per_task``)."""
+    steps: int
+    """Trained timesteps per sample (K)."""
+    rows_per_forward: int = ROWS_PER_FORWARD
+    curve: EfficiencyCurve = FLAT
+    tsp_gain: float = 1.0
+    """Compute speedup of batching timesteps in one pass (``tsp_batch_gain``; TSP only)."""
+
+    def sizes(self, groups: int, tsp: bool) -> list[int]:
+        """Rows of each pass of a task of ``groups`` micro-batches, as
+        :func:`digen.training.forward_chunks` cuts them: TSP, runs of ``rows_per_forward``
+        rows; else one pass per trained timestep with that step's rows (uncut)."""
+        if not tsp:
+            return [groups * self.samples] * self.steps
+        full, rest = divmod(groups * self.samples * self.steps, self.rows_per_forward)
+        return [self.rows_per_forward] * full + ([rest] if rest else [])
+
+    def compute_s(self, rows: int, tsp: bool) -> float:
+        """Compute of one pass of ``rows`` rows, at the efficiency of its tokens."""
+        gain = self.tsp_gain if tsp else 1.0
+        return rows * self.row_s / (gain * pass_efficiency(self.curve, rows * self.row_tokens))
+
+    def task_s(self, groups: int, tsp: bool, gather_s: float, layers: int) -> float:
+        """Seconds of a task of ``groups`` micro-batches: every pass pays its compute and,
+        with FSDP (``gather_s`` > 0), its weight gathers (:func:`_pass_s`)."""
+        return sum(_pass_s(self.compute_s(r, tsp), gather_s, layers) for r in self.sizes(groups, tsp))
 
 
 @dataclass(frozen=True)
@@ -454,7 +509,8 @@ def worker_cost(
 ) -> tuple[WorkerCost, bool]:
     """Task costs of one replica of ``degree`` GPUs of type ``gpu``; also whether it trains
     with FSDP. A pass runs at :func:`pass_efficiency` of its tokens: a task's micro-batch
-    (``samples_per_task`` samples), and with TSP its K timesteps in one pass."""
+    (``samples_per_task`` samples), and with TSP its K timesteps in one pass while they fit
+    in ``rows_per_forward`` rows, else the runtime's passes (:class:`TrainPasses`)."""
     m, mdl = w.samples_per_task, w.model
     k = w.trained_timesteps
     eff = pass_efficiency(curve, m * mdl.tokens)
@@ -468,6 +524,18 @@ def worker_cost(
     # FSDP gathers the weights for the forward and again for the backward of every pass
     train_s = k * _pass_s(train_pass, 2 * gather, mdl.layers)
     train_tsp_s = _pass_s(k * train_pass / tsp_gain, 2 * gather, mdl.layers)
+    tcfg = mdl.train_cfg or mdl.cfg
+    passes = TrainPasses(
+        row_s=tcfg * mdl.tflop_per_step * mdl.train_flops_factor / (degree * gpu.tflops * mdl.sp_eff(degree)),
+        row_tokens=mdl.tokens,
+        samples=m,
+        steps=k,
+        rows_per_forward=w.rows_per_forward,
+        curve=curve,
+        tsp_gain=tsp_batch_gain,
+    )
+    if k * m > w.rows_per_forward:  # the runtime cuts the task's rows into several passes
+        train_tsp_s = passes.task_s(1, True, 2 * gather, mdl.layers)
     gen_s = w.steps * fwd
     gen_on_trainer_s = w.steps * _pass_s(fwd, gather, mdl.layers)
     decode_s = m * mdl.decode_s_ref * REFERENCE_TFLOPS / gpu.tflops
@@ -486,10 +554,8 @@ def worker_cost(
         context_switch_s=trained_gb / gpu.host_gbps,
         load_s=trained_gb / gpu.host_gbps,
         train_gather_s=2 * gather,
-        train_pass_compute_s=train_pass,
-        train_tsp_compute_s=k * train_pass / tsp_gain,
-        train_passes=k,
         layers=mdl.layers,
+        passes=passes,
     )
     return cost, fsdp
 
@@ -538,6 +604,7 @@ def paper_costmodel(
         samples_per_task=w.samples_per_task,
         tasks_per_group=w.tasks_per_group,
         groups_per_task=w.groups_per_task,
+        rows_per_forward=w.rows_per_forward,
         dataplane=plane,
         label=f"{w.name} on {tb.name}",
         notes=notes,
