@@ -19,7 +19,6 @@ from digen.sim.catalog import load_sim_config
 from digen.sim.costmodel import (
     ROWS_PER_FORWARD,
     EfficiencyCurve,
-    GpuType,
     ModelSpec,
     PaperInputs,
     Workload,
@@ -27,24 +26,14 @@ from digen.sim.costmodel import (
 )
 from digen.sim.costmodel import Testbed as Bed
 from digen.training import build_rows, forward_chunks
+from tests.sim.test_batched_tasks import (  # full fine-tune (FSDP): a row is 2 TFLOP x 3 / 300 TFLOPS = 0.02 s, a gather 0.48 s
+    FULL,
+    GPU,
+)
 from tests.sim.test_calibrate import source_model, write_run
 
 CATALOG = Path(__file__).resolve().parents[2] / "configs" / "sim" / "catalog.yaml"
 
-GPU = GpuType("g", tflops=300, memory_gb=80, host_gbps=50, intra_gbps=50)
-FULL = ModelSpec(  # full fine-tune (FSDP): a row is 2 TFLOP x 3 / 300 TFLOPS = 0.02 s, a gather 0.48 s
-    "full",
-    tflop_per_step=2,
-    cfg=1,
-    weights_gb=24,
-    adapter_gb=None,
-    layers=40,
-    activation_gb=4,
-    train_flops_factor=3,
-    decode_s_ref=0.1,
-    reward_tflop=0.1,
-    latent_numel=16 * 64 * 64,  # 1,024 tokens a sample
-)
 ROW_S, GATHERS, LAYERS = 0.02, 2 * 24 / 50, 40  # a pass gathers for its forward and its backward
 CURVE = EfficiencyCurve(half_tokens=256, ref_tokens=4096, cap=1.05)
 # K = 10 x 0.4 = 4 trained steps a sample
