@@ -166,14 +166,23 @@ class Controller:
         return finished
 
     def ask_step(self, iteration: int, mini_batch: int = 0) -> None:
-        evals = self.evals
-        hold = None if evals is None else (lambda oldest: evals.keep_from(oldest, self.sched.evals_waiting))
-        if self.group.ask(iteration, mini_batch, self.members, hold):
+        if self.group.ask(iteration, mini_batch, self.members, self.oldest_needed):
             self.waiting_step = None
         else:
             if self.waiting_step != (iteration, mini_batch):
                 log.warning("iteration %d's step waits for a trainer to join", iteration)
             self.waiting_step = (iteration, mini_batch)
+
+    def oldest_needed(self, oldest: int) -> int:
+        """The oldest weight version the trainers must keep serving through a step: ``oldest``
+        (the step group's own choice: the current version, or at staleness 1 the one the next
+        iteration generates with), or an older one that generation not yet done will load
+        (:meth:`~digen.runtime.ledger.Ledger.generation_versions`) or an evaluation still waits
+        for (:meth:`~digen.runtime.evals.Evaluations.keep_from`)."""
+        needed = [oldest, *self.ledger.generation_versions()]
+        if self.evals is not None:
+            needed.append(self.evals.keep_from(oldest, self.sched.evals_waiting))
+        return min(needed)
 
     def collect(self, task_id: str) -> list[Instruction]:
         res = self.queue.get_result(task_id)

@@ -99,7 +99,7 @@ class FsdpControl:
         )
 
     # --- the optimizer step -------------------------------------------------------------
-    def request_step(self, iteration: int, mini_batch: int = 0) -> None:
+    def request_step(self, iteration: int, mini_batch: int = 0, hold: Hold | None = None) -> None:
         """Queue the step command of ``iteration``'s mini-batch ``mini_batch`` (rows: the group
         checks its own count against the controller's; checkpoint: after an iteration's last
         mini-batch, the folder whose staging twin the leader writes; keep_from: the oldest
@@ -112,6 +112,12 @@ class FsdpControl:
         if last and checkpoints(cfg, iteration):
             folder = str(self.run.checkpoint_dir(iteration).resolve())
         keep_from = versions.kept_version(iteration, m_total, cfg.schedule.resolved().max_staleness)
+        if hold is not None and not last:  # or older: what generation not yet done still needs
+            # (an iteration's last step comes after all its groups were generated, and its
+            # keep_from is also the checkpoint's previous version: left as the rule says)
+            newest = versions.version(iteration, mini_batch, m_total) + 1
+            keep_from = hold(newest if keep_from is None else keep_from)
+            keep_from = None if keep_from == newest else keep_from
         tid = step_id(iteration, mini_batch, m_total)
         payload = FsdpStepPayload(iteration, mini_batch, last, rows, folder, keep_from)
         self.steps[tid] = (time.time(), payload)
@@ -138,7 +144,7 @@ class FsdpControl:
 
     # --- the step group (StepGroup) ---------------------------------------------------------
     def ask(self, iteration: int, mini_batch: int, members: Membership, hold: Hold | None) -> bool:
-        self.request_step(iteration, mini_batch)  # fixed members: nobody to wait for
+        self.request_step(iteration, mini_batch, hold)  # fixed members: nobody to wait for
         return True
 
     def settle_departure(self, worker: str) -> set[str] | None:

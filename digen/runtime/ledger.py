@@ -75,6 +75,19 @@ class Ledger:
     events: list[dict] = field(default_factory=list)
     """Timeline rows collected and not yet written."""
 
+    def generation_versions(self) -> list[int]:
+        """The weight versions that generation not yet done will load: every group of an open
+        iteration that is not scored yet, and every group being generated again after its
+        trajectories were lost (with the version it first had, so it comes out the same).
+        With mini-batches at staleness 1 an iteration can take its first step while its last
+        groups still generate, so the trainers must keep serving these
+        (:meth:`digen.runtime.controller.Controller.oldest_needed`)."""
+        needed = [
+            t.version for book in self.books.values() for t in book.groups if t.group not in book.rewards
+        ]
+        needed += [self.books[i].groups[g].version for i, g in self.regenerating if i in self.books]
+        return needed
+
     def book(self, iteration: int) -> IterationBook:
         if iteration not in self.books:
             lag = int(self.cfg.schedule.resolved().max_staleness or 0)  # in iterations

@@ -83,8 +83,10 @@ class StepResult:
 
 
 Hold = Callable[[int], int]
-"""Given the oldest version the trainers would keep serving, the oldest they must (an
-evaluation still waiting for its version: :meth:`digen.runtime.evals.Evaluations.keep_from`)."""
+"""Given the oldest version the trainers would keep serving, the oldest they must: generation
+not yet done may load an older one (an iteration still generating while its first mini-batch
+steps, a lost group generated again), and so may an evaluation still waiting for its version
+(:meth:`digen.runtime.controller.Controller.oldest_needed`)."""
 
 
 class StepGroup(Protocol):
