@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,6 +15,10 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 import pytest  # noqa: E402
 import redis  # noqa: E402
+
+DIGEN = (sys.executable, "-m", "digen.cli.main")
+"""The ``digen`` command for a test's subprocess: the installed script's module, run by this
+interpreter (``[*DIGEN, "train", ...]``)."""
 
 
 @pytest.fixture(scope="session", autouse=True)

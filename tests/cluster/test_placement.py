@@ -29,7 +29,7 @@ from digen.cluster.placement import (
 from digen.config import build_config
 from digen.errors import ConfigError
 from digen.runtime.sp_group import Candidate, plan_replicas
-from tests.conftest import required, small_config_data
+from tests.conftest import DIGEN, required, small_config_data
 
 
 def cfg_of(rollout: int, trainer: int, *, reward: int = 0, sp: int = 1, train: dict | None = None, **local):
@@ -386,7 +386,6 @@ def test_digen_worker_gpus_auto_starts_one_pinned_worker_per_gpu(tmp_path):
     three worker processes join the scheduler, each reading back its own GPU and type."""
     import signal
     import subprocess
-    import sys
 
     from distributed import Client, LocalCluster
 
@@ -398,7 +397,7 @@ def test_digen_worker_gpus_auto_starts_one_pinned_worker_per_gpu(tmp_path):
         env = dict(os.environ, **{FAKE_ENV: "1xh100,2xl40s", "OMP_NUM_THREADS": "1"})
         env.pop("DIGEN_SCHEDULER", None)
         log = open(tmp_path / "worker.log", "w")  # noqa: SIM115 - closed below
-        cmd = [sys.executable, "-m", "digen.cli.main", "worker", "--scheduler", cluster.scheduler_address]
+        cmd = [*DIGEN, "worker", "--scheduler", cluster.scheduler_address]
         proc = subprocess.Popen(
             [*cmd, "--gpus", "auto", "--role", "trainer=1,rollout"],
             env=env,

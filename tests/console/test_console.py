@@ -6,13 +6,12 @@ import json
 import logging
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import yaml
 
 from digen.cli.console import ConsoleFormatter, _quiet_dask, open_run_log, setup_logging
-from tests.conftest import small_config_data
+from tests.conftest import DIGEN, small_config_data
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -105,9 +104,7 @@ def test_train_in_digen_mode_prints_no_dask_lines(tmp_path: Path, tiny_sd3: Path
     out = tmp_path / "run"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     cmd = [
-        sys.executable,
-        "-m",
-        "digen.cli.main",
+        *DIGEN,
         "train",
         str(path),
         "--out",

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import typer.main
+
+from tests.conftest import DIGEN
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMANDS = [
@@ -45,7 +46,7 @@ def test_the_script_sees_every_command_once_on_the_shared_app():
 def test_python_m_lists_the_same_commands_in_the_same_order():
     env = {**os.environ, "COLUMNS": "400"}  # one line per command
     r = subprocess.run(
-        [sys.executable, "-m", "digen.cli.main", "--help"],
+        [*DIGEN, "--help"],
         cwd=ROOT,
         env=env,
         capture_output=True,

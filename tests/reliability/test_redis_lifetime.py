@@ -21,6 +21,7 @@ import pytest
 import redis
 import yaml
 
+from tests.conftest import DIGEN
 from tests.service.helpers import ROOT, proc_env, wait_for
 
 STARTER = """
@@ -307,7 +308,7 @@ def resumed(cfg: Path, out: Path, home: Path) -> None:
         for p in (out / "checkpoints").glob("iter_*")
         if p.name.split("_")[1].isdigit()
     )
-    cmd = [sys.executable, "-m", "digen.cli.main", "train", str(cfg), "--out", str(out), "--resume"]
+    cmd = [*DIGEN, "train", str(cfg), "--out", str(out), "--resume"]
     res = subprocess.run(
         [*cmd, "--set", f"iterations={last + 2}", "--log-format", "quiet"],
         cwd=ROOT,
@@ -335,9 +336,7 @@ def test_a_sigkilled_digen_train_leaves_no_redis_behind(
     cfg = tiny_job(tiny_sd3, tmp_path, iterations=50)
     proc = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "digen.cli.main",
+            *DIGEN,
             "train",
             str(cfg),
             "--out",

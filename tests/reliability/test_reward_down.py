@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ import yaml
 from digen.errors import RewardError
 from digen.rewards import http
 from digen.rewards.http import Breaker, HttpReward, RewardServiceDown
-from tests.conftest import small_config_data
+from tests.conftest import DIGEN, small_config_data
 from tests.reliability.reward_servers import RewardServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -146,9 +145,7 @@ def test_a_job_whose_reward_server_hangs_fails_naming_it(tiny_sd3: Path, tmp_pat
         cfg.write_text(yaml.safe_dump(data))
         out = tmp_path / "run"
         cmd = [
-            sys.executable,
-            "-m",
-            "digen.cli.main",
+            *DIGEN,
             "train",
             str(cfg),
             "--out",

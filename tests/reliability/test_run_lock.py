@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from digen.cli.main import app
 from digen.rundir import LOCK_NAME, RunDirBusy, RunLock
-from tests.conftest import small_config_data
+from tests.conftest import DIGEN, small_config_data
 from tests.reliability.reward_servers import RewardServer
 from tests.service.helpers import wait_for
 
@@ -114,9 +114,7 @@ def test_two_digen_train_into_one_folder_write_every_iteration_once(tiny_sd3: Pa
             reward=[{"name": "http", "kwargs": {"url": server.url}}],
         )
         cmd = [
-            sys.executable,
-            "-m",
-            "digen.cli.main",
+            *DIGEN,
             "train",
             str(cfg),
             "--out",

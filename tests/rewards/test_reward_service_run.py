@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 
@@ -14,6 +13,7 @@ import pytest
 
 from digen.errors import RewardError
 from digen.reference import run_reference
+from tests.conftest import DIGEN
 
 pytestmark = pytest.mark.slow
 
@@ -27,9 +27,7 @@ def free_port() -> int:
 def start_server(port: int) -> subprocess.Popen:
     proc = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "digen.cli.main",
+            *DIGEN,
             "reward-server",
             "--reward",
             "brightness",
