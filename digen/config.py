@@ -123,6 +123,9 @@ class RolloutConfig(_Section):
     """Samples per iteration (prompts_per_iteration x group_size)."""
     group_size: int = Field(4, ge=1)
     """Samples per prompt (a GRPO group). Also the generation micro-batch: one task = one group."""
+    max_batch: int = Field(1, ge=1)
+    """Generation tasks (prompt groups) a rollout or TAG worker leases at once and runs as one
+    batched forward per denoising step, each acknowledged on its own."""
     num_steps: int = Field(8, ge=2)
     """Denoising steps of training rollouts (the denoising reduction: few steps)."""
     eval_steps: int = Field(20, ge=2)
