@@ -150,13 +150,20 @@ class ParameterStore:
         store = ParameterStore(
             weights, train, version=int(state["version"]), state=algo_state or None, device=device
         )
-        for k in store.names:
-            if f"exp_avg/{k}" in opt:
-                store.optimizer.state[store.params[k]] = {
-                    "step": torch.tensor(float(state["adam_steps"][k])),
-                    "exp_avg": opt[f"exp_avg/{k}"].to(device, copy=True),
-                    "exp_avg_sq": opt[f"exp_avg_sq/{k}"].to(device, copy=True),
-                }
+        # through Optimizer.load_state_dict, which puts every state tensor on its parameter's
+        # device, ``step`` included: the fused AdamW keeps ``step`` there (float32), and a CPU
+        # ``step`` beside CUDA parameters makes its kernel raise at the first step
+        saved = store.optimizer.state_dict()
+        saved["state"] = {
+            i: {
+                "step": torch.tensor(float(state["adam_steps"][k]), dtype=torch.float32),
+                "exp_avg": opt[f"exp_avg/{k}"].to(device, torch.float32, copy=True),
+                "exp_avg_sq": opt[f"exp_avg_sq/{k}"].to(device, torch.float32, copy=True),
+            }
+            for i, k in enumerate(store.names)
+            if f"exp_avg/{k}" in opt
+        }
+        store.optimizer.load_state_dict(saved)
         if store.ema is not None and any(k.startswith("ema/") for k in opt):
             store.ema = {k: opt[f"ema/{k}"].to(device, copy=True) for k in store.names}
         return store
