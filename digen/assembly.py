@@ -25,12 +25,15 @@ DTYPES = {
 
 
 def resolve_device(name: str) -> str:
-    """``model.device`` (or a worker's ``--device``) as torch takes it: ``auto`` is ``cuda``
-    where torch sees a GPU (a worker pinned to one by ``CUDA_VISIBLE_DEVICES`` sees it as
-    ``cuda:0``), else ``cpu``; any other name is returned as given."""
-    if name != "auto":
-        return name
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    """``model.device`` (or a worker's ``--device``, ``$DIGEN_DEVICE``) as torch takes it, with
+    an index on CUDA: ``auto`` is ``cuda:0`` where torch sees a GPU (a worker pinned to one by
+    ``CUDA_VISIBLE_DEVICES`` sees it as ``cuda:0``), else ``cpu``; a plain ``cuda`` is
+    ``cuda:0``; any other name is returned as given. Never a plain ``cuda``:
+    ``torch.cuda.set_device`` refuses one (a process group could not form) and a tensor's
+    device never equals it. Does not initialise CUDA."""
+    if name == "auto":
+        return "cuda:0" if torch.cuda.is_available() else "cpu"
+    return "cuda:0" if name == "cuda" else name
 
 
 def trained_dtype(cfg: Config) -> torch.dtype:

@@ -420,7 +420,8 @@ class LocalClusterConfig(_Section):
     (``CUDA_VISIBLE_DEVICES``). ``digen plan CONFIG`` prints the placement."""
     workers_per_gpu: int = Field(1, ge=1)
     """Workers that may share one GPU. 1: each worker has a GPU of its own, and more workers
-    than GPUs is refused before anything starts; 2 or more lets that many share one."""
+    than GPUs is refused before anything starts; 2 or more lets that many share one, once every
+    GPU has one (ranks of one NCCL group never share: docs/deploy.md, "The placement")."""
 
     @field_validator("gpus", mode="before")
     @classmethod

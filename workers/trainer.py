@@ -50,6 +50,7 @@ from digen.dataplane.blobs import BlobLost, Expect, fetch
 from digen.dataplane.reduce import TaskSum, all_reduce_sum, flatten, ordered_sum, unflatten
 from digen.errors import DigenError
 from digen.optim import ParameterStore, stage_checkpoint
+from digen.parallel.comm import comm_device, trainer_backend
 from digen.testing import faults
 from digen.workers.runtime import POLL_S, WorkerRuntime, event, join_group
 
@@ -76,6 +77,8 @@ class Member:
     """(step id, epoch, writer) of the step commands already acted on."""
     pg_epoch: int | None = None
     """The epoch whose process group this member belongs to (None: none formed)."""
+    backend: str = "gloo"
+    """The backend of that group (``nccl`` or ``gloo``)."""
 
     # --- set-up -------------------------------------------------------------------------
     @staticmethod
@@ -304,11 +307,11 @@ class Member:
         if self.sums.flat is None:  # no task this step: it adds zeros
             self.sums.flat = flatten(None, names, like)
             self.sums.total = unflatten(self.sums.flat, names, like)
-        flat = self.sums.flat.to(self._comm_device())
         self.join_group(cmd)
+        flat = self.sums.flat.to(self._comm_device())
         faults.point("reduce", rt.job, rt.name, task=cmd.id, iteration=cmd.iteration)
         all_reduce_sum(flat)
-        return unflatten(flat, names, like)
+        return unflatten(flat.to(self.rt.device), names, like)
 
     def _blob(self, addr: str, name: str, digest: str = "") -> dict[str, torch.Tensor]:
         """A gradient kept as a blob, checked against the digest its task's result published."""
@@ -320,7 +323,9 @@ class Member:
         return fetch(addr, name, expect=Expect(digest=digest or None))[0]
 
     def _comm_device(self) -> torch.device:
-        return torch.device(self.rt.device)
+        """Where the all-reduce's buffer lives: the rank's GPU for NCCL, the host for gloo (on
+        CPU, or a group whose members share a GPU: :func:`~digen.parallel.comm.trainer_backend`)."""
+        return comm_device(self.backend, torch.device(self.rt.device))
 
     def join_group(self, cmd: StepCommand) -> None:
         """Be in the process group of the command's epoch (formed anew when it changed)."""
@@ -328,18 +333,26 @@ class Member:
             return
         self.leave_group()
         rt = self.rt
+        device = torch.device(rt.device)
         addr = join_group(
-            rt, rt.group.rendezvous(cmd.epoch), cmd.rank(rt.name), len(cmd.members), self._comm_device()
+            rt,
+            rt.group.rendezvous(cmd.epoch),
+            cmd.rank(rt.name),
+            len(cmd.members),
+            device,
+            backend=trainer_backend(device),
         )
         if addr is None:
             raise RuntimeError("the job stopped during the trainer rendezvous")
         self.pg_epoch = cmd.epoch
+        self.backend = addr["backend"]  # the leader's choice
         log.info(
-            "%s is rank %d of %d of the trainer group (epoch %d)",
+            "%s is rank %d of %d of the trainer group (epoch %d, %s)",
             rt.name,
             cmd.rank(rt.name),
             len(cmd.members),
             cmd.epoch,
+            self.backend,
         )
 
     def leave_group(self) -> None:

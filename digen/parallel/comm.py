@@ -29,6 +29,10 @@ log = logging.getLogger(__name__)
 
 IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
+TRAINER_BACKEND_ENV = "DIGEN_TRAINER_BACKEND"
+"""``gloo``: the replicated trainer group forms on gloo although its ranks compute on CUDA
+(:func:`trainer_backend`); :data:`digen.cluster.placement.BACKEND_ENV` sets it."""
+
 
 def _to_bytes(obj: Any) -> torch.Tensor:
     return torch.frombuffer(bytearray(json.dumps(obj).encode()), dtype=torch.uint8)
@@ -90,6 +94,7 @@ def join_process_group(
     publish: Callable[[dict], None],
     await_address: Callable[[], dict | None],
     store: Callable[[str, timedelta], dist.Store],
+    backend: str | None = None,
 ) -> dict | None:
     """Form a group's ``torch.distributed`` process group through a rendezvous in Redis.
 
@@ -106,12 +111,12 @@ def join_process_group(
     Where the collectives listen: gloo's and NCCL's own sockets are pinned to the interface of
     ``host``, the rank's Dask worker host (127.0.0.1 in the embedded cluster;
     :func:`pin_interface`). They authenticate no peer: docs/deploy.md says how to isolate
-    them."""
+    them. ``backend``: the leader's choice when given (:func:`trainer_backend`), else
+    :func:`default_backend` of its device."""
     timeout = timedelta(seconds=timeout_s)
     pin_interface(host)
     if leader:
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        addr = {"host": host, "store": secrets.token_hex(8), "backend": backend}
+        addr = {"host": host, "store": secrets.token_hex(8), "backend": backend or default_backend(device)}
         publish(addr)
     else:
         found = await_address()
@@ -124,6 +129,23 @@ def join_process_group(
         addr["backend"], store=store(addr["store"], timeout), rank=rank, world_size=world, timeout=timeout
     )
     return addr
+
+
+def default_backend(device: torch.device) -> str:
+    """NCCL on CUDA, gloo elsewhere."""
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def trainer_backend(device: torch.device) -> str:
+    """The replicated trainer group's backend: :func:`default_backend`, except gloo where the
+    placement put two members on one GPU (``$DIGEN_TRAINER_BACKEND``, set by
+    :mod:`digen.cluster.placement`), which NCCL refuses."""
+    return "gloo" if os.environ.get(TRAINER_BACKEND_ENV) == "gloo" else default_backend(device)
+
+
+def comm_device(backend: str, device: torch.device) -> torch.device:
+    """Where a group's collective buffers live: the rank's device for NCCL, the host for gloo."""
+    return device if backend == "nccl" else torch.device("cpu")
 
 
 def interface_of(host: str) -> str | None:
