@@ -75,7 +75,8 @@ def _reference_loop(
     reward = build_reward(cfg)
     prompts = cfg.prompt_list()
     embed = EmbedCache(policy, cfg.rollout.guidance_scale > 1.0)
-    state = open_store(cfg, run, policy.trainable_state_dict, resume)
+    # AdamW on the model's device, as every trainer of a distributed job runs it
+    state = open_store(cfg, run, policy.trainable_state_dict, resume, device=str(policy.device))
     store = state.store
     load_version(policy, store.weights())
     tsp = bool(cfg.schedule.resolved().tsp)

@@ -74,3 +74,25 @@ def test_a_restored_state_is_a_copy():
     copied.step(_grads(2), rows=5)
     for k, v in before.items():
         assert torch.equal(opt[k], v), k
+
+
+def test_a_job_opens_its_store_on_the_device_it_names(tmp_path):
+    """The reference loop's AdamW runs on its model's device (as a distributed job's trainers
+    run theirs), fresh or resumed: ``open_store(..., device=...)``; ``meta`` stands in for CUDA."""
+    from digen.config import build_config
+    from digen.optim import open_store, save_checkpoint
+    from digen.rundir import RunDir
+    from tests.conftest import required
+
+    cfg = build_config(required({}), check_paths=False, algorithms=False)
+    run = RunDir(tmp_path / "run", cfg, resume=False)
+    fresh = open_store(cfg, run, _weights, resume=False, device="meta").store
+    assert {p.device.type for p in fresh.params.values()} == {"meta"}
+    save_checkpoint(run.checkpoint_dir(0), _stepped(cfg.train), 0, keep=1)
+    resumed = open_store(
+        cfg, RunDir(tmp_path / "run", cfg, resume=True), _weights, resume=True, device="meta"
+    )
+    assert resumed.start_iteration == 1 and resumed.store.version == 1
+    tensors = [*resumed.store.params.values()]
+    tensors += [t for st in resumed.store.optimizer.state.values() for t in st.values()]
+    assert len(tensors) == 4 * len(resumed.store.names) and {t.device.type for t in tensors} == {"meta"}
