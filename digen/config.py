@@ -85,9 +85,15 @@ class ModelConfig(_Section):
     Only bfloat16: float16 autocast needs a loss scaler (Flow-GRPO's fp16 runs under
     accelerate's GradScaler), which digen's optimizer does not have."""
     device: str = "auto"
-    """Device for the reference trainer and the embedded cluster's workers: ``auto`` (cuda
-    where torch sees a GPU, else cpu), ``cpu``, ``cuda`` or ``cuda:N``. A worker pinned to one
-    GPU (``CUDA_VISIBLE_DEVICES``) sees it as ``cuda`` = ``cuda:0``."""
+    """Device for the reference trainer and the embedded cluster's workers: ``auto`` (``cuda:0``
+    where torch sees a GPU, else cpu), ``cpu``, ``cuda`` (= ``cuda:0``) or ``cuda:N``. A worker
+    pinned to one GPU (``CUDA_VISIBLE_DEVICES``) sees it as ``cuda:0``."""
+    deterministic: bool = True
+    """On CUDA, compute with deterministic kernels (:func:`digen.assembly.deterministic_kernels`:
+    ``torch.use_deterministic_algorithms``, a fixed cuBLAS workspace), so that the same inputs
+    give the same bits in every process and every time: what the bit-for-bit guarantees
+    (docs/guarantees.md) and a lost group's regeneration from its seeds rest on. The cost is in
+    docs/precision.md ("Deterministic kernels"). No effect on CPU, whose kernels are."""
     max_sequence_length: int | None = Field(None, ge=1)
     """Text-encoder tokens per prompt (T5, UMT5, Llama, Qwen2.5-VL). None: the family's own
     length (docs/precision.md lists them: sd3 128 as Flow-GRPO, flux 512 as FluxPipeline, ...);
