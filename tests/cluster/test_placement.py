@@ -474,6 +474,22 @@ def test_gpu_bench_parts_run_their_code_on_cpu_at_a_small_size(tmp_path, tiny_sd
     part = _rollout_train_part(str(tiny_sd3), str(tmp_path / "run"), "cpu", 32, small)  # built already
     assert part["iterations"] == 2 and part["gen_images_per_s"] > 0 and part["train_images_per_s"] > 0
     assert part["ratio_max_dev_bf16"] is not None and part["clipfrac_bf16"] is not None
+    # a second bench into the same folder runs again (its first run's directory is its own)
+    again = _rollout_train_part(str(tiny_sd3), str(tmp_path / "run"), "cpu", 32, small)
+    assert again["iterations"] == 2 and again["ratio_max_dev_bf16"] == part["ratio_max_dev_bf16"]
+
+
+def test_a_second_gpu_bench_clears_only_its_own_run(tmp_path):
+    from digen.bench.gpu import clear_bench_run
+
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    for run, model in ((ours, tmp_path / "model"), (theirs, tmp_path / "elsewhere")):
+        run.mkdir()
+        (run / "config.yaml").write_text(yaml.safe_dump({"model": {"path": str(model)}}))
+        (run / "metrics.jsonl").write_text("{}\n")
+    clear_bench_run(ours, str(tmp_path / "model"))
+    clear_bench_run(theirs, str(tmp_path / "model"))
+    assert not ours.exists() and (theirs / "metrics.jsonl").exists()
 
 
 def test_digen_worker_gpus_auto_starts_one_pinned_worker_per_gpu(tmp_path):
