@@ -120,7 +120,9 @@ def _reference_loop(
                     tsp=tsp,
                 )
                 timer("train", t0, time.time(), time.thread_time() - c0)
-                book.add_gradient(g, grads, stats, part)
+                # the book holds every task's gradient until the step (it sums them in group
+                # order): on the host, not in the GPU memory the next forward needs
+                book.add_gradient(g, {k: v.to("cpu") for k, v in grads.items()}, stats, part)
             t0, c0 = time.time(), time.thread_time()
             grad, rows = book.gradient(m)
             last = m == cfg.train.mini_batches - 1

@@ -95,8 +95,12 @@ def task_gradient(
     """Sum over ``rows`` of d(loss)/d(trained params); the gradient and its stats.
 
     ``embeds`` has one row per sample of the task (``rows.sample`` indexes it). The gradient
-    starts from zero (whatever ``.grad`` held is discarded) and comes back as float32 CPU
-    tensors (float64 for a float64 model) keyed like :meth:`FlowPolicy.trainable_state_dict` of the trained parameters.
+    starts from zero (whatever ``.grad`` held is discarded) and comes back as float32 tensors
+    (float64 for a float64 model) on the parameters' device, keyed like
+    :meth:`FlowPolicy.trainable_state_dict` of the trained parameters: a trainer sums it there
+    (:class:`~digen.dataplane.reduce.TaskSum`) and all-reduces the sum from there, with no
+    copy to the host; what must leave the device (a gradient served as a blob) is copied by
+    whoever sends it.
     """
     t = cfg.train
     params = dict(policy.named_trainable_parameters())
@@ -108,14 +112,10 @@ def task_gradient(
         loss, terms, kl = chunk_loss(policy, chunk, embeds, cfg, sigma_max)
         loss.sum().backward()
         stats.add_chunk(len(chunk), loss, terms, kl)
-    # a float32 CPU .grad is handed over as it is (the parameter lets go of it below): no
-    # second copy of a gradient that may be gigabytes
+    # a float32 .grad is handed over as it is (the parameter lets go of it below): no second
+    # copy of a gradient that may be gigabytes, and it stays on the device it was computed on
     grads = {
-        name: (
-            at_least_float32(p.grad.detach()).cpu()
-            if p.grad is not None
-            else torch.zeros_like(p, device="cpu")
-        )
+        name: at_least_float32(p.grad.detach() if p.grad is not None else torch.zeros_like(p.detach()))
         for name, p in params.items()
     }
     for p in params.values():
