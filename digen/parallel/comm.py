@@ -113,7 +113,6 @@ def join_process_group(
     :func:`pin_interface`). They authenticate no peer: docs/deploy.md says how to isolate
     them. ``backend``: the leader's choice when given (:func:`trainer_backend`), else
     :func:`default_backend` of its device."""
-    timeout = timedelta(seconds=timeout_s)
     pin_interface(host)
     if leader:
         addr = {"host": host, "store": secrets.token_hex(8), "backend": backend or default_backend(device)}
@@ -125,10 +124,34 @@ def join_process_group(
         addr = found
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    timeout = timedelta(seconds=collective_timeout_s(addr["backend"], timeout_s))
+    if addr["backend"] == "nccl":
+        for var, value in NCCL_ENV.items():
+            os.environ.setdefault(var, value)
     dist.init_process_group(
         addr["backend"], store=store(addr["store"], timeout), rank=rank, world_size=world, timeout=timeout
     )
     return addr
+
+
+NCCL_ENV = {"TORCH_NCCL_BLOCKING_WAIT": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
+"""How an NCCL group fails, set before it forms (a value the operator set is kept):
+``TORCH_NCCL_BLOCKING_WAIT=1``, a collective whose peer died raises in the thread that waits
+on it once the group's timeout passes, as gloo's does (the trainer then aborts its step and
+leaves the group: :meth:`digen.workers.trainer.Member.run_step`), instead of hanging until
+NCCL's watchdog ends the process; ``TORCH_NCCL_ASYNC_ERROR_HANDLING=2``, the watchdog aborts
+the group's communicators without taking the process down with them."""
+
+NCCL_TIMEOUT_FRACTION = 0.5
+"""An NCCL group's collective timeout, as a fraction of the job's ``schedule.lease_s``."""
+
+
+def collective_timeout_s(backend: str, lease_s: float) -> float:
+    """The collective timeout of a group on ``backend`` in a job whose task lease is
+    ``lease_s``: gloo's is the lease; NCCL's half of it, so that a collective that waits on a
+    dead peer fails (and its step aborts) while the tasks of the step are still leased,
+    rather than after they were handed to another worker."""
+    return lease_s * NCCL_TIMEOUT_FRACTION if backend == "nccl" else lease_s
 
 
 def default_backend(device: torch.device) -> str:
