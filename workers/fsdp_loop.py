@@ -30,7 +30,7 @@ one torch.distributed process group, rendezvous through Redis (no pickle anywher
 
 Any failure is recorded in Redis for the controller, which fails the job (the group is fixed:
 rerun with --resume). A rank that waits on a dead peer fails at the collective timeout
-(``schedule.lease_s``).
+(``schedule.lease_s``; half of it on NCCL: :func:`digen.parallel.comm.collective_timeout_s`).
 """
 
 from __future__ import annotations
