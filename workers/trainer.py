@@ -48,6 +48,7 @@ from digen.core import blobnames
 from digen.core.events import Role, TaskRef
 from digen.dataplane.blobs import BlobLost, Expect, fetch
 from digen.dataplane.reduce import TaskSum, all_reduce_sum, flatten, ordered_sum, unflatten
+from digen.dataplane.wire import on_host
 from digen.errors import DigenError
 from digen.optim import ParameterStore, stage_checkpoint
 from digen.parallel.comm import comm_device, trainer_backend
@@ -120,9 +121,10 @@ class Member:
         rt.blobs.drop(*(str(b) for b in blobnames.of_job(names, job, blobnames.STATE)))
         for ver, w in versions.items():
             if rt.blobs.get(blobnames.weights(job, ver)) is None:
-                rt.blobs.put(
-                    blobnames.weights(job, ver), {k: t.to(dtype) for k, t in w.items()}, {"version": str(ver)}
-                )
+                # served from a (pinned) host copy made once per version, not copied from the
+                # GPU again for every rollout worker's fetch
+                served = on_host({k: t.to(dtype) for k, t in w.items()})
+                rt.blobs.put(blobnames.weights(job, ver), served, {"version": str(ver)})
         weights, opt, state = self.store.state_parts()
         tensors = {**{f"w/{k}": t for k, t in weights.items()}, **{f"o/{k}": t for k, t in opt.items()}}
         rt.blobs.put(blobnames.state(job, v), tensors, {"state": json.dumps(state)})

@@ -19,3 +19,13 @@ def test_a_host_copy_owns_its_memory_and_casts_only_floats():
     same = host_copy(live)  # no cast: a copy still
     assert same["w"].dtype == torch.float32
     assert same["w"].untyped_storage().data_ptr() != live["w"].untyped_storage().data_ptr()
+
+
+def test_on_host_passes_host_tensors_through_without_a_copy():
+    """What nothing rewrites (a task's gradient, a version's cast weights) is served as it is
+    when it is on the host already; a device tensor would be copied by :func:`host_copy`."""
+    from digen.dataplane.wire import on_host
+
+    grads = {"a": torch.ones(3), "b": torch.zeros(2, 2)}
+    got = on_host(grads)
+    assert got.keys() == grads.keys() and all(got[k] is grads[k] for k in grads)
