@@ -99,6 +99,10 @@ def build_policy(cfg: Config, device: str | None = None) -> FlowPolicy:
         policy.enable_lora(m.lora.rank, m.lora.alpha, m.lora.target_modules, dtype=trained_dtype(cfg))
     else:
         policy.transformer.requires_grad_(True)
+    if cfg.train.activation_checkpointing and not cfg.train.fsdp:  # FSDP checkpoints as it shards
+        from digen.parallel.fsdp import checkpoint_blocks
+
+        checkpoint_blocks(policy.transformer)
     return policy
 
 

@@ -308,7 +308,11 @@ class TrainConfig(_Section):
     adam_eps: float = Field(1e-8, gt=0.0)
     grad_clip: float = Field(1.0, gt=0.0)
     rows_per_forward: int = Field(64, ge=1)
-    """TSP packing limit: (sample, timestep) rows in one batched forward/backward."""
+    """The most (sample, timestep) rows one training forward/backward takes, in every mode: TSP
+    packs up to this many rows of any timesteps; without TSP each timestep's rows (a group's
+    samples, or a batched task's) are cut into forwards of at most this many. What bounds a
+    trainer's activation memory: lower it where a forward does not fit the GPU (each row keeps
+    its blocks' activations until the backward, unless ``activation_checkpointing``)."""
     groups_per_task: int = Field(1, ge=1)
     """Whole prompt groups one train task carries (1: one group per task). A batched task's
     rows, all its groups' (sample, timestep) pairs, are packed together into forwards of up to
@@ -353,8 +357,10 @@ class TrainConfig(_Section):
     schedule.mode disaggregated or digen; turns TAG off; no EMA. The group is fixed at job
     start: a trainer that dies fails the job (rerun with --resume), one that joins later idles."""
     activation_checkpointing: bool = False
-    """With ``fsdp``: recompute each transformer block in the backward instead of keeping its
-    activations (less memory, about one more forward of time). Ignored without ``fsdp``."""
+    """Recompute each transformer block in the backward instead of keeping its activations:
+    a forward then keeps about one block's activations per row instead of every block's (less
+    memory, about one more forward of time). FSDP ranks (``fsdp``) and replicated trainers
+    alike (:func:`digen.parallel.fsdp.checkpoint_blocks`); the gradient is the same bits."""
 
 
 class RewardSpec(_Section):

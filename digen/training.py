@@ -66,12 +66,15 @@ def build_rows(
 
 
 def forward_chunks(rows: Rows, tsp: bool, limit: int) -> list[torch.Tensor]:
-    """Row index sets, one per forward: TSP packs up to ``limit`` rows of any steps; without
-    TSP one forward per denoising step (the sequential loop)."""
+    """Row index sets, one per forward, none of more than ``limit`` rows (``train.rows_per_forward``:
+    what bounds a forward's activations in every mode): TSP packs up to ``limit`` rows of any
+    steps; without TSP one forward per denoising step (the sequential loop), a step with more
+    rows than ``limit`` cut into consecutive forwards of ``limit``."""
     n = len(rows)
     if tsp:
         return [torch.arange(i, min(i + limit, n)) for i in range(0, n, limit)]
-    return [torch.nonzero(rows.step == j).flatten() for j in torch.unique(rows.step).tolist()]
+    per_step = (torch.nonzero(rows.step == j).flatten() for j in torch.unique(rows.step).tolist())
+    return [part for idx in per_step for part in idx.split(limit)]
 
 
 def chunk_loss(
