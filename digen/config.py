@@ -215,10 +215,47 @@ class FlowDppoConfig(_Section):
     still moves away from the rollout policy is dropped (the peer's ``kl_mask_threshold``: 1e-5)."""
 
 
+# --- the clean-sample family beyond DiffusionNFT (digen/algos/dgpo.py) ------------------------
+WHOLE_GROUP_ALGORITHMS = ("dgpo",)
+"""Algorithms whose loss couples the samples of a prompt group (a group-level weight), so a
+train task must hold whole groups: rollout-assisted training (``schedule.rat``), which splits
+a group into halves, defaults to off for them, and ``train.mini_batch_split: samples`` is
+refused (by each algorithm's check)."""
+
+
+class DgpoConfig(_Section):
+    """DGPO's options (``train.algorithm: dgpo``; digen/algos/dgpo.py, Luo-Yihong/DGPO
+    config/dgpo.py). The defaults are its SD3.5-M GenEval recipe ``geneval_sd3_4gpu``."""
+
+    beta_dpo: float = Field(100.0, gt=0.0)
+    """The group preference's temperature (the peer's ``train.beta_dpo``: 100; 2000 with the
+    EMA reference)."""
+    clip_range: float = Field(1e-2, gt=0.0)
+    """The PPO-style clip of the flow-matching ratio ``exp(dsm_old - dsm)`` (the peer's
+    ``clip_range``: 1e-2 GenEval/OCR, 5e-2 compressibility, 1e-5 with the EMA reference)."""
+    clip_dsm: bool = True
+    """Detach the flow-matching loss of rows whose ratio left the clip range (``clip_dsm``)."""
+    timesteps: int = Field(4, ge=1)
+    """Trained steps per iteration, shared by every sample (``num_train_timesteps``: 4)."""
+    trunc_steps: int = Field(4, ge=0)
+    """The trained steps are drawn from schedule steps ``0 .. trunc_steps`` (``trunc_steps``:
+    4 GenEval, 6 OCR/PickScore)."""
+    shared_noise: bool = True
+    """One forward noise per group and trained step, shared by its samples (``use_shared_noise``)."""
+    switch_ema_ref: int = Field(500, ge=0)
+    """After this many optimizer steps the rollout samples with the EMA ``old`` weights
+    (``switch_ema_ref``: 500 GenEval, 200 OCR/PickScore)."""
+    use_ema_ref: bool = False
+    """The preference's reference is the EMA ``old`` weights instead of the base weights
+    (``use_ema_ref``; config/dgpo_wocfg_emaref.py)."""
+    solver: Literal["dpm2", "euler"] = "dpm2"
+    """The rollout's deterministic solver (the peer's ``use_dpm``: DPM-Solver multistep)."""
+
+
 class TrainConfig(_Section):
     algorithm: str | None = None
     """The training algorithm, by registry name (``digen algorithms`` lists them): flow-grpo,
-    flow-grpo-fast, cps, dance-grpo, mix-grpo, grpo-guard, flow-dppo, diffusion-nft. None: the Flow-GRPO
+    flow-grpo-fast, cps, dance-grpo, mix-grpo, grpo-guard, flow-dppo, diffusion-nft, dgpo. None: the Flow-GRPO
     family member ``rollout.sde.kind`` and ``train.timesteps.strategy`` name (cps, dance-grpo,
     flow-grpo-fast for the window strategy, else flow-grpo)."""
     mini_batches: int = Field(1, ge=1)
@@ -254,6 +291,7 @@ class TrainConfig(_Section):
     mix_grpo: MixGrpoConfig = MixGrpoConfig()
     nft: NftConfig = NftConfig()
     flow_dppo: FlowDppoConfig = FlowDppoConfig()
+    dgpo: DgpoConfig = DgpoConfig()
     timesteps: TimestepConfig = TimestepConfig()
     clip_range: float = Field(1e-4, gt=0.0)
     """PPO ratio clip epsilon (log-probs are per-element means, hence tiny ranges)."""
@@ -538,6 +576,15 @@ class Config(_Section):
                 s.rat = False
         return self
 
+    @model_validator(mode="after")
+    def _whole_groups_train_whole(self) -> Config:
+        """An algorithm of :data:`WHOLE_GROUP_ALGORITHMS` trains whole groups: RAT (which
+        splits a group into halves) defaults to off for it; an explicit ``true`` is reported
+        by the algorithm's check."""
+        if self.train.algorithm in WHOLE_GROUP_ALGORITHMS and self.schedule.rat is None:
+            self.schedule.rat = False
+        return self
+
     def resolve_path(self, value: str) -> Path:
         """A path from the config: absolute, else relative to the config file's folder
         (falling back to the current directory when that does not exist)."""
@@ -793,6 +840,7 @@ ALGORITHM_NAMES = (
     "grpo-guard",
     "flow-dppo",
     "diffusion-nft",
+    "dgpo",
 )
 """The algorithm registry's names (:mod:`digen.algos.registry`), in its listing order, for
 the processes that must not import torch (a test keeps the two equal)."""

@@ -22,12 +22,14 @@ shared by a group), and the loss.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from digen.algos.registry import Algorithm, RolloutPlan, StepKind
 from digen.algos.rows import NoisedRows, flat_index
+from digen.errors import AlgorithmError
 from digen.seeding import sample_generator
 
 if TYPE_CHECKING:
@@ -121,3 +123,45 @@ class CleanSampleFamily(Algorithm):
             f"train.kl_target (mean): {self.name} has no SDE transition mean; its KL is on the velocity "
             "(leave train.kl_target unset or set it to velocity)"
         ]
+
+
+@dataclass
+class GroupRows(NoisedRows):
+    """:class:`NoisedRows` whose loss couples the rows of one prompt group at one step (a
+    group preference weight): ``group [R]`` the row's group in the iteration. Its forwards
+    are its own (:meth:`forward_chunks`): one per (group, step), all of the group's rows of
+    that step, whatever ``train.rows_per_forward`` and TSP say, so a forward's loss can read
+    the whole group (the peers' micro-batch is whole groups too)."""
+
+    group: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.long))
+
+    def take(self, idx: torch.Tensor) -> GroupRows:
+        return GroupRows(**{f.name: getattr(self, f.name).index_select(0, idx) for f in fields(self)})
+
+    def forward_chunks(self) -> list[torch.Tensor]:
+        """Row index sets, one per (group, step), in (group, step) order."""
+        keys = sorted({(int(g), int(j)) for g, j in zip(self.group, self.step, strict=True)})
+        return [torch.nonzero((self.group == g) & (self.step == j)).flatten() for g, j in keys]
+
+    def one_group_step(self) -> tuple[int, int]:
+        """``(group, step)`` of rows that are one forward of :meth:`forward_chunks`; an
+        :class:`AlgorithmError` when they are not (a loss that needs a whole group called on
+        a mixed chunk)."""
+        pairs = {(int(g), int(j)) for g, j in zip(self.group, self.step, strict=True)}
+        if len(pairs) != 1:
+            raise AlgorithmError(
+                f"a group-coupled loss got rows of {len(pairs)} (group, step) pairs; it needs the rows of one "
+                "group at one step per forward (GroupRows.forward_chunks)"
+            )
+        return pairs.pop()
+
+
+def group_rows(
+    spec: Any, traj: dict[str, torch.Tensor], noises: list[torch.Tensor], *, cfg: Config
+) -> GroupRows:
+    """:func:`noised_rows` of ``spec`` with each row's group (``spec.group``)."""
+    rows = noised_rows(spec, traj, noises, cfg=cfg)
+    return GroupRows(
+        **{f.name: getattr(rows, f.name) for f in fields(rows)},
+        group=torch.full((len(rows),), spec.group, dtype=torch.long),
+    )

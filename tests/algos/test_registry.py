@@ -19,6 +19,7 @@ PEERS = {
     "grpo-guard": "yifan123/flow_grpo @9745241",
     "flow-dppo": "verl-project/verl-omni @a1139ba",
     "diffusion-nft": "NVlabs/DiffusionNFT @24af555",
+    "dgpo": "Luo-Yihong/DGPO @01ceb4b",
 }
 
 
@@ -98,13 +99,51 @@ def test_digen_algorithms_lists_each_with_its_peer_needs_and_trajectory():
     assert res.exit_code == 0, res.output
     listed = json.loads(res.output)
     assert [r["name"] for r in listed] == list(PEERS)
-    nft = listed[-1]
-    assert nft["modes"] == "every mode, not train.fsdp" and nft["trajectory"]["latents"].startswith(
-        "[B, 1, *latent]"
-    )
-    assert all(r["modes"] == "every mode" for r in listed[:-1])
+    clean = {"diffusion-nft", "dgpo"}  # the clean-sample family: state beside the weights
+    for r in listed:
+        if r["name"] in clean:
+            assert r["modes"] == "every mode, not train.fsdp", r["name"]
+            assert r["trajectory"]["latents"].startswith("[B, 1, *latent]"), r["name"]
+        else:
+            assert r["modes"] == "every mode", r["name"]
     table = CliRunner().invoke(app, ["algorithms"], env={"COLUMNS": "200"})
     assert table.exit_code == 0
     for r in listed:
         assert r["name"] in table.output and r["peer"].split(":")[0] in table.output
     assert "means [B, T, *latent]" in table.output  # GRPO-Guard's extra trajectory tensor
+
+
+def test_dgpo_plans_a_cfg_rollout_and_trains_steps_every_sample_shares():
+    c = cfg(algorithm="dgpo", dgpo={"timesteps": 3, "trunc_steps": 5})
+    algo = registry.algorithm_for(c)
+    plan = algo.rollout_plan(c, 0)
+    assert plan.kinds == ("dpm2",) * 8 and plan.keep == (8, 0)
+    steps = [algo.trained_steps(c, 2, s) for s in range(16)]
+    assert all(s == steps[0] for s in steps) and len(steps[0]) == 3 and set(steps[0]) <= set(range(6))
+    assert len({tuple(algo.trained_steps(c, i, 0)) for i in range(8)}) > 1  # redrawn each iteration
+
+
+def test_dgpo_trains_whole_groups_rat_off_unless_asked_and_then_refused():
+    digen = {"mode": "digen"}
+    c = build_config(required({"train": {"algorithm": "dgpo"}, "schedule": digen}), check_paths=False)
+    assert c.schedule.rat is False and c.schedule.resolved().tag is True  # TAG stays on
+    assert build_config(required({"schedule": digen}), check_paths=False).schedule.resolved().rat is True
+    with pytest.raises(ConfigError) as err:
+        build_config(
+            required(
+                {
+                    "train": {"algorithm": "dgpo", "mini_batch_split": "samples", "dgpo": {"trunc_steps": 8}},
+                    "schedule": {**digen, "rat": True},
+                    "model": {"path": "models/unused", "lora": {"enabled": False}},
+                }
+            ),
+            check_paths=False,
+        )
+    text = "\n".join(err.value.problems)
+    for needle in (
+        "lora.enabled=true",
+        "trunc_steps (8)",
+        "mini_batch_split (samples)",
+        "schedule.rat (true)",
+    ):
+        assert needle in text, needle
