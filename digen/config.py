@@ -252,10 +252,41 @@ class DgpoConfig(_Section):
     """The rollout's deterministic solver (the peer's ``use_dpm``: DPM-Solver multistep)."""
 
 
+class AwmConfig(_Section):
+    """AWM's options (``train.algorithm: awm``; digen/algos/awm.py,
+    scxue/advantage_weighted_matching config/dgx_awm.py). The defaults are its SD3.5-M GenEval
+    recipe ``geneval_sd3_no_cfg_1node``."""
+
+    timesteps: int = Field(6, ge=1)
+    """Trained steps per sample, one per stratum of ``1 .. int(T fraction)`` (``train_timesteps``: 6)."""
+    fraction: float = Field(0.9, gt=0.0, le=1.0)
+    """The strata end at step ``int(T fraction)`` (``timestep_fraction``: 0.9; ``time_type``
+    ``discrete_wo_init``)."""
+    weighting: Literal["uniform", "t", "t2", "huber", "ghuber"] = "ghuber"
+    """How the flow-matching error becomes the log-likelihood surrogate (``weighting``:
+    ``ghuber``; ``t2`` is the peer's ``t**2``)."""
+    ghuber_power: float = Field(0.25, gt=0.0)
+    """The generalised Huber's power (``ghuber_power``: 0.25)."""
+    advantage_max: float | None = Field(1.0, gt=0.0)
+    """Advantages clamped to ``train.adv_clip`` are rescaled to ``[-advantage_max,
+    advantage_max]`` (``advantage_max``: 1); None keeps them."""
+    clip_range: float = Field(1.0, gt=0.0)
+    """The ratio clip (the peer's ``train.clip_range``: 1)."""
+    ema_beta: float = Field(1.0, ge=0.0)
+    """Weight of the velocity KL to the EMA ``old`` weights (not scaled by ``train.kl_beta``),
+    added only when ``train.kl_beta > 0``, as the peer (``ema_beta``: 1)."""
+    ema_decay: float = Field(0.3, ge=0.0, lt=1.0)
+    """The EMA weights' decay after each iteration, ``min(ema_decay, 0.001 steps)``
+    (``kl_ema_decay``: 0.3, ``kl_ema_decay_type: linear``)."""
+    solver: Literal["dpm2", "euler"] = "dpm2"
+    """The rollout's deterministic solver (the peer's SA-Solver with ``sde_frac = 0``, a
+    deterministic multistep solver, is not in digen: DPM-Solver++(2M) stands in)."""
+
+
 class TrainConfig(_Section):
     algorithm: str | None = None
     """The training algorithm, by registry name (``digen algorithms`` lists them): flow-grpo,
-    flow-grpo-fast, cps, dance-grpo, mix-grpo, grpo-guard, flow-dppo, diffusion-nft, dgpo. None: the Flow-GRPO
+    flow-grpo-fast, cps, dance-grpo, mix-grpo, grpo-guard, flow-dppo, diffusion-nft, dgpo, awm. None: the Flow-GRPO
     family member ``rollout.sde.kind`` and ``train.timesteps.strategy`` name (cps, dance-grpo,
     flow-grpo-fast for the window strategy, else flow-grpo)."""
     mini_batches: int = Field(1, ge=1)
@@ -292,6 +323,7 @@ class TrainConfig(_Section):
     nft: NftConfig = NftConfig()
     flow_dppo: FlowDppoConfig = FlowDppoConfig()
     dgpo: DgpoConfig = DgpoConfig()
+    awm: AwmConfig = AwmConfig()
     timesteps: TimestepConfig = TimestepConfig()
     clip_range: float = Field(1e-4, gt=0.0)
     """PPO ratio clip epsilon (log-probs are per-element means, hence tiny ranges)."""
@@ -841,6 +873,7 @@ ALGORITHM_NAMES = (
     "flow-dppo",
     "diffusion-nft",
     "dgpo",
+    "awm",
 )
 """The algorithm registry's names (:mod:`digen.algos.registry`), in its listing order, for
 the processes that must not import torch (a test keeps the two equal)."""

@@ -20,6 +20,7 @@ PEERS = {
     "flow-dppo": "verl-project/verl-omni @a1139ba",
     "diffusion-nft": "NVlabs/DiffusionNFT @24af555",
     "dgpo": "Luo-Yihong/DGPO @01ceb4b",
+    "awm": "scxue/advantage_weighted_matching @be51372",
 }
 
 
@@ -99,7 +100,7 @@ def test_digen_algorithms_lists_each_with_its_peer_needs_and_trajectory():
     assert res.exit_code == 0, res.output
     listed = json.loads(res.output)
     assert [r["name"] for r in listed] == list(PEERS)
-    clean = {"diffusion-nft", "dgpo"}  # the clean-sample family: state beside the weights
+    clean = {"diffusion-nft", "dgpo", "awm"}  # the clean-sample family: state beside the weights
     for r in listed:
         if r["name"] in clean:
             assert r["modes"] == "every mode, not train.fsdp", r["name"]
@@ -147,3 +148,13 @@ def test_dgpo_trains_whole_groups_rat_off_unless_asked_and_then_refused():
         "schedule.rat (true)",
     ):
         assert needle in text, needle
+
+
+def test_awm_trains_one_step_in_each_stratum_after_the_first():
+    c = cfg(algorithm="awm", awm={"timesteps": 3, "fraction": 1.0})
+    algo = registry.algorithm_for(c)
+    assert algo.rollout_plan(c, 0).keep == (8, 0)
+    steps = [algo.trained_steps(c, 0, s) for s in range(32)]
+    # linspace(1, 8, 4).long() = [1, 3, 5, 8]: one step of [1, 3), [3, 5), [5, 8) each
+    assert all(1 <= a < 3 <= b < 5 <= d < 8 for a, b, d in steps)
+    assert len({tuple(s) for s in steps}) > 1

@@ -10,10 +10,13 @@ training). Compared: the mean loss (relative error) and the mean gradient over t
 rows (relative L2 error of the whole LoRA gradient and its cosine to the authors').
 Measured on this tiny model (2 groups of 4, 2 trained steps each, TSP on and off, the three
 cases): DGPO's gradient relative error 4.2e-8 to 5.4e-8, 1 - cosine at most 1.5e-15, loss
-relative error 5.3e-8 to 2.1e-7. Asserted: relative error 1e-5, cosine 1 - 1e-8 (float32 round-off of a
+relative error 5.3e-8 to 2.1e-7; AWM's (three weightings) gradient relative error 4.6e-7 to
+9.6e-7, 1 - cosine at most 4.5e-13, loss relative error at most 8.2e-7 (its loss is a
+difference of near-equal terms: the advantages sum to about 0). Asserted: relative error 1e-5, cosine 1 - 1e-8 (float32 round-off of a
 different summation order: digen sums per group and step, the authors per micro-batch).
 
-Authors' code read: DGPO Luo-Yihong/DGPO @01ceb4b scripts/train_sd3_dgpo.py.
+Authors' code read: DGPO Luo-Yihong/DGPO @01ceb4b scripts/train_sd3_dgpo.py; AWM
+scxue/advantage_weighted_matching @be51372 advantage_weighted_matching/scripts/train_sd3_awm.py.
 """
 
 from __future__ import annotations
@@ -201,4 +204,89 @@ def test_dgpo_step_equals_the_authors(world, tsp, dgpo):
         p.grad = None
     rel, cos = compare(ours, theirs)
     loss_rel = abs(stats.loss / stats.rows - total_loss) / abs(total_loss)
+    assert rel < 1e-5 and cos > 1 - 1e-8 and loss_rel < 1e-5, (rel, cos, loss_rel)
+
+
+# --- AWM ----------------------------------------------------------------------------------------
+def awm_authors_log_prob(model_output, random_noise, clean_latents, timestep, weighting, power):
+    """``compute_log_prob_awm`` after its transformer call (``train.cfg = False``)."""
+    model_output = model_output.double()
+    log_prob = -((model_output - (random_noise.double() - clean_latents.double())) ** 2)
+    log_prob = log_prob.mean(dim=tuple(range(1, log_prob.ndim)))
+    t = timestep.view(-1)
+    if weighting == "ghuber":
+        floor = torch.pow(torch.tensor(1e-10, dtype=log_prob.dtype), power)
+        return -(torch.pow(-log_prob + 1e-10, power) - floor) * t / power
+    if weighting == "huber":
+        return -(torch.sqrt(-log_prob + 1e-10) - 1e-5) * t
+    return log_prob * t**2  # "t**2"
+
+
+@pytest.mark.parametrize("weighting", ["ghuber", "huber", "t2"])
+@pytest.mark.parametrize("tsp", [True, False])
+def test_awm_step_equals_the_authors(world, tsp, weighting):
+    """train_sd3_awm.py's on-policy step (``loss_type = exp_first``, ``off_policy = False``,
+    one optimizer step per epoch): per row the noised clean latent, ``compute_log_prob_awm``,
+    ``old_log_probs`` the same weights' detached, ``ratio = exp(logp - old)``, advantages
+    ``clamp(A, +-5) / 5 * advantage_max``, ``max(-A r, -A clamp(r, 1 - c, 1 + c))`` averaged,
+    ``+ beta mean((v - v_ref)^2) + ema_beta mean((v - v_ema)^2)`` (the ``ema`` adapter)."""
+    policy, embeds, base, lora, old = world
+    beta, ema_beta, power = 1e-3, 1.0, 0.25
+    cfg = config(
+        base,
+        algorithm="awm",
+        kl_beta=beta,
+        awm={"timesteps": 2, "fraction": 1.0, "weighting": weighting, "ema_beta": ema_beta},
+    )
+    state = {**lora, **with_role(old, "old")}
+    policy.load_trainable_state_dict(lora)
+    trajs, book, ours, stats = digen_step(policy, embeds, cfg, tsp=tsp, state=state)
+    assert stats.rows == 2 * G * 2 and stats.kl > 0
+
+    policy.load_trainable_state_dict(lora)
+    load_version(policy, state)
+    params = dict(policy.named_trainable_parameters())
+    for p in params.values():
+        p.grad = None
+    rows = [spec_rows(drawn_steps(book.train_spec(g), cfg), trajs[g], cfg) for g in range(2)]
+    assert len({tuple(r.step.tolist()) for r in rows}) == 2 and all(bool((r.step >= 1).all()) for r in rows)
+    timesteps = torch.cat([r.sigma for r in rows])
+    clean_latents = torch.cat([r.x0 for r in rows])
+    noise = torch.cat([r.noise for r in rows])
+    t4 = timesteps.view(-1, 1, 1, 1)
+    noised_latents = (1 - t4) * clean_latents + t4 * noise
+    n = [len(r) for r in rows]
+
+    def forward(x):
+        parts = x.split(n)
+        return torch.cat(
+            [
+                cond_velocity(policy, p, s, embeds[g])
+                for g, (p, s) in enumerate(zip(parts, timesteps.split(n), strict=True))
+            ]
+        )
+
+    with torch.no_grad():  # before the policy's forward: the EMA weights are swapped in place
+        with policy.reference_mode():  # disable_adapter()
+            model_output_ref = forward(noised_latents).double()
+        with swapped_weights(policy, old):  # set_adapter("ema")
+            model_output_ema = forward(noised_latents).double()
+    model_output = forward(noised_latents)
+    log_prob = awm_authors_log_prob(model_output, noise, clean_latents, timesteps, weighting, power)
+    old_log_probs = log_prob.detach()
+    advantages = torch.clamp(torch.cat([r.advantage for r in rows]).double(), -5, 5) / 5 * 1.0
+    ratio = torch.exp(log_prob - old_log_probs.detach())
+    unclipped_loss = -advantages * ratio
+    clipped_loss = -advantages * torch.clamp(ratio, 1.0 - 1.0, 1.0 + 1.0)
+    policy_loss = torch.mean(torch.maximum(unclipped_loss, clipped_loss))
+    mo = model_output.double()
+    kl_loss = ((mo - model_output_ref) ** 2).mean(dim=(1, 2, 3)).mean()
+    ema_kl_loss = ((mo - model_output_ema) ** 2).mean(dim=(1, 2, 3)).mean()
+    loss = policy_loss + beta * kl_loss + ema_beta * ema_kl_loss
+    loss.backward()
+    theirs = {k: p.grad.detach().clone() for k, p in params.items()}
+    for p in params.values():
+        p.grad = None
+    rel, cos = compare(ours, theirs)
+    loss_rel = abs(stats.loss / stats.rows - float(loss)) / abs(float(loss))
     assert rel < 1e-5 and cos > 1 - 1e-8 and loss_rel < 1e-5, (rel, cos, loss_rel)
