@@ -215,8 +215,8 @@ class FlowDppoConfig(_Section):
     still moves away from the rollout policy is dropped (the peer's ``kl_mask_threshold``: 1e-5)."""
 
 
-# --- the clean-sample family beyond DiffusionNFT (digen/algos/dgpo.py) ------------------------
-WHOLE_GROUP_ALGORITHMS = ("dgpo",)
+# --- the clean-sample family beyond DiffusionNFT (digen/algos/dgpo.py, awm.py, online_dpo.py) ---
+WHOLE_GROUP_ALGORITHMS = ("dgpo", "online-dpo")
 """Algorithms whose loss couples the samples of a prompt group (a group-level weight), so a
 train task must hold whole groups: rollout-assisted training (``schedule.rat``), which splits
 a group into halves, defaults to off for them, and ``train.mini_batch_split: samples`` is
@@ -283,10 +283,27 @@ class AwmConfig(_Section):
     deterministic multistep solver, is not in digen: DPM-Solver++(2M) stands in)."""
 
 
+class OnlineDpoConfig(_Section):
+    """Online Diffusion-DPO's options (``train.algorithm: online-dpo``; digen/algos/online_dpo.py,
+    verl-project/verl-omni ``DPOLoss``)."""
+
+    beta: float = Field(100.0, gt=0.0)
+    """The DPO inverse temperature (``diffusion_loss.dpo_beta``: 100 in the online Qwen-Image
+    recipe; VeRL-Omni's config default 2000)."""
+    logit_mean: float = 0.0
+    """Mean of the logit-normal draw of each pair's training timestep (VeRL-Omni's
+    ``sample_noise_and_timesteps``: 0)."""
+    logit_std: float = Field(1.0, gt=0.0)
+    """Its standard deviation (1)."""
+    solver: Literal["dpm2", "euler"] = "euler"
+    """The rollout's deterministic solver (VeRL-Omni's rollout: the pipeline's Euler flow-matching
+    scheduler)."""
+
+
 class TrainConfig(_Section):
     algorithm: str | None = None
     """The training algorithm, by registry name (``digen algorithms`` lists them): flow-grpo,
-    flow-grpo-fast, cps, dance-grpo, mix-grpo, grpo-guard, flow-dppo, diffusion-nft, dgpo, awm. None: the Flow-GRPO
+    flow-grpo-fast, cps, dance-grpo, mix-grpo, grpo-guard, flow-dppo, diffusion-nft, dgpo, awm, online-dpo. None: the Flow-GRPO
     family member ``rollout.sde.kind`` and ``train.timesteps.strategy`` name (cps, dance-grpo,
     flow-grpo-fast for the window strategy, else flow-grpo)."""
     mini_batches: int = Field(1, ge=1)
@@ -324,6 +341,7 @@ class TrainConfig(_Section):
     flow_dppo: FlowDppoConfig = FlowDppoConfig()
     dgpo: DgpoConfig = DgpoConfig()
     awm: AwmConfig = AwmConfig()
+    online_dpo: OnlineDpoConfig = OnlineDpoConfig()
     timesteps: TimestepConfig = TimestepConfig()
     clip_range: float = Field(1e-4, gt=0.0)
     """PPO ratio clip epsilon (log-probs are per-element means, hence tiny ranges)."""
@@ -874,6 +892,7 @@ ALGORITHM_NAMES = (
     "diffusion-nft",
     "dgpo",
     "awm",
+    "online-dpo",
 )
 """The algorithm registry's names (:mod:`digen.algos.registry`), in its listing order, for
 the processes that must not import torch (a test keeps the two equal)."""

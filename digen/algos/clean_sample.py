@@ -115,6 +115,22 @@ class CleanSampleFamily(Algorithm):
             "set model.lora.enabled=true"
         ]
 
+    def _whole_group_problems(self, cfg: Config) -> list[str]:
+        """A member whose loss reads a whole group (:data:`digen.config.WHOLE_GROUP_ALGORITHMS`)
+        needs every sample of a group in one train task."""
+        problems = []
+        if cfg.train.mini_batch_split == "samples":
+            problems.append(
+                f"train.mini_batch_split (samples): {self.name} needs every sample of a group in one train "
+                "task; set train.mini_batch_split=groups"
+            )
+        if cfg.schedule.rat:
+            problems.append(
+                f"schedule.rat (true): {self.name} needs every sample of a group in one train task, and RAT "
+                f"splits groups in halves; leave schedule.rat unset (off for {self.name}) or set it to false"
+            )
+        return problems
+
     def _kl_problems(self, cfg: Config) -> list[str]:
         """No member has an SDE transition mean: its KL is on the velocity."""
         if cfg.train.kl_target != "mean":

@@ -154,17 +154,7 @@ class Dgpo(CleanSampleFamily):
                 f"train.dgpo.timesteps ({d.timesteps}) must be at most trunc_steps + 1 ({d.trunc_steps + 1}): "
                 "they are drawn without replacement from 0 .. trunc_steps"
             )
-        if cfg.train.mini_batch_split == "samples":
-            problems.append(
-                "train.mini_batch_split (samples): dgpo's group weight needs every sample of a group in one "
-                "train task; set train.mini_batch_split=groups"
-            )
-        if cfg.schedule.rat:
-            problems.append(
-                "schedule.rat (true): dgpo's group weight needs every sample of a group in one train task, "
-                "and RAT splits groups in halves; leave schedule.rat unset (off for dgpo) or set it to false"
-            )
-        return problems + self._kl_problems(cfg)
+        return problems + self._whole_group_problems(cfg) + self._kl_problems(cfg)
 
     # --- rollout ---------------------------------------------------------------------------
     def solver(self, cfg: Config) -> StepKind:

@@ -21,6 +21,7 @@ PEERS = {
     "diffusion-nft": "NVlabs/DiffusionNFT @24af555",
     "dgpo": "Luo-Yihong/DGPO @01ceb4b",
     "awm": "scxue/advantage_weighted_matching @be51372",
+    "online-dpo": "verl-project/verl-omni @a1139ba",
 }
 
 
@@ -102,8 +103,9 @@ def test_digen_algorithms_lists_each_with_its_peer_needs_and_trajectory():
     assert [r["name"] for r in listed] == list(PEERS)
     clean = {"diffusion-nft", "dgpo", "awm"}  # the clean-sample family: state beside the weights
     for r in listed:
-        if r["name"] in clean:
-            assert r["modes"] == "every mode, not train.fsdp", r["name"]
+        if r["name"] in clean | {"online-dpo"}:
+            stateful = "every mode, not train.fsdp" if r["name"] in clean else "every mode"
+            assert r["modes"] == stateful, r["name"]
             assert r["trajectory"]["latents"].startswith("[B, 1, *latent]"), r["name"]
         else:
             assert r["modes"] == "every mode", r["name"]
@@ -158,3 +160,14 @@ def test_awm_trains_one_step_in_each_stratum_after_the_first():
     # linspace(1, 8, 4).long() = [1, 3, 5, 8]: one step of [1, 3), [3, 5), [5, 8) each
     assert all(1 <= a < 3 <= b < 5 <= d < 8 for a, b, d in steps)
     assert len({tuple(s) for s in steps}) > 1
+
+
+def test_online_dpo_pairs_the_first_best_with_the_last_worst():
+    from digen.algos.online_dpo import dpo_pair
+
+    assert dpo_pair([0.1, 0.9, 0.9, -0.3, -0.3]) == (1, 4)  # a stable descending sort's ends
+    assert dpo_pair([0.0, 0.0, 0.0]) == (0, 2) and dpo_pair([0.5]) is None
+    c = cfg(algorithm="online-dpo")
+    algo = registry.algorithm_for(c)
+    steps = [algo.trained_steps(c, 1, s) for s in range(8)]  # groups of 4
+    assert steps[1:4] == [steps[0]] * 3 and steps[5:] == [steps[4]] * 3 and 0 <= steps[0][0] < 1000

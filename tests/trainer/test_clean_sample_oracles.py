@@ -12,11 +12,14 @@ Measured on this tiny model (2 groups of 4, 2 trained steps each, TSP on and off
 cases): DGPO's gradient relative error 4.2e-8 to 5.4e-8, 1 - cosine at most 1.5e-15, loss
 relative error 5.3e-8 to 2.1e-7; AWM's (three weightings) gradient relative error 4.6e-7 to
 9.6e-7, 1 - cosine at most 4.5e-13, loss relative error at most 8.2e-7 (its loss is a
-difference of near-equal terms: the advantages sum to about 0). Asserted: relative error 1e-5, cosine 1 - 1e-8 (float32 round-off of a
+difference of near-equal terms: the advantages sum to about 0); online DPO's gradient 0.0
+apart (the same forwards, one pair each), loss relative error 5.7e-8. Asserted: relative error 1e-5, cosine 1 - 1e-8 (float32 round-off of a
 different summation order: digen sums per group and step, the authors per micro-batch).
 
 Authors' code read: DGPO Luo-Yihong/DGPO @01ceb4b scripts/train_sd3_dgpo.py; AWM
-scxue/advantage_weighted_matching @be51372 advantage_weighted_matching/scripts/train_sd3_awm.py.
+scxue/advantage_weighted_matching @be51372 advantage_weighted_matching/scripts/train_sd3_awm.py;
+online DPO verl-project/verl-omni @a1139ba verl_omni/trainer/diffusion/diffusion_algos.py
+``DPOLoss`` and verl_omni/pipelines/utils.py.
 """
 
 from __future__ import annotations
@@ -289,4 +292,100 @@ def test_awm_step_equals_the_authors(world, tsp, weighting):
         p.grad = None
     rel, cos = compare(ours, theirs)
     loss_rel = abs(stats.loss / stats.rows - float(loss)) / abs(float(loss))
+    assert rel < 1e-5 and cos > 1 - 1e-8 and loss_rel < 1e-5, (rel, cos, loss_rel)
+
+
+# --- online Diffusion-DPO -----------------------------------------------------------------------
+def cfg_velocity(policy, x, sigma, embeds, guidance) -> torch.Tensor:
+    """The SD3 DPO adapter's forward with CFG: one ``[uncond; cond]`` pass, ``uncond + s (cond -
+    uncond)``, timestep 1000 sigma."""
+    tr, n = policy.transformer, x.shape[0]
+    t = sigma.float() * 1000.0
+    out = tr(
+        hidden_states=torch.cat([x, x]),
+        timestep=torch.cat([t, t]),
+        encoder_hidden_states=torch.cat(
+            [
+                embeds.uncond["encoder_hidden_states"].expand(n, -1, -1),
+                embeds.tensors["encoder_hidden_states"].expand(n, -1, -1),
+            ]
+        ),
+        pooled_projections=torch.cat(
+            [
+                embeds.uncond["pooled_projections"].expand(n, -1),
+                embeds.tensors["pooled_projections"].expand(n, -1),
+            ]
+        ),
+        return_dict=False,
+    )[0]
+    uncond, text = out.chunk(2)
+    return uncond + guidance * (text - uncond)
+
+
+def dpo_authors_loss(noise, latent, model_noise_pred, ref_noise_pred, scores, beta):
+    """``DPOLoss.compute_loss`` on adjacent ``chosen, rejected`` pairs."""
+    assert not bool(torch.any(scores[0::2] < scores[1::2]))
+    target = noise.float() - latent.float()
+    model_err = ((model_noise_pred.float() - target) ** 2).flatten(1).mean(dim=1)
+    ref_err = ((ref_noise_pred.float() - target) ** 2).flatten(1).mean(dim=1)
+    w_diff = model_err[0::2] - ref_err[0::2]
+    l_diff = model_err[1::2] - ref_err[1::2]
+    inside_term = -0.5 * beta * (w_diff - l_diff)
+    return -torch.nn.functional.logsigmoid(inside_term).mean()
+
+
+@pytest.mark.parametrize("tsp", [True, False])
+def test_online_dpo_step_equals_verl_omni(world, tsp):
+    """VeRL-Omni's online DPO step: ``build_online_dpo_pair_indices`` (per prompt, the top and the
+    bottom reward, adjacent), one noise and one timestep per pair (``sample_noise_and_timesteps``,
+    here digen's draws), the noised latents, the reference's prediction (base weights), the
+    actor's with CFG (the SD3 DPO adapter at ``guidance_scale`` 4.5), ``compute_loss``."""
+    from digen.algos.online_dpo import TRAIN_STEPS
+
+    policy, embeds, base, lora, _ = world
+    beta = 2000.0  # VeRL-Omni's config default (the recipe: 100): the pairs' sigmoid far from 1/2
+    cfg = config(base, algorithm="online-dpo", online_dpo={"beta": beta})
+    policy.load_trainable_state_dict(lora)
+    trajs, book, ours, stats = digen_step(policy, embeds, cfg, tsp=tsp, state=dict(lora))
+    assert stats.rows == 2 * 2 and stats.forwards == 2  # one pair per group, one forward each
+
+    params = dict(policy.named_trainable_parameters())
+    for p in params.values():
+        p.grad = None
+    specs = [drawn_steps(book.train_spec(g), cfg) for g in range(2)]
+    chosen_rejected = []
+    for g in range(2):  # build_online_dpo_pair_indices on the rewards
+        order = sorted(range(G), key=lambda i: REWARDS[g][i], reverse=True)
+        chosen_rejected.append((order[0], order[-1]))
+    assert chosen_rejected == [(0, 1), (1, 3)]
+    rows = [spec_rows(s, t, cfg) for s, t in zip(specs, trajs, strict=True)]
+    assert [r.sample.tolist() for r in rows] == [list(p) for p in chosen_rejected]
+    latent = torch.cat([trajs[g]["latents"][list(p), -1] for g, p in enumerate(chosen_rejected)])
+    noise = torch.cat([r.noise for r in rows])
+    assert torch.equal(noise[0], noise[1]) and not torch.equal(noise[0], noise[2])  # one per pair
+    sigma = policy.sigmas(TRAIN_STEPS)[torch.cat([r.step for r in rows])]
+    s4 = sigma.view(-1, 1, 1, 1)
+    noisy = (1.0 - s4) * latent + s4 * noise
+    with torch.no_grad(), policy.reference_mode():
+        ref = torch.cat(
+            [
+                cfg_velocity(policy, noisy[2 * g : 2 * g + 2], sigma[2 * g : 2 * g + 2], embeds[g], GUIDANCE)
+                for g in range(2)
+            ]
+        )
+    pred = torch.cat(
+        [
+            cfg_velocity(policy, noisy[2 * g : 2 * g + 2], sigma[2 * g : 2 * g + 2], embeds[g], GUIDANCE)
+            for g in range(2)
+        ]
+    )
+    scores = torch.tensor([REWARDS[g][i] for g, p in enumerate(chosen_rejected) for i in p])
+    loss = dpo_authors_loss(noise, latent, pred, ref, scores, beta)
+    loss.backward()
+    theirs = {k: p.grad.detach().clone() for k, p in params.items()}
+    for p in params.values():
+        p.grad = None
+    rel, cos = compare(ours, theirs)
+    loss_rel = abs(stats.loss / stats.rows - float(loss)) / abs(float(loss))
+    assert abs(float(loss) - 0.6931) > 0.01  # the sigmoid is away from 1/2: the margin counts
     assert rel < 1e-5 and cos > 1 - 1e-8 and loss_rel < 1e-5, (rel, cos, loss_rel)
