@@ -76,6 +76,10 @@ ALGORITHMS: dict[str, tuple[str, list[str]]] = {
     ),
     "flow-grpo, 2 mini-batches": ("configs/quickstart.yaml", ["train.mini_batches=2", "train.lr=3.5e-3"]),
     "diffusion-nft": ("configs/examples/digits-diffusion-nft.yaml", []),
+    # the clean-sample family beyond DiffusionNFT, at their own defaults (rollout CFG as the demo)
+    "dgpo": ("configs/quickstart.yaml", ["train.algorithm=dgpo"]),
+    "awm": ("configs/quickstart.yaml", ["train.algorithm=awm"]),
+    "online-dpo": ("configs/quickstart.yaml", ["train.algorithm=online-dpo"]),
 }
 
 # Two-sided 95% quantiles of Student's t, t_{0.975, dof}, for dof 1..30 (standard tables; scipy
@@ -185,12 +189,12 @@ def reward_windows(run: Path, k: int = 3) -> dict:
         return sum(xs) / len(xs)
 
     first, last = mean(rows[:k]), mean(rows[-k:])
-    return {
-        "first": first,
-        "last": last,
-        "gain": last - first,
-        "wall_s": sum(float(r["wall_s"]) for r in rows),
-    }
+    wall, samples, curve = 0.0, 0, []
+    for r in rows:  # the reward reached against cumulative wall seconds and generated samples
+        wall += float(r["wall_s"])
+        samples += int(r["samples"]) + int(r.get("dropped_samples", 0))
+        curve.append([wall, samples, float(r["reward_mean"])])
+    return {"first": first, "last": last, "gain": last - first, "wall_s": wall, "curve": curve}
 
 
 def bench(name: str, seed: int, mode: str, out: Path, iterations: int) -> dict:
@@ -209,11 +213,82 @@ def bench(name: str, seed: int, mode: str, out: Path, iterations: int) -> dict:
     return {"algorithm": name, "seed": seed, "mode": mode, "samples_per_s": row["samples_per_s"], **rw}
 
 
+def reached(curve: list[list[float]], axis: int, budget: float, k: int = 3) -> float:
+    """The mean reward of the last ``k`` iterations finished within ``budget`` on ``axis`` (0:
+    cumulative wall seconds, 1: generated samples); NaN when fewer than ``k`` finished."""
+    done = [c[2] for c in curve if c[axis] <= budget]
+    return sum(done[-k:]) / k if len(done) >= k else math.nan
+
+
+def reward_reached_table(runs: list[dict]) -> list[str]:
+    """Mean and standard error over seeds of the reward reached within budgets of generated
+    samples and of wall seconds (the budgets: fractions of the smallest run's totals, so
+    every run has them)."""
+    runs = [r for r in runs if "curve" in r]
+    if not runs:
+        return []
+    n_budgets = [min(r["curve"][-1][1] for r in runs) * f for f in (0.5, 1.0)]
+    s_budgets = [min(r["curve"][-1][0] for r in runs) * f for f in (0.5, 1.0)]
+
+    def mse(xs: list[float]) -> str:
+        xs = [x for x in xs if not math.isnan(x)]
+        if not xs:
+            return "n/a"
+        m = sum(xs) / len(xs)
+        if len(xs) < 2:
+            return f"{m:.3f}"
+        se = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs))
+        return f"{m:.3f} ± {se:.3f}"
+
+    head = [f"{int(b)} samples" for b in n_budgets] + [f"{b:.0f} s" for b in s_budgets]
+    lines = [
+        "| algorithm | n | " + " | ".join(f"reward at {h} (mean ± s.e.)" for h in head) + " |",
+        "|---|---|" + "---|" * len(head),
+    ]
+    for name in dict.fromkeys(r["algorithm"] for r in runs):
+        mine = [r for r in runs if r["algorithm"] == name]
+        cells = [mse([reached(r["curve"], 1, b) for r in mine]) for b in n_budgets]
+        cells += [mse([reached(r["curve"], 0, b) for r in mine]) for b in s_budgets]
+        lines.append(f"| {name} | {len(mine)} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def plot(runs: list[dict], out: Path, mode: str) -> None:
+    """OUT/algorithms-MODE.png: mean reward over seeds against generated samples and wall seconds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [r for r in runs if "curve" in r]
+    if not runs:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for name in dict.fromkeys(r["algorithm"] for r in runs):
+        mine = [r["curve"] for r in runs if r["algorithm"] == name]
+        n = min(len(c) for c in mine)
+        reward = [sum(c[i][2] for c in mine) / len(mine) for i in range(n)]
+        for ax, axis in zip(axes, (1, 0), strict=True):
+            ax.plot([sum(c[i][axis] for c in mine) / len(mine) for i in range(n)], reward, label=name)
+    axes[0].set_xlabel("generated samples")
+    axes[1].set_xlabel("wall seconds")
+    for ax in axes:
+        ax.set_ylabel("reward (mean over seeds)")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / f"algorithms-{mode}.png", dpi=110)
+
+
 def render(runs: list[dict], out: Path, mode: str) -> str:
-    """Write OUT/algorithms-MODE.md (table, then verdicts) and return it."""
+    """Write OUT/algorithms-MODE.md (table, then verdicts, then the reward reached within sample
+    and wall-second budgets) and OUT/algorithms-MODE.png, and return the text."""
     rows = summarize(runs)
     said = verdicts(rows)
     text = "\n".join(table(rows)) + "\n\n" + "\n".join(f"- {s}" for s in said or ["(no interval separates)"])
+    reach = reward_reached_table(runs)
+    if reach:
+        text += "\n\n" + "\n".join(reach)
+    plot(runs, out, mode)
     (out / f"algorithms-{mode}.md").write_text(text + "\n")
     return text
 
