@@ -171,3 +171,26 @@ def test_online_dpo_pairs_the_first_best_with_the_last_worst():
     algo = registry.algorithm_for(c)
     steps = [algo.trained_steps(c, 1, s) for s in range(8)]  # groups of 4
     assert steps[1:4] == [steps[0]] * 3 and steps[5:] == [steps[4]] * 3 and 0 <= steps[0][0] < 1000
+
+
+def test_dgpo_and_awm_ema_weights_move_as_their_authors():
+    """DGPO's ``ema_ref.step(decay=min(0.3, 0.001 * global_step))`` before it counts the step, and
+    its switch of the rollout to the EMA weights past ``switch_ema_ref``; AWM's ``ema`` adapter
+    ``min(kl_ema_decay, 0.001 * global_step)`` after the epoch's steps."""
+    import torch
+
+    from digen.algos.dgpo import SAMPLE_OLD
+    from digen.algos.state import role_weights
+
+    c = cfg(algorithm="dgpo", dgpo={"switch_ema_ref": 2})
+    dgpo, w0, w1 = registry.get("dgpo"), {"a": torch.zeros(3)}, {"a": torch.ones(3)}
+    state = dgpo.initial_state(w0, c.train)
+    assert float(state[SAMPLE_OLD][0]) == 0.0 and torch.equal(role_weights(state, "old")["a"], w0["a"])
+    after = [dgpo.next_state(state, w1, c.train, steps) for steps in (1, 3, 1000)]
+    assert [float(s[SAMPLE_OLD][0]) for s in after] == [0.0, 1.0, 1.0]
+    # d = 0 after the first step (old = theta), 0.002 after the third, capped at 0.3
+    assert [float(role_weights(s, "old")["a"][0]) for s in after] == pytest.approx([1.0, 0.998, 0.7])
+    a = cfg(algorithm="awm")
+    awm = registry.get("awm")
+    moved = [awm.next_state(awm.initial_state(w0, a.train), w1, a.train, steps) for steps in (1, 100, 1000)]
+    assert [float(role_weights(s, "old")["a"][0]) for s in moved] == pytest.approx([0.999, 0.9, 0.7])
