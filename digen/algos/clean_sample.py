@@ -129,6 +129,11 @@ class CleanSampleFamily(Algorithm):
                 f"schedule.rat (true): {self.name} needs every sample of a group in one train task, and RAT "
                 f"splits groups in halves; leave schedule.rat unset (off for {self.name}) or set it to false"
             )
+        if cfg.train.fsdp and not self.keeps_state:  # (a member with state is refused for that already)
+            problems.append(
+                f"train.fsdp (true): the FSDP trainer group splits a train task's rows over its ranks, and "
+                f"{self.name}'s loss needs a whole group in one forward; set train.fsdp=false"
+            )
         return problems
 
     def _kl_problems(self, cfg: Config) -> list[str]:

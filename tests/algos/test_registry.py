@@ -194,3 +194,19 @@ def test_dgpo_and_awm_ema_weights_move_as_their_authors():
     awm = registry.get("awm")
     moved = [awm.next_state(awm.initial_state(w0, a.train), w1, a.train, steps) for steps in (1, 100, 1000)]
     assert [float(role_weights(s, "old")["a"][0]) for s in moved] == pytest.approx([0.999, 0.9, 0.7])
+
+
+def test_online_dpo_refuses_what_splits_a_pair():
+    with pytest.raises(ConfigError) as err:
+        build_config(
+            required(
+                {
+                    "train": {"algorithm": "online-dpo", "fsdp": True, "kl_beta": 0.1},
+                    "rollout": {"group_size": 1, "batch_size": 4},
+                }
+            ),
+            check_paths=False,
+        )
+    text = "\n".join(err.value.problems)
+    for needle in ("train.fsdp (true)", "train.kl_beta (0.1)", "rollout.group_size (1)"):
+        assert needle in text, needle
