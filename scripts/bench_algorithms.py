@@ -220,35 +220,46 @@ def reached(curve: list[list[float]], axis: int, budget: float, k: int = 3) -> f
     return sum(done[-k:]) / k if len(done) >= k else math.nan
 
 
-def reward_reached_table(runs: list[dict]) -> list[str]:
-    """Mean and standard error over seeds of the reward reached within budgets of generated
-    samples and of wall seconds (the budgets: fractions of the smallest run's totals, so
-    every run has them)."""
+def mean_se(xs: list[float]) -> str:
+    """``mean ± standard error`` of the finite ``xs`` (``n/a`` for none, the mean alone for one)."""
+    xs = [x for x in xs if not math.isnan(x)]
+    if not xs:
+        return "n/a"
+    m = sum(xs) / len(xs)
+    if len(xs) < 2:
+        return f"{m:.3g}"
+    se = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs))
+    return f"{m:.3g} ± {se:.2g}"
+
+
+def time_to(curve: list[list[float]], target: float, k: int = 3) -> tuple[float, float]:
+    """(wall seconds, generated samples) when the mean reward of the last ``k`` iterations
+    first reaches ``target``; NaNs when it never does."""
+    for i in range(k - 1, len(curve)):
+        if sum(c[2] for c in curve[i - k + 1 : i + 1]) / k >= target:
+            return curve[i][0], curve[i][1]
+    return math.nan, math.nan
+
+
+def reward_reached_table(runs: list[dict], targets: tuple[float, ...] = (0.5, 0.55)) -> list[str]:
+    """Per algorithm, mean ± standard error over seeds: the reward reached at half and all of
+    the generated samples every run made, and the samples and wall seconds until the trailing
+    3-iteration mean reward first reaches each target (k/n: how many seeds reached it)."""
     runs = [r for r in runs if "curve" in r]
     if not runs:
         return []
-    n_budgets = [min(r["curve"][-1][1] for r in runs) * f for f in (0.5, 1.0)]
-    s_budgets = [min(r["curve"][-1][0] for r in runs) * f for f in (0.5, 1.0)]
-
-    def mse(xs: list[float]) -> str:
-        xs = [x for x in xs if not math.isnan(x)]
-        if not xs:
-            return "n/a"
-        m = sum(xs) / len(xs)
-        if len(xs) < 2:
-            return f"{m:.3f}"
-        se = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs))
-        return f"{m:.3f} ± {se:.3f}"
-
-    head = [f"{int(b)} samples" for b in n_budgets] + [f"{b:.0f} s" for b in s_budgets]
-    lines = [
-        "| algorithm | n | " + " | ".join(f"reward at {h} (mean ± s.e.)" for h in head) + " |",
-        "|---|---|" + "---|" * len(head),
-    ]
+    budgets = [min(r["curve"][-1][1] for r in runs) * f for f in (0.5, 1.0)]
+    head = [f"reward at {int(b)} samples" for b in budgets]
+    for t in targets:
+        head += [f"samples to {t}", f"seconds to {t}"]
+    lines = ["| algorithm | n | " + " | ".join(head) + " |", "|---|---|" + "---|" * len(head)]
     for name in dict.fromkeys(r["algorithm"] for r in runs):
         mine = [r for r in runs if r["algorithm"] == name]
-        cells = [mse([reached(r["curve"], 1, b) for r in mine]) for b in n_budgets]
-        cells += [mse([reached(r["curve"], 0, b) for r in mine]) for b in s_budgets]
+        cells = [mean_se([reached(r["curve"], 1, b) for r in mine]) for b in budgets]
+        for t in targets:
+            hits = [time_to(r["curve"], t) for r in mine]
+            k = sum(1 for h in hits if not math.isnan(h[1]))
+            cells += [f"{mean_se([h[1] for h in hits])} ({k}/{len(mine)})", mean_se([h[0] for h in hits])]
         lines.append(f"| {name} | {len(mine)} | " + " | ".join(cells) + " |")
     return lines
 
