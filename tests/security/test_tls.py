@@ -197,3 +197,45 @@ def test_the_embedded_cluster_is_tls_with_the_nodes_certificates(certs: Path, tm
     finally:
         client.close()
         close_local_cluster(cluster)
+
+
+def test_the_embedded_cluster_without_a_security_section_is_tls_with_the_jobs_own_files(
+    certs: Path, tmp_path: Path
+):
+    """No ``security:`` section (the default): the local cluster is mutual TLS with a CA made
+    for the job, its files in a 0700 folder, each 0600, gone once the cluster closes. A plain
+    client is refused, and so is one with a certificate of another CA (``certs``); a worker
+    added mid-job joins over the same TLS, and its blob server takes the job's files."""
+    from distributed import Client
+
+    from digen.cluster.cluster import add_local_worker, list_workers
+    from digen.runtime.controller import _local_cluster
+    from digen.workers.runtime import node_tls
+
+    one_scorer = {"rollout_workers": 0, "trainer_workers": 0, "reward_workers": 1, "start_method": "spawn"}
+    cfg = Config.model_validate(required({"cluster": {"local": one_scorer}}))
+    assert not cfg.security.enabled
+    starting = _local_cluster(cfg)
+    cluster, client = starting.result()
+    folder = starting._certs.folder
+    try:
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+        assert sorted(p.name for p in folder.iterdir()) == ["ca.pem", "cert.pem", "key.pem"]  # no CA key
+        assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in folder.iterdir())
+        assert cluster.scheduler_address.startswith("tls://127.0.0.1:")
+        with pytest.raises((OSError, TimeoutError)):
+            Client(cluster.scheduler_address.replace("tls://", "tcp://"), timeout=3)
+        with pytest.raises((OSError, TimeoutError)):
+            Client(cluster.scheduler_address, security=_security(certs, "head"), timeout=3)
+        name = add_local_worker(cluster, "reward", "cpu")
+        client.wait_for_workers(2, timeout=120)
+        workers = {w.name: w for w in list_workers(client)}
+        assert sorted(workers) == ["reward-0", name] and all(
+            w.address.startswith("tls://127.0.0.1:") for w in workers.values()
+        )
+        files = client.submit(node_tls, cfg, workers=[workers[name].address], pure=False).result(timeout=60)
+        assert files == starting._certs.files
+    finally:
+        client.close()
+        starting.close()
+    assert not folder.exists()
