@@ -110,7 +110,7 @@ def worker_loop(
     r = connect(redis_url, outage_s=cfg.schedule.redis_outage_s)  # a Redis restart pauses the loop
     share_breakers(r)  # a reward server one worker found down fails every worker's calls at once
     round_trips = count_round_trips(r)
-    server = local_server(dask_worker_host(), node_tls(cfg))
+    server = local_server(dask_worker_host(), node_tls(cfg), cfg.security.auth_s)
     rt = WorkerRuntime(
         name=name,
         gpu_type=gpu_type or "cpu",
