@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from digen.cli.main import app
 from digen.cluster import node
 from digen.config import Config
-from digen.errors import ConnectionFailure
+from digen.errors import ConfigError, ConnectionFailure
 from tests.conftest import required
 
 from .conftest import Namespace
@@ -204,8 +204,9 @@ def test_the_embedded_cluster_without_a_security_section_is_tls_with_the_jobs_ow
 ):
     """No ``security:`` section (the default): the local cluster is mutual TLS with a CA made
     for the job, its files in a 0700 folder, each 0600, gone once the cluster closes. A plain
-    client is refused, and so is one with a certificate of another CA (``certs``); a worker
-    added mid-job joins over the same TLS, and its blob server takes the job's files."""
+    client is refused, and so is one with a certificate of another CA (``certs``), and
+    ``digen worker`` given its address as ``tcp://`` says in one line that it speaks TLS; a
+    worker added mid-job joins over the same TLS, and its blob server takes the job's files."""
     from distributed import Client
 
     from digen.cluster.cluster import add_local_worker, list_workers
@@ -227,6 +228,14 @@ def test_the_embedded_cluster_without_a_security_section_is_tls_with_the_jobs_ow
             Client(cluster.scheduler_address.replace("tls://", "tcp://"), timeout=3)
         with pytest.raises((OSError, TimeoutError)):
             Client(cluster.scheduler_address, security=_security(certs, "head"), timeout=3)
+        # a tcp:// address for it: one line naming TLS, not Dask's "Nanny failed to start"
+        plain = cluster.scheduler_address.replace("tls://", "tcp://")
+        with pytest.raises(ConfigError, match="speaks TLS"):
+            node.check_reachable(plain)
+        res = digen("worker", "--scheduler", plain, "--role", "reward", "--gpu-type", "cpu", "--insecure")
+        assert res.returncode == 2, res.stderr
+        (line,) = lines(res.stderr + res.stdout)
+        assert "speaks TLS" in line and plain.replace("tcp://", "tls://") in line and "--security" in line
         name = add_local_worker(cluster, "reward", "cpu")
         client.wait_for_workers(2, timeout=120)
         workers = {w.name: w for w in list_workers(client)}
