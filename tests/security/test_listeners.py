@@ -56,6 +56,8 @@ class HeldJob:
     """the job's blob key (hex)"""
     weights: list[str]
     """blob servers that serve weights version 0"""
+    nannies: list[str]
+    """the workers' nannies' Dask addresses"""
 
 
 def tree_listeners() -> list[tuple[int, str, str, int]]:
@@ -94,6 +96,7 @@ def _wait(cond, timeout: float, what: str, job: threading.Thread) -> None:
 
 @pytest.fixture(scope="module")
 def held_job(tiny_sd3: Path, tmp_path_factory) -> Iterator[HeldJob]:
+    from digen.cluster.cluster import scheduler_identity
     from digen.controlplane.jobstate import JobState
     from digen.controlplane.redis_conn import connect
     from digen.controlplane.trainer_group import TrainerGroup
@@ -124,6 +127,8 @@ def held_job(tiny_sd3: Path, tmp_path_factory) -> Iterator[HeldJob]:
             started["scheduler"] = ctl.cluster.scheduler_address
             sec = ctl.cluster.security
             started["tls"] = (sec.tls_ca_file, sec.tls_client_cert, sec.tls_client_key)
+            info = scheduler_identity(ctl.client)["workers"].values()
+            started["nannies"] = sorted(w["nanny"] for w in info if w.get("nanny"))
             started["workers"] = {n: w.address for n, w in ctl.members.workers.items()}
 
         def run() -> None:
@@ -150,6 +155,7 @@ def held_job(tiny_sd3: Path, tmp_path_factory) -> Iterator[HeldJob]:
                 started["tls"],
                 JobState(r, job_id).blob_key().hex(),
                 TrainerGroup(r, job_id).holders_of(0),
+                started["nannies"],
             )
         finally:
             r.sadd(f"digen:faults:{job_id}:flags", HOLD_FLAG)  # digen.testing.faults' flag set
@@ -272,7 +278,7 @@ def reaches(p):
     except OSError as exc:
         return type(exc).__name__
 
-out["connect"] = [reaches(port(a)) for a in [t["scheduler"], *t["workers"]]]
+out["connect"] = [reaches(port(a)) for a in [t["scheduler"], *t["workers"], *t["nannies"]]]
 try:
     open(files[2] if files else t["key_file"], "rb").close()
     out["read_key"] = True
@@ -291,7 +297,7 @@ async def run(address, op):
         return type(exc).__name__
 
 runs = {}
-for address, op in [(t["scheduler"], "run_function")] + [(w, "run") for w in t["workers"]]:
+for address, op in [(t["scheduler"], "run_function")] + [(w, "run") for w in t["workers"] + t["nannies"]]:
     for scheme in ("tls", "tcp"):
         runs[f"{scheme}:{port(address)}"] = asyncio.run(run(f"{scheme}://127.0.0.1:{port(address)}", op))
 out["dask_run"] = runs
@@ -318,7 +324,7 @@ def test_another_local_user_runs_no_code_in_the_job_and_fetches_no_blob(
     held_job: HeldJob, other_user: OtherUser
 ):
     """As ``nobody``: every port of the job is reachable on loopback, yet Dask ``run`` on the
-    scheduler and each worker (tls:// without the job's certificate, and tcp://) and a fetch
+    scheduler, each worker and each nanny (tls:// without the job's certificate, and tcp://) and a fetch
     of the weights, signed with the job's blob key, are all refused; the job's TLS key cannot
     be read. The same probe run by the job's user with the job's files runs code in every one
     of them and fetches the weights: what refuses the other user is the credentials alone."""
@@ -326,6 +332,7 @@ def test_another_local_user_runs_no_code_in_the_job_and_fetches_no_blob(
     target = {
         "scheduler": held_job.scheduler,
         "workers": sorted(held_job.workers.values()),
+        "nannies": held_job.nannies,
         "job": held_job.job_id,
         "blob_key": held_job.blob_key,
         "weights": held_job.weights,
@@ -333,7 +340,8 @@ def test_another_local_user_runs_no_code_in_the_job_and_fetches_no_blob(
     theirs = other_user.python(LOCAL_PROBE, json.dumps({**target, "tls": None, "key_file": held_job.tls[2]}))
     assert theirs.returncode == 0, theirs.stderr[-2000:]
     got = json.loads(theirs.stdout.strip().splitlines()[-1])
-    assert got["connect"] == [True] * (1 + len(held_job.workers)), got  # loopback reaches it all
+    assert len(held_job.nannies) == len(held_job.workers)
+    assert got["connect"] == [True] * (1 + 2 * len(held_job.workers)), got  # loopback reaches it all
     assert got["read_key"] == "PermissionError", got
     assert got["dask_run"] and not any(v.startswith("ran") for v in got["dask_run"].values()), got
     assert got["blob"] and set(got["blob"].values()) == {"BlobLost"}, got
@@ -347,7 +355,7 @@ def test_another_local_user_runs_no_code_in_the_job_and_fetches_no_blob(
     assert ours.returncode == 0, ours.stderr[-2000:]
     mine = json.loads(ours.stdout.strip().splitlines()[-1])
     tls_runs = {k: v for k, v in mine["dask_run"].items() if k.startswith("tls")}
-    assert len(tls_runs) == 1 + len(held_job.workers) and all(
+    assert len(tls_runs) == 1 + 2 * len(held_job.workers) and all(
         v.startswith("ran") for v in tls_runs.values()
     ), mine
     assert mine["read_key"] is True
