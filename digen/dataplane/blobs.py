@@ -65,8 +65,8 @@ import torch
 
 from digen.core.blobnames import job_of
 from digen.dataplane.auth import (
-    INCARNATION,
     Keyring,
+    incarnation,
     keyring,
     new_nonce,
     proof_mac,
@@ -184,7 +184,7 @@ class BlobStore:
     def __init__(self, producer: str | None = None) -> None:
         self._blobs: dict[str, Blob] = {}
         self._lock = threading.Lock()
-        self.producer = producer or INCARNATION
+        self.producer = producer or incarnation()
         """Who makes this store's blobs (the worker's name and its process's incarnation)."""
 
     def put(self, name: str, tensors: dict[str, torch.Tensor], meta: dict[str, str] | None = None) -> Blob:
@@ -584,8 +584,6 @@ def _linger(conn: socket.socket, limit: int = 2**16, wait_s: float = 0.2) -> Non
 
 # --- client ----------------------------------------------------------------------------
 _CLIENT_SSL: ssl.SSLContext | None = None
-REQUESTER = INCARNATION
-"""Who this process says it is in its requests (the server logs it; the MAC covers it)."""
 
 
 @dataclass
@@ -631,7 +629,7 @@ def _signed(ch: Channel, req: dict[str, Any], keys: Keyring) -> dict[str, Any]:
     key = keys.get(job)
     if key is None:
         raise BlobLost(f"blob {cut(req['blob'])}: this process has no key for job {cut(job)}")
-    req = {**req, "seq": ch.seq, "nonce": new_nonce(), "from": REQUESTER}
+    req = {**req, "seq": ch.seq, "nonce": new_nonce(), "from": incarnation()}  # who asks: the MAC covers it
     req["mac"] = request_mac(key, ch.nonce, req)
     ch.seq += 1
     return req
