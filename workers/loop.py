@@ -31,7 +31,7 @@ from digen.core.policy import idle_kinds, pull_order
 from digen.dataplane.auth import incarnation as process_incarnation
 from digen.dataplane.auth import keyring
 from digen.dataplane.blobs import local_server, local_store
-from digen.errors import TaskDropped
+from digen.errors import PayloadError, TaskDropped
 from digen.rewards.http import share_breakers
 from digen.startup import process_start_time
 from digen.testing import faults
@@ -156,7 +156,11 @@ def worker_loop(
                 return run_fsdp_rank(rt)
             if rt.member is not None and state.step is not None and state.step != step_mark:
                 step_mark = state.step
-                cmd = rt.group.step()
+                try:
+                    cmd = rt.group.step()
+                except PayloadError as exc:  # junk in tg:step: quarantined, never run or fatal
+                    rt.queue.quarantine("tg:step", rt.group.r.get(rt.group.step_key()), str(exc))
+                    cmd = None
                 if cmd is not None:
                     rt.member.run_step(cmd)
             if state.stepped > stepped:
