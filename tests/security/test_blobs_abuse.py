@@ -5,6 +5,7 @@ it sent) with small, configured timeouts."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -242,3 +243,23 @@ def test_a_tls_peer_that_never_finishes_its_handshake_is_cut(tmp_path):
 
 def test_the_process_keyring_is_left_as_found():
     assert keyring().get(JOB) is None
+
+
+def test_a_peer_that_trickles_within_every_other_deadline_is_cut_by_the_authentication_deadline():
+    """Slowloris before authenticating: a byte every 50 ms keeps ``idle_s`` and ``header_s``
+    (both 30 s) from ever passing; ``auth_s`` counts from the connection's start."""
+    with job_key(), serving(auth_s=0.3, header_s=30, idle_s=30) as (store, server):
+        store.put(NAME, weights())
+        with raw_connection(server.address) as s:
+            read_hello(s)
+            with contextlib.suppress(OSError):
+                for b in (
+                    MAGIC + (1000).to_bytes(8, "little") + b" " * 1000
+                ):  # a header that never ends in time
+                    s.sendall(bytes([b]))
+                    if server.counts["auth_timeout"]:
+                        break
+                    time.sleep(0.05)
+            wait_until(lambda: server.counts["auth_timeout"] == 1, "the authentication deadline")
+        wait_until(lambda: server.active == 0, "the connection to end")
+        assert server.counts["timed_out"] == 1 and server.counts["bad"] == 0
