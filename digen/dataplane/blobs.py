@@ -35,9 +35,9 @@ caps on connections served count authenticated peers by *identity*, the requeste
 MAC covers, not by address (every peer on loopback is 127.0.0.1): at most ``max_conns`` at
 once, ``max_per_peer`` of one identity; one over the cap gets a ``busy`` answer to its first
 request (after the TLS handshake, so a TLS peer reads it) and is closed. An authenticated
-connection idle for ``idle_s`` is closed, a request
-header must arrive whole within ``header_s`` of its first byte and be under ``max_request``
-bytes, a whole answer must be out within ``request_s``; casts are made one tensor at a time as they are sent; a failing ``accept``
+connection idle for ``idle_s`` is closed, a request header must arrive whole within
+``header_s`` of its first byte and be under ``max_request`` bytes, a whole answer must be out
+within ``request_s``; casts are made one tensor at a time as they are sent; a failing ``accept``
 (out of file descriptors: ``EMFILE``; ``ECONNABORTED``) backs off and retries, logged once per
 error kind; a malformed request gets an error frame and a debug log line, never a traceback;
 names in messages are cut (:func:`cut`).
