@@ -232,10 +232,11 @@ class JobCerts:
     every blob server show, and each checks its peer's against that CA. The CA's private key
     never touches the disk: it signs and is dropped, so nothing can sign another certificate
     the job would accept. The three files live in a new folder of the temporary directory
-    (``$TMPDIR``, ``digen-tls-*``, 0700), each 0600: only the job's user reads them, and the
-    worker processes, the same user, read them when they start. A job killed with SIGKILL
-    leaves the folder behind, still its user's alone, with a key that nothing accepts once the
-    job's processes are gone.
+    (``$TMPDIR``, ``digen-tls-<pid>-*``, 0700), each 0600: only the job's user reads them, and
+    the worker processes, the same user, read them when they start. A job killed before it
+    could remove them (SIGTERM, SIGKILL) leaves the folder behind, still its user's alone, with
+    a key that nothing accepts once the job's processes are gone; the next job of that user
+    removes it (:func:`remove_leftovers`: the folders of this user whose pid is not alive).
     """
 
     def __init__(self, folder: Path):
@@ -259,7 +260,8 @@ class JobCerts:
         (default the temporary directory)."""
         import tempfile
 
-        folder = Path(tempfile.mkdtemp(prefix="digen-tls-", dir=base))  # 0700, made by this user
+        remove_leftovers(Path(base or tempfile.gettempdir()))
+        folder = Path(tempfile.mkdtemp(prefix=f"digen-tls-{os.getpid()}-", dir=base))  # 0700, this user's
         try:
             os.chmod(folder, 0o700)
             now = dt.datetime.now(dt.UTC)
@@ -282,4 +284,24 @@ class JobCerts:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-__all__ = ["JobCerts", "NodeFiles", "check_node_name", "make_certs"]
+def remove_leftovers(base: Path) -> list[Path]:
+    """Remove the ``digen-tls-<pid>-*`` folders in ``base`` that this user owns and whose
+    process is gone (a job killed before it removed its TLS files); returns them."""
+    gone = []
+    for folder in base.glob("digen-tls-*-*"):
+        pid = folder.name.split("-")[2]
+        try:
+            if not pid.isdigit() or folder.is_symlink() or folder.stat().st_uid != os.getuid():
+                continue
+            os.kill(int(pid), 0)  # alive (or another user's): kept
+        except ProcessLookupError:
+            import shutil
+
+            shutil.rmtree(folder, ignore_errors=True)
+            gone.append(folder)
+        except OSError:
+            continue
+    return gone
+
+
+__all__ = ["JobCerts", "remove_leftovers", "NodeFiles", "check_node_name", "make_certs"]

@@ -248,3 +248,25 @@ def test_the_embedded_cluster_without_a_security_section_is_tls_with_the_jobs_ow
         client.close()
         starting.close()
     assert not folder.exists()
+
+
+def test_a_killed_jobs_tls_folder_is_removed_by_the_next_job_and_a_live_ones_kept(tmp_path: Path):
+    import os
+
+    from digen.cluster.certs import JobCerts
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    leftover = tmp_path / f"digen-tls-{dead.pid}-x1"
+    live = tmp_path / f"digen-tls-{os.getpid()}-x2"
+    other = tmp_path / "digen-tls-notapid-x3"
+    for folder in (leftover, live, other):
+        folder.mkdir(mode=0o700)
+        (folder / "key.pem").write_bytes(b"k")
+    made = JobCerts.make(str(tmp_path))
+    try:
+        assert not leftover.exists() and live.exists() and other.exists()
+        assert made.folder.name.startswith(f"digen-tls-{os.getpid()}-") and made.folder.parent == tmp_path
+    finally:
+        made.remove()
+    assert not made.folder.exists()
