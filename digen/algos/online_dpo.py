@@ -107,6 +107,11 @@ class OnlineDpo(CleanSampleFamily):
                 f"train.kl_beta ({cfg.train.kl_beta}): online-dpo's reference is inside its loss; set "
                 "train.kl_beta=0"
             )
+        if cfg.train.zero_advantage == "drop":
+            problems.append(
+                "train.zero_advantage (drop): online-dpo pairs the best and the worst of every group, flat "
+                "groups included (as VeRL-Omni); set train.zero_advantage=keep"
+            )
         return problems + self._whole_group_problems(cfg) + self._kl_problems(cfg)
 
     def solver(self, cfg: Config) -> StepKind:

@@ -201,12 +201,22 @@ def test_online_dpo_refuses_what_splits_a_pair():
         build_config(
             required(
                 {
-                    "train": {"algorithm": "online-dpo", "fsdp": True, "kl_beta": 0.1},
+                    "train": {
+                        "algorithm": "online-dpo",
+                        "fsdp": True,
+                        "kl_beta": 0.1,
+                        "zero_advantage": "drop",
+                    },
                     "rollout": {"group_size": 1, "batch_size": 4},
                 }
             ),
             check_paths=False,
         )
     text = "\n".join(err.value.problems)
-    for needle in ("train.fsdp (true)", "train.kl_beta (0.1)", "rollout.group_size (1)"):
+    for needle in (
+        "train.fsdp (true)",
+        "train.kl_beta (0.1)",
+        "rollout.group_size (1)",
+        "zero_advantage (drop)",
+    ):
         assert needle in text, needle
