@@ -281,6 +281,14 @@ def status(
             escape(j.run_dir),
         )
     print_table(table)
+    n, last = jobs.refused(r)
+    if n:  # rq jobs that were not digen's: never run (see digen.service.jobs)
+        out.print(
+            f"{n} rq job{'s' if n != 1 else ''} refused (not digen's job); newest: {last}",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
 
 
 @app.command()
