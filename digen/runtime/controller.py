@@ -497,7 +497,7 @@ def run_distributed(
     )
     run = RunDir(out, cfg, resume=resume)
     job_id = job_id or uuid.uuid4().hex[:12]
-    queue, job = TaskQueue(r, job_id, lease_s=s.lease_s), JobState(r, job_id)
+    queue, job = TaskQueue(r, job_id, lease_s=s.lease_s, issued_only=True), JobState(r, job_id)
     queue.on_junk = lambda record: run.append("dead_letters.jsonl", [record])  # quarantined junk
     queue.clear()
     start_iteration, version, checkpoint = resume_point(run) if resume else (0, 0, None)
