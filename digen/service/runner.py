@@ -192,6 +192,7 @@ def _requeue_lost(r: redis.Redis, job: Job, by: str, gone_s: float) -> str:
     with r.pipeline() as p:
         record_job_failure(job, f"JobLost: {line}", p)
         p.execute()
+    _drop_attempt_keys(r, job.id)  # no attempt of it runs again: its blob key goes too
     if action != "resumed":
         _finish_meta(job, action, error=None if action == "cancelled" else f"JobLost: {line}")
     push_log(r, job.id, line)
