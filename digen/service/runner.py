@@ -36,6 +36,7 @@ import sys
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -88,6 +89,8 @@ is up: the heartbeat expires (a job that died before its first beat counts as st
 STARTING_GRACE_S), the next maintenance sees it missing, a maintenance at least CONFIRM_S
 later re-queues it; the runner that did so dequeues it at once."""
 _WORKER_TTL_S = DEQUEUE_S + 15  # rq: dequeue timeout = worker_ttl - 15
+PUBSUB_WAKE_S = 1.0
+"""How often the runner's rq command thread wakes (the longest its exit waits for it)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -240,6 +243,33 @@ def _shown(value: Any, limit: int = 120) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+class DigenJob(Job):
+    """rq's job, whose payload is unzipped with a bound as it is fetched (in ``digen serve``
+    itself, before the work horse is forked): a payload that unzips to more than
+    :data:`~digen.service.jobs.MAX_JOB_BYTES` (a zip bomb, say) is never unzipped whole nor
+    parsed, and :func:`refusal` refuses it."""
+
+    oversized: int | None = None
+    """The stored size of a payload over the bound (None: within it)."""
+
+    def restore(self, raw_data) -> Any:
+        raw = raw_data.get(b"data") if isinstance(raw_data, dict) else None
+        if isinstance(raw, bytes) and _unzipped_size(raw, MAX_JOB_BYTES) > MAX_JOB_BYTES:
+            result = super().restore({**raw_data, b"data": b"null"})
+            self.oversized = len(raw)
+            return result
+        return super().restore(raw_data)
+
+
+def _unzipped_size(raw: bytes, limit: int) -> int:
+    """How many bytes ``raw`` unzips to (rq zips payloads; a payload that does not unzip is
+    stored as is), counting no further than ``limit + 1``."""
+    try:
+        return len(zlib.decompressobj().decompress(raw, limit + 1))
+    except zlib.error:
+        return len(raw)
+
+
 def refusal(job: Job) -> str | None:
     """Why ``digen serve`` refuses ``job`` (one line naming what it asked for), or None for
     digen's job: :data:`~digen.service.jobs.JOB_FUNC` (or an old name of it), no instance,
@@ -250,9 +280,8 @@ def refusal(job: Job) -> str | None:
     from rq.exceptions import DeserializationError
 
     head = f"refused rq job {_shown(job.id, 64)}"
-    data = job.data
-    if len(data) > MAX_JOB_BYTES:
-        return f"{head}: its payload is {len(data)} bytes, over digen's {MAX_JOB_BYTES}; not read"
+    if getattr(job, "oversized", None) is not None or len(job.data) > MAX_JOB_BYTES:
+        return f"{head}: its payload unzips to more than digen's {MAX_JOB_BYTES} bytes; not read"
     try:
         func, instance, args, kwargs = job.func_name, job.instance, job.args, job.kwargs
     except DeserializationError:
@@ -320,6 +349,16 @@ class DigenWorker(Worker):
     def run_maintenance_tasks(self) -> None:
         super().run_maintenance_tasks()
         self._recover()
+
+    def subscribe(self) -> None:
+        """rq's command channel, its thread waking every :data:`PUBSUB_WAKE_S`: rq's 60 s
+        made a runner's exit wait up to 60 s (redis-py's ``stop()`` joins the thread, which
+        waits out its sleep once unsubscribed), so ``--burst`` took a minute to return."""
+        self.pubsub = self.connection.pubsub()
+        self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
+        self.pubsub_thread = self.pubsub.run_in_thread(
+            sleep_time=PUBSUB_WAKE_S, daemon=True, exception_handler=self._pubsub_exception_handler
+        )
 
     def perform_job(self, job, queue, execution) -> bool:  # in the work horse
         reason = refusal(job)
@@ -408,6 +447,7 @@ def serve(
             [queue],
             connection=r,
             serializer=JSONSerializer,
+            job_class=DigenJob,
             name=name,
             maintenance_interval=MAINTENANCE_S,
             worker_ttl=_WORKER_TTL_S,

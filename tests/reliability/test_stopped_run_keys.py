@@ -67,6 +67,8 @@ def test_the_saved_embedded_database_keeps_no_dead_runs_keys_and_is_0600(tmp_pat
 
 @pytest.mark.slow
 def test_a_sigtermed_train_deletes_its_keys_from_an_external_redis(tiny_sd3: Path, tmp_path: Path):
+    """Also: with the URL from --redis-url-file, neither digen train nor any process it started
+    (the local cluster's) has the password on its command line."""
     from digen.controlplane.redis_conn import connect, start_embedded, stop_embedded
 
     with socket.socket() as s:
@@ -96,6 +98,12 @@ def test_a_sigtermed_train_deletes_its_keys_from_an_external_redis(tiny_sd3: Pat
             "the first iteration",
         )
         assert r.keys("digen:*:blobkey"), "the running job keeps its blob key in Redis"
+        import psutil
+
+        started = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        assert len(started) >= 3  # the controller, the local cluster's processes
+        for child in started:  # the password came from a file: no process digen started shows it
+            assert PASSWORD not in " ".join(child.cmdline()), child.cmdline()
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=120)
     finally:

@@ -112,9 +112,17 @@ def _bad_type(r, tmp_path: Path) -> Job:
     )
 
 
+def _zip_bomb(r, tmp_path: Path) -> Job:
+    """A payload of 64 MiB of JSON that rq stores zipped in 64 KiB."""
+    job = Job.create(jobs.JOB_FUNC, kwargs={}, connection=r, serializer=JSONSerializer, id="evil-bomb")
+    job.data = b'["os.system", null, ["' + b" " * (64 << 20) + b'"], {}]'
+    return job
+
+
 @pytest.mark.parametrize(
     ("make", "says"),
     [
+        (_zip_bomb, "its payload unzips to more than digen's 16777216 bytes; not read"),
         (_pickled, "its payload is not JSON (pickled?)"),
         (_callback, "it asks rq to call os.system on success"),
         (_method, "it names a method format of {}, not"),
