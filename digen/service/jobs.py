@@ -308,6 +308,10 @@ def resume(
         )
     if info.state == "done":
         raise ConfigError(f"job {job_id} finished all {info.total} iterations: nothing to resume")
+    if r.hexists(info_key(job_id), "refused"):
+        raise ConfigError(
+            f"job {job_id} was refused (not digen's job, see digen status {job_id}): nothing to resume"
+        )
     old = _fetch(r, job_id)
     args = dict(old.kwargs)
     args["resume"] = True

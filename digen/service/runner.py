@@ -368,6 +368,11 @@ class DigenWorker(Worker):
             _disarm(job, reason)
         return super().perform_job(job, queue, execution)
 
+    def handle_exception(self, job, *exc_info) -> None:  # in the work horse
+        if len(exc_info) > 1 and isinstance(exc_info[1], JobRefused):
+            return  # refuse_job logged its one line; rq would add a traceback of digen's own code
+        super().handle_exception(job, *exc_info)
+
     def maintain_heartbeats(self, job, execution) -> None:  # busy: called every job_monitoring_interval
         super().maintain_heartbeats(job, execution)
         self._recover()

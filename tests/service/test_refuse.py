@@ -59,6 +59,8 @@ def test_an_rq_job_naming_os_system_is_refused_never_run_and_counted(r, tmp_path
     assert "evil-system" in table and "failed" in table
     assert f"1 rq job refused (not digen's job); newest: {info.error}" in " ".join(table.split())
     assert [j["id"] for j in json.loads(_status("--json").stdout)] == ["evil-system"]
+    res = CliRunner().invoke(app, ["submit", "--resume", "evil-system"])
+    assert res.exit_code == 2 and "was refused (not digen's job" in res.output, res.output
 
 
 def _pickled(r, tmp_path: Path) -> Job:
