@@ -52,6 +52,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -104,6 +105,33 @@ class UnknownJob(ConfigError):
 
 # ---------------------------------------------------------------------------------------------
 # keys
+
+
+class DigenJob(Job):
+    """rq's job, whose payload is unzipped with a bound as it is fetched (by ``digen serve``
+    before it forks the work horse, and by ``digen status``): a payload that unzips to more
+    than :data:`MAX_JOB_BYTES` (a zip bomb, say) is never unzipped whole nor parsed, and
+    :func:`~digen.service.runner.refusal` refuses it."""
+
+    oversized: int | None = None
+    """The stored size of a payload over the bound (None: within it)."""
+
+    def restore(self, raw_data) -> Any:
+        raw = raw_data.get(b"data") if isinstance(raw_data, dict) else None
+        if isinstance(raw, bytes) and _unzipped_size(raw, MAX_JOB_BYTES) > MAX_JOB_BYTES:
+            result = super().restore({**raw_data, b"data": b"null"})
+            self.oversized = len(raw)
+            return result
+        return super().restore(raw_data)
+
+
+def _unzipped_size(raw: bytes, limit: int) -> int:
+    """How many bytes ``raw`` unzips to (rq zips payloads; a payload that does not unzip is
+    stored as is), counting no further than ``limit + 1``."""
+    try:
+        return len(zlib.decompressobj().decompress(raw, limit + 1))
+    except zlib.error:
+        return len(raw)
 
 
 def info_key(job_id: str) -> str:
@@ -414,7 +442,7 @@ def _fetch(r: redis.Redis, job_id: str) -> Job:
     from rq.exceptions import NoSuchJobError
 
     try:
-        return Job.fetch(job_id, connection=r, serializer=JSONSerializer)
+        return DigenJob.fetch(job_id, connection=r, serializer=JSONSerializer)
     except NoSuchJobError:
         raise UnknownJob(f"no job {job_id} in this Redis; digen status lists the jobs it knows") from None
 
@@ -508,7 +536,7 @@ def list_jobs(r: redis.Redis, limit: int = 20) -> list[JobInfo]:
     out, gone = [], []
     for i, (member, job_id) in enumerate(zip(members, ids, strict=True)):
         try:  # junk in the index or in a job's record is skipped, never fatal
-            job = Job.fetch(job_id, connection=r, serializer=JSONSerializer)
+            job = DigenJob.fetch(job_id, connection=r, serializer=JSONSerializer)
             out.append(_info_from(job, raw[2 * i], bool(raw[2 * i + 1])))
         except Exception as exc:  # noqa: BLE001 - rq's NoSuchJobError, a record that does not decode
             if not r.exists(f"rq:job:{job_id}"):

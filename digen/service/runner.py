@@ -36,7 +36,6 @@ import sys
 import threading
 import time
 import uuid
-import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -61,6 +60,7 @@ from digen.service.jobs import (
     QUEUE_NAME,
     RUNNER_PREFIX,
     STARTING_GRACE_S,
+    DigenJob,
     _text,
     alive_key,
     attempt_id,
@@ -135,7 +135,7 @@ def recover_lost_jobs(r: redis.Redis, by: str = "", *, now: float | None = None)
             r.hdel(info_key(job_id), "lost_since")
             continue
         try:
-            job = Job.fetch(job_id, connection=r, serializer=JSONSerializer)
+            job = DigenJob.fetch(job_id, connection=r, serializer=JSONSerializer)
         except Exception:  # noqa: BLE001 - expired, or not one of ours: rq's maintenance handles it
             continue
         if job.get_status(refresh=False) != JobStatus.STARTED:
@@ -215,7 +215,7 @@ def _lost_soon(r: redis.Redis, waited_s: float) -> bool:
         if waited_s >= ALIVE_TTL_S + 2 * HEARTBEAT_S and r.exists(alive_key(job_id)):
             continue  # beating: alive
         try:
-            job = Job.fetch(job_id, connection=r, serializer=JSONSerializer)
+            job = DigenJob.fetch(job_id, connection=r, serializer=JSONSerializer)
         except Exception:  # noqa: BLE001 - not a job recover_lost_jobs would act on
             continue
         if job.get_status(refresh=False) == JobStatus.STARTED:
@@ -241,33 +241,6 @@ def _shown(value: Any, limit: int = 120) -> str:
     text = value if isinstance(value, str) else json.dumps(value, default=str)
     text = "".join(c if c.isprintable() else "?" for c in text)
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-class DigenJob(Job):
-    """rq's job, whose payload is unzipped with a bound as it is fetched (in ``digen serve``
-    itself, before the work horse is forked): a payload that unzips to more than
-    :data:`~digen.service.jobs.MAX_JOB_BYTES` (a zip bomb, say) is never unzipped whole nor
-    parsed, and :func:`refusal` refuses it."""
-
-    oversized: int | None = None
-    """The stored size of a payload over the bound (None: within it)."""
-
-    def restore(self, raw_data) -> Any:
-        raw = raw_data.get(b"data") if isinstance(raw_data, dict) else None
-        if isinstance(raw, bytes) and _unzipped_size(raw, MAX_JOB_BYTES) > MAX_JOB_BYTES:
-            result = super().restore({**raw_data, b"data": b"null"})
-            self.oversized = len(raw)
-            return result
-        return super().restore(raw_data)
-
-
-def _unzipped_size(raw: bytes, limit: int) -> int:
-    """How many bytes ``raw`` unzips to (rq zips payloads; a payload that does not unzip is
-    stored as is), counting no further than ``limit + 1``."""
-    try:
-        return len(zlib.decompressobj().decompress(raw, limit + 1))
-    except zlib.error:
-        return len(raw)
 
 
 def refusal(job: Job) -> str | None:
