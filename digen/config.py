@@ -241,10 +241,95 @@ class FlowDppoConfig(_Section):
     still moves away from the rollout policy is dropped (the peer's ``kl_mask_threshold``: 1e-5)."""
 
 
+# --- the clean-sample family beyond DiffusionNFT (digen/algos/dgpo.py, awm.py, online_dpo.py) ---
+WHOLE_GROUP_ALGORITHMS = ("dgpo", "online-dpo")
+"""Algorithms whose loss couples the samples of a prompt group (a group-level weight), so a
+train task must hold whole groups: rollout-assisted training (``schedule.rat``), which splits
+a group into halves, defaults to off for them, and ``train.mini_batch_split: samples`` is
+refused (by each algorithm's check)."""
+
+
+class DgpoConfig(_Section):
+    """DGPO's options (``train.algorithm: dgpo``; digen/algos/dgpo.py, Luo-Yihong/DGPO
+    config/dgpo.py). The defaults are its SD3.5-M GenEval recipe ``geneval_sd3_4gpu``."""
+
+    beta_dpo: float = Field(100.0, gt=0.0)
+    """The group preference's temperature (the peer's ``train.beta_dpo``: 100; 2000 with the
+    EMA reference)."""
+    clip_range: float = Field(1e-2, gt=0.0)
+    """The PPO-style clip of the flow-matching ratio ``exp(dsm_old - dsm)`` (the peer's
+    ``clip_range``: 1e-2 GenEval/OCR, 5e-2 compressibility, 1e-5 with the EMA reference)."""
+    clip_dsm: bool = True
+    """Detach the flow-matching loss of rows whose ratio left the clip range (``clip_dsm``)."""
+    timesteps: int = Field(4, ge=1)
+    """Trained steps per iteration, shared by every sample (``num_train_timesteps``: 4)."""
+    trunc_steps: int = Field(4, ge=0)
+    """The trained steps are drawn from schedule steps ``0 .. trunc_steps`` (``trunc_steps``:
+    4 GenEval, 6 OCR/PickScore)."""
+    shared_noise: bool = True
+    """One forward noise per group and trained step, shared by its samples (``use_shared_noise``)."""
+    switch_ema_ref: int = Field(500, ge=0)
+    """After this many optimizer steps the rollout samples with the EMA ``old`` weights
+    (``switch_ema_ref``: 500 GenEval, 200 OCR/PickScore)."""
+    use_ema_ref: bool = False
+    """The preference's reference is the EMA ``old`` weights instead of the base weights
+    (``use_ema_ref``; config/dgpo_wocfg_emaref.py)."""
+    solver: Literal["dpm2", "euler"] = "dpm2"
+    """The rollout's deterministic solver (the peer's ``use_dpm``: DPM-Solver multistep)."""
+
+
+class AwmConfig(_Section):
+    """AWM's options (``train.algorithm: awm``; digen/algos/awm.py,
+    scxue/advantage_weighted_matching config/dgx_awm.py). The defaults are its SD3.5-M GenEval
+    recipe ``geneval_sd3_no_cfg_1node``."""
+
+    timesteps: int = Field(6, ge=1)
+    """Trained steps per sample, one per stratum of ``1 .. int(T fraction)`` (``train_timesteps``: 6)."""
+    fraction: float = Field(0.9, gt=0.0, le=1.0)
+    """The strata end at step ``int(T fraction)`` (``timestep_fraction``: 0.9; ``time_type``
+    ``discrete_wo_init``)."""
+    weighting: Literal["uniform", "t", "t2", "huber", "ghuber"] = "ghuber"
+    """How the flow-matching error becomes the log-likelihood surrogate (``weighting``:
+    ``ghuber``; ``t2`` is the peer's ``t**2``)."""
+    ghuber_power: float = Field(0.25, gt=0.0)
+    """The generalised Huber's power (``ghuber_power``: 0.25)."""
+    advantage_max: float | None = Field(1.0, gt=0.0)
+    """Advantages clamped to ``train.adv_clip`` are rescaled to ``[-advantage_max,
+    advantage_max]`` (``advantage_max``: 1); None keeps them."""
+    clip_range: float = Field(1.0, gt=0.0)
+    """The ratio clip (the peer's ``train.clip_range``: 1)."""
+    ema_beta: float = Field(1.0, ge=0.0)
+    """Weight of the velocity KL to the EMA ``old`` weights (not scaled by ``train.kl_beta``),
+    added only when ``train.kl_beta > 0``, as the peer (``ema_beta``: 1)."""
+    ema_decay: float = Field(0.3, ge=0.0, lt=1.0)
+    """The EMA weights' decay after each iteration, ``min(ema_decay, 0.001 steps)``
+    (``kl_ema_decay``: 0.3, ``kl_ema_decay_type: linear``)."""
+    solver: Literal["dpm2", "euler"] = "dpm2"
+    """The rollout's deterministic solver (the peer's SA-Solver with ``sde_frac = 0``, a
+    deterministic multistep solver, is not in digen: DPM-Solver++(2M) stands in)."""
+
+
+class OnlineDpoConfig(_Section):
+    """Online Diffusion-DPO's options (``train.algorithm: online-dpo``; digen/algos/online_dpo.py,
+    verl-project/verl-omni ``DPOLoss``)."""
+
+    beta: float = Field(100.0, gt=0.0)
+    """The DPO inverse temperature (``diffusion_loss.dpo_beta``: 100 in the online Qwen-Image
+    recipe; VeRL-Omni's config default 2000)."""
+    logit_mean: float = 0.0
+    """Mean of the logit-normal draw of each pair's training timestep (VeRL-Omni's
+    ``sample_noise_and_timesteps``: 0)."""
+    logit_std: float = Field(1.0, gt=0.0)
+    """Its standard deviation (1)."""
+    solver: Literal["dpm2", "euler"] = "euler"
+    """The rollout's deterministic solver (VeRL-Omni's rollout: the pipeline's Euler flow-matching
+    scheduler)."""
+
+
 class TrainConfig(_Section):
     algorithm: str | None = None
     """The training algorithm, by registry name (``digen algorithms`` lists them): flow-grpo,
-    flow-grpo-fast, cps, dance-grpo, mix-grpo, grpo-guard, flow-dppo, diffusion-nft. None: the Flow-GRPO
+    flow-grpo-fast, cps, dance-grpo, mix-grpo, grpo-guard, flow-dppo, diffusion-nft, dgpo, awm, online-dpo. None: the Flow-GRPO
     family member ``rollout.sde.kind`` and ``train.timesteps.strategy`` name (cps, dance-grpo,
     flow-grpo-fast for the window strategy, else flow-grpo)."""
     mini_batches: int = Field(1, ge=1, le=MAX_GROUP)
@@ -280,6 +365,9 @@ class TrainConfig(_Section):
     mix_grpo: MixGrpoConfig = MixGrpoConfig()
     nft: NftConfig = NftConfig()
     flow_dppo: FlowDppoConfig = FlowDppoConfig()
+    dgpo: DgpoConfig = DgpoConfig()
+    awm: AwmConfig = AwmConfig()
+    online_dpo: OnlineDpoConfig = OnlineDpoConfig()
     timesteps: TimestepConfig = TimestepConfig()
     clip_range: float = Field(1e-4, gt=0.0)
     """PPO ratio clip epsilon (log-probs are per-element means, hence tiny ranges)."""
@@ -572,6 +660,15 @@ class Config(_Section):
                 s.rat = False
         return self
 
+    @model_validator(mode="after")
+    def _whole_groups_train_whole(self) -> Config:
+        """An algorithm of :data:`WHOLE_GROUP_ALGORITHMS` trains whole groups: RAT (which
+        splits a group into halves) defaults to off for it; an explicit ``true`` is reported
+        by the algorithm's check."""
+        if self.train.algorithm in WHOLE_GROUP_ALGORITHMS and self.schedule.rat is None:
+            self.schedule.rat = False
+        return self
+
     def resolve_path(self, value: str) -> Path:
         """A path from the config: absolute, else relative to the config file's folder
         (falling back to the current directory when that does not exist)."""
@@ -833,6 +930,9 @@ ALGORITHM_NAMES = (
     "grpo-guard",
     "flow-dppo",
     "diffusion-nft",
+    "dgpo",
+    "awm",
+    "online-dpo",
 )
 """The algorithm registry's names (:mod:`digen.algos.registry`), in its listing order, for
 the processes that must not import torch (a test keeps the two equal)."""
