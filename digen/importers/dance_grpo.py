@@ -24,8 +24,12 @@ DEFAULTS: dict[str, Any] = {
     "learning_rate": 1e-4, "weight_decay": 0.01, "max_grad_norm": 2.0, "lr_warmup_steps": 10,
     "lr_scheduler": "constant_with_warmup", "shift": 1.0, "timestep_fraction": 1.0,
     "clip_range": 1e-4, "adv_clip_max": 5.0, "ema_decay": 0.995, "checkpointing_steps": 500,
-    "master_weight_type": "fp32",
+    "master_weight_type": "fp32", "lora_rank": 128, "lora_alpha": 256,
 }  # fmt: skip
+
+# fastvideo/train_grpo_flux_lora.py's LoraConfig(target_modules=...): the attention
+# projections of every block (the single blocks' attn.to_q/k/v too; their output is proj_out)
+LORA_TARGETS: tuple[str, ...] = ("to_k", "to_q", "to_v", "to_out.0")
 
 NO_EQUIVALENT = {
     "vae_model_path": "the VAE is read from model.path's snapshot",
@@ -70,12 +74,10 @@ _CARRIED = {
 def import_script(spec: str) -> Imported:
     """The digen config of the DanceGRPO launch script at ``spec``."""
     path = Path(spec)
-    before, words = read_command(path, "fastvideo/train_grpo")
-    script = next((w for w in before + words if "fastvideo/train_grpo" in w), "")
-    if not script:
-        script = next((w for w in reversed(before) if "train_grpo" in w), "train_grpo")
-    flags = _flags(words)
-    gpus = _launcher_gpus(before)
+    command = read_command(path, "fastvideo/train_grpo")
+    script = command.program  # fastvideo/train_grpo_flux_lora.py: the variant is in its name
+    flags = _flags(command.args)
+    gpus = _launcher_gpus(command.launcher)
     out = Imported(source=f"DanceGRPO {path.name}", config={})
     _translate(flags, gpus, script, out)
     for key in flags:
@@ -132,10 +134,11 @@ def _translate(f: dict[str, Any], gpus: int, script: str, out: Imported) -> None
         set_dotted(c, "model.autocast", "bfloat16")
     set_dotted(c, "model.vae_dtype", "bfloat16")  # AutoencoderKL.from_pretrained(..., torch_dtype=bfloat16)
     set_dotted(c, "model.device", "cuda")
-    lora = "lora" in script
-    if lora:
-        rank = get("lora_rank") or 128
-        set_dotted(c, "model.lora", {"enabled": True, "rank": rank, "alpha": get("lora_alpha") or 2 * rank})
+    if "lora" in Path(script).name:  # fastvideo/train_grpo_flux_lora.py: a LoRA on the float32 base
+        lora = {"enabled": True, "rank": get("lora_rank"), "alpha": get("lora_alpha"), "dtype": "float32"}
+        set_dotted(c, "model.lora", lora | {"target_modules": list(LORA_TARGETS)})
+        if get("gradient_checkpointing"):
+            set_dotted(c, "train.activation_checkpointing", True)
     else:
         set_dotted(c, "model.lora", {"enabled": False})
         set_dotted(c, "train.fsdp", True)

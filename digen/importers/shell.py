@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import shlex
 from pathlib import Path
+from typing import NamedTuple
 
 import yaml
 
@@ -26,12 +27,21 @@ _ARITH = re.compile(r"\$\(\(\s*([A-Za-z0-9_ +\-*/]+?)\s*\)\)")
 def read_script(path: Path, entry: str) -> list[str]:
     """The words after ``entry`` (a substring of the command, e.g. ``main_diffusion``) in
     the script at ``path``, variables substituted."""
-    return read_command(path, entry)[1]
+    return read_command(path, entry).args
 
 
-def read_command(path: Path, entry: str) -> tuple[list[str], list[str]]:
-    """(the words before the one holding ``entry``, the words after it) of the first command
-    line of the script at ``path`` that names ``entry`` (``torchrun --nnodes=2 ...`` before)."""
+class Command(NamedTuple):
+    """A launch script's call: ``launcher`` (the words before the program, ``torchrun
+    --nnodes=2 ...``), ``program`` (the word naming the entry point, e.g.
+    ``fastvideo/train_grpo_flux_lora.py``: an importer reads the variant from it) and ``args``."""
+
+    launcher: list[str]
+    program: str
+    args: list[str]
+
+
+def read_command(path: Path, entry: str) -> Command:
+    """The first command line of the script at ``path`` whose words name ``entry``."""
     if not path.is_file():
         raise ConfigError(f"{path} does not exist")
     text = re.sub(r"\\[ \t]*(\r?\n|\Z)", " ", path.read_text())
@@ -49,7 +59,7 @@ def read_command(path: Path, entry: str) -> tuple[list[str], list[str]]:
                 ) from None
             for i, word in enumerate(words):
                 if entry in word:
-                    return words[:i], words[i + 1 :]
+                    return Command(words[:i], word, words[i + 1 :])
         match = _VAR.match(line)
         if match:
             name, value = match.groups()

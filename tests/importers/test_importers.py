@@ -185,3 +185,22 @@ def test_dance_grpo_headline_script_equals_its_example():
 def test_an_unknown_peer_exits_2():
     r = CliRunner().invoke(app, ["import-config", "flow-grp", "x.py:y"])
     assert r.exit_code == 2 and "did you mean 'flow-grpo'" in r.output
+
+
+def test_dance_grpo_lora_script_imports_as_lora_with_its_targets():
+    """finetune_flux_grpo_8gpus_lora.sh runs fastvideo/train_grpo_flux_lora.py: a rank-128 LoRA
+    on the attention projections at lr 3e-4, not a full fine-tune (the script's name is the only
+    place the variant is written)."""
+    result = import_config("dance-grpo", str(DANCE.parent / "finetune_flux_grpo_8gpus_lora.sh"))
+    result.validate()
+    c = result.config
+    assert c["model"]["lora"] == {
+        "enabled": True,
+        "rank": 128,
+        "alpha": 256,
+        "dtype": "float32",
+        "target_modules": ["to_k", "to_q", "to_v", "to_out.0"],
+    }
+    assert c["train"]["lr"] == 3e-4 and "fsdp" not in c["train"]
+    full = import_config("dance-grpo", str(DANCE.parent / "finetune_flux_grpo_8gpus.sh")).config
+    assert full["model"]["lora"] == {"enabled": False} and full["train"]["fsdp"] is True
