@@ -153,6 +153,10 @@ class TimestepConfig(_Section):
     dropped (DanceGRPO); window: a random window of ``window`` SDE steps (Flow-GRPO-Fast)."""
     fraction: float = Field(0.5, gt=0.0, le=1.0)
     window: int = Field(2, ge=1)
+    window_range: list[int] | None = Field(None, min_length=2, max_length=2)
+    """``[lo, hi]``: the steps the window may cover, its start drawn uniformly in
+    ``[lo, hi - window]`` (Flow-GRPO's and VeRL-Omni's ``sde_window_range``). None: ``[0,
+    num_steps // 2]``, the first half, as every windowed recipe of both peers sets it."""
 
 
 class EmaConfig(_Section):
@@ -680,6 +684,14 @@ def _cross_checks(cfg: Config, check_paths: bool, algorithms: bool = True) -> li
         problems.append(
             f"train.timesteps.window ({t.timesteps.window}) must be below rollout.num_steps ({r.num_steps})"
         )
+    elif t.timesteps.strategy == "window":
+        from digen.algos.timesteps import window_range_problem
+
+        problem = window_range_problem(r.num_steps, t.timesteps.window, t.timesteps.window_range)
+        if problem:
+            problems.append(
+                f"train.timesteps: {problem} (rollout.num_steps {r.num_steps}); set train.timesteps.window_range"
+            )
     if cfg.model.autocast and cfg.model.dtype == "float64":
         problems.append(
             f"model.autocast ({cfg.model.autocast}) with model.dtype float64: a float64 model checks the "

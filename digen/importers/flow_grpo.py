@@ -62,8 +62,6 @@ NO_EQUIVALENT: dict[str, str] = {
     "prompt_fn_kwargs": "digen's prompt loaders take no arguments",
     "sample.eval_guidance_scale": "digen evaluates with rollout.guidance_scale (scripts/train_sd3.py "
     "also evaluates with sample.guidance_scale; only the *_fast scripts read this key)",
-    "sample.sde_window_range": "the window's range is not a key: train.timesteps.strategy window "
-    "draws it from the first half of the steps",
     "sample.kl_reward": "KL in the reward has no equivalent (train.kl_beta is the KL loss)",
     "train.use_8bit_adam": "digen's optimizer is torch.optim.AdamW (no bitsandbytes)",
     "train.clip_range_lt": "no Flow-GRPO script reads it (9745241): train.clip_range is the range",
@@ -88,7 +86,7 @@ _CARRIED = {
     "sample.eval_num_steps", "sample.guidance_scale", "sample.train_batch_size",
     "sample.num_image_per_prompt", "sample.test_batch_size", "sample.num_batches_per_epoch",
     "sample.global_std", "sample.noise_level", "sample.same_latent", "sample.sde_type",
-    "sample.sde_window_size", "train.batch_size", "train.learning_rate", "train.adam_beta1",
+    "sample.sde_window_size", "sample.sde_window_range", "train.batch_size", "train.learning_rate", "train.adam_beta1",
     "train.adam_beta2", "train.adam_weight_decay", "train.adam_epsilon",
     "train.gradient_accumulation_steps", "train.max_grad_norm", "train.num_inner_epochs",
     "train.cfg", "train.adv_clip_max", "train.clip_range", "train.timestep_fraction",
@@ -255,15 +253,20 @@ def _train(fg: dict[str, Any], out: Imported, script: Script) -> None:
     set_mini_batches(out, steps, "train.gradient_accumulation_steps", "Flow-GRPO takes")
     window = _get(fg, "sample.sde_window_size", 0)
     if script.windowed and window:
-        set_dotted(c, "train.timesteps", {"strategy": "window", "window": window})
+        window_range = _get(fg, "sample.sde_window_range", (0, 10))  # base.py's (0, 10)
+        set_dotted(
+            c,
+            "train.timesteps",
+            {"strategy": "window", "window": window, "window_range": [int(v) for v in window_range]},
+        )
     else:
         set_dotted(
             c, "train.timesteps", {"strategy": "prefix", "fraction": _get(fg, "train.timestep_fraction", 1.0)}
         )
-        out.dropped.setdefault(
-            "sample.sde_window_size",
-            "read only by the windowed scripts (*_fast, qwenimage); this recipe's does not",
-        )
+        for key in ("sample.sde_window_size", "sample.sde_window_range"):
+            out.dropped.setdefault(
+                key, "read only by the windowed scripts (*_fast, qwenimage); this recipe's does not"
+            )
     if c["train"]["algorithm"] == "flow-grpo":
         c["train"]["algorithm"] = flow_grpo_member(c)
     set_dotted(c, "train.clip_range", _get(fg, "train.clip_range", 1e-4))

@@ -37,7 +37,7 @@ CARRIED = {
     f"{A}rollout.pipeline.height", f"{A}rollout.pipeline.width", f"{A}rollout.pipeline.num_inference_steps",
     f"{A}rollout.pipeline.guidance_scale", f"{A}rollout.pipeline.true_cfg_scale",
     f"{A}rollout.pipeline.max_sequence_length", f"{A}rollout.algo.noise_level", f"{A}rollout.algo.sde_type",
-    f"{A}rollout.algo.sde_window_size", f"{A}rollout.val_kwargs.pipeline.num_inference_steps",
+    f"{A}rollout.algo.sde_window_size", f"{A}rollout.algo.sde_window_range", f"{A}rollout.val_kwargs.pipeline.num_inference_steps",
     "algorithm.global_std", "algorithm.timestep_fraction", "algorithm.adv_estimator",
     "data.train_files", "data.val_files", "data.val_max_samples", "data.train_batch_size", "data.seed",
     "trainer.total_training_steps", "trainer.save_freq", "trainer.test_freq", "trainer.max_actor_ckpt_to_keep",
@@ -66,8 +66,6 @@ SECTIONS = {
 }
 
 KEYS = {
-    f"{A}rollout.algo.sde_window_range": "the window's range is not a key: train.timesteps.strategy window "
-    "draws it from the first half of the steps",
     f"{A}rollout.val_kwargs.algo.noise_level": "digen evaluates with the deterministic ODE sampler (noise 0)",
     f"{A}rollout.pipeline.guidance_scale": "rollout.guidance_scale is set from true_cfg_scale",
     f"{A}model.lora_init_weights": "digen's LoRA starts at zero (B = 0), as PEFT's default",
@@ -282,7 +280,16 @@ def _train(f: dict[str, Any], out: Imported) -> None:
     set_mini_batches(out, prompts // max(1, mini), f"{A}actor.ppo_mini_batch_size", "VeRL-Omni takes")
     window = f.get(f"{A}rollout.algo.sde_window_size")
     if window:
-        set_dotted(c, "train.timesteps", {"strategy": "window", "window": window})
+        # the rollout adapters' default range when the script passes none (sd3_flow_grpo
+        # vllm_omni_rollout_adapter.py: ``_coalesce_not_none(..., (0, 5))``)
+        window_range = f.get(f"{A}rollout.algo.sde_window_range") or [0, 5]
+        if isinstance(window_range, str):
+            window_range = scalar(window_range)
+        set_dotted(
+            c,
+            "train.timesteps",
+            {"strategy": "window", "window": window, "window_range": [int(v) for v in window_range]},
+        )
     else:
         set_dotted(
             c,

@@ -68,3 +68,46 @@ def test_random_is_dance_grpos_subset(num_steps: int, fraction: float) -> None:
         theirs = sorted(perm[: int((num_steps - 1) * fraction)].tolist())
         gen = torch.Generator().manual_seed(seed)
         assert select_timesteps(num_steps, strategy="random", fraction=fraction, generator=gen) == theirs
+
+
+def flow_grpo_window(num_steps: int, window: int, window_range: tuple[int, int], rng) -> tuple[int, int]:
+    """flow_grpo/diffusers_patch/sd3_pipeline_with_logprob_fast.py (9745241), restated: the
+    SDE window of one sampling call."""
+    start = rng.randint(window_range[0], window_range[1] - window)
+    return (start, start + window)
+
+
+WINDOWED = ["geneval_sd3_fast_nocfg", "pickscore_sd3_fast_nocfg", "geneval_flux_fast", "pickscore_flux_fast",
+            "pickscore_qwenimage", "pickscore_qwenimage_8gpu", "counting_qwenimage_edit_fast"]  # fmt: skip
+
+
+@pytest.mark.parametrize("recipe", WINDOWED)
+def test_the_window_of_each_windowed_flow_grpo_recipe_covers_the_peers_windows(recipe: str) -> None:
+    """Imported with its sde_window_range, a recipe draws its windows (the start uniform over
+    the same integers) where Flow-GRPO's draw puts them; never outside (digen used to place the
+    window over the whole trajectory: starts 0-8 of 10 steps)."""
+    import random
+    from pathlib import Path
+
+    from digen.algos.flow_grpo import window_steps
+    from digen.config import build_config
+    from digen.importers import import_config
+    from digen.importers.pyconfig import ConfigModule, flatten
+
+    grpo = Path(__file__).resolve().parents[1] / "data" / "peers" / "flow_grpo" / "config" / "grpo.py"
+    cfg = build_config(import_config("flow-grpo", f"{grpo}:{recipe}").config, check_paths=False)
+    ts, n = cfg.train.timesteps, cfg.rollout.num_steps
+    recipe_range = flatten(ConfigModule(grpo, base=ConfigModule(grpo.parent / "base.py")).call(recipe))[
+        "sample.sde_window_range"
+    ]  # the recipe's own (0, config.sample.num_steps // 2)
+    rng = random.Random(0)
+    theirs = {flow_grpo_window(n, ts.window, tuple(recipe_range), rng) for _ in range(400)}
+    ours = set()
+    for iteration in range(400):
+        steps = window_steps(cfg, iteration)
+        assert steps is not None and steps == list(range(steps[0], steps[0] + ts.window))
+        ours.add((steps[0], steps[-1] + 1))
+    assert ours == theirs
+    counts = [sum(window_steps(cfg, i)[0] == s for i in range(400)) for s, _ in sorted(theirs)]
+    # uniform over the starts: each within 40% of its share (400 draws over at most 4 starts)
+    assert min(counts) > 0.6 * 400 / len(theirs)
