@@ -684,14 +684,6 @@ def _cross_checks(cfg: Config, check_paths: bool, algorithms: bool = True) -> li
         problems.append(
             f"train.timesteps.window ({t.timesteps.window}) must be below rollout.num_steps ({r.num_steps})"
         )
-    elif t.timesteps.strategy == "window":
-        from digen.algos.timesteps import window_range_problem
-
-        problem = window_range_problem(r.num_steps, t.timesteps.window, t.timesteps.window_range)
-        if problem:
-            problems.append(
-                f"train.timesteps: {problem} (rollout.num_steps {r.num_steps}); set train.timesteps.window_range"
-            )
     if cfg.model.autocast and cfg.model.dtype == "float64":
         problems.append(
             f"model.autocast ({cfg.model.autocast}) with model.dtype float64: a float64 model checks the "
@@ -716,8 +708,15 @@ def _cross_checks(cfg: Config, check_paths: bool, algorithms: bool = True) -> li
     problems += _mini_batch_checks(cfg)
     if algorithms:
         from digen.algos.registry import config_problems
+        from digen.algos.timesteps import window_range_problem
 
         problems += config_problems(cfg)
+        ts = cfg.train.timesteps
+        problem = window_range_problem(r.num_steps, ts.window, ts.window_range)
+        if ts.strategy == "window" and ts.window <= r.num_steps - 1 and problem:
+            problems.append(
+                f"train.timesteps: {problem} (rollout.num_steps {r.num_steps}); set train.timesteps.window_range"
+            )
     if cfg.eval.every and cfg.prompts.test_file is None and cfg.prompts.dataset is None:
         problems.append(
             f"eval.every ({cfg.eval.every}) needs prompts.test_file (held-out prompts, one per line) "
