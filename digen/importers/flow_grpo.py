@@ -32,18 +32,33 @@ class Script:
     max_sequence_length: int | None  # None: the script passes none (the pipeline's own)
     drops_zero_advantage: bool  # `advantages.abs().sum(dim=1) != 0` filter in `main`
     windowed: bool  # reads sample.sde_window_size / sde_window_range
+    lora_targets: tuple[str, ...]  # the script's LoraConfig(target_modules=[...])
 
+
+_ATTN = ("attn.add_k_proj", "attn.add_q_proj", "attn.add_v_proj", "attn.to_add_out",
+         "attn.to_k", "attn.to_out.0", "attn.to_q", "attn.to_v")  # fmt: skip  # train_sd3.py l.419-428
+_FLUX = ("attn.to_k", "attn.to_q", "attn.to_v", "attn.to_out.0", "attn.add_k_proj", "attn.add_q_proj",
+         "attn.add_v_proj", "attn.to_add_out", "ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj",
+         "ff_context.net.2")  # fmt: skip  # train_flux.py l.411-424
+_QWEN = (
+    *_FLUX[:8],
+    "img_mlp.net.0.proj",
+    "img_mlp.net.2",
+    "txt_mlp.net.0.proj",
+    "txt_mlp.net.2",
+)  # l.410-423
+_WAN = tuple(t.removeprefix("attn.") for t in _ATTN)  # train_wan2_1.py l.451-460
 
 SCRIPTS: dict[str, Script] = {
-    "train_sd3.py": Script(32, 64, 128, True, False),
-    "train_sd3_fast.py": Script(32, 64, 128, True, True),
-    "train_flux.py": Script(64, 128, 128, False, False),
-    "train_flux_fast.py": Script(64, 128, 128, False, True),
-    "train_flux_kontext.py": Script(64, 128, 128, False, False),
-    "train_qwenimage.py": Script(64, 128, None, False, True),
-    "train_qwenimage_edit.py": Script(64, 128, None, False, True),
-    "train_wan2_1.py": Script(32, 64, 512, False, False),
-    "train_bagel.py": Script(64, 128, None, False, False),
+    "train_sd3.py": Script(32, 64, 128, True, False, _ATTN),
+    "train_sd3_fast.py": Script(32, 64, 128, True, True, _ATTN),
+    "train_flux.py": Script(64, 128, 128, False, False, _FLUX),
+    "train_flux_fast.py": Script(64, 128, 128, False, True, _FLUX),
+    "train_flux_kontext.py": Script(64, 128, 128, False, False, (*_FLUX, "proj_mlp")),
+    "train_qwenimage.py": Script(64, 128, None, False, True, _QWEN),
+    "train_qwenimage_edit.py": Script(64, 128, None, False, True, _QWEN),
+    "train_wan2_1.py": Script(32, 64, 512, False, False, _WAN),
+    "train_bagel.py": Script(64, 128, None, False, False, ()),
 }
 
 NO_EQUIVALENT: dict[str, str] = {
@@ -205,6 +220,8 @@ def _model(fg: dict[str, Any], out: Imported, model: str, script: Script, script
     lora = {"enabled": bool(_get(fg, "use_lora", True))}
     if lora["enabled"]:
         lora |= {"rank": script.lora_rank, "alpha": script.lora_alpha, "dtype": "float32"}
+        if script.lora_targets:
+            lora["target_modules"] = list(script.lora_targets)
     set_dotted(c, "model.lora", lora)
 
 

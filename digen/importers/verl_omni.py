@@ -214,6 +214,11 @@ def _translate(f: dict[str, Any], out: Imported) -> None:
         targets = f.get(f"{A}model.target_modules")
         if isinstance(targets, list):
             lora["target_modules"] = [str(t) for t in targets]
+        elif targets is not None:
+            out.dropped[f"{A}model.target_modules"] = (
+                f"{targets!r} (peft: every linear layer) has no digen spelling: the family's default "
+                "targets instead (docs/models.md, LoRA targets)"
+            )
     set_dotted(c, "model.lora", lora)
     train_files = str(f.get("data.train_files") or "")
     parts = train_files.split("/")

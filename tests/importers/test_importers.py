@@ -205,3 +205,23 @@ def test_dance_grpo_lora_script_imports_as_lora_with_its_targets():
     assert c["train"]["lr"] == 3e-4 and "fsdp" not in c["train"]
     full = import_config("dance-grpo", str(DANCE.parent / "finetune_flux_grpo_8gpus.sh")).config
     assert full["model"]["lora"] == {"enabled": False} and full["train"]["fsdp"] is True
+
+
+def test_lora_targets_are_the_recipe_s_own():
+    """Flow-GRPO's FLUX and Qwen-Image scripts adapt 12 module types, feed-forwards included
+    (train_flux.py l.411-424, train_qwenimage.py l.410-423); VeRL-Omni's examples list theirs."""
+    flux = import_config("flow-grpo", f"{GRPO}:pickscore_flux").config["model"]["lora"]["target_modules"]
+    assert len(flux) == 12 and {
+        "ff.net.0.proj",
+        "ff.net.2",
+        "ff_context.net.0.proj",
+        "ff_context.net.2",
+    } <= set(flux)
+    qwen = import_config("flow-grpo", f"{GRPO}:pickscore_qwenimage").config["model"]["lora"]["target_modules"]
+    assert len(qwen) == 12 and {"img_mlp.net.2", "txt_mlp.net.0.proj"} <= set(qwen)
+    sd3 = import_config("flow-grpo", f"{GRPO}:pickscore_sd3").config["model"]["lora"]["target_modules"]
+    assert len(sd3) == 8 and all(t.startswith("attn.") for t in sd3)
+    vo = import_config("verl-omni", str(VO / "qwen_image" / "run_qwen_image_ocr_lora.sh"))
+    assert [t for t in vo.config["model"]["lora"]["target_modules"] if "mlp" in t] == [
+        "img_mlp.net.0.proj", "img_mlp.net.2", "txt_mlp.net.0.proj", "txt_mlp.net.2"
+    ]  # fmt: skip
