@@ -52,6 +52,7 @@ _WAN = tuple(t.removeprefix("attn.") for t in _ATTN)  # train_wan2_1.py l.451-46
 SCRIPTS: dict[str, Script] = {
     "train_sd3.py": Script(32, 64, 128, True, False, _ATTN),
     "train_sd3_fast.py": Script(32, 64, 128, True, True, _ATTN),
+    "train_sd3_GRPO_Guard.py": Script(32, 64, 128, True, False, _ATTN),
     "train_flux.py": Script(64, 128, 128, False, False, _FLUX),
     "train_flux_fast.py": Script(64, 128, 128, False, True, _FLUX),
     "train_flux_kontext.py": Script(64, 128, 128, False, False, (*_FLUX, "proj_mlp")),
@@ -96,7 +97,7 @@ NO_EQUIVALENT: dict[str, str] = {
 
 # the keys a recipe may set that the translation below reads
 _CARRIED = {
-    "seed", "save_freq", "eval_freq", "num_checkpoint_limit", "mixed_precision", "use_lora",
+    "seed", "rationorm", "save_freq", "eval_freq", "num_checkpoint_limit", "mixed_precision", "use_lora",
     "dataset", "resolution", "activation_checkpointing", "pretrained.model", "sample.num_steps",
     "sample.eval_num_steps", "sample.guidance_scale", "sample.train_batch_size",
     "sample.num_image_per_prompt", "sample.test_batch_size", "sample.num_batches_per_epoch",
@@ -111,9 +112,12 @@ _CARRIED = {
 _DTYPES = {"fp16": "float16", "bf16": "bfloat16", "no": "float32"}
 
 
-def script_for(recipe: str, model: str) -> str:
-    """The training script of Flow-GRPO that runs ``recipe`` (its README's pairing)."""
+def script_for(recipe: str, model: str, module: str = "grpo.py") -> str:
+    """The training script of Flow-GRPO that runs ``recipe`` of ``config/<module>`` (its
+    README's pairing: config/grpo_guard.py's recipes run scripts/train_sd3_GRPO_Guard.py)."""
     m = model.lower()
+    if module == "grpo_guard.py":
+        return "train_sd3_GRPO_Guard.py"
     fast = "fast" in recipe
     if "wan" in m:
         return "train_wan2_1.py"
@@ -146,7 +150,8 @@ def import_recipe(spec: str, *, gpus: int | None = None) -> Imported:
     the GPU count the recipe's batch is sized for, when the recipe has no ``gpu_number``."""
     recipe, fg = read_recipe(spec)
     out = Imported(source=f"Flow-GRPO {spec}", config={})
-    _translate(recipe, fg, out, gpus or _gpu_number(spec, recipe))
+    module = Path(spec.rpartition(":")[0]).name
+    _translate(recipe, fg, out, gpus or _gpu_number(spec, recipe), module)
     for key, value in fg.items():
         if key in _CARRIED:
             if value is UNEVALUATED:
@@ -174,16 +179,19 @@ def _get(fg: dict[str, Any], key: str, default: Any = None) -> Any:
     return default if value is UNEVALUATED else value
 
 
-def _translate(recipe: str, fg: dict[str, Any], out: Imported, gpus: int | None) -> None:
+def _translate(recipe: str, fg: dict[str, Any], out: Imported, gpus: int | None, module: str) -> None:
     c = out.config
     model = str(_get(fg, "pretrained.model", ""))
-    script_name = script_for(recipe, model)
+    script_name = script_for(recipe, model, module)
     script = SCRIPTS[script_name]
     out.source += f" (run by scripts/{script_name})"
     _model(fg, out, model, script, script_name)
     _prompts(fg, out)
     _rollout(fg, out, gpus)
     _train(fg, out, script)
+    if script_name == "train_sd3_GRPO_Guard.py" and _get(fg, "rationorm", False):
+        # the script's `config.rationorm` branch: GRPO-Guard's normalised ratio and 1/dt weights
+        set_dotted(c, "train.algorithm", "grpo-guard")
     _reward(fg, out)
     set_dotted(c, "eval.every", _get(fg, "eval_freq", 20))
     set_dotted(c, "eval.seed", _get(fg, "seed", 42))

@@ -38,7 +38,8 @@ CARRIED = {
     f"{A}rollout.pipeline.guidance_scale", f"{A}rollout.pipeline.true_cfg_scale",
     f"{A}rollout.pipeline.max_sequence_length", f"{A}rollout.algo.noise_level", f"{A}rollout.algo.sde_type",
     f"{A}rollout.algo.sde_window_size", f"{A}rollout.algo.sde_window_range", f"{A}rollout.val_kwargs.pipeline.num_inference_steps",
-    "algorithm.global_std", "algorithm.timestep_fraction", "algorithm.adv_estimator",
+    f"{A}actor.diffusion_loss.loss_mode", f"{A}actor.diffusion_loss.kl_mask_threshold",
+    f"{A}actor.diffusion_loss.add_kl_coefficient", "algorithm.global_std", "algorithm.timestep_fraction", "algorithm.adv_estimator",
     "data.train_files", "data.val_files", "data.val_max_samples", "data.train_batch_size", "data.seed",
     "trainer.total_training_steps", "trainer.save_freq", "trainer.test_freq", "trainer.max_actor_ckpt_to_keep",
     "reward.custom_reward_function.name", "reward.custom_reward_function.path",
@@ -273,12 +274,32 @@ def _rollout(f: dict[str, Any], out: Imported) -> None:
 
 def _train(f: dict[str, Any], out: Imported) -> None:
     c = out.config
-    algo = str(f.get(f"{A}model.algorithm") or f.get("algorithm.adv_estimator") or "flow_grpo")
+    # the loss is the algorithm: diffusion_loss.loss_mode (its default interpolates
+    # model.algorithm); GRPO-Guard and Flow-DPPO scripts set model.algorithm=flow_grpo beside it
+    key = next(
+        (
+            k
+            for k in (f"{A}actor.diffusion_loss.loss_mode", f"{A}model.algorithm", "algorithm.adv_estimator")
+            if f.get(k)
+        ),
+        f"{A}model.algorithm",
+    )
+    algo = str(f.get(key) or "flow_grpo")
     if algo not in _ALGORITHMS:
-        out.dropped[f"{A}model.algorithm"] = (
-            f"{algo!r} is not a digen algorithm (digen algorithms): flow-grpo written"
+        raise ConfigError(
+            f"{out.source}: {key}={algo} is not an algorithm digen trains "
+            f"(it has {', '.join(sorted(_ALGORITHMS))}; digen algorithms lists them)"
         )
-    set_dotted(c, "train.algorithm", _ALGORITHMS.get(algo, "flow-grpo"))
+    set_dotted(c, "train.algorithm", _ALGORITHMS[algo])
+    if algo == "flow_dppo":
+        threshold = f.get(f"{A}actor.diffusion_loss.kl_mask_threshold")
+        if isinstance(threshold, (int, float)) and threshold > 0:
+            set_dotted(c, "train.flow_dppo.kl_threshold", float(threshold))
+        if f.get(f"{A}actor.diffusion_loss.add_kl_coefficient", True) is False:
+            raise ConfigError(
+                f"{out.source}: {A}actor.diffusion_loss.add_kl_coefficient=False: digen's flow-dppo "
+                "weighs the mask's KL with the SDE variance (the peer's True, its default) only"
+            )
     prompts = int(f.get("data.train_batch_size") or 1)
     mini = int(f.get(f"{A}actor.ppo_mini_batch_size") or prompts)
     # VeRL's ppo_mini_batch_size counts prompts (each with its rollout.n samples)

@@ -225,3 +225,46 @@ def test_lora_targets_are_the_recipe_s_own():
     assert [t for t in vo.config["model"]["lora"]["target_modules"] if "mlp" in t] == [
         "img_mlp.net.0.proj", "img_mlp.net.2", "txt_mlp.net.0.proj", "txt_mlp.net.2"
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "script, algorithm",
+    [
+        ("grpoguard_trainer", "grpo-guard"),
+        ("flowdppo_trainer", "flow-dppo"),
+        ("flowgrpo_trainer", "flow-grpo-fast"),
+    ],
+)
+def test_verl_omni_s_loss_mode_is_the_algorithm(script, algorithm):
+    """GRPO-Guard's and Flow-DPPO's examples set model.algorithm=flow_grpo beside
+    diffusion_loss.loss_mode: the loss is what they train (they used to import as flow-grpo)."""
+    result = import_config("verl-omni", str(VO.parent / script / "qwen_image" / "run_qwen_image_ocr_lora.sh"))
+    result.validate()
+    train = result.config["train"]
+    assert train["algorithm"] == algorithm
+    assert train["timesteps"] == {"strategy": "window", "window": 2, "window_range": [0, 5]}
+    if algorithm == "grpo-guard":
+        assert train["clip_range"] == 2e-6
+    if algorithm == "flow-dppo":
+        assert train["flow_dppo"] == {"kl_threshold": 1e-5}
+
+
+def test_an_algorithm_digen_lacks_is_refused_naming_the_key():
+    with pytest.raises(ConfigError, match=r"diffusion_loss.loss_mode=dpo is not an algorithm digen trains"):
+        import_config(
+            "verl-omni", str(VO.parent / "dpo_trainer" / "qwen_image" / "run_qwen_image_online_dpo_lora.sh")
+        )
+
+
+GUARD = PEERS / "flow_grpo" / "config" / "grpo_guard.py"
+
+
+@pytest.mark.parametrize(
+    "recipe", ["general_ocr_sd3_rationorm", "pickscore_hps_sd3_ratio_norm", "geneval_sd3_rationorm"]
+)
+def test_flow_grpo_s_grpo_guard_recipes_import_as_grpo_guard(recipe):
+    result = import_config("flow-grpo", f"{GUARD}:{recipe}")
+    result.validate()
+    assert result.config["train"]["algorithm"] == "grpo-guard"
+    assert "train_sd3_GRPO_Guard.py" in result.source and "rationorm" not in result.dropped
+    assert result.config["train"]["clip_range"] in (2e-6, 4e-6)
