@@ -37,7 +37,7 @@ CARRIED = {
     f"{A}rollout.pipeline.height", f"{A}rollout.pipeline.width", f"{A}rollout.pipeline.num_inference_steps",
     f"{A}rollout.pipeline.guidance_scale", f"{A}rollout.pipeline.true_cfg_scale",
     f"{A}rollout.pipeline.max_sequence_length", f"{A}rollout.algo.noise_level", f"{A}rollout.algo.sde_type",
-    f"{A}rollout.algo.sde_window_size", f"{A}rollout.algo.sde_window_range", f"{A}rollout.val_kwargs.pipeline.num_inference_steps",
+    f"{A}rollout.algo.sde_window_size", f"{A}rollout.algo.sde_window_range", f"{A}rollout.algo.sample_strategy", f"{A}rollout.val_kwargs.pipeline.num_inference_steps",
     f"{A}actor.diffusion_loss.loss_mode", f"{A}actor.diffusion_loss.kl_mask_threshold",
     f"{A}actor.diffusion_loss.add_kl_coefficient", "algorithm.global_std", "algorithm.timestep_fraction", "algorithm.adv_estimator",
     "data.train_files", "data.val_files", "data.val_max_samples", "data.train_batch_size", "data.seed",
@@ -84,6 +84,7 @@ KEYS = {
 
 _ALGORITHMS = {"flow_grpo": "flow-grpo", "grpo_guard": "grpo-guard", "mix_grpo": "mix-grpo",
                "flow_dppo": "flow-dppo", "diffusion_nft": "diffusion-nft", "dance_grpo": "dance-grpo"}  # fmt: skip
+_SDE_TYPES = {"sde": "sde", "cps": "cps", "dance_sde": "dance"}  # rollout.algo.sde_type
 _DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "fp32": "float32", "float32": "float32",
            "fp16": "float16", "float16": "float16"}  # fmt: skip
 
@@ -262,11 +263,12 @@ def _rollout(f: dict[str, Any], out: Imported) -> None:
         f.get(f"{A}rollout.pipeline.true_cfg_scale") or f.get(f"{A}rollout.pipeline.guidance_scale") or 1.0
     )
     set_dotted(c, "rollout.guidance_scale", float(guidance))
+    sde_type = str(f.get(f"{A}rollout.algo.sde_type") or "sde")  # unknown: kept, and refused by name
     set_dotted(
         c,
         "rollout.sde",
         {
-            "kind": f.get(f"{A}rollout.algo.sde_type") or "sde",
+            "kind": _SDE_TYPES.get(sde_type, sde_type),
             "noise_level": f.get(f"{A}rollout.algo.noise_level", 1.0),
         },
     )
@@ -274,16 +276,15 @@ def _rollout(f: dict[str, Any], out: Imported) -> None:
 
 def _train(f: dict[str, Any], out: Imported) -> None:
     c = out.config
-    # the loss is the algorithm: diffusion_loss.loss_mode (its default interpolates
-    # model.algorithm); GRPO-Guard and Flow-DPPO scripts set model.algorithm=flow_grpo beside it
-    key = next(
-        (
-            k
-            for k in (f"{A}actor.diffusion_loss.loss_mode", f"{A}model.algorithm", "algorithm.adv_estimator")
-            if f.get(k)
-        ),
-        f"{A}model.algorithm",
-    )
+    # model.algorithm names the rollout and the loss unless diffusion_loss.loss_mode (whose
+    # default interpolates model.algorithm) names another loss than Flow-GRPO's: GRPO-Guard's
+    # and Flow-DPPO's examples set model.algorithm=flow_grpo beside loss_mode=grpo_guard /
+    # flow_dppo; MixGRPO's sets model.algorithm=mix_grpo with Flow-GRPO's loss
+    loss_key, model_key = f"{A}actor.diffusion_loss.loss_mode", f"{A}model.algorithm"
+    if f.get(loss_key) and f.get(loss_key) not in ("flow_grpo", f.get(model_key)):
+        key = loss_key
+    else:
+        key = next((k for k in (model_key, "algorithm.adv_estimator") if f.get(k)), model_key)
     algo = str(f.get(key) or "flow_grpo")
     if algo not in _ALGORITHMS:
         raise ConfigError(
@@ -305,6 +306,17 @@ def _train(f: dict[str, Any], out: Imported) -> None:
     # VeRL's ppo_mini_batch_size counts prompts (each with its rollout.n samples)
     set_mini_batches(out, prompts // max(1, mini), f"{A}actor.ppo_mini_batch_size", "VeRL-Omni takes")
     window = f.get(f"{A}rollout.algo.sde_window_size")
+    strategy = f.get(f"{A}rollout.algo.sample_strategy")
+    if c["train"]["algorithm"] == "mix-grpo" and window:
+        # MixGRPO's window is its own (train.mix_grpo): the rollout algo's size and strategy
+        mix: dict[str, Any] = {"window": int(window)}
+        if strategy in ("progressive", "random", "decay"):
+            mix["schedule"] = strategy
+        set_dotted(c, "train.mix_grpo", mix)
+        out.dropped[f"{A}rollout.algo.sde_window_range"] = (
+            "MixGRPO's window moves over the steps digen's mix-grpo allows (train.mix_grpo), not a range"
+        )
+        window = None
     if window:
         # the rollout adapters' default range when the script passes none (sd3_flow_grpo
         # vllm_omni_rollout_adapter.py: ``_coalesce_not_none(..., (0, 5))``)

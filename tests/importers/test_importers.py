@@ -249,8 +249,19 @@ def test_verl_omni_s_loss_mode_is_the_algorithm(script, algorithm):
         assert train["flow_dppo"] == {"kl_threshold": 1e-5}
 
 
+def test_verl_omni_s_mix_grpo_keeps_its_own_window():
+    """model.algorithm=mix_grpo with Flow-GRPO's loss_mode is MixGRPO (its window, random)."""
+    script = VO.parent / "mixgrpo_trainer" / "qwen_image" / "run_qwen_image_ocr_lora_mixgrpo.sh"
+    result = import_config("verl-omni", str(script))
+    result.validate()
+    assert result.config["train"]["algorithm"] == "mix-grpo"
+    assert result.config["train"]["mix_grpo"] == {"window": 2, "schedule": "random"}
+
+
 def test_an_algorithm_digen_lacks_is_refused_naming_the_key():
-    with pytest.raises(ConfigError, match=r"diffusion_loss.loss_mode=dpo is not an algorithm digen trains"):
+    with pytest.raises(
+        ConfigError, match=r"actor_rollout_ref.model.algorithm=dpo is not an algorithm digen trains"
+    ):
         import_config(
             "verl-omni", str(VO.parent / "dpo_trainer" / "qwen_image" / "run_qwen_image_online_dpo_lora.sh")
         )
