@@ -33,12 +33,26 @@ def import_config(
         ),
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing --out file.")] = False,
+    overrides: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="Set a key of the imported config, as digen train's --set (--set model.device=auto); "
+            "the written file carries it.",
+        ),
+    ] = None,
 ) -> None:
     """Write the digen config of a peer's recipe and list every key it could not carry, with why.
     The peer's files are read as data, never run."""
+    from digen.config import parse_overrides
     from digen.importers import import_config as run_import
+    from digen.importers import set_dotted
 
     result = run_import(peer, spec, gpus=gpus)
+    for key, value in parse_overrides(overrides or []):
+        set_dotted(result.config, key, value)
+        result.placeholders.pop(key, None)
+        result.overridden[key] = value
     result.validate()
     text = result.to_yaml()
     if out_file is None:

@@ -19,6 +19,8 @@ class Imported:
     config: dict[str, Any]
     dropped: dict[str, str] = field(default_factory=dict)
     placeholders: dict[str, str] = field(default_factory=dict)
+    overridden: dict[str, Any] = field(default_factory=dict)
+    """digen key -> the value ``digen import-config --set`` gave it over the peer's."""
 
     def validate(self) -> None:
         """Raise the :class:`~digen.errors.ConfigError` of every problem digen's config finds in
@@ -38,6 +40,9 @@ class Imported:
         if self.placeholders:
             lines.append("# Placeholders to fill in:")
             lines += [f"#   {k}: {why}" for k, why in self.placeholders.items()]
+        if self.overridden:
+            lines.append("# Set by --set (not the peer's):")
+            lines += [f"#   {k}: {v!r}" for k, v in self.overridden.items()]
         if self.dropped:
             lines.append("# Not carried (no digen equivalent):")
             lines += [f"#   {k}: {why}" for k, why in self.dropped.items()]

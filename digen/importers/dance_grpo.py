@@ -17,7 +17,7 @@ from typing import Any
 
 from digen.errors import ConfigError
 from digen.importers.common import Imported, served_reward, set_dotted, set_mini_batches
-from digen.importers.shell import read_command, scalar
+from digen.importers.shell import read_command, scalar, unresolved
 
 DEFAULTS: dict[str, Any] = {
     "train_batch_size": 16, "num_generations": 16, "gradient_accumulation_steps": 1,
@@ -77,6 +77,9 @@ def import_script(spec: str) -> Imported:
     command = read_command(path, "fastvideo/train_grpo")
     script = command.program  # fastvideo/train_grpo_flux_lora.py: the variant is in its name
     flags = _flags(command.args)
+    for key in sorted(_CARRIED & flags.keys()):
+        if why := unresolved(f"--{key}", flags[key]):
+            raise ConfigError(f"DanceGRPO {path.name}: {why}")
     gpus = _launcher_gpus(command.launcher)
     out = Imported(source=f"DanceGRPO {path.name}", config={})
     _translate(flags, gpus, script, out)

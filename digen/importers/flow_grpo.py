@@ -152,6 +152,7 @@ def import_recipe(spec: str, *, gpus: int | None = None) -> Imported:
     out = Imported(source=f"Flow-GRPO {spec}", config={})
     module = Path(spec.rpartition(":")[0]).name
     _translate(recipe, fg, out, gpus or _gpu_number(spec, recipe), module)
+    _refuse(recipe, fg, out)
     for key, value in fg.items():
         if key in _CARRIED:
             if value is UNEVALUATED:
@@ -159,6 +160,32 @@ def import_recipe(spec: str, *, gpus: int | None = None) -> Imported:
             continue
         out.dropped.setdefault(key, NO_EQUIVALENT.get(key, "not a key digen's importer knows"))
     return out
+
+
+def _refuse(recipe: str, fg: dict[str, Any], out: Imported) -> None:
+    """A :class:`~digen.errors.ConfigError` naming the recipe key that makes it untrainable as
+    digen trains GRPO (before the generic config check, which would name only digen's keys)."""
+    group = _get(fg, "sample.num_image_per_prompt", 1)
+    rollout = out.config["rollout"]
+    if isinstance(group, int) and group < 2:
+        raise ConfigError(
+            f"{out.source}: sample.num_image_per_prompt ({group}) leaves no group to compare: GRPO "
+            f"needs at least 2 images a prompt ({recipe} is the base the other recipes build on)"
+        )
+    if rollout["batch_size"] % rollout["group_size"]:
+        per_gpu, batches = _get(fg, "sample.train_batch_size", 1), _get(fg, "sample.num_batches_per_epoch", 2)
+        why = (
+            f"{out.source}: the epoch's {rollout['batch_size']} images (sample.train_batch_size {per_gpu} "
+            f"x {rollout['batch_size'] // max(1, per_gpu * batches)} GPUs x sample.num_batches_per_epoch "
+            f"{batches}) are not whole groups of sample.num_image_per_prompt ({rollout['group_size']})"
+        )
+        mini = _get(fg, "sample.mini_num_image_per_prompt")
+        if mini is not None:
+            why += (
+                f": the recipe sizes its batches with sample.mini_num_image_per_prompt ({mini}), which no "
+                "script reads at 9745241 (train_sd3_fast.py trains whole groups)"
+            )
+        raise ConfigError(why)
 
 
 def _gpu_number(spec: str, recipe: str) -> int | None:
