@@ -55,10 +55,10 @@ SCRIPTS: dict[str, Script] = {
     "train_sd3_GRPO_Guard.py": Script(32, 64, 128, True, False, _ATTN),
     "train_flux.py": Script(64, 128, 128, False, False, _FLUX),
     "train_flux_fast.py": Script(64, 128, 128, False, True, _FLUX),
-    "train_flux_kontext.py": Script(64, 128, 128, False, False, (*_FLUX, "proj_mlp")),
+    "train_flux_kontext.py": Script(64, 128, 128, True, False, (*_FLUX, "proj_mlp")),
     "train_qwenimage.py": Script(64, 128, None, False, True, _QWEN),
     "train_qwenimage_edit.py": Script(64, 128, None, False, True, _QWEN),
-    "train_wan2_1.py": Script(32, 64, 512, False, False, _WAN),
+    "train_wan2_1.py": Script(32, 64, 512, True, False, _WAN),
     "train_bagel.py": Script(64, 128, None, False, False, ()),
 }
 
@@ -216,6 +216,13 @@ def _translate(recipe: str, fg: dict[str, Any], out: Imported, gpus: int | None,
     _prompts(fg, out)
     _rollout(fg, out, gpus)
     _train(fg, out, script)
+    if script_name == "train_wan2_1.py":
+        out.dropped["sample.noise_level"] = (
+            f"train_wan2_1.py's SDE never reads it: flow_grpo/diffusers_patch/wan_pipeline_with_logprob.py "
+            f"sde_step_with_logprob takes std_dev_t = sigma_min + (sigma_max - sigma_min) * sigma; digen's sde step "
+            f"takes noise_level {out.config['rollout']['sde']['noise_level']} x sqrt(sigma / (1 - sigma)): "
+            "a different noise schedule"
+        )
     if script_name == "train_sd3_GRPO_Guard.py" and _get(fg, "rationorm", False):
         # the script's `config.rationorm` branch: GRPO-Guard's normalised ratio and 1/dt weights
         set_dotted(c, "train.algorithm", "grpo-guard")
@@ -249,6 +256,11 @@ def _model(fg: dict[str, Any], out: Imported, model: str, script: Script, script
     set_dotted(c, "model.vae_dtype", "float32")
     if precision in ("fp16", "bf16"):
         set_dotted(c, "model.autocast", "bfloat16")
+    if precision == "fp16":
+        out.dropped["mixed_precision (fp16)"] = (
+            "accelerate autocasts the forward in float16 with a GradScaler; digen autocasts in bfloat16 "
+            "(no loss scaler: docs/precision.md); the text encoders are float16 as the recipe's"
+        )
     set_dotted(c, "model.device", "cuda")
     if script.max_sequence_length is not None:
         set_dotted(c, "model.max_sequence_length", script.max_sequence_length)

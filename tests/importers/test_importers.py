@@ -279,3 +279,34 @@ def test_flow_grpo_s_grpo_guard_recipes_import_as_grpo_guard(recipe):
     assert result.config["train"]["algorithm"] == "grpo-guard"
     assert "train_sd3_GRPO_Guard.py" in result.source and "rationorm" not in result.dropped
     assert result.config["train"]["clip_range"] in (2e-6, 4e-6)
+
+
+def test_per_recipe_numbers_the_scripts_fix_in_code():
+    """HunyuanVideo's hard-coded guidance 6018 (6.018 x 1000) and --t frames, Wan's --cfg_infer,
+    the scripts digen has no family for, Flow-GRPO Wan's filter and its SDE that ignores
+    noise_level, fp16 autocast said aloud."""
+    hun = import_config("dance-grpo", str(DANCE.parent / "finetune_hunyuan_grpo.sh"))
+    hun.validate()
+    c = hun.config
+    assert (c["rollout"]["guidance_scale"], c["model"]["num_frames"], c["rollout"]["shared_noise"]) == (
+        6.018,
+        53,
+        True,
+    )
+    assert "--t" not in hun.dropped and "--bestofn" in hun.dropped and "--vq_coef/--mq_coef" in hun.dropped
+    wan = import_config("dance-grpo", str(DANCE.parent / "finetune_wan_2_1_grpo.sh")).config
+    assert (wan["rollout"]["guidance_scale"], wan["model"]["num_frames"]) == (5.0, 1)
+    for script, cause in [
+        ("finetune_sd_grpo.sh", "Stable Diffusion v1"),
+        ("finetune_skyreels_i2v.sh", "image-to-video"),
+    ]:
+        with pytest.raises(ConfigError, match=cause):
+            import_config("dance-grpo", str(DANCE.parent / script))
+    fg_wan = import_config("flow-grpo", f"{GRPO}:general_ocr_wan2_1")
+    assert fg_wan.config["train"]["zero_advantage"] == "drop"  # train_wan2_1.py l.847's filter
+    assert "sigma_min + (sigma_max - sigma_min) * sigma" in fg_wan.dropped["sample.noise_level"]
+    sd3 = import_config("flow-grpo", f"{GRPO}:pickscore_sd3")
+    assert (
+        "GradScaler" in sd3.dropped["mixed_precision (fp16)"]
+        and sd3.config["model"]["autocast"] == "bfloat16"
+    )
