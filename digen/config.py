@@ -160,10 +160,27 @@ class TimestepConfig(_Section):
 
 
 class EmaConfig(_Section):
+    """An exponential moving average of the trained tensors, kept beside them in every
+    checkpoint (``ema/<name>``; ``digen export --ema`` exports it). Each update is
+    ``ema += (1 - d) (w - ema)`` with ``d = min((1 + n) / (10 + n), decay)`` after ``n``
+    optimizer steps when ``warmup`` (Flow-GRPO's flow_grpo/ema.py ``get_current_decay``),
+    else ``decay``. docs/algorithms.md, "EMA", restates both peers'."""
+
     enabled: bool = False
     decay: float = Field(0.9, gt=0.0, lt=1.0)
+    warmup: bool = True
+    """Warm the decay up from 0.1 (Flow-GRPO's); False: the fixed ``decay`` (DanceGRPO's)."""
+    update: Literal["micro_batch", "step", "iteration"] = "micro_batch"
+    """When the EMA moves. ``micro_batch`` (Flow-GRPO: scripts/train_sd3.py l.959-960): once per
+    micro-batch of ``micro_batches`` a step, when ``(n + 1) % every == 0`` for the ``n``
+    optimizer steps taken at that micro-batch (a step's last micro-batch sees it counted);
+    ``step``: after every ``every``-th optimizer step; ``iteration`` (DanceGRPO:
+    train_grpo_flux.py l.866-867): once after each rollout batch's last step."""
     every: int = Field(8, ge=1)
-    """Update the EMA copy every N optimizer steps (kept in checkpoints, used for nothing else)."""
+    """Flow-GRPO's ``update_step_interval`` (8 in its scripts), in optimizer steps."""
+    micro_batches: int = Field(1, ge=1)
+    """For ``update: micro_batch``: the peer's micro-batches per optimizer step (Flow-GRPO's
+    ``train.gradient_accumulation_steps``), each an EMA update."""
 
 
 class MixGrpoConfig(_Section):

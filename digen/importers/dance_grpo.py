@@ -211,7 +211,9 @@ def _translate(f: dict[str, Any], gpus: int, script: str, out: Imported) -> None
     set_dotted(c, "train.grad_clip", float(get("max_grad_norm")))
     set_dotted(c, "train.rows_per_forward", 1)
     if get("use_ema"):
-        set_dotted(c, "train.ema", {"enabled": True, "decay": get("ema_decay"), "every": 1})
+        # FSDP_EMA.update once per rollout batch, a fixed decay (train_grpo_flux.py l.866-867)
+        ema = {"enabled": True, "decay": get("ema_decay"), "warmup": False, "update": "iteration"}
+        set_dotted(c, "train.ema", ema)
     reward = "hpsv2" if get("use_hpsv2") else "pickscore" if get("use_pickscore") else None
     c["reward"] = [{"name": reward, "weight": 1.0} if reward else served_reward("reward")]
     if get("use_videoalign"):

@@ -33,6 +33,7 @@ class Script:
     drops_zero_advantage: bool  # `advantages.abs().sum(dim=1) != 0` filter in `main`
     windowed: bool  # reads sample.sde_window_size / sde_window_range
     lora_targets: tuple[str, ...]  # the script's LoraConfig(target_modules=[...])
+    ema: bool = True  # builds flow_grpo/ema.py's EMAModuleWrapper (decay 0.9, interval 8)
 
 
 _ATTN = ("attn.add_k_proj", "attn.add_q_proj", "attn.add_v_proj", "attn.to_add_out",
@@ -56,10 +57,10 @@ SCRIPTS: dict[str, Script] = {
     "train_flux.py": Script(64, 128, 128, False, False, _FLUX),
     "train_flux_fast.py": Script(64, 128, 128, False, True, _FLUX),
     "train_flux_kontext.py": Script(64, 128, 128, True, False, (*_FLUX, "proj_mlp")),
-    "train_qwenimage.py": Script(64, 128, None, False, True, _QWEN),
-    "train_qwenimage_edit.py": Script(64, 128, None, False, True, _QWEN),
+    "train_qwenimage.py": Script(64, 128, None, False, True, _QWEN, ema=False),
+    "train_qwenimage_edit.py": Script(64, 128, None, False, True, _QWEN, ema=False),
     "train_wan2_1.py": Script(32, 64, 512, True, False, _WAN),
-    "train_bagel.py": Script(64, 128, None, False, False, ()),
+    "train_bagel.py": Script(64, 128, None, False, False, (), ema=False),
 }
 
 NO_EQUIVALENT: dict[str, str] = {
@@ -345,7 +346,26 @@ def _train(fg: dict[str, Any], out: Imported, script: Script) -> None:
     set_dotted(c, "train.adam_eps", _get(fg, "train.adam_epsilon", 1e-8))
     set_dotted(c, "train.grad_clip", float(_get(fg, "train.max_grad_norm", 1.0)))
     set_dotted(c, "train.rows_per_forward", micro)
-    set_dotted(c, "train.ema", {"enabled": bool(_get(fg, "train.ema", False)), "decay": 0.9, "every": 8})
+    # EMAModuleWrapper(decay=0.9, update_step_interval=8) stepped once per micro-batch
+    # (train_sd3.py l.445, 959-960): `accumulation` micro-batches an optimizer step
+    ema = bool(_get(fg, "train.ema", False))
+    if ema and not script.ema:
+        ema = False
+        out.dropped["train.ema"] = (
+            "this recipe's script builds no EMA (its EMAModuleWrapper line is commented out)"
+        )
+    set_dotted(
+        c,
+        "train.ema",
+        {
+            "enabled": ema,
+            "decay": 0.9,
+            "warmup": True,
+            "update": "micro_batch",
+            "every": 8,
+            "micro_batches": accumulation,
+        },
+    )
     if _get(fg, "activation_checkpointing", False):
         set_dotted(c, "train.fsdp", True)
         set_dotted(c, "train.activation_checkpointing", True)
