@@ -101,3 +101,26 @@ def served_reward(name: str, weight: float = 1.0) -> dict[str, Any]:
         "weight": weight,
         "kwargs": {"url": f"http://127.0.0.1:8765/{name}", "name": name},
     }
+
+
+# model names (a Hub id, a folder, a peer's example folder) of the peers' recipes whose model
+# is not a digen family (docs/models.md): a config for them would load another pipeline
+NOT_FAMILIES = {
+    "kontext": "FLUX.1-Kontext (image editing: a source image with each prompt)",
+    "qwen-image-edit": "Qwen-Image-Edit (image editing: a source image with each prompt)",
+    "qwen_image_edit": "Qwen-Image-Edit (image editing: a source image with each prompt)",
+    "bagel": "BAGEL (a unified understanding-and-generation model)",
+    "ltx2": "LTX-2 (joint audio-video generation)",
+    "ltx-2": "LTX-2 (joint audio-video generation)",
+    "minimax": "MiniMax H3 (text-to-video-and-audio)",
+}
+
+
+def family_problem(*names: str) -> str | None:
+    """Why the recipe's model (named by any of ``names``) is not one digen trains, or None."""
+    for name in names:
+        low = name.lower()
+        for key, what in NOT_FAMILIES.items():
+            if key in low:
+                return f"{name}: {what} is not a digen model family (docs/models.md lists them)"
+    return None

@@ -19,7 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from digen.errors import ConfigError
-from digen.importers.common import Imported, flow_grpo_member, served_reward, set_dotted, set_mini_batches
+from digen.importers.common import (
+    Imported,
+    family_problem,
+    flow_grpo_member,
+    served_reward,
+    set_dotted,
+    set_mini_batches,
+)
 from digen.importers.pyconfig import UNEVALUATED, ConfigModule, flatten
 
 
@@ -154,6 +161,8 @@ def import_recipe(spec: str, *, gpus: int | None = None) -> Imported:
     module = Path(spec.rpartition(":")[0]).name
     _translate(recipe, fg, out, gpus or _gpu_number(spec, recipe), module)
     _refuse(recipe, fg, out)
+    if why := family_problem(str(_get(fg, "pretrained.model", ""))):
+        raise ConfigError(f"{out.source}: pretrained.model {why}")
     for key, value in fg.items():
         if key in _CARRIED:
             if value is UNEVALUATED:

@@ -20,7 +20,14 @@ from typing import Any
 
 from digen.config import read_yaml
 from digen.errors import ConfigError
-from digen.importers.common import Imported, flow_grpo_member, served_reward, set_dotted, set_mini_batches
+from digen.importers.common import (
+    Imported,
+    family_problem,
+    flow_grpo_member,
+    served_reward,
+    set_dotted,
+    set_mini_batches,
+)
 from digen.importers.shell import read_script, scalar, unresolved
 
 GENERATED = "verl_omni/trainer/config/_generated_diffusion_trainer.yaml"
@@ -109,6 +116,8 @@ def import_verl_omni(spec: str) -> Imported:
         raise ConfigError(f"{spec} is not a VeRL-Omni config (a mapping of sections)")
     flat = _resolve(_flatten(data))
     out = Imported(source=source, config={})
+    if why := family_problem(str(flat.get(f"{A}model.path") or ""), str(path.parent)):
+        raise ConfigError(f"{source}: {A}model.path {why}")
     for key in sorted(CARRIED & flat.keys()):  # a path is only a placeholder's name: kept as written
         if not key.endswith(("path", "files", "name")) and (why := unresolved(key, flat[key])):
             raise ConfigError(f"{source}: {why}")
