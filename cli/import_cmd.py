@@ -1,4 +1,4 @@
-"""``digen import-config``: a Flow-GRPO, VeRL-Omni or DanceGRPO recipe as a digen config."""
+"""``digen import-config``: a Flow-GRPO, VeRL-Omni, DanceGRPO or Flow-Factory recipe as a digen config."""
 
 from __future__ import annotations
 
@@ -15,12 +15,13 @@ from digen.errors import ConfigError
 @app.command("import-config")
 @handles_errors
 def import_config(
-    peer: Annotated[str, typer.Argument(help="flow-grpo, verl-omni or dance-grpo.")],
+    peer: Annotated[str, typer.Argument(help="flow-grpo, verl-omni, dance-grpo or flow-factory.")],
     spec: Annotated[
         str,
         typer.Argument(
             help="flow-grpo: PATH/config/grpo.py:RECIPE; verl-omni: a composed config .yaml or an "
-            "examples/**/*.sh launch script; dance-grpo: a scripts/finetune/*.sh script."
+            "examples/**/*.sh launch script; dance-grpo: a scripts/finetune/*.sh script; flow-factory: an "
+            "examples/**/*.yaml recipe."
         ),
     ],
     out_file: Annotated[

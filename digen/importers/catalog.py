@@ -35,6 +35,8 @@ _BOOKKEEPING = (
     "--data_json_path", "--dataloader_num_workers", "--output_dir", "--logging_dir", "--allow_tf32",
     "--sampler_seed", "--checkpointing_steps", "--validation", "--log_validation", "--tracker_project_name",
     "--checkpoints_total_limit", "--fps", "--model_type", "--num_latent_t", "--master_port",
+    "launcher", "config_file", "num_processes", "main_process_port", "log", "eval_rewards", "eval.",
+    "model.resume", "model.attn_backend", "train.ref_param_device", "train.ema_device", "scheduler.seed",
 )  # fmt: skip
 
 
@@ -128,6 +130,8 @@ def rows(root: Path) -> list[Row]:
         out.append(_one("verl-omni", str(script.relative_to(root / "verl_omni")), str(script), root))
     for script in sorted((root / "dance_grpo" / "scripts" / "finetune").glob("*.sh")):
         out.append(_one("dance-grpo", str(script.relative_to(root / "dance_grpo")), str(script), root))
+    for recipe in sorted((root / "flow_factory" / "examples").rglob("*.yaml")):
+        out.append(_one("flow-factory", str(recipe.relative_to(root / "flow_factory")), str(recipe), root))
     return out
 
 
@@ -135,6 +139,7 @@ _PEERS = {
     "flow-grpo": "Flow-GRPO (9745241)",
     "verl-omni": "VeRL-Omni (a1139ba)",
     "dance-grpo": "DanceGRPO (15cc71d)",
+    "flow-factory": "Flow-Factory (a0b2bc5, a selection)",
 }
 
 
