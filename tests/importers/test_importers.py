@@ -210,8 +210,10 @@ def test_dance_grpo_lora_script_imports_as_lora_with_its_targets():
         "target_modules": ["to_k", "to_q", "to_v", "to_out.0"],
     }
     assert c["train"]["lr"] == 3e-4 and "fsdp" not in c["train"]
-    full = import_config("dance-grpo", str(DANCE.parent / "finetune_flux_grpo_8gpus.sh")).config
-    assert full["model"]["lora"] == {"enabled": False} and full["train"]["fsdp"] is True
+    full = import_config("dance-grpo", str(DANCE.parent / "finetune_flux_grpo_8gpus.sh"))
+    full.validate()  # its --use_ema under FSDP: imported without the EMA, and said so
+    assert full.config["model"]["lora"] == {"enabled": False} and full.config["train"]["fsdp"] is True
+    assert full.config["train"]["ema"]["enabled"] is False and "no EMA" in full.dropped["--use_ema"]
 
 
 def test_lora_targets_are_the_recipe_s_own():
