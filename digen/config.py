@@ -179,13 +179,34 @@ class TimestepConfig(_Section):
     dropped (DanceGRPO); window: a random window of ``window`` SDE steps (Flow-GRPO-Fast)."""
     fraction: float = Field(0.5, gt=0.0, le=1.0)
     window: int = Field(2, ge=1)
+    window_range: list[int] | None = Field(None, min_length=2, max_length=2)
+    """``[lo, hi]``: the steps the window may cover, its start drawn uniformly in
+    ``[lo, hi - window]`` (Flow-GRPO's and VeRL-Omni's ``sde_window_range``). None: ``[0,
+    num_steps // 2]``, the first half, as every windowed recipe of both peers sets it."""
 
 
 class EmaConfig(_Section):
+    """An exponential moving average of the trained tensors, kept beside them in every
+    checkpoint (``ema/<name>``; ``digen export --ema`` exports it). Each update is
+    ``ema += (1 - d) (w - ema)`` with ``d = min((1 + n) / (10 + n), decay)`` after ``n``
+    optimizer steps when ``warmup`` (Flow-GRPO's flow_grpo/ema.py ``get_current_decay``),
+    else ``decay``. docs/algorithms.md, "EMA", restates both peers'."""
+
     enabled: bool = False
     decay: float = Field(0.9, gt=0.0, lt=1.0)
+    warmup: bool = True
+    """Warm the decay up from 0.1 (Flow-GRPO's); False: the fixed ``decay`` (DanceGRPO's)."""
+    update: Literal["micro_batch", "step", "iteration"] = "micro_batch"
+    """When the EMA moves. ``micro_batch`` (Flow-GRPO: scripts/train_sd3.py l.959-960): once per
+    micro-batch of ``micro_batches`` a step, when ``(n + 1) % every == 0`` for the ``n``
+    optimizer steps taken at that micro-batch (a step's last micro-batch sees it counted);
+    ``step``: after every ``every``-th optimizer step; ``iteration`` (DanceGRPO:
+    train_grpo_flux.py l.866-867): once after each rollout batch's last step."""
     every: int = Field(8, ge=1)
-    """Update the EMA copy every N optimizer steps (kept in checkpoints, used for nothing else)."""
+    """Flow-GRPO's ``update_step_interval`` (8 in its scripts), in optimizer steps."""
+    micro_batches: int = Field(1, ge=1)
+    """For ``update: micro_batch``: the peer's micro-batches per optimizer step (Flow-GRPO's
+    ``train.gradient_accumulation_steps``), each an EMA update."""
 
 
 class MixGrpoConfig(_Section):
@@ -841,8 +862,15 @@ def _cross_checks(cfg: Config, check_paths: bool, algorithms: bool = True) -> li
     problems += _mini_batch_checks(cfg)
     if algorithms:
         from digen.algos.registry import config_problems
+        from digen.algos.timesteps import window_range_problem
 
         problems += config_problems(cfg)
+        ts = cfg.train.timesteps
+        problem = window_range_problem(r.num_steps, ts.window, ts.window_range)
+        if ts.strategy == "window" and ts.window <= r.num_steps - 1 and problem:
+            problems.append(
+                f"train.timesteps: {problem} (rollout.num_steps {r.num_steps}); set train.timesteps.window_range"
+            )
     if cfg.eval.every and cfg.prompts.test_file is None and cfg.prompts.dataset is None:
         problems.append(
             f"eval.every ({cfg.eval.every}) needs prompts.test_file (held-out prompts, one per line) "
