@@ -69,7 +69,12 @@ def forward_chunks(rows: Rows, tsp: bool, limit: int) -> list[torch.Tensor]:
     """Row index sets, one per forward, none of more than ``limit`` rows (``train.rows_per_forward``:
     what bounds a forward's activations in every mode): TSP packs up to ``limit`` rows of any
     steps; without TSP one forward per denoising step (the sequential loop), a step with more
-    rows than ``limit`` cut into consecutive forwards of ``limit``."""
+    rows than ``limit`` cut into consecutive forwards of ``limit``. Rows whose loss couples rows
+    (a group's preference weight: :class:`digen.algos.clean_sample.GroupRows`) name their own
+    forwards, in every mode alike (one per group and step, whatever ``limit``)."""
+    own = getattr(rows, "forward_chunks", None)
+    if own is not None:
+        return own()
     n = len(rows)
     if tsp:
         return [torch.arange(i, min(i + limit, n)) for i in range(0, n, limit)]
