@@ -28,15 +28,33 @@ def plan(
     set_: SetOpt = None,
 ) -> None:
     """Print the embedded cluster's placement: which GPU each worker of CONFIG gets (exit 2 when they do not fit)."""
-    from digen.cluster.placement import parse_spec, plan_local
+    from digen.cluster.placement import discover, parse_spec, plan_local
     from digen.config import load_config
 
     cfg = load_config(config, set_ or [], check_paths=False, algorithms=False)
-    placement = plan_local(cfg, parse_spec(gpus) if gpus is not None else None)
+    machine = parse_spec(gpus) if gpus is not None else discover()
+    placement = plan_local(cfg, machine)
+    lines = memory_lines(cfg, placement, machine)
     if as_json:
         print(json.dumps(placement.to_json()), flush=True)
         return
-    out.print("\n".join(placement.lines()), highlight=False, markup=False)
+    out.print("\n".join(placement.lines() + lines), highlight=False, markup=False)
+
+
+def memory_lines(cfg, placement, machine) -> list[str]:
+    """Each worker's predicted peak memory (:mod:`digen.memory`), or why there is none; a
+    :class:`~digen.errors.ConfigError` when a GPU's workers do not fit it."""
+    from digen.errors import ConfigError
+    from digen.memory import fit_problem, predict
+
+    model = cfg.resolve_path(cfg.model.path)
+    if not (model / "model_index.json").exists():
+        return [f"memory: not predicted (no pipeline at model.path {model})"]
+    estimates = predict(cfg)
+    problem = None if placement.cpu_reason is not None else fit_problem(estimates, placement, machine)
+    if problem is not None:
+        raise ConfigError(problem)
+    return ["memory (predicted peak per worker):"] + [e.line() for e in estimates]
 
 
 @app.command()

@@ -25,12 +25,42 @@ DTYPES = {
 
 
 def resolve_device(name: str) -> str:
-    """``model.device`` (or a worker's ``--device``) as torch takes it: ``auto`` is ``cuda``
-    where torch sees a GPU (a worker pinned to one by ``CUDA_VISIBLE_DEVICES`` sees it as
-    ``cuda:0``), else ``cpu``; any other name is returned as given."""
-    if name != "auto":
-        return name
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    """``model.device`` (or a worker's ``--device``, ``$DIGEN_DEVICE``) as torch takes it, with
+    an index on CUDA: ``auto`` is ``cuda:0`` where torch sees a GPU (a worker pinned to one by
+    ``CUDA_VISIBLE_DEVICES`` sees it as ``cuda:0``), else ``cpu``; a plain ``cuda`` is
+    ``cuda:0``; any other name is returned as given. Never a plain ``cuda``:
+    ``torch.cuda.set_device`` refuses one (a process group could not form) and a tensor's
+    device never equals it. Does not initialise CUDA."""
+    if name == "auto":
+        return "cuda:0" if torch.cuda.is_available() else "cpu"
+    return "cuda:0" if name == "cuda" else name
+
+
+CUBLAS_WORKSPACE = ":4096:8"
+"""``CUBLAS_WORKSPACE_CONFIG`` for deterministic cuBLAS: eight 4 MiB workspaces per stream
+(32 MiB of GPU memory); torch refuses a deterministic matmul on CUDA without it."""
+
+
+def deterministic_kernels(cfg: Config, device: str) -> bool:
+    """Make this process compute deterministically on CUDA when ``model.deterministic`` is on
+    and ``device`` is a CUDA device; returns whether it did. Sets ``CUBLAS_WORKSPACE_CONFIG``
+    (kept when the operator set one; cuBLAS reads it when this process creates its first
+    handle, so call this before the first CUDA computation: :func:`build_policy` and
+    :func:`build_reward` do) and ``torch.use_deterministic_algorithms(True, warn_only=True)``:
+    every operation that has a deterministic CUDA kernel uses it (cuDNN, scatter and index
+    backward passes, cuBLAS), and one that has none still runs, torch warning once where it
+    does (a run is not stopped by a kernel torch has not made deterministic yet). Memory torch
+    allocates uninitialised stays uninitialised (``fill_uninitialized_memory`` off): filling it
+    costs a pass over every new tensor and changes no result digen computes."""
+    if not cfg.model.deterministic or not str(device).startswith("cuda"):
+        return False
+    import os
+
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = False  # type: ignore[attr-defined]
+    torch.backends.cudnn.benchmark = False
+    return True
 
 
 def trained_dtype(cfg: Config) -> torch.dtype:
@@ -50,13 +80,15 @@ def build_policy(cfg: Config, device: str | None = None) -> FlowPolicy:
     ``cfg.seed`` first for any third-party code that draws while loading, so two builds on the
     same kind of device give the same version 0 of the trained tensors."""
     m = cfg.model
+    where = resolve_device(device or m.device)
+    deterministic_kernels(cfg, where)
     torch.manual_seed(cfg.seed)
     policy = load_policy(
         cfg.resolve_path(m.path),
         height=m.resolution,
         width=m.resolution,
         dtype=DTYPES[m.dtype],
-        device=resolve_device(device or m.device),
+        device=where,
         num_frames=m.num_frames,
         max_sequence_length=m.max_sequence_length,
         text_encoder_dtype=DTYPES[m.text_encoder_dtype or m.dtype],
@@ -67,14 +99,18 @@ def build_policy(cfg: Config, device: str | None = None) -> FlowPolicy:
         policy.enable_lora(m.lora.rank, m.lora.alpha, m.lora.target_modules, dtype=trained_dtype(cfg))
     else:
         policy.transformer.requires_grad_(True)
+    if cfg.train.activation_checkpointing and not cfg.train.fsdp:  # FSDP checkpoints as it shards
+        from digen.parallel.fsdp import checkpoint_blocks
+
+        checkpoint_blocks(policy.transformer)
     return policy
 
 
 def build_reward(cfg: Config, device: str | None = None):
     """The configured reward; model-based rewards load on ``device`` (default ``model.device``)."""
-    return build_rewards(
-        [spec.model_dump() for spec in cfg.reward], device=resolve_device(device or cfg.model.device)
-    )
+    where = resolve_device(device or cfg.model.device)
+    deterministic_kernels(cfg, where)
+    return build_rewards([spec.model_dump() for spec in cfg.reward], device=where)
 
 
 class EmbedCache:

@@ -110,9 +110,15 @@ class ModelConfig(_Section):
     Only bfloat16: float16 autocast needs a loss scaler (Flow-GRPO's fp16 runs under
     accelerate's GradScaler), which digen's optimizer does not have."""
     device: str = "auto"
-    """Device for the reference trainer and the embedded cluster's workers: ``auto`` (cuda
-    where torch sees a GPU, else cpu), ``cpu``, ``cuda`` or ``cuda:N``. A worker pinned to one
-    GPU (``CUDA_VISIBLE_DEVICES``) sees it as ``cuda`` = ``cuda:0``."""
+    """Device for the reference trainer and the embedded cluster's workers: ``auto`` (``cuda:0``
+    where torch sees a GPU, else cpu), ``cpu``, ``cuda`` (= ``cuda:0``) or ``cuda:N``. A worker
+    pinned to one GPU (``CUDA_VISIBLE_DEVICES``) sees it as ``cuda:0``."""
+    deterministic: bool = True
+    """On CUDA, compute with deterministic kernels (:func:`digen.assembly.deterministic_kernels`:
+    ``torch.use_deterministic_algorithms``, a fixed cuBLAS workspace), so that the same inputs
+    give the same bits in every process and every time: what the bit-for-bit guarantees
+    (docs/guarantees.md) and a lost group's regeneration from its seeds rest on. The cost is in
+    docs/precision.md ("Deterministic kernels"). No effect on CPU, whose kernels are."""
     max_sequence_length: int | None = Field(None, ge=1, le=MAX_ROWS)
     """Text-encoder tokens per prompt (T5, UMT5, Llama, Qwen2.5-VL). None: the family's own
     length (docs/precision.md lists them: sd3 128 as Flow-GRPO, flux 512 as FluxPipeline, ...);
@@ -437,8 +443,11 @@ class TrainConfig(_Section):
     adam_eps: float = Field(1e-8, gt=0.0)
     grad_clip: float = Field(1.0, gt=0.0)
     rows_per_forward: int = Field(64, ge=1, le=MAX_ROWS)
-    """TSP packing limit: (sample, timestep) rows in one batched forward/backward (at most
-    :data:`MAX_ROWS`)."""
+    """The most (sample, timestep) rows one training forward/backward takes, in every mode: TSP
+    packs up to this many rows of any timesteps; without TSP each timestep's rows (a group's
+    samples, or a batched task's) are cut into forwards of at most this many. What bounds a
+    trainer's activation memory: lower it where a forward does not fit the GPU (each row keeps
+    its blocks' activations until the backward, unless ``activation_checkpointing``). At most :data:`MAX_ROWS`."""
     groups_per_task: int = Field(1, ge=1, le=MAX_GROUP)
     """Whole prompt groups one train task carries (1: one group per task). A batched task's
     rows, all its groups' (sample, timestep) pairs, are packed together into forwards of up to
@@ -483,8 +492,10 @@ class TrainConfig(_Section):
     schedule.mode disaggregated or digen; turns TAG off; no EMA. The group is fixed at job
     start: a trainer that dies fails the job (rerun with --resume), one that joins later idles."""
     activation_checkpointing: bool = False
-    """With ``fsdp``: recompute each transformer block in the backward instead of keeping its
-    activations (less memory, about one more forward of time). Ignored without ``fsdp``."""
+    """Recompute each transformer block in the backward instead of keeping its activations:
+    a forward then keeps about one block's activations per row instead of every block's (less
+    memory, about one more forward of time). FSDP ranks (``fsdp``) and replicated trainers
+    alike (:func:`digen.parallel.fsdp.checkpoint_blocks`); the gradient is the same bits."""
 
 
 class RewardSpec(_Section):
@@ -558,7 +569,8 @@ class LocalClusterConfig(_Section):
     (``CUDA_VISIBLE_DEVICES``). ``digen plan CONFIG`` prints the placement."""
     workers_per_gpu: int = Field(1, ge=1, le=MAX_DEGREE)
     """Workers that may share one GPU. 1: each worker has a GPU of its own, and more workers
-    than GPUs is refused before anything starts; 2 or more lets that many share one."""
+    than GPUs is refused before anything starts; 2 or more lets that many share one, once every
+    GPU has one (ranks of one NCCL group never share: docs/deploy.md, "The placement")."""
 
     @field_validator("gpus", mode="before")
     @classmethod

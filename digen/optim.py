@@ -72,9 +72,11 @@ class ParameterStore:
         """The algorithm's tensors beside the weights, ``algo/<role>/<name>`` (``{}`` for most)."""
 
     @classmethod
-    def fresh(cls, weights: dict[str, torch.Tensor], train: TrainConfig) -> ParameterStore:
-        """Version 0 of a job from the policy's trained tensors."""
-        return cls(weights, train)
+    def fresh(
+        cls, weights: dict[str, torch.Tensor], train: TrainConfig, device: str = "cpu"
+    ) -> ParameterStore:
+        """Version 0 of a job from the policy's trained tensors, on ``device``."""
+        return cls(weights, train, device=device)
 
     def trained(self) -> dict[str, torch.Tensor]:
         """The current trained tensors (detached, contiguous float32 copies on the store's device)."""
@@ -169,13 +171,20 @@ class ParameterStore:
         store = ParameterStore(
             weights, train, version=int(state["version"]), state=algo_state or None, device=device
         )
-        for k in store.names:
-            if f"exp_avg/{k}" in opt:
-                store.optimizer.state[store.params[k]] = {
-                    "step": torch.tensor(float(state["adam_steps"][k])),
-                    "exp_avg": opt[f"exp_avg/{k}"].to(device, copy=True),
-                    "exp_avg_sq": opt[f"exp_avg_sq/{k}"].to(device, copy=True),
-                }
+        # through Optimizer.load_state_dict, which puts every state tensor on its parameter's
+        # device, ``step`` included: the fused AdamW keeps ``step`` there (float32), and a CPU
+        # ``step`` beside CUDA parameters makes its kernel raise at the first step
+        saved = store.optimizer.state_dict()
+        saved["state"] = {
+            i: {
+                "step": torch.tensor(float(state["adam_steps"][k]), dtype=torch.float32),
+                "exp_avg": opt[f"exp_avg/{k}"].to(device, torch.float32, copy=True),
+                "exp_avg_sq": opt[f"exp_avg_sq/{k}"].to(device, torch.float32, copy=True),
+            }
+            for i, k in enumerate(store.names)
+            if f"exp_avg/{k}" in opt
+        }
+        store.optimizer.load_state_dict(saved)
         if store.ema is not None and any(k.startswith("ema/") for k in opt):
             store.ema = {k: opt[f"ema/{k}"].to(device, copy=True) for k in store.names}
         return store
@@ -225,23 +234,26 @@ def open_store(
     initial: Callable[[], dict[str, torch.Tensor]],
     resume: bool,
     store_type: type = ParameterStore,
+    device: str = "cpu",
 ) -> Resumed:
     """A fresh parameter store of the trained tensors ``initial()`` returns (the policy's
-    ``trainable_state_dict``; called only when not resuming), or the newest checkpoint's.
-    ``store_type`` (``fresh(weights, train)``, ``load(folder, train)``) is the kind of store:
-    the controller of an FSDP job keeps only the weights (no optimizer state)."""
+    ``trainable_state_dict``; called only when not resuming), or the newest checkpoint's, on
+    ``device`` (the reference loop's: its model's, so AdamW runs where the trainers of a
+    distributed job run it, and on the same kind of device computes the same bits).
+    ``store_type`` (``fresh(weights, train, device)``, ``load(folder, train, device)``) is the
+    kind of store."""
     if resume:
         ckpt = run.latest_checkpoint()
         if ckpt is None:
             raise CheckpointError(f"--resume: {run.root} has no checkpoint yet; start without --resume")
-        store, state = store_type.load(ckpt, cfg.train)
+        store, state = store_type.load(ckpt, cfg.train, device=device)
         prev = None
         if (ckpt / "previous_weights.safetensors").exists():
             prev = load_file(str(ckpt / "previous_weights.safetensors"))
         last = int(state["iteration"])
         run.truncate_after(last)
         return Resumed(store, last + 1, prev)
-    return Resumed(store_type.fresh(initial(), cfg.train), 0, None)
+    return Resumed(store_type.fresh(initial(), cfg.train, device=device), 0, None)
 
 
 def checkpoint_bytes(store, previous_weights: dict[str, torch.Tensor] | None = None) -> int:

@@ -75,7 +75,8 @@ def _reference_loop(
     reward = build_reward(cfg)
     prompts = cfg.prompt_list()
     embed = EmbedCache(policy, cfg.rollout.guidance_scale > 1.0)
-    state = open_store(cfg, run, policy.trainable_state_dict, resume)
+    # AdamW on the model's device, as every trainer of a distributed job runs it
+    state = open_store(cfg, run, policy.trainable_state_dict, resume, device=str(policy.device))
     store = state.store
     load_version(policy, store.weights())
     tsp = bool(cfg.schedule.resolved().tsp)
@@ -119,7 +120,9 @@ def _reference_loop(
                     tsp=tsp,
                 )
                 timer("train", t0, time.time(), time.thread_time() - c0)
-                book.add_gradient(g, grads, stats, part)
+                # the book holds every task's gradient until the step (it sums them in group
+                # order): on the host, not in the GPU memory the next forward needs
+                book.add_gradient(g, {k: v.to("cpu") for k, v in grads.items()}, stats, part)
             t0, c0 = time.time(), time.thread_time()
             grad, rows = book.gradient(m)
             last = m == cfg.train.mini_batches - 1

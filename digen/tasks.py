@@ -118,11 +118,23 @@ class TrainStats(Record):
         self.forwards += other.forwards
 
     def add_chunk(self, rows: int, loss, terms: LossTerms, kl) -> None:
-        """Add one forward's sums (``loss``, ``kl``: ``[R]`` tensors)."""
+        """Add one forward's sums (``loss``, ``kl``: ``[R]`` tensors): read back from the
+        device in one transfer (each sum in its own dtype first, so the same values)."""
+        import torch
+
         self.rows += rows
         self.forwards += 1
-        self.loss += float(loss.detach().sum())
-        self.approx_kl += float(terms.approx_kl.detach().sum())
-        self.clipped += float(terms.clipped.float().sum())
-        self.kl += float(kl.detach().sum())
-        self.ratio_max_dev = max(self.ratio_max_dev, float((terms.ratio.detach() - 1).abs().max()))
+        sums = [
+            loss.detach().sum(),
+            terms.approx_kl.detach().sum(),
+            terms.clipped.float().sum(),
+            kl.detach().sum(),
+            (terms.ratio.detach() - 1).abs().max(),
+        ]
+        wide = torch.float64 if any(t.dtype == torch.float64 for t in sums) else torch.float32
+        loss_s, approx_kl, clipped, kl_s, dev = torch.stack([t.to(wide) for t in sums]).tolist()
+        self.loss += loss_s
+        self.approx_kl += approx_kl
+        self.clipped += clipped
+        self.kl += kl_s
+        self.ratio_max_dev = max(self.ratio_max_dev, dev)

@@ -66,17 +66,20 @@ def build_rows(
 
 
 def forward_chunks(rows: Rows, tsp: bool, limit: int) -> list[torch.Tensor]:
-    """Row index sets, one per forward: TSP packs up to ``limit`` rows of any steps; without
-    TSP one forward per denoising step (the sequential loop). Rows whose loss couples rows
-    (a group's preference weight: :class:`digen.algos.clean_sample.GroupRows`) name their
-    own forwards, in every mode alike."""
+    """Row index sets, one per forward, none of more than ``limit`` rows (``train.rows_per_forward``:
+    what bounds a forward's activations in every mode): TSP packs up to ``limit`` rows of any
+    steps; without TSP one forward per denoising step (the sequential loop), a step with more
+    rows than ``limit`` cut into consecutive forwards of ``limit``. Rows whose loss couples rows
+    (a group's preference weight: :class:`digen.algos.clean_sample.GroupRows`) name their own
+    forwards, in every mode alike (one per group and step, whatever ``limit``)."""
     own = getattr(rows, "forward_chunks", None)
     if own is not None:
         return own()
     n = len(rows)
     if tsp:
         return [torch.arange(i, min(i + limit, n)) for i in range(0, n, limit)]
-    return [torch.nonzero(rows.step == j).flatten() for j in torch.unique(rows.step).tolist()]
+    per_step = (torch.nonzero(rows.step == j).flatten() for j in torch.unique(rows.step).tolist())
+    return [part for idx in per_step for part in idx.split(limit)]
 
 
 def chunk_loss(
@@ -100,8 +103,12 @@ def task_gradient(
     """Sum over ``rows`` of d(loss)/d(trained params); the gradient and its stats.
 
     ``embeds`` has one row per sample of the task (``rows.sample`` indexes it). The gradient
-    starts from zero (whatever ``.grad`` held is discarded) and comes back as float32 CPU
-    tensors (float64 for a float64 model) keyed like :meth:`FlowPolicy.trainable_state_dict` of the trained parameters.
+    starts from zero (whatever ``.grad`` held is discarded) and comes back as float32 tensors
+    (float64 for a float64 model) on the parameters' device, keyed like
+    :meth:`FlowPolicy.trainable_state_dict` of the trained parameters: a trainer sums it there
+    (:class:`~digen.dataplane.reduce.TaskSum`) and all-reduces the sum from there, with no
+    copy to the host; what must leave the device (a gradient served as a blob) is copied by
+    whoever sends it.
     """
     t = cfg.train
     params = dict(policy.named_trainable_parameters())
@@ -113,14 +120,10 @@ def task_gradient(
         loss, terms, kl = chunk_loss(policy, chunk, embeds, cfg, sigma_max)
         loss.sum().backward()
         stats.add_chunk(len(chunk), loss, terms, kl)
-    # a float32 CPU .grad is handed over as it is (the parameter lets go of it below): no
-    # second copy of a gradient that may be gigabytes
+    # a float32 .grad is handed over as it is (the parameter lets go of it below): no second
+    # copy of a gradient that may be gigabytes, and it stays on the device it was computed on
     grads = {
-        name: (
-            at_least_float32(p.grad.detach()).cpu()
-            if p.grad is not None
-            else torch.zeros_like(p, device="cpu")
-        )
+        name: at_least_float32(p.grad.detach() if p.grad is not None else torch.zeros_like(p.detach()))
         for name, p in params.items()
     }
     for p in params.values():

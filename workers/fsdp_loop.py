@@ -30,7 +30,7 @@ one torch.distributed process group, rendezvous through Redis (no pickle anywher
 
 Any failure is recorded in Redis for the controller, which fails the job (the group is fixed:
 rerun with --resume). A rank that waits on a dead peer fails at the collective timeout
-(``schedule.lease_s``).
+(``schedule.lease_s``; half of it on NCCL: :func:`digen.parallel.comm.collective_timeout_s`).
 """
 
 from __future__ import annotations
@@ -53,6 +53,8 @@ from digen.controlplane.queue import STEP_QUEUE, LeasedTask
 from digen.core import blobnames
 from digen.core.events import Role, TaskKind
 from digen.dataplane.blobs import BlobLost, fetch
+from digen.dataplane.wire import host_copy
+from digen.models.base import FlowPolicy
 from digen.parallel.comm import all_gather_json, all_reduce_stats, broadcast_json
 from digen.parallel.fsdp import ShardedTrainer, local_trainable_shards, shard_of, shard_rows
 from digen.testing import faults
@@ -200,8 +202,7 @@ def _serve_shards(rk: Rank, keep_from: int | None = None) -> None:
     rt, trainer = rk.rt, rk.trainer
     assert trainer is not None
     job, v = rt.job.job_id, trainer.version
-    dtype = trained_dtype(rt.cfg)
-    shards = {k: t.to(dtype).contiguous() for k, t in local_trainable_shards(rt.policy).items()}
+    shards = shard_snapshot(rt.policy, trained_dtype(rt.cfg))
     rt.blobs.put(
         blobnames.weights(job, v), shards, {"version": str(v), "rank": str(rk.rank), "world": str(rk.world)}
     )
@@ -210,6 +211,14 @@ def _serve_shards(rk: Rank, keep_from: int | None = None) -> None:
     rt.blobs.drop(*stale)
     versions = blobnames.versions(rt.blobs.names(), job)
     rt.group.set_holding(rt.name, rt.blob_addr, versions, None, shard=(rk.rank, rk.world))
+
+
+def shard_snapshot(policy: FlowPolicy, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """This rank's shard of the current version, as it serves it: a host copy in ``dtype``
+    (:func:`~digen.dataplane.wire.host_copy`). Never the shards themselves: the next step
+    rewrites them in place while rollout workers may still fetch this version (staleness 1,
+    ``keep_from``), which would hand them version v+1 as v, or bytes that fail its digest."""
+    return host_copy(local_trainable_shards(policy), dtype)
 
 
 # --- commands -------------------------------------------------------------------------

@@ -270,11 +270,13 @@ def join_group(
     world: int,
     device: torch.device,
     host: str | None = None,
+    backend: str | None = None,
 ) -> dict | None:
     """Form a group's torch.distributed process group through its ``rendezvous`` key, with the
     job's collective timeout (``schedule.lease_s``): rank 0 serves it on ``host`` (default: this
-    Dask worker's host). The address, or None when the job stopped or the group's leader left
-    first. The trainer group, the FSDP group and the sequence-parallel replicas form theirs so."""
+    Dask worker's host), on ``backend`` (default: gloo on CPU, NCCL on CUDA). The address, or
+    None when the job stopped or the group's leader left first. The trainer group, the FSDP
+    group and the sequence-parallel replicas form theirs so."""
 
     def await_address() -> dict | None:
         found = wait_for(rt, rendezvous.poll, rendezvous.what)
@@ -290,6 +292,7 @@ def join_group(
         publish=rendezvous.publish,
         await_address=await_address,
         store=rendezvous.store,
+        backend=backend,
     )
 
 

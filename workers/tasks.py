@@ -38,6 +38,7 @@ from digen.controlplane.queue import LeasedTask
 from digen.core import blobnames
 from digen.core.events import Role, TaskKind, TaskRef
 from digen.dataplane.blobs import BlobLost, BlobMismatch, Expect, fetch
+from digen.dataplane.wire import on_host
 from digen.errors import PayloadError
 from digen.evaluator import evaluate_chunk
 from digen.rewards.base import call_reward
@@ -205,7 +206,7 @@ def run_train(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
     member = rt.member
     if member is None or payload.keep_gradient:  # the trainers fetch it at the step
         name = blobnames.gradient(rt.job.job_id, leased.task_id)
-        blob = rt.blobs.put(name, grads)
+        blob = rt.blobs.put(name, on_host(grads))  # served from the host, not from GPU memory
         result["grad"] = {"addr": rt.blob_addr, "name": name, "digest": blob.digest}
         return result, None
     return result, lambda: member.add(leased.task_id, grads)

@@ -48,8 +48,10 @@ from digen.core import blobnames
 from digen.core.events import Role, TaskRef
 from digen.dataplane.blobs import BlobLost, Expect, fetch
 from digen.dataplane.reduce import TaskSum, all_reduce_sum, flatten, ordered_sum, unflatten
+from digen.dataplane.wire import on_host
 from digen.errors import DigenError
 from digen.optim import ParameterStore, stage_checkpoint
+from digen.parallel.comm import comm_device, trainer_backend
 from digen.testing import faults
 from digen.workers.runtime import POLL_S, WorkerRuntime, event, join_group
 
@@ -76,6 +78,8 @@ class Member:
     """(step id, epoch, writer) of the step commands already acted on."""
     pg_epoch: int | None = None
     """The epoch whose process group this member belongs to (None: none formed)."""
+    backend: str = "gloo"
+    """The backend of that group (``nccl`` or ``gloo``)."""
 
     # --- set-up -------------------------------------------------------------------------
     @staticmethod
@@ -117,9 +121,10 @@ class Member:
         rt.blobs.drop(*(str(b) for b in blobnames.of_job(names, job, blobnames.STATE)))
         for ver, w in versions.items():
             if rt.blobs.get(blobnames.weights(job, ver)) is None:
-                rt.blobs.put(
-                    blobnames.weights(job, ver), {k: t.to(dtype) for k, t in w.items()}, {"version": str(ver)}
-                )
+                # served from a (pinned) host copy made once per version, not copied from the
+                # GPU again for every rollout worker's fetch
+                served = on_host({k: t.to(dtype) for k, t in w.items()})
+                rt.blobs.put(blobnames.weights(job, ver), served, {"version": str(ver)})
         weights, opt, state = self.store.state_parts()
         tensors = {**{f"w/{k}": t for k, t in weights.items()}, **{f"o/{k}": t for k, t in opt.items()}}
         rt.blobs.put(blobnames.state(job, v), tensors, {"state": json.dumps(state)})
@@ -304,11 +309,11 @@ class Member:
         if self.sums.flat is None:  # no task this step: it adds zeros
             self.sums.flat = flatten(None, names, like)
             self.sums.total = unflatten(self.sums.flat, names, like)
-        flat = self.sums.flat.to(self._comm_device())
         self.join_group(cmd)
+        flat = self.sums.flat.to(self._comm_device())
         faults.point("reduce", rt.job, rt.name, task=cmd.id, iteration=cmd.iteration)
         all_reduce_sum(flat)
-        return unflatten(flat, names, like)
+        return unflatten(flat.to(self.rt.device), names, like)
 
     def _blob(self, addr: str, name: str, digest: str = "") -> dict[str, torch.Tensor]:
         """A gradient kept as a blob, checked against the digest its task's result published."""
@@ -320,7 +325,9 @@ class Member:
         return fetch(addr, name, expect=Expect(digest=digest or None))[0]
 
     def _comm_device(self) -> torch.device:
-        return torch.device(self.rt.device)
+        """Where the all-reduce's buffer lives: the rank's GPU for NCCL, the host for gloo (on
+        CPU, or a group whose members share a GPU: :func:`~digen.parallel.comm.trainer_backend`)."""
+        return comm_device(self.backend, torch.device(self.rt.device))
 
     def join_group(self, cmd: StepCommand) -> None:
         """Be in the process group of the command's epoch (formed anew when it changed)."""
@@ -328,18 +335,26 @@ class Member:
             return
         self.leave_group()
         rt = self.rt
+        device = torch.device(rt.device)
         addr = join_group(
-            rt, rt.group.rendezvous(cmd.epoch), cmd.rank(rt.name), len(cmd.members), self._comm_device()
+            rt,
+            rt.group.rendezvous(cmd.epoch),
+            cmd.rank(rt.name),
+            len(cmd.members),
+            device,
+            backend=trainer_backend(device),
         )
         if addr is None:
             raise RuntimeError("the job stopped during the trainer rendezvous")
         self.pg_epoch = cmd.epoch
+        self.backend = addr["backend"]  # the leader's choice
         log.info(
-            "%s is rank %d of %d of the trainer group (epoch %d)",
+            "%s is rank %d of %d of the trainer group (epoch %d, %s)",
             rt.name,
             cmd.rank(rt.name),
             len(cmd.members),
             cmd.epoch,
+            self.backend,
         )
 
     def leave_group(self) -> None:

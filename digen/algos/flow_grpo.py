@@ -110,7 +110,7 @@ def rescore(
     r, t = cfg.rollout, cfg.train
     device = policy.device
     x = chunk.x.to(device)
-    sigma, sigma_next, x_next = chunk.sigma.to(device), chunk.sigma_next.to(device), chunk.x_next.to(device)
+    sigma, x_next = chunk.sigma.to(device), chunk.x_next.to(device)
     sde: dict[str, Any] = {
         "kind": r.sde.kind,
         "noise_level": r.sde.noise_level,
@@ -118,7 +118,8 @@ def rescore(
         "sigma_max": sigma_max,
     }
     v = policy.velocity(x, sigma, embeds.index(chunk.sample), r.guidance_scale, cfg_grad=t.cfg_grad)
-    return v, sde_step(v, x, sigma, sigma_next, **sde), sde
+    # the step's sigma checks read the chunk's own (host) sigmas: no wait for the device
+    return v, sde_step(v, x, chunk.sigma, chunk.sigma_next, **sde), sde
 
 
 def reference_kl(
@@ -138,7 +139,7 @@ def reference_kl(
         v_ref = policy.velocity(x, sigma, embeds.index(chunk.sample), cfg.rollout.guidance_scale)
     if (cfg.train.kl_target or "mean") == "velocity":
         return velocity_kl(v, v_ref)
-    ref = sde_step(v_ref, x, sigma, chunk.sigma_next.to(device), **sde)
+    ref = sde_step(v_ref, x, chunk.sigma, chunk.sigma_next, **sde)
     return kl_to_reference(step.mean, ref.mean, step.std)
 
 

@@ -127,8 +127,7 @@ def sde_step(
     if kind == "cps":
         mean, std_dev_t, s_t = _cps_moments(x, v, sig, sig_next, noise_level)
     else:
-        if bool((dt >= 0).any()):
-            raise AlgorithmError(f"kind={kind!r} needs sigma_next < sigma (denoising goes towards 0)")
+        _check_sigmas(kind, sigma, sigma_next, sig, sig_next, sigma_max)
         if kind == "sde":
             std_dev_t = _flow_grpo_std(sig, noise_level, sigma_max)
         else:
@@ -167,12 +166,41 @@ def kl_to_reference(mean: Tensor, ref_mean: Tensor, std_dev_t: Sigma) -> Tensor:
     return _rows_mean((m - ref) ** 2 / (2 * std**2))
 
 
-def _flow_grpo_std(sig: Tensor, a: float, sigma_max: float | None) -> Tensor:
-    """Flow-GRPO's ``a * sqrt(sigma / (1 - sigma_safe))``, sigma_safe = sigma_max where sigma == 1."""
-    if bool(((sig <= 0) | (sig > 1)).any()):
+def _on_host(value: Sigma, like: Tensor) -> Tensor | None:
+    """``value`` (a float, or a ``[B]`` tensor) as a 1-D ``like.dtype`` tensor on the host, to
+    check without waiting for the device; None for a tensor on another device (a check would
+    read it back)."""
+    if isinstance(value, Tensor) and value.device.type != "cpu":
+        return None
+    return torch.as_tensor(value, dtype=like.dtype).reshape(-1)
+
+
+def _check_sigmas(
+    kind: str, sigma: Sigma, sigma_next: Sigma, sig: Tensor, sig_next: Tensor, sigma_max: float | None
+) -> None:
+    """Refuse what an "sde"/"dance" step cannot take: ``sigma_next >= sigma``, and for "sde" a
+    sigma outside (0, 1], or sigma == 1 without a valid ``sigma_max``. Checked on the host
+    values when ``sigma`` and ``sigma_next`` are floats or CPU tensors (the rollout's floats, a
+    training chunk's rows): no wait for the device; a device tensor costs one read-back for all
+    the checks together. The same dtype as the step (``sig``), so the same verdicts."""
+    hs, hn = _on_host(sigma, sig), _on_host(sigma_next, sig)
+    if hs is not None and hn is not None:
+        backwards, outside, at_one = (
+            bool((hn - hs >= 0).any()),
+            bool(((hs <= 0) | (hs > 1)).any()),
+            bool((hs == 1).any()),
+        )
+    else:
+        dt = sig_next - sig
+        flags = torch.stack([(dt >= 0).any(), ((sig <= 0) | (sig > 1)).any(), (sig == 1).any()])
+        backwards, outside, at_one = (bool(f) for f in flags.tolist())
+    if backwards:
+        raise AlgorithmError(f"kind={kind!r} needs sigma_next < sigma (denoising goes towards 0)")
+    if kind != "sde":
+        return
+    if outside:
         raise AlgorithmError("kind='sde' needs 0 < sigma <= 1 (a flow-matching sigma)")
-    at_one = sig == 1
-    if bool(at_one.any()):
+    if at_one:
         if sigma_max is None:
             raise AlgorithmError(
                 "kind='sde' at sigma == 1 divides by 1 - sigma; pass sigma_max=<the schedule's s[1]> "
@@ -180,7 +208,12 @@ def _flow_grpo_std(sig: Tensor, a: float, sigma_max: float | None) -> Tensor:
             )
         if not 0 < sigma_max < 1:
             raise AlgorithmError(f"sigma_max={sigma_max} must be in (0, 1): it is the schedule's s[1]")
-    safe = torch.where(at_one, torch.full_like(sig, sigma_max or 0.0), sig)
+
+
+def _flow_grpo_std(sig: Tensor, a: float, sigma_max: float | None) -> Tensor:
+    """Flow-GRPO's ``a * sqrt(sigma / (1 - sigma_safe))``, sigma_safe = sigma_max where sigma
+    == 1 (``sig`` checked by :func:`_check_sigmas`)."""
+    safe = torch.where(sig == 1, torch.full_like(sig, sigma_max or 0.0), sig)
     return a * torch.sqrt(sig / (1 - safe))
 
 

@@ -364,6 +364,7 @@ def _rollout_train_part(
         make_tiny_model(model_dir, "sd3", seed=0, resolution=resolution, **(size or SD35_MEDIUM))
     build_s = time.perf_counter() - t0
     cfg = bench_config(model_dir, device, resolution)
+    clear_bench_run(Path(run_dir), model_dir)
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats(device)
     run_reference(cfg, Path(run_dir))
@@ -383,6 +384,26 @@ def _rollout_train_part(
         "iterations": len(trained),
         "last_loss": m.get("loss"),
     }
+
+
+def clear_bench_run(run_dir: Path, model_dir: str) -> None:
+    """Remove the run a previous ``--gpu-bench`` into the same ``--out`` left in ``run_dir``
+    (a run directory that holds a run is refused to a fresh one); a folder there that is not
+    the bench's own run (its ``config.yaml`` does not name ``model_dir``) is left alone, and the
+    run then fails naming it."""
+    import shutil
+
+    import yaml
+
+    cfg = run_dir / "config.yaml"
+    if not cfg.exists():
+        return
+    try:
+        path = (yaml.safe_load(cfg.read_text()) or {}).get("model", {}).get("path")
+    except (OSError, yaml.YAMLError, AttributeError):
+        return
+    if path is not None and Path(str(path)).resolve() == Path(model_dir).resolve():
+        shutil.rmtree(run_dir)
 
 
 def _spans(timeline: Path, iteration: int) -> dict[str, float]:

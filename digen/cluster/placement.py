@@ -20,11 +20,22 @@ The rules, as GPU training wants them:
   (:func:`~digen.runtime.sp_group.plan_replicas`: consecutive sorted names within one GPU
   type): each replica is placed on adjacent GPUs of one type, moving to the next type rather
   than splitting a replica across two. Reward workers come last.
-- One worker per GPU. Two workers share a GPU only with ``cluster.local.workers_per_gpu`` > 1;
-  more workers than that allows is a :class:`~digen.errors.ConfigError` (exit 2, one line)
+- One worker per GPU. Two workers share a GPU only with ``cluster.local.workers_per_gpu`` > 1,
+  and only once every GPU has one (each GPU's first seat comes before any GPU's second); more
+  workers than that allows is a :class:`~digen.errors.ConfigError` (exit 2, one line)
   before anything starts. GPUs left over stay idle (listed by ``digen plan``).
+- Ranks of one ``torch.distributed`` group go to distinct GPUs: NCCL refuses a group with two
+  ranks on one device. Where they cannot (fewer GPUs than ranks), FSDP ranks and a
+  sequence-parallel replica are refused (exit 2, one line naming the key: their collectives,
+  all-gathers and all-to-alls of CUDA tensors, have no gloo equivalent), and the replicated
+  trainer group all-reduces on gloo, through host memory (:data:`BACKEND_ENV`; ``digen plan``
+  prints a note): slower, but a one-GPU box can still run several trainers, or ``colocated``
+  mode with several workers, whose every worker is in the trainer group.
 - No GPU (none visible, ``cluster.local.gpus: []``, ``model.device: cpu``): every worker runs
-  on CPU, tagged ``cluster.local.gpu_type``, as before placement existed.
+  on CPU, tagged ``cluster.local.gpu_type``, and is pinned there (no GPU visible to it,
+  ``DIGEN_DEVICE=cpu``), so torch gives it none; only a ``model.device`` that names CUDA
+  itself, on a machine whose GPUs :func:`discover` cannot list (no ``nvidia-smi``), leaves the
+  worker's environment alone.
 
 A unit that fits no single type (6 trainers on a box of 4 H100 and 4 L40S) takes the first
 free GPUs in order and spans types; ``digen plan`` shows it. A worker added to a running local
@@ -43,6 +54,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from digen.errors import ConfigError
+
+BACKEND_ENV = "DIGEN_TRAINER_BACKEND"  # digen.parallel.comm.TRAINER_BACKEND_ENV (no torch here)
+"""Set to ``gloo`` in the environment of a trainer group's members that share a GPU: NCCL
+refuses two ranks of one group on one device, so the group all-reduces on gloo, through host
+memory (:func:`digen.parallel.comm.trainer_backend`)."""
 
 FAKE_ENV = "DIGEN_FAKE_GPUS"
 """A GPU spec (``8xh100``, ``4xh100,4xl40s``) that replaces the machine's GPUs in
@@ -183,17 +199,29 @@ class Slot:
     gpu_type: str
     cuda_ids: tuple[str, ...] = ()
 
+    cpu: bool = True
+    """Without GPUs: pin the worker to the CPU (``CUDA_VISIBLE_DEVICES`` empty, ``DIGEN_DEVICE``
+    ``cpu``). False where the config names a CUDA device itself (``model.device: cuda:1`` on a
+    machine whose GPUs :func:`discover` cannot list): the worker then inherits the parent's
+    environment and computes where ``model.device`` says."""
+    backend: str = ""
+    """The backend of the trainer group this worker is in when it is not NCCL's: ``gloo``
+    where members share a GPU (:data:`BACKEND_ENV`); empty: gloo on CPU, NCCL on CUDA."""
+
     def env(self) -> dict[str, str]:
-        """The environment that pins the worker process to its GPUs (empty for a CPU worker:
-        it inherits the parent's)."""
+        """The environment that pins the worker process to its GPUs, or to the CPU (see
+        :attr:`cpu`). A placed worker sees its first GPU as ``cuda:0``."""
         if not self.gpus:
-            return {}
+            return {"CUDA_VISIBLE_DEVICES": "", "DIGEN_DEVICE": "cpu"} if self.cpu else {}
         ids = self.cuda_ids or tuple(str(i) for i in self.gpus)
-        return {
+        env = {
             "CUDA_VISIBLE_DEVICES": ",".join(ids),
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
             "DIGEN_DEVICE": "cuda:0",
         }
+        if self.backend:
+            env[BACKEND_ENV] = self.backend
+        return env
 
     def to_json(self) -> dict:
         return {"worker": self.worker, "role": self.role, "gpus": list(self.gpus), "gpu_type": self.gpu_type}
@@ -207,6 +235,8 @@ class Placement:
     idle: list[Gpu] = field(default_factory=list)
     cpu_reason: str | None = None
     """Set when the workers run on CPU: why."""
+    notes: list[str] = field(default_factory=list)
+    """What the placement changed about the job, one line each (a trainer group on gloo)."""
 
     def slot(self, worker: str) -> Slot:
         return next(s for s in self.slots if s.worker == worker)
@@ -228,7 +258,7 @@ class Placement:
         ]
         if self.idle:
             rows.append("  idle: " + ", ".join(f"GPU {g.index} ({g.type})" for g in self.idle))
-        return head + rows
+        return head + rows + [f"note: {n}" for n in self.notes]
 
 
 def _ordered(gpus: Sequence[Gpu]) -> list[Gpu]:
@@ -259,6 +289,21 @@ def _units(workers: Sequence[tuple[str, str]], sp_degree: int) -> list[list[tupl
     return units
 
 
+@dataclass(frozen=True)
+class Collectives:
+    """Which placed workers form one ``torch.distributed`` group (NCCL on GPU), so that two of
+    them must not share a GPU: the trainer group (``trainers``: ``allreduce``, the replicated
+    group's all-reduce, which can fall back to gloo; ``fsdp``, which cannot; None: no
+    collective, one trainer or ``train.reduce: exact``) over the workers of ``trainer_roles``
+    (every non-reward worker in ``colocated`` mode), and each sequence-parallel replica of
+    rollout workers (Ulysses' all-to-all: no fallback)."""
+
+    trainers: str | None = None
+    trainer_roles: tuple[str, ...] = ("trainer",)
+    trainer_key: str = "cluster.local.trainer_workers"
+    sp_key: str = "rollout.sequence_parallel"
+
+
 def place(
     workers: Sequence[tuple[str, str]],
     gpus: Sequence[Gpu],
@@ -267,12 +312,17 @@ def place(
     sp_degree: int = 1,
     cpu_type: str = "cpu",
     cpu_reason: str | None = None,
+    cpu_pinned: bool = True,
+    collectives: Collectives = Collectives(),
     what: str = "cluster.local",
 ) -> Placement:
     """Place ``workers`` (``(name, role)``) on ``gpus`` by the rules of the module docstring;
-    no GPU: all on CPU tagged ``cpu_type``. A :class:`ConfigError` when they do not fit."""
+    no GPU: all on CPU tagged ``cpu_type`` (pinned there unless ``cpu_pinned`` is False). A
+    :class:`ConfigError` when they do not fit, or when two ranks of a group that needs NCCL
+    (``collectives``) would share a GPU; a replicated trainer group that would is put on gloo
+    (:attr:`Placement.notes` says so)."""
     if not gpus:
-        slots = [Slot(n, r, (), cpu_type) for n, r in workers]
+        slots = [Slot(n, r, (), cpu_type, cpu=cpu_pinned) for n, r in workers]
         return Placement(slots, [], cpu_reason or "no GPU visible")
     if workers_per_gpu < 1:
         raise ConfigError(f"{what}.workers_per_gpu ({workers_per_gpu}) must be at least 1")
@@ -280,30 +330,115 @@ def place(
     capacity = len(order) * workers_per_gpu
     if len(workers) > capacity:
         raise ConfigError(_too_many(workers, order, workers_per_gpu, what))
-    free = [g for g in order for _ in range(workers_per_gpu)]  # one entry per worker seat
+    # one entry per worker seat, every GPU's first seat before any GPU's second: workers
+    # spread over distinct GPUs first and share one only when there are more workers than GPUs
+    free = [g for _ in range(workers_per_gpu) for g in order]
     taken: dict[str, Gpu] = {}
-    for unit in _units(workers, sp_degree):
+    units = _units(workers, sp_degree)
+    for unit in units:
         seats = _seats(free, len(unit))
         for (name, _), seat in zip(unit, seats, strict=True):
             taken[name] = free[seat]
         for seat in sorted(seats, reverse=True):
             free.pop(seat)
+    gloo, notes = _check_groups(workers, units, taken, collectives, sp_degree, len(order))
     slots = []
     for name, role in workers:
         g = taken[name]
-        slots.append(Slot(name, role, (g.index,), g.type, (g.cuda_id,)))
+        slots.append(
+            Slot(name, role, (g.index,), g.type, (g.cuda_id,), backend="gloo" if name in gloo else "")
+        )
     used = {g.index for g in taken.values()}
-    return Placement(slots, [g for g in order if g.index not in used])
+    return Placement(slots, [g for g in order if g.index not in used], notes=notes)
 
 
 def _seats(free: list[Gpu], n: int) -> list[int]:
-    """Positions in ``free`` for a unit of ``n`` workers: the first ``n`` of the first GPU type
-    that has ``n`` free, else the first ``n`` free ones."""
-    for kind in dict.fromkeys(g.type for g in free):
+    """Positions in ``free`` for a unit of ``n`` workers (one group's ranks, or one worker), on
+    ``n`` distinct GPUs where that can be: the first free seat of each of the first ``n`` GPUs
+    of the first GPU type that has ``n`` with a free seat, else of any ``n`` GPUs in order
+    (spanning types); only when fewer than ``n`` GPUs have a free seat, the first ``n`` seats
+    of one type, else the first ``n`` free ones."""
+    kinds = list(dict.fromkeys(g.type for g in free))
+    for kind in kinds:
+        firsts = _first_seats(free, kind)
+        if len(firsts) >= n:
+            return firsts[:n]
+    firsts = _first_seats(free, None)
+    if len(firsts) >= n:
+        return firsts[:n]
+    for kind in kinds:
         of_kind = [i for i, g in enumerate(free) if g.type == kind]
         if len(of_kind) >= n:
             return of_kind[:n]
     return list(range(n))
+
+
+def _first_seats(free: list[Gpu], kind: str | None) -> list[int]:
+    """The position of each GPU's first free seat in ``free`` (of type ``kind``; None: any)."""
+    seen: set[int] = set()
+    out = []
+    for i, g in enumerate(free):
+        if (kind is None or g.type == kind) and g.index not in seen:
+            seen.add(g.index)
+            out.append(i)
+    return out
+
+
+def _check_groups(
+    workers: Sequence[tuple[str, str]],
+    units: list[list[tuple[str, str]]],
+    taken: dict[str, Gpu],
+    collectives: Collectives,
+    sp_degree: int,
+    n_gpus: int,
+) -> tuple[set[str], list[str]]:
+    """Refuse a group that needs NCCL with two ranks on one GPU (one line, naming the key);
+    returns the replicated trainer group's members when that group goes to gloo instead, and
+    the note that says so."""
+    if sp_degree > 1:
+        for unit in units:
+            if len(unit) == sp_degree and all(r == "rollout" for _, r in unit):
+                _refuse_shared(
+                    [n for n, _ in unit], taken, "a sequence-parallel replica", collectives.sp_key, n_gpus
+                )
+    if collectives.trainers is None:
+        return set(), []
+    group = sorted(n for n, r in workers if r in collectives.trainer_roles)
+    if len(group) < 2 or not _shared(group, taken):
+        return set(), []
+    if collectives.trainers == "fsdp":
+        _refuse_shared(group, taken, "the FSDP trainer group", collectives.trainer_key, n_gpus)
+    a, b, gpu = _shared(group, taken)[0]
+    note = (
+        f"the trainer group ({len(group)} ranks) all-reduces on gloo, through host memory: {a} and {b} "
+        f"share GPU {gpu}, and NCCL needs a GPU per rank"
+    )
+    return set(group), [note]
+
+
+def _shared(group: Sequence[str], taken: dict[str, Gpu]) -> list[tuple[str, str, int]]:
+    """(first, second, GPU) for each pair of ``group`` placed on one GPU (first ones first)."""
+    first: dict[int, str] = {}
+    out = []
+    for name in group:
+        g = taken[name].index
+        if g in first:
+            out.append((first[g], name, g))
+        else:
+            first[g] = name
+    return out
+
+
+def _refuse_shared(group: Sequence[str], taken: dict[str, Gpu], what: str, key: str, n_gpus: int) -> None:
+    shared = _shared(group, taken)
+    if not shared:
+        return
+    a, b, gpu = shared[0]
+    raise ConfigError(
+        f"{a} and {b} of {what} would share GPU {gpu} ({len(group)} ranks, {n_gpus} GPU"
+        f"{'s' if n_gpus != 1 else ''}): NCCL refuses "
+        f"two ranks of one group on one GPU; set {key} to at most {n_gpus} (or give the workers more GPUs)"
+    )
 
 
 def _too_many(workers: Sequence[tuple[str, str]], gpus: Sequence[Gpu], per_gpu: int, what: str) -> str:
@@ -344,6 +479,8 @@ def plan_local(cfg, gpus: Sequence[Gpu] | None = None) -> Placement:
     workers = local_workers(cl.rollout_workers, cl.trainer_workers, cl.reward_workers)
     found = list(discover() if gpus is None else gpus)
     chosen, reason = _chosen(cfg, found)
+    # gpus: [] and model.device cpu mean CPU whatever torch sees; so does auto without a GPU
+    named_cuda = str(cfg.model.device).startswith("cuda") and cl.gpus == "auto"
     return place(
         workers,
         chosen,
@@ -351,7 +488,22 @@ def plan_local(cfg, gpus: Sequence[Gpu] | None = None) -> Placement:
         sp_degree=cfg.rollout.sequence_parallel,
         cpu_type=cl.gpu_type,
         cpu_reason=reason,
+        cpu_pinned=not named_cuda,
+        collectives=collectives_of(cfg),
     )
+
+
+def collectives_of(cfg) -> Collectives:
+    """The groups of ``cfg``'s job that run collectives (see :class:`Collectives`)."""
+    mode, train = cfg.schedule.mode, cfg.train
+    roles = ("trainer", "rollout") if mode == "colocated" else ("trainer",)
+    if mode == "reference":
+        kind = None
+    elif train.fsdp:
+        kind = "fsdp"
+    else:
+        kind = "allreduce" if train.reduce == "allreduce" else None
+    return Collectives(trainers=kind, trainer_roles=roles)
 
 
 def _chosen(cfg, found: list[Gpu]) -> tuple[list[Gpu], str | None]:

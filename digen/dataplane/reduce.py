@@ -76,7 +76,7 @@ def ordered_sum(
             total = {k: v.clone() for k, v in part.items()}
         else:
             for k, v in part.items():
-                total[k] += v
+                total[k] += v.to(total[k].device)  # a fetched part on the host, an own one on a GPU
     if total is None:
         raise ValueError("ordered_sum of no gradient")
     return total
@@ -88,7 +88,10 @@ class TaskSum:
 
     The sum lives in one flat float32 buffer (:attr:`flat`; :attr:`total` views it per
     tensor, names sorted as the optimizer's), so the step all-reduces it in place, in one call,
-    with no copy: at a FLUX LoRA r64's 684 MiB, one buffer instead of three."""
+    with no copy: at a FLUX LoRA r64's 684 MiB, one buffer instead of three. The buffer is on
+    the trained tensors' device (``like``'s; else the first gradient's): on a GPU trainer the
+    tasks' gradients are added there, by the GPU, and one fetched from a peer (a rollout
+    worker's, under RAT) is copied there first."""
 
     def __init__(self, like: Mapping[str, torch.Tensor] | None = None) -> None:
         self.flat: torch.Tensor | None = None
@@ -110,16 +113,14 @@ class TaskSum:
             check_gradient(grads, self.total, what)
         if self.total is None:
             names = sorted(grads)
-            first = grads[names[0]]
-            self.flat = torch.empty(
-                sum(grads[n].numel() for n in names), dtype=torch.float32, device=first.device
-            )
+            device = next(iter(self.like.values())).device if self.like else grads[names[0]].device
+            self.flat = torch.empty(sum(grads[n].numel() for n in names), dtype=torch.float32, device=device)
             self.total = unflatten(self.flat, names, grads)
             for k in names:
                 self.total[k].copy_(grads[k])
         else:
             for k, v in grads.items():
-                self.total[k] += v
+                self.total[k] += v.to(self.total[k].device)
         self.tasks.append(task_id)
 
     def clear(self) -> None:

@@ -121,6 +121,27 @@ def cast_to_dtype(t: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
     return dtype if dtype is not None and t.is_floating_point() else t.dtype
 
 
+def on_host(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``tensors`` in host memory: those already there as they are (no copy: for tensors that
+    nothing rewrites, such as a task's gradient), the others copied (:func:`host_copy`)."""
+    return {k: t if t.device.type == "cpu" else host_copy({k: t})[k] for k, t in tensors.items()}
+
+
+def host_copy(tensors: dict[str, torch.Tensor], cast: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """A snapshot of ``tensors`` to serve: each one's values now, in host memory of its own
+    (contiguous; floating tensors cast to ``cast`` when given), so that a step that later
+    rewrites the source (a trainer's parameters) cannot change what a blob serves, and a frame
+    sends it with no further copy. From a CUDA tensor the copy lands in pinned memory; it is
+    synchronous, so the bytes are final when this returns. A blob is immutable once put
+    (:class:`~digen.dataplane.blobs.BlobStore`): serve this, never a view of live memory."""
+    out: dict[str, torch.Tensor] = {}
+    for name, t in tensors.items():
+        src = t.detach()
+        buf = torch.empty(src.shape, dtype=cast_to_dtype(src, cast), device="cpu", pin_memory=src.is_cuda)
+        out[name] = buf.copy_(src)
+    return out
+
+
 def _recv_exact(
     sock: socket.socket, view: memoryview, deadline: float | None = None, receiver: Receiver | None = None
 ) -> None:

@@ -253,12 +253,17 @@ class FlowPolicy:
 
     def named_trainable_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
         """Trained parameters keyed exactly as :meth:`trainable_state_dict` keys them (the
-        gradients a trainer sends and the weights it publishes share these names)."""
-        names = list(self.trainable_state_dict().keys())
+        gradients a trainer sends and the weights it publishes share these names). Copies no
+        tensor: every train task calls it (a full fine-tune's copy was the whole model)."""
+        names = self.trainable_names()
         params = [p for p in self.transformer.parameters() if p.requires_grad]
         if len(names) != len(params):
             raise RuntimeError(f"{len(names)} trainable tensors named but {len(params)} parameters found")
         return list(zip(names, params, strict=True))
+
+    def trainable_names(self) -> list[str]:
+        """The keys of :meth:`trainable_state_dict`, in its order, without copying a tensor."""
+        return list(self.trainable_state_dict())
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         """What a weight sync moves: the LoRA adapter when LoRA is on, else every

@@ -117,6 +117,14 @@ def lora_state_dict(transformer: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in state.items()}
 
 
+def lora_names(transformer: torch.nn.Module) -> list[str]:
+    """The keys of :func:`lora_state_dict`, in its order, without copying a tensor (peft's
+    state dict holds the adapter's own tensors, detached)."""
+    from peft import get_peft_model_state_dict
+
+    return list(get_peft_model_state_dict(transformer, adapter_name=ADAPTER))
+
+
 def load_lora_state_dict(transformer: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Copy adapter tensors (keys as :func:`lora_state_dict` gives them) into the adapter.
 
@@ -166,6 +174,11 @@ def full_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
         for name, p in module.named_parameters()
         if p.requires_grad
     }
+
+
+def full_names(module: torch.nn.Module) -> list[str]:
+    """The keys of :func:`full_state_dict`, in its order, without copying a tensor."""
+    return [name for name, p in module.named_parameters() if p.requires_grad]
 
 
 def load_full_state_dict(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:

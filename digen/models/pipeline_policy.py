@@ -170,6 +170,11 @@ class PipelinePolicy(FlowPolicy):
     def has_lora(self) -> bool:
         return lora.has_lora(self.transformer)
 
+    def trainable_names(self) -> list[str]:
+        if self.has_lora:
+            return lora.lora_names(self.transformer)
+        return lora.full_names(self.transformer)
+
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         if self.has_lora:
             return lora.lora_state_dict(self.transformer)

@@ -29,6 +29,10 @@ log = logging.getLogger(__name__)
 
 IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
+TRAINER_BACKEND_ENV = "DIGEN_TRAINER_BACKEND"
+"""``gloo``: the replicated trainer group forms on gloo although its ranks compute on CUDA
+(:func:`trainer_backend`); :data:`digen.cluster.placement.BACKEND_ENV` sets it."""
+
 
 def _to_bytes(obj: Any) -> torch.Tensor:
     return torch.frombuffer(bytearray(json.dumps(obj).encode()), dtype=torch.uint8)
@@ -90,6 +94,7 @@ def join_process_group(
     publish: Callable[[dict], None],
     await_address: Callable[[], dict | None],
     store: Callable[[str, timedelta], dist.Store],
+    backend: str | None = None,
 ) -> dict | None:
     """Form a group's ``torch.distributed`` process group through a rendezvous in Redis.
 
@@ -106,12 +111,11 @@ def join_process_group(
     Where the collectives listen: gloo's and NCCL's own sockets are pinned to the interface of
     ``host``, the rank's Dask worker host (127.0.0.1 in the embedded cluster;
     :func:`pin_interface`). They authenticate no peer: docs/deploy.md says how to isolate
-    them."""
-    timeout = timedelta(seconds=timeout_s)
+    them. ``backend``: the leader's choice when given (:func:`trainer_backend`), else
+    :func:`default_backend` of its device."""
     pin_interface(host)
     if leader:
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        addr = {"host": host, "store": secrets.token_hex(8), "backend": backend}
+        addr = {"host": host, "store": secrets.token_hex(8), "backend": backend or default_backend(device)}
         publish(addr)
     else:
         found = await_address()
@@ -120,10 +124,51 @@ def join_process_group(
         addr = found
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    timeout = timedelta(seconds=collective_timeout_s(addr["backend"], timeout_s))
+    if addr["backend"] == "nccl":
+        for var, value in NCCL_ENV.items():
+            os.environ.setdefault(var, value)
     dist.init_process_group(
         addr["backend"], store=store(addr["store"], timeout), rank=rank, world_size=world, timeout=timeout
     )
     return addr
+
+
+NCCL_ENV = {"TORCH_NCCL_BLOCKING_WAIT": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
+"""How an NCCL group fails, set before it forms (a value the operator set is kept):
+``TORCH_NCCL_BLOCKING_WAIT=1``, a collective whose peer died raises in the thread that waits
+on it once the group's timeout passes, as gloo's does (the trainer then aborts its step and
+leaves the group: :meth:`digen.workers.trainer.Member.run_step`), instead of hanging until
+NCCL's watchdog ends the process; ``TORCH_NCCL_ASYNC_ERROR_HANDLING=2``, the watchdog aborts
+the group's communicators without taking the process down with them."""
+
+NCCL_TIMEOUT_FRACTION = 0.5
+"""An NCCL group's collective timeout, as a fraction of the job's ``schedule.lease_s``."""
+
+
+def collective_timeout_s(backend: str, lease_s: float) -> float:
+    """The collective timeout of a group on ``backend`` in a job whose task lease is
+    ``lease_s``: gloo's is the lease; NCCL's half of it, so that a collective that waits on a
+    dead peer fails (and its step aborts) while the tasks of the step are still leased,
+    rather than after they were handed to another worker."""
+    return lease_s * NCCL_TIMEOUT_FRACTION if backend == "nccl" else lease_s
+
+
+def default_backend(device: torch.device) -> str:
+    """NCCL on CUDA, gloo elsewhere."""
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def trainer_backend(device: torch.device) -> str:
+    """The replicated trainer group's backend: :func:`default_backend`, except gloo where the
+    placement put two members on one GPU (``$DIGEN_TRAINER_BACKEND``, set by
+    :mod:`digen.cluster.placement`), which NCCL refuses."""
+    return "gloo" if os.environ.get(TRAINER_BACKEND_ENV) == "gloo" else default_backend(device)
+
+
+def comm_device(backend: str, device: torch.device) -> torch.device:
+    """Where a group's collective buffers live: the rank's device for NCCL, the host for gloo."""
+    return device if backend == "nccl" else torch.device("cpu")
 
 
 def interface_of(host: str) -> str | None:

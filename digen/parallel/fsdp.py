@@ -87,6 +87,19 @@ def block_modules(module: nn.Module, block_types: list[str] | None = None) -> li
     return blocks
 
 
+def checkpoint_blocks(module: nn.Module, block_types: list[str] | None = None) -> nn.Module:
+    """Activation checkpointing of every transformer block of ``module`` (see
+    :func:`block_modules`), in place: each block's forward keeps only its inputs and recomputes
+    the rest in the backward (``torch.distributed._composable.checkpoint``: parameter names and
+    state dicts do not change). For an unsharded policy, a replicated trainer's; FSDP applies
+    the same per block in :func:`shard_transformer`. Returns ``module``."""
+    from torch.distributed._composable import checkpoint
+
+    for block in block_modules(module, block_types):
+        checkpoint(block)
+    return module
+
+
 def device_mesh(mesh_or_group: MeshOrGroup, device_type: str) -> DeviceMesh:
     """A 1-D mesh over ``mesh_or_group`` (None: the default process group)."""
     if isinstance(mesh_or_group, DeviceMesh):

@@ -370,10 +370,14 @@ class TrainPasses:
     def sizes(self, groups: int, tsp: bool) -> list[int]:
         """Rows of each pass of a task of ``groups`` micro-batches, as
         :func:`digen.training.forward_chunks` cuts them: TSP, runs of ``rows_per_forward``
-        rows; else one pass per trained timestep with that step's rows (uncut)."""
+        rows; else one pass per trained timestep with that step's rows, cut into runs of
+        ``rows_per_forward`` too."""
         if not tsp:
-            return [groups * self.samples] * self.steps
-        full, rest = divmod(groups * self.samples * self.steps, self.rows_per_forward)
+            return self._runs(groups * self.samples) * self.steps
+        return self._runs(groups * self.samples * self.steps)
+
+    def _runs(self, rows: int) -> list[int]:
+        full, rest = divmod(rows, self.rows_per_forward)
         return [self.rows_per_forward] * full + ([rest] if rest else [])
 
     def compute_s(self, rows: int, tsp: bool) -> float:

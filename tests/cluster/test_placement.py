@@ -128,21 +128,30 @@ def test_too_many_workers_is_one_line_unless_the_config_shares_gpus():
     assert max(per_gpu.values()) <= 3 and sum(per_gpu.values()) == 5
 
 
-def test_no_gpu_or_a_cpu_device_or_an_empty_list_runs_on_cpu_as_before():
-    cfg = cfg_of(1, 1)
-    for chosen, why in (
-        (plan_local(cfg, []), "no GPU visible"),
+def _on_device(cfg, device: str):
+    return cfg.model_copy(update={"model": cfg.model.model_copy(update={"device": device})})
+
+
+def test_no_gpu_or_a_cpu_device_or_an_empty_list_runs_on_cpu():
+    """Each worker is pinned to the CPU (no GPU visible to it, ``DIGEN_DEVICE=cpu``), so a
+    process that torch would give a GPU does not take GPU 0 while tagged ``cpu``; only a
+    config that names a CUDA device itself, on a machine whose GPUs discovery cannot list,
+    leaves the worker's environment alone."""
+    cfg = cfg_of(1, 1)  # model.device: cuda:0
+    pinned = {"CUDA_VISIBLE_DEVICES": "", "DIGEN_DEVICE": "cpu"}
+    for chosen, why, env in (
+        (plan_local(_on_device(cfg, "auto"), []), "no GPU visible", pinned),
+        (plan_local(_on_device(cfg, "cpu"), parse_spec("2xh100")), "model.device is cpu", pinned),
+        (plan_local(cfg_of(1, 1, gpus=[]), parse_spec("2xh100")), "cluster.local.gpus is []", pinned),
         (
-            plan_local(
-                cfg.model_copy(update={"model": cfg.model.model_copy(update={"device": "cpu"})}),
-                parse_spec("2xh100"),
-            ),
-            "model.device is cpu",
+            plan_local(_on_device(cfg_of(1, 1, gpus=[]), "auto"), parse_spec("2xh100")),
+            "cluster.local.gpus is []",
+            pinned,
         ),
-        (plan_local(cfg_of(1, 1, gpus=[]), parse_spec("2xh100")), "cluster.local.gpus is []"),
+        (plan_local(cfg, []), "no GPU visible", {}),
     ):
         assert chosen.cpu_reason == why
-        assert all(s.gpus == () and s.gpu_type == "cpu" and s.env() == {} for s in chosen.slots)
+        assert all(s.gpus == () and s.gpu_type == "cpu" and s.env() == env for s in chosen.slots), why
 
 
 def test_listed_gpu_ids_and_gpu_types_narrow_the_choice():
@@ -163,6 +172,92 @@ def test_listed_gpu_ids_and_gpu_types_narrow_the_choice():
         algorithms=False,
     )
     assert {s.gpu_type for s in plan_local(only, parse_spec("4xh100,2xl40s")).slots} == {"l40s"}
+
+
+def _gpus_of(p) -> dict[str, int]:
+    return {s.worker: s.gpus[0] for s in p.slots}
+
+
+def test_shared_gpus_spread_ranks_over_distinct_gpus_first():
+    """``workers_per_gpu`` allows sharing; it does not ask for it: 2 trainers and 2 rollout
+    workers on 8 GPUs take 4 GPUs of their own (it used to put both trainers on GPU 0 and
+    both rollout workers on GPU 1, six GPUs idle)."""
+    p = plan_local(cfg_of(2, 2, workers_per_gpu=2), parse_spec("8xh100"))
+    assert _gpus_of(p) == {"trainer-0": 0, "trainer-1": 1, "rollout-0": 2, "rollout-1": 3}
+    assert [g.index for g in p.idle] == [4, 5, 6, 7] and p.notes == []
+    # more workers than GPUs: every GPU takes one before any takes two
+    p = plan_local(cfg_of(3, 2, workers_per_gpu=2, train={"reduce": "exact"}), parse_spec("3xh100"))
+    per_gpu = sorted(list(_gpus_of(p).values()).count(i) for i in range(3))
+    assert per_gpu == [1, 2, 2] and _gpus_of(p)["trainer-0"] != _gpus_of(p)["trainer-1"]
+
+
+def test_the_plan_of_the_shared_quickstart_puts_each_worker_on_its_own_gpu():
+    res = CliRunner().invoke(
+        app,
+        [
+            "plan",
+            "configs/quickstart.yaml",
+            "--gpus",
+            "8xh100",
+            "--json",
+            "--set",
+            "cluster.local.workers_per_gpu=2",
+            "--set",
+            "cluster.local.trainer_workers=2",
+            "--set",
+            "cluster.local.rollout_workers=2",
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    got = {r["worker"]: r["gpus"] for r in json.loads(res.stdout)}
+    assert got == {"trainer-0": [0], "trainer-1": [1], "rollout-0": [2], "rollout-1": [3]}
+
+
+def test_a_group_that_needs_nccl_with_two_ranks_on_one_gpu_is_refused_in_one_line(tmp_path):
+    """NCCL refuses two ranks of one group on one device ("Duplicate GPU detected"): FSDP
+    ranks and a sequence-parallel replica that would share a GPU exit 2 before anything
+    starts, naming the key to change."""
+    with pytest.raises(ConfigError) as exc:
+        plan_local(cfg_of(1, 2, workers_per_gpu=3, train={"fsdp": True}), parse_spec("1xh100"))
+    (line,) = exc.value.problems
+    assert "trainer-0 and trainer-1 of the FSDP trainer group would share GPU 0" in line
+    assert "set cluster.local.trainer_workers to at most 1" in line and "\n" not in line
+    with pytest.raises(ConfigError) as exc:
+        plan_local(cfg_of(2, 1, sp=2, workers_per_gpu=3), parse_spec("1xh100"))
+    (line,) = exc.value.problems
+    assert "rollout-0 and rollout-1 of a sequence-parallel replica would share GPU 0" in line
+    assert "set rollout.sequence_parallel to at most 1" in line
+    # two GPUs: each replica's ranks on two GPUs, sharing them with the other replica and the trainer
+    ok = plan_local(cfg_of(4, 1, sp=2, workers_per_gpu=3), parse_spec("2xh100"))
+    pairs = plan_replicas([Candidate(s.worker, s.gpu_type) for s in ok.slots if s.role == "rollout"], 2)
+    assert len(pairs) == 2 and all(_gpus_of(ok)[a] != _gpus_of(ok)[b] for a, b in pairs)
+    path = write_config(
+        tmp_path,
+        train={"fsdp": True},
+        cluster={"local": {"rollout_workers": 1, "trainer_workers": 2, "workers_per_gpu": 3}},
+    )
+    res = CliRunner().invoke(app, ["plan", path, "--gpus", "1xh100"])
+    assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1
+    assert "cluster.local.trainer_workers" in res.output
+
+
+@pytest.mark.parametrize(("mode", "members"), [("disaggregated", 2), ("colocated", 3)])
+def test_a_replicated_trainer_group_sharing_a_gpu_all_reduces_on_gloo_and_says_so(mode, members):
+    """The replicated group's all-reduce runs on gloo where its members share a GPU (in
+    colocated mode every worker is a member); ``digen plan`` says so; an ``exact`` reduction,
+    which runs no collective, needs neither."""
+    cfg = cfg_of(1, 2, workers_per_gpu=3)
+    cfg = cfg.model_copy(update={"schedule": cfg.schedule.model_copy(update={"mode": mode})})
+    p = plan_local(cfg, parse_spec("1xh100"))
+    gloo = {s.worker for s in p.slots if s.env().get("DIGEN_TRAINER_BACKEND") == "gloo"}
+    assert len(gloo) == members and {"trainer-0", "trainer-1"} <= gloo
+    (note,) = p.notes
+    assert f"trainer group ({members} ranks) all-reduces on gloo" in note
+    assert p.lines()[-1] == f"note: {note}"
+    exact = cfg.model_copy(update={"train": cfg.train.model_copy(update={"reduce": "exact"})})
+    assert plan_local(exact, parse_spec("1xh100")).notes == []
+    spread = plan_local(cfg, parse_spec("4xh100"))
+    assert spread.notes == [] and all("DIGEN_TRAINER_BACKEND" not in s.env() for s in spread.slots)
 
 
 def test_a_placed_worker_sees_only_its_gpu_as_cuda_0():
@@ -379,6 +474,22 @@ def test_gpu_bench_parts_run_their_code_on_cpu_at_a_small_size(tmp_path, tiny_sd
     part = _rollout_train_part(str(tiny_sd3), str(tmp_path / "run"), "cpu", 32, small)  # built already
     assert part["iterations"] == 2 and part["gen_images_per_s"] > 0 and part["train_images_per_s"] > 0
     assert part["ratio_max_dev_bf16"] is not None and part["clipfrac_bf16"] is not None
+    # a second bench into the same folder runs again (its first run's directory is its own)
+    again = _rollout_train_part(str(tiny_sd3), str(tmp_path / "run"), "cpu", 32, small)
+    assert again["iterations"] == 2 and again["ratio_max_dev_bf16"] == part["ratio_max_dev_bf16"]
+
+
+def test_a_second_gpu_bench_clears_only_its_own_run(tmp_path):
+    from digen.bench.gpu import clear_bench_run
+
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    for run, model in ((ours, tmp_path / "model"), (theirs, tmp_path / "elsewhere")):
+        run.mkdir()
+        (run / "config.yaml").write_text(yaml.safe_dump({"model": {"path": str(model)}}))
+        (run / "metrics.jsonl").write_text("{}\n")
+    clear_bench_run(ours, str(tmp_path / "model"))
+    clear_bench_run(theirs, str(tmp_path / "model"))
+    assert not ours.exists() and (theirs / "metrics.jsonl").exists()
 
 
 def test_digen_worker_gpus_auto_starts_one_pinned_worker_per_gpu(tmp_path):
@@ -419,3 +530,52 @@ def test_digen_worker_gpus_auto_starts_one_pinned_worker_per_gpu(tmp_path):
     assert got == [("rollout", "l40s", "1"), ("rollout", "l40s", "2"), ("trainer", "h100", "0")], (
         tmp_path / "worker.log"
     ).read_text()
+
+
+@pytest.mark.parametrize(
+    ("device", "env", "expected"),
+    [
+        ("auto", None, "cuda:0"),  # digen worker without --device, add_local_worker, gpus: auto
+        ("cuda", None, "cuda:0"),
+        ("auto", "cuda", "cuda:0"),
+        ("cuda:3", None, "cuda:3"),
+        ("auto", "cpu", "cpu"),
+    ],
+)
+def test_a_worker_on_cuda_computes_on_an_indexed_device(monkeypatch, device, env, expected):
+    """torch patched to report 8 CUDA devices: the device a worker gets always has an index,
+    which ``torch.cuda.set_device`` (run when a trainer, FSDP or sequence-parallel group forms)
+    needs: it raised ValueError on the plain ``cuda`` ``model.device: auto`` used to give."""
+    import torch
+
+    from digen.workers.preload import worker_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    if env is None:
+        monkeypatch.delenv("DIGEN_DEVICE", raising=False)
+    else:
+        monkeypatch.setenv("DIGEN_DEVICE", env)
+    cfg = _on_device(cfg_of(1, 1), device)
+    got = worker_device(cfg)
+    assert got == expected
+    if got.startswith("cuda"):
+        chosen: list[int] = []
+        monkeypatch.setattr(torch._C, "_cuda_setDevice", chosen.append, raising=False)  # a CPU build has none
+        torch.cuda.set_device(torch.device(got))  # torch's own check of the index
+        assert chosen == [int(expected.split(":")[1])]
+
+
+def test_the_trainer_group_backend_follows_the_placement(monkeypatch):
+    import torch
+
+    from digen.cluster.placement import BACKEND_ENV
+    from digen.parallel.comm import TRAINER_BACKEND_ENV, comm_device, trainer_backend
+
+    assert BACKEND_ENV == TRAINER_BACKEND_ENV  # spelled twice: placement imports no torch
+    cuda = torch.device("cuda:0")
+    monkeypatch.delenv(BACKEND_ENV, raising=False)
+    assert trainer_backend(cuda) == "nccl" and trainer_backend(torch.device("cpu")) == "gloo"
+    assert comm_device("nccl", cuda) == cuda
+    monkeypatch.setenv(BACKEND_ENV, "gloo")
+    assert trainer_backend(cuda) == "gloo" and comm_device("gloo", cuda) == torch.device("cpu")

@@ -87,3 +87,23 @@ def test_the_all_reduce_gives_every_trainer_the_same_bits_and_the_sum_within_flo
     like = grads(0)
     exact = flatten(ordered_sum(grads(i) for i in range(6)), sorted(like), like)
     assert torch.allclose(flat, exact, rtol=0, atol=1e-6)
+
+
+def test_a_trainers_running_sum_lives_on_its_parameters_device():
+    """On a GPU trainer the tasks' gradients are added on the GPU (``meta`` stands in for it);
+    a gradient fetched from a peer, on the host, is copied there. The exact sum folds a host
+    part into a device one the same way."""
+    like = {"a": torch.zeros(2, 3, device="meta"), "b": torch.zeros(4, device="meta")}
+    host = {"a": torch.ones(2, 3), "b": torch.ones(4)}
+    on_device = {k: torch.ones_like(v) for k, v in like.items()}
+    for first, second in ((host, on_device), (on_device, host)):
+        sums = TaskSum(like)
+        sums.add("t0", first)
+        sums.add("t1", second)
+        assert sums.flat is not None and sums.flat.device.type == "meta"
+        assert {v.device.type for v in sums.total.values()} == {"meta"}
+    assert {v.device.type for v in ordered_sum([on_device, host], like=like).values()} == {"meta"}
+    cpu = TaskSum({"a": torch.zeros(2, 3), "b": torch.zeros(4)})
+    cpu.add("t0", host)
+    cpu.add("t1", host)
+    assert torch.equal(cpu.total["a"], torch.full((2, 3), 2.0))

@@ -137,3 +137,34 @@ def test_sharded_update_equals_unsharded(tmp_path: Path) -> None:
         assert diff < 1e-5, f"{name}: max |sharded - unsharded| = {diff}"
         norms = json.loads((out / f"norms_{name}.json").read_text())
         assert norms == pytest.approx(expected_norms, rel=1e-5), name
+
+
+def test_served_shards_do_not_change_when_the_group_steps(tmp_path: Path) -> None:
+    """What a rank serves as version v stays version v after the step to v + 1 (a staleness-1
+    rollout still fetches it): one gloo rank, full fine-tune, one AdamW step."""
+    import torch.distributed as dist
+
+    from digen.parallel import ShardedTrainer
+    from digen.parallel.fsdp import local_trainable_shards
+    from digen.workers.fsdp_loop import shard_snapshot
+
+    model = make_tiny_model(tmp_path / "sd3", "sd3", seed=0, resolution=w.RES)
+    policy = w.make_policy(str(model), lora=False)
+    data = _trajectories(policy)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        cfg = w.make_cfg()
+        trainer = ShardedTrainer(policy, cfg.train)
+        served = shard_snapshot(policy, torch.float32)
+        before = {k: v.clone() for k, v in served.items()}
+        for rows, embeds, sigma_max in w.task_rows(data):
+            trainer.accumulate(rows, embeds, cfg, tsp=True, sigma_max=sigma_max)
+        trainer.step()
+        now = local_trainable_shards(policy)
+    finally:
+        dist.destroy_process_group()
+    assert served.keys() == now.keys() and len(served) > 0
+    changed = [k for k in now if not torch.equal(now[k], before[k])]
+    assert len(changed) > len(now) // 2, "the step should move most weights; the check would be vacuous"
+    assert [k for k in served if not torch.equal(served[k], before[k])] == []
+    assert all(t.device.type == "cpu" and t.is_contiguous() for t in served.values())

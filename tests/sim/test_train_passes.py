@@ -88,8 +88,10 @@ def test_a_batched_task_over_rows_per_forward_makes_ceil_passes_each_gathering()
     assert c.train_task_s(5, True) == pytest.approx(3 * fsdp_pass(0.0))
     # uncapped, the same rows were one pass: two passes' gathers fewer
     assert worker(10**6).train_task_s(5, True) == pytest.approx(fsdp_pass(0.0))
-    # without TSP the runtime makes one pass per trained step, uncut, whatever rows_per_forward
+    # without TSP the runtime makes one pass per trained step (5 rows: under rows_per_forward)
     assert c.passes.sizes(5, False) == [5, 5, 5, 5]
+    # a step of more rows than rows_per_forward is cut too: 12 rows a step, 8 + 4
+    assert c.passes.sizes(12, False) == [8, 4] * 4 == runtime_passes(12, 1, 4, False, 8)
     assert c.train_task_s(5, False) == pytest.approx(4 * fsdp_pass(0.0))
 
 
