@@ -127,6 +127,7 @@ class CurveEntry(_Section):
 class PeerEntry(_Section):
     """:class:`digen.sim.peers.PeerRecipe`'s fields."""
 
+    commit: str
     engine: str
     gen_batch: int = Field(ge=1)
     gen_on_trainer: bool
@@ -141,7 +142,6 @@ class PeerEntry(_Section):
     reward_tp: int = Field(1, ge=1)
     weight_sync: bool = False
     driver_gbps: float | None = Field(None, gt=0)
-    calibration: float = Field(1.0, gt=0)
 
 
 class TestbedEntry(_Section):

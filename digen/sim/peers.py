@@ -23,7 +23,10 @@ file and commit of the peer) says what each phase does:
 - the LoRA weight sync into the rollout engine and the trajectories through one driver.
 
 Efficiency depends on the tokens of a pass (:func:`digen.sim.costmodel.pass_efficiency`), so
-micro-batching shows; ``calibration`` (one stated factor per recipe) multiplies every phase.
+micro-batching shows. No phase carries a fitted factor: every term is the peer's code or a
+published measurement, or an assumption named in ``docs/cost-model.md``; a recipe names the
+commit it restates (``commit``), and a peer that changed (VeRL-Omni batched its generation at
+9401c4b0) is one recipe per commit compared with.
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ class PeerRecipe:
     """One peer's iteration (``configs/sim/catalog.yaml`` ``peers:``)."""
 
     name: str
+    commit: str
+    """Where the recipe is read: the peer's repository at a commit (or a dated document)."""
     engine: str
     """Rollout engine: a key of the catalog's ``engines`` (speedup over eager)."""
     gen_batch: int
@@ -79,8 +84,6 @@ class PeerRecipe:
     """The trained weights are copied into a separate rollout engine after each step."""
     driver_gbps: float | None = None
     """One driver process relays every sample's trajectory (None: no central driver)."""
-    calibration: float = 1.0
-    """Stated factor on every phase (1.0: none); see the catalog for its derivation."""
 
 
 @dataclass(frozen=True)
@@ -167,7 +170,7 @@ def peer_phases(
                 2 * share * w.trajectory_bytes / w.samples_per_task / GB / recipe.driver_gbps,
             )
         )
-    return [Phase(p.name, p.kind, p.seconds * recipe.calibration) for p in out if p.seconds > 0]
+    return [p for p in out if p.seconds > 0]
 
 
 def simulate_peer(cost: CostModel, recipe: PeerRecipe, *, iterations: int, warmup: int, trailing: int):
