@@ -69,6 +69,14 @@ def simulate(
             "whose replicas carry sp_degree; replaces the catalog's cited constants at those degrees.",
         ),
     ] = None,
+    validate: Annotated[
+        bool,
+        typer.Option(
+            "--validate",
+            help="Predict the peers' published figures (the configs of CONFIG's folder, default "
+            "configs/sim) and print each prediction's error beside the band docs/simulator.md states.",
+        ),
+    ] = False,
     dataplane: Annotated[
         Path | None,
         typer.Option(
@@ -85,6 +93,15 @@ def simulate(
     from digen.sim.driver import parse_modes
 
     mode_list = parse_modes(modes)
+    if validate:
+        from digen.sim.validation import markdown_validation
+        from digen.sim.validation import validate as predict_all
+
+        folder = (
+            config if config is not None and config.is_dir() else (config.parent if config else SIM_CONFIGS)
+        )
+        out.print(markdown_validation(predict_all(folder)), highlight=False, soft_wrap=True)
+        return
     if from_run is not None:
         _from_run(from_run, mode_list if modes else [], json_out)
         return

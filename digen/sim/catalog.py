@@ -23,7 +23,9 @@ from digen.config import Dtype
 from digen.errors import ConfigError
 from digen.sim.costmodel import (
     FLAT,
+    NO_BATCH_GAIN,
     ROWS_PER_FORWARD,
+    BatchGain,
     CostModel,
     EfficiencyCurve,
     GpuType,
@@ -118,6 +120,13 @@ class RewardEntry(_Section):
     weights_gb: float = Field(0.0, ge=0)
 
 
+class BatchGainEntry(_Section):
+    """:class:`~digen.sim.costmodel.BatchGain`: per-sample speedup at each measured batch."""
+
+    points: dict[int, float]
+    max_tokens: int = Field(4096, ge=1)
+
+
 class CurveEntry(_Section):
     half_tokens: float = Field(gt=0)
     ref_tokens: float = Field(gt=0)
@@ -158,6 +167,7 @@ class Catalog(_Section):
     engines: dict[str, float] = {"eager": 1.0}
     """Rollout engine speedup over eager PyTorch."""
     efficiency_curve: CurveEntry | None = None
+    generation_batch: BatchGainEntry | None = None
     peers: dict[str, PeerEntry] = {}
 
 
@@ -341,6 +351,11 @@ def load_sim_config(
         workload,
         tb,
         curve=EfficiencyCurve(**cat.efficiency_curve.model_dump()) if cat.efficiency_curve else FLAT,
+        batch_gain=(
+            BatchGain(tuple(sorted(cat.generation_batch.points.items())), cat.generation_batch.max_tokens)
+            if cat.generation_batch
+            else NO_BATCH_GAIN
+        ),
         engines=dict(cat.engines),
         reward_weights_gb=reward_gb,
         peers={n: PeerRecipe(name=n, **p.model_dump()) for n, p in cat.peers.items()},

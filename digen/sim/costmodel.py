@@ -340,6 +340,36 @@ FLAT = EfficiencyCurve()
 """No dependence on the pass's size (0 half-tokens)."""
 
 
+@dataclass(frozen=True)
+class BatchGain:
+    """Per-sample speedup of generating ``b`` samples as one forward per denoising step over
+    ``b`` forwards of one (``configs/sim/catalog.yaml`` ``generation_batch``, each point a
+    published measurement): log-linear in ``b`` between the listed batches, flat beyond the
+    largest (no measurement says more), 1 for samples of more than ``max_tokens`` tokens (the
+    measurements are of images; a video's pass of thousands of tokens is compute bound
+    already, an assumption: docs/cost-model.md)."""
+
+    points: tuple[tuple[int, float], ...] = ((1, 1.0),)
+    max_tokens: int = 4096
+
+    def __call__(self, batch: int, tokens: int) -> float:
+        if batch <= 1 or tokens > self.max_tokens:
+            return 1.0
+        table = dict(sorted({1: 1.0, **dict(self.points)}.items()))
+        if batch in table:
+            return table[batch]
+        below = max(b for b in table if b < batch)
+        above = min((b for b in table if b > batch), default=None)
+        if above is None:
+            return table[below]
+        w = (math.log(batch) - math.log(below)) / (math.log(above) - math.log(below))
+        return table[below] * (table[above] / table[below]) ** w
+
+
+NO_BATCH_GAIN = BatchGain()
+"""Batching generation gains nothing (no ``generation_batch`` in the catalog)."""
+
+
 def pass_efficiency(curve: EfficiencyCurve, tokens: float) -> float:
     """The GPU's relative efficiency on a pass of ``tokens`` tokens (1.0 at ``ref_tokens``)."""
     if curve.half_tokens <= 0:
@@ -395,12 +425,17 @@ class PaperInputs:
     workload: Workload
     testbed: Testbed
     curve: EfficiencyCurve = FLAT
+    batch_gain: BatchGain = NO_BATCH_GAIN
+    """Generation's per-sample speedup at a batch (peers' generation batches, digen's
+    micro-batches and ``rollout.max_batch``)."""
     engines: dict[str, float] = field(default_factory=lambda: {"eager": 1.0})
     """Rollout engine speedup over eager PyTorch per engine kind."""
     reward_weights_gb: float = 0.0
     """The reward model's weights (a peer that wakes it on the training GPUs loads them)."""
     peers: dict = field(default_factory=dict)
-    """Name -> :class:`digen.sim.peers.PeerRecipe`."""
+    """Name -> :class:`digen.sim.peers.PeerRecipe` (the peers with a pipeline for the model)."""
+    no_pipeline: dict[str, str] = field(default_factory=dict)
+    """Name -> why the peer cannot train this workload's model (no such pipeline)."""
 
     @property
     def gpus(self) -> int:
@@ -505,7 +540,13 @@ def _pass_s(compute_s: float, gather_s: float, layers: int) -> float:
 
 
 def worker_cost(
-    w: Workload, gpu: GpuType, degree: int, *, tsp_batch_gain: float = 1.0, curve: EfficiencyCurve = FLAT
+    w: Workload,
+    gpu: GpuType,
+    degree: int,
+    *,
+    tsp_batch_gain: float = 1.0,
+    curve: EfficiencyCurve = FLAT,
+    batch_gain: BatchGain = NO_BATCH_GAIN,
 ) -> tuple[WorkerCost, bool]:
     """Task costs of one replica of ``degree`` GPUs of type ``gpu``; also whether it trains
     with FSDP. A pass runs at :func:`pass_efficiency` of its tokens: a task's micro-batch
@@ -516,7 +557,9 @@ def worker_cost(
     eff = pass_efficiency(curve, m * mdl.tokens)
     tsp_gain = tsp_batch_gain * pass_efficiency(curve, k * m * mdl.tokens) / eff
     speed = degree * gpu.tflops * mdl.sp_eff(degree) * eff  # TFLOP/s of the replica
-    fwd = m * mdl.cfg * mdl.tflop_per_step / speed  # one step of the micro-batch, all CFG passes
+    # generation: one sample's pass at its tokens' efficiency, the micro-batch at the batch gain
+    gen_speed = degree * gpu.tflops * mdl.sp_eff(degree) * pass_efficiency(curve, mdl.tokens)
+    gen_fwd = m * mdl.cfg * mdl.tflop_per_step / (gen_speed * batch_gain(m, mdl.tokens))
     fwd_train = m * (mdl.train_cfg or mdl.cfg) * mdl.tflop_per_step / speed
     fsdp = needs_fsdp(mdl, gpu, degree)
     gather = mdl.weights_gb / gpu.intra_gbps if fsdp else 0.0  # one full all-gather
@@ -536,8 +579,8 @@ def worker_cost(
     )
     if k * m > w.rows_per_forward:  # the runtime cuts the task's rows into several passes
         train_tsp_s = passes.task_s(1, True, 2 * gather, mdl.layers)
-    gen_s = w.steps * fwd
-    gen_on_trainer_s = w.steps * _pass_s(fwd, gather, mdl.layers)
+    gen_s = w.steps * gen_fwd
+    gen_on_trainer_s = w.steps * _pass_s(gen_fwd, gather, mdl.layers)
     decode_s = m * mdl.decode_s_ref * REFERENCE_TFLOPS / gpu.tflops
     reward_s = m * mdl.reward_tflop / gpu.tflops
     trained_gb = mdl.version_gb  # a worker loads the version as it travels
@@ -582,7 +625,9 @@ def paper_costmodel(
             raise ConfigError(f"testbed {tb.name}: {exc}") from None
         choices.append(choice)
         degree = choice.degree
-        cost, fsdp = worker_cost(w, gpu, degree, tsp_batch_gain=tsp_batch_gain, curve=paper.curve)
+        cost, fsdp = worker_cost(
+            w, gpu, degree, tsp_batch_gain=tsp_batch_gain, curve=paper.curve, batch_gain=paper.batch_gain
+        )
         notes.append(
             f"{gpu.name}: {count // degree} workers x {degree} GPU (SP {degree}, eff "
             f"{w.model.sp_eff(degree):.2f}){', FSDP training' if fsdp else ''}"

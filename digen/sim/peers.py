@@ -106,7 +106,9 @@ def peer_phases(
     if engine is None:
         raise ConfigError(f"peer {recipe.name}: engine {recipe.engine} is not in the catalog's engines")
     fsdp = recipe.fsdp or needs_fsdp(mdl, gpu, degree)
-    gather = mdl.weights_gb / gpu.intra_gbps if fsdp else 0.0
+    # FSDP shards over every GPU of the job: past one node its all-gathers cross the network
+    link = gpu.intra_gbps if inputs.nodes <= 1 else min(gpu.intra_gbps, inputs.net_gbps)
+    gather = mdl.weights_gb / link if fsdp else 0.0
     k = w.trained_timesteps
     tcfg = mdl.train_cfg or mdl.cfg
     out: list[Phase] = []
@@ -115,15 +117,19 @@ def peer_phases(
         """One forward of ``batch`` samples x ``passes`` CFG passes, at its pass efficiency."""
         return batch * passes * mdl.tflop_per_step / (speed * pass_efficiency(curve, batch * tokens))
 
+    def gen_fwd(batch: int) -> float:
+        """One denoising step of ``batch`` samples in the rollout engine: one sample's pass at
+        its tokens' efficiency, the batch at the measured batch gain (:class:`BatchGain`)."""
+        one = mdl.cfg * mdl.tflop_per_step / (speed * pass_efficiency(curve, tokens))
+        return batch * one / (engine * inputs.batch_gain(batch, tokens))
+
     def batched(total: int, size: int, one) -> float:
         full, rest = divmod(total, size)
         return full * one(size) + (one(rest) if rest else 0.0)
 
     # generation: steps x CFG passes per batch, in the rollout engine (or on the actor)
     gen_gather = gather if recipe.gen_on_trainer else 0.0
-    gen = batched(
-        share, recipe.gen_batch, lambda b: w.steps * _pass_s(fwd(b, mdl.cfg) / engine, gen_gather, mdl.layers)
-    )
+    gen = batched(share, recipe.gen_batch, lambda b: w.steps * _pass_s(gen_fwd(b), gen_gather, mdl.layers))
     out.append(Phase("generate", "gen", gen))
     out.append(Phase("decode", "decode", share * mdl.decode_s_ref * REFERENCE_TFLOPS / gpu.tflops))
     if recipe.rollout_sleep_wake:
@@ -134,8 +140,12 @@ def peer_phases(
     if recipe.reward_wake:
         out.append(Phase("reward sleep", "sync", inputs.reward_weights_gb / recipe.reward_tp / gpu.host_gbps))
     n = inputs.gpus
+    trained_gb = mdl.adapter_gb if mdl.adapter_gb is not None else mdl.weights_gb
+    # param and optimizer offload: the actor's shard of the bf16 weights and of AdamW's float32
+    # master weights and two moments (12 B per trained parameter = 6 x its bf16 GB)
+    actor_gb = (mdl.weights_gb + 6 * trained_gb) / n
     if recipe.actor_offload:
-        out.append(Phase("actor onload", "sync", mdl.weights_gb / n / gpu.host_gbps))
+        out.append(Phase("actor onload", "sync", actor_gb / gpu.host_gbps))
     if recipe.logprob_batch:
         lp = batched(share, recipe.logprob_batch, lambda b: k * _pass_s(fwd(b, tcfg), gather, mdl.layers))
         out.append(Phase("old log-prob", "train", lp))
@@ -150,24 +160,23 @@ def peer_phases(
         lambda b: k * _pass_s(fwd(b, tcfg) * mdl.train_flops_factor, 2 * gather, mdl.layers),
     )
     out.append(Phase("train", "train", train))
-    trained_gb = mdl.adapter_gb if mdl.adapter_gb is not None else mdl.weights_gb
     # each optimizer step all-reduces the float32 gradient of what is trained (ring: 2 (N-1)/N)
-    link = gpu.intra_gbps if inputs.nodes <= 1 else inputs.net_gbps
     reduce = 2 * (n - 1) / n * 2 * trained_gb / link if n > 1 else 0.0
     out.append(Phase("optimizer steps", "sync", recipe.optimizer_steps * reduce))
     if recipe.actor_offload:
-        out.append(Phase("actor offload", "sync", mdl.weights_gb / n / gpu.host_gbps))
+        out.append(Phase("actor offload", "sync", actor_gb / gpu.host_gbps))
     if recipe.weight_sync:
         out.append(Phase("weight sync", "sync", 2 * trained_gb / gpu.host_gbps))
     if recipe.rollout_sleep_wake:
         out.append(Phase("rollout wake", "sync", mdl.weights_gb / gpu.host_gbps))
     if recipe.driver_gbps:
-        # every sample's trajectory goes to the driver and back out to the actor
+        # one driver process: every sample of the batch (not the replica's share) goes to it
+        # and back out to the actor
         out.append(
             Phase(
                 "driver relay",
                 "sync",
-                2 * share * w.trajectory_bytes / w.samples_per_task / GB / recipe.driver_gbps,
+                2 * w.samples * w.trajectory_bytes / w.samples_per_task / GB / recipe.driver_gbps,
             )
         )
     return [p for p in out if p.seconds > 0]
