@@ -109,6 +109,8 @@ class WorkloadEntry(_Section):
     samples_per_task: int = Field(1, ge=1)
     reward: str | None = None
     """A key of the catalog's ``rewards`` (overrides the model's)."""
+    kl_beta: float = Field(0.0, ge=0.0)
+    """digen's ``train.kl_beta``: > 0 adds a reference forward per trained row."""
 
 
 class RewardEntry(_Section):
@@ -133,10 +135,24 @@ class CurveEntry(_Section):
     cap: float = Field(1.0, gt=0)
 
 
+class PeerOverride(_Section):
+    """A peer's own recipe for one model, where it differs from the peer's defaults."""
+
+    gen_batch: int | None = Field(None, ge=1)
+    train_micro_batch: int | None = Field(None, ge=1)
+    reference_forward: bool | None = None
+    fsdp: bool | None = None
+    logprob_batch: int | None = Field(None, ge=1)
+    optimizer_steps: int | None = Field(None, ge=1)
+
+
 class PeerEntry(_Section):
-    """:class:`digen.sim.peers.PeerRecipe`'s fields."""
+    """:class:`digen.sim.peers.PeerRecipe`'s fields, the models the peer has a pipeline for and
+    its own recipe per model (``per_model``)."""
 
     commit: str
+    models: list[str]
+    per_model: dict[str, PeerOverride] = {}
     engine: str
     gen_batch: int = Field(ge=1)
     gen_on_trainer: bool
@@ -245,6 +261,13 @@ def load_catalog(path: Path) -> Catalog:
         if p.engine not in cat.engines
     ]
     problems += [
+        f"{path.name}: peers.{n}.{key}.{m} is not in models"
+        for n, p in cat.peers.items()
+        for key, names in (("models", p.models), ("per_model", list(p.per_model)))
+        for m in names
+        if m not in cat.models
+    ]
+    problems += [
         f"{path.name}: testbeds.{n}.gpus.{g} is not in gpus"
         for n, t in cat.testbeds.items()
         for g in t.gpus
@@ -271,6 +294,14 @@ def reward_cost(cat: Catalog, name: str) -> tuple[float, float]:
     if r.gpu_s_per_sample is not None and r.measured_on in cat.gpus:
         return r.gpu_s_per_sample * cat.gpus[r.measured_on].tflops, r.weights_gb
     return r.tflop_per_sample or 0.0, r.weights_gb
+
+
+def peer_recipe(name: str, entry: PeerEntry, model: str) -> PeerRecipe:
+    """Peer ``name``'s recipe for ``model``: its defaults with its own recipe for the model."""
+    fields = entry.model_dump(exclude={"models", "per_model"})
+    if model in entry.per_model:
+        fields |= entry.per_model[model].model_dump(exclude_none=True)
+    return PeerRecipe(name=name, **fields)
 
 
 def is_run_config(path: Path) -> bool:
@@ -342,6 +373,7 @@ def load_sim_config(
         spt,
         run.groups_per_task,
         run.rows_per_forward,
+        kl_beta=wl.kl_beta,
     )
     tbe = cat.testbeds[tb_name]
     tb = Testbed(
@@ -358,7 +390,12 @@ def load_sim_config(
         ),
         engines=dict(cat.engines),
         reward_weights_gb=reward_gb,
-        peers={n: PeerRecipe(name=n, **p.model_dump()) for n, p in cat.peers.items()},
+        peers={n: peer_recipe(n, p, wl.model) for n, p in cat.peers.items() if wl.model in p.models},
+        no_pipeline={
+            n: f"{n} ({p.commit}) has no {wl.model} pipeline"
+            for n, p in cat.peers.items()
+            if wl.model not in p.models
+        },
     )
     cost = paper_costmodel(workload, tb, tsp_batch_gain=run.tsp_batch_gain, dataplane=dataplane, paper=paper)
     settings = SimSettings(**run.sim.model_dump())

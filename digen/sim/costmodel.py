@@ -173,6 +173,8 @@ class Workload:
     """Micro-batches per train task (``train.groups_per_task``)."""
     rows_per_forward: int = ROWS_PER_FORWARD
     """Rows of one TSP training pass at most (``train.rows_per_forward``)."""
+    kl_beta: float = 0.0
+    """``train.kl_beta``: > 0 adds a reference forward (the base weights) to every trained row."""
 
     def __post_init__(self) -> None:
         if self.rows_per_forward < 1:
@@ -563,13 +565,15 @@ def worker_cost(
     fwd_train = m * (mdl.train_cfg or mdl.cfg) * mdl.tflop_per_step / speed
     fsdp = needs_fsdp(mdl, gpu, degree)
     gather = mdl.weights_gb / gpu.intra_gbps if fsdp else 0.0  # one full all-gather
-    train_pass = fwd_train * mdl.train_flops_factor
+    # a KL term (train.kl_beta > 0) adds the reference's forward to each row, in the same pass
+    train_factor = mdl.train_flops_factor + (1.0 if w.kl_beta > 0 else 0.0)
+    train_pass = fwd_train * train_factor
     # FSDP gathers the weights for the forward and again for the backward of every pass
     train_s = k * _pass_s(train_pass, 2 * gather, mdl.layers)
     train_tsp_s = _pass_s(k * train_pass / tsp_gain, 2 * gather, mdl.layers)
     tcfg = mdl.train_cfg or mdl.cfg
     passes = TrainPasses(
-        row_s=tcfg * mdl.tflop_per_step * mdl.train_flops_factor / (degree * gpu.tflops * mdl.sp_eff(degree)),
+        row_s=tcfg * mdl.tflop_per_step * train_factor / (degree * gpu.tflops * mdl.sp_eff(degree)),
         row_tokens=mdl.tokens,
         samples=m,
         steps=k,

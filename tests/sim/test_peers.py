@@ -43,9 +43,10 @@ def test_default_modes_include_every_peer_in_the_json_rows():
     assert set(PEERS) <= set(modes)
     study = run_study(setup.cost, [*PEERS, "digen"], FAST)
     rows = {r["mode"]: r for r in json_rows(study)}
-    assert set(rows) == {*PEERS, "digen"}
-    assert all(rows[p]["s_per_iteration"] > 0 for p in PEERS)
-    for p in PEERS:  # digen's speedup over each peer, in its row
+    have = set(PEERS) - set(study.no_pipeline)  # GenRL has no Qwen-Image pipeline
+    assert set(rows) == {*have, "digen"} and have == {"verl-omni-unbatched", "verl-omni", "flow-grpo"}
+    assert all(rows[p]["s_per_iteration"] > 0 for p in have)
+    for p in have:  # digen's speedup over each peer, in its row
         want = rows["digen"]["samples_per_s"] / rows[p]["samples_per_s"]
         assert rows["digen"]["speedup_vs_peers"][p] == pytest.approx(want)
 
@@ -54,14 +55,22 @@ def test_peer_phase_orders_follow_their_code():
     setup = load_sim_config(CONFIGS / "verl-omni-published.yaml")
     paper = setup.cost.paper
     gpu = paper.testbed.gpus[0][0]
-    names = {p: [x.name for x in peer_phases(paper.peers[p], paper, gpu, 1, 128)] for p in PEERS}
+    names = {p: [x.name for x in peer_phases(paper.peers[p], paper, gpu, 1, 128)] for p in paper.peers}
+    names["genrl"] = [
+        x.name
+        for x in peer_phases(
+            load_sim_config(CONFIGS / "wan2.1_B.yaml").cost.paper.peers["genrl"], paper, gpu, 1, 8
+        )
+    ]
     v = names["verl-omni"]
     order = ["generate", "rollout sleep", "reward wake", "reward", "reward sleep", "actor onload"]
     order += ["old log-prob", "train", "optimizer steps", "actor offload", "weight sync", "rollout wake"]
     assert [n for n in v if n in order] == order
-    for p in ("genrl", "flow-grpo"):  # log-probs kept from sampling, a reference forward (KL)
-        assert "old log-prob" not in names[p] and "reference forward" in names[p]
+    for p in ("genrl", "flow-grpo"):  # log-probs kept from sampling
+        assert "old log-prob" not in names[p]
         assert "weight sync" not in names[p]  # they sample with the training model
+    assert "reference forward" in names["genrl"]  # beta 3e-4
+    assert "reference forward" not in names["flow-grpo"]  # pickscore_qwenimage: beta 0
 
 
 def test_verl_omni_reward_is_the_measured_ocr_cost():
@@ -130,3 +139,45 @@ def test_the_results_table_compares_digen_with_each_peer():
     ratio = float(row[head.split("|").index(" digen vs verl-omni ")].strip().rstrip("x"))
     got = {r.mode: r.sim.samples_per_s for r in study.results}
     assert ratio == pytest.approx(got["digen"] / got["verl-omni"], abs=0.006)
+
+
+def test_each_peer_runs_its_own_recipe_per_model_and_none_where_it_has_no_pipeline():
+    """Flow-GRPO's pickscore_qwenimage (batch 4, beta 0, FSDP) and pickscore_flux (batch 3,
+    beta 0, ZeRO-2); VeRL-Omni has no FLUX pipeline, GenRL only Wan ones, nobody HunyuanVideo."""
+    qwen = load_sim_config(CONFIGS / "qwen-image_B.yaml").cost.paper
+    flux = load_sim_config(CONFIGS / "flux_B.yaml").cost.paper
+    fq, ff = qwen.peers["flow-grpo"], flux.peers["flow-grpo"]
+    assert (fq.gen_batch, fq.train_micro_batch, fq.reference_forward, fq.fsdp) == (4, 4, False, True)
+    assert (ff.gen_batch, ff.train_micro_batch, ff.reference_forward, ff.fsdp) == (3, 3, False, False)
+    assert set(flux.no_pipeline) == {"verl-omni-unbatched", "verl-omni", "genrl"}
+    video = load_sim_config(CONFIGS / "hunyuan-video_B.yaml").cost.paper
+    assert not video.peers and set(video.no_pipeline) == set(PEERS)
+    study = run_study(load_sim_config(CONFIGS / "flux_C.yaml").cost, [*PEERS, "digen"], FAST)
+    assert [r.mode for r in study.results] == ["flow-grpo", "digen"]
+    assert set(study.no_pipeline) == {"verl-omni-unbatched", "verl-omni", "genrl"}
+    from digen.sim.report import markdown_results
+
+    assert "no such pipeline" in markdown_results([("flow-grpo-flux", "C", study)])
+    from digen.sim.driver import MODES, simulate
+
+    with pytest.raises(ConfigError, match="no such pipeline"):
+        simulate(load_sim_config(CONFIGS / "flux_C.yaml").cost, MODES["genrl"])
+
+
+def test_a_kl_weight_charges_a_reference_forward_to_digen_as_to_a_peer():
+    """train.kl_beta > 0 (the workload's kl_beta) adds one forward per trained row: a train
+    task costs (factor + 1) / factor of the same task without it."""
+    from dataclasses import replace
+
+    from digen.sim.costmodel import worker_cost
+
+    setup = load_sim_config(CONFIGS / "wan2.1_B.yaml")
+    w = setup.workload
+    assert w.kl_beta > 0  # GenRL's beta 3e-4: the same algorithm on both sides
+    gpu = setup.testbed.gpus[0][0]
+    with_kl, _ = worker_cost(w, gpu, setup.cost.workers[0].gpus)
+    without, _ = worker_cost(replace(w, kl_beta=0.0), gpu, setup.cost.workers[0].gpus)
+    f = w.model.train_flops_factor
+    assert with_kl.passes.row_s == pytest.approx(without.passes.row_s * (f + 1) / f)
+    assert with_kl.gen_s == without.gen_s
+    assert setup.cost.paper.peers["genrl"].reference_forward
