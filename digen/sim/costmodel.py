@@ -319,11 +319,13 @@ class CostModel:
         return sum(w.gpus for w in self.workers)
 
     def rates(self, w: SimWorker, *, tsp: bool = True) -> tuple[float, float]:
-        """``(g, t)``: samples/s of worker ``w`` when it only generates / only trains."""
+        """``(g, t)``: samples/s of worker ``w`` when it only generates / only trains, training
+        in the train tasks the runtime makes (``groups_per_task`` micro-batches each: their
+        passes share gathers, so a batched task is cheaper per sample than one micro-batch)."""
         c = w.cost
-        train = c.train_tsp_s if tsp else c.train_s
+        train = c.train_task_s(self.groups_per_task, tsp)
         g = self.samples_per_task / c.rollout_s if c.rollout_s > 0 else 0.0
-        t = self.samples_per_task / train if train > 0 else 0.0
+        t = self.groups_per_task * self.samples_per_task / train if train > 0 else 0.0
         return g, t
 
 

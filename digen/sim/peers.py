@@ -193,10 +193,15 @@ def simulate_peer(cost: CostModel, recipe: PeerRecipe, *, iterations: int, warmu
             f"measured from a run has no recipe to restate"
         )
     samples = cost.samples
-    replicas = len(cost.workers)
-    share = math.ceil(samples / replicas)  # SPMD: every replica the same share
-    gpu_of = {g.name: g for g, _ in inputs.testbed.gpus}
-    phases = {w.name: peer_phases(recipe, inputs, gpu_of[w.gpu_type], w.gpus, share) for w in cost.workers}
+    # one SPMD program: one parallel degree on every GPU (the largest any GPU type needs), and
+    # every replica the same share
+    degree = max(w.gpus for w in cost.workers)
+    replicas = [
+        (f"{gpu.name}-{i:04d}", gpu) for gpu, count in inputs.testbed.gpus for i in range(count // degree)
+    ]
+    share = math.ceil(samples / len(replicas))
+    by_type = {gpu.name: peer_phases(recipe, inputs, gpu, degree, share) for gpu, _ in inputs.testbed.gpus}
+    phases = {name: by_type[gpu.name] for name, gpu in replicas}
     order = [p.name for p in next(iter(phases.values()))]
     rows: list[dict] = []
     step_ends: list[float] = []
@@ -204,21 +209,21 @@ def simulate_peer(cost: CostModel, recipe: PeerRecipe, *, iterations: int, warmu
     for it in range(iterations):
         for name in order:
             longest = 0.0
-            for w in cost.workers:
-                p = next((x for x in phases[w.name] if x.name == name), None)
+            for worker, gpu in replicas:
+                p = next((x for x in phases[worker] if x.name == name), None)
                 if p is None:
                     continue
                 longest = max(longest, p.seconds)
                 row = {
-                    "worker": w.name,
-                    "gpu_type": w.gpu_type,
+                    "worker": worker,
+                    "gpu_type": gpu.name,
                     "role": Role.COLOCATED.value,
                     "kind": p.kind,
                     "iteration": it,
                     "version": it,
                     "start": t,
                     "end": t + p.seconds,
-                    "gpus": w.gpus,
+                    "gpus": degree,
                 }
                 if p.kind == "sync" or p.name in ("old log-prob", "reference forward"):
                     row["part"] = p.name
@@ -227,7 +232,7 @@ def simulate_peer(cost: CostModel, recipe: PeerRecipe, *, iterations: int, warmu
         step_ends.append(t)
     res = SimResult(
         recipe.name,
-        {w.name: Role.COLOCATED for w in cost.workers},
+        {worker: Role.COLOCATED for worker, _ in replicas},
         rows,
         step_ends,
         samples,

@@ -181,3 +181,22 @@ def test_a_kl_weight_charges_a_reference_forward_to_digen_as_to_a_peer():
     assert with_kl.passes.row_s == pytest.approx(without.passes.row_s * (f + 1) / f)
     assert with_kl.gen_s == without.gen_s
     assert setup.cost.paper.peers["genrl"].reference_forward
+
+
+def test_a_peer_runs_one_parallel_degree_on_every_gpu_of_a_mixed_testbed():
+    """Wan2.1 needs sequence parallel 2 on an L20 and 1 on an H20: digen's replicas differ,
+    the SPMD peer's are all 2 GPUs, each with the same share."""
+    from digen.sim.driver import MODES, simulate
+
+    cost = load_sim_config(CONFIGS / "wan2.1_AC.yaml").cost
+    assert {w.gpu_type: w.gpus for w in cost.workers} == {"l20": 2, "h20": 1}
+    res = simulate(cost, MODES["genrl"], iterations=3, warmup=1, trailing=1)
+    assert {r["gpus"] for r in res.rows} == {2}
+    workers = {r["worker"] for r in res.rows}
+    assert len(workers) == (32 + 16) // 2
+    gens = {
+        r["worker"]: r["end"] - r["start"] for r in res.rows if r["kind"] == "gen" and r["iteration"] == 0
+    }
+    l20 = max(v for k, v in gens.items() if k.startswith("l20"))
+    h20 = max(v for k, v in gens.items() if k.startswith("h20"))
+    assert l20 > h20  # the same share: the L20 pairs set the pace
