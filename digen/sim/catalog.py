@@ -167,6 +167,7 @@ class PeerEntry(_Section):
     reward_tp: int = Field(1, ge=1)
     weight_sync: bool = False
     driver_gbps: float | None = Field(None, gt=0)
+    async_sync: Literal["abort", "drain"] | None = None
 
 
 class TestbedEntry(_Section):

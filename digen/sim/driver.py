@@ -117,9 +117,11 @@ def _ladder() -> dict[str, Mode]:
     return {m.name: m for m in modes}
 
 
-PEERS = ["verl-omni-unbatched", "verl-omni", "genrl", "flow-grpo"]
+PEERS = ["verl-omni-unbatched", "verl-omni", "verl-omni-async", "unirl-async", "genrl", "flow-grpo"]
 """The peer modes (:mod:`digen.sim.peers`): VeRL-Omni as its published 2026-04 runs ran (one
-image per generation call) and as a1139ba runs (batched generation), GenRL, Flow-GRPO."""
+image per generation call) and as a1139ba runs (batched generation), VeRL-Omni's
+``separate_async`` and UniRL's async trainer (standalone rollout GPUs, one batch ahead),
+GenRL, Flow-GRPO."""
 MODES: dict[str, Mode] = _ladder()
 LADDER = ["disaggregated", "disagg+gap", "disagg+gap+tsp", "disagg+gap+tsp+tag", "digen"]
 ALONE = ["disagg+gap", "disagg+tsp", "disagg+tag", "disagg+async"]

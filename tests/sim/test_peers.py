@@ -44,7 +44,7 @@ def test_default_modes_include_every_peer_in_the_json_rows():
     study = run_study(setup.cost, [*PEERS, "digen"], FAST)
     rows = {r["mode"]: r for r in json_rows(study)}
     have = set(PEERS) - set(study.no_pipeline)  # GenRL has no Qwen-Image pipeline
-    assert set(rows) == {*have, "digen"} and have == {"verl-omni-unbatched", "verl-omni", "flow-grpo"}
+    assert set(rows) == {*have, "digen"} and have == set(PEERS) - {"genrl"}
     assert all(rows[p]["s_per_iteration"] > 0 for p in have)
     for p in have:  # digen's speedup over each peer, in its row
         want = rows["digen"]["samples_per_s"] / rows[p]["samples_per_s"]
@@ -149,12 +149,12 @@ def test_each_peer_runs_its_own_recipe_per_model_and_none_where_it_has_no_pipeli
     fq, ff = qwen.peers["flow-grpo"], flux.peers["flow-grpo"]
     assert (fq.gen_batch, fq.train_micro_batch, fq.reference_forward, fq.fsdp) == (4, 4, False, True)
     assert (ff.gen_batch, ff.train_micro_batch, ff.reference_forward, ff.fsdp) == (3, 3, False, False)
-    assert set(flux.no_pipeline) == {"verl-omni-unbatched", "verl-omni", "genrl"}
+    assert set(flux.no_pipeline) == set(PEERS) - {"flow-grpo"}
     video = load_sim_config(CONFIGS / "hunyuan-video_B.yaml").cost.paper
     assert not video.peers and set(video.no_pipeline) == set(PEERS)
     study = run_study(load_sim_config(CONFIGS / "flux_C.yaml").cost, [*PEERS, "digen"], FAST)
     assert [r.mode for r in study.results] == ["flow-grpo", "digen"]
-    assert set(study.no_pipeline) == {"verl-omni-unbatched", "verl-omni", "genrl"}
+    assert set(study.no_pipeline) == set(PEERS) - {"flow-grpo"}
     from digen.sim.report import markdown_results
 
     assert "no such pipeline" in markdown_results([("flow-grpo-flux", "C", study)])
@@ -200,3 +200,25 @@ def test_a_peer_runs_one_parallel_degree_on_every_gpu_of_a_mixed_testbed():
     l20 = max(v for k, v in gens.items() if k.startswith("l20"))
     h20 = max(v for k, v in gens.items() if k.startswith("h20"))
     assert l20 > h20  # the same share: the L20 pairs set the pace
+
+
+def test_the_async_peers_overlap_generation_with_training_and_differ_only_at_the_sync():
+    """VeRL-Omni separate_async aborts in-flight generations at a sync (lost work when the
+    rollout is the longer side), UniRL drains them: otherwise the same iteration."""
+    from digen.sim.peers import async_iteration, best_async_split
+
+    paper = load_sim_config(CONFIGS / "verl-omni-published.yaml").cost.paper
+    abort, drain = paper.peers["verl-omni-async"], paper.peers["unirl-async"]
+    assert (abort.async_sync, drain.async_sync) == ("abort", "drain")
+    for r in (1, 2, 3):
+        a, d = async_iteration(abort, paper, r), async_iteration(drain, paper, r)
+        assert (a.gen_s, a.train_s, a.sync_s) == (d.gen_s, d.train_s, d.sync_s) and d.lost_s == 0
+        assert a.seconds == pytest.approx(max(a.gen_s + a.lost_s, a.train_s) + a.sync_s)
+        assert (a.lost_s > 0) == (a.gen_s > a.train_s)
+        assert a.seconds >= d.seconds
+    best = best_async_split(drain, paper)
+    assert best.seconds == min(async_iteration(drain, paper, r).seconds for r in (1, 2, 3))
+    study = run_study(load_sim_config(CONFIGS / "verl-omni-published.yaml").cost, ["unirl-async"], FAST)
+    res = study.result("unirl-async")
+    assert res.sim.s_per_iteration == pytest.approx(best.seconds)
+    assert res.rollout_gpus == best.rollout_gpus and res.trainer_gpus == 4 - best.rollout_gpus
