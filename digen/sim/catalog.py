@@ -211,6 +211,9 @@ class SimRunConfig(_Section):
     rows_per_forward: int = Field(ROWS_PER_FORWARD, ge=1)
     """Rows of one TSP training pass at most, as ``train.rows_per_forward`` (its default):
     a train task of more rows makes ``ceil(rows / rows_per_forward)`` passes."""
+    max_batch: int = Field(1, ge=1)
+    """Generation tasks a rollout worker runs as one forward per denoising step, as
+    ``rollout.max_batch`` (its default 1: one task per forward)."""
     tsp_batch_gain: float = Field(1.0, ge=1.0)
     """Compute speedup of batching K timesteps in one forward (1.0: compute bound already,
     cost-model.md l.49-50)."""
@@ -374,6 +377,7 @@ def load_sim_config(
         spt,
         run.groups_per_task,
         run.rows_per_forward,
+        max_batch=run.max_batch,
         kl_beta=wl.kl_beta,
     )
     tbe = cat.testbeds[tb_name]

@@ -173,6 +173,8 @@ class Workload:
     """Micro-batches per train task (``train.groups_per_task``)."""
     rows_per_forward: int = ROWS_PER_FORWARD
     """Rows of one TSP training pass at most (``train.rows_per_forward``)."""
+    max_batch: int = 1
+    """Generation tasks a rollout worker runs as one forward per step (``rollout.max_batch``)."""
     kl_beta: float = 0.0
     """``train.kl_beta``: > 0 adds a reference forward (the base weights) to every trained row."""
 
@@ -254,6 +256,19 @@ class WorkerCost:
     """Transformer blocks (the one gather per pass that cannot overlap is a block's)."""
     passes: TrainPasses | None = None
     """How a train task's rows make passes (None: a measured model, which has no breakdown)."""
+    gen_batch_gain: BatchGain | None = None
+    """Generation's batch gain (None: a measured model: batching tasks gains nothing known)."""
+    tokens: int = 0
+    """Latent tokens of one sample (where the batch gain applies)."""
+
+    def gen_batch_s(self, tasks: int, samples_per_task: int) -> float:
+        """Denoising seconds of ``tasks`` generation tasks run as one forward per step
+        (``rollout.max_batch``): their samples at the batch gain of all of them."""
+        if tasks <= 1 or self.gen_batch_gain is None:
+            return tasks * self.gen_s
+        gain = self.gen_batch_gain
+        m = samples_per_task
+        return tasks * self.gen_s * gain(m, self.tokens) / gain(tasks * m, self.tokens)
 
     def train_task_s(self, groups: int, tsp: bool) -> float:
         """Seconds of a train task of ``groups`` micro-batches (``train.groups_per_task``):
@@ -295,6 +310,9 @@ class CostModel:
     """Tasks (the Scheduler's groups) per train task (``train.groups_per_task``)."""
     rows_per_forward: int = ROWS_PER_FORWARD
     """Rows of one TSP training pass at most (``train.rows_per_forward``)."""
+    max_batch: int = 1
+    """Generation tasks a rollout worker leases and runs as one forward per denoising step
+    (``rollout.max_batch``); each is acknowledged on its own."""
     dataplane: DataPlane | DataPlaneSeconds = DataPlaneSeconds()
     """The step's all-reduce and AdamW, weight distribution, trajectory transfer: modelled
     from bytes for a split (:class:`~digen.sim.dataplane.DataPlane`), or measured."""
@@ -324,7 +342,9 @@ class CostModel:
         passes share gathers, so a batched task is cheaper per sample than one micro-batch)."""
         c = w.cost
         train = c.train_task_s(self.groups_per_task, tsp)
-        g = self.samples_per_task / c.rollout_s if c.rollout_s > 0 else 0.0
+        b = self.max_batch
+        gen = c.gen_batch_s(b, self.samples_per_task) + b * (c.decode_s + c.reward_s)
+        g = b * self.samples_per_task / gen if gen > 0 else 0.0
         t = self.groups_per_task * self.samples_per_task / train if train > 0 else 0.0
         return g, t
 
@@ -605,6 +625,8 @@ def worker_cost(
         train_gather_s=2 * gather,
         layers=mdl.layers,
         passes=passes,
+        gen_batch_gain=batch_gain,
+        tokens=mdl.tokens,
     )
     return cost, fsdp
 
@@ -656,6 +678,7 @@ def paper_costmodel(
         tasks_per_group=w.tasks_per_group,
         groups_per_task=w.groups_per_task,
         rows_per_forward=w.rows_per_forward,
+        max_batch=w.max_batch,
         dataplane=plane,
         label=f"{w.name} on {tb.name}",
         notes=notes,
