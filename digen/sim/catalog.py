@@ -308,6 +308,20 @@ def peer_recipe(name: str, entry: PeerEntry, model: str) -> PeerRecipe:
     return PeerRecipe(name=name, **fields)
 
 
+def parse_gpus(spec: str, cat: Catalog, where: Path) -> dict[str, int]:
+    """``64xh100`` or ``32xl20,16xh20`` -> GPU type -> count (types of the catalog)."""
+    out: dict[str, int] = {}
+    for part in (x.strip() for x in spec.split(",") if x.strip()):
+        count, sep, name = part.partition("x")
+        if not sep or not count.isdigit() or int(count) < 1 or name not in cat.gpus:
+            raise ConfigError(
+                f"--gpus {spec}: '{part}' must be COUNTxTYPE with TYPE one of {', '.join(cat.gpus)} "
+                f"({where.name}'s catalog), e.g. 64xh100"
+            )
+        out[name] = out.get(name, 0) + int(count)
+    return out
+
+
 def is_run_config(path: Path) -> bool:
     """True for a run config (names a workload), False for the catalog."""
     data = read_mapping(path, RUN_CONFIG)
@@ -320,11 +334,14 @@ def load_sim_config(
     testbed: str | None = None,
     calibration: str | Path | None = None,
     dataplane: DataPlaneModel | None = None,
+    gpus: str | None = None,
 ) -> SimSetup:
     """Read a run config and its catalog; build the paper-scale cost model. ``calibration``:
     a sequence-parallel calibration file or run directory whose measured efficiencies replace
     the catalog's cited ones (:mod:`digen.sim.sp_calibration`); ``dataplane``: the data
-    plane's calibration (default :class:`DataPlaneModel`'s, :mod:`digen.sim.dataplane`)."""
+    plane's calibration (default :class:`DataPlaneModel`'s, :mod:`digen.sim.dataplane`);
+    ``gpus``: another cluster of the catalog's GPU types (``64xh100`` or ``32xl20,16xh20``),
+    with the testbed's network."""
     p = Path(path)
     run = _validate(SimRunConfig, read_mapping(p, RUN_CONFIG), p)
     assert isinstance(run, SimRunConfig)
@@ -381,8 +398,11 @@ def load_sim_config(
         kl_beta=wl.kl_beta,
     )
     tbe = cat.testbeds[tb_name]
+    counts = parse_gpus(gpus, cat, p) if gpus else tbe.gpus
     tb = Testbed(
-        tb_name, tbe.net_gbps, tuple((GpuType(g, **cat.gpus[g].model_dump()), n) for g, n in tbe.gpus.items())
+        gpus or tb_name,
+        tbe.net_gbps,
+        tuple((GpuType(g, **cat.gpus[g].model_dump()), n) for g, n in counts.items()),
     )
     paper = PaperInputs(
         workload,
