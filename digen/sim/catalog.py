@@ -415,7 +415,16 @@ def load_sim_config(
         ),
         engines=dict(cat.engines),
         reward_weights_gb=reward_gb,
-        peers={n: peer_recipe(n, p, wl.model) for n, p in cat.peers.items() if wl.model in p.models},
+        peers={
+            n: peer_recipe(n, p, wl.model)
+            for n, p in cat.peers.items()
+            if wl.model in p.models and not (p.async_sync and len(tb.gpus) > 1)
+        },
+        not_modelled={
+            n: f"{n}: an asynchronous peer is modelled on one GPU type only"
+            for n, p in cat.peers.items()
+            if wl.model in p.models and p.async_sync and len(tb.gpus) > 1
+        },
         no_pipeline={
             n: f"{n} ({p.commit}) has no {wl.model} pipeline"
             for n, p in cat.peers.items()

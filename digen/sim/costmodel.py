@@ -460,6 +460,8 @@ class PaperInputs:
     """Name -> :class:`digen.sim.peers.PeerRecipe` (the peers with a pipeline for the model)."""
     no_pipeline: dict[str, str] = field(default_factory=dict)
     """Name -> why the peer cannot train this workload's model (no such pipeline)."""
+    not_modelled: dict[str, str] = field(default_factory=dict)
+    """Name -> why the simulator does not restate the peer on this testbed."""
 
     @property
     def gpus(self) -> int:

@@ -516,6 +516,8 @@ def _simulate_peer(cost: CostModel, mode: Mode, iterations: int, warmup: int, tr
     recipe = cost.paper.peers.get(mode.peer) if cost.paper is not None else None
     if cost.paper is not None and mode.peer in cost.paper.no_pipeline:
         raise ConfigError(f"mode {mode.name}: no such pipeline: {cost.paper.no_pipeline[mode.peer]}")
+    if cost.paper is not None and mode.peer in cost.paper.not_modelled:
+        raise ConfigError(f"mode {mode.name}: not modelled: {cost.paper.not_modelled[mode.peer]}")
     if cost.paper is not None and recipe is None:
         raise ConfigError(f"mode {mode.name}: the catalog has no peers.{mode.peer} recipe")
     if recipe is None:

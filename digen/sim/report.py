@@ -145,6 +145,8 @@ def markdown_results(studies: list[tuple[str, str, Study]]) -> str:
 def _peer_cell(got: dict, study: Study, peer: str, text: str) -> str:
     if peer in study.no_pipeline:
         return "no such pipeline"
+    if peer in study.not_modelled:
+        return "not modelled"
     return text if peer in got else "-"
 
 
@@ -203,6 +205,7 @@ def explain(study: Study) -> str:
         if r.mode in PEERS and r.sim.samples_per_s > 0
     )
     missing = "".join(f"{m}: no such pipeline ({why}). " for m, why in study.no_pipeline.items())
+    missing += "".join(f"{m}: not modelled ({why}). " for m, why in study.not_modelled.items())
     return (
         f"{study.label}: "
         + (f"digen over the peers: {vs_peers}. " if vs_peers else "")

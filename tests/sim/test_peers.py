@@ -222,3 +222,9 @@ def test_the_async_peers_overlap_generation_with_training_and_differ_only_at_the
     res = study.result("unirl-async")
     assert res.sim.s_per_iteration == pytest.approx(best.seconds)
     assert res.rollout_gpus == best.rollout_gpus and res.trainer_gpus == 4 - best.rollout_gpus
+
+
+def test_an_async_peer_on_a_mixed_testbed_is_marked_not_modelled():
+    paper = load_sim_config(CONFIGS / "qwen-image_AC.yaml").cost.paper
+    assert {"verl-omni-async", "unirl-async"} == set(paper.not_modelled)
+    assert "verl-omni" in paper.peers
