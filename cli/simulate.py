@@ -69,6 +69,26 @@ def simulate(
             "whose replicas carry sp_degree; replaces the catalog's cited constants at those degrees.",
         ),
     ] = None,
+    optimize: Annotated[
+        bool,
+        typer.Option(
+            "--optimize",
+            help="Search the rollout/trainer split, train.groups_per_task and rollout.max_batch with the "
+            "cost model; print the best plan beside the configured one.",
+        ),
+    ] = False,
+    gpus: Annotated[
+        str | None,
+        typer.Option("--gpus", help="Another cluster of the catalog's GPU types: 64xh100, 32xl20,16xh20."),
+    ] = None,
+    validate: Annotated[
+        bool,
+        typer.Option(
+            "--validate",
+            help="Predict the peers' published figures (the configs of CONFIG's folder, default "
+            "configs/sim) and print each prediction's error beside the band docs/simulator.md states.",
+        ),
+    ] = False,
     dataplane: Annotated[
         Path | None,
         typer.Option(
@@ -85,6 +105,15 @@ def simulate(
     from digen.sim.driver import parse_modes
 
     mode_list = parse_modes(modes)
+    if validate:
+        from digen.sim.validation import markdown_validation
+        from digen.sim.validation import validate as predict_all
+
+        folder = (
+            config if config is not None and config.is_dir() else (config.parent if config else SIM_CONFIGS)
+        )
+        out.print(markdown_validation(predict_all(folder)), highlight=False, soft_wrap=True)
+        return
     if from_run is not None:
         _from_run(from_run, mode_list if modes else [], json_out)
         return
@@ -98,7 +127,10 @@ def simulate(
     from digen.sim.report import explain, json_rows, plot_gantt, text_table
     from digen.sim.study import run_study
 
-    setup = load_sim_config(config, testbed=testbed, calibration=calibration, dataplane=plane)
+    setup = load_sim_config(config, testbed=testbed, calibration=calibration, dataplane=plane, gpus=gpus)
+    if optimize:
+        _optimize(setup, modes)
+        return
     with Steps(f"simulate {setup.name}", len(_simulated(mode_list))) as steps:
         study = run_study(setup.cost, mode_list, setup.settings, progress=steps.start)
     if not no_gantt:
@@ -123,6 +155,24 @@ def simulate(
     note = explain(study)
     if note:
         out.print(note, highlight=False)
+
+
+def _optimize(setup, modes: str | None) -> None:
+    from digen.sim.planner import optimize, plan_table
+
+    mode = modes.strip() if modes else "digen"
+    if "," in mode:
+        raise ConfigError(f"--optimize plans one mode; got --modes {modes}")
+    err.print(f"planning {mode} on {setup.name} ({setup.cost.gpu_count} GPUs)...", highlight=False)
+    search = optimize(setup, mode)
+    out.print(f"[bold]{setup.name}[/bold]: {len(search.tried)} plans simulated", highlight=False)
+    out.print(plan_table(search), highlight=False, soft_wrap=True)
+    out.print(
+        f"best: {search.best.s_per_iteration:.1f} s/iteration, {search.speedup:.2f}x the configured plan; "
+        f"{search.best.settings()}",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def _simulated(modes: list[str]) -> list[str]:

@@ -160,6 +160,9 @@ def _calibrate(run: Path, warmup: int) -> tuple[CostModel, RunInfo]:
     group = int(roll.get("group_size", 1))
     tasks = int(roll.get("batch_size", group)) // group
     rows_per_forward = int(cfg.get("train", {}).get("rows_per_forward", ROWS_PER_FORWARD))
+    # a train task carries train.groups_per_task groups: its measured seconds are that many
+    # groups' (exact where groups_per_task divides the groups; the last task takes the rest)
+    per_task = max(1, int(cfg.get("train", {}).get("groups_per_task", 1)))
 
     workers = sorted({r["worker"] for r in rows if r["worker"] != "controller"})
     gpu = {r["worker"]: r.get("gpu_type", "?") for r in rows}
@@ -204,8 +207,8 @@ def _calibrate(run: Path, warmup: int) -> tuple[CostModel, RunInfo]:
             gen_s=gen,
             decode_s=pick(w, "decode"),
             reward_s=pick(w, "reward"),
-            train_s=pick(w, "train"),
-            train_tsp_s=pick(w, "train"),
+            train_s=pick(w, "train") / per_task,
+            train_tsp_s=pick(w, "train") / per_task,
             gen_on_trainer_s=gen,
             load_s=means.get((w, "sync"), 0.0),
             overhead_s=means[(w, "overhead")],
@@ -216,12 +219,14 @@ def _calibrate(run: Path, warmup: int) -> tuple[CostModel, RunInfo]:
         tasks=tasks,
         samples_per_task=group,
         tasks_per_group=1,
+        groups_per_task=per_task,
         rows_per_forward=rows_per_forward,
         dataplane=step_seconds(steady if any(r["kind"] == "optim" for r in steady) else rows),
         label=f"calibrated from {run}",
         notes=[
-            f"{len(workers)} workers, {tasks} tasks x {group} samples per iteration; TSP and non-TSP train "
-            f"times are both the measured one (its passes of up to {rows_per_forward} rows)"
+            f"{len(workers)} workers, {tasks} tasks x {group} samples per iteration, {per_task} per train "
+            f"task; TSP and non-TSP train times are both the measured one (its passes of up to "
+            f"{rows_per_forward} rows)"
         ],
     )
     roles = {

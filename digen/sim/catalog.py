@@ -23,7 +23,9 @@ from digen.config import Dtype
 from digen.errors import ConfigError
 from digen.sim.costmodel import (
     FLAT,
+    NO_BATCH_GAIN,
     ROWS_PER_FORWARD,
+    BatchGain,
     CostModel,
     EfficiencyCurve,
     GpuType,
@@ -107,6 +109,8 @@ class WorkloadEntry(_Section):
     samples_per_task: int = Field(1, ge=1)
     reward: str | None = None
     """A key of the catalog's ``rewards`` (overrides the model's)."""
+    kl_beta: float = Field(0.0, ge=0.0)
+    """digen's ``train.kl_beta``: > 0 adds a reference forward per trained row."""
 
 
 class RewardEntry(_Section):
@@ -118,15 +122,37 @@ class RewardEntry(_Section):
     weights_gb: float = Field(0.0, ge=0)
 
 
+class BatchGainEntry(_Section):
+    """:class:`~digen.sim.costmodel.BatchGain`: per-sample speedup at each measured batch."""
+
+    points: dict[int, float]
+    max_tokens: int = Field(4096, ge=1)
+
+
 class CurveEntry(_Section):
     half_tokens: float = Field(gt=0)
     ref_tokens: float = Field(gt=0)
     cap: float = Field(1.0, gt=0)
 
 
-class PeerEntry(_Section):
-    """:class:`digen.sim.peers.PeerRecipe`'s fields."""
+class PeerOverride(_Section):
+    """A peer's own recipe for one model, where it differs from the peer's defaults."""
 
+    gen_batch: int | None = Field(None, ge=1)
+    train_micro_batch: int | None = Field(None, ge=1)
+    reference_forward: bool | None = None
+    fsdp: bool | None = None
+    logprob_batch: int | None = Field(None, ge=1)
+    optimizer_steps: int | None = Field(None, ge=1)
+
+
+class PeerEntry(_Section):
+    """:class:`digen.sim.peers.PeerRecipe`'s fields, the models the peer has a pipeline for and
+    its own recipe per model (``per_model``)."""
+
+    commit: str
+    models: list[str]
+    per_model: dict[str, PeerOverride] = {}
     engine: str
     gen_batch: int = Field(ge=1)
     gen_on_trainer: bool
@@ -141,7 +167,7 @@ class PeerEntry(_Section):
     reward_tp: int = Field(1, ge=1)
     weight_sync: bool = False
     driver_gbps: float | None = Field(None, gt=0)
-    calibration: float = Field(1.0, gt=0)
+    async_sync: Literal["abort", "drain"] | None = None
 
 
 class TestbedEntry(_Section):
@@ -158,6 +184,7 @@ class Catalog(_Section):
     engines: dict[str, float] = {"eager": 1.0}
     """Rollout engine speedup over eager PyTorch."""
     efficiency_curve: CurveEntry | None = None
+    generation_batch: BatchGainEntry | None = None
     peers: dict[str, PeerEntry] = {}
 
 
@@ -184,6 +211,9 @@ class SimRunConfig(_Section):
     rows_per_forward: int = Field(ROWS_PER_FORWARD, ge=1)
     """Rows of one TSP training pass at most, as ``train.rows_per_forward`` (its default):
     a train task of more rows makes ``ceil(rows / rows_per_forward)`` passes."""
+    max_batch: int = Field(1, ge=1)
+    """Generation tasks a rollout worker runs as one forward per denoising step, as
+    ``rollout.max_batch`` (its default 1: one task per forward)."""
     tsp_batch_gain: float = Field(1.0, ge=1.0)
     """Compute speedup of batching K timesteps in one forward (1.0: compute bound already,
     cost-model.md l.49-50)."""
@@ -235,6 +265,13 @@ def load_catalog(path: Path) -> Catalog:
         if p.engine not in cat.engines
     ]
     problems += [
+        f"{path.name}: peers.{n}.{key}.{m} is not in models"
+        for n, p in cat.peers.items()
+        for key, names in (("models", p.models), ("per_model", list(p.per_model)))
+        for m in names
+        if m not in cat.models
+    ]
+    problems += [
         f"{path.name}: testbeds.{n}.gpus.{g} is not in gpus"
         for n, t in cat.testbeds.items()
         for g in t.gpus
@@ -263,6 +300,28 @@ def reward_cost(cat: Catalog, name: str) -> tuple[float, float]:
     return r.tflop_per_sample or 0.0, r.weights_gb
 
 
+def peer_recipe(name: str, entry: PeerEntry, model: str) -> PeerRecipe:
+    """Peer ``name``'s recipe for ``model``: its defaults with its own recipe for the model."""
+    fields = entry.model_dump(exclude={"models", "per_model"})
+    if model in entry.per_model:
+        fields |= entry.per_model[model].model_dump(exclude_none=True)
+    return PeerRecipe(name=name, **fields)
+
+
+def parse_gpus(spec: str, cat: Catalog, where: Path) -> dict[str, int]:
+    """``64xh100`` or ``32xl20,16xh20`` -> GPU type -> count (types of the catalog)."""
+    out: dict[str, int] = {}
+    for part in (x.strip() for x in spec.split(",") if x.strip()):
+        count, sep, name = part.partition("x")
+        if not sep or not count.isdigit() or int(count) < 1 or name not in cat.gpus:
+            raise ConfigError(
+                f"--gpus {spec}: '{part}' must be COUNTxTYPE with TYPE one of {', '.join(cat.gpus)} "
+                f"({where.name}'s catalog), e.g. 64xh100"
+            )
+        out[name] = out.get(name, 0) + int(count)
+    return out
+
+
 def is_run_config(path: Path) -> bool:
     """True for a run config (names a workload), False for the catalog."""
     data = read_mapping(path, RUN_CONFIG)
@@ -275,11 +334,14 @@ def load_sim_config(
     testbed: str | None = None,
     calibration: str | Path | None = None,
     dataplane: DataPlaneModel | None = None,
+    gpus: str | None = None,
 ) -> SimSetup:
     """Read a run config and its catalog; build the paper-scale cost model. ``calibration``:
     a sequence-parallel calibration file or run directory whose measured efficiencies replace
     the catalog's cited ones (:mod:`digen.sim.sp_calibration`); ``dataplane``: the data
-    plane's calibration (default :class:`DataPlaneModel`'s, :mod:`digen.sim.dataplane`)."""
+    plane's calibration (default :class:`DataPlaneModel`'s, :mod:`digen.sim.dataplane`);
+    ``gpus``: another cluster of the catalog's GPU types (``64xh100`` or ``32xl20,16xh20``),
+    with the testbed's network."""
     p = Path(path)
     run = _validate(SimRunConfig, read_mapping(p, RUN_CONFIG), p)
     assert isinstance(run, SimRunConfig)
@@ -332,18 +394,42 @@ def load_sim_config(
         spt,
         run.groups_per_task,
         run.rows_per_forward,
+        max_batch=run.max_batch,
+        kl_beta=wl.kl_beta,
     )
     tbe = cat.testbeds[tb_name]
+    counts = parse_gpus(gpus, cat, p) if gpus else tbe.gpus
     tb = Testbed(
-        tb_name, tbe.net_gbps, tuple((GpuType(g, **cat.gpus[g].model_dump()), n) for g, n in tbe.gpus.items())
+        gpus or tb_name,
+        tbe.net_gbps,
+        tuple((GpuType(g, **cat.gpus[g].model_dump()), n) for g, n in counts.items()),
     )
     paper = PaperInputs(
         workload,
         tb,
         curve=EfficiencyCurve(**cat.efficiency_curve.model_dump()) if cat.efficiency_curve else FLAT,
+        batch_gain=(
+            BatchGain(tuple(sorted(cat.generation_batch.points.items())), cat.generation_batch.max_tokens)
+            if cat.generation_batch
+            else NO_BATCH_GAIN
+        ),
         engines=dict(cat.engines),
         reward_weights_gb=reward_gb,
-        peers={n: PeerRecipe(name=n, **p.model_dump()) for n, p in cat.peers.items()},
+        peers={
+            n: peer_recipe(n, p, wl.model)
+            for n, p in cat.peers.items()
+            if wl.model in p.models and not (p.async_sync and len(tb.gpus) > 1)
+        },
+        not_modelled={
+            n: f"{n}: an asynchronous peer is modelled on one GPU type only"
+            for n, p in cat.peers.items()
+            if wl.model in p.models and p.async_sync and len(tb.gpus) > 1
+        },
+        no_pipeline={
+            n: f"{n} ({p.commit}) has no {wl.model} pipeline"
+            for n, p in cat.peers.items()
+            if wl.model not in p.models
+        },
     )
     cost = paper_costmodel(workload, tb, tsp_batch_gain=run.tsp_batch_gain, dataplane=dataplane, paper=paper)
     settings = SimSettings(**run.sim.model_dump())

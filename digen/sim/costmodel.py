@@ -173,6 +173,10 @@ class Workload:
     """Micro-batches per train task (``train.groups_per_task``)."""
     rows_per_forward: int = ROWS_PER_FORWARD
     """Rows of one TSP training pass at most (``train.rows_per_forward``)."""
+    max_batch: int = 1
+    """Generation tasks a rollout worker runs as one forward per step (``rollout.max_batch``)."""
+    kl_beta: float = 0.0
+    """``train.kl_beta``: > 0 adds a reference forward (the base weights) to every trained row."""
 
     def __post_init__(self) -> None:
         if self.rows_per_forward < 1:
@@ -252,6 +256,19 @@ class WorkerCost:
     """Transformer blocks (the one gather per pass that cannot overlap is a block's)."""
     passes: TrainPasses | None = None
     """How a train task's rows make passes (None: a measured model, which has no breakdown)."""
+    gen_batch_gain: BatchGain | None = None
+    """Generation's batch gain (None: a measured model: batching tasks gains nothing known)."""
+    tokens: int = 0
+    """Latent tokens of one sample (where the batch gain applies)."""
+
+    def gen_batch_s(self, tasks: int, samples_per_task: int) -> float:
+        """Denoising seconds of ``tasks`` generation tasks run as one forward per step
+        (``rollout.max_batch``): their samples at the batch gain of all of them."""
+        if tasks <= 1 or self.gen_batch_gain is None:
+            return tasks * self.gen_s
+        gain = self.gen_batch_gain
+        m = samples_per_task
+        return tasks * self.gen_s * gain(m, self.tokens) / gain(tasks * m, self.tokens)
 
     def train_task_s(self, groups: int, tsp: bool) -> float:
         """Seconds of a train task of ``groups`` micro-batches (``train.groups_per_task``):
@@ -293,6 +310,9 @@ class CostModel:
     """Tasks (the Scheduler's groups) per train task (``train.groups_per_task``)."""
     rows_per_forward: int = ROWS_PER_FORWARD
     """Rows of one TSP training pass at most (``train.rows_per_forward``)."""
+    max_batch: int = 1
+    """Generation tasks a rollout worker leases and runs as one forward per denoising step
+    (``rollout.max_batch``); each is acknowledged on its own."""
     dataplane: DataPlane | DataPlaneSeconds = DataPlaneSeconds()
     """The step's all-reduce and AdamW, weight distribution, trajectory transfer: modelled
     from bytes for a split (:class:`~digen.sim.dataplane.DataPlane`), or measured."""
@@ -317,11 +337,15 @@ class CostModel:
         return sum(w.gpus for w in self.workers)
 
     def rates(self, w: SimWorker, *, tsp: bool = True) -> tuple[float, float]:
-        """``(g, t)``: samples/s of worker ``w`` when it only generates / only trains."""
+        """``(g, t)``: samples/s of worker ``w`` when it only generates / only trains, training
+        in the train tasks the runtime makes (``groups_per_task`` micro-batches each: their
+        passes share gathers, so a batched task is cheaper per sample than one micro-batch)."""
         c = w.cost
-        train = c.train_tsp_s if tsp else c.train_s
-        g = self.samples_per_task / c.rollout_s if c.rollout_s > 0 else 0.0
-        t = self.samples_per_task / train if train > 0 else 0.0
+        train = c.train_task_s(self.groups_per_task, tsp)
+        b = self.max_batch
+        gen = c.gen_batch_s(b, self.samples_per_task) + b * (c.decode_s + c.reward_s)
+        g = b * self.samples_per_task / gen if gen > 0 else 0.0
+        t = self.groups_per_task * self.samples_per_task / train if train > 0 else 0.0
         return g, t
 
 
@@ -338,6 +362,36 @@ class EfficiencyCurve:
 
 FLAT = EfficiencyCurve()
 """No dependence on the pass's size (0 half-tokens)."""
+
+
+@dataclass(frozen=True)
+class BatchGain:
+    """Per-sample speedup of generating ``b`` samples as one forward per denoising step over
+    ``b`` forwards of one (``configs/sim/catalog.yaml`` ``generation_batch``, each point a
+    published measurement): log-linear in ``b`` between the listed batches, flat beyond the
+    largest (no measurement says more), 1 for samples of more than ``max_tokens`` tokens (the
+    measurements are of images; a video's pass of thousands of tokens is compute bound
+    already, an assumption: docs/cost-model.md)."""
+
+    points: tuple[tuple[int, float], ...] = ((1, 1.0),)
+    max_tokens: int = 4096
+
+    def __call__(self, batch: int, tokens: int) -> float:
+        if batch <= 1 or tokens > self.max_tokens:
+            return 1.0
+        table = dict(sorted({1: 1.0, **dict(self.points)}.items()))
+        if batch in table:
+            return table[batch]
+        below = max(b for b in table if b < batch)
+        above = min((b for b in table if b > batch), default=None)
+        if above is None:
+            return table[below]
+        w = (math.log(batch) - math.log(below)) / (math.log(above) - math.log(below))
+        return table[below] * (table[above] / table[below]) ** w
+
+
+NO_BATCH_GAIN = BatchGain()
+"""Batching generation gains nothing (no ``generation_batch`` in the catalog)."""
 
 
 def pass_efficiency(curve: EfficiencyCurve, tokens: float) -> float:
@@ -399,12 +453,19 @@ class PaperInputs:
     workload: Workload
     testbed: Testbed
     curve: EfficiencyCurve = FLAT
+    batch_gain: BatchGain = NO_BATCH_GAIN
+    """Generation's per-sample speedup at a batch (peers' generation batches, digen's
+    micro-batches and ``rollout.max_batch``)."""
     engines: dict[str, float] = field(default_factory=lambda: {"eager": 1.0})
     """Rollout engine speedup over eager PyTorch per engine kind."""
     reward_weights_gb: float = 0.0
     """The reward model's weights (a peer that wakes it on the training GPUs loads them)."""
     peers: dict = field(default_factory=dict)
-    """Name -> :class:`digen.sim.peers.PeerRecipe`."""
+    """Name -> :class:`digen.sim.peers.PeerRecipe` (the peers with a pipeline for the model)."""
+    no_pipeline: dict[str, str] = field(default_factory=dict)
+    """Name -> why the peer cannot train this workload's model (no such pipeline)."""
+    not_modelled: dict[str, str] = field(default_factory=dict)
+    """Name -> why the simulator does not restate the peer on this testbed."""
 
     @property
     def gpus(self) -> int:
@@ -509,7 +570,13 @@ def _pass_s(compute_s: float, gather_s: float, layers: int) -> float:
 
 
 def worker_cost(
-    w: Workload, gpu: GpuType, degree: int, *, tsp_batch_gain: float = 1.0, curve: EfficiencyCurve = FLAT
+    w: Workload,
+    gpu: GpuType,
+    degree: int,
+    *,
+    tsp_batch_gain: float = 1.0,
+    curve: EfficiencyCurve = FLAT,
+    batch_gain: BatchGain = NO_BATCH_GAIN,
 ) -> tuple[WorkerCost, bool]:
     """Task costs of one replica of ``degree`` GPUs of type ``gpu``; also whether it trains
     with FSDP. A pass runs at :func:`pass_efficiency` of its tokens: a task's micro-batch
@@ -520,17 +587,21 @@ def worker_cost(
     eff = pass_efficiency(curve, m * mdl.tokens)
     tsp_gain = tsp_batch_gain * pass_efficiency(curve, k * m * mdl.tokens) / eff
     speed = degree * gpu.tflops * mdl.sp_eff(degree) * eff  # TFLOP/s of the replica
-    fwd = m * mdl.cfg * mdl.tflop_per_step / speed  # one step of the micro-batch, all CFG passes
+    # generation: one sample's pass at its tokens' efficiency, the micro-batch at the batch gain
+    gen_speed = degree * gpu.tflops * mdl.sp_eff(degree) * pass_efficiency(curve, mdl.tokens)
+    gen_fwd = m * mdl.cfg * mdl.tflop_per_step / (gen_speed * batch_gain(m, mdl.tokens))
     fwd_train = m * (mdl.train_cfg or mdl.cfg) * mdl.tflop_per_step / speed
     fsdp = needs_fsdp(mdl, gpu, degree)
     gather = mdl.weights_gb / gpu.intra_gbps if fsdp else 0.0  # one full all-gather
-    train_pass = fwd_train * mdl.train_flops_factor
+    # a KL term (train.kl_beta > 0) adds the reference's forward to each row, in the same pass
+    train_factor = mdl.train_flops_factor + (1.0 if w.kl_beta > 0 else 0.0)
+    train_pass = fwd_train * train_factor
     # FSDP gathers the weights for the forward and again for the backward of every pass
     train_s = k * _pass_s(train_pass, 2 * gather, mdl.layers)
     train_tsp_s = _pass_s(k * train_pass / tsp_gain, 2 * gather, mdl.layers)
     tcfg = mdl.train_cfg or mdl.cfg
     passes = TrainPasses(
-        row_s=tcfg * mdl.tflop_per_step * mdl.train_flops_factor / (degree * gpu.tflops * mdl.sp_eff(degree)),
+        row_s=tcfg * mdl.tflop_per_step * train_factor / (degree * gpu.tflops * mdl.sp_eff(degree)),
         row_tokens=mdl.tokens,
         samples=m,
         steps=k,
@@ -540,8 +611,8 @@ def worker_cost(
     )
     if k * m > w.rows_per_forward:  # the runtime cuts the task's rows into several passes
         train_tsp_s = passes.task_s(1, True, 2 * gather, mdl.layers)
-    gen_s = w.steps * fwd
-    gen_on_trainer_s = w.steps * _pass_s(fwd, gather, mdl.layers)
+    gen_s = w.steps * gen_fwd
+    gen_on_trainer_s = w.steps * _pass_s(gen_fwd, gather, mdl.layers)
     decode_s = m * mdl.decode_s_ref * REFERENCE_TFLOPS / gpu.tflops
     reward_s = m * mdl.reward_tflop / gpu.tflops
     trained_gb = mdl.version_gb  # a worker loads the version as it travels
@@ -560,6 +631,8 @@ def worker_cost(
         train_gather_s=2 * gather,
         layers=mdl.layers,
         passes=passes,
+        gen_batch_gain=batch_gain,
+        tokens=mdl.tokens,
     )
     return cost, fsdp
 
@@ -586,7 +659,9 @@ def paper_costmodel(
             raise ConfigError(f"testbed {tb.name}: {exc}") from None
         choices.append(choice)
         degree = choice.degree
-        cost, fsdp = worker_cost(w, gpu, degree, tsp_batch_gain=tsp_batch_gain, curve=paper.curve)
+        cost, fsdp = worker_cost(
+            w, gpu, degree, tsp_batch_gain=tsp_batch_gain, curve=paper.curve, batch_gain=paper.batch_gain
+        )
         notes.append(
             f"{gpu.name}: {count // degree} workers x {degree} GPU (SP {degree}, eff "
             f"{w.model.sp_eff(degree):.2f}){', FSDP training' if fsdp else ''}"
@@ -609,6 +684,7 @@ def paper_costmodel(
         tasks_per_group=w.tasks_per_group,
         groups_per_task=w.groups_per_task,
         rows_per_forward=w.rows_per_forward,
+        max_batch=w.max_batch,
         dataplane=plane,
         label=f"{w.name} on {tb.name}",
         notes=notes,

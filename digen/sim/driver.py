@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from digen.core.events import (
     Finish,
@@ -57,7 +57,7 @@ from digen.core.events import (
 from digen.core.policy import pull_order
 from digen.core.scheduler import Scheduler, SchedulerConfig
 from digen.errors import ConfigError, DigenError
-from digen.sim.costmodel import CostModel, SimWorker
+from digen.sim.costmodel import GPUS_PER_NODE, CostModel, SimWorker
 from digen.sim.dataplane import DataPlaneSeconds
 from digen.sim.measure import (
     BUSY_KINDS,
@@ -117,8 +117,11 @@ def _ladder() -> dict[str, Mode]:
     return {m.name: m for m in modes}
 
 
-PEERS = ["verl-omni", "genrl", "flow-grpo"]
-"""The peer modes (:mod:`digen.sim.peers`)."""
+PEERS = ["verl-omni-unbatched", "verl-omni", "verl-omni-async", "unirl-async", "genrl", "flow-grpo"]
+"""The peer modes (:mod:`digen.sim.peers`): VeRL-Omni as its published 2026-04 runs ran (one
+image per generation call) and as a1139ba runs (batched generation), VeRL-Omni's
+``separate_async`` and UniRL's async trainer (standalone rollout GPUs, one batch ahead),
+GenRL, Flow-GRPO."""
 MODES: dict[str, Mode] = _ladder()
 LADDER = ["disaggregated", "disagg+gap", "disagg+gap+tsp", "disagg+gap+tsp+tag", "digen"]
 ALONE = ["disagg+gap", "disagg+tsp", "disagg+tag", "disagg+async"]
@@ -269,7 +272,10 @@ class _Sim:
             progressed = False
             if idle[Role.COLOCATED]:  # pull order [GEN, TRAIN]
                 w = idle[Role.COLOCATED].popleft()
-                self.run(w, *(self.gen_q or self.train_q).popleft())
+                if self.gen_q:
+                    self.run_gen(w, self.lease_gen())
+                else:
+                    self.run(w, *self.train_q.popleft())
                 progressed = True
             if self.train_q and idle[Role.TRAINER]:
                 w = idle[Role.TRAINER].popleft()
@@ -277,7 +283,7 @@ class _Sim:
                 self.run(w, *self.train_q.popleft())
                 progressed = True
             if self.gen_q and idle[Role.ROLLOUT]:
-                self.run(idle[Role.ROLLOUT].popleft(), *self.gen_q.popleft())
+                self.run_gen(idle[Role.ROLLOUT].popleft(), self.lease_gen())
                 progressed = True
             if self.gen_q and not self.train_q and self.stealers:
                 w = next(
@@ -310,11 +316,40 @@ class _Sim:
             if w.idle and (gen or train):
                 self.run(w, *(gen or train).popleft())
 
-    def run(self, w: _Worker, task: TaskRef, version: int | None) -> None:
-        """Start ``task`` on ``w`` now; its parts become timeline rows."""
-        c, m, t = w.spec.cost, self.mode, self.now
+    def lease_gen(self) -> list[tuple[TaskRef, int | None]]:
+        """A rollout worker's lease: up to ``max_batch`` queued generation tasks of one version
+        (their shapes agree: one workload), run as one forward per step (``rollout.max_batch``)."""
+        first = self.gen_q.popleft()
+        batch = [first]
+        while self.gen_q and len(batch) < self.cost.max_batch and self.gen_q[0][1] == first[1]:
+            batch.append(self.gen_q.popleft())
+        return batch
+
+    def run_gen(self, w: _Worker, batch: list[tuple[TaskRef, int | None]]) -> None:
+        """Start a leased batch of generation tasks on ``w``: one denoising loop for all of them
+        (:meth:`~digen.sim.costmodel.WorkerCost.gen_batch_s`), then each one's decode and
+        reward; each task is acknowledged on its own when the batch ends."""
+        if len(batch) == 1:
+            self.run(w, *batch[0])
+            return
+        c, t = w.spec.cost, self.now
         w.idle = False
-        version = task.iteration if task.kind is TRAIN else version
+        first, version = batch[0]
+        parts = self.prologue(w, first, version)
+        n = len(batch)
+        for task, _ in batch:
+            self.made_by[(task.iteration, task.group)] = w.index
+        gen = c.gen_batch_s(n, self.cost.samples_per_task)
+        parts += [("gen", gen, ""), ("decode", n * c.decode_s, ""), ("reward", n * c.reward_s, "")]
+        for kind, dur, part in parts:
+            if dur > 0:
+                self.rows.append((w.index, kind, first.iteration, version, t, t + dur, part))
+                t += dur
+        self.push(t + c.overhead_s, ("task", w.spec.name, [task for task, _ in batch], self.now))
+
+    def prologue(self, w: _Worker, task: TaskRef, version: int | None) -> list[tuple[str, float, str]]:
+        """What ``w`` does before ``task``: fetch and load a new version, switch roles."""
+        c, m = w.spec.cost, self.mode
         parts: list[tuple[str, float, str]] = []
         if w.version != version:
             if w.version is not None:  # version 0 is every process's same seeded build
@@ -328,6 +363,14 @@ class _Sim:
             else:
                 parts.append(("sync", c.context_switch_s, "context switch"))
         w.last_kind = task.kind
+        return parts
+
+    def run(self, w: _Worker, task: TaskRef, version: int | None) -> None:
+        """Start ``task`` on ``w`` now; its parts become timeline rows."""
+        c, m, t = w.spec.cost, self.mode, self.now
+        w.idle = False
+        version = task.iteration if task.kind is TRAIN else version
+        parts = self.prologue(w, task, version)
         if task.kind is GEN:
             self.made_by[(task.iteration, task.group)] = w.index
             gen = c.gen_on_trainer_s if w.role is Role.TRAINER else c.gen_s
@@ -354,7 +397,8 @@ class _Sim:
             if ev[0] == "task":
                 _, name, task, start = ev
                 self.make_idle(self.workers[name])
-                self.apply(self.sched.handle(TaskDone(task, name, start, self.now)))
+                for done in task if isinstance(task, list) else [task]:  # a batch: each acknowledged
+                    self.apply(self.sched.handle(TaskDone(done, name, start, self.now)))
             else:
                 _, iteration, start = ev
                 self.step_ends.append(self.now)
@@ -405,7 +449,8 @@ def simulate(
             groups_per_task=cost.groups_per_task,
         )
     )
-    workers = {w.name: _Worker(w, roles[w.name], i) for i, w in enumerate(cost.workers)}
+    specs = _fsdp_group(cost, roles)
+    workers = {w.name: _Worker(w, roles[w.name], i) for i, w in enumerate(specs)}
     trainers = [w.gpu_type for w in cost.workers if roles[w.name] is not Role.ROLLOUT]
     rollouts = len(cost.workers) - len(trainers)
     sim = _Sim(
@@ -431,10 +476,48 @@ def simulate(
     return res
 
 
+def _fsdp_group(cost: CostModel, roles: dict[str, Role]) -> list[SimWorker]:
+    """The workers with their training costs at this split. The trainers that shard the
+    weights (FSDP, ``train.fsdp``) are one group; past one node (:data:`GPUS_PER_NODE` GPUs)
+    its all-gathers cross the network, at ``min(intra, net)`` instead of the GPU's NVLink
+    (a paper-scale model; a measured one keeps its measured times)."""
+    if cost.paper is None:
+        return list(cost.workers)
+    group = sum(w.gpus for w in cost.workers if roles[w.name] is not Role.ROLLOUT)
+    if group <= GPUS_PER_NODE:
+        return list(cost.workers)
+    intra = {g.name: g.intra_gbps for g, _ in cost.paper.testbed.gpus}
+    net = cost.paper.testbed.net_gbps
+    out = []
+    for w in cost.workers:
+        c = w.cost
+        slow = intra[w.gpu_type] / min(intra[w.gpu_type], net)
+        if roles[w.name] is Role.ROLLOUT or c.train_gather_s <= 0 or c.passes is None or slow <= 1:
+            out.append(w)
+            continue
+        gather = c.train_gather_s * slow
+        out.append(
+            replace(
+                w,
+                cost=replace(
+                    c,
+                    train_gather_s=gather,
+                    train_s=c.passes.task_s(1, False, gather, c.layers),
+                    train_tsp_s=c.passes.task_s(1, True, gather, c.layers),
+                ),
+            )
+        )
+    return out
+
+
 def _simulate_peer(cost: CostModel, mode: Mode, iterations: int, warmup: int, trailing: int) -> SimResult:
     from digen.sim.peers import simulate_peer
 
     recipe = cost.paper.peers.get(mode.peer) if cost.paper is not None else None
+    if cost.paper is not None and mode.peer in cost.paper.no_pipeline:
+        raise ConfigError(f"mode {mode.name}: no such pipeline: {cost.paper.no_pipeline[mode.peer]}")
+    if cost.paper is not None and mode.peer in cost.paper.not_modelled:
+        raise ConfigError(f"mode {mode.name}: not modelled: {cost.paper.not_modelled[mode.peer]}")
     if cost.paper is not None and recipe is None:
         raise ConfigError(f"mode {mode.name}: the catalog has no peers.{mode.peer} recipe")
     if recipe is None:

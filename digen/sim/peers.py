@@ -23,17 +23,22 @@ file and commit of the peer) says what each phase does:
 - the LoRA weight sync into the rollout engine and the trajectories through one driver.
 
 Efficiency depends on the tokens of a pass (:func:`digen.sim.costmodel.pass_efficiency`), so
-micro-batching shows; ``calibration`` (one stated factor per recipe) multiplies every phase.
+micro-batching shows. No phase carries a fitted factor: every term is the peer's code or a
+published measurement, or an assumption named in ``docs/cost-model.md``; a recipe names the
+commit it restates (``commit``), and a peer that changed (VeRL-Omni batched its generation at
+9401c4b0) is one recipe per commit compared with.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 from digen.core.events import Role
 from digen.errors import ConfigError
 from digen.sim.costmodel import (
+    GPUS_PER_NODE,
     REFERENCE_TFLOPS,
     CostModel,
     GpuType,
@@ -51,6 +56,8 @@ class PeerRecipe:
     """One peer's iteration (``configs/sim/catalog.yaml`` ``peers:``)."""
 
     name: str
+    commit: str
+    """Where the recipe is read: the peer's repository at a commit (or a dated document)."""
     engine: str
     """Rollout engine: a key of the catalog's ``engines`` (speedup over eager)."""
     gen_batch: int
@@ -79,8 +86,11 @@ class PeerRecipe:
     """The trained weights are copied into a separate rollout engine after each step."""
     driver_gbps: float | None = None
     """One driver process relays every sample's trajectory (None: no central driver)."""
-    calibration: float = 1.0
-    """Stated factor on every phase (1.0: none); see the catalog for its derivation."""
+    async_sync: Literal["abort", "drain"] | None = None
+    """An asynchronous peer (:func:`simulate_async_peer`): standalone rollout GPUs one batch
+    ahead of the trainers; at a weight sync the rollout ``abort`` s its in-flight generations
+    (VeRL-Omni ``separate_async``) or ``drain`` s them first (UniRL's async trainer). None:
+    the synchronous colocated iteration."""
 
 
 @dataclass(frozen=True)
@@ -92,10 +102,11 @@ class Phase:
 
 
 def peer_phases(
-    recipe: PeerRecipe, inputs: PaperInputs, gpu: GpuType, degree: int, share: int
+    recipe: PeerRecipe, inputs: PaperInputs, gpu: GpuType, degree: int, share: int, group: int | None = None
 ) -> list[Phase]:
     """The phases of one iteration on one replica of ``degree`` GPUs of type ``gpu`` that holds
-    ``share`` of the iteration's samples, in the peer's order."""
+    ``share`` of the iteration's samples, in the peer's order; ``group``: the GPUs the actor
+    is sharded and its gradient reduced over (default: every GPU of the testbed)."""
     w, mdl, curve = inputs.workload, inputs.workload.model, inputs.curve
     speed = degree * gpu.tflops * mdl.sp_eff(degree)
     tokens = mdl.tokens
@@ -103,7 +114,10 @@ def peer_phases(
     if engine is None:
         raise ConfigError(f"peer {recipe.name}: engine {recipe.engine} is not in the catalog's engines")
     fsdp = recipe.fsdp or needs_fsdp(mdl, gpu, degree)
-    gather = mdl.weights_gb / gpu.intra_gbps if fsdp else 0.0
+    # FSDP shards over every GPU of the job: past one node its all-gathers cross the network
+    nodes = math.ceil((group or inputs.gpus) / GPUS_PER_NODE)
+    link = gpu.intra_gbps if nodes <= 1 else min(gpu.intra_gbps, inputs.net_gbps)
+    gather = mdl.weights_gb / link if fsdp else 0.0
     k = w.trained_timesteps
     tcfg = mdl.train_cfg or mdl.cfg
     out: list[Phase] = []
@@ -112,15 +126,19 @@ def peer_phases(
         """One forward of ``batch`` samples x ``passes`` CFG passes, at its pass efficiency."""
         return batch * passes * mdl.tflop_per_step / (speed * pass_efficiency(curve, batch * tokens))
 
+    def gen_fwd(batch: int) -> float:
+        """One denoising step of ``batch`` samples in the rollout engine: one sample's pass at
+        its tokens' efficiency, the batch at the measured batch gain (:class:`BatchGain`)."""
+        one = mdl.cfg * mdl.tflop_per_step / (speed * pass_efficiency(curve, tokens))
+        return batch * one / (engine * inputs.batch_gain(batch, tokens))
+
     def batched(total: int, size: int, one) -> float:
         full, rest = divmod(total, size)
         return full * one(size) + (one(rest) if rest else 0.0)
 
     # generation: steps x CFG passes per batch, in the rollout engine (or on the actor)
     gen_gather = gather if recipe.gen_on_trainer else 0.0
-    gen = batched(
-        share, recipe.gen_batch, lambda b: w.steps * _pass_s(fwd(b, mdl.cfg) / engine, gen_gather, mdl.layers)
-    )
+    gen = batched(share, recipe.gen_batch, lambda b: w.steps * _pass_s(gen_fwd(b), gen_gather, mdl.layers))
     out.append(Phase("generate", "gen", gen))
     out.append(Phase("decode", "decode", share * mdl.decode_s_ref * REFERENCE_TFLOPS / gpu.tflops))
     if recipe.rollout_sleep_wake:
@@ -130,9 +148,13 @@ def peer_phases(
     out.append(Phase("reward", "reward", share * mdl.reward_tflop / gpu.tflops))
     if recipe.reward_wake:
         out.append(Phase("reward sleep", "sync", inputs.reward_weights_gb / recipe.reward_tp / gpu.host_gbps))
-    n = inputs.gpus
+    n = group or inputs.gpus
+    trained_gb = mdl.adapter_gb if mdl.adapter_gb is not None else mdl.weights_gb
+    # param and optimizer offload: the actor's shard of the bf16 weights and of AdamW's float32
+    # master weights and two moments (12 B per trained parameter = 6 x its bf16 GB)
+    actor_gb = (mdl.weights_gb + 6 * trained_gb) / n
     if recipe.actor_offload:
-        out.append(Phase("actor onload", "sync", mdl.weights_gb / n / gpu.host_gbps))
+        out.append(Phase("actor onload", "sync", actor_gb / gpu.host_gbps))
     if recipe.logprob_batch:
         lp = batched(share, recipe.logprob_batch, lambda b: k * _pass_s(fwd(b, tcfg), gather, mdl.layers))
         out.append(Phase("old log-prob", "train", lp))
@@ -147,27 +169,26 @@ def peer_phases(
         lambda b: k * _pass_s(fwd(b, tcfg) * mdl.train_flops_factor, 2 * gather, mdl.layers),
     )
     out.append(Phase("train", "train", train))
-    trained_gb = mdl.adapter_gb if mdl.adapter_gb is not None else mdl.weights_gb
     # each optimizer step all-reduces the float32 gradient of what is trained (ring: 2 (N-1)/N)
-    link = gpu.intra_gbps if inputs.nodes <= 1 else inputs.net_gbps
     reduce = 2 * (n - 1) / n * 2 * trained_gb / link if n > 1 else 0.0
     out.append(Phase("optimizer steps", "sync", recipe.optimizer_steps * reduce))
     if recipe.actor_offload:
-        out.append(Phase("actor offload", "sync", mdl.weights_gb / n / gpu.host_gbps))
+        out.append(Phase("actor offload", "sync", actor_gb / gpu.host_gbps))
     if recipe.weight_sync:
         out.append(Phase("weight sync", "sync", 2 * trained_gb / gpu.host_gbps))
     if recipe.rollout_sleep_wake:
         out.append(Phase("rollout wake", "sync", mdl.weights_gb / gpu.host_gbps))
     if recipe.driver_gbps:
-        # every sample's trajectory goes to the driver and back out to the actor
+        # one driver process: every sample of the batch (not the replica's share) goes to it
+        # and back out to the actor
         out.append(
             Phase(
                 "driver relay",
                 "sync",
-                2 * share * w.trajectory_bytes / w.samples_per_task / GB / recipe.driver_gbps,
+                2 * w.samples * w.trajectory_bytes / w.samples_per_task / GB / recipe.driver_gbps,
             )
         )
-    return [Phase(p.name, p.kind, p.seconds * recipe.calibration) for p in out if p.seconds > 0]
+    return [p for p in out if p.seconds > 0]
 
 
 def simulate_peer(cost: CostModel, recipe: PeerRecipe, *, iterations: int, warmup: int, trailing: int):
@@ -180,11 +201,18 @@ def simulate_peer(cost: CostModel, recipe: PeerRecipe, *, iterations: int, warmu
             f"mode {recipe.name} needs a paper-scale cost model (a configs/sim run config); a cost model "
             f"measured from a run has no recipe to restate"
         )
+    if recipe.async_sync is not None:
+        return simulate_async_peer(cost, recipe, iterations=iterations, warmup=warmup, trailing=trailing)
     samples = cost.samples
-    replicas = len(cost.workers)
-    share = math.ceil(samples / replicas)  # SPMD: every replica the same share
-    gpu_of = {g.name: g for g, _ in inputs.testbed.gpus}
-    phases = {w.name: peer_phases(recipe, inputs, gpu_of[w.gpu_type], w.gpus, share) for w in cost.workers}
+    # one SPMD program: one parallel degree on every GPU (the largest any GPU type needs), and
+    # every replica the same share
+    degree = max(w.gpus for w in cost.workers)
+    replicas = [
+        (f"{gpu.name}-{i:04d}", gpu) for gpu, count in inputs.testbed.gpus for i in range(count // degree)
+    ]
+    share = math.ceil(samples / len(replicas))
+    by_type = {gpu.name: peer_phases(recipe, inputs, gpu, degree, share) for gpu, _ in inputs.testbed.gpus}
+    phases = {name: by_type[gpu.name] for name, gpu in replicas}
     order = [p.name for p in next(iter(phases.values()))]
     rows: list[dict] = []
     step_ends: list[float] = []
@@ -192,21 +220,21 @@ def simulate_peer(cost: CostModel, recipe: PeerRecipe, *, iterations: int, warmu
     for it in range(iterations):
         for name in order:
             longest = 0.0
-            for w in cost.workers:
-                p = next((x for x in phases[w.name] if x.name == name), None)
+            for worker, gpu in replicas:
+                p = next((x for x in phases[worker] if x.name == name), None)
                 if p is None:
                     continue
                 longest = max(longest, p.seconds)
                 row = {
-                    "worker": w.name,
-                    "gpu_type": w.gpu_type,
+                    "worker": worker,
+                    "gpu_type": gpu.name,
                     "role": Role.COLOCATED.value,
                     "kind": p.kind,
                     "iteration": it,
                     "version": it,
                     "start": t,
                     "end": t + p.seconds,
-                    "gpus": w.gpus,
+                    "gpus": degree,
                 }
                 if p.kind == "sync" or p.name in ("old log-prob", "reference forward"):
                     row["part"] = p.name
@@ -215,7 +243,7 @@ def simulate_peer(cost: CostModel, recipe: PeerRecipe, *, iterations: int, warmu
         step_ends.append(t)
     res = SimResult(
         recipe.name,
-        {w.name: Role.COLOCATED for w in cost.workers},
+        {worker: Role.COLOCATED for worker, _ in replicas},
         rows,
         step_ends,
         samples,
@@ -225,3 +253,123 @@ def simulate_peer(cost: CostModel, recipe: PeerRecipe, *, iterations: int, warmu
     )
     measure_rows(res)
     return res
+
+
+GEN_PHASES = ("generate", "decode", "reward")
+"""What a standalone rollout GPU does (its engines stay awake: no sleep, wake or reward wake)."""
+TRAIN_PHASES = ("old log-prob", "reference forward", "train", "optimizer steps")
+"""What a standalone trainer GPU does (no rollout shares it: no actor onload or offload)."""
+SYNC_PHASES = ("weight sync", "driver relay")
+
+
+@dataclass(frozen=True)
+class AsyncIteration:
+    """One steady-state iteration of an asynchronous peer at one split."""
+
+    rollout_gpus: int
+    gen_s: float
+    """A rollout GPU's generation, decode and reward of its share of a batch."""
+    train_s: float
+    """A trainer GPU's training of its share (FSDP over the trainers)."""
+    sync_s: float
+    """Weight sync into the rollout engines (and the driver's relay): both sides wait."""
+    lost_s: float
+    """Generation aborted at the sync and redone (``abort``, when the rollout is busy then)."""
+
+    @property
+    def seconds(self) -> float:
+        return max(self.gen_s + self.lost_s, self.train_s) + self.sync_s
+
+
+def async_iteration(recipe: PeerRecipe, inputs: PaperInputs, rollout_gpus: int) -> AsyncIteration:
+    """The iteration of ``recipe`` (``async_sync`` set) with ``rollout_gpus`` standalone rollout
+    GPUs and the rest training, one batch ahead (staleness 1). Generation and training
+    overlap; the weight sync stops both. At the sync the rollout is busy when generation is the
+    longer side: ``abort`` loses what its in-flight requests had done (on average half of one
+    batch's denoising loop per engine, verl-omni #628: 127 SD3.5 images discarded per sync);
+    ``drain`` finishes them first, which the trainers, waiting for data then anyway, absorb."""
+    gpu, count = inputs.testbed.gpus[0]
+    samples = inputs.workload.samples
+    trainers = count - rollout_gpus
+    gen_share = math.ceil(samples / rollout_gpus)
+    train_share = math.ceil(samples / trainers)
+    gen = peer_phases(recipe, inputs, gpu, 1, gen_share, group=trainers)
+    train = peer_phases(recipe, inputs, gpu, 1, train_share, group=trainers)
+    gen_s = sum(p.seconds for p in gen if p.name in GEN_PHASES)
+    train_s = sum(p.seconds for p in train if p.name in TRAIN_PHASES)
+    sync_s = sum(p.seconds for p in train if p.name in SYNC_PHASES)
+    lost = 0.0
+    if recipe.async_sync == "abort" and gen_s > train_s:
+        one_batch = next(
+            p.seconds for p in peer_phases(recipe, inputs, gpu, 1, recipe.gen_batch) if p.name == "generate"
+        )
+        lost = 0.5 * one_batch
+    return AsyncIteration(rollout_gpus, gen_s, train_s, sync_s, lost)
+
+
+def best_async_split(recipe: PeerRecipe, inputs: PaperInputs) -> AsyncIteration:
+    """The split of rollout and trainer GPUs at which the peer's iteration is shortest (the peer
+    is given its best split, as digen's modes are)."""
+    if len(inputs.testbed.gpus) != 1:
+        raise ConfigError(f"mode {recipe.name}: an asynchronous peer is modelled on one GPU type only")
+    count = inputs.testbed.gpus[0][1]
+    if count < 2:
+        raise ConfigError(
+            f"mode {recipe.name} needs at least 2 GPUs (rollout and trainer); the testbed has {count}"
+        )
+    return min((async_iteration(recipe, inputs, r) for r in range(1, count)), key=lambda a: a.seconds)
+
+
+def simulate_async_peer(cost: CostModel, recipe: PeerRecipe, *, iterations: int, warmup: int, trailing: int):
+    """``iterations`` steady-state iterations of an asynchronous peer at its best split, laid on
+    the timeline (rollout GPUs generate, trainers train, both wait at the sync)."""
+    inputs = cost.paper
+    assert inputs is not None
+    it = best_async_split(recipe, inputs)
+    gpu, count = inputs.testbed.gpus[0]
+    names = [f"{gpu.name}-{i:04d}" for i in range(count)]
+    roles = {n: (Role.ROLLOUT if i < it.rollout_gpus else Role.TRAINER) for i, n in enumerate(names)}
+    rows: list[dict] = []
+    period = it.seconds
+    for k in range(iterations):
+        t0 = k * period
+        for n in names:
+            busy = [("gen", "", it.gen_s), ("gen", "aborted", it.lost_s)] if roles[n] is Role.ROLLOUT else []
+            busy = busy or [("train", "", it.train_s)]
+            t = t0
+            for kind, part, dur in busy:
+                if dur > 0:
+                    rows.append(_row(n, gpu.name, roles[n], kind, k, t, t + dur, part))
+                    t += dur
+            rows.append(
+                _row(n, gpu.name, roles[n], "sync", k, t0 + period - it.sync_s, t0 + period, "weight sync")
+            )
+    res = SimResult(
+        recipe.name,
+        roles,
+        rows,
+        [(k + 1) * period for k in range(iterations)],
+        cost.samples,
+        count,
+        warmup,
+        trailing,
+    )
+    measure_rows(res)
+    return res
+
+
+def _row(worker: str, gpu: str, role: Role, kind: str, it: int, start: float, end: float, part: str) -> dict:
+    row = {
+        "worker": worker,
+        "gpu_type": gpu,
+        "role": role.value,
+        "kind": kind,
+        "iteration": it,
+        "version": it,
+        "start": start,
+        "end": end,
+        "gpus": 1,
+    }
+    if part:
+        row["part"] = part
+    return row

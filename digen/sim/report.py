@@ -84,7 +84,12 @@ def markdown_results(studies: list[tuple[str, str, Study]]) -> str:
     peers restated from their code, :mod:`digen.sim.peers`) and digen's, digen's speedup over
     each peer and over the ``colocated`` strawman, its fraction of the bound, the ablation
     ladder's speedups over colocated, and digen's own colocated mode when simulated."""
-    peers = [p for p in PEERS if any(r.mode == p for _, _, st in studies for r in st.results)]
+    peers = [
+        p
+        for p in PEERS
+        if any(r.mode == p for _, _, st in studies for r in st.results)
+        or any(p in st.no_pipeline for _, _, st in studies)
+    ]
     headers = [
         "workload",
         "testbed",
@@ -111,10 +116,18 @@ def markdown_results(studies: list[tuple[str, str, Study]]) -> str:
                 workload,
                 testbed,
                 str(st.cost.gpu_count),
-                *[f"{got[p].sim.s_per_iteration:.0f}" if p in got else "-" for p in peers],
+                *[
+                    _peer_cell(got, st, p, f"{got[p].sim.s_per_iteration:.0f}" if p in got else "")
+                    for p in peers
+                ],
                 f"{dg.sim.s_per_iteration:.0f}",
                 *[
-                    f"{dg.sim.samples_per_s / got[p].sim.samples_per_s:.2f}x" if p in got else "-"
+                    _peer_cell(
+                        got,
+                        st,
+                        p,
+                        f"{dg.sim.samples_per_s / got[p].sim.samples_per_s:.2f}x" if p in got else "",
+                    )
                     for p in peers
                 ],
                 f"{dg.speedup_vs_colocated:.2f}x",
@@ -127,6 +140,14 @@ def markdown_results(studies: list[tuple[str, str, Study]]) -> str:
             ]
         )
     return _markdown(headers, rows)
+
+
+def _peer_cell(got: dict, study: Study, peer: str, text: str) -> str:
+    if peer in study.no_pipeline:
+        return "no such pipeline"
+    if peer in study.not_modelled:
+        return "not modelled"
+    return text if peer in got else "-"
 
 
 DATAPLANE_MODES = ("colocated", "colocated-digen", "digen")
@@ -183,8 +204,12 @@ def explain(study: Study) -> str:
         for r in study.results
         if r.mode in PEERS and r.sim.samples_per_s > 0
     )
+    missing = "".join(f"{m}: no such pipeline ({why}). " for m, why in study.no_pipeline.items())
+    missing += "".join(f"{m}: not modelled ({why}). " for m, why in study.not_modelled.items())
     return (
-        (f"{study.label}: digen over the peers: {vs_peers}. " if vs_peers else f"{study.label}: ")
+        f"{study.label}: "
+        + (f"digen over the peers: {vs_peers}. " if vs_peers else "")
+        + missing
         + f"digen {dg.speedup_vs_colocated:.2f}x colocated, {dg.fraction_of_bound:.3f} of the bound. "
         f"The colocated strawman spends {c.get('recompute', 0.0):.1%} of its GPU time recomputing old log-probs, "
         f"{c.get('offload/reload', 0.0):.1%} offloading/reloading and {c['idle']:.1%} idle (phase barriers, "

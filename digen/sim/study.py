@@ -93,6 +93,10 @@ class Study:
     bound: LpSolution
     results: list[ModeResult] = field(default_factory=list)
     colocated: ModeResult | None = None
+    no_pipeline: dict[str, str] = field(default_factory=dict)
+    """Requested peer modes left out: the peer cannot train this model (mode -> why)."""
+    not_modelled: dict[str, str] = field(default_factory=dict)
+    """Requested peer modes the simulator does not restate on this testbed (mode -> why)."""
 
     def result(self, mode: str) -> ModeResult:
         return next(r for r in self.results if r.mode == mode)
@@ -186,6 +190,11 @@ def run_study(
     settings = settings or SimSettings()
     bound = costmodel_bound(cost)
     study = Study(cost.label, cost, bound)
+    missing = cost.paper.no_pipeline if cost.paper is not None else {}
+    unmodelled = cost.paper.not_modelled if cost.paper is not None else {}
+    study.no_pipeline = {m: missing[MODES[m].peer] for m in modes if MODES[m].peer in missing}
+    study.not_modelled = {m: unmodelled[MODES[m].peer] for m in modes if MODES[m].peer in unmodelled}
+    modes = [m for m in modes if m not in study.no_pipeline and m not in study.not_modelled]
     order = worker_order(cost)
     gpus_of = {w.name: w.gpus for w in cost.workers}
     # predecessors first, so each rung can try its predecessor's split

@@ -77,3 +77,19 @@ def test_a_batched_task_waits_for_every_micro_batch_of_the_prompt_groups_it_touc
     trains = [r for r in res.rows if r["kind"] == "train"]
     assert len(trains) == 3 * 4  # 4 tasks of 3 micro-batches an iteration
     assert sum(r["end"] - r["start"] for r in trains) == pytest.approx(3 * 12 * 2.0)  # no FSDP: n x one
+
+
+def test_the_bound_trains_in_the_batched_tasks_the_runtime_makes():
+    """With ``groups_per_task`` > 1 a trainer's rate is of the batched task (fewer gathers per
+    group), so no mode beats the bound; with 1 it is one micro-batch's."""
+    from digen.sim.bounds import costmodel_bound
+    from digen.sim.study import SimSettings, run_study
+
+    one, four = cost(1), cost(4)
+    w1, w4 = one.workers[0], four.workers[0]
+    assert one.rates(w1)[1] == pytest.approx(1 / w1.cost.train_tsp_s)
+    assert four.rates(w4)[1] == pytest.approx(4 / w4.cost.train_task_s(4, True))
+    assert four.rates(w4)[1] > one.rates(w1)[1]
+    study = run_study(four, ["digen"], SimSettings(iterations=5, warmup=2, trailing=1, neighbours=1))
+    assert study.result("digen").fraction_of_bound <= 1.0
+    assert costmodel_bound(four).x > costmodel_bound(one).x

@@ -66,6 +66,7 @@ def write_run(root: Path, cost: CostModel, iterations: int = 5) -> None:
     cfg = {
         "rollout": {"batch_size": cost.samples, "group_size": cost.samples_per_task},
         "schedule": {"mode": "digen", "gap": True, "tsp": True, "tag": True, "max_staleness": 1},
+        "train": {"groups_per_task": cost.groups_per_task},
     }
     (root / "config.yaml").write_text(yaml.safe_dump(cfg))
 
@@ -124,3 +125,16 @@ def test_a_runs_step_is_its_members_optim_rows_and_the_serving_after_them():
     assert s.reduce_s == pytest.approx(0.3) and s.step_s == pytest.approx(0.3)  # the longest member
     before = [row("controller", "optim", 5.0, 5.4), row("controller", "sync", 5.4, 5.5)]  # the old broadcast
     assert step_seconds(before).step_s == pytest.approx(0.5) and step_seconds(before).reduce_s == 0.0
+
+
+def test_a_run_with_several_groups_per_train_task_is_calibrated_per_group(tmp_path):
+    """A train row of a ``train.groups_per_task: 2`` run holds two groups' training: the
+    calibrated model takes half of it per group, batches as the run did, and predicts the run."""
+    from dataclasses import replace
+
+    src = replace(source_model(), groups_per_task=2)
+    write_run(tmp_path / "run", src)
+    cm = costmodel_from_run(tmp_path / "run")
+    assert cm.groups_per_task == 2
+    assert {w.name: w.cost for w in cm.workers}["trainer-0"].train_s == pytest.approx(1.5)
+    assert compare_run(tmp_path / "run").samples_per_s_error == pytest.approx(0.0, abs=0.02)

@@ -79,8 +79,11 @@ def test_sequence_parallelism_when_a_sample_does_not_fit_one_gpu():
 def test_shipped_configs_load_with_every_workload_and_testbed():
     files = [p for p in sorted(CONFIGS.glob("*.yaml")) if is_run_config(p)]
     seen = {(load_sim_config(p).workload.name, load_sim_config(p).testbed.name) for p in files}
-    assert ("verl-omni-qwen-image-ocr", "H800x4") in seen  # the published run the peers are checked on
-    workloads = {w for w, _ in seen} - {"verl-omni-qwen-image-ocr"}
+    # the published runs the peers are checked on (digen.sim.validation)
+    published = {("verl-omni-qwen-image-ocr", "H800x4"), ("verl-omni-qwen-image-full", "H200x4")}
+    published.add(("verl-omni-qwen-image-full", "H100x64"))
+    assert published <= seen
+    workloads = {w for w, _ in seen} - {w for w, _ in published}
     assert len(workloads) == 4
     for w in workloads:
         assert {(w, tb) for tb in ("A", "B", "C", "A+C")} <= seen
