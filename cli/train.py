@@ -75,6 +75,8 @@ def train(
         from digen.cluster.node import load_security
 
         cfg = cfg.model_copy(update={"security": load_security(security)})
+    out_dir = out_dir or Path("runs") / config.stem
+    _check_run(cfg, out_dir, resume)  # every refusal that needs no cluster: one line, nothing shown yet
     if placement is not None:
         _print_placement(placement, log_format)
     if (
@@ -86,13 +88,18 @@ def train(
 
         prefork_server()  # before anything computes or starts a thread (see its docstring)
     profile = _start_profile() if profile_startup else None
-    out_dir = out_dir or Path("runs") / config.stem
     setup_logging(
         verbose, out_dir / "digen.log", dask=cfg.schedule.mode != "reference", quiet=log_format == "quiet"
     )
     with _profiled(profile, out_dir) as report, Progress(cfg.iterations, log_format) as progress:
         summary = run_training(
-            cfg, out_dir, resume=resume, redis_url=redis_url, scheduler=scheduler, progress=progress
+            cfg,
+            out_dir,
+            resume=resume,
+            redis_url=redis_url,
+            scheduler=scheduler,
+            progress=progress,
+            checked=True,
         )
     if report:
         if log_format == "json":
@@ -152,6 +159,19 @@ def _checked(config: Path, overrides: list[str], log_format: str, *, embedded: b
     if problems:
         raise ConfigError(problems)
     return cfg, (planned[0] if planned else None)
+
+
+def _check_run(cfg, out_dir: Path, resume: bool) -> None:
+    """Refuse, before the placement, the progress bar or any process of the run is shown or
+    started, what the files alone decide (:func:`~digen.checks.check_inputs`: the prompts, the
+    model folder's limits, the rewards and their servers, ``--out`` and its run, ``--resume``'s
+    checkpoint, the free space) and the loggers' packages; ``run_training`` is then told
+    ``checked``. Nothing is written to the run directory."""
+    from digen.checks import check_inputs
+    from digen.loggers import check_loggers
+
+    check_loggers(cfg)
+    check_inputs(cfg, out_dir, resume=resume, health=True, fresh=True)
 
 
 def _print_placement(placement, log_format: str) -> None:

@@ -44,7 +44,7 @@ def run_training(
     if scheduler is None and cfg.schedule.mode != "reference":
         plan_local(cfg)  # workers that do not fit the GPUs: one line before anything starts
     if not checked:
-        check_inputs(cfg, out, resume=resume, health=True)
+        check_inputs(cfg, out, resume=resume, health=True, fresh=True)
     # a full disk anywhere in the run: one line, the bytes being those of a checkpoint
     with RunLock(out), disk_writes(out, needed=checkpoint_estimate(cfg, out, resume)):
         return _run(cfg, out, resume, redis_url, scheduler, progress, cancelled, job_id)

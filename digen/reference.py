@@ -78,6 +78,8 @@ def _reference_loop(
     state = open_store(cfg, run, policy.trainable_state_dict, resume)
     store = state.store
     load_version(policy, store.weights())
+    if resume:  # the checkpoint's weights fit the policy: now the run directory may change
+        run.resumed(state.start_iteration - 1)
     tsp = bool(cfg.schedule.resolved().tsp)
     held_out = held_out_prompts(cfg) if cfg.eval.every else []
     worker = {"worker": "reference", "gpu_type": cfg.cluster.local.gpu_type, "role": "reference"}

@@ -302,9 +302,10 @@ class RunDir:
     def prune_checkpoints(self) -> None:
         prune_checkpoints(self.checkpoints, self.cfg.output.keep_checkpoints)
 
-    def truncate_after(self, iteration: int) -> None:
-        """Resume from ``iteration``'s checkpoint: drop metrics and timeline rows of later
-        iterations and write this run's ``config.yaml``."""
+    def resumed(self, iteration: int) -> None:
+        """The run resumes from ``iteration``'s checkpoint, whose weights have loaded: drop the
+        metrics, timeline and eval rows of later iterations and write this run's
+        ``config.yaml``. Called only then, so a refused resume changes nothing here."""
         self.write_config()
         for name in ("metrics.jsonl", "timeline.jsonl", "eval.jsonl"):
             path = self.root / name

@@ -435,7 +435,8 @@ def redis_lost(
 
 def resume_point(run: RunDir) -> tuple[int, int, str | None]:
     """(first iteration to run, the version it starts from, the checkpoint folder) of a
-    resumed run, from the newest checkpoint's ``state.json`` (its rows after it are dropped)."""
+    resumed run, from the newest checkpoint's ``state.json`` (its rows after it are dropped
+    by :meth:`~digen.rundir.RunDir.resumed` once the workers have started from it)."""
     from digen.errors import CheckpointError
 
     ckpt = run.latest_checkpoint()
@@ -449,7 +450,6 @@ def resume_point(run: RunDir) -> tuple[int, int, str | None]:
             f"checkpoint {ckpt} cannot be read ({type(exc).__name__}: {exc}); delete it to resume from the "
             f"one before, or start without --resume"
         ) from None
-    run.truncate_after(last)
     return last + 1, version, str(ckpt.resolve())
 
 
@@ -501,8 +501,6 @@ def run_distributed(
     queue.on_junk = lambda record: run.append("dead_letters.jsonl", [record])  # quarantined junk
     queue.clear()
     start_iteration, version, checkpoint = resume_point(run) if resume else (0, 0, None)
-    if resume:
-        run.write_config()
     group = TrainerGroup(r, job_id)
     ledger = Ledger(cfg, cfg.prompt_list())
     steps = StepControl(cfg, run, queue, group, ledger, version, checkpoint)
@@ -566,6 +564,8 @@ def run_distributed(
         with phase("workers ready"):
             members.wait_ready(ctl.handle, expected=n_local if cluster else 0)
         add_worker_notes(job.startup_notes())
+        if resume:  # the workers have started from the checkpoint: now the run directory may change
+            run.resumed(start_iteration - 1)
         if cfg.train.fsdp:
             fsdp = FsdpControl.create(queue, job, ledger, run, version, checkpoint)
             fsdp.start(members)
