@@ -20,7 +20,8 @@ class Progress:
     and staleness, and the workers' roles when the row carries ``roles`` (``{worker: role}``)
     or ``workers`` (a count). A message with an ``event`` key is an announcement, e.g.
     ``{"event": "start", "dashboard": URL, "roles": {...}}`` once the cluster is up: rich prints
-    it above the bar, json prints it as a line.
+    it above the bar, json prints it as a line. ``{"event": "interrupted"}`` (a Ctrl-C) stops
+    the display at once.
     """
 
     def __init__(self, total: int, fmt: str):
@@ -62,10 +63,16 @@ class Progress:
         return self
 
     def __exit__(self, *exc):
-        if self._live is not None:
-            self._live.__exit__(*exc)
-            if not self._live.console.is_terminal:
-                self._live.console.line()  # rich ends the last render with a newline only on a terminal
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop the display (once): at the end, or at once on ``{"event": "interrupted"}``
+        (a Ctrl-C), so the bar does not tick while the job shuts down."""
+        live, self._live = self._live, None
+        if live is not None:
+            live.stop()
+            if not live.console.is_terminal:
+                live.console.line()  # rich ends the last render with a newline only on a terminal
 
     def status_lines(self, m: dict) -> list[str]:
         """The text under the bar for metrics row ``m``."""
@@ -83,6 +90,9 @@ class Progress:
         return lines
 
     def event(self, m: dict) -> None:
+        if m.get("event") == "interrupted":  # the CLI prints what the run keeps
+            self.stop()
+            return
         if isinstance(m.get("roles"), dict):
             self.roles = {str(k): str(v) for k, v in m["roles"].items()}
         if self.fmt == "json":

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable
@@ -85,6 +86,10 @@ the step in flight and ``digen cancel``."""
 COLLECT_WAIT_S = 0.25
 """How long the controller waits for an acknowledgement before its other business (an
 acknowledgement wakes it at once)."""
+INTERRUPT_WAIT_S = 3.0
+"""After a Ctrl-C, how long the controller waits, in all, for the worker loops to return
+(each drops its task between denoising steps, or after the task in hand) before it closes the
+cluster, which ends those still busy: the job stops within a few seconds."""
 
 
 @dataclass
@@ -555,7 +560,7 @@ def run_distributed(
         cluster=cluster,
     )
     retry = r.get_retry()
-    redis_down = False
+    redis_down = interrupted = False
     try:
         ctl.handle(members.sync(time.time()))
         members.check_gpu_types()
@@ -593,14 +598,24 @@ def run_distributed(
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         redis_down = True
         raise redis_lost(url, retry, outage_s=s.redis_outage_s, exc=exc, out=out) from None
+    except KeyboardInterrupt:  # Ctrl-C: stopped as a cancel is, without waiting on the task in hand
+        interrupted = True
+        if progress is not None:
+            progress({"event": "interrupted"})  # the bar stops now, not after the shutdown
+        job.set_status("cancelled")  # the loops drop their task and return
+        queue.wake(*members.workers)
+        raise
     except BaseException:
         if not redis_down:
             job.set_status("failed" if job.status() != "cancel" else "cancelled")
         raise
     finally:
+        # the loops return within a task; on Ctrl-C closing the cluster ends any still busy
+        deadline = time.time() + (INTERRUPT_WAIT_S if interrupted else math.inf)
         for fut in members.loops.values():
             try:
-                fut.result(timeout=1 if redis_down else 30)
+                wait = 1 if redis_down else 30
+                fut.result(timeout=max(0.0, min(wait, deadline - time.time())))
             except Exception:  # noqa: BLE001 - a loop's error was already logged by it
                 pass
         client.close()
