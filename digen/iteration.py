@@ -396,5 +396,5 @@ def finish_iteration(run: RunDir, book: IterationBook, end: IterationEnd) -> dic
     run.append("timeline.jsonl", end.timeline)
     run.append("metrics.jsonl", [metrics])
     if end.grid:
-        write_sample_grid(run.samples / f"iter_{k:04d}.png", k, end.grid)
+        write_sample_grid(run.samples / f"iter_{k:04d}.png", k, end.grid, prompts=run.cfg.prompt_list())
     return metrics
