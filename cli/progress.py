@@ -93,6 +93,14 @@ class Progress:
         if m.get("event") == "interrupted":  # the CLI prints what the run keeps
             self.stop()
             return
+        if m.get("event") == "resumed" and self.fmt == "rich" and self._live is not None:
+            from digen.iteration import progress_line
+
+            self._bar.update(self._task, completed=int(m["iteration"]) + 1)  # the done ones
+            self._live.console.print(
+                progress_line(m, self.total), highlight=False, markup=False, soft_wrap=True
+            )
+            return
         if isinstance(m.get("roles"), dict):
             self.roles = {str(k): str(v) for k, v in m["roles"].items()}
         if self.fmt == "json":

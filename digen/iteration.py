@@ -49,7 +49,10 @@ ProgressFn = Callable[[dict], None]
 def progress_line(m: dict, total: int) -> str:
     """One iteration's progress as a log line, from its metrics row ``m``: what ``digen
     train`` writes to ``RUN_DIR/digen.log`` and ``digen serve`` to the job's log, in every
-    mode; an announcement (``{"event": ...}``) as ``event: key=value, ...``."""
+    mode; an announcement (``{"event": ...}``) as ``event: key=value, ...``, a resume as
+    ``resumed from iteration N/TOTAL (checkpoint PATH)`` (N iterations done, as the bar counts)."""
+    if m.get("event") == "resumed":
+        return f"resumed from iteration {int(m['iteration']) + 1}/{total} (checkpoint {m.get('checkpoint')})"
     if "event" in m or "iteration" not in m:
         return f"{m.get('event', 'event')}: " + ", ".join(f"{k}={v}" for k, v in m.items() if k != "event")
     return (

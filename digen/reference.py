@@ -79,7 +79,9 @@ def _reference_loop(
     store = state.store
     load_version(policy, store.weights())
     if resume:  # the checkpoint's weights fit the policy: now the run directory may change
-        run.resumed(state.start_iteration - 1)
+        resumed = run.resumed(state.start_iteration - 1)
+        if progress is not None:
+            progress(resumed)
     tsp = bool(cfg.schedule.resolved().tsp)
     held_out = held_out_prompts(cfg) if cfg.eval.every else []
     worker = {"worker": "reference", "gpu_type": cfg.cluster.local.gpu_type, "role": "reference"}

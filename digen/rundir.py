@@ -302,10 +302,12 @@ class RunDir:
     def prune_checkpoints(self) -> None:
         prune_checkpoints(self.checkpoints, self.cfg.output.keep_checkpoints)
 
-    def resumed(self, iteration: int) -> None:
+    def resumed(self, iteration: int) -> dict:
         """The run resumes from ``iteration``'s checkpoint, whose weights have loaded: drop the
         metrics, timeline and eval rows of later iterations and write this run's
-        ``config.yaml``. Called only then, so a refused resume changes nothing here."""
+        ``config.yaml``. Called only then, so a refused resume changes nothing here. Returns
+        the announcement for the run's progress (``{"event": "resumed", "iteration": N,
+        "checkpoint": PATH}``: the console and ``digen.log`` say "resumed from iteration ...")."""
         self.write_config()
         for name in ("metrics.jsonl", "timeline.jsonl", "eval.jsonl"):
             path = self.root / name
@@ -315,6 +317,7 @@ class RunDir:
             text = "".join(json.dumps(r) + "\n" for r in rows)
             with disk_writes(self.root, path, len(text.encode())):
                 path.write_text(text)
+        return {"event": "resumed", "iteration": iteration, "checkpoint": str(self.checkpoint_dir(iteration))}
 
     # --- logs ------------------------------------------------------------------------
     def append(self, name: str, rows: list[dict[str, Any]]) -> None:

@@ -570,7 +570,9 @@ def run_distributed(
             members.wait_ready(ctl.handle, expected=n_local if cluster else 0)
         add_worker_notes(job.startup_notes())
         if resume:  # the workers have started from the checkpoint: now the run directory may change
-            run.resumed(start_iteration - 1)
+            resumed = run.resumed(start_iteration - 1)
+            if progress is not None:
+                progress(resumed)
         if cfg.train.fsdp:
             fsdp = FsdpControl.create(queue, job, ledger, run, version, checkpoint)
             fsdp.start(members)

@@ -46,3 +46,31 @@ def test_rich_status_counts_samples_and_shows_roles():
 def test_rich_without_roles_shows_the_worker_count():
     p = Progress(1, "rich")
     assert p.status_lines({"workers": 2, "samples": 8})[1] == "workers: 2"
+
+
+def test_a_resumed_run_says_so_on_the_console_and_in_its_log(tiny_sd3, tmp_path):
+    """``digen train --resume`` of a run that did 1 iteration: the console (rich) and
+    ``digen.log`` both say ``resumed from iteration 1/2 (checkpoint RUN/checkpoints/iter_0000)``."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from digen.cli.main import app
+    from tests.conftest import small_config_data
+
+    path, out = tmp_path / "job.yaml", tmp_path / "run"
+    path.write_text(yaml.safe_dump(small_config_data(tiny_sd3, iterations=1)))
+    assert (
+        CliRunner().invoke(app, ["train", str(path), "--out", str(out), "--log-format", "quiet"]).exit_code
+        == 0
+    )
+    res = CliRunner().invoke(
+        app, ["train", str(path), "--out", str(out), "--resume", "--set", "iterations=2"]
+    )
+    assert res.exit_code == 0, res.output
+    said = f"resumed from iteration 1/2 (checkpoint {out / 'checkpoints' / 'iter_0000'})"
+    assert said in res.stderr
+    assert said in (out / "digen.log").read_text()
+    assert [r["iteration"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())] == [
+        0,
+        1,
+    ]
