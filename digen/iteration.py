@@ -62,6 +62,34 @@ def progress_line(m: dict, total: int) -> str:
     )
 
 
+def within_iteration(book: IterationBook) -> dict:
+    """Where iteration ``book.iteration`` stands, for the progress display: ``{"event":
+    "progress", "iteration", "generated", "trained", "samples"}``, the samples generated and
+    scored so far, those whose train task has counted, and the iteration's sample count.
+
+    A train task counts its groups' trained samples (``train.groups_per_task``), a half or a
+    mini-batch part its share of them: the parts of a group are the tasks released for it (the
+    distributed controller opens each released task's stats), or ``train.mini_batches`` with
+    ``train.mini_batch_split: samples``."""
+    total = sum(len(t.sample_ids) for t in book.groups)
+    generated = sum(len(v) for v in book.rewards.values())
+    trained = 0.0
+    for (g, _), st in book.stats.items():
+        if st.rows <= 0:
+            continue
+        parts = book.cfg.train.mini_batches if book.by_samples else sum(1 for h, _ in book.stats if h == g)
+        for h in book.task_groups(g):
+            if h in book.specs:
+                trained += len(book.specs[h].samples) / max(parts, 1)
+    return {
+        "event": "progress",
+        "iteration": book.iteration,
+        "generated": generated,
+        "trained": min(round(trained), total),
+        "samples": total,
+    }
+
+
 @dataclass
 class IterationBook:
     cfg: Config

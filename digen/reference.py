@@ -27,7 +27,15 @@ from digen.config import Config
 from digen.errors import JobCancelled
 from digen.evaluation import evaluates, held_out_prompts, progress_row
 from digen.evaluator import evaluate_inline
-from digen.iteration import IterationBook, IterationEnd, ProgressFn, checkpoints, draws_grid, finish_iteration
+from digen.iteration import (
+    IterationBook,
+    IterationEnd,
+    ProgressFn,
+    checkpoints,
+    draws_grid,
+    finish_iteration,
+    within_iteration,
+)
 from digen.optim import open_store, save_checkpoint
 from digen.rollout import Trajectories, generate_group
 from digen.rundir import RunDir
@@ -106,6 +114,8 @@ def _reference_loop(
             traj = generate_group(policy, task, cfg, reward, embeds=embed(task.prompt), timer=timer)
             trajs[task.group] = traj
             book.add_rewards(task.group, traj.rewards.tolist())
+            if progress is not None:
+                progress(within_iteration(book))
         norms = []
         for m in range(cfg.train.mini_batches):  # one optimizer step per mini-batch
             for g, part in mini_batch_tasks(book, m):
@@ -124,6 +134,8 @@ def _reference_loop(
                 )
                 timer("train", t0, time.time(), time.thread_time() - c0)
                 book.add_gradient(g, grads, stats, part)
+                if progress is not None:
+                    progress(within_iteration(book))
             t0, c0 = time.time(), time.thread_time()
             grad, rows = book.gradient(m)
             last = m == cfg.train.mini_batches - 1

@@ -63,7 +63,7 @@ from digen.core.scheduler import Scheduler, SchedulerConfig
 from digen.core.versions import iterations_behind
 from digen.errors import ConfigError, ConnectionFailure, JobCancelled
 from digen.evaluation import eval_task_count, held_out_prompts
-from digen.iteration import IterationEnd, ProgressFn, finish_iteration
+from digen.iteration import IterationEnd, ProgressFn, finish_iteration, within_iteration
 from digen.rundir import RunDir, checkpoint_advice, finalize_checkpoint
 from digen.runtime.dispatch import Dispatcher
 from digen.runtime.evals import Evaluations
@@ -117,6 +117,8 @@ class Controller:
     """The grad norms of the current iteration's steps so far (``train.mini_batches`` > 1)."""
     backlog: list[str] = field(default_factory=list)
     """Done tasks found by a reconciliation, collected with the next done ids."""
+    last_within: dict | None = None
+    """The last within-iteration progress reported (:meth:`report_within`)."""
 
     @property
     def client(self):
@@ -199,7 +201,19 @@ class Controller:
         events = self.results.collect(task_id, res)
         if events and isinstance(res, dict):
             self.members.task_done(res["worker"])
-        return self.handle(events)
+        instructions = self.handle(events)
+        self.report_within()
+        return instructions
+
+    def report_within(self) -> None:
+        """Tell the progress display where the oldest open iteration stands (samples
+        generated and trained, :func:`~digen.iteration.within_iteration`), when that changed."""
+        if self.progress is None or not self.ledger.books:
+            return
+        now = within_iteration(self.ledger.books[min(self.ledger.books)])
+        if now != self.last_within:
+            self.last_within = now
+            self.progress(now)
 
     # --- the end of an iteration ------------------------------------------------------------
     def mini_batch_done(self, step: StepResult) -> list[Instruction]:

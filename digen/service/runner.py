@@ -483,6 +483,8 @@ def _run(
         push_log(r, jid, f"{how} on {where} (attempt {attempt}), run directory {out}")
 
         def progress(m: dict) -> None:
+            if m.get("event") == "progress":  # within an iteration: the job's log keeps iterations
+                return
             if "event" in m or "iteration" not in m:
                 push_log(r, jid, _event_line(m))
                 return

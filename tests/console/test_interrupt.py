@@ -57,14 +57,17 @@ def test_ctrl_c_stops_the_job_with_one_line_naming_the_checkpoint_and_the_resume
         start_new_session=True,  # its own process group, as a terminal's foreground job
     )
     try:
-        rows = 0
+        rows, within = 0, []
         assert proc.stdout is not None
         for line in proc.stdout:  # json lines: a metrics row per iteration, announcements
             msg = json.loads(line) if line.startswith("{") else {}
             rows += int("iteration" in msg and "event" not in msg)
+            if msg.get("event") == "progress" and rows == 0:
+                within.append(msg)  # iteration 0 in progress (samples generated and trained)
             if rows >= 2 and latest_intact_checkpoint(out) is not None:
                 break
         assert proc.poll() is None, "digen train ended before the Ctrl-C"
+        assert within and within[-1]["generated"] == within[-1]["samples"] == 8, within
         os.killpg(proc.pid, signal.SIGINT)
         _, stderr = proc.communicate(timeout=120)
     finally:
