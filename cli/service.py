@@ -309,7 +309,7 @@ def cancel(
     redis_url: ServiceRedisOpt = None,
     wait: Annotated[bool, typer.Option("--wait", help="Wait until the job has stopped.")] = False,
 ) -> None:
-    """Stop a job at its next safe point (after a checkpoint); the run directory is kept."""
+    """Stop a job within one task; its run directory keeps the last checkpoint (the iteration in progress is lost): digen submit --resume JOB continues it."""
     from digen.service import jobs
 
     r = _connect(redis_url)
