@@ -64,6 +64,14 @@ def _when(ts: float | None) -> str:
     return time.strftime("%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
 
 
+def _duration(seconds: float | None) -> str:
+    """``1:02:03`` (h:mm:ss) or ``-``."""
+    if seconds is None:
+        return "-"
+    s = int(round(seconds))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
 def _follow(r, job_id: str) -> int:
     """Print the job's log as it grows until it ends; exit code 0 if it finished."""
     from digen.service.jobs import follow
@@ -239,7 +247,7 @@ def status(
     json_: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
     limit: Annotated[int, typer.Option("--limit", help="Newest N jobs (0: all).")] = 20,
 ) -> None:
-    """Jobs and their progress: state, iteration/total, reward, samples/s, started, run dir."""
+    """Jobs and their progress: state, iteration/total, reward, samples/s, started, elapsed, ETA, run dir."""
     from digen.service import jobs
 
     r = _connect(redis_url)
@@ -251,6 +259,8 @@ def status(
         for key, value in info.to_json().items():
             if key in ("submitted", "started", "ended"):
                 value = _when(value)
+            elif key in ("elapsed_s", "eta_s"):
+                value = _duration(value)
             out.print(f"{key:>13}: {value if value is not None else '-'}", highlight=False, markup=False)
         return
     listed = jobs.list_jobs(r, limit)
@@ -264,7 +274,17 @@ def status(
 
     table = Table(box=None, header_style="bold")
     junk = any(j.quarantined for j in listed)  # junk read from Redis, moved to the dead letters
-    cols = ("JOB", "STATE", "ITER", "REWARD", "SAMPLES/S", "STARTED", *(("QUARANTINED",) if junk else ()))
+    cols = (
+        "JOB",
+        "STATE",
+        "ITER",
+        "REWARD",
+        "SAMPLES/S",
+        "STARTED",
+        "ELAPSED",
+        "ETA",
+        *(("QUARANTINED",) if junk else ()),
+    )
     for col in cols:  # a job id stays whole (it is what logs and cancel take); the rest may shorten
         table.add_column(col, no_wrap=col == "JOB", overflow="ellipsis", min_width=len(col))
     table.add_column("RUN DIR", overflow="fold")
@@ -277,6 +297,8 @@ def status(
             "-" if j.reward is None else f"{j.reward:.4f}",
             "-" if j.samples_per_s is None else f"{j.samples_per_s:.2f}",
             _when(j.started),
+            _duration(j.elapsed_s),
+            _duration(j.eta_s),
             *((str(j.quarantined),) if junk else ()),
             escape(j.run_dir),
         )

@@ -358,6 +358,11 @@ class JobInfo:
     resumed_by: str | None
     quarantined: int = 0
     """Junk read from Redis (not a task id, not a payload) moved to the dead letters."""
+    elapsed_s: float | None = None
+    """Seconds since the job started (to its end, once ended); None before it starts."""
+    eta_s: float | None = None
+    """A running job's seconds to go: its iterations left at the pace of those it ran in this
+    attempt (a resumed job's earlier ones not counted); None until one has finished."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -413,20 +418,31 @@ def _info_from(job: Job, info: dict[bytes, bytes], alive: bool) -> JobInfo:
     status = job.get_status(refresh=False)
     started = meta.get("started") or _ts(job.started_at)
     error = meta.get("error")
-    if status == JobStatus.FAILED and not error:
+    state = _derive_state(status, meta, info, alive, _ts(job.started_at))
+    if status == JobStatus.FAILED and not error and state != "cancelled":  # a cancel is no error
         result = job.latest_result()
         error = (result.exc_string or "").strip().splitlines()[-1:] if result is not None else None
         error = error[0] if error else None
+    if state == "cancelled":
+        error = None
+    ended = meta.get("ended") or _ts(job.ended_at)
+    elapsed = eta = None
+    if started:
+        elapsed = max(0.0, (ended or time.time()) - float(started))
+        done = int(meta.get("iteration") or 0) - int(meta.get("start_iteration") or 0)
+        left = int(meta.get("total") or 0) - int(meta.get("iteration") or 0)
+        if state == "running" and done > 0 and left >= 0:
+            eta = elapsed / done * left
     return JobInfo(
         id=job.id,
-        state=_derive_state(status, meta, info, alive, _ts(job.started_at)),
+        state=state,
         iteration=int(meta.get("iteration") or 0),
         total=int(meta.get("total") or 0),
         reward=meta.get("reward"),
         samples_per_s=meta.get("samples_per_s"),
         submitted=meta.get("submitted"),
         started=started,
-        ended=meta.get("ended") or _ts(job.ended_at),
+        ended=ended,
         run_dir=str(meta.get("run_dir") or ""),
         config=str(meta.get("config") or ""),
         mode=str(meta.get("mode") or ""),
@@ -437,6 +453,8 @@ def _info_from(job: Job, info: dict[bytes, bytes], alive: bool) -> JobInfo:
         resumed_from=_text(info.get(b"resumed_from") or b"") or None,
         resumed_by=_text(info.get(b"resumed_by") or b"") or None,
         quarantined=_int(meta.get("quarantined")),
+        elapsed_s=None if elapsed is None else round(elapsed, 1),
+        eta_s=None if eta is None else round(eta, 1),
     )
 
 

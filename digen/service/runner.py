@@ -466,6 +466,7 @@ def _run(
             {
                 "state": "running",
                 "iteration": done,
+                "start_iteration": done,  # digen status's ETA counts this attempt's iterations
                 "total": cfg.iterations,
                 "run_dir": str(out),
                 "started": time.time(),

@@ -305,3 +305,35 @@ def test_submit_warns_when_no_runner_is_up(r, tiny_sd3: Path, tmp_path: Path):
     finally:
         worker.register_death()
     assert jobs.live_runners(r) == []
+
+
+def test_status_shows_elapsed_time_and_eta_and_a_cancel_is_no_error(r, tiny_sd3: Path, tmp_path: Path):
+    """A running job resumed at iteration 2 that reached iteration 6 of 10 in 80 s: elapsed 80 s,
+    ETA 80 s (4 iterations left at this attempt's 20 s each), in the JSON and the table; a
+    cancelled job shows no error (it was digen.errors.JobCancelled)."""
+    from rq.job import Job, JobStatus
+    from rq.serializers import JSONSerializer
+
+    job_id = submit_ok(tiny_sd3, tmp_path / "run")
+    _mark_started(r, job_id, time.time() - 80, "running")
+    job = Job.fetch(job_id, connection=r, serializer=JSONSerializer)
+    job.meta.update({"iteration": 6, "start_iteration": 2, "total": 10})
+    job.save_meta()
+    r.set(jobs.alive_key(job_id), "{}", px=600_000)
+    info = status_json(job_id)
+    assert info["state"] == "running"
+    assert 80 <= info["elapsed_s"] < 80 + 60 and info["eta_s"] == pytest.approx(info["elapsed_s"], rel=1e-3)
+    row = next(ln for ln in cli("status").stdout.splitlines() if job_id in ln)
+    assert "0:01:" in row  # elapsed and ETA as h:mm:ss
+    from rq.results import Result
+
+    job.set_status(JobStatus.FAILED)  # what rq records of a job cancelled while it ran
+    Result.create_failure(
+        job, 600, "Traceback ...\ndigen.errors.JobCancelled: job cancelled during iteration 6"
+    )
+    job.meta.update({"error": None})
+    job.save_meta()
+    r.hset(jobs.info_key(job_id), "cancel", "1")
+    r.delete(jobs.alive_key(job_id))
+    info = status_json(job_id)
+    assert info["state"] == "cancelled" and info["error"] is None and info["eta_s"] is None
