@@ -109,7 +109,8 @@ def submit(
         typer.Option(
             "--resume",
             metavar="JOB",
-            help="Continue a stopped job's run directory from its newest checkpoint, as a new job.",
+            help="Continue a stopped job's run directory from its newest checkpoint, as a new job "
+            "(--set changes its config: --set iterations=200 goes on past a finished job's end).",
         ),
     ] = None,
     retries: Annotated[
@@ -136,12 +137,13 @@ def submit(
 
     timeout_s = jobs.parse_duration(timeout)
     if resume is not None:
-        if config is not None or set_ or out_dir is not None:
+        if config is not None or out_dir is not None:
             raise ConfigError(
-                "--resume JOB continues that job's own config and run directory: drop CONFIG, --set and --out"
+                "--resume JOB continues that job's own config and run directory: drop CONFIG and --out "
+                "(--set changes its config, e.g. --set iterations=200)"
             )
         r = _connect(redis_url)
-        job_id = jobs.resume(r, resume, retries=retries, timeout_s=timeout_s)
+        job_id = jobs.resume(r, resume, retries=retries, timeout_s=timeout_s, overrides=set_ or [])
     else:
         if config is None:
             raise ConfigError("give a CONFIG to submit (e.g. configs/quickstart.yaml) or --resume JOB")

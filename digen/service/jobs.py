@@ -250,10 +250,33 @@ def submit(
 
 
 def resume(
-    r: redis.Redis, job_id: str, *, retries: int = DEFAULT_RETRIES, timeout_s: int = DEFAULT_TIMEOUT_S
+    r: redis.Redis,
+    job_id: str,
+    *,
+    retries: int = DEFAULT_RETRIES,
+    timeout_s: int = DEFAULT_TIMEOUT_S,
+    overrides: list[str] | None = None,
 ) -> str:
-    """Enqueue a new job that continues ``job_id``'s run directory from its newest checkpoint."""
+    """Enqueue a new job that continues ``job_id``'s run directory from its newest checkpoint,
+    with ``overrides`` (``--set key=value``) applied to its config: e.g. more ``iterations``
+    for a job that finished. The resumed run checks them against its checkpoint (a config whose
+    weights do not fit it is refused, digen.checks)."""
     info = job_info(r, job_id)
+    old = _fetch(r, job_id)
+    args = dict(old.kwargs)
+    total = info.total
+    if overrides:
+        from digen.config import build_config
+
+        source = args.get("source_dir")
+        cfg = build_config(
+            args["config"],
+            overrides,
+            source_dir=Path(source) if source else None,
+            check_paths=False,
+            algorithms=False,
+        )
+        args["config"], total = cfg.model_dump(mode="json"), cfg.iterations
     if info.state in ("queued", "starting", "running", "cancelling"):
         raise ConfigError(
             f"job {job_id} is {info.state}: only a stopped job can be resumed; "
@@ -263,12 +286,14 @@ def resume(
         raise ConfigError(
             f"job {job_id} was already resumed as {info.resumed_by}; digen submit --resume {info.resumed_by}"
         )
-    if info.state == "done":
-        raise ConfigError(f"job {job_id} finished all {info.total} iterations: nothing to resume")
-    old = _fetch(r, job_id)
-    args = dict(old.kwargs)
+    if info.state == "done" and total <= info.total:
+        raise ConfigError(
+            f"job {job_id} finished all {info.total} iterations: nothing to resume; raise the target "
+            f"with --set iterations={info.total + 1} (or more)"
+        )
     args["resume"] = True
     meta = {k: old.meta.get(k) for k in ("config", "mode", "total")}
+    meta["total"] = total
     meta["resumed_from"] = job_id
     new_id = _enqueue(r, args, job_id=new_job_id(), retries=retries, timeout_s=timeout_s, meta=meta)
     r.hset(info_key(job_id), "resumed_by", new_id)

@@ -337,3 +337,35 @@ def test_status_shows_elapsed_time_and_eta_and_a_cancel_is_no_error(r, tiny_sd3:
     r.delete(jobs.alive_key(job_id))
     info = status_json(job_id)
     assert info["state"] == "cancelled" and info["error"] is None and info["eta_s"] is None
+
+
+def test_submit_resume_takes_set_to_raise_a_finished_jobs_iterations(r, tiny_sd3: Path, tmp_path: Path):
+    """``digen submit --resume JOB --set iterations=12``: the new job's config and total carry
+    the override; a finished job needs one (refused, naming it, without), CONFIG and --out
+    are still refused with --resume."""
+    from rq.job import Job, JobStatus
+    from rq.serializers import JSONSerializer
+
+    job_id = submit_ok(tiny_sd3, tmp_path / "run")
+    jobs.job_queue(r).remove(job_id)
+    job = Job.fetch(job_id, connection=r, serializer=JSONSerializer)
+    job.set_status(JobStatus.FINISHED)
+    job.meta.update({"state": "done", "iteration": 8, "total": 8})
+    job.save_meta()
+    assert status_json(job_id)["state"] == "done"
+    res = cli("submit", "--resume", job_id)
+    assert (
+        res.exit_code == 2
+        and "finished all 8 iterations" in res.output
+        and "--set iterations=9" in res.output
+    )
+    res = cli("submit", "--resume", job_id, "--out", tmp_path / "elsewhere")
+    assert res.exit_code == 2 and "drop CONFIG and --out" in res.output
+    res = cli("submit", "--resume", job_id, "--set", "iterations=12")
+    assert res.exit_code == 0, res.output
+    new_id = res.stdout.strip()
+    _, _, _, kwargs = json.loads(zlib.decompress(r.hget(f"rq:job:{new_id}", "data")))
+    assert kwargs["resume"] is True and kwargs["config"]["iterations"] == 12
+    assert status_json(new_id)["total"] == 12
+    bad = cli("submit", "--resume", new_id, "--set", "iterations=many")
+    assert bad.exit_code == 2 and "iterations ('many')" in bad.output
