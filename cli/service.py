@@ -167,6 +167,22 @@ def submit(
         raise typer.Exit(_follow(r, job_id))
 
 
+def _job_lines() -> None:
+    """``digen serve`` prints one line per job start and outcome (``digen.serve``'s records:
+    ``job ID: starting on serve-1 (attempt 1), run directory ...``, ``job ID: done: ...``)."""
+    import logging
+    import sys
+
+    lg = logging.getLogger("digen.serve")
+    if not any(getattr(h, "digen_serve", False) for h in lg.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+        handler.digen_serve = True  # type: ignore[attr-defined]
+        lg.addHandler(handler)
+    lg.setLevel(logging.INFO)
+    lg.propagate = False
+
+
 def _warn_no_runner(r, job_id: str) -> None:
     """One warning line when no ``digen serve`` is up on this Redis: the job waits queued."""
     from digen.service.jobs import live_runners
@@ -219,6 +235,7 @@ def serve(
     sec = load_security(security) if security is not None else None
     r = _connect(redis_url)
     url = redis_url or embedded_url(r)
+    _job_lines()
     where = f"{mask_url(redis_url)}" if redis_url else "the embedded Redis"
     err.print(
         f"digen serve: jobs from {where}, cluster "

@@ -69,6 +69,16 @@ from digen.service.jobs import (
 )
 
 log = logging.getLogger(__name__)
+SERVE_LOG = logging.getLogger("digen.serve")
+"""One line per job start and outcome on ``digen serve``'s console (the CLI gives it a handler
+at INFO; it does not propagate into the job's own log, which gets the same line)."""
+
+
+def _say(r: redis.Redis, jid: str, line: str) -> None:
+    """``line`` in the job's log and, as ``job ID: line``, on ``digen serve``'s console."""
+    push_log(r, jid, line)
+    SERVE_LOG.info("job %s: %s", jid, line)
+
 
 CONFIRM_S = 10.0
 """Seconds a started job's heartbeat must stay gone (Redis server clock) before a runner
@@ -366,7 +376,7 @@ def execute_job(config: dict, source_dir: str | None, out: str, resume: bool = F
     if b"cancel" in info:
         _finish_meta(job, "cancelled")
         job.retries_left = 0
-        push_log(r, jid, "not run: cancelled")
+        _say(r, jid, "not run: cancelled")
         raise JobCancelled(f"job {jid} was cancelled before it ran")
 
     beat = _Heartbeat(r, jid, {"pid": os.getpid(), "host": socket.gethostname()})
@@ -391,7 +401,7 @@ def execute_job(config: dict, source_dir: str | None, out: str, resume: bool = F
         reason = (reason.splitlines() or [type(exc).__name__])[0][:500]
         _note_quarantined(r, job, attempt)
         _finish_meta(job, state, error=None if cancelled else reason)
-        push_log(
+        _say(
             r,
             jid,
             "cancelled; the run directory keeps the last checkpoint"
@@ -481,7 +491,7 @@ def _run(
         job.save_meta()
         where = f"serve {ctx.name}" if ctx else "an rq worker"
         how = f"resuming after iteration {done}" if resume else "starting"
-        push_log(r, jid, f"{how} on {where} (attempt {attempt}), run directory {out}")
+        _say(r, jid, f"{how} on {where} (attempt {attempt}), run directory {out}")
 
         def progress(m: dict) -> None:
             if m.get("event") == "progress":  # within an iteration: the job's log keeps iterations
@@ -516,7 +526,7 @@ def _run(
             )
     _note_quarantined(r, job, attempt)
     _finish_meta(job, "done")
-    push_log(
+    _say(
         r,
         jid,
         f"done: {summary['iterations']} iterations, {summary['samples']} samples, "
