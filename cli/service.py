@@ -167,12 +167,17 @@ def submit(
         raise typer.Exit(_follow(r, job_id))
 
 
-def _job_lines() -> None:
+def _job_lines(verbose: bool = False) -> None:
     """``digen serve`` prints one line per job start and outcome (``digen.serve``'s records:
-    ``job ID: starting on serve-1 (attempt 1), run directory ...``, ``job ID: done: ...``)."""
+    ``job ID: starting on serve-1 (attempt 1), run directory ...``, ``job ID: done: ...``);
+    ``verbose``: also the jobs' own log (digen's INFO records: progress, warnings)."""
     import logging
     import sys
 
+    if verbose:
+        from digen.cli.console import setup_logging
+
+        setup_logging(True)
     lg = logging.getLogger("digen.serve")
     if not any(getattr(h, "digen_serve", False) for h in lg.handlers):
         handler = logging.StreamHandler(sys.stderr)
@@ -222,7 +227,10 @@ def serve(
         str | None,
         typer.Option("--name", help="Worker name shown by rq and digen status; unique among running serves."),
     ] = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every job start and end.")] = False,
+    verbose: Annotated[
+        bool,
+        typer.Option("--verbose", "-v", help="Also print each job's own log: progress lines, digen's INFO."),
+    ] = False,
     security: SecurityOpt = None,
     insecure: InsecureOpt = False,
 ) -> None:
@@ -235,7 +243,7 @@ def serve(
     sec = load_security(security) if security is not None else None
     r = _connect(redis_url)
     url = redis_url or embedded_url(r)
-    _job_lines()
+    _job_lines(verbose)
     where = f"{mask_url(redis_url)}" if redis_url else "the embedded Redis"
     err.print(
         f"digen serve: jobs from {where}, cluster "

@@ -74,6 +74,19 @@ SERVE_LOG = logging.getLogger("digen.serve")
 at INFO; it does not propagate into the job's own log, which gets the same line)."""
 
 
+class OneLineJobErrors(logging.Filter):
+    """Drop rq's traceback of a job that failed with a :class:`~digen.errors.DigenError`
+    (a cancel, bad input, a lost Redis): that error is already one line, said by
+    :data:`SERVE_LOG` and kept in the job's log and ``digen status``. An error digen did not
+    expect keeps its traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "exception raised while executing" not in str(record.msg) or not record.args:
+            return True
+        last = (str(record.args[-1]).strip().splitlines() or [""])[-1]
+        return not last.startswith(("digen.errors.", "digen.rundir."))
+
+
 def _say(r: redis.Redis, jid: str, line: str) -> None:
     """``line`` in the job's log and, as ``job ID: line``, on ``digen serve``'s console."""
     push_log(r, jid, line)
@@ -331,7 +344,12 @@ def serve(
             job_monitoring_interval=JOB_MONITORING_S,
         )
         try:
-            worker.work(burst=burst, logging_level="INFO" if verbose else "WARNING")
+            rq_log = logging.getLogger("rq.worker")  # the work horses fork with it
+            if not any(isinstance(f, OneLineJobErrors) for f in rq_log.filters):
+                rq_log.addFilter(OneLineJobErrors())
+            # rq's INFO lines are its own bookkeeping (every maintenance round); a job's start and
+            # outcome are digen.serve's lines, its progress the job's log (--verbose prints it)
+            worker.work(burst=burst, logging_level="WARNING")
         except ValueError as exc:
             if "active worker" not in str(exc):
                 raise

@@ -369,3 +369,24 @@ def test_submit_resume_takes_set_to_raise_a_finished_jobs_iterations(r, tiny_sd3
     assert status_json(new_id)["total"] == 12
     bad = cli("submit", "--resume", new_id, "--set", "iterations=many")
     assert bad.exit_code == 2 and "iterations ('many')" in bad.output
+
+
+def test_serve_keeps_a_digen_errors_traceback_off_its_console():
+    """rq logs a failed job's traceback; for a digen error (a cancel, bad input), already one
+    line in digen serve's output and the job's log, it is dropped; any other keeps it."""
+    import logging
+
+    from digen.service.runner import OneLineJobErrors
+
+    def record(exc_string: str) -> logging.LogRecord:
+        msg = "Worker %s: job %s: exception raised while executing (%s)\n%s"
+        return logging.LogRecord(
+            "rq.worker", logging.ERROR, __file__, 0, msg, ("w", "j", "f", exc_string), None
+        )
+
+    keep = OneLineJobErrors().filter
+    assert not keep(
+        record("Traceback (most recent call last):\n ...\ndigen.errors.JobCancelled: job j cancelled")
+    )
+    assert keep(record("Traceback (most recent call last):\n ...\nZeroDivisionError: division by zero"))
+    assert keep(logging.LogRecord("rq.worker", logging.WARNING, __file__, 0, "Work horse killed", (), None))
