@@ -1,4 +1,4 @@
-"""``digen import-config``: a Flow-GRPO, VeRL-Omni or DanceGRPO recipe as a digen config."""
+"""``digen import-config``: a Flow-GRPO, VeRL-Omni, DanceGRPO or Flow-Factory recipe as a digen config."""
 
 from __future__ import annotations
 
@@ -15,12 +15,13 @@ from digen.errors import ConfigError
 @app.command("import-config")
 @handles_errors
 def import_config(
-    peer: Annotated[str, typer.Argument(help="flow-grpo, verl-omni or dance-grpo.")],
+    peer: Annotated[str, typer.Argument(help="flow-grpo, verl-omni, dance-grpo or flow-factory.")],
     spec: Annotated[
         str,
         typer.Argument(
             help="flow-grpo: PATH/config/grpo.py:RECIPE; verl-omni: a composed config .yaml or an "
-            "examples/**/*.sh launch script; dance-grpo: a scripts/finetune/*.sh script."
+            "examples/**/*.sh launch script; dance-grpo: a scripts/finetune/*.sh script; flow-factory: an "
+            "examples/**/*.yaml recipe."
         ),
     ],
     out_file: Annotated[
@@ -33,12 +34,26 @@ def import_config(
         ),
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing --out file.")] = False,
+    overrides: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="Set a key of the imported config, as digen train's --set (--set model.device=auto); "
+            "the written file carries it.",
+        ),
+    ] = None,
 ) -> None:
     """Write the digen config of a peer's recipe and list every key it could not carry, with why.
     The peer's files are read as data, never run."""
+    from digen.config import parse_overrides
     from digen.importers import import_config as run_import
+    from digen.importers import set_dotted
 
     result = run_import(peer, spec, gpus=gpus)
+    for key, value in parse_overrides(overrides or []):
+        set_dotted(result.config, key, value)
+        result.placeholders.pop(key, None)
+        result.overridden[key] = value
     result.validate()
     text = result.to_yaml()
     if out_file is None:

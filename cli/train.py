@@ -15,6 +15,7 @@ from rich.markup import escape
 from digen.cli.app import (
     ConfigArg,
     InsecureOpt,
+    RedisFileOpt,
     RedisOpt,
     SchedOpt,
     SecurityOpt,
@@ -23,6 +24,7 @@ from digen.cli.app import (
     err,
     handles_errors,
     out,
+    redis_url_from,
     warn_insecure,
 )
 from digen.cli.console import setup_logging
@@ -39,6 +41,7 @@ def train(
     ] = None,
     set_: SetOpt = None,
     redis_url: RedisOpt = None,
+    redis_url_file: RedisFileOpt = None,
     scheduler: SchedOpt = None,
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue from the run directory's newest checkpoint.")
@@ -70,6 +73,7 @@ def train(
     from digen.engine import run_training
 
     warn_insecure(scheduler, insecure)  # before anything connects
+    redis_url = redis_url_from(redis_url, redis_url_file, insecure)
     dash = ["cluster.local.dashboard=true"] if dashboard else []
     cfg, placement = _checked(config, [*(set_ or []), *dash], log_format, embedded=scheduler is None)
     if security is not None:  # this node's TLS files, over the config's security: section
@@ -77,7 +81,7 @@ def train(
 
         cfg = cfg.model_copy(update={"security": load_security(security)})
     out_dir = out_dir or Path("runs") / config.stem
-    _check_run(cfg, out_dir, resume)  # every refusal that needs no cluster: one line, nothing shown yet
+    _check_run(cfg, out_dir, resume, local=scheduler is None)  # one line, before anything is shown
     if placement is not None:
         _print_placement(placement, log_format)
     if (
@@ -209,16 +213,20 @@ def interrupted_line(out_dir: Path, command: list[str]) -> str:
     return f"interrupted before the first checkpoint, nothing to --resume from: start again with {fresh}"
 
 
-def _check_run(cfg, out_dir: Path, resume: bool) -> None:
+def _check_run(cfg, out_dir: Path, resume: bool, *, local: bool) -> None:
     """Refuse, before the placement, the progress bar or any process of the run is shown or
     started, what the files alone decide (:func:`~digen.checks.check_inputs`: the prompts, the
     model folder's limits, the rewards and their servers, ``--out`` and its run, ``--resume``'s
-    checkpoint, the free space) and the loggers' packages; ``run_training`` is then told
-    ``checked``. Nothing is written to the run directory."""
+    checkpoint, the free space), the loggers' packages and, for this machine's workers
+    (``local``), a ``model.device`` it has no GPU for; ``run_training`` is then told ``checked``.
+    Nothing is written to the run directory."""
     from digen.checks import check_inputs
+    from digen.engine import device_problem
     from digen.loggers import check_loggers
 
     check_loggers(cfg)
+    if local and (problem := device_problem(cfg)):
+        raise ConfigError(problem)
     check_inputs(cfg, out_dir, resume=resume, health=True, fresh=True)
 
 

@@ -28,6 +28,31 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
+# Limits on sizes: far above any real run (the largest published recipes generate a few
+# thousand samples per iteration on up to a few hundred GPUs), low enough that a typo
+# (``rollout.batch_size=1e12``, 100000 local workers) is one line at load instead of
+# gigabytes of plans or a machine full of processes. configs/README.md lists them.
+MAX_SAMPLES = 65_536
+"""``rollout.batch_size``, ``eval.batch_size``: samples in one iteration or evaluation task."""
+MAX_GROUP = 4_096
+"""``rollout.group_size``, ``rollout.max_batch``, ``train.groups_per_task``, ``train.mini_batches``."""
+MAX_STEPS = 1_000
+"""``rollout.num_steps``, ``rollout.eval_steps``: a diffusion schedule's full length."""
+MAX_PIXELS = 16_384
+"""``model.resolution`` (pixels a side)."""
+MAX_FRAMES = 4_096
+"""``model.num_frames``."""
+MAX_LOCAL_WORKERS = 1_024
+"""Workers of the embedded cluster (``cluster.local``), each role and all together."""
+MAX_DEGREE = 1_024
+"""Parallel degrees and counts of one machine: ``sequence_parallel``, ``workers_per_gpu``,
+``threads_per_worker``."""
+MAX_ITERATIONS = 10_000_000
+"""``iterations`` and the per-N-iterations keys."""
+MAX_ROWS = 1_048_576
+"""``train.rows_per_forward``, ``lora.rank``, ``model.max_sequence_length``."""
+
+
 Dtype = Literal["float32", "bfloat16", "float16", "float64"]
 
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
@@ -48,7 +73,7 @@ def trained_dtype_name(dtype: str, lora: bool, lora_dtype: str) -> str:
 class LoraConfig(_Section):
     enabled: bool = True
     """Train a LoRA adapter (True) or the whole transformer (False)."""
-    rank: int = Field(8, ge=1)
+    rank: int = Field(8, ge=1, le=MAX_ROWS)
     alpha: int = Field(16, ge=1)
     target_modules: list[str] | None = None
     """Module names to adapt; None uses the family's default (as the peers use it)."""
@@ -63,10 +88,10 @@ class ModelConfig(_Section):
     path: str
     """Local diffusers pipeline folder (``model_index.json`` inside). Never downloaded.
     Required: there is no default model."""
-    resolution: int = Field(32, ge=8)
-    """Square image side in pixels for rollouts."""
-    num_frames: int | None = Field(None, ge=1)
-    """Frames per video (video families only)."""
+    resolution: int = Field(32, ge=8, le=MAX_PIXELS)
+    """Square image side in pixels for rollouts (at most :data:`MAX_PIXELS`)."""
+    num_frames: int | None = Field(None, ge=1, le=MAX_FRAMES)
+    """Frames per video (video families only; at most :data:`MAX_FRAMES`)."""
     dtype: Dtype = "float32"
     """The transformer's weights (its frozen base weights with LoRA). SDE math and stored
     latents/log-probs are float32 for the first three. ``float64`` (model, LoRA adapters, SDE
@@ -88,7 +113,7 @@ class ModelConfig(_Section):
     """Device for the reference trainer and the embedded cluster's workers: ``auto`` (cuda
     where torch sees a GPU, else cpu), ``cpu``, ``cuda`` or ``cuda:N``. A worker pinned to one
     GPU (``CUDA_VISIBLE_DEVICES``) sees it as ``cuda`` = ``cuda:0``."""
-    max_sequence_length: int | None = Field(None, ge=1)
+    max_sequence_length: int | None = Field(None, ge=1, le=MAX_ROWS)
     """Text-encoder tokens per prompt (T5, UMT5, Llama, Qwen2.5-VL). None: the family's own
     length (docs/precision.md lists them: sd3 128 as Flow-GRPO, flux 512 as FluxPipeline, ...);
     a config error when the model's text encoder takes fewer (the tiny models: 32, so their
@@ -119,23 +144,24 @@ class SdeConfig(_Section):
 
 
 class RolloutConfig(_Section):
-    batch_size: int = Field(16, ge=1)
-    """Samples per iteration (prompts_per_iteration x group_size)."""
-    group_size: int = Field(4, ge=1)
-    """Samples per prompt (a GRPO group). Also the generation micro-batch: one task = one group."""
-    max_batch: int = Field(1, ge=1)
+    batch_size: int = Field(16, ge=1, le=MAX_SAMPLES)
+    """Samples per iteration (prompts_per_iteration x group_size; at most :data:`MAX_SAMPLES`)."""
+    group_size: int = Field(4, ge=1, le=MAX_GROUP)
+    """Samples per prompt (a GRPO group; at most :data:`MAX_GROUP`). Also the generation micro-batch: one task = one group."""
+    max_batch: int = Field(1, ge=1, le=MAX_GROUP)
     """Generation tasks (prompt groups) a rollout or TAG worker leases at once and runs as one
     batched forward per denoising step, each acknowledged on its own."""
-    num_steps: int = Field(8, ge=2)
-    """Denoising steps of training rollouts (the denoising reduction: few steps)."""
-    eval_steps: int = Field(20, ge=2)
+    num_steps: int = Field(8, ge=2, le=MAX_STEPS)
+    """Denoising steps of training rollouts (the denoising reduction: few steps; at most
+    :data:`MAX_STEPS`)."""
+    eval_steps: int = Field(20, ge=2, le=MAX_STEPS)
     """Steps of the ODE sampler for evaluation grids."""
     guidance_scale: float = Field(1.0, ge=0.0)
     """CFG scale (true CFG families) or embedded guidance (FLUX, HunyuanVideo). 1 = no CFG."""
     sde: SdeConfig = SdeConfig()
     shared_noise: bool = False
     """DanceGRPO: every member of a group starts from the same initial noise."""
-    sequence_parallel: int = Field(1, ge=1)
+    sequence_parallel: int = Field(1, ge=1, le=MAX_DEGREE)
     """Ulysses sequence-parallel degree d of a rollout replica (Wan, HunyuanVideo and FLUX
     families; disaggregated or digen mode): d rollout workers of one GPU type (or one ``digen
     worker --sp-group``) generate each sample together, 1/d of its video/image tokens each, text
@@ -153,13 +179,34 @@ class TimestepConfig(_Section):
     dropped (DanceGRPO); window: a random window of ``window`` SDE steps (Flow-GRPO-Fast)."""
     fraction: float = Field(0.5, gt=0.0, le=1.0)
     window: int = Field(2, ge=1)
+    window_range: list[int] | None = Field(None, min_length=2, max_length=2)
+    """``[lo, hi]``: the steps the window may cover, its start drawn uniformly in
+    ``[lo, hi - window]`` (Flow-GRPO's and VeRL-Omni's ``sde_window_range``). None: ``[0,
+    num_steps // 2]``, the first half, as every windowed recipe of both peers sets it."""
 
 
 class EmaConfig(_Section):
+    """An exponential moving average of the trained tensors, kept beside them in every
+    checkpoint (``ema/<name>``; ``digen export --ema`` exports it). Each update is
+    ``ema += (1 - d) (w - ema)`` with ``d = min((1 + n) / (10 + n), decay)`` after ``n``
+    optimizer steps when ``warmup`` (Flow-GRPO's flow_grpo/ema.py ``get_current_decay``),
+    else ``decay``. docs/algorithms.md, "EMA", restates both peers'."""
+
     enabled: bool = False
     decay: float = Field(0.9, gt=0.0, lt=1.0)
+    warmup: bool = True
+    """Warm the decay up from 0.1 (Flow-GRPO's); False: the fixed ``decay`` (DanceGRPO's)."""
+    update: Literal["micro_batch", "step", "iteration"] = "micro_batch"
+    """When the EMA moves. ``micro_batch`` (Flow-GRPO: scripts/train_sd3.py l.959-960): once per
+    micro-batch of ``micro_batches`` a step, when ``(n + 1) % every == 0`` for the ``n``
+    optimizer steps taken at that micro-batch (a step's last micro-batch sees it counted);
+    ``step``: after every ``every``-th optimizer step; ``iteration`` (DanceGRPO:
+    train_grpo_flux.py l.866-867): once after each rollout batch's last step."""
     every: int = Field(8, ge=1)
-    """Update the EMA copy every N optimizer steps (kept in checkpoints, used for nothing else)."""
+    """Flow-GRPO's ``update_step_interval`` (8 in its scripts), in optimizer steps."""
+    micro_batches: int = Field(1, ge=1)
+    """For ``update: micro_batch``: the peer's micro-batches per optimizer step (Flow-GRPO's
+    ``train.gradient_accumulation_steps``), each an EMA update."""
 
 
 class MixGrpoConfig(_Section):
@@ -215,13 +262,98 @@ class FlowDppoConfig(_Section):
     still moves away from the rollout policy is dropped (the peer's ``kl_mask_threshold``: 1e-5)."""
 
 
+# --- the clean-sample family beyond DiffusionNFT (digen/algos/dgpo.py, awm.py, online_dpo.py) ---
+WHOLE_GROUP_ALGORITHMS = ("dgpo", "online-dpo")
+"""Algorithms whose loss couples the samples of a prompt group (a group-level weight), so a
+train task must hold whole groups: rollout-assisted training (``schedule.rat``), which splits
+a group into halves, defaults to off for them, and ``train.mini_batch_split: samples`` is
+refused (by each algorithm's check)."""
+
+
+class DgpoConfig(_Section):
+    """DGPO's options (``train.algorithm: dgpo``; digen/algos/dgpo.py, Luo-Yihong/DGPO
+    config/dgpo.py). The defaults are its SD3.5-M GenEval recipe ``geneval_sd3_4gpu``."""
+
+    beta_dpo: float = Field(100.0, gt=0.0)
+    """The group preference's temperature (the peer's ``train.beta_dpo``: 100; 2000 with the
+    EMA reference)."""
+    clip_range: float = Field(1e-2, gt=0.0)
+    """The PPO-style clip of the flow-matching ratio ``exp(dsm_old - dsm)`` (the peer's
+    ``clip_range``: 1e-2 GenEval/OCR, 5e-2 compressibility, 1e-5 with the EMA reference)."""
+    clip_dsm: bool = True
+    """Detach the flow-matching loss of rows whose ratio left the clip range (``clip_dsm``)."""
+    timesteps: int = Field(4, ge=1)
+    """Trained steps per iteration, shared by every sample (``num_train_timesteps``: 4)."""
+    trunc_steps: int = Field(4, ge=0)
+    """The trained steps are drawn from schedule steps ``0 .. trunc_steps`` (``trunc_steps``:
+    4 GenEval, 6 OCR/PickScore)."""
+    shared_noise: bool = True
+    """One forward noise per group and trained step, shared by its samples (``use_shared_noise``)."""
+    switch_ema_ref: int = Field(500, ge=0)
+    """After this many optimizer steps the rollout samples with the EMA ``old`` weights
+    (``switch_ema_ref``: 500 GenEval, 200 OCR/PickScore)."""
+    use_ema_ref: bool = False
+    """The preference's reference is the EMA ``old`` weights instead of the base weights
+    (``use_ema_ref``; config/dgpo_wocfg_emaref.py)."""
+    solver: Literal["dpm2", "euler"] = "dpm2"
+    """The rollout's deterministic solver (the peer's ``use_dpm``: DPM-Solver multistep)."""
+
+
+class AwmConfig(_Section):
+    """AWM's options (``train.algorithm: awm``; digen/algos/awm.py,
+    scxue/advantage_weighted_matching config/dgx_awm.py). The defaults are its SD3.5-M GenEval
+    recipe ``geneval_sd3_no_cfg_1node``."""
+
+    timesteps: int = Field(6, ge=1)
+    """Trained steps per sample, one per stratum of ``1 .. int(T fraction)`` (``train_timesteps``: 6)."""
+    fraction: float = Field(0.9, gt=0.0, le=1.0)
+    """The strata end at step ``int(T fraction)`` (``timestep_fraction``: 0.9; ``time_type``
+    ``discrete_wo_init``)."""
+    weighting: Literal["uniform", "t", "t2", "huber", "ghuber"] = "ghuber"
+    """How the flow-matching error becomes the log-likelihood surrogate (``weighting``:
+    ``ghuber``; ``t2`` is the peer's ``t**2``)."""
+    ghuber_power: float = Field(0.25, gt=0.0)
+    """The generalised Huber's power (``ghuber_power``: 0.25)."""
+    advantage_max: float | None = Field(1.0, gt=0.0)
+    """Advantages clamped to ``train.adv_clip`` are rescaled to ``[-advantage_max,
+    advantage_max]`` (``advantage_max``: 1); None keeps them."""
+    clip_range: float = Field(1.0, gt=0.0)
+    """The ratio clip (the peer's ``train.clip_range``: 1)."""
+    ema_beta: float = Field(1.0, ge=0.0)
+    """Weight of the velocity KL to the EMA ``old`` weights (not scaled by ``train.kl_beta``),
+    added only when ``train.kl_beta > 0``, as the peer (``ema_beta``: 1)."""
+    ema_decay: float = Field(0.3, ge=0.0, lt=1.0)
+    """The EMA weights' decay after each iteration, ``min(ema_decay, 0.001 steps)``
+    (``kl_ema_decay``: 0.3, ``kl_ema_decay_type: linear``)."""
+    solver: Literal["dpm2", "euler"] = "dpm2"
+    """The rollout's deterministic solver (the peer's SA-Solver with ``sde_frac = 0``, a
+    deterministic multistep solver, is not in digen: DPM-Solver++(2M) stands in)."""
+
+
+class OnlineDpoConfig(_Section):
+    """Online Diffusion-DPO's options (``train.algorithm: online-dpo``; digen/algos/online_dpo.py,
+    verl-project/verl-omni ``DPOLoss``)."""
+
+    beta: float = Field(100.0, gt=0.0)
+    """The DPO inverse temperature (``diffusion_loss.dpo_beta``: 100 in the online Qwen-Image
+    recipe; VeRL-Omni's config default 2000)."""
+    logit_mean: float = 0.0
+    """Mean of the logit-normal draw of each pair's training timestep (VeRL-Omni's
+    ``sample_noise_and_timesteps``: 0)."""
+    logit_std: float = Field(1.0, gt=0.0)
+    """Its standard deviation (1)."""
+    solver: Literal["dpm2", "euler"] = "euler"
+    """The rollout's deterministic solver (VeRL-Omni's rollout: the pipeline's Euler flow-matching
+    scheduler)."""
+
+
 class TrainConfig(_Section):
     algorithm: str | None = None
     """The training algorithm, by registry name (``digen algorithms`` lists them): flow-grpo,
-    flow-grpo-fast, cps, dance-grpo, mix-grpo, grpo-guard, flow-dppo, diffusion-nft. None: the Flow-GRPO
+    flow-grpo-fast, cps, dance-grpo, mix-grpo, grpo-guard, flow-dppo, diffusion-nft, dgpo, awm, online-dpo. None: the Flow-GRPO
     family member ``rollout.sde.kind`` and ``train.timesteps.strategy`` name (cps, dance-grpo,
     flow-grpo-fast for the window strategy, else flow-grpo)."""
-    mini_batches: int = Field(1, ge=1)
+    mini_batches: int = Field(1, ge=1, le=MAX_GROUP)
     """Optimizer steps per iteration (rollout batch): the iteration's trained samples split
     into this many mini-batches (how: ``mini_batch_split``), each trained with the weights the
     previous one's step made and stepped on the mean over its own rows (the peers'
@@ -254,6 +386,9 @@ class TrainConfig(_Section):
     mix_grpo: MixGrpoConfig = MixGrpoConfig()
     nft: NftConfig = NftConfig()
     flow_dppo: FlowDppoConfig = FlowDppoConfig()
+    dgpo: DgpoConfig = DgpoConfig()
+    awm: AwmConfig = AwmConfig()
+    online_dpo: OnlineDpoConfig = OnlineDpoConfig()
     timesteps: TimestepConfig = TimestepConfig()
     clip_range: float = Field(1e-4, gt=0.0)
     """PPO ratio clip epsilon (log-probs are per-element means, hence tiny ranges)."""
@@ -301,9 +436,10 @@ class TrainConfig(_Section):
     betas: tuple[float, float] = (0.9, 0.999)
     adam_eps: float = Field(1e-8, gt=0.0)
     grad_clip: float = Field(1.0, gt=0.0)
-    rows_per_forward: int = Field(64, ge=1)
-    """TSP packing limit: (sample, timestep) rows in one batched forward/backward."""
-    groups_per_task: int = Field(1, ge=1)
+    rows_per_forward: int = Field(64, ge=1, le=MAX_ROWS)
+    """TSP packing limit: (sample, timestep) rows in one batched forward/backward (at most
+    :data:`MAX_ROWS`)."""
+    groups_per_task: int = Field(1, ge=1, le=MAX_GROUP)
     """Whole prompt groups one train task carries (1: one group per task). A batched task's
     rows, all its groups' (sample, timestep) pairs, are packed together into forwards of up to
     ``rows_per_forward`` rows, so a trainer makes fewer, fuller passes: with ``fsdp`` each pass
@@ -325,7 +461,7 @@ class TrainConfig(_Section):
     ``rows_per_forward`` rows, which is what already bounds a pass, and on how many groups GAP
     should wait for; set it so that ``groups_per_task * group_size * trained timesteps`` is
     about ``rows_per_forward`` when training with ``fsdp``."""
-    sequence_parallel: int = Field(1, ge=1)
+    sequence_parallel: int = Field(1, ge=1, le=MAX_DEGREE)
     """Ulysses sequence-parallel degree of a trainer replica (Wan family): model-level support
     only (``digen.parallel.ulysses``, gradients summed over the group); trainer replicas are
     not formed, so ``digen train`` refuses values above 1."""
@@ -380,7 +516,7 @@ class ScheduleConfig(_Section):
     """Policy lag of rollouts. None: 1 in digen mode, else 0."""
     lease_s: float = Field(120.0, gt=0.0)
     """A leased task not acknowledged within this time is re-delivered."""
-    max_attempts: int = Field(3, ge=1)
+    max_attempts: int = Field(3, ge=1, le=1_000)
     """A task failing this many times goes to the dead-letter list."""
     on_poison: Literal["fail", "drop"] = "fail"
     """What a dead-lettered task does to the job: fail it, or drop its samples."""
@@ -405,9 +541,11 @@ class ScheduleConfig(_Section):
 
 
 class LocalClusterConfig(_Section):
-    rollout_workers: int = Field(1, ge=0)
-    trainer_workers: int = Field(1, ge=0)
-    reward_workers: int = Field(0, ge=0)
+    rollout_workers: int = Field(1, ge=0, le=MAX_LOCAL_WORKERS)
+    """Rollout workers of the embedded cluster (the three roles together at most
+    :data:`MAX_LOCAL_WORKERS`)."""
+    trainer_workers: int = Field(1, ge=0, le=MAX_LOCAL_WORKERS)
+    reward_workers: int = Field(0, ge=0, le=MAX_LOCAL_WORKERS)
     """Workers that only score (``digen worker --role reward``): with any, generation tasks
     hand their decoded images to ``reward`` tasks instead of scoring inline."""
     gpu_type: str = "cpu"
@@ -418,7 +556,7 @@ class LocalClusterConfig(_Section):
     every visible one, or a list of ids (``[0, 1, 2, 3]``); none visible, ``[]`` or
     ``model.device: cpu``: the workers run on CPU. Each worker process sees only its own GPU
     (``CUDA_VISIBLE_DEVICES``). ``digen plan CONFIG`` prints the placement."""
-    workers_per_gpu: int = Field(1, ge=1)
+    workers_per_gpu: int = Field(1, ge=1, le=MAX_DEGREE)
     """Workers that may share one GPU. 1: each worker has a GPU of its own, and more workers
     than GPUs is refused before anything starts; 2 or more lets that many share one."""
 
@@ -430,7 +568,7 @@ class LocalClusterConfig(_Section):
             return value
         raise ValueError("must be auto or a list of GPU ids such as [0, 1, 2, 3]")
 
-    threads_per_worker: int = Field(1, ge=1)
+    threads_per_worker: int = Field(1, ge=1, le=MAX_DEGREE)
     start_method: Literal["forkserver", "spawn"] = "forkserver"
     """How the embedded workers' processes start. ``forkserver``: one server process forks
     every worker, the imported code shared between them (fast); ``digen train`` and ``digen
@@ -465,6 +603,10 @@ class SecurityConfig(_Section):
     """This node's private key."""
     require_encryption: bool = True
     """Refuse plain ``tcp://`` connections once certificates are given."""
+    auth_s: float = Field(5.0, gt=0, le=300)
+    """Seconds a new connection to a worker's blob server has to authenticate (its TLS
+    handshake and a first request signed with the job's key) before it is dropped: what a
+    peer without credentials may hold one of the server's connections for."""
 
     @property
     def enabled(self) -> bool:
@@ -472,9 +614,9 @@ class SecurityConfig(_Section):
 
 
 class OutputConfig(_Section):
-    checkpoint_every: int = Field(1, ge=1)
-    keep_checkpoints: int = Field(2, ge=1)
-    sample_grid_every: int = Field(5, ge=0)
+    checkpoint_every: int = Field(1, ge=1, le=MAX_ITERATIONS)
+    keep_checkpoints: int = Field(2, ge=1, le=MAX_ITERATIONS)
+    sample_grid_every: int = Field(5, ge=0, le=MAX_ITERATIONS)
     """Write samples/iter_NNNN.png every N iterations (0: never)."""
     plots: bool = True
     """Write timeline.png and rewards.png at the end."""
@@ -485,14 +627,14 @@ class EvalConfig(_Section):
     deterministic ODE sampler (Euler, ``rollout.eval_steps``) and fixed seeds, scored by every
     reward of ``reward`` separately (``RUN_DIR/eval.jsonl``, ``RUN_DIR/eval/iter_NNNN.png``)."""
 
-    every: int = Field(0, ge=0)
+    every: int = Field(0, ge=0, le=MAX_ITERATIONS)
     """Evaluate after every N iterations and after the last one (0: never)."""
-    num_prompts: int = Field(0, ge=0)
+    num_prompts: int = Field(0, ge=0, le=MAX_ITERATIONS)
     """The first N test prompts (0: all of them)."""
     seed: int = 0
     """Seed of the evaluation noise: sample i starts from the same noise at every evaluation,
     drawn from its own stream (training's streams are untouched)."""
-    batch_size: int = Field(0, ge=0)
+    batch_size: int = Field(0, ge=0, le=MAX_SAMPLES)
     """Test prompts per evaluation task (one batched ODE sampling, one sample per prompt).
     0 (auto): the most whose denoising steps (``batch_size x rollout.eval_steps``) do not
     exceed one generation task's (``group_size x num_steps``), at least 1: an evaluation task
@@ -507,7 +649,8 @@ class LoggingConfig(_Section):
 
 class Config(_Section):
     seed: int = 0
-    iterations: int = Field(10, ge=1)
+    iterations: int = Field(10, ge=1, le=MAX_ITERATIONS)
+    """Iterations of the run (at most :data:`MAX_ITERATIONS`)."""
     model: ModelConfig
     """Required (``model.path`` at least)."""
     prompts: PromptsConfig
@@ -536,6 +679,15 @@ class Config(_Section):
                 s.tag = False
             if s.rat is None:
                 s.rat = False
+        return self
+
+    @model_validator(mode="after")
+    def _whole_groups_train_whole(self) -> Config:
+        """An algorithm of :data:`WHOLE_GROUP_ALGORITHMS` trains whole groups: RAT (which
+        splits a group into halves) defaults to off for it; an explicit ``true`` is reported
+        by the algorithm's check."""
+        if self.train.algorithm in WHOLE_GROUP_ALGORITHMS and self.schedule.rat is None:
+            self.schedule.rat = False
         return self
 
     def resolve_path(self, value: str) -> Path:
@@ -696,6 +848,12 @@ def _cross_checks(cfg: Config, check_paths: bool, algorithms: bool = True) -> li
             f"schedule.mode {s.mode} needs cluster.local.rollout_workers >= 1 and trainer_workers >= 1 "
             f"(got {cl.rollout_workers} and {cl.trainer_workers})"
         )
+    local = cl.rollout_workers + cl.trainer_workers + cl.reward_workers
+    if local > MAX_LOCAL_WORKERS:
+        problems.append(
+            f"cluster.local has {local} workers (rollout {cl.rollout_workers}, trainer {cl.trainer_workers}, "
+            f"reward {cl.reward_workers}): at most {MAX_LOCAL_WORKERS} on one machine; add nodes with digen worker"
+        )
     if s.mode == "colocated" and cl.rollout_workers + cl.trainer_workers < 1:
         problems.append("schedule.mode colocated needs at least one worker in cluster.local")
     problems += _fsdp_checks(cfg)
@@ -704,8 +862,15 @@ def _cross_checks(cfg: Config, check_paths: bool, algorithms: bool = True) -> li
     problems += _mini_batch_checks(cfg)
     if algorithms:
         from digen.algos.registry import config_problems
+        from digen.algos.timesteps import window_range_problem
 
         problems += config_problems(cfg)
+        ts = cfg.train.timesteps
+        problem = window_range_problem(r.num_steps, ts.window, ts.window_range)
+        if ts.strategy == "window" and ts.window <= r.num_steps - 1 and problem:
+            problems.append(
+                f"train.timesteps: {problem} (rollout.num_steps {r.num_steps}); set train.timesteps.window_range"
+            )
     if cfg.eval.every and cfg.prompts.test_file is None and cfg.prompts.dataset is None:
         problems.append(
             f"eval.every ({cfg.eval.every}) needs prompts.test_file (held-out prompts, one per line) "
@@ -793,6 +958,9 @@ ALGORITHM_NAMES = (
     "grpo-guard",
     "flow-dppo",
     "diffusion-nft",
+    "dgpo",
+    "awm",
+    "online-dpo",
 )
 """The algorithm registry's names (:mod:`digen.algos.registry`), in its listing order, for
 the processes that must not import torch (a test keeps the two equal)."""

@@ -14,8 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from digen.checks import check_inputs, checkpoint_estimate
-from digen.cluster.placement import plan_local
+from digen.cluster.placement import discover, plan_local
 from digen.config import Config
+from digen.errors import ConfigError
 from digen.evaluation import eval_metrics
 from digen.iteration import ProgressFn
 from digen.loggers import MetricsLogger, check_loggers, make_loggers
@@ -41,6 +42,8 @@ def run_training(
     checkpoint. ``checked``: the caller already ran :func:`~digen.checks.check_inputs` (with
     ``health``: the reward servers were asked too, as this function asks them)."""
     check_loggers(cfg)
+    if scheduler is None and (problem := device_problem(cfg)):
+        raise ConfigError(problem)  # one line, before a worker fails on it
     if scheduler is None and cfg.schedule.mode != "reference":
         plan_local(cfg)  # workers that do not fit the GPUs: one line before anything starts
     if not checked:
@@ -60,6 +63,19 @@ def grid_images(out: Path, iteration: int, *, evaluation: bool = False) -> dict[
         else ("samples/grid", out / "samples" / f"iter_{iteration:04d}.png")
     )
     return {tag: path} if path.is_file() else {}
+
+
+def device_problem(cfg: Config) -> str | None:
+    """Why ``model.device`` cannot run on this machine (a CUDA device where ``nvidia-smi``, or
+    ``$DIGEN_FAKE_GPUS``, shows no GPU, as in a recipe imported from a GPU cluster), or None.
+    For a run whose workers are this machine's (no ``--scheduler``); imports no torch."""
+    device = cfg.model.device
+    if device.startswith("cuda") and not discover():
+        return (
+            f"model.device ({device}): this machine has no GPU (nvidia-smi lists none); "
+            "--set model.device=auto runs on the GPU where there is one, else on the CPU"
+        )
+    return None
 
 
 def _run(

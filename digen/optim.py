@@ -105,16 +105,35 @@ class ParameterStore:
                 g = g.to(self.params[k].device, torch.float32)
             self.params[k].grad = g.div_(rows)
         norm = torch.nn.utils.clip_grad_norm_([self.params[k] for k in self.names], self.train.grad_clip)
+        ema = self.train.ema
+        if self.ema is not None and ema.update == "micro_batch":  # the step's earlier micro-batches
+            for _ in range(ema.micro_batches - 1):
+                if (self.version + 1) % ema.every == 0:
+                    self._ema_update(self.version)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
-        if self.ema is not None and self.version % self.train.ema.every == 0:
-            d = self.train.ema.decay
-            for k, v in self.params.items():
-                self.ema[k].mul_(d).add_(v.detach(), alpha=1 - d)
+        if self.ema is not None:
+            if (
+                (ema.update == "micro_batch" and (self.version + 1) % ema.every == 0)
+                or (ema.update == "step" and self.version % ema.every == 0)
+                or (ema.update == "iteration" and last_of_iteration)
+            ):
+                self._ema_update(self.version)
         if last_of_iteration and self.state:
             self.state = self.algorithm.next_state(self.state, self.trained(), self.train, self.version)
         return {"grad_norm": float(norm)}
+
+    @torch.no_grad()
+    def _ema_update(self, steps: int) -> None:
+        """``ema += (1 - d) (w - ema)`` after ``steps`` optimizer steps (:class:`~digen.config.EmaConfig`),
+        in flow_grpo/ema.py ``EMAModuleWrapper.step``'s order of operations."""
+        assert self.ema is not None
+        e = self.train.ema
+        decay = min((1 + steps) / (10 + steps), e.decay) if e.warmup else e.decay
+        one_minus = 1 - decay
+        for k, v in self.params.items():
+            self.ema[k].add_(one_minus * (v.detach() - self.ema[k]))
 
     # --- checkpoints ---------------------------------------------------------------
     def state_parts(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict]:

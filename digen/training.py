@@ -67,7 +67,12 @@ def build_rows(
 
 def forward_chunks(rows: Rows, tsp: bool, limit: int) -> list[torch.Tensor]:
     """Row index sets, one per forward: TSP packs up to ``limit`` rows of any steps; without
-    TSP one forward per denoising step (the sequential loop)."""
+    TSP one forward per denoising step (the sequential loop). Rows whose loss couples rows
+    (a group's preference weight: :class:`digen.algos.clean_sample.GroupRows`) name their
+    own forwards, in every mode alike."""
+    own = getattr(rows, "forward_chunks", None)
+    if own is not None:
+        return own()
     n = len(rows)
     if tsp:
         return [torch.arange(i, min(i + limit, n)) for i in range(0, n, limit)]

@@ -76,6 +76,10 @@ ALGORITHMS: dict[str, tuple[str, list[str]]] = {
     ),
     "flow-grpo, 2 mini-batches": ("configs/quickstart.yaml", ["train.mini_batches=2", "train.lr=3.5e-3"]),
     "diffusion-nft": ("configs/examples/digits-diffusion-nft.yaml", []),
+    # the clean-sample family beyond DiffusionNFT, at their own defaults (rollout CFG as the demo)
+    "dgpo": ("configs/quickstart.yaml", ["train.algorithm=dgpo"]),
+    "awm": ("configs/quickstart.yaml", ["train.algorithm=awm"]),
+    "online-dpo": ("configs/quickstart.yaml", ["train.algorithm=online-dpo"]),
 }
 
 # Two-sided 95% quantiles of Student's t, t_{0.975, dof}, for dof 1..30 (standard tables; scipy
@@ -185,12 +189,12 @@ def reward_windows(run: Path, k: int = 3) -> dict:
         return sum(xs) / len(xs)
 
     first, last = mean(rows[:k]), mean(rows[-k:])
-    return {
-        "first": first,
-        "last": last,
-        "gain": last - first,
-        "wall_s": sum(float(r["wall_s"]) for r in rows),
-    }
+    wall, samples, curve = 0.0, 0, []
+    for r in rows:  # the reward reached against cumulative wall seconds and generated samples
+        wall += float(r["wall_s"])
+        samples += int(r["samples"]) + int(r.get("dropped_samples", 0))
+        curve.append([wall, samples, float(r["reward_mean"])])
+    return {"first": first, "last": last, "gain": last - first, "wall_s": wall, "curve": curve}
 
 
 def bench(name: str, seed: int, mode: str, out: Path, iterations: int) -> dict:
@@ -209,11 +213,93 @@ def bench(name: str, seed: int, mode: str, out: Path, iterations: int) -> dict:
     return {"algorithm": name, "seed": seed, "mode": mode, "samples_per_s": row["samples_per_s"], **rw}
 
 
+def reached(curve: list[list[float]], axis: int, budget: float, k: int = 3) -> float:
+    """The mean reward of the last ``k`` iterations finished within ``budget`` on ``axis`` (0:
+    cumulative wall seconds, 1: generated samples); NaN when fewer than ``k`` finished."""
+    done = [c[2] for c in curve if c[axis] <= budget]
+    return sum(done[-k:]) / k if len(done) >= k else math.nan
+
+
+def mean_se(xs: list[float]) -> str:
+    """``mean ± standard error`` of the finite ``xs`` (``n/a`` for none, the mean alone for one)."""
+    xs = [x for x in xs if not math.isnan(x)]
+    if not xs:
+        return "n/a"
+    m = sum(xs) / len(xs)
+    if len(xs) < 2:
+        return f"{m:.3g}"
+    se = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs))
+    return f"{m:.3g} ± {se:.2g}"
+
+
+def time_to(curve: list[list[float]], target: float, k: int = 3) -> tuple[float, float]:
+    """(wall seconds, generated samples) when the mean reward of the last ``k`` iterations
+    first reaches ``target``; NaNs when it never does."""
+    for i in range(k - 1, len(curve)):
+        if sum(c[2] for c in curve[i - k + 1 : i + 1]) / k >= target:
+            return curve[i][0], curve[i][1]
+    return math.nan, math.nan
+
+
+def reward_reached_table(runs: list[dict], targets: tuple[float, ...] = (0.5, 0.55)) -> list[str]:
+    """Per algorithm, mean ± standard error over seeds: the reward reached at half and all of
+    the generated samples every run made, and the samples and wall seconds until the trailing
+    3-iteration mean reward first reaches each target (k/n: how many seeds reached it)."""
+    runs = [r for r in runs if "curve" in r]
+    if not runs:
+        return []
+    budgets = [min(r["curve"][-1][1] for r in runs) * f for f in (0.5, 1.0)]
+    head = [f"reward at {int(b)} samples" for b in budgets]
+    for t in targets:
+        head += [f"samples to {t}", f"seconds to {t}"]
+    lines = ["| algorithm | n | " + " | ".join(head) + " |", "|---|---|" + "---|" * len(head)]
+    for name in dict.fromkeys(r["algorithm"] for r in runs):
+        mine = [r for r in runs if r["algorithm"] == name]
+        cells = [mean_se([reached(r["curve"], 1, b) for r in mine]) for b in budgets]
+        for t in targets:
+            hits = [time_to(r["curve"], t) for r in mine]
+            k = sum(1 for h in hits if not math.isnan(h[1]))
+            cells += [f"{mean_se([h[1] for h in hits])} ({k}/{len(mine)})", mean_se([h[0] for h in hits])]
+        lines.append(f"| {name} | {len(mine)} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def plot(runs: list[dict], out: Path, mode: str) -> None:
+    """OUT/algorithms-MODE.png: mean reward over seeds against generated samples and wall seconds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [r for r in runs if "curve" in r]
+    if not runs:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for name in dict.fromkeys(r["algorithm"] for r in runs):
+        mine = [r["curve"] for r in runs if r["algorithm"] == name]
+        n = min(len(c) for c in mine)
+        reward = [sum(c[i][2] for c in mine) / len(mine) for i in range(n)]
+        for ax, axis in zip(axes, (1, 0), strict=True):
+            ax.plot([sum(c[i][axis] for c in mine) / len(mine) for i in range(n)], reward, label=name)
+    axes[0].set_xlabel("generated samples")
+    axes[1].set_xlabel("wall seconds")
+    for ax in axes:
+        ax.set_ylabel("reward (mean over seeds)")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / f"algorithms-{mode}.png", dpi=110)
+
+
 def render(runs: list[dict], out: Path, mode: str) -> str:
-    """Write OUT/algorithms-MODE.md (table, then verdicts) and return it."""
+    """Write OUT/algorithms-MODE.md (table, then verdicts, then the reward reached within sample
+    and wall-second budgets) and OUT/algorithms-MODE.png, and return the text."""
     rows = summarize(runs)
     said = verdicts(rows)
     text = "\n".join(table(rows)) + "\n\n" + "\n".join(f"- {s}" for s in said or ["(no interval separates)"])
+    reach = reward_reached_table(runs)
+    if reach:
+        text += "\n\n" + "\n".join(reach)
+    plot(runs, out, mode)
     (out / f"algorithms-{mode}.md").write_text(text + "\n")
     return text
 

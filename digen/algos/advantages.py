@@ -65,6 +65,50 @@ def group_advantages(
     )
 
 
+def per_reward_advantages(
+    rewards: Tensor,
+    group_ids: Tensor | Sequence[int],
+    weights: Sequence[float],
+    *,
+    global_std: bool = False,
+    eps: float = 1e-4,
+    clip: float | None = 5.0,
+    unbiased: bool = False,
+) -> Advantages:
+    """DanceGRPO's multi-reward advantage: one group advantage per reward, each clamped, then
+    summed with the rewards' weights, ``A = sum_k w_k clamp(adv(r_k), +-clip)``.
+
+    rewards: [N, K] finite floats, one column per reward (K >= 1). weights: [K]. The other
+    arguments are :func:`group_advantages`'s, applied to each column. Peer:
+    XueZeyue/DanceGRPO 15cc71d fastvideo/train_grpo_hunyuan.py l.370-392 (``vq_advantages``
+    and ``mq_advantages``, each ``(r - mean) / (std + 1e-8)`` per group of ``num_generations``),
+    l.449-477 (each clamped to ``adv_clip_max``, its own clipped PPO loss, the losses summed
+    with ``--vq_coef`` / ``--mq_coef``; DanceGRPO issues #13, #92).
+
+    Beside the weighted reward sum (one advantage of ``sum_k w_k r_k``, digen's default), this
+    keeps a reward of small spread from being drowned by one of large spread. Training on this
+    sum equals DanceGRPO's sum of per-reward losses wherever the ratio is inside the clip range
+    (the first pass of every on-policy step: ratio 1 exactly); outside it the peer clips each
+    reward's term on its own sign. ``zero_std_groups``: groups flat in every reward;
+    ``group_std``: the first reward's.
+    """
+    r = torch.as_tensor(rewards).detach().to(torch.float64)
+    if r.ndim != 2 or r.shape[1] < 1:
+        raise AlgorithmError(f"rewards must be [N, K] (one column per reward), got shape {tuple(r.shape)}")
+    if len(weights) != r.shape[1]:
+        raise AlgorithmError(f"{len(weights)} weights for {r.shape[1]} rewards; give one weight per reward")
+    parts = [
+        group_advantages(r[:, k], group_ids, global_std=global_std, eps=eps, clip=clip, unbiased=unbiased)
+        for k in range(r.shape[1])
+    ]
+    total = torch.zeros(r.shape[0], dtype=torch.float64, device=r.device)
+    for w, part in zip(weights, parts, strict=True):
+        total += float(w) * part.values.to(torch.float64)
+    ids = torch.as_tensor(group_ids, device=r.device)
+    flat = sum(all(bool((p.values[ids == g] == 0).all()) for p in parts) for g in torch.unique(ids))
+    return Advantages(total.to(torch.float32), int(flat), parts[0].group_std)
+
+
 def _check_inputs(
     rewards: Tensor | Sequence[float], group_ids: Tensor | Sequence[int], eps: float, clip: float | None
 ) -> tuple[Tensor, Tensor]:

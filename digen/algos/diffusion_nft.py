@@ -10,6 +10,8 @@ Rollout: any deterministic solver (``train.nft.solver``: DPM-Solver++(2M), the r
 ``dpm2``, or Euler), sampling with the ``old`` weights (below). The trajectory holds only the
 clean final latent ``latents [B, 1, *latent]`` (``first_step`` = T, ``log_probs [B, 0]``)
 and ``sigmas [T+1]``: a generation task moves one latent per sample.
+The rollout plan, the rows and the forward noising are the clean-sample family's
+(:mod:`digen.algos.clean_sample`), shared with DGPO.
 
 Training, per row (sample ``b`` with clean latent ``x0``, sigma ``t`` = ``sigmas[j]`` for each
 of ``int(T * fraction)`` steps ``j`` drawn without replacement from ``0 .. T-1``,
@@ -43,14 +45,15 @@ sharded store holds the trained tensors only).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
+from digen.algos.clean_sample import CleanSampleFamily, noised
 from digen.algos.loss import LossTerms, velocity_kl
 from digen.algos.precision import at_least_float32
-from digen.algos.registry import Algorithm, RolloutPlan, StepKind
-from digen.algos.rows import NoisedRows, flat_index
+from digen.algos.registry import StepKind
+from digen.algos.rows import NoisedRows
 from digen.algos.state import require_role, role_weights, swapped_weights, with_role
 from digen.seeding import sample_generator
 
@@ -110,7 +113,7 @@ def _weighted_x0_error(x0_hat: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
     return ((x0_hat - x0) ** 2 / w.to(x0_hat.dtype)).mean(dim=dims)
 
 
-class DiffusionNft(Algorithm):
+class DiffusionNft(CleanSampleFamily):
     name = "diffusion-nft"
     title = "DiffusionNFT"
     order = 7
@@ -123,37 +126,19 @@ class DiffusionNft(Algorithm):
     rollout_needs = (
         "a deterministic solver (DPM++ 2M or Euler) with the old weights; no log-probs; the final latent only"
     )
-    trajectory = {
-        "latents": "[B, 1, *latent] the clean final latent x_T only",
-        "log_probs": "[B, 0] (none)",
-        "first_step": "[] (int64) T",
-        "sigmas": "[T+1] the rollout schedule (training noises x_T to sigmas[j])",
-    }
 
     def check(self, cfg: Config) -> list[str]:
-        problems = []
-        if not cfg.model.lora.enabled:
-            problems.append(
-                "train.algorithm (diffusion-nft) keeps its old weights as a LoRA copy (as its peer); "
-                "set model.lora.enabled=true"
-            )
+        problems = self._lora_problems(cfg)
         if cfg.rollout.guidance_scale > 1.0:
             problems.append(
                 f"train.algorithm (diffusion-nft) is CFG-free (its recipes sample and train with guidance 1); "
                 f"rollout.guidance_scale ({cfg.rollout.guidance_scale}) must be 1"
             )
-        if cfg.train.kl_target == "mean":
-            problems.append(
-                "train.kl_target (mean): diffusion-nft has no SDE transition mean; its KL is on the velocity "
-                "(leave train.kl_target unset or set it to velocity)"
-            )
-        return problems
+        return problems + self._kl_problems(cfg)
 
     # --- rollout ---------------------------------------------------------------------------
-    def rollout_plan(self, cfg: Config, iteration: int) -> RolloutPlan:
-        n = cfg.rollout.num_steps
-        kind: StepKind = "dpm2" if cfg.train.nft.solver == "dpm2" else "ode"
-        return RolloutPlan(kinds=(kind,) * n, keep=(n, 0))
+    def solver(self, cfg: Config) -> StepKind:
+        return "dpm2" if cfg.train.nft.solver == "dpm2" else "ode"
 
     def sampling(self, policy: FlowPolicy):
         """Sample with the version's ``old`` weights (the peer's ``set_adapter("old")``)."""
@@ -168,27 +153,6 @@ class DiffusionNft(Algorithm):
         gen = sample_generator(cfg.seed, iteration, sample_id, "timesteps")
         return sorted(torch.randperm(n, generator=gen)[:count].tolist())
 
-    def rows(self, spec: Any, traj: dict[str, torch.Tensor], cfg: Config) -> NoisedRows:
-        """One row per (sample, trained step); a sample's noises are drawn from its own
-        stream, one per trained step in order, so they do not depend on the packing."""
-        final = traj["latents"][:, -1]
-        b_idx, j_idx = flat_index(spec.steps)
-        noises = []
-        for pos, steps in zip(spec.samples, spec.steps, strict=True):
-            sample_id = spec.group * cfg.rollout.group_size + pos
-            gen = sample_generator(cfg.seed, spec.iteration, sample_id, "nft-noise")
-            noises.append(torch.randn((len(steps), *final.shape[1:]), generator=gen, dtype=torch.float32))
-        keep = torch.tensor(spec.samples, dtype=torch.long)
-        x0 = final.index_select(0, keep)[b_idx]
-        return NoisedRows(
-            x0=x0,
-            noise=torch.cat(noises).to(x0.dtype) if noises else torch.empty_like(x0),
-            sigma=traj["sigmas"][j_idx],
-            advantage=torch.tensor(spec.advantages, dtype=torch.float32)[b_idx],
-            sample=b_idx,
-            step=j_idx,
-        )
-
     def loss(
         self, policy: FlowPolicy, rows: NoisedRows, embeds: PromptEmbeds, cfg: Config, sigma_max: float
     ) -> tuple[torch.Tensor, LossTerms, torch.Tensor]:
@@ -198,8 +162,7 @@ class DiffusionNft(Algorithm):
         x0, noise, sigma = rows.x0.to(device), rows.noise.to(device), rows.sigma.to(device)
         e = embeds.index(rows.sample)
         # --- noise the clean latents forward to each row's sigma
-        s = sigma.to(x0.dtype).reshape(-1, *([1] * (x0.ndim - 1)))
-        xt = (1 - s) * x0 + s * noise
+        xt = noised(x0, noise, sigma)
         # --- the old weights' velocity (no gradient), then the policy's
         with torch.no_grad(), swapped_weights(policy, require_role(policy, ROLE, self.name)):
             v_old = policy.velocity(xt, sigma, e, g)

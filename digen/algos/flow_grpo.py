@@ -61,7 +61,12 @@ def window_steps(cfg: Config, iteration: int) -> list[int] | None:
         return None
     gen = iteration_generator(cfg.seed, iteration, "window")
     return select_timesteps(
-        cfg.rollout.num_steps, strategy="window", fraction=ts.fraction, window=ts.window, generator=gen
+        cfg.rollout.num_steps,
+        strategy="window",
+        fraction=ts.fraction,
+        window=ts.window,
+        window_range=ts.window_range,
+        generator=gen,
     )
 
 

@@ -35,6 +35,7 @@ forwards. With one sample per micro-batch the two are equal, which is how the or
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -42,7 +43,7 @@ import torch
 from digen.algos.flow_grpo import GRPO_TRAJECTORY, GrpoFamily
 from digen.algos.loss import LossTerms
 from digen.algos.precision import at_least_float32
-from digen.algos.registry import RolloutPlan, StepKind
+from digen.algos.registry import RolloutPlan
 from digen.errors import AlgorithmError
 
 if TYPE_CHECKING:
@@ -113,17 +114,13 @@ class GrpoGuard(GrpoFamily):
                 f"train.algorithm ({self.name}) reads Flow-GRPO's Gaussian SDE step (its transition mean "
                 f"and std): it needs rollout.sde.kind sde, got {cfg.rollout.sde.kind}"
             )
-        if cfg.train.timesteps.strategy == "window":
-            problems.append(
-                f"train.algorithm ({self.name}) samples SDE on every step (as its peer); "
-                "use train.timesteps.strategy prefix or random"
-            )
         return problems
 
     def rollout_plan(self, cfg: Config, iteration: int) -> RolloutPlan:
-        n = cfg.rollout.num_steps
-        sde: tuple[StepKind, ...] = ("sde",)
-        return RolloutPlan(kinds=sde * n, keep=(0, n), means=True)
+        """Flow-GRPO's plan (SDE on every step; ``window``: SDE in the iteration's window, Euler
+        elsewhere, as VeRL-Omni's GRPO-Guard and Flow-DPPO examples sample with
+        ``sde_window_size 2``), keeping each step's transition mean (NaN on Euler steps)."""
+        return replace(super().rollout_plan(cfg, iteration), means=True)
 
     def loss(
         self, policy: FlowPolicy, rows: TrainRows, embeds: PromptEmbeds, cfg: Config, sigma_max: float

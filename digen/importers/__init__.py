@@ -10,7 +10,9 @@ mapping, every peer key it could not carry with the reason, and the values it ha
 - :mod:`digen.importers.verl_omni`: VeRL-Omni's Hydra YAML, with the ``key=value`` overrides of
   one of its ``examples/*.sh`` launch scripts;
 - :mod:`digen.importers.dance_grpo`: the ``--flag value`` arguments of a DanceGRPO
-  ``scripts/finetune/*.sh`` script.
+  ``scripts/finetune/*.sh`` script;
+- :mod:`digen.importers.flow_factory`: a Flow-Factory ``examples/**/*.yaml`` recipe (the GRPO
+  trainer on digen's families; other trainers are added there with their algorithms).
 
 The pages ``docs/coming-from-*.md`` hold the same mappings for a reader.
 """
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 from digen.importers.common import Imported, flow_grpo_member, set_dotted, set_mini_batches
 
-PEERS = ("flow-grpo", "verl-omni", "dance-grpo")
+PEERS = ("flow-grpo", "verl-omni", "dance-grpo", "flow-factory")
 
 __all__ = ["PEERS", "Imported", "flow_grpo_member", "import_config", "set_dotted", "set_mini_batches"]
 
@@ -40,4 +42,8 @@ def import_config(peer: str, spec: str, *, gpus: int | None = None) -> Imported:
         from digen.importers.dance_grpo import import_script
 
         return import_script(spec)
+    if peer == "flow-factory":
+        from digen.importers.flow_factory import import_recipe as import_flow_factory
+
+        return import_flow_factory(spec)
     raise ConfigError(f"unknown peer {peer!r} (one of {', '.join(PEERS)}){did_you_mean(peer, PEERS)}")

@@ -19,6 +19,8 @@ class Imported:
     config: dict[str, Any]
     dropped: dict[str, str] = field(default_factory=dict)
     placeholders: dict[str, str] = field(default_factory=dict)
+    overridden: dict[str, Any] = field(default_factory=dict)
+    """digen key -> the value ``digen import-config --set`` gave it over the peer's."""
 
     def validate(self) -> None:
         """Raise the :class:`~digen.errors.ConfigError` of every problem digen's config finds in
@@ -38,6 +40,9 @@ class Imported:
         if self.placeholders:
             lines.append("# Placeholders to fill in:")
             lines += [f"#   {k}: {why}" for k, why in self.placeholders.items()]
+        if self.overridden:
+            lines.append("# Set by --set (not the peer's):")
+            lines += [f"#   {k}: {v!r}" for k, v in self.overridden.items()]
         if self.dropped:
             lines.append("# Not carried (no digen equivalent):")
             lines += [f"#   {k}: {why}" for k, why in self.dropped.items()]
@@ -96,3 +101,26 @@ def served_reward(name: str, weight: float = 1.0) -> dict[str, Any]:
         "weight": weight,
         "kwargs": {"url": f"http://127.0.0.1:8765/{name}", "name": name},
     }
+
+
+# model names (a Hub id, a folder, a peer's example folder) of the peers' recipes whose model
+# is not a digen family (docs/models.md): a config for them would load another pipeline
+NOT_FAMILIES = {
+    "kontext": "FLUX.1-Kontext (image editing: a source image with each prompt)",
+    "qwen-image-edit": "Qwen-Image-Edit (image editing: a source image with each prompt)",
+    "qwen_image_edit": "Qwen-Image-Edit (image editing: a source image with each prompt)",
+    "bagel": "BAGEL (a unified understanding-and-generation model)",
+    "ltx2": "LTX-2 (joint audio-video generation)",
+    "ltx-2": "LTX-2 (joint audio-video generation)",
+    "minimax": "MiniMax H3 (text-to-video-and-audio)",
+}
+
+
+def family_problem(*names: str) -> str | None:
+    """Why the recipe's model (named by any of ``names``) is not one digen trains, or None."""
+    for name in names:
+        low = name.lower()
+        for key, what in NOT_FAMILIES.items():
+            if key in low:
+                return f"{name}: {what} is not a digen model family (docs/models.md lists them)"
+    return None

@@ -17,22 +17,33 @@ from typing import Any
 
 from digen.errors import ConfigError
 from digen.importers.common import Imported, served_reward, set_dotted, set_mini_batches
-from digen.importers.shell import read_command, scalar
+from digen.importers.shell import read_command, scalar, unresolved
 
 DEFAULTS: dict[str, Any] = {
     "train_batch_size": 16, "num_generations": 16, "gradient_accumulation_steps": 1,
     "learning_rate": 1e-4, "weight_decay": 0.01, "max_grad_norm": 2.0, "lr_warmup_steps": 10,
     "lr_scheduler": "constant_with_warmup", "shift": 1.0, "timestep_fraction": 1.0,
     "clip_range": 1e-4, "adv_clip_max": 5.0, "ema_decay": 0.995, "checkpointing_steps": 500,
-    "master_weight_type": "fp32",
+    "master_weight_type": "fp32", "lora_rank": 128, "lora_alpha": 256,
 }  # fmt: skip
+
+# fastvideo/train_grpo_flux_lora.py's LoraConfig(target_modules=...): the attention
+# projections of every block (the single blocks' attn.to_q/k/v too; their output is proj_out)
+LORA_TARGETS: tuple[str, ...] = ("to_k", "to_q", "to_v", "to_out.0")
+
+NOT_A_FAMILY = {
+    "train_grpo_sd.py": "trains Stable Diffusion v1.x (a UNet, fastvideo/config_sd/base.py: "
+    "runwayml/stable-diffusion-v1-5) from an ml_collections config, not a digen family",
+    "train_grpo_qwenimage_edit.py": "trains Qwen-Image-Edit (a source image with each prompt), not a digen family",
+    "train_grpo_skyreels_i2v.py": "trains SkyReels image-to-video (a first frame with each prompt), not a digen family",
+}
 
 NO_EQUIVALENT = {
     "vae_model_path": "the VAE is read from model.path's snapshot",
     "dit_model_name_or_path": "the transformer is read from model.path's snapshot",
     "cache_dir": "digen never downloads: model.path is a local folder",
     "num_latent_t": "latent frames follow model.num_frames (1 for an image model)",
-    "t": "model.num_frames for a video model; an image model has none",
+    "t": "an image model has no frames (--t 1); a video script's is model.num_frames",
     "sp_size": "DanceGRPO's sequence parallelism: digen's is rollout.sequence_parallel",
     "train_sp_batch_size": "DanceGRPO's sequence-parallel batch: no equivalent",
     "dataloader_num_workers": "digen's prompt loader has no worker processes",
@@ -63,22 +74,29 @@ _CARRIED = {
     "max_train_steps", "learning_rate", "weight_decay", "max_grad_norm", "mixed_precision", "checkpointing_steps",
     "h", "w", "sampling_steps", "eta", "use_hpsv2", "use_pickscore", "use_group", "ignore_last",
     "init_same_noise", "timestep_fraction", "clip_range", "adv_clip_max", "use_ema", "ema_decay",
-    "lora_rank", "lora_alpha", "gradient_checkpointing",
+    "lora_rank", "lora_alpha", "gradient_checkpointing", "cfg_infer", "use_same_noise", "use_videoalign",
 }  # fmt: skip
 
 
 def import_script(spec: str) -> Imported:
     """The digen config of the DanceGRPO launch script at ``spec``."""
     path = Path(spec)
-    before, words = read_command(path, "fastvideo/train_grpo")
-    script = next((w for w in before + words if "fastvideo/train_grpo" in w), "")
-    if not script:
-        script = next((w for w in reversed(before) if "train_grpo" in w), "train_grpo")
-    flags = _flags(words)
-    gpus = _launcher_gpus(before)
+    command = read_command(path, "fastvideo/train_grpo")
+    script = command.program  # fastvideo/train_grpo_flux_lora.py: the variant is in its name
+    if Path(script).name in NOT_A_FAMILY:
+        raise ConfigError(
+            f"DanceGRPO {path.name}: {script} {NOT_A_FAMILY[Path(script).name]} (docs/models.md)"
+        )
+    flags = _flags(command.args)
+    for key in sorted(_CARRIED & flags.keys()):
+        if why := unresolved(f"--{key}", flags[key]):
+            raise ConfigError(f"DanceGRPO {path.name}: {why}")
+    gpus = _launcher_gpus(command.launcher)
     out = Imported(source=f"DanceGRPO {path.name}", config={})
     _translate(flags, gpus, script, out)
     for key in flags:
+        if key == "t" and "num_frames" in out.config["model"]:
+            continue  # a video script's frames: model.num_frames
         if key not in _CARRIED:
             out.dropped.setdefault(f"--{key}", NO_EQUIVALENT.get(key, "not a flag digen's importer knows"))
     return out
@@ -132,10 +150,11 @@ def _translate(f: dict[str, Any], gpus: int, script: str, out: Imported) -> None
         set_dotted(c, "model.autocast", "bfloat16")
     set_dotted(c, "model.vae_dtype", "bfloat16")  # AutoencoderKL.from_pretrained(..., torch_dtype=bfloat16)
     set_dotted(c, "model.device", "cuda")
-    lora = "lora" in script
-    if lora:
-        rank = get("lora_rank") or 128
-        set_dotted(c, "model.lora", {"enabled": True, "rank": rank, "alpha": get("lora_alpha") or 2 * rank})
+    if "lora" in Path(script).name:  # fastvideo/train_grpo_flux_lora.py: a LoRA on the float32 base
+        lora = {"enabled": True, "rank": get("lora_rank"), "alpha": get("lora_alpha"), "dtype": "float32"}
+        set_dotted(c, "model.lora", lora | {"target_modules": list(LORA_TARGETS)})
+        if get("gradient_checkpointing"):
+            set_dotted(c, "train.activation_checkpointing", True)
     else:
         set_dotted(c, "model.lora", {"enabled": False})
         set_dotted(c, "train.fsdp", True)
@@ -149,11 +168,27 @@ def _translate(f: dict[str, Any], gpus: int, script: str, out: Imported) -> None
     set_dotted(c, "rollout.batch_size", prompts * group)
     set_dotted(c, "rollout.group_size", group)
     set_dotted(c, "rollout.num_steps", get("sampling_steps") or 16)
-    set_dotted(
-        c, "rollout.guidance_scale", 3.5 if flux else 1.0
-    )  # train_grpo_flux.py: guidance 3.5, hard-coded
+    video = "hunyuan" in script or "wan" in script
+    if video and isinstance(get("t"), int):  # Wan's script trains single frames: --t 1
+        set_dotted(c, "model.num_frames", get("t"))  # --t: the frames a rollout generates
+    if "hunyuan" in script:
+        # train_grpo_hunyuan.py passes guidance=tensor([6018.0], dtype=bfloat16) (hard-coded): the
+        # embedded guidance 6.018 x 1000, which bfloat16 rounds to 6016
+        guidance = 6.018
+        out.dropped["guidance (train_grpo_hunyuan.py, hard-coded)"] = (
+            "6018.0 in bfloat16 (6016) as the peer passes it; digen's hunyuan-video family embeds 6.018 x 1000 "
+            "in model.dtype (float32: 6018)"
+        )
+    elif "wan" in script:
+        # train_grpo_wan_2_1.py: true CFG with --cfg_infer when > 1 (sampling and re-scoring)
+        cfg_infer = f.get("cfg_infer", 5.0)
+        guidance = float(cfg_infer) if isinstance(cfg_infer, (int, float)) and cfg_infer > 1 else 1.0
+    else:
+        guidance = 3.5 if flux else 1.0  # train_grpo_flux.py: guidance 3.5, hard-coded
+    set_dotted(c, "rollout.guidance_scale", guidance)
     set_dotted(c, "rollout.sde", {"kind": "dance", "noise_level": get("eta") or 0.3})
-    set_dotted(c, "rollout.shared_noise", bool(get("init_same_noise")))
+    # --init_same_noise (flux, wan, qwenimage); train_grpo_hunyuan.py's is --use_same_noise
+    set_dotted(c, "rollout.shared_noise", bool(get("init_same_noise") or get("use_same_noise")))
     set_dotted(c, "train.algorithm", "dance-grpo")
     per_gpu = get("train_batch_size") * group
     c.setdefault("train", {})
@@ -176,10 +211,40 @@ def _translate(f: dict[str, Any], gpus: int, script: str, out: Imported) -> None
     set_dotted(c, "train.grad_clip", float(get("max_grad_norm")))
     set_dotted(c, "train.rows_per_forward", 1)
     if get("use_ema"):
-        set_dotted(c, "train.ema", {"enabled": True, "decay": get("ema_decay"), "every": 1})
+        # FSDP_EMA.update once per rollout batch, a fixed decay (train_grpo_flux.py l.866-867)
+        ema = {"enabled": True, "decay": get("ema_decay"), "warmup": False, "update": "iteration"}
+        if c["train"].get("fsdp"):
+            # the EMA does not steer training (DanceGRPO saves it beside the weights): the run
+            # trains the same policy without it, and the import says what it leaves out
+            ema["enabled"] = False
+            out.dropped["--use_ema"] = (
+                f"digen keeps no EMA under train.fsdp yet (a full fine-tune): the policy trains the same, but "
+                f"no EMA (decay {get('ema_decay')}, once per rollout batch) is kept or exported"
+            )
+        set_dotted(c, "train.ema", ema)
     reward = "hpsv2" if get("use_hpsv2") else "pickscore" if get("use_pickscore") else None
     c["reward"] = [{"name": reward, "weight": 1.0} if reward else served_reward("reward")]
-    if reward is None:
+    if get("use_videoalign"):
+        # VideoAlign's visual and motion quality, one GRPO advantage each, their clipped losses
+        # summed with --vq_coef / --mq_coef (train_grpo_hunyuan.py l.370-395, 449-477)
+        vq, mq = float(f.get("vq_coef", 1.0)), float(f.get("mq_coef", 1.0))
+        c["reward"] = [served_reward("videoalign_vq", vq)] + (
+            [served_reward("videoalign_mq", mq)] if mq else []
+        )
+        out.placeholders["reward"] = (
+            "VideoAlign (VideoReward) is not a digen reward: serve its VQ and MQ scores at the http rewards' urls"
+        )
+        out.dropped["--vq_coef/--mq_coef"] = (
+            f"DanceGRPO sums per-reward losses, each on its own group-normalised advantage (coefficients {vq} / "
+            f"{mq}); digen normalises the weighted reward sum"
+            + ("" if mq else " (the same here: --mq_coef 0 leaves one reward)")
+        )
+    if f.get("bestofn"):
+        out.dropped["--bestofn"] = (
+            f"train_grpo_hunyuan.py trains only the {f['bestofn'] // 2} best and {f['bestofn'] // 2} worst samples "
+            "of each rollout batch by advantage; digen trains every sample"
+        )
+    if reward is None and not get("use_videoalign"):
         out.placeholders["reward"] = (
             "the script names no --use_hpsv2/--use_pickscore: serve a reward at the http reward's url "
             "(a placeholder), or name a digen reward"

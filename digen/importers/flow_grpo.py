@@ -19,7 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from digen.errors import ConfigError
-from digen.importers.common import Imported, flow_grpo_member, served_reward, set_dotted, set_mini_batches
+from digen.importers.common import (
+    Imported,
+    family_problem,
+    flow_grpo_member,
+    served_reward,
+    set_dotted,
+    set_mini_batches,
+)
 from digen.importers.pyconfig import UNEVALUATED, ConfigModule, flatten
 
 
@@ -32,18 +39,35 @@ class Script:
     max_sequence_length: int | None  # None: the script passes none (the pipeline's own)
     drops_zero_advantage: bool  # `advantages.abs().sum(dim=1) != 0` filter in `main`
     windowed: bool  # reads sample.sde_window_size / sde_window_range
+    lora_targets: tuple[str, ...]  # the script's LoraConfig(target_modules=[...])
+    ema: bool = True  # builds flow_grpo/ema.py's EMAModuleWrapper (decay 0.9, interval 8)
 
+
+_ATTN = ("attn.add_k_proj", "attn.add_q_proj", "attn.add_v_proj", "attn.to_add_out",
+         "attn.to_k", "attn.to_out.0", "attn.to_q", "attn.to_v")  # fmt: skip  # train_sd3.py l.419-428
+_FLUX = ("attn.to_k", "attn.to_q", "attn.to_v", "attn.to_out.0", "attn.add_k_proj", "attn.add_q_proj",
+         "attn.add_v_proj", "attn.to_add_out", "ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj",
+         "ff_context.net.2")  # fmt: skip  # train_flux.py l.411-424
+_QWEN = (
+    *_FLUX[:8],
+    "img_mlp.net.0.proj",
+    "img_mlp.net.2",
+    "txt_mlp.net.0.proj",
+    "txt_mlp.net.2",
+)  # l.410-423
+_WAN = tuple(t.removeprefix("attn.") for t in _ATTN)  # train_wan2_1.py l.451-460
 
 SCRIPTS: dict[str, Script] = {
-    "train_sd3.py": Script(32, 64, 128, True, False),
-    "train_sd3_fast.py": Script(32, 64, 128, True, True),
-    "train_flux.py": Script(64, 128, 128, False, False),
-    "train_flux_fast.py": Script(64, 128, 128, False, True),
-    "train_flux_kontext.py": Script(64, 128, 128, False, False),
-    "train_qwenimage.py": Script(64, 128, None, False, True),
-    "train_qwenimage_edit.py": Script(64, 128, None, False, True),
-    "train_wan2_1.py": Script(32, 64, 512, False, False),
-    "train_bagel.py": Script(64, 128, None, False, False),
+    "train_sd3.py": Script(32, 64, 128, True, False, _ATTN),
+    "train_sd3_fast.py": Script(32, 64, 128, True, True, _ATTN),
+    "train_sd3_GRPO_Guard.py": Script(32, 64, 128, True, False, _ATTN),
+    "train_flux.py": Script(64, 128, 128, False, False, _FLUX),
+    "train_flux_fast.py": Script(64, 128, 128, False, True, _FLUX),
+    "train_flux_kontext.py": Script(64, 128, 128, True, False, (*_FLUX, "proj_mlp")),
+    "train_qwenimage.py": Script(64, 128, None, False, True, _QWEN, ema=False),
+    "train_qwenimage_edit.py": Script(64, 128, None, False, True, _QWEN, ema=False),
+    "train_wan2_1.py": Script(32, 64, 512, True, False, _WAN),
+    "train_bagel.py": Script(64, 128, None, False, False, (), ema=False),
 }
 
 NO_EQUIVALENT: dict[str, str] = {
@@ -62,8 +86,6 @@ NO_EQUIVALENT: dict[str, str] = {
     "prompt_fn_kwargs": "digen's prompt loaders take no arguments",
     "sample.eval_guidance_scale": "digen evaluates with rollout.guidance_scale (scripts/train_sd3.py "
     "also evaluates with sample.guidance_scale; only the *_fast scripts read this key)",
-    "sample.sde_window_range": "the window's range is not a key: train.timesteps.strategy window "
-    "draws it from the first half of the steps",
     "sample.kl_reward": "KL in the reward has no equivalent (train.kl_beta is the KL loss)",
     "train.use_8bit_adam": "digen's optimizer is torch.optim.AdamW (no bitsandbytes)",
     "train.clip_range_lt": "no Flow-GRPO script reads it (9745241): train.clip_range is the range",
@@ -83,12 +105,12 @@ NO_EQUIVALENT: dict[str, str] = {
 
 # the keys a recipe may set that the translation below reads
 _CARRIED = {
-    "seed", "save_freq", "eval_freq", "num_checkpoint_limit", "mixed_precision", "use_lora",
+    "seed", "rationorm", "save_freq", "eval_freq", "num_checkpoint_limit", "mixed_precision", "use_lora",
     "dataset", "resolution", "activation_checkpointing", "pretrained.model", "sample.num_steps",
     "sample.eval_num_steps", "sample.guidance_scale", "sample.train_batch_size",
     "sample.num_image_per_prompt", "sample.test_batch_size", "sample.num_batches_per_epoch",
     "sample.global_std", "sample.noise_level", "sample.same_latent", "sample.sde_type",
-    "sample.sde_window_size", "train.batch_size", "train.learning_rate", "train.adam_beta1",
+    "sample.sde_window_size", "sample.sde_window_range", "train.batch_size", "train.learning_rate", "train.adam_beta1",
     "train.adam_beta2", "train.adam_weight_decay", "train.adam_epsilon",
     "train.gradient_accumulation_steps", "train.max_grad_norm", "train.num_inner_epochs",
     "train.cfg", "train.adv_clip_max", "train.clip_range", "train.timestep_fraction",
@@ -98,9 +120,12 @@ _CARRIED = {
 _DTYPES = {"fp16": "float16", "bf16": "bfloat16", "no": "float32"}
 
 
-def script_for(recipe: str, model: str) -> str:
-    """The training script of Flow-GRPO that runs ``recipe`` (its README's pairing)."""
+def script_for(recipe: str, model: str, module: str = "grpo.py") -> str:
+    """The training script of Flow-GRPO that runs ``recipe`` of ``config/<module>`` (its
+    README's pairing: config/grpo_guard.py's recipes run scripts/train_sd3_GRPO_Guard.py)."""
     m = model.lower()
+    if module == "grpo_guard.py":
+        return "train_sd3_GRPO_Guard.py"
     fast = "fast" in recipe
     if "wan" in m:
         return "train_wan2_1.py"
@@ -133,7 +158,11 @@ def import_recipe(spec: str, *, gpus: int | None = None) -> Imported:
     the GPU count the recipe's batch is sized for, when the recipe has no ``gpu_number``."""
     recipe, fg = read_recipe(spec)
     out = Imported(source=f"Flow-GRPO {spec}", config={})
-    _translate(recipe, fg, out, gpus or _gpu_number(spec, recipe))
+    module = Path(spec.rpartition(":")[0]).name
+    _translate(recipe, fg, out, gpus or _gpu_number(spec, recipe), module)
+    _refuse(recipe, fg, out)
+    if why := family_problem(str(_get(fg, "pretrained.model", ""))):
+        raise ConfigError(f"{out.source}: pretrained.model {why}")
     for key, value in fg.items():
         if key in _CARRIED:
             if value is UNEVALUATED:
@@ -141,6 +170,32 @@ def import_recipe(spec: str, *, gpus: int | None = None) -> Imported:
             continue
         out.dropped.setdefault(key, NO_EQUIVALENT.get(key, "not a key digen's importer knows"))
     return out
+
+
+def _refuse(recipe: str, fg: dict[str, Any], out: Imported) -> None:
+    """A :class:`~digen.errors.ConfigError` naming the recipe key that makes it untrainable as
+    digen trains GRPO (before the generic config check, which would name only digen's keys)."""
+    group = _get(fg, "sample.num_image_per_prompt", 1)
+    rollout = out.config["rollout"]
+    if isinstance(group, int) and group < 2:
+        raise ConfigError(
+            f"{out.source}: sample.num_image_per_prompt ({group}) leaves no group to compare: GRPO "
+            f"needs at least 2 images a prompt ({recipe} is the base the other recipes build on)"
+        )
+    if rollout["batch_size"] % rollout["group_size"]:
+        per_gpu, batches = _get(fg, "sample.train_batch_size", 1), _get(fg, "sample.num_batches_per_epoch", 2)
+        why = (
+            f"{out.source}: the epoch's {rollout['batch_size']} images (sample.train_batch_size {per_gpu} "
+            f"x {rollout['batch_size'] // max(1, per_gpu * batches)} GPUs x sample.num_batches_per_epoch "
+            f"{batches}) are not whole groups of sample.num_image_per_prompt ({rollout['group_size']})"
+        )
+        mini = _get(fg, "sample.mini_num_image_per_prompt")
+        if mini is not None:
+            why += (
+                f": the recipe sizes its batches with sample.mini_num_image_per_prompt ({mini}), which no "
+                "script reads at 9745241 (train_sd3_fast.py trains whole groups)"
+            )
+        raise ConfigError(why)
 
 
 def _gpu_number(spec: str, recipe: str) -> int | None:
@@ -161,16 +216,26 @@ def _get(fg: dict[str, Any], key: str, default: Any = None) -> Any:
     return default if value is UNEVALUATED else value
 
 
-def _translate(recipe: str, fg: dict[str, Any], out: Imported, gpus: int | None) -> None:
+def _translate(recipe: str, fg: dict[str, Any], out: Imported, gpus: int | None, module: str) -> None:
     c = out.config
     model = str(_get(fg, "pretrained.model", ""))
-    script_name = script_for(recipe, model)
+    script_name = script_for(recipe, model, module)
     script = SCRIPTS[script_name]
     out.source += f" (run by scripts/{script_name})"
     _model(fg, out, model, script, script_name)
     _prompts(fg, out)
     _rollout(fg, out, gpus)
     _train(fg, out, script)
+    if script_name == "train_wan2_1.py":
+        out.dropped["sample.noise_level"] = (
+            f"train_wan2_1.py's SDE never reads it: flow_grpo/diffusers_patch/wan_pipeline_with_logprob.py "
+            f"sde_step_with_logprob takes std_dev_t = sigma_min + (sigma_max - sigma_min) * sigma; digen's sde step "
+            f"takes noise_level {out.config['rollout']['sde']['noise_level']} x sqrt(sigma / (1 - sigma)): "
+            "a different noise schedule"
+        )
+    if script_name == "train_sd3_GRPO_Guard.py" and _get(fg, "rationorm", False):
+        # the script's `config.rationorm` branch: GRPO-Guard's normalised ratio and 1/dt weights
+        set_dotted(c, "train.algorithm", "grpo-guard")
     _reward(fg, out)
     set_dotted(c, "eval.every", _get(fg, "eval_freq", 20))
     set_dotted(c, "eval.seed", _get(fg, "seed", 42))
@@ -201,12 +266,19 @@ def _model(fg: dict[str, Any], out: Imported, model: str, script: Script, script
     set_dotted(c, "model.vae_dtype", "float32")
     if precision in ("fp16", "bf16"):
         set_dotted(c, "model.autocast", "bfloat16")
+    if precision == "fp16":
+        out.dropped["mixed_precision (fp16)"] = (
+            "accelerate autocasts the forward in float16 with a GradScaler; digen autocasts in bfloat16 "
+            "(no loss scaler: docs/precision.md); the text encoders are float16 as the recipe's"
+        )
     set_dotted(c, "model.device", "cuda")
     if script.max_sequence_length is not None:
         set_dotted(c, "model.max_sequence_length", script.max_sequence_length)
     lora = {"enabled": bool(_get(fg, "use_lora", True))}
     if lora["enabled"]:
         lora |= {"rank": script.lora_rank, "alpha": script.lora_alpha, "dtype": "float32"}
+        if script.lora_targets:
+            lora["target_modules"] = list(script.lora_targets)
     set_dotted(c, "model.lora", lora)
 
 
@@ -255,15 +327,20 @@ def _train(fg: dict[str, Any], out: Imported, script: Script) -> None:
     set_mini_batches(out, steps, "train.gradient_accumulation_steps", "Flow-GRPO takes")
     window = _get(fg, "sample.sde_window_size", 0)
     if script.windowed and window:
-        set_dotted(c, "train.timesteps", {"strategy": "window", "window": window})
+        window_range = _get(fg, "sample.sde_window_range", (0, 10))  # base.py's (0, 10)
+        set_dotted(
+            c,
+            "train.timesteps",
+            {"strategy": "window", "window": window, "window_range": [int(v) for v in window_range]},
+        )
     else:
         set_dotted(
             c, "train.timesteps", {"strategy": "prefix", "fraction": _get(fg, "train.timestep_fraction", 1.0)}
         )
-        out.dropped.setdefault(
-            "sample.sde_window_size",
-            "read only by the windowed scripts (*_fast, qwenimage); this recipe's does not",
-        )
+        for key in ("sample.sde_window_size", "sample.sde_window_range"):
+            out.dropped.setdefault(
+                key, "read only by the windowed scripts (*_fast, qwenimage); this recipe's does not"
+            )
     if c["train"]["algorithm"] == "flow-grpo":
         c["train"]["algorithm"] = flow_grpo_member(c)
     set_dotted(c, "train.clip_range", _get(fg, "train.clip_range", 1e-4))
@@ -278,7 +355,26 @@ def _train(fg: dict[str, Any], out: Imported, script: Script) -> None:
     set_dotted(c, "train.adam_eps", _get(fg, "train.adam_epsilon", 1e-8))
     set_dotted(c, "train.grad_clip", float(_get(fg, "train.max_grad_norm", 1.0)))
     set_dotted(c, "train.rows_per_forward", micro)
-    set_dotted(c, "train.ema", {"enabled": bool(_get(fg, "train.ema", False)), "decay": 0.9, "every": 8})
+    # EMAModuleWrapper(decay=0.9, update_step_interval=8) stepped once per micro-batch
+    # (train_sd3.py l.445, 959-960): `accumulation` micro-batches an optimizer step
+    ema = bool(_get(fg, "train.ema", False))
+    if ema and not script.ema:
+        ema = False
+        out.dropped["train.ema"] = (
+            "this recipe's script builds no EMA (its EMAModuleWrapper line is commented out)"
+        )
+    set_dotted(
+        c,
+        "train.ema",
+        {
+            "enabled": ema,
+            "decay": 0.9,
+            "warmup": True,
+            "update": "micro_batch",
+            "every": 8,
+            "micro_batches": accumulation,
+        },
+    )
     if _get(fg, "activation_checkpointing", False):
         set_dotted(c, "train.fsdp", True)
         set_dotted(c, "train.activation_checkpointing", True)

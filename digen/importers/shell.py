@@ -3,9 +3,12 @@
 VeRL-Omni's ``examples/**/*.sh`` and DanceGRPO's ``scripts/finetune/*.sh`` set a few shell
 variables (``NAME=value``, ``NAME=${NAME:-default}``) and call one Python entry point with
 ``key=value`` (Hydra) or ``--flag value`` arguments over backslash-continued lines. This reads
-the variables (literal values only), substitutes them where they appear as ``$NAME`` or
-``${NAME}`` (``$((A / B))`` of known integers too), and splits the call's words with
-:mod:`shlex`. Nothing is executed; a word that still holds ``$`` stays as written.
+the variables as the shell would assign them (quoted values, values with spaces, trailing
+``# comments``, ``export NAME=...``; ``${NAME:-default}`` gives its default, ``$((A * B / C))``
+of known integers its value), substitutes them where they appear as ``$NAME`` or ``${NAME}``,
+and splits the call's words with :mod:`shlex`. Nothing is executed; a word that still holds
+``$`` (a command substitution, a variable of the user's environment) stays as written, and
+:func:`unresolved` names it for the importer's refusal.
 """
 
 from __future__ import annotations
@@ -13,12 +16,13 @@ from __future__ import annotations
 import re
 import shlex
 from pathlib import Path
+from typing import NamedTuple
 
 import yaml
 
 from digen.errors import ConfigError
 
-_VAR = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(\S*)\s*$")
+_VAR = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 _DEFAULT = re.compile(r"^\$\{[A-Za-z_][A-Za-z0-9_]*:-(.*)\}$")
 _ARITH = re.compile(r"\$\(\(\s*([A-Za-z0-9_ +\-*/]+?)\s*\)\)")
 
@@ -26,12 +30,21 @@ _ARITH = re.compile(r"\$\(\(\s*([A-Za-z0-9_ +\-*/]+?)\s*\)\)")
 def read_script(path: Path, entry: str) -> list[str]:
     """The words after ``entry`` (a substring of the command, e.g. ``main_diffusion``) in
     the script at ``path``, variables substituted."""
-    return read_command(path, entry)[1]
+    return read_command(path, entry).args
 
 
-def read_command(path: Path, entry: str) -> tuple[list[str], list[str]]:
-    """(the words before the one holding ``entry``, the words after it) of the first command
-    line of the script at ``path`` that names ``entry`` (``torchrun --nnodes=2 ...`` before)."""
+class Command(NamedTuple):
+    """A launch script's call: ``launcher`` (the words before the program, ``torchrun
+    --nnodes=2 ...``), ``program`` (the word naming the entry point, e.g.
+    ``fastvideo/train_grpo_flux_lora.py``: an importer reads the variant from it) and ``args``."""
+
+    launcher: list[str]
+    program: str
+    args: list[str]
+
+
+def read_command(path: Path, entry: str) -> Command:
+    """The first command line of the script at ``path`` whose words name ``entry``."""
     if not path.is_file():
         raise ConfigError(f"{path} does not exist")
     text = re.sub(r"\\[ \t]*(\r?\n|\Z)", " ", path.read_text())
@@ -42,25 +55,45 @@ def read_command(path: Path, entry: str) -> tuple[list[str], list[str]]:
             continue
         if entry in line:
             try:
-                words = shlex.split(_substitute(line, variables), comments=True)
+                # as the shell: split the line, then expand each word (a value's own quotes stay)
+                words = shlex.split(_substitute(line, variables, names=False), comments=True)
+                words = [_substitute(w, variables) for w in words]
             except ValueError as exc:
                 raise ConfigError(
                     f"{path}: the command line naming {entry} does not split as shell words: {exc}"
                 ) from None
             for i, word in enumerate(words):
                 if entry in word:
-                    return words[:i], words[i + 1 :]
+                    return Command(words[:i], word, words[i + 1 :])
         match = _VAR.match(line)
         if match:
-            name, value = match.groups()
-            while default := _DEFAULT.match(value):  # ${A:-${B:-x}}: the innermost default
-                value = default.group(1)
-            value = _substitute(value, variables)
-            variables[name] = value.strip("'\"")
+            name, value = match.group(1), _assigned(match.group(2), variables)
+            if value is not None:
+                variables[name] = value
     raise ConfigError(f"{path} does not call {entry}")
 
 
-def _substitute(text: str, variables: dict[str, str]) -> str:
+def _assigned(rest: str, variables: dict[str, str]) -> str | None:
+    """The value ``NAME=rest`` gives NAME, as the shell reads it: quotes removed, a trailing
+    ``# comment`` and spaces dropped, ``$((...))`` of known integers computed, ``${NAME:-d}``
+    its default ``d`` (the importer does not see the user's environment). None where the line
+    is not a plain assignment (``A=1 command ...``, an unbalanced quote)."""
+    try:
+        words = shlex.split(_substitute(rest, variables), comments=True)
+    except ValueError:
+        return None
+    if len(words) > 1:
+        return None
+    value = words[0] if words else ""
+    while default := _DEFAULT.match(value):  # ${A:-${B:-x}}: the innermost default
+        value = default.group(1)
+    return _substitute(value, variables)
+
+
+def _substitute(text: str, variables: dict[str, str], *, names: bool = True) -> str:
+    """``text`` with ``$((...))`` of known integers computed and (``names``) ``$NAME`` and
+    ``${NAME}`` replaced by the known values."""
+
     def arith(match: re.Match[str]) -> str:
         expr = re.sub(
             r"[A-Za-z_][A-Za-z0-9_]*", lambda m: variables.get(m.group(0), m.group(0)), match.group(1)
@@ -75,6 +108,8 @@ def _substitute(text: str, variables: dict[str, str]) -> str:
         return match.group(0)
 
     text = _ARITH.sub(arith, text)
+    if not names:
+        return text
     for name in sorted(variables, key=len, reverse=True):
         text = text.replace("${" + name + "}", variables[name]).replace("$" + name, variables[name])
     return text
@@ -95,3 +130,14 @@ def scalar(text: str) -> object:
     except yaml.YAMLError:
         return text
     return value if isinstance(value, (list, dict)) or value is None else text
+
+
+def unresolved(key: str, value: object) -> str | None:
+    """Why ``key=value`` cannot be read (its value still names a shell variable or command the
+    script computes at run time), or None."""
+    if isinstance(value, str) and "$" in value:
+        return (
+            f"{key}={value}: the launch script computes it at run time (a variable of the environment or "
+            "a command); give the value with --set on the digen key it maps to"
+        )
+    return None

@@ -20,8 +20,15 @@ from typing import Any
 
 from digen.config import read_yaml
 from digen.errors import ConfigError
-from digen.importers.common import Imported, flow_grpo_member, served_reward, set_dotted, set_mini_batches
-from digen.importers.shell import read_script, scalar
+from digen.importers.common import (
+    Imported,
+    family_problem,
+    flow_grpo_member,
+    served_reward,
+    set_dotted,
+    set_mini_batches,
+)
+from digen.importers.shell import read_script, scalar, unresolved
 
 GENERATED = "verl_omni/trainer/config/_generated_diffusion_trainer.yaml"
 ENTRY = "verl_omni.trainer.main_diffusion"
@@ -37,8 +44,9 @@ CARRIED = {
     f"{A}rollout.pipeline.height", f"{A}rollout.pipeline.width", f"{A}rollout.pipeline.num_inference_steps",
     f"{A}rollout.pipeline.guidance_scale", f"{A}rollout.pipeline.true_cfg_scale",
     f"{A}rollout.pipeline.max_sequence_length", f"{A}rollout.algo.noise_level", f"{A}rollout.algo.sde_type",
-    f"{A}rollout.algo.sde_window_size", f"{A}rollout.val_kwargs.pipeline.num_inference_steps",
-    "algorithm.global_std", "algorithm.timestep_fraction", "algorithm.adv_estimator",
+    f"{A}rollout.algo.sde_window_size", f"{A}rollout.algo.sde_window_range", f"{A}rollout.algo.sample_strategy", f"{A}rollout.val_kwargs.pipeline.num_inference_steps",
+    f"{A}actor.diffusion_loss.loss_mode", f"{A}actor.diffusion_loss.kl_mask_threshold",
+    f"{A}actor.diffusion_loss.add_kl_coefficient", "algorithm.global_std", "algorithm.timestep_fraction", "algorithm.adv_estimator",
     "data.train_files", "data.val_files", "data.val_max_samples", "data.train_batch_size", "data.seed",
     "trainer.total_training_steps", "trainer.save_freq", "trainer.test_freq", "trainer.max_actor_ckpt_to_keep",
     "reward.custom_reward_function.name", "reward.custom_reward_function.path",
@@ -66,8 +74,6 @@ SECTIONS = {
 }
 
 KEYS = {
-    f"{A}rollout.algo.sde_window_range": "the window's range is not a key: train.timesteps.strategy window "
-    "draws it from the first half of the steps",
     f"{A}rollout.val_kwargs.algo.noise_level": "digen evaluates with the deterministic ODE sampler (noise 0)",
     f"{A}rollout.pipeline.guidance_scale": "rollout.guidance_scale is set from true_cfg_scale",
     f"{A}model.lora_init_weights": "digen's LoRA starts at zero (B = 0), as PEFT's default",
@@ -85,6 +91,7 @@ KEYS = {
 
 _ALGORITHMS = {"flow_grpo": "flow-grpo", "grpo_guard": "grpo-guard", "mix_grpo": "mix-grpo",
                "flow_dppo": "flow-dppo", "diffusion_nft": "diffusion-nft", "dance_grpo": "dance-grpo"}  # fmt: skip
+_SDE_TYPES = {"sde": "sde", "cps": "cps", "dance_sde": "dance"}  # rollout.algo.sde_type
 _DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "fp32": "float32", "float32": "float32",
            "fp16": "float16", "float16": "float16"}  # fmt: skip
 
@@ -109,6 +116,11 @@ def import_verl_omni(spec: str) -> Imported:
         raise ConfigError(f"{spec} is not a VeRL-Omni config (a mapping of sections)")
     flat = _resolve(_flatten(data))
     out = Imported(source=source, config={})
+    if why := family_problem(str(flat.get(f"{A}model.path") or ""), str(path.parent)):
+        raise ConfigError(f"{source}: {A}model.path {why}")
+    for key in sorted(CARRIED & flat.keys()):  # a path is only a placeholder's name: kept as written
+        if not key.endswith(("path", "files", "name")) and (why := unresolved(key, flat[key])):
+            raise ConfigError(f"{source}: {why}")
     _translate(flat, out)
     dropped: dict[str, str] = {}
     for key in flat:
@@ -216,6 +228,11 @@ def _translate(f: dict[str, Any], out: Imported) -> None:
         targets = f.get(f"{A}model.target_modules")
         if isinstance(targets, list):
             lora["target_modules"] = [str(t) for t in targets]
+        elif targets is not None:
+            out.dropped[f"{A}model.target_modules"] = (
+                f"{targets!r} (peft: every linear layer) has no digen spelling: the family's default "
+                "targets instead (docs/models.md, LoRA targets)"
+            )
     set_dotted(c, "model.lora", lora)
     train_files = str(f.get("data.train_files") or "")
     parts = train_files.split("/")
@@ -258,11 +275,12 @@ def _rollout(f: dict[str, Any], out: Imported) -> None:
         f.get(f"{A}rollout.pipeline.true_cfg_scale") or f.get(f"{A}rollout.pipeline.guidance_scale") or 1.0
     )
     set_dotted(c, "rollout.guidance_scale", float(guidance))
+    sde_type = str(f.get(f"{A}rollout.algo.sde_type") or "sde")  # unknown: kept, and refused by name
     set_dotted(
         c,
         "rollout.sde",
         {
-            "kind": f.get(f"{A}rollout.algo.sde_type") or "sde",
+            "kind": _SDE_TYPES.get(sde_type, sde_type),
             "noise_level": f.get(f"{A}rollout.algo.noise_level", 1.0),
         },
     )
@@ -270,19 +288,58 @@ def _rollout(f: dict[str, Any], out: Imported) -> None:
 
 def _train(f: dict[str, Any], out: Imported) -> None:
     c = out.config
-    algo = str(f.get(f"{A}model.algorithm") or f.get("algorithm.adv_estimator") or "flow_grpo")
+    # model.algorithm names the rollout and the loss unless diffusion_loss.loss_mode (whose
+    # default interpolates model.algorithm) names another loss than Flow-GRPO's: GRPO-Guard's
+    # and Flow-DPPO's examples set model.algorithm=flow_grpo beside loss_mode=grpo_guard /
+    # flow_dppo; MixGRPO's sets model.algorithm=mix_grpo with Flow-GRPO's loss
+    loss_key, model_key = f"{A}actor.diffusion_loss.loss_mode", f"{A}model.algorithm"
+    if f.get(loss_key) and f.get(loss_key) not in ("flow_grpo", f.get(model_key)):
+        key = loss_key
+    else:
+        key = next((k for k in (model_key, "algorithm.adv_estimator") if f.get(k)), model_key)
+    algo = str(f.get(key) or "flow_grpo")
     if algo not in _ALGORITHMS:
-        out.dropped[f"{A}model.algorithm"] = (
-            f"{algo!r} is not a digen algorithm (digen algorithms): flow-grpo written"
+        raise ConfigError(
+            f"{out.source}: {key}={algo} is not an algorithm digen trains "
+            f"(it has {', '.join(sorted(_ALGORITHMS))}; digen algorithms lists them)"
         )
-    set_dotted(c, "train.algorithm", _ALGORITHMS.get(algo, "flow-grpo"))
+    set_dotted(c, "train.algorithm", _ALGORITHMS[algo])
+    if algo == "flow_dppo":
+        threshold = f.get(f"{A}actor.diffusion_loss.kl_mask_threshold")
+        if isinstance(threshold, (int, float)) and threshold > 0:
+            set_dotted(c, "train.flow_dppo.kl_threshold", float(threshold))
+        if f.get(f"{A}actor.diffusion_loss.add_kl_coefficient", True) is False:
+            raise ConfigError(
+                f"{out.source}: {A}actor.diffusion_loss.add_kl_coefficient=False: digen's flow-dppo "
+                "weighs the mask's KL with the SDE variance (the peer's True, its default) only"
+            )
     prompts = int(f.get("data.train_batch_size") or 1)
     mini = int(f.get(f"{A}actor.ppo_mini_batch_size") or prompts)
     # VeRL's ppo_mini_batch_size counts prompts (each with its rollout.n samples)
     set_mini_batches(out, prompts // max(1, mini), f"{A}actor.ppo_mini_batch_size", "VeRL-Omni takes")
     window = f.get(f"{A}rollout.algo.sde_window_size")
+    strategy = f.get(f"{A}rollout.algo.sample_strategy")
+    if c["train"]["algorithm"] == "mix-grpo" and window:
+        # MixGRPO's window is its own (train.mix_grpo): the rollout algo's size and strategy
+        mix: dict[str, Any] = {"window": int(window)}
+        if strategy in ("progressive", "random", "decay"):
+            mix["schedule"] = strategy
+        set_dotted(c, "train.mix_grpo", mix)
+        out.dropped[f"{A}rollout.algo.sde_window_range"] = (
+            "MixGRPO's window moves over the steps digen's mix-grpo allows (train.mix_grpo), not a range"
+        )
+        window = None
     if window:
-        set_dotted(c, "train.timesteps", {"strategy": "window", "window": window})
+        # the rollout adapters' default range when the script passes none (sd3_flow_grpo
+        # vllm_omni_rollout_adapter.py: ``_coalesce_not_none(..., (0, 5))``)
+        window_range = f.get(f"{A}rollout.algo.sde_window_range") or [0, 5]
+        if isinstance(window_range, str):
+            window_range = scalar(window_range)
+        set_dotted(
+            c,
+            "train.timesteps",
+            {"strategy": "window", "window": window, "window_range": [int(v) for v in window_range]},
+        )
     else:
         set_dotted(
             c,

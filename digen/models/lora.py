@@ -26,7 +26,12 @@ from digen.errors import CheckpointError, ConfigError
 
 ADAPTER = "default"
 
-# Flow-GRPO's SD3.5 targets: every joint-attention projection of the MMDiT blocks.
+# The family defaults (``model.lora.target_modules`` unset) are the peers' own lists where the
+# peers agree; docs/models.md, "LoRA targets", has the table.
+#
+# SD3.5: every joint-attention projection of the MMDiT blocks. Flow-GRPO scripts/train_sd3.py
+# l.419-428 (9745241) and VeRL-Omni's SD3.5 examples (a1139ba
+# examples/flowgrpo_trainer/sd35/*.sh, ``target_modules``) agree.
 SD3_TARGETS: tuple[str, ...] = (
     "attn.add_k_proj",
     "attn.add_q_proj",
@@ -37,9 +42,30 @@ SD3_TARGETS: tuple[str, ...] = (
     "attn.to_q",
     "attn.to_v",
 )
-# FLUX: the same attention projections (double blocks; the single blocks' attn.to_q/k/v match
-# too, their output projection is the block's proj_out and is left alone).
-FLUX_TARGETS: tuple[str, ...] = SD3_TARGETS
+# FLUX.1: the attention projections and both feed-forwards of the double blocks (the single
+# blocks' attn.to_q/k/v match too; their proj_mlp/proj_out are left alone), Flow-GRPO
+# scripts/train_flux.py l.411-424 and train_flux_fast.py. DanceGRPO's LoRA script adapts fewer
+# (fastvideo/train_grpo_flux_lora.py: to_k, to_q, to_v, to_out.0), which its importer carries;
+# VeRL-Omni has no FLUX recipe. Flow-GRPO's is the one GRPO LoRA recipe set on FLUX digen's
+# examples follow (configs/examples/ocr-flux.yaml).
+FLUX_TARGETS: tuple[str, ...] = (
+    *SD3_TARGETS,
+    "ff.net.0.proj",
+    "ff.net.2",
+    "ff_context.net.0.proj",
+    "ff_context.net.2",
+)
+# Qwen-Image: the attention projections and the image and text MLPs of every block. Flow-GRPO
+# scripts/train_qwenimage.py l.410-423 and VeRL-Omni's Qwen-Image examples
+# (examples/flowgrpo_trainer/qwen_image/*.sh, ``target_modules``, without the ``attn.``
+# prefix: the same modules) agree.
+QWEN_IMAGE_TARGETS: tuple[str, ...] = (
+    *SD3_TARGETS,
+    "img_mlp.net.0.proj",
+    "img_mlp.net.2",
+    "txt_mlp.net.0.proj",
+    "txt_mlp.net.2",
+)
 
 
 def add_lora(

@@ -50,7 +50,7 @@ QWEN_SPECIAL_TOKENS = (
 
 class QwenImagePolicy(PackedLatentPolicy):
     family = "qwen-image"
-    default_lora_targets = lora.SD3_TARGETS  # the same joint-attention projections
+    default_lora_targets = lora.QWEN_IMAGE_TARGETS
     default_max_sequence_length = 512  # QwenImagePipeline's default
     negative_prompt = NEGATIVE_PROMPT
     cfg_in_one_forward = False  # two passes: the negative prompt has its own length

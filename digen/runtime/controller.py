@@ -22,6 +22,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import signal
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -33,7 +35,6 @@ import redis
 from digen.checks import registries_apart
 from digen.cluster.cluster import (
     LocalClusterStart,
-    close_local_cluster,
     connect_scheduler,
     exit_process,
     run_worker_loop,
@@ -417,11 +418,16 @@ def with_absolute_security(cfg: Config) -> Config:
 
 def _local_cluster(cfg: Config, placement: Placement | None = None) -> LocalClusterStart:
     """Start the embedded local cluster of ``cluster.local`` (in a thread; see
-    LocalClusterStart), each worker on its GPU of ``placement`` (logged one line per worker)."""
+    LocalClusterStart), each worker on its GPU of ``placement`` (logged one line per worker).
+    Every connection is mutual TLS: with the config's ``security:`` files, else with the job's
+    own, made here and removed when the cluster closes (:class:`~digen.cluster.certs.JobCerts`)."""
+    from digen.cluster.certs import JobCerts
+
     cl = cfg.cluster.local
     placement = placement or plan_local(cfg)
     for line in placement.lines():
         log.info("%s", line)
+    certs = None if cfg.security.enabled else JobCerts.make()
     return LocalClusterStart(
         cl.rollout_workers,
         cl.trainer_workers,
@@ -432,7 +438,8 @@ def _local_cluster(cfg: Config, placement: Placement | None = None) -> LocalClus
         reward=cl.reward_workers,
         dashboard=cl.dashboard,
         placement=placement,
-        security=dask_security(cfg.security),
+        security=dask_security(cfg.security if certs is None else certs.security()),
+        certs=certs,
     )
 
 
@@ -516,7 +523,7 @@ def run_distributed(
     )
     run = RunDir(out, cfg, resume=resume)
     job_id = job_id or uuid.uuid4().hex[:12]
-    queue, job = TaskQueue(r, job_id, lease_s=s.lease_s), JobState(r, job_id)
+    queue, job = TaskQueue(r, job_id, lease_s=s.lease_s, issued_only=True), JobState(r, job_id)
     queue.on_junk = lambda record: run.append("dead_letters.jsonl", [record])  # quarantined junk
     queue.clear()
     start_iteration, version, checkpoint = resume_point(run) if resume else (0, 0, None)
@@ -575,6 +582,7 @@ def run_distributed(
     )
     retry = r.get_retry()
     redis_down = interrupted = False
+    restore_sigterm = _sigterm_stops(job_id, run)
     try:
         ctl.handle(members.sync(time.time()))
         members.check_gpu_types()
@@ -635,8 +643,28 @@ def run_distributed(
             except Exception:  # noqa: BLE001 - a loop's error was already logged by it
                 pass
         client.close()
-        if cluster is not None:
-            close_local_cluster(cluster)
+        if starting is not None:
+            starting.close()
         if not redis_down:
-            queue.clear()
+            queue.clear()  # every key of the job (its blob key too), from an external Redis as well
+        restore_sigterm()
     return run.write_summary(cfg.schedule.mode)
+
+
+def _sigterm_stops(job_id: str, run: RunDir) -> Callable[[], None]:
+    """While the controller runs (in the main thread), SIGTERM stops the job as ``digen
+    cancel`` does: :class:`JobCancelled` is raised, so the cluster is closed and the job's keys
+    are deleted from Redis (a bare SIGTERM would leave them all, its blob key among them, in an
+    external Redis). A second SIGTERM, during that clean-up, ends the process at once.
+    Returns the function that puts the previous handler back."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def stop(signum, frame) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        ckpt = run.latest_checkpoint()
+        kept = f"the checkpoint {ckpt} is kept" if ckpt is not None else "no iteration had finished"
+        raise JobCancelled(f"job {job_id} stopped by SIGTERM; {kept}: continue it with --resume")
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    return lambda: signal.signal(signal.SIGTERM, previous)

@@ -38,15 +38,30 @@ def test_window_is_contiguous_in_range_and_seeded() -> None:
     starts = set()
     for seed in range(40):
         steps = select_timesteps(
-            6, strategy="window", fraction=1.0, window=3, generator=torch.Generator().manual_seed(seed)
-        )
+            6, strategy="window", fraction=1.0, window=3, window_range=(0, 6),
+            generator=torch.Generator().manual_seed(seed),
+        )  # fmt: skip
         assert steps == list(range(steps[0], steps[0] + 3)) and 0 <= steps[0] <= 3
         again = select_timesteps(
-            6, strategy="window", fraction=1.0, window=3, generator=torch.Generator().manual_seed(seed)
-        )
+            6, strategy="window", fraction=1.0, window=3, window_range=(0, 6),
+            generator=torch.Generator().manual_seed(seed),
+        )  # fmt: skip
         assert steps == again
         starts.add(steps[0])
     assert starts == {0, 1, 2, 3}
+
+
+def test_the_default_window_range_is_the_first_half() -> None:
+    """(0, num_steps // 2): 10 steps, window 2 start in 0..3; 6 steps, window 3 always at 0."""
+    draw = lambda n, w, seed: select_timesteps(  # noqa: E731
+        n, strategy="window", fraction=1.0, window=w, generator=torch.Generator().manual_seed(seed)
+    )
+    assert {draw(10, 2, seed)[0] for seed in range(60)} == {0, 1, 2, 3}
+    assert {draw(6, 3, seed)[0] for seed in range(20)} == {0}
+    with pytest.raises(ValueError, match=r"window_range=\(0, 2\) \(the default, the first half\) is shorter"):
+        draw(5, 3, 0)
+    with pytest.raises(ValueError, match="0 <= lo < hi <= num_steps=10"):
+        select_timesteps(10, strategy="window", fraction=1.0, window=2, window_range=(4, 12))
 
 
 def test_sde_mask() -> None:

@@ -131,3 +131,19 @@ def test_algorithm_fields_each_have_a_docstring():
                 and isinstance(nxt.value.value, str)
             )
             assert documented or field in ("mix_grpo", "nft", "flow_dppo"), f"{name}.{field} has no docstring"
+
+
+def test_a_window_that_does_not_fit_its_range_is_named():
+    fast = {"algorithm": "flow-grpo-fast", "timesteps": {"strategy": "window", "window": 3}}
+    assert problems(rollout={"num_steps": 6}, train=fast) == []  # [0, 3] holds a window of 3
+    assert problems(rollout={"num_steps": 5}, train=fast) == [
+        "train.timesteps: window_range=(0, 2) (the default, the first half) is shorter than window=3: "
+        "a window needs hi - lo >= window (rollout.num_steps 5); set train.timesteps.window_range"
+    ]
+    wide = {**fast, "timesteps": {**fast["timesteps"], "window_range": [0, 5]}}
+    assert problems(rollout={"num_steps": 5}, train=wide) == []
+    past = {**fast, "timesteps": {**fast["timesteps"], "window_range": [2, 9]}}
+    assert problems(rollout={"num_steps": 8}, train=past) == [
+        "train.timesteps: window_range=(2, 9) must satisfy 0 <= lo < hi <= num_steps=8 "
+        "(rollout.num_steps 8); set train.timesteps.window_range"
+    ]

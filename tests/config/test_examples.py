@@ -61,6 +61,9 @@ ALGORITHM_EXAMPLES = (
     "nft-ocr-sd35.yaml",
     "digits-mix-grpo.yaml",
     "digits-diffusion-nft.yaml",
+    "dgpo-geneval-sd35.yaml",
+    "awm-geneval-sd35.yaml",
+    "online-dpo-ocr-sd35.yaml",
 )
 """Other algorithms' recipes (checked below) and their digits demos (trained by
 tests/trainer/test_algorithms_learn.py)."""
@@ -172,3 +175,31 @@ def test_the_8_gpu_pickscore_recipe_is_the_1_gpu_one_placed_on_8_gpus():
     assert sorted(s.gpus for s in plan.slots) == [(i,) for i in range(8)] and not plan.idle
     with pytest.raises(ConfigError, match="do not fit 4 GPUs"):
         plan_local(cfg, parse_spec("4xh100"))
+
+
+def test_clean_sample_recipes_carry_their_authors_numbers():
+    """DGPO's geneval_sd3_4gpu, AWM's geneval_sd3_no_cfg_1node, VeRL-Omni's SD3.5 DPO (online loop
+    from its Qwen-Image recipe): the numbers their comments cite."""
+    dgpo, _ = _load(EXAMPLES / "dgpo-geneval-sd35.yaml")
+    d = dgpo.train.dgpo
+    assert (d.beta_dpo, d.clip_range, d.timesteps, d.trunc_steps, d.switch_ema_ref) == (
+        100.0,
+        1e-2,
+        4,
+        4,
+        500,
+    )
+    assert dgpo.train.kl_beta == 0.02 and dgpo.rollout.guidance_scale == 4.5 and dgpo.rollout.group_size == 16
+    assert dgpo.model.lora.rank == 64 and dgpo.train.mini_batches == 4 and dgpo.schedule.rat is False
+    awm, _ = _load(EXAMPLES / "awm-geneval-sd35.yaml")
+    a = awm.train.awm
+    assert (a.timesteps, a.fraction, a.weighting, a.ghuber_power, a.clip_range) == (
+        6,
+        0.9,
+        "ghuber",
+        0.25,
+        1.0,
+    )
+    assert awm.train.kl_beta == 1e-3 and awm.rollout.num_steps == 14 and awm.rollout.guidance_scale == 1.0
+    dpo, _ = _load(EXAMPLES / "online-dpo-ocr-sd35.yaml")
+    assert dpo.train.online_dpo.beta == 100.0 and dpo.rollout.group_size == 16 and dpo.train.lr == 2e-4

@@ -87,15 +87,22 @@ def _recipes() -> list[str]:
 # compressibility is a base the others build on (1 image a prompt: no group to compare);
 # pickscore_sd3_fast trains 9 of each 24 images (train_sd3_fast.py), which digen has not
 REFUSED = {"compressibility", "pickscore_sd3_fast"}
+# FLUX.1-Kontext, Qwen-Image-Edit and BAGEL are not digen families: refused by name
+NOT_FAMILIES = {"counting_flux_kontext", "counting_qwenimage_edit", "counting_qwenimage_edit_fast",
+                "counting_qwenimage_edit_8gpu", "pickscore_bagel", "pickscore_bagel_lora"}  # fmt: skip
 
 
 @pytest.mark.parametrize("recipe", _recipes())
 def test_every_recipe_imports_to_a_valid_config_or_says_why_not(recipe):
-    result = import_config("flow-grpo", f"{GRPO}:{recipe}")
-    if recipe in REFUSED:
-        with pytest.raises(ConfigError):
-            result.validate()
+    if recipe in NOT_FAMILIES:
+        with pytest.raises(ConfigError, match="is not a digen model family"):
+            import_config("flow-grpo", f"{GRPO}:{recipe}")
         return
+    if recipe in REFUSED:
+        with pytest.raises(ConfigError, match="sample.num_image_per_prompt"):
+            import_config("flow-grpo", f"{GRPO}:{recipe}")
+        return
+    result = import_config("flow-grpo", f"{GRPO}:{recipe}")
     result.validate()
     fg = flatten(ConfigModule(GRPO, base=ConfigModule(BASE)).call(recipe))
     for key in fg:
@@ -110,7 +117,7 @@ def test_lora_text_length_and_precision_follow_the_recipe_s_script():
     wan = import_config("flow-grpo", f"{GRPO}:general_ocr_wan2_1").config
     assert wan["model"]["max_sequence_length"] == 512 and wan["model"]["num_frames"] == 33
     fast = import_config("flow-grpo", f"{GRPO}:geneval_sd3_fast_nocfg").config
-    assert fast["train"]["timesteps"] == {"strategy": "window", "window": 3}
+    assert fast["train"]["timesteps"] == {"strategy": "window", "window": 3, "window_range": [0, 5]}
     assert fast["rollout"]["sde"]["kind"] == "cps" and fast["train"]["algorithm"] == "flow-grpo-fast"
     assert set(SCRIPTS) >= {"train_sd3.py", "train_flux.py", "train_wan2_1.py"}
 
@@ -166,10 +173,11 @@ def test_verl_omni_sd35_script_carries_its_overrides():
     )
     assert (c["rollout"]["batch_size"], c["rollout"]["group_size"], c["train"]["mini_batches"]) == (64, 8, 2)
     assert c["rollout"]["sde"] == {"kind": "cps", "noise_level": 0.8} and c["rollout"]["eval_steps"] == 28
-    assert c["train"]["timesteps"] == {"strategy": "window", "window": 3} and c["iterations"] == 100
+    assert c["train"]["timesteps"] == {"strategy": "window", "window": 3, "window_range": [0, 5]}
+    assert c["iterations"] == 100
     # a key the script sets that digen has no equivalent for is named, not folded into a count
     assert "actor_rollout_ref.actor.fsdp_config.param_offload" in result.dropped
-    assert "actor_rollout_ref.rollout.algo.sde_window_range" in result.dropped
+    assert "actor_rollout_ref.rollout.algo.sde_window_range" not in result.dropped
 
 
 def test_dance_grpo_headline_script_equals_its_example():
@@ -185,3 +193,129 @@ def test_dance_grpo_headline_script_equals_its_example():
 def test_an_unknown_peer_exits_2():
     r = CliRunner().invoke(app, ["import-config", "flow-grp", "x.py:y"])
     assert r.exit_code == 2 and "did you mean 'flow-grpo'" in r.output
+
+
+def test_dance_grpo_lora_script_imports_as_lora_with_its_targets():
+    """finetune_flux_grpo_8gpus_lora.sh runs fastvideo/train_grpo_flux_lora.py: a rank-128 LoRA
+    on the attention projections at lr 3e-4, not a full fine-tune (the script's name is the only
+    place the variant is written)."""
+    result = import_config("dance-grpo", str(DANCE.parent / "finetune_flux_grpo_8gpus_lora.sh"))
+    result.validate()
+    c = result.config
+    assert c["model"]["lora"] == {
+        "enabled": True,
+        "rank": 128,
+        "alpha": 256,
+        "dtype": "float32",
+        "target_modules": ["to_k", "to_q", "to_v", "to_out.0"],
+    }
+    assert c["train"]["lr"] == 3e-4 and "fsdp" not in c["train"]
+    full = import_config("dance-grpo", str(DANCE.parent / "finetune_flux_grpo_8gpus.sh"))
+    full.validate()  # its --use_ema under FSDP: imported without the EMA, and said so
+    assert full.config["model"]["lora"] == {"enabled": False} and full.config["train"]["fsdp"] is True
+    assert full.config["train"]["ema"]["enabled"] is False and "no EMA" in full.dropped["--use_ema"]
+
+
+def test_lora_targets_are_the_recipe_s_own():
+    """Flow-GRPO's FLUX and Qwen-Image scripts adapt 12 module types, feed-forwards included
+    (train_flux.py l.411-424, train_qwenimage.py l.410-423); VeRL-Omni's examples list theirs."""
+    flux = import_config("flow-grpo", f"{GRPO}:pickscore_flux").config["model"]["lora"]["target_modules"]
+    assert len(flux) == 12 and {
+        "ff.net.0.proj",
+        "ff.net.2",
+        "ff_context.net.0.proj",
+        "ff_context.net.2",
+    } <= set(flux)
+    qwen = import_config("flow-grpo", f"{GRPO}:pickscore_qwenimage").config["model"]["lora"]["target_modules"]
+    assert len(qwen) == 12 and {"img_mlp.net.2", "txt_mlp.net.0.proj"} <= set(qwen)
+    sd3 = import_config("flow-grpo", f"{GRPO}:pickscore_sd3").config["model"]["lora"]["target_modules"]
+    assert len(sd3) == 8 and all(t.startswith("attn.") for t in sd3)
+    vo = import_config("verl-omni", str(VO / "qwen_image" / "run_qwen_image_ocr_lora.sh"))
+    assert [t for t in vo.config["model"]["lora"]["target_modules"] if "mlp" in t] == [
+        "img_mlp.net.0.proj", "img_mlp.net.2", "txt_mlp.net.0.proj", "txt_mlp.net.2"
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "script, algorithm",
+    [
+        ("grpoguard_trainer", "grpo-guard"),
+        ("flowdppo_trainer", "flow-dppo"),
+        ("flowgrpo_trainer", "flow-grpo-fast"),
+    ],
+)
+def test_verl_omni_s_loss_mode_is_the_algorithm(script, algorithm):
+    """GRPO-Guard's and Flow-DPPO's examples set model.algorithm=flow_grpo beside
+    diffusion_loss.loss_mode: the loss is what they train (they used to import as flow-grpo)."""
+    result = import_config("verl-omni", str(VO.parent / script / "qwen_image" / "run_qwen_image_ocr_lora.sh"))
+    result.validate()
+    train = result.config["train"]
+    assert train["algorithm"] == algorithm
+    assert train["timesteps"] == {"strategy": "window", "window": 2, "window_range": [0, 5]}
+    if algorithm == "grpo-guard":
+        assert train["clip_range"] == 2e-6
+    if algorithm == "flow-dppo":
+        assert train["flow_dppo"] == {"kl_threshold": 1e-5}
+
+
+def test_verl_omni_s_mix_grpo_keeps_its_own_window():
+    """model.algorithm=mix_grpo with Flow-GRPO's loss_mode is MixGRPO (its window, random)."""
+    script = VO.parent / "mixgrpo_trainer" / "qwen_image" / "run_qwen_image_ocr_lora_mixgrpo.sh"
+    result = import_config("verl-omni", str(script))
+    result.validate()
+    assert result.config["train"]["algorithm"] == "mix-grpo"
+    assert result.config["train"]["mix_grpo"] == {"window": 2, "schedule": "random"}
+
+
+def test_an_algorithm_digen_lacks_is_refused_naming_the_key():
+    with pytest.raises(
+        ConfigError, match=r"actor_rollout_ref.model.algorithm=dpo is not an algorithm digen trains"
+    ):
+        import_config(
+            "verl-omni", str(VO.parent / "dpo_trainer" / "qwen_image" / "run_qwen_image_online_dpo_lora.sh")
+        )
+
+
+GUARD = PEERS / "flow_grpo" / "config" / "grpo_guard.py"
+
+
+@pytest.mark.parametrize(
+    "recipe", ["general_ocr_sd3_rationorm", "pickscore_hps_sd3_ratio_norm", "geneval_sd3_rationorm"]
+)
+def test_flow_grpo_s_grpo_guard_recipes_import_as_grpo_guard(recipe):
+    result = import_config("flow-grpo", f"{GUARD}:{recipe}")
+    result.validate()
+    assert result.config["train"]["algorithm"] == "grpo-guard"
+    assert "train_sd3_GRPO_Guard.py" in result.source and "rationorm" not in result.dropped
+    assert result.config["train"]["clip_range"] in (2e-6, 4e-6)
+
+
+def test_per_recipe_numbers_the_scripts_fix_in_code():
+    """HunyuanVideo's hard-coded guidance 6018 (6.018 x 1000) and --t frames, Wan's --cfg_infer,
+    the scripts digen has no family for, Flow-GRPO Wan's filter and its SDE that ignores
+    noise_level, fp16 autocast said aloud."""
+    hun = import_config("dance-grpo", str(DANCE.parent / "finetune_hunyuan_grpo.sh"))
+    hun.validate()
+    c = hun.config
+    assert (c["rollout"]["guidance_scale"], c["model"]["num_frames"], c["rollout"]["shared_noise"]) == (
+        6.018,
+        53,
+        True,
+    )
+    assert "--t" not in hun.dropped and "--bestofn" in hun.dropped and "--vq_coef/--mq_coef" in hun.dropped
+    wan = import_config("dance-grpo", str(DANCE.parent / "finetune_wan_2_1_grpo.sh")).config
+    assert (wan["rollout"]["guidance_scale"], wan["model"]["num_frames"]) == (5.0, 1)
+    for script, cause in [
+        ("finetune_sd_grpo.sh", "Stable Diffusion v1"),
+        ("finetune_skyreels_i2v.sh", "image-to-video"),
+    ]:
+        with pytest.raises(ConfigError, match=cause):
+            import_config("dance-grpo", str(DANCE.parent / script))
+    fg_wan = import_config("flow-grpo", f"{GRPO}:general_ocr_wan2_1")
+    assert fg_wan.config["train"]["zero_advantage"] == "drop"  # train_wan2_1.py l.847's filter
+    assert "sigma_min + (sigma_max - sigma_min) * sigma" in fg_wan.dropped["sample.noise_level"]
+    sd3 = import_config("flow-grpo", f"{GRPO}:pickscore_sd3")
+    assert (
+        "GradScaler" in sd3.dropped["mixed_precision (fp16)"]
+        and sd3.config["model"]["autocast"] == "bfloat16"
+    )

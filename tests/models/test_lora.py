@@ -159,3 +159,25 @@ def test_direct_adapter_copy_equals_peft_loading(policy, tiny_paths):
     k0 = next(iter(state))
     with pytest.raises(CheckpointError, match="shape"):
         policy.load_trainable_state_dict({**state, k0: torch.zeros(3, 3)})
+
+
+@pytest.mark.parametrize("arch", ["sd3", "flux", "qwen-image", "wan", "hunyuan-video"])
+def test_every_default_target_names_a_layer_of_the_family(tiny_models, arch):
+    """The family's default targets (the peers' lists) each match a linear layer of its tiny
+    model, as peft matches them (the module's name ends with the target), so a default that
+    names a feed-forward digen's tiny model lacks cannot pass unnoticed; FLUX and Qwen-Image
+    adapt their feed-forwards, as Flow-GRPO's train_flux.py and train_qwenimage.py do."""
+    from digen.models.registry import FAMILIES
+
+    policy = load_policy(tiny_models(arch, RES), height=RES, width=RES)
+    targets = type(policy).default_lora_targets
+    linear = [n for n, m in policy.transformer.named_modules() if isinstance(m, torch.nn.Linear)]
+    unmatched = [t for t in targets if not any(n == t or n.endswith("." + t) for n in linear)]
+    if arch == "wan":  # add_k/v_proj exist on the image-conditioned Wan only (wan.py)
+        unmatched = [t for t in unmatched if t not in ("add_k_proj", "add_v_proj")]
+    assert unmatched == [], (FAMILIES[arch], unmatched)
+    if arch in ("flux", "qwen-image"):
+        assert len(targets) == 12 and sum("net." in t for t in targets) == 4
+    policy.enable_lora(rank=2, alpha=2)
+    adapted = {n.rsplit(".lora_A", 1)[0] for n, _ in policy.transformer.named_parameters() if ".lora_A." in n}
+    assert all(any(n.endswith(t) for t in targets) for n in adapted) and adapted

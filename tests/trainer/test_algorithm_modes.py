@@ -1,6 +1,8 @@
-"""MixGRPO, GRPO-Guard, Flow-DPPO and no-CFG training run in every mode: a short ``digen``
-mode run each, and the synchronous modes (``train.reduce: exact``) equal to the reference bit
-for bit for MixGRPO (whose trajectories hold only its window's steps). Mini-batches and
+"""MixGRPO, GRPO-Guard, Flow-DPPO, no-CFG training, DGPO, AWM and online DPO run in every
+mode: a short ``digen`` mode run each, and the synchronous modes (``train.reduce: exact``)
+equal to the reference bit for bit for MixGRPO (whose trajectories hold only its window's
+steps) and the clean-sample family beyond DiffusionNFT (DGPO's and online DPO's forwards read a
+whole group; DGPO and AWM keep EMA weights beside the trained ones). Mini-batches and
 DiffusionNFT's state: tests/trainer/test_mini_batch_modes.py."""
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ ALGORITHMS = {
     "grpo-guard": {"algorithm": "grpo-guard", "clip_range": 2e-6},
     "flow-dppo": {"algorithm": "flow-dppo"},
     "no-cfg": {"kl_beta": 0.04, "kl_target": "velocity"},  # guidance 1 (the default) + the velocity KL
+    "dgpo": {"algorithm": "dgpo", "kl_beta": 0.02, "dgpo": {"timesteps": 2, "trunc_steps": 2}},
+    "awm": {"algorithm": "awm", "kl_beta": 1e-3, "awm": {"timesteps": 2, "fraction": 1.0}},
+    "online-dpo": {"algorithm": "online-dpo"},
 }
 ROWS = {
     "mix-grpo": 2,
@@ -35,7 +40,10 @@ ROWS = {
     "grpo-guard": 2,
     "flow-dppo": 2,
     "no-cfg": 2,
-}  # trained steps per sample
+    "dgpo": 2,
+    "awm": 2,
+    "online-dpo": 0.5,  # one pair (2 rows) per group of 4
+}  # trained rows per sample
 
 
 def rows(run: Path) -> list[dict]:
@@ -71,14 +79,15 @@ def test_algorithm_trains_in_digen_mode(name, tiny_sd3, tmp_path):
     assert max(float((first[k] - last[k]).abs().max()) for k in first) > 0
 
 
-def test_mix_grpo_synchronous_modes_equal_the_reference_bit_for_bit(tiny_sd3, tmp_path):
+@pytest.mark.parametrize("name", ["mix-grpo", "dgpo", "awm", "online-dpo"])
+def test_synchronous_modes_equal_the_reference_bit_for_bit(name, tiny_sd3, tmp_path):
     ref = tmp_path / "ref"
-    run_reference(build_config(data(tiny_sd3, ALGORITHMS["mix-grpo"], iterations=3)), ref)
+    run_reference(build_config(data(tiny_sd3, ALGORITHMS[name], iterations=3)), ref)
     for mode, trainers in (("colocated", 1), ("disaggregated", 2)):
         cfg = build_config(
             data(
                 tiny_sd3,
-                {**ALGORITHMS["mix-grpo"], "reduce": "exact"},  # gradients summed in the reference's order
+                {**ALGORITHMS[name], "reduce": "exact"},  # gradients summed in the reference's order
                 iterations=3,
                 schedule={"mode": mode, "max_staleness": 0},
                 cluster={"local": {"rollout_workers": 1, "trainer_workers": trainers}},
@@ -97,7 +106,7 @@ def test_mix_grpo_synchronous_modes_equal_the_reference_bit_for_bit(tiny_sd3, tm
                 "trained_rows",
             )
             assert {k: b[k] for k in keys} == {k: a[k] for k in keys}, mode
-        for name in ("weights", "optimizer"):
-            w_ref = load_file(str(ref / f"checkpoints/iter_0002/{name}.safetensors"))
-            w_got = load_file(str(tmp_path / mode / f"checkpoints/iter_0002/{name}.safetensors"))
+        for part in ("weights", "optimizer"):  # the optimizer file holds DGPO's and AWM's algo/old/* too
+            w_ref = load_file(str(ref / f"checkpoints/iter_0002/{part}.safetensors"))
+            w_got = load_file(str(tmp_path / mode / f"checkpoints/iter_0002/{part}.safetensors"))
             assert w_ref.keys() == w_got.keys() and all(torch.equal(w_ref[k], w_got[k]) for k in w_ref), mode

@@ -430,17 +430,21 @@ def test_mix_grpo_window_training_equals_the_peer(world, policy, tsp, flash):
 
 
 # --- GRPO-Guard -------------------------------------------------------------------------------
-@pytest.mark.parametrize("kl_beta", [0.0, 0.04])
-@pytest.mark.parametrize("tsp", [True, False])
-def test_grpo_guard_equals_the_peer(world, policy, tsp, kl_beta):
+@pytest.mark.parametrize(
+    "tsp, kl_beta, window",
+    [(True, 0.0, False), (True, 0.04, False), (False, 0.0, False), (False, 0.04, False), (True, 0.0, True)],
+)
+def test_grpo_guard_equals_the_peer(world, policy, tsp, kl_beta, window):
     """GRPO-Guard (scripts/train_sd3_GRPO_Guard.py ``main``, ``config.rationorm``) with CFG 4.5
     and clip 2e-6 (config/grpo_guard.py), micro-batches of ONE sample: the peer's
     ``mean(dim=tuple(range(1, log_prob.ndim)))`` of a ``[B]`` tensor reduces the batch too
     (digen/algos/grpo_guard.py), which with one sample is the per-sample bias digen uses."""
     _, embeds, base, _ = world
     cfg = config(
-        base, steps=4, mini_batches=2, guidance=4.5, algorithm="grpo-guard", clip_range=2e-6, kl_beta=kl_beta
-    )
+        base, steps=4, mini_batches=2, guidance=4.5, algorithm="grpo-guard", clip_range=2e-6, kl_beta=kl_beta,
+        # VeRL-Omni's GRPO-Guard example samples SDE in a window of 2 (Euler elsewhere)
+        timesteps={"strategy": "window", "window": 2, "window_range": [0, 4]} if window else base.train.timesteps.model_dump(),
+    )  # fmt: skip
     trajs = generate(policy, embeds, cfg)
     gen = torch.Generator().manual_seed(5)
     scale = torch.tensor([1e-3, 0.0, 1e-5, 0.0], dtype=torch.float64).view(G, 1, 1, 1, 1)
@@ -453,6 +457,10 @@ def test_grpo_guard_equals_the_peer(world, policy, tsp, kl_beta):
     ours = digen_iteration(
         policy, embeds, cfg, trajs, tsp=tsp, store=ParameterStore(policy.trainable_state_dict(), cfg.train)
     )
+    if window:  # the window's steps only are trained; the Euler steps keep no mean
+        steps = drawn_steps(ours.book.train_spec(0), cfg).steps[0]
+        assert len(steps) == 2 and trajs[0]["means"][:, steps].isfinite().all()
+        assert trajs[0]["means"][:, [i for i in range(4) if i not in steps]].isnan().all()
     assert 0 < ours.stats[0].clipped < ours.stats[0].rows and ours.stats[1].clipped > 0
     assert ours.stats[1].ratio_max_dev > ours.stats[0].ratio_max_dev  # off-policy after the first step
 
