@@ -8,9 +8,11 @@ Exit codes: 0 ok, 1 runtime failure, 2 bad input (a :class:`~digen.errors.Config
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import os
 import re
+import typing
 from pathlib import Path
 from typing import Annotated
 
@@ -40,11 +42,26 @@ _KEY_VALUE = re.compile(r"^[A-Za-z_][\w-]*(\.[\w-]+)*=")
 
 def _plain_flags(params: list) -> list:
     """Give every flag (``--resume``, ``--help``) an empty type label: Typer's help shows a
-    ``<bool>`` type beside flags, as if they took a value; they take none."""
+    ``<bool>`` type beside flags, as if they took a value; they take none. An option given
+    several times shows what one value is (``--set <KEY=VALUE>``, ``--gpus <str> ...``), not
+    the Python type Typer shows (``<list[str]>``)."""
     for p in params:
         if getattr(p, "is_flag", False) and getattr(p, "metavar", None) is None:
             p.metavar = ""
+        desc = getattr(p, "type_descriptor", None)
+        if desc is not None and desc.is_list and not desc.is_choice and hasattr(p, "_bare_type"):
+            label = "<KEY=VALUE>" if "--set" in getattr(p, "opts", ()) else None
+            if label is None:
+                (element,) = typing.get_args(desc.annotation) or (str,)
+                label = f"<{p._bare_type(element)}> ..."
+            p.display_type_rich = p.display_type = lambda ctx, _label=label: _label
     return params
+
+
+def unwrapped(doc: str) -> str:
+    """A docstring as ``--help`` text: each paragraph on one line (the docstring's line breaks
+    are where its source wraps, not where the terminal does)."""
+    return "\n\n".join(" ".join(par.split()) for par in inspect.cleandoc(doc).split("\n\n"))
 
 
 def _value_options(params: list) -> set[str]:
@@ -109,7 +126,14 @@ class Typer(typer.Typer):
 
     def command(self, *args, **kwargs):
         kwargs.setdefault("cls", Command)
-        return super().command(*args, **kwargs)
+
+        def register(f):
+            kw = dict(kwargs)
+            if kw.get("help") is None and f.__doc__:
+                kw["help"] = unwrapped(f.__doc__)  # summaries that wrap at the terminal's width
+            return super(Typer, self).command(*args, **kw)(f)
+
+        return register
 
 
 app = Typer(
@@ -157,6 +181,9 @@ def print_table(table) -> None:
     if out.is_terminal:
         out.print(table)
         return
+    for column in table.columns:  # no column narrower than its longest word (a path, a job id)
+        words = [w for cell in [column.header, *column.cells] for w in str(cell).split()]
+        column.min_width = max([column.min_width or 0, *map(len, words)])
     width = max(out.width, out.measure(table, options=out.options.update_width(100_000)).minimum)
     Console(width=width, color_system=out.color_system and "auto", no_color=out.no_color).print(table)
 

@@ -103,7 +103,9 @@ class RunLog(logging.Handler):
     def open(self) -> None:
         if self.file is None and not self.discarded:
             try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
+                from digen.rundir import private_dir
+
+                private_dir(self.path.parent)  # the run directory: not world-readable
                 self.file = _LogFile(self.path, encoding="utf-8")
             except OSError as exc:
                 sys.stderr.write(f"warning: {self.path} cannot be written ({exc})\n")

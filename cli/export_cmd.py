@@ -50,7 +50,8 @@ def export(
     )
     if r.kind == "lora":
         out.print(
-            f"load it: pipe = {r.pipeline_class}.from_pretrained(BASE); pipe.load_lora_weights({r.out_dir!r})",
+            f"load it: pipe = {r.pipeline_class}.from_pretrained({r.base_model!r}); "
+            f"pipe.load_lora_weights({r.out_dir!r})",
             highlight=False,
             soft_wrap=True,
         )

@@ -20,7 +20,11 @@ class Progress:
     and staleness, and the workers' roles when the row carries ``roles`` (``{worker: role}``)
     or ``workers`` (a count). A message with an ``event`` key is an announcement, e.g.
     ``{"event": "start", "dashboard": URL, "roles": {...}}`` once the cluster is up: rich prints
-    it above the bar, json prints it as a line.
+    it above the bar, json prints it as a line. ``{"event": "interrupted"}`` (a Ctrl-C) stops
+    the display at once. ``{"event": "progress", "iteration", "generated", "trained",
+    "samples"}`` (:func:`digen.iteration.within_iteration`, as tasks finish) is shown under the
+    bar (``iteration 5/70: generated 40/80 samples, trained 16/80``), printed as a json line,
+    and not written to ``digen.log``, which keeps one line per iteration.
     """
 
     def __init__(self, total: int, fmt: str):
@@ -28,6 +32,8 @@ class Progress:
         self.samples = 0
         self.roles: dict[str, str] = {}
         self._live = None
+        self._within = ""  # where the iteration in progress stands
+        self._status: list[str] = []  # the last iteration's numbers
         if fmt == "rich":
             from rich.console import Group
             from rich.live import Live
@@ -62,10 +68,16 @@ class Progress:
         return self
 
     def __exit__(self, *exc):
-        if self._live is not None:
-            self._live.__exit__(*exc)
-            if not self._live.console.is_terminal:
-                self._live.console.line()  # rich ends the last render with a newline only on a terminal
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop the display (once): at the end, or at once on ``{"event": "interrupted"}``
+        (a Ctrl-C), so the bar does not tick while the job shuts down."""
+        live, self._live = self._live, None
+        if live is not None:
+            live.stop()
+            if not live.console.is_terminal:
+                live.console.line()  # rich ends the last render with a newline only on a terminal
 
     def status_lines(self, m: dict) -> list[str]:
         """The text under the bar for metrics row ``m``."""
@@ -83,6 +95,17 @@ class Progress:
         return lines
 
     def event(self, m: dict) -> None:
+        if m.get("event") == "interrupted":  # the CLI prints what the run keeps
+            self.stop()
+            return
+        if m.get("event") == "resumed" and self.fmt == "rich" and self._live is not None:
+            from digen.iteration import progress_line
+
+            self._bar.update(self._task, completed=int(m["iteration"]) + 1)  # the done ones
+            self._live.console.print(
+                progress_line(m, self.total), highlight=False, markup=False, soft_wrap=True
+            )
+            return
         if isinstance(m.get("roles"), dict):
             self.roles = {str(k): str(v) for k, v in m["roles"].items()}
         if self.fmt == "json":
@@ -98,9 +121,32 @@ class Progress:
                     markup=False,
                 )
 
+    def within_line(self, m: dict) -> str:
+        """The line under the bar within an iteration (``{"event": "progress", ...}``)."""
+        n = m.get("samples", 0)
+        return (
+            f"iteration {int(m['iteration']) + 1}/{self.total}: generated {m.get('generated', 0)}/{n} "
+            f"samples, trained {m.get('trained', 0)}/{n}"
+        )
+
+    def _render(self) -> None:
+        from rich.text import Text
+
+        if self._live is None:
+            return
+        lines = ([self._within] if self._within else []) + self._status
+        self._live.update(self._group(self._bar, Text("\n".join(lines))))
+
     def __call__(self, m: dict) -> None:
         from digen.iteration import progress_line
 
+        if m.get("event") == "progress":  # within an iteration: shown, not logged (many a second)
+            if self.fmt == "json":
+                print(json.dumps(m), flush=True)
+            elif self._live is not None:
+                self._within = self.within_line(m)
+                self._render()
+            return
         open_run_log()  # the run has started (its directory is checked)
         PROGRESS_LOG.info("%s", progress_line(m, self.total))  # RUN_DIR/digen.log, every mode
         if "event" in m:
@@ -112,10 +158,9 @@ class Progress:
         if self.fmt == "json":
             print(json.dumps(m), flush=True)
         elif self._live is not None:
-            from rich.text import Text
-
             self._bar.update(self._task, completed=m["iteration"] + 1)
-            self._live.update(self._group(self._bar, Text("\n".join(self.status_lines(m)))))
+            self._within, self._status = "", self.status_lines(m)
+            self._render()
 
 
 class Steps:

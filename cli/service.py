@@ -58,6 +58,14 @@ def _when(ts: float | None) -> str:
     return time.strftime("%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
 
 
+def _duration(seconds: float | None) -> str:
+    """``1:02:03`` (h:mm:ss) or ``-``."""
+    if seconds is None:
+        return "-"
+    s = int(round(seconds))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
 def _follow(r, job_id: str) -> int:
     """Print the job's log as it grows until it ends; exit code 0 if it finished."""
     from digen.service.jobs import follow
@@ -96,7 +104,8 @@ def submit(
         typer.Option(
             "--resume",
             metavar="JOB",
-            help="Continue a stopped job's run directory from its newest checkpoint, as a new job.",
+            help="Continue a stopped job's run directory from its newest checkpoint, as a new job "
+            "(--set changes its config: --set iterations=200 goes on past a finished job's end).",
         ),
     ] = None,
     retries: Annotated[
@@ -126,12 +135,13 @@ def submit(
 
     timeout_s = jobs.parse_duration(timeout)
     if resume is not None:
-        if config is not None or set_ or out_dir is not None:
+        if config is not None or out_dir is not None:
             raise ConfigError(
-                "--resume JOB continues that job's own config and run directory: drop CONFIG, --set and --out"
+                "--resume JOB continues that job's own config and run directory: drop CONFIG and --out "
+                "(--set changes its config, e.g. --set iterations=200)"
             )
         r = _connect(redis_url)
-        job_id = jobs.resume(r, resume, retries=retries, timeout_s=timeout_s)
+        job_id = jobs.resume(r, resume, retries=retries, timeout_s=timeout_s, overrides=set_ or [])
     else:
         if config is None:
             raise ConfigError("give a CONFIG to submit (e.g. configs/quickstart.yaml) or --resume JOB")
@@ -153,6 +163,27 @@ def submit(
     _warn_no_runner(r, job_id)
     if wait:
         raise typer.Exit(_follow(r, job_id))
+
+
+def _job_lines(verbose: bool = False) -> None:
+    """``digen serve`` prints one line per job start and outcome (``digen.serve``'s records:
+    ``job ID: starting on serve-1 (attempt 1), run directory ...``, ``job ID: done: ...``);
+    ``verbose``: also the jobs' own log (digen's INFO records: progress, warnings)."""
+    import logging
+    import sys
+
+    if verbose:
+        from digen.cli.console import setup_logging
+
+        setup_logging(True)
+    lg = logging.getLogger("digen.serve")
+    if not any(getattr(h, "digen_serve", False) for h in lg.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+        handler.digen_serve = True  # type: ignore[attr-defined]
+        lg.addHandler(handler)
+    lg.setLevel(logging.INFO)
+    lg.propagate = False
 
 
 def _warn_no_runner(r, job_id: str) -> None:
@@ -195,7 +226,10 @@ def serve(
         str | None,
         typer.Option("--name", help="Worker name shown by rq and digen status; unique among running serves."),
     ] = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every job start and end.")] = False,
+    verbose: Annotated[
+        bool,
+        typer.Option("--verbose", "-v", help="Also print each job's own log: progress lines, digen's INFO."),
+    ] = False,
     security: SecurityOpt = None,
     insecure: InsecureOpt = False,
 ) -> None:
@@ -209,6 +243,7 @@ def serve(
     sec = load_security(security) if security is not None else None
     r = _connect(redis_url)
     url = redis_url or embedded_url(r)
+    _job_lines(verbose)
     where = f"{mask_url(redis_url)}" if redis_url else "the embedded Redis"
     err.print(
         f"digen serve: jobs from {where}, cluster "
@@ -241,7 +276,7 @@ def status(
     limit: Annotated[int, typer.Option("--limit", help="Newest N jobs (0: all).")] = 20,
     insecure: InsecureOpt = False,
 ) -> None:
-    """Jobs and their progress: state, iteration/total, reward, samples/s, started, run dir."""
+    """Jobs and their progress: state, iteration/total, reward, samples/s, started, elapsed, ETA, run dir."""
     from digen.service import jobs
 
     redis_url = redis_url_from(redis_url, redis_url_file, insecure)
@@ -255,6 +290,8 @@ def status(
         for key, value in info.to_json().items():
             if key in ("submitted", "started", "ended"):
                 value = _when(value)
+            elif key in ("elapsed_s", "eta_s"):
+                value = _duration(value)
             out.print(f"{key:>13}: {value if value is not None else '-'}", highlight=False, markup=False)
         return
     listed = jobs.list_jobs(r, limit)
@@ -268,7 +305,17 @@ def status(
 
     table = Table(box=None, header_style="bold")
     junk = any(j.quarantined for j in listed)  # junk read from Redis, moved to the dead letters
-    cols = ("JOB", "STATE", "ITER", "REWARD", "SAMPLES/S", "STARTED", *(("QUARANTINED",) if junk else ()))
+    cols = (
+        "JOB",
+        "STATE",
+        "ITER",
+        "REWARD",
+        "SAMPLES/S",
+        "STARTED",
+        "ELAPSED",
+        "ETA",
+        *(("QUARANTINED",) if junk else ()),
+    )
     for col in cols:  # a job id stays whole (it is what logs and cancel take); the rest may shorten
         table.add_column(col, no_wrap=col == "JOB", overflow="ellipsis", min_width=len(col))
     table.add_column("RUN DIR", overflow="fold")
@@ -281,6 +328,8 @@ def status(
             "-" if j.reward is None else f"{j.reward:.4f}",
             "-" if j.samples_per_s is None else f"{j.samples_per_s:.2f}",
             _when(j.started),
+            _duration(j.elapsed_s),
+            _duration(j.eta_s),
             *((str(j.quarantined),) if junk else ()),
             escape(j.run_dir),
         )
@@ -327,7 +376,7 @@ def cancel(
     wait: Annotated[bool, typer.Option("--wait", help="Wait until the job has stopped.")] = False,
     insecure: InsecureOpt = False,
 ) -> None:
-    """Stop a job at its next safe point (after a checkpoint); the run directory is kept."""
+    """Stop a job within one task; its run directory keeps the last checkpoint (the iteration in progress is lost): digen submit --resume JOB continues it."""
     from digen.service import jobs
 
     redis_url = redis_url_from(redis_url, redis_url_file, insecure)

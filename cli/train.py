@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from pathlib import Path
 from typing import Annotated
 
@@ -79,6 +80,8 @@ def train(
         from digen.cluster.node import load_security
 
         cfg = cfg.model_copy(update={"security": load_security(security)})
+    out_dir = out_dir or Path("runs") / config.stem
+    _check_run(cfg, out_dir, resume, local=scheduler is None)  # one line, before anything is shown
     if placement is not None:
         _print_placement(placement, log_format)
     if (
@@ -90,14 +93,26 @@ def train(
 
         prefork_server()  # before anything computes or starts a thread (see its docstring)
     profile = _start_profile() if profile_startup else None
-    out_dir = out_dir or Path("runs") / config.stem
     setup_logging(
         verbose, out_dir / "digen.log", dask=cfg.schedule.mode != "reference", quiet=log_format == "quiet"
     )
-    with _profiled(profile, out_dir) as report, Progress(cfg.iterations, log_format) as progress:
-        summary = run_training(
-            cfg, out_dir, resume=resume, redis_url=redis_url, scheduler=scheduler, progress=progress
-        )
+    try:
+        with _profiled(profile, out_dir) as report, Progress(cfg.iterations, log_format) as progress:
+            summary = run_training(
+                cfg,
+                out_dir,
+                resume=resume,
+                redis_url=redis_url,
+                scheduler=scheduler,
+                progress=progress,
+                checked=True,
+            )
+    except KeyboardInterrupt:
+        again = resume_command(config, out_dir, set_ or [], scheduler=scheduler, security=security)
+        line = interrupted_line(out_dir, again)
+        logging.getLogger("digen").info("%s", line)  # RUN_DIR/digen.log (the console shows warnings up)
+        err.print(escape(line), highlight=False, soft_wrap=True)
+        raise typer.Exit(130) from None
     if report:
         if log_format == "json":
             print(json.dumps({"startup": report}), flush=True)
@@ -156,6 +171,63 @@ def _checked(config: Path, overrides: list[str], log_format: str, *, embedded: b
     if problems:
         raise ConfigError(problems)
     return cfg, (planned[0] if planned else None)
+
+
+def resume_command(
+    config: Path,
+    out_dir: Path,
+    sets: list[str],
+    *,
+    scheduler: str | None = None,
+    security: Path | None = None,
+) -> list[str]:
+    """The ``digen train`` command that continues this run: its config, ``--out``, ``--set``
+    overrides, ``--scheduler`` and ``--security``, and ``--resume`` (a Redis URL is left out:
+    it may hold a password, and the embedded one needs none)."""
+    cmd = ["digen", "train", str(config), "--out", str(out_dir)]
+    for s in sets:
+        cmd += ["--set", s]
+    if scheduler is not None:
+        cmd += ["--scheduler", scheduler]
+    if security is not None:
+        cmd += ["--security", str(security)]
+    return [*cmd, "--resume"]
+
+
+def interrupted_line(out_dir: Path, command: list[str]) -> str:
+    """The one line of a Ctrl-C: the newest intact checkpoint and the exact command that
+    continues from it, or, before the first one, that a rerun starts over."""
+    import shlex
+
+    from digen.rundir import holds_rows, latest_intact_checkpoint
+
+    ckpt = latest_intact_checkpoint(out_dir)
+    if ckpt is not None:
+        return f"interrupted; the last checkpoint is {ckpt}: continue with {shlex.join(command)}"
+    fresh = shlex.join([c for c in command if c != "--resume"])
+    if holds_rows(out_dir):
+        return (
+            f"interrupted before the first checkpoint, nothing to --resume from: delete {out_dir} and "
+            f"start again with {fresh}"
+        )
+    return f"interrupted before the first checkpoint, nothing to --resume from: start again with {fresh}"
+
+
+def _check_run(cfg, out_dir: Path, resume: bool, *, local: bool) -> None:
+    """Refuse, before the placement, the progress bar or any process of the run is shown or
+    started, what the files alone decide (:func:`~digen.checks.check_inputs`: the prompts, the
+    model folder's limits, the rewards and their servers, ``--out`` and its run, ``--resume``'s
+    checkpoint, the free space), the loggers' packages and, for this machine's workers
+    (``local``), a ``model.device`` it has no GPU for; ``run_training`` is then told ``checked``.
+    Nothing is written to the run directory."""
+    from digen.checks import check_inputs
+    from digen.engine import device_problem
+    from digen.loggers import check_loggers
+
+    check_loggers(cfg)
+    if local and (problem := device_problem(cfg)):
+        raise ConfigError(problem)
+    check_inputs(cfg, out_dir, resume=resume, health=True, fresh=True)
 
 
 def _print_placement(placement, log_format: str) -> None:

@@ -51,6 +51,7 @@ def check_inputs(
     run_dir: bool = True,
     files: bool = True,
     health: bool = False,
+    fresh: bool = False,
 ) -> None:
     """Check ``cfg`` (and the run directory ``out``) before a run starts; every problem found
     is reported at once (see the module docstring).
@@ -60,7 +61,9 @@ def check_inputs(
     ``files``: read the files (prompts, model folder, run directory, free space); off for
     ``digen submit --no-check-paths``, whose files exist only where the job runs.
     ``health``: for a distributed run about to start, also ask each reward server once when
-    nothing else is wrong (:class:`~digen.errors.RewardError` when one does not answer)."""
+    nothing else is wrong (:class:`~digen.errors.RewardError` when one does not answer).
+    ``fresh``: a run without ``--resume`` is refused on a directory that already holds a run
+    (``digen train``; a job runner's attempt takes over an earlier attempt's rows itself)."""
     problems: list[str] = []
     prompts: list[str] = []
     if files:
@@ -69,7 +72,8 @@ def check_inputs(
     if files and (cfg.resolve_path(cfg.model.path) / "model_index.json").is_file():
         problems += model_problems(cfg)
     if files and out is not None and run_dir:
-        problems += run_dir_problems(out, resume, iterations=cfg.iterations)
+        found = run_dir_problems(out, resume, iterations=cfg.iterations, fresh=fresh)
+        problems += found or (checkpoint_fit_problems(cfg, out) if resume else [])
     if cfg.schedule.mode == "reference":
         problems = registry_problems(cfg, prompts) + problems
     else:  # the controller's process: no torch
@@ -359,12 +363,64 @@ def _sequence_problems(cfg: Config, model_dir: Path, pipeline: str) -> list[str]
 # --- the run directory and its disk ------------------------------------------------------
 
 
-def run_dir_problems(out: Path, resume: bool, iterations: int | None = None) -> list[str]:
-    """The directory is in use by another run; ``--resume`` finds no checkpoint, or its newest
-    checkpoint already holds ``iterations`` (the target) or more: there is nothing to run. (A
-    directory that holds a run without ``--resume`` is refused by
-    :class:`~digen.rundir.RunDir`, before it writes anything.)"""
+RUN_MARKERS = ("metrics.jsonl", "timeline.jsonl", "summary.json", "digen.log", ".digen.lock")
+"""Files only a run writes: a folder holding one of them (or ``checkpoints/iter_NNNN``, or a
+``config.yaml`` that is a resolved digen config) is a run directory."""
+
+
+def is_run_dir(folder: Path) -> bool:
+    """``folder`` holds a run's files (:data:`RUN_MARKERS`, a checkpoint, or digen's own
+    ``config.yaml``, which a run writes first)."""
+    folder = Path(folder)
+    if any((folder / name).exists() for name in RUN_MARKERS) or any((folder / "checkpoints").glob("iter_*")):
+        return True
+    try:
+        import yaml
+
+        data = yaml.safe_load((folder / "config.yaml").read_text())
+    except (OSError, ValueError, yaml.YAMLError):
+        return False
+    return isinstance(data, dict) and {"seed", "iterations", "model", "rollout", "train", "schedule"} <= set(
+        data
+    )
+
+
+def out_problems(out: Path) -> list[str]:
+    """``--out`` that cannot be a run directory: a file (or a path under one), or a folder
+    that holds other files and no run. A new or empty folder, or a run directory, is fine; a
+    user's folder is never written into (its ``config.yaml`` would be replaced)."""
     out = Path(out)
+    for p in (out, *out.parents):
+        if p.exists() and not p.is_dir():
+            what = f"{out} is a file" if p == out else f"{out} is under {p}, a file"
+            return [f"--out: {what}, not a folder; choose a new folder (or a run directory, with --resume)"]
+        if p.exists():
+            break
+    if not out.is_dir():
+        return []
+    try:
+        names = sorted(p.name for p in out.iterdir())
+    except OSError as exc:
+        return [f"--out: {out} cannot be read ({exc.strerror}); choose another folder"]
+    if not names or is_run_dir(out):
+        return []
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return [
+        f"--out: {out} is a folder that is not a run directory (it holds {shown}); a run writes its "
+        f"config.yaml, metrics and checkpoints there: choose a new or empty folder"
+    ]
+
+
+def run_dir_problems(
+    out: Path, resume: bool, iterations: int | None = None, *, fresh: bool = False
+) -> list[str]:
+    """``--out`` is a file or a folder of other files (:func:`out_problems`); the directory is
+    in use by another run; ``--resume`` finds no checkpoint, or its newest checkpoint already
+    holds ``iterations`` (the target) or more: there is nothing to run; with ``fresh``, a run
+    without ``--resume`` into a directory that already holds one (:func:`held_run_problems`)."""
+    out = Path(out)
+    if problems := out_problems(out):
+        return problems
     holder = RunLock.holder(out)
     if holder is not None:
         return [
@@ -379,7 +435,70 @@ def run_dir_problems(out: Path, resume: bool, iterations: int | None = None) -> 
         return [f"--resume: {out} has no checkpoint yet; start without --resume"]
     if resume and iterations is not None:
         return resume_target_problems(out, iterations)
+    if not resume and fresh:
+        return held_run_problems(out)
     return []
+
+
+def held_run_problems(out: Path) -> list[str]:
+    """A fresh run into ``out``, which already holds a run's rows: refused (the same words as
+    :class:`~digen.rundir.RunDir`, which refuses it too, for the callers that skip this check)."""
+    if not holds_rows(out):
+        return []
+    if latest_intact_checkpoint(out) is None:
+        return [
+            f"run directory {out} already holds a run that wrote no checkpoint (nothing to --resume from); "
+            f"choose another --out, or delete it to start over"
+        ]
+    return [f"run directory {out} already holds a run; pass --resume to continue it or choose another --out"]
+
+
+def checkpoint_fit_problems(cfg: Config, out: Path) -> list[str]:
+    """``--resume`` with a config whose trained tensors are not the newest checkpoint's: LoRA
+    on or off, another ``model.lora.rank`` (read from the checkpoint's tensor shapes) or other
+    ``model.lora.target_modules`` (from the run's ``config.yaml``). Refused before anything is
+    written: a resume that fails to load its weights would otherwise have started the cluster.
+    ``model.lora.alpha`` and the rest may change on a resume."""
+    ckpt = latest_intact_checkpoint(out)
+    if ckpt is None:
+        return []
+    shapes = {k: s for k, s in _safetensors_shapes(ckpt / "weights.safetensors").items() if "/" not in k}
+    if not shapes:
+        return []  # an unreadable checkpoint: the resume names it
+    lora = cfg.model.lora
+    ranks = {s[0] for k, s in shapes.items() if k.endswith(".lora_A.weight") and s}
+    found: list[str] = []
+    if lora.enabled and not ranks:
+        found.append(
+            "holds the whole transformer (model.lora.enabled was false), this config trains a LoRA adapter"
+        )
+    elif not lora.enabled and ranks:
+        found.append("holds a LoRA adapter, this config sets model.lora.enabled=false")
+    elif lora.enabled and ranks != {lora.rank}:
+        found.append(
+            f"holds a LoRA adapter of rank {', '.join(map(str, sorted(ranks)))}, this config sets model.lora.rank={lora.rank}"
+        )
+    if lora.enabled and not found:
+        try:
+            import yaml
+
+            before = (yaml.safe_load((Path(out) / "config.yaml").read_text()) or {})["model"]["lora"]
+        except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError):
+            before = None
+        if (
+            isinstance(before, dict)
+            and "target_modules" in before
+            and before["target_modules"] != lora.target_modules
+        ):
+            found.append(
+                f"was trained with model.lora.target_modules={before['target_modules']}, this config sets "
+                f"{lora.target_modules}"
+            )
+    return [
+        f"--resume: the checkpoint {ckpt} {why}: its weights do not fit; resume with the run's own config "
+        f"({Path(out) / 'config.yaml'}), or start a fresh run with another --out"
+        for why in found
+    ]
 
 
 def resume_target_problems(out: Path, iterations: int) -> list[str]:
@@ -400,11 +519,17 @@ def resume_target_problems(out: Path, iterations: int) -> list[str]:
     ]
 
 
+SAFETENSORS_HEADER_MAX = 100 * 2**20
+"""The largest header safetensors reads (its own limit)."""
+
+
 def _safetensors_shapes(path: Path) -> dict[str, list[int]]:
     """Tensor name -> shape from a safetensors file's header (its data is not read)."""
     try:
         with open(path, "rb") as f:
             (n,) = struct.unpack("<Q", f.read(8))
+            if n > min(SAFETENSORS_HEADER_MAX, path.stat().st_size - 8):
+                return {}  # not a safetensors file (its first 8 bytes are no header size)
             header = json.loads(f.read(n))
     except (OSError, ValueError, struct.error):
         return {}

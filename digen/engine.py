@@ -47,10 +47,22 @@ def run_training(
     if scheduler is None and cfg.schedule.mode != "reference":
         plan_local(cfg)  # workers that do not fit the GPUs: one line before anything starts
     if not checked:
-        check_inputs(cfg, out, resume=resume, health=True)
+        check_inputs(cfg, out, resume=resume, health=True, fresh=True)
     # a full disk anywhere in the run: one line, the bytes being those of a checkpoint
     with RunLock(out), disk_writes(out, needed=checkpoint_estimate(cfg, out, resume)):
         return _run(cfg, out, resume, redis_url, scheduler, progress, cancelled, job_id)
+
+
+def grid_images(out: Path, iteration: int, *, evaluation: bool = False) -> dict[str, Path]:
+    """The grid an iteration's row (or its evaluation) drew, for the loggers: written before
+    the progress callback hears of it (:func:`~digen.iteration.finish_iteration`,
+    :func:`~digen.evaluation.write_evaluation`); none when that iteration drew none."""
+    tag, path = (
+        ("eval/grid", out / "eval" / f"iter_{iteration:04d}.png")
+        if evaluation
+        else ("samples/grid", out / "samples" / f"iter_{iteration:04d}.png")
+    )
+    return {tag: path} if path.is_file() else {}
 
 
 def device_problem(cfg: Config) -> str | None:
@@ -84,7 +96,8 @@ def _run(
         if scalars is not None and "iteration" in m:
             if logger is None:  # opened on the first iteration: the run directory is checked by then
                 logger = make_loggers(cfg, out)
-            logger.log(scalars, int(m["iteration"]))
+            k = int(m["iteration"])
+            logger.log(scalars, k, images=grid_images(out, k, evaluation="event" in m))
         if progress is not None:
             progress(m)
 

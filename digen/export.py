@@ -64,6 +64,9 @@ class ExportResult:
     weights: Literal["policy", "ema"]
     lora_rank: int | None
     lora_alpha: int | None
+    base_model: str = ""
+    """The base pipeline folder the run trained on (``model.path``, or ``--model-path``): what a
+    LoRA export loads onto."""
 
 
 # --- the run ---------------------------------------------------------------------------
@@ -364,6 +367,7 @@ def export_run(
             weights="ema" if ema else "policy",
             lora_rank=lora_rank(lora_pairs(weights)) if trained_lora else None,
             lora_alpha=alpha,
+            base_model=str(base_dir.resolve()),
         )
         (staging / PROVENANCE_NAME).write_text(json.dumps(asdict(result), indent=1) + "\n")
     except BaseException:

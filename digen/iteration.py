@@ -49,7 +49,10 @@ ProgressFn = Callable[[dict], None]
 def progress_line(m: dict, total: int) -> str:
     """One iteration's progress as a log line, from its metrics row ``m``: what ``digen
     train`` writes to ``RUN_DIR/digen.log`` and ``digen serve`` to the job's log, in every
-    mode; an announcement (``{"event": ...}``) as ``event: key=value, ...``."""
+    mode; an announcement (``{"event": ...}``) as ``event: key=value, ...``, a resume as
+    ``resumed from iteration N/TOTAL (checkpoint PATH)`` (N iterations done, as the bar counts)."""
+    if m.get("event") == "resumed":
+        return f"resumed from iteration {int(m['iteration']) + 1}/{total} (checkpoint {m.get('checkpoint')})"
     if "event" in m or "iteration" not in m:
         return f"{m.get('event', 'event')}: " + ", ".join(f"{k}={v}" for k, v in m.items() if k != "event")
     return (
@@ -57,6 +60,34 @@ def progress_line(m: dict, total: int) -> str:
         f"± {m.get('reward_std', float('nan')):.4f}  loss {m.get('loss', float('nan')):.3g}  "
         f"{m.get('samples_per_s', 0.0):.1f} samples/s  bubble {m.get('bubble_ratio', 0.0):.2f}"
     )
+
+
+def within_iteration(book: IterationBook) -> dict:
+    """Where iteration ``book.iteration`` stands, for the progress display: ``{"event":
+    "progress", "iteration", "generated", "trained", "samples"}``, the samples generated and
+    scored so far, those whose train task has counted, and the iteration's sample count.
+
+    A train task counts its groups' trained samples (``train.groups_per_task``), a half or a
+    mini-batch part its share of them: the parts of a group are the tasks released for it (the
+    distributed controller opens each released task's stats), or ``train.mini_batches`` with
+    ``train.mini_batch_split: samples``."""
+    total = sum(len(t.sample_ids) for t in book.groups)
+    generated = sum(len(v) for v in book.rewards.values())
+    trained = 0.0
+    for (g, _), st in book.stats.items():
+        if st.rows <= 0:
+            continue
+        parts = book.cfg.train.mini_batches if book.by_samples else sum(1 for h, _ in book.stats if h == g)
+        for h in book.task_groups(g):
+            if h in book.specs:
+                trained += len(book.specs[h].samples) / max(parts, 1)
+    return {
+        "event": "progress",
+        "iteration": book.iteration,
+        "generated": generated,
+        "trained": min(round(trained), total),
+        "samples": total,
+    }
 
 
 @dataclass
@@ -396,5 +427,5 @@ def finish_iteration(run: RunDir, book: IterationBook, end: IterationEnd) -> dic
     run.append("timeline.jsonl", end.timeline)
     run.append("metrics.jsonl", [metrics])
     if end.grid:
-        write_sample_grid(run.samples / f"iter_{k:04d}.png", k, end.grid)
+        write_sample_grid(run.samples / f"iter_{k:04d}.png", k, end.grid, prompts=run.cfg.prompt_list())
     return metrics

@@ -10,10 +10,16 @@ ones: ``rollout/...`` (rewards, sample counts), ``train/...`` (loss, KL, clip fr
 into ``RUN_DIR/tensorboard``; W&B runs offline in ``RUN_DIR/wandb`` unless ``WANDB_MODE`` says
 otherwise (``wandb sync`` uploads it later).
 
+Images: the run's sample grid of an iteration (``samples/iter_NNNN.png``) as
+``samples/grid`` and a held-out evaluation's grid (``eval/iter_NNNN.png``) as ``eval/grid``, at
+the iteration's step: TensorBoard's IMAGES tab (``add_image``), W&B's media panel
+(``wandb.Image``, captioned with the iteration), as Flow-GRPO logs its samples. The grid is the
+file the run directory keeps (prompts and rewards drawn on it), sent once per grid drawn.
+
 Use::
 
     logger = make_loggers(cfg, run_dir)
-    logger.log(metrics_row, step=metrics_row["iteration"])   # once per iteration
+    logger.log(metrics_row, step=metrics_row["iteration"], images={"samples/grid": path})
     logger.close()
 """
 
@@ -77,8 +83,17 @@ def _per_sample_rewards(metrics: dict[str, Any]) -> list[float]:
     return [float(x) for x in vals if isinstance(x, int | float) and math.isfinite(float(x))]
 
 
+def _rgb(path: Path):
+    """A PNG as a uint8 ``[H, W, 3]`` array."""
+    import numpy as np
+    from PIL import Image
+
+    with Image.open(path) as im:
+        return np.asarray(im.convert("RGB"))
+
+
 class MetricsLogger(Protocol):
-    def log(self, metrics: dict[str, Any], step: int) -> None: ...
+    def log(self, metrics: dict[str, Any], step: int, images: dict[str, Path] | None = None) -> None: ...
 
     def close(self) -> None: ...
 
@@ -86,7 +101,7 @@ class MetricsLogger(Protocol):
 class NullLogger:
     """Logs nothing (no logger configured)."""
 
-    def log(self, metrics: dict[str, Any], step: int) -> None:
+    def log(self, metrics: dict[str, Any], step: int, images: dict[str, Path] | None = None) -> None:
         pass
 
     def close(self) -> None:
@@ -94,7 +109,8 @@ class NullLogger:
 
 
 class TensorBoardLogger:
-    """Scalars (namespaced) and a per-sample reward histogram into ``log_dir``'s event file."""
+    """Scalars (namespaced), a per-sample reward histogram and the grids (images) into
+    ``log_dir``'s event file."""
 
     def __init__(self, log_dir: Path):
         try:
@@ -107,7 +123,7 @@ class TensorBoardLogger:
         self.log_dir = Path(log_dir)
         self._writer = SummaryWriter(log_dir=str(self.log_dir))
 
-    def log(self, metrics: dict[str, Any], step: int) -> None:
+    def log(self, metrics: dict[str, Any], step: int, images: dict[str, Path] | None = None) -> None:
         for key, value in namespaced(metrics).items():
             self._writer.add_scalar(key, value, step)
         rewards = _per_sample_rewards(metrics)
@@ -115,6 +131,8 @@ class TensorBoardLogger:
             import numpy as np
 
             self._writer.add_histogram("rollout/rewards", np.asarray(rewards), step)
+        for tag, path in (images or {}).items():
+            self._writer.add_image(tag, _rgb(path), step, dataformats="HWC")
         self._writer.flush()
 
     def close(self) -> None:
@@ -133,8 +151,13 @@ class WandbLogger:
         run_dir.mkdir(parents=True, exist_ok=True)
         self._run = wandb.init(project=project, dir=str(run_dir), mode=mode, config=config, name=run_dir.name)
 
-    def log(self, metrics: dict[str, Any], step: int) -> None:
-        self._run.log(namespaced(metrics), step=step)
+    def log(self, metrics: dict[str, Any], step: int, images: dict[str, Path] | None = None) -> None:
+        import wandb
+
+        data: dict[str, Any] = dict(namespaced(metrics))
+        for tag, path in (images or {}).items():
+            data[tag] = wandb.Image(str(path), caption=f"{tag} after iteration {step}")
+        self._run.log(data, step=step)
 
     def close(self) -> None:
         self._run.finish()
@@ -146,9 +169,9 @@ class MultiLogger:
     def __init__(self, loggers: list[MetricsLogger]):
         self.loggers = loggers
 
-    def log(self, metrics: dict[str, Any], step: int) -> None:
+    def log(self, metrics: dict[str, Any], step: int, images: dict[str, Path] | None = None) -> None:
         for lg in self.loggers:
-            lg.log(metrics, step)
+            lg.log(metrics, step, images)
 
     def close(self) -> None:
         for lg in self.loggers:

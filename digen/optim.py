@@ -250,9 +250,8 @@ def open_store(
         prev = None
         if (ckpt / "previous_weights.safetensors").exists():
             prev = load_file(str(ckpt / "previous_weights.safetensors"))
-        last = int(state["iteration"])
-        run.truncate_after(last)
-        return Resumed(store, last + 1, prev)
+        # the run directory is left as it is until the weights have loaded (RunDir.resumed)
+        return Resumed(store, int(state["iteration"]) + 1, prev)
     return Resumed(store_type.fresh(initial(), cfg.train, device=device), 0, None)
 
 

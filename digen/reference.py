@@ -27,7 +27,15 @@ from digen.config import Config
 from digen.errors import JobCancelled
 from digen.evaluation import evaluates, held_out_prompts, progress_row
 from digen.evaluator import evaluate_inline
-from digen.iteration import IterationBook, IterationEnd, ProgressFn, checkpoints, draws_grid, finish_iteration
+from digen.iteration import (
+    IterationBook,
+    IterationEnd,
+    ProgressFn,
+    checkpoints,
+    draws_grid,
+    finish_iteration,
+    within_iteration,
+)
 from digen.optim import open_store, save_checkpoint
 from digen.rollout import Trajectories, generate_group
 from digen.rundir import RunDir
@@ -79,6 +87,10 @@ def _reference_loop(
     state = open_store(cfg, run, policy.trainable_state_dict, resume, device=str(policy.device))
     store = state.store
     load_version(policy, store.weights())
+    if resume:  # the checkpoint's weights fit the policy: now the run directory may change
+        resumed = run.resumed(state.start_iteration - 1)
+        if progress is not None:
+            progress(resumed)
     tsp = bool(cfg.schedule.resolved().tsp)
     held_out = held_out_prompts(cfg) if cfg.eval.every else []
     worker = {"worker": "reference", "gpu_type": cfg.cluster.local.gpu_type, "role": "reference"}
@@ -103,6 +115,8 @@ def _reference_loop(
             traj = generate_group(policy, task, cfg, reward, embeds=embed(task.prompt), timer=timer)
             trajs[task.group] = traj
             book.add_rewards(task.group, traj.rewards.tolist())
+            if progress is not None:
+                progress(within_iteration(book))
         norms = []
         for m in range(cfg.train.mini_batches):  # one optimizer step per mini-batch
             for g, part in mini_batch_tasks(book, m):
@@ -123,6 +137,8 @@ def _reference_loop(
                 # the book holds every task's gradient until the step (it sums them in group
                 # order): on the host, not in the GPU memory the next forward needs
                 book.add_gradient(g, {k: v.to("cpu") for k, v in grads.items()}, stats, part)
+                if progress is not None:
+                    progress(within_iteration(book))
             t0, c0 = time.time(), time.thread_time()
             grad, rows = book.gradient(m)
             last = m == cfg.train.mini_batches - 1

@@ -38,6 +38,11 @@ from typing import Any
 from digen.config import Config, dump_config
 from digen.errors import CheckpointError, ConfigError, DigenError
 
+RUN_DIR_MODE = 0o750
+"""The most a run directory's mode allows (less where the umask says so): its files, samples
+and checkpoints are the user's and their group's, never world-readable (the files themselves
+follow the umask; nobody else can enter the directory to read them)."""
+
 LOCK_NAME = ".digen.lock"
 """The run directory's lock file (holds the pid and host of the run using the directory)."""
 
@@ -52,6 +57,24 @@ class DiskFull(DigenError):
 
 
 # --- the run directory's lock -----------------------------------------------------------
+
+
+def private_dir(root: Path) -> Path:
+    """Create ``root`` (and its parents, as the umask makes them) for a run and take away what
+    :data:`RUN_DIR_MODE` does not allow: an existing folder of this user's (a new or empty one,
+    or a run directory) loses its access for others; the group's bits follow the umask. A
+    folder of another user's is left as it is (the run fails to write there if it must)."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    umask = os.umask(0)
+    os.umask(umask)
+    st = root.stat()
+    if st.st_uid == os.getuid():
+        mode = (st.st_mode & 0o7777) & (RUN_DIR_MODE | 0o7000) & ~umask | 0o700
+        if mode != st.st_mode & 0o7777:
+            os.chmod(root, mode)
+    return root
+
 
 _HELD: dict[Path, list[int]] = {}  # resolved root -> [fd, count] (re-entrant within a process)
 _HELD_LOCK = threading.Lock()
@@ -88,9 +111,9 @@ class RunLock:
             if self._key in _HELD:
                 _HELD[self._key][1] += 1
                 return self
-        self.root.mkdir(parents=True, exist_ok=True)
+        private_dir(self.root)
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -267,7 +290,7 @@ class RunDir:
     def __init__(self, root: Path, cfg: Config, *, resume: bool = False):
         self.root = Path(root)
         self.cfg = cfg
-        self.root.mkdir(parents=True, exist_ok=True)
+        private_dir(self.root)
         self.checkpoints = self.root / "checkpoints"
         self.samples = self.root / "samples"
         if not resume and holds_rows(self.root):
@@ -302,9 +325,12 @@ class RunDir:
     def prune_checkpoints(self) -> None:
         prune_checkpoints(self.checkpoints, self.cfg.output.keep_checkpoints)
 
-    def truncate_after(self, iteration: int) -> None:
-        """Resume from ``iteration``'s checkpoint: drop metrics and timeline rows of later
-        iterations and write this run's ``config.yaml``."""
+    def resumed(self, iteration: int) -> dict:
+        """The run resumes from ``iteration``'s checkpoint, whose weights have loaded: drop the
+        metrics, timeline and eval rows of later iterations and write this run's
+        ``config.yaml``. Called only then, so a refused resume changes nothing here. Returns
+        the announcement for the run's progress (``{"event": "resumed", "iteration": N,
+        "checkpoint": PATH}``: the console and ``digen.log`` say "resumed from iteration ...")."""
         self.write_config()
         for name in ("metrics.jsonl", "timeline.jsonl", "eval.jsonl"):
             path = self.root / name
@@ -314,6 +340,7 @@ class RunDir:
             text = "".join(json.dumps(r) + "\n" for r in rows)
             with disk_writes(self.root, path, len(text.encode())):
                 path.write_text(text)
+        return {"event": "resumed", "iteration": iteration, "checkpoint": str(self.checkpoint_dir(iteration))}
 
     # --- logs ------------------------------------------------------------------------
     def append(self, name: str, rows: list[dict[str, Any]]) -> None:

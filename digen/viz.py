@@ -124,10 +124,28 @@ def group_label(prompt: str, rewards: list[float], width_chars: int = 21, max_li
     return lines
 
 
-def write_sample_grid(path: Path, iteration: int, rows: list[GridRow], max_groups: int = 8) -> None:
-    """A PNG grid: one row per group (prompt on the left), each image labelled with its reward
-    (the first ``max_groups`` rows by group); nothing is written when there is no row."""
-    shown = sorted(rows, key=lambda r: r.group)[:max_groups]
+MAX_GRID_GROUPS = 64
+"""The most prompt groups one sample grid shows (its header says when an iteration had more)."""
+
+
+def write_sample_grid(
+    path: Path,
+    iteration: int,
+    rows: list[GridRow],
+    prompts: list[str] | None = None,
+    max_groups: int = MAX_GRID_GROUPS,
+) -> None:
+    """A PNG grid: one row per group (prompt on the left), each image labelled with its reward;
+    nothing is written when there is no row.
+
+    Every group of the iteration is shown (up to ``max_groups``), in prompt order: by the
+    position of its prompt in ``prompts`` (the run's prompt list), then by group, so the same
+    prompt sits on the same row at every iteration where it is drawn, and iteration 0's grid
+    and the last one's compare row by row. A prompt outside ``prompts`` (or no list) goes
+    after, by group."""
+    place = {p: i for i, p in reversed(list(enumerate(prompts or [])))}
+    ordered = sorted(rows, key=lambda r: (place.get(r.prompt, len(place)), r.group))
+    shown = ordered[:max_groups]
     if not shown:
         return
     ch = shown[0].cells.height
@@ -139,6 +157,8 @@ def write_sample_grid(path: Path, iteration: int, rows: list[GridRow], max_group
     draw = ImageDraw.Draw(grid)
     versions = sorted({r.version for r in shown})
     header = f"iteration {iteration} · policy v{'/'.join(map(str, versions))} · reward under each image"
+    if len(ordered) > len(shown):
+        header += f" · first {len(shown)} of {len(ordered)} groups"
     draw.text((2, 2), header, fill=TEXT, font=font)
     for k, r in enumerate(shown):
         y = HEADER_H + k * row_h

@@ -92,6 +92,9 @@ def prefork_server() -> int | None:
     return start_forked_server(FORKSERVER_PRELOAD, FORKSERVER_SHARED)
 
 
+SIGINT_PRELOAD = "digen.workers.interrupt"
+"""The local workers' Dask preload: they ignore a Ctrl-C, which the controller handles."""
+
 LOOPBACK = "127.0.0.1"
 """Where every listener of the embedded cluster binds."""
 
@@ -111,7 +114,7 @@ def nanny_options(
     not variables set since (``DIGEN_HOME``, ``DIGEN_FAULTS``, ...), which a spawned worker
     inherits. ``extra_env`` goes on top: a placed worker's GPU
     (:meth:`digen.cluster.placement.Slot.env`). ``security``: a ``distributed.Security`` (TLS)
-    or None."""
+    or None. The worker process ignores SIGINT (:data:`SIGINT_PRELOAD`)."""
     options = {
         "nthreads": threads,
         "resources": worker_resources(role, gpu_type),
@@ -120,6 +123,7 @@ def nanny_options(
         "silence_logs": worker_console_level,
         "env": {**os.environ, **(extra_env or {})},
         "host": LOOPBACK,
+        "preload": [SIGINT_PRELOAD],
     }
     if security is not None:
         options.update(security=security, protocol="tls")

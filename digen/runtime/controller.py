@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import signal
 import threading
 import time
@@ -63,7 +64,7 @@ from digen.core.scheduler import Scheduler, SchedulerConfig
 from digen.core.versions import iterations_behind
 from digen.errors import ConfigError, ConnectionFailure, JobCancelled
 from digen.evaluation import eval_task_count, held_out_prompts
-from digen.iteration import IterationEnd, ProgressFn, finish_iteration
+from digen.iteration import IterationEnd, ProgressFn, finish_iteration, within_iteration
 from digen.rundir import RunDir, checkpoint_advice, finalize_checkpoint
 from digen.runtime.dispatch import Dispatcher
 from digen.runtime.evals import Evaluations
@@ -86,6 +87,10 @@ the step in flight and ``digen cancel``."""
 COLLECT_WAIT_S = 0.25
 """How long the controller waits for an acknowledgement before its other business (an
 acknowledgement wakes it at once)."""
+INTERRUPT_WAIT_S = 3.0
+"""After a Ctrl-C, how long the controller waits, in all, for the worker loops to return
+(each drops its task between denoising steps, or after the task in hand) before it closes the
+cluster, which ends those still busy: the job stops within a few seconds."""
 
 
 @dataclass
@@ -113,6 +118,8 @@ class Controller:
     """The grad norms of the current iteration's steps so far (``train.mini_batches`` > 1)."""
     backlog: list[str] = field(default_factory=list)
     """Done tasks found by a reconciliation, collected with the next done ids."""
+    last_within: dict | None = None
+    """The last within-iteration progress reported (:meth:`report_within`)."""
 
     @property
     def client(self):
@@ -195,7 +202,19 @@ class Controller:
         events = self.results.collect(task_id, res)
         if events and isinstance(res, dict):
             self.members.task_done(res["worker"])
-        return self.handle(events)
+        instructions = self.handle(events)
+        self.report_within()
+        return instructions
+
+    def report_within(self) -> None:
+        """Tell the progress display where the oldest open iteration stands (samples
+        generated and trained, :func:`~digen.iteration.within_iteration`), when that changed."""
+        if self.progress is None or not self.ledger.books:
+            return
+        now = within_iteration(self.ledger.books[min(self.ledger.books)])
+        if now != self.last_within:
+            self.last_within = now
+            self.progress(now)
 
     # --- the end of an iteration ------------------------------------------------------------
     def mini_batch_done(self, step: StepResult) -> list[Instruction]:
@@ -442,7 +461,8 @@ def redis_lost(
 
 def resume_point(run: RunDir) -> tuple[int, int, str | None]:
     """(first iteration to run, the version it starts from, the checkpoint folder) of a
-    resumed run, from the newest checkpoint's ``state.json`` (its rows after it are dropped)."""
+    resumed run, from the newest checkpoint's ``state.json`` (its rows after it are dropped
+    by :meth:`~digen.rundir.RunDir.resumed` once the workers have started from it)."""
     from digen.errors import CheckpointError
 
     ckpt = run.latest_checkpoint()
@@ -456,7 +476,6 @@ def resume_point(run: RunDir) -> tuple[int, int, str | None]:
             f"checkpoint {ckpt} cannot be read ({type(exc).__name__}: {exc}); delete it to resume from the "
             f"one before, or start without --resume"
         ) from None
-    run.truncate_after(last)
     return last + 1, version, str(ckpt.resolve())
 
 
@@ -508,8 +527,6 @@ def run_distributed(
     queue.on_junk = lambda record: run.append("dead_letters.jsonl", [record])  # quarantined junk
     queue.clear()
     start_iteration, version, checkpoint = resume_point(run) if resume else (0, 0, None)
-    if resume:
-        run.write_config()
     group = TrainerGroup(r, job_id)
     ledger = Ledger(cfg, cfg.prompt_list())
     steps = StepControl(cfg, run, queue, group, ledger, version, checkpoint)
@@ -564,7 +581,7 @@ def run_distributed(
         cluster=cluster,
     )
     retry = r.get_retry()
-    redis_down = False
+    redis_down = interrupted = False
     restore_sigterm = _sigterm_stops(job_id, run)
     try:
         ctl.handle(members.sync(time.time()))
@@ -574,6 +591,10 @@ def run_distributed(
         with phase("workers ready"):
             members.wait_ready(ctl.handle, expected=n_local if cluster else 0)
         add_worker_notes(job.startup_notes())
+        if resume:  # the workers have started from the checkpoint: now the run directory may change
+            resumed = run.resumed(start_iteration - 1)
+            if progress is not None:
+                progress(resumed)
         if cfg.train.fsdp:
             fsdp = FsdpControl.create(queue, job, ledger, run, version, checkpoint)
             fsdp.start(members)
@@ -601,14 +622,24 @@ def run_distributed(
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         redis_down = True
         raise redis_lost(url, retry, outage_s=s.redis_outage_s, exc=exc, out=out) from None
+    except KeyboardInterrupt:  # Ctrl-C: stopped as a cancel is, without waiting on the task in hand
+        interrupted = True
+        if progress is not None:
+            progress({"event": "interrupted"})  # the bar stops now, not after the shutdown
+        job.set_status("cancelled")  # the loops drop their task and return
+        queue.wake(*members.workers)
+        raise
     except BaseException:
         if not redis_down:
             job.set_status("failed" if job.status() != "cancel" else "cancelled")
         raise
     finally:
+        # the loops return within a task; on Ctrl-C closing the cluster ends any still busy
+        deadline = time.time() + (INTERRUPT_WAIT_S if interrupted else math.inf)
         for fut in members.loops.values():
             try:
-                fut.result(timeout=1 if redis_down else 30)
+                wait = 1 if redis_down else 30
+                fut.result(timeout=max(0.0, min(wait, deadline - time.time())))
             except Exception:  # noqa: BLE001 - a loop's error was already logged by it
                 pass
         client.close()

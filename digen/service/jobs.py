@@ -321,10 +321,37 @@ def submit(
 
 
 def resume(
-    r: redis.Redis, job_id: str, *, retries: int = DEFAULT_RETRIES, timeout_s: int = DEFAULT_TIMEOUT_S
+    r: redis.Redis,
+    job_id: str,
+    *,
+    retries: int = DEFAULT_RETRIES,
+    timeout_s: int = DEFAULT_TIMEOUT_S,
+    overrides: list[str] | None = None,
 ) -> str:
-    """Enqueue a new job that continues ``job_id``'s run directory from its newest checkpoint."""
+    """Enqueue a new job that continues ``job_id``'s run directory from its newest checkpoint,
+    with ``overrides`` (``--set key=value``) applied to its config: e.g. more ``iterations``
+    for a job that finished. The resumed run checks them against its checkpoint (a config whose
+    weights do not fit it is refused, digen.checks)."""
     info = job_info(r, job_id)
+    if r.hexists(info_key(job_id), "refused"):  # before its arguments are read: they are not digen's
+        raise ConfigError(
+            f"job {job_id} was refused (not digen's job, see digen status {job_id}): nothing to resume"
+        )
+    old = _fetch(r, job_id)
+    args = dict(old.kwargs)
+    total = info.total
+    if overrides:
+        from digen.config import build_config
+
+        source = args.get("source_dir")
+        cfg = build_config(
+            args["config"],
+            overrides,
+            source_dir=Path(source) if source else None,
+            check_paths=False,
+            algorithms=False,
+        )
+        args["config"], total = cfg.model_dump(mode="json"), cfg.iterations
     if info.state in ("queued", "starting", "running", "cancelling"):
         raise ConfigError(
             f"job {job_id} is {info.state}: only a stopped job can be resumed; "
@@ -334,16 +361,14 @@ def resume(
         raise ConfigError(
             f"job {job_id} was already resumed as {info.resumed_by}; digen submit --resume {info.resumed_by}"
         )
-    if info.state == "done":
-        raise ConfigError(f"job {job_id} finished all {info.total} iterations: nothing to resume")
-    if r.hexists(info_key(job_id), "refused"):
+    if info.state == "done" and total <= info.total:
         raise ConfigError(
-            f"job {job_id} was refused (not digen's job, see digen status {job_id}): nothing to resume"
+            f"job {job_id} finished all {info.total} iterations: nothing to resume; raise the target "
+            f"with --set iterations={info.total + 1} (or more)"
         )
-    old = _fetch(r, job_id)
-    args = dict(old.kwargs)
     args["resume"] = True
     meta = {k: old.meta.get(k) for k in ("config", "mode", "total")}
+    meta["total"] = total
     meta["resumed_from"] = job_id
     new_id = _enqueue(r, args, job_id=new_job_id(), retries=retries, timeout_s=timeout_s, meta=meta)
     r.hset(info_key(job_id), "resumed_by", new_id)
@@ -433,6 +458,11 @@ class JobInfo:
     resumed_by: str | None
     quarantined: int = 0
     """Junk read from Redis (not a task id, not a payload) moved to the dead letters."""
+    elapsed_s: float | None = None
+    """Seconds since the job started (to its end, once ended); None before it starts."""
+    eta_s: float | None = None
+    """A running job's seconds to go: its iterations left at the pace of those it ran in this
+    attempt (a resumed job's earlier ones not counted); None until one has finished."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -488,20 +518,31 @@ def _info_from(job: Job, info: dict[bytes, bytes], alive: bool) -> JobInfo:
     status = job.get_status(refresh=False)
     started = meta.get("started") or _ts(job.started_at)
     error = meta.get("error")
-    if status == JobStatus.FAILED and not error:
+    state = _derive_state(status, meta, info, alive, _ts(job.started_at))
+    if status == JobStatus.FAILED and not error and state != "cancelled":  # a cancel is no error
         result = job.latest_result()
         error = (result.exc_string or "").strip().splitlines()[-1:] if result is not None else None
         error = error[0] if error else None
+    if state == "cancelled":
+        error = None
+    ended = meta.get("ended") or _ts(job.ended_at)
+    elapsed = eta = None
+    if started:
+        elapsed = max(0.0, (ended or time.time()) - float(started))
+        done = int(meta.get("iteration") or 0) - int(meta.get("start_iteration") or 0)
+        left = int(meta.get("total") or 0) - int(meta.get("iteration") or 0)
+        if state == "running" and done > 0 and left >= 0:
+            eta = elapsed / done * left
     return JobInfo(
         id=job.id,
-        state=_derive_state(status, meta, info, alive, _ts(job.started_at)),
+        state=state,
         iteration=int(meta.get("iteration") or 0),
         total=int(meta.get("total") or 0),
         reward=meta.get("reward"),
         samples_per_s=meta.get("samples_per_s"),
         submitted=meta.get("submitted"),
         started=started,
-        ended=meta.get("ended") or _ts(job.ended_at),
+        ended=ended,
         run_dir=str(meta.get("run_dir") or ""),
         config=str(meta.get("config") or ""),
         mode=str(meta.get("mode") or ""),
@@ -512,6 +553,8 @@ def _info_from(job: Job, info: dict[bytes, bytes], alive: bool) -> JobInfo:
         resumed_from=_text(info.get(b"resumed_from") or b"") or None,
         resumed_by=_text(info.get(b"resumed_by") or b"") or None,
         quarantined=_int(meta.get("quarantined")),
+        elapsed_s=None if elapsed is None else round(elapsed, 1),
+        eta_s=None if eta is None else round(eta, 1),
     )
 
 

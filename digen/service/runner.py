@@ -73,6 +73,29 @@ from digen.service.jobs import (
 )
 
 log = logging.getLogger(__name__)
+SERVE_LOG = logging.getLogger("digen.serve")
+"""One line per job start and outcome on ``digen serve``'s console (the CLI gives it a handler
+at INFO; it does not propagate into the job's own log, which gets the same line)."""
+
+
+class OneLineJobErrors(logging.Filter):
+    """Drop rq's traceback of a job that failed with a :class:`~digen.errors.DigenError`
+    (a cancel, bad input, a lost Redis): that error is already one line, said by
+    :data:`SERVE_LOG` and kept in the job's log and ``digen status``. An error digen did not
+    expect keeps its traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "exception raised while executing" not in str(record.msg) or not record.args:
+            return True
+        last = (str(record.args[-1]).strip().splitlines() or [""])[-1]
+        return not last.startswith(("digen.errors.", "digen.rundir."))
+
+
+def _say(r: redis.Redis, jid: str, line: str) -> None:
+    """``line`` in the job's log and, as ``job ID: line``, on ``digen serve``'s console."""
+    push_log(r, jid, line)
+    SERVE_LOG.info("job %s: %s", jid, line)
+
 
 CONFIRM_S = 10.0
 """Seconds a started job's heartbeat must stay gone (Redis server clock) before a runner
@@ -432,7 +455,12 @@ def serve(
             job_monitoring_interval=JOB_MONITORING_S,
         )
         try:
-            worker.work(burst=burst, logging_level="INFO" if verbose else "WARNING")
+            rq_log = logging.getLogger("rq.worker")  # the work horses fork with it
+            if not any(isinstance(f, OneLineJobErrors) for f in rq_log.filters):
+                rq_log.addFilter(OneLineJobErrors())
+            # rq's INFO lines are its own bookkeeping (every maintenance round); a job's start and
+            # outcome are digen.serve's lines, its progress the job's log (--verbose prints it)
+            worker.work(burst=burst, logging_level="WARNING")
         except ValueError as exc:
             if "active worker" not in str(exc):
                 raise
@@ -477,7 +505,7 @@ def execute_job(config: dict, source_dir: str | None, out: str, resume: bool = F
     if b"cancel" in info:
         _finish_meta(job, "cancelled")
         job.retries_left = 0
-        push_log(r, jid, "not run: cancelled")
+        _say(r, jid, "not run: cancelled")
         raise JobCancelled(f"job {jid} was cancelled before it ran")
 
     beat = _Heartbeat(r, jid, {"pid": os.getpid(), "host": socket.gethostname()})
@@ -502,7 +530,7 @@ def execute_job(config: dict, source_dir: str | None, out: str, resume: bool = F
         reason = (reason.splitlines() or [type(exc).__name__])[0][:500]
         _note_quarantined(r, job, attempt)
         _finish_meta(job, state, error=None if cancelled else reason)
-        push_log(
+        _say(
             r,
             jid,
             "cancelled; the run directory keeps the last checkpoint"
@@ -577,6 +605,7 @@ def _run(
             {
                 "state": "running",
                 "iteration": done,
+                "start_iteration": done,  # digen status's ETA counts this attempt's iterations
                 "total": cfg.iterations,
                 "run_dir": str(out),
                 "started": time.time(),
@@ -591,9 +620,11 @@ def _run(
         job.save_meta()
         where = f"serve {ctx.name}" if ctx else "an rq worker"
         how = f"resuming after iteration {done}" if resume else "starting"
-        push_log(r, jid, f"{how} on {where} (attempt {attempt}), run directory {out}")
+        _say(r, jid, f"{how} on {where} (attempt {attempt}), run directory {out}")
 
         def progress(m: dict) -> None:
+            if m.get("event") == "progress":  # within an iteration: the job's log keeps iterations
+                return
             if "event" in m or "iteration" not in m:
                 push_log(r, jid, _event_line(m))
                 return
@@ -624,7 +655,7 @@ def _run(
             )
     _note_quarantined(r, job, attempt)
     _finish_meta(job, "done")
-    push_log(
+    _say(
         r,
         jid,
         f"done: {summary['iterations']} iterations, {summary['samples']} samples, "

@@ -250,3 +250,25 @@ def test_simulate_all_prints_json_per_config_with_a_step_per_mode(tmp_path):
     assert [m["mode"] for m in row["modes"]] == ["colocated", "digen", "colocated-digen"]
     steps = [line.split(": step ")[1] for line in res.stderr.splitlines() if ": step " in line]
     assert steps == [f"{i}/3 flow-grpo-flux @ A {m['mode']}" for i, m in enumerate(row["modes"], 1)]
+
+
+def test_algorithms_in_a_pipe_cut_no_path():
+    """Piped, a long path in a folded column stays whole (Rich folded it at the column's width)."""
+    res = cli("algorithms")
+    assert res.exit_code == 0
+    assert "flow_grpo/diffusers_patch/sd3_sde_with_logprob.py" in res.stdout
+
+
+def test_help_summaries_are_whole_sentences_and_show_no_python_types():
+    """The command list wraps each summary at the terminal, not where its docstring's source
+    wraps; a repeatable option shows what one value is, not ``<list[str]>``; cancel says the
+    iteration in progress is lost."""
+    res = cli("--help", env={"COLUMNS": "400"})
+    line = next(ln for ln in res.stdout.splitlines() if "make-tiny-model" in ln)
+    assert "--layers/--heads/--head-dim make an sd3 transformer" in line
+    for command in ("train", "submit", "bench", "certs", "worker"):
+        text = cli(command, "--help", env=WIDE).stdout
+        assert "list[" not in text, text
+    assert "<KEY=VALUE>" in help_rows("train")["--set"]
+    cancel = " ".join(cli("cancel", "--help", env=WIDE).stdout.split())
+    assert "the iteration in progress is lost" in cancel and "after a checkpoint" not in cancel

@@ -312,6 +312,9 @@ def test_cli_exports_a_trained_run(tiny_sd3, tmp_path):
     res = runner.invoke(app, ["export", str(tmp_path / "run"), "--out", str(tmp_path / "lora")])
     assert res.exit_code == 0, res.output
     assert "iteration 0" in res.output and "load_lora_weights" in res.output
+    # the hint names the run's base model, not a placeholder
+    assert f"StableDiffusion3Pipeline.from_pretrained({str(Path(tiny_sd3).resolve())!r})" in res.output
+    assert "BASE" not in res.output
     weights = load_file(str(tmp_path / "run/checkpoints/iter_0000/weights.safetensors"))
     ours, x0, seq = digen_sample(tiny_sd3, "sd3", weights)
     pipe = stock_pipeline(tiny_sd3)

@@ -1,8 +1,10 @@
 """The bad-input catalogue: each mistake gives one line naming the problem and the fix, exit code
 2 (input) or 1 (runtime), and nothing already stored is lost.
 
-``digen train`` runs in-process (typer's CliRunner) on a run directory that already holds a
-finished run; at the end every file of that run is unchanged."""
+``digen train`` runs in-process (typer's CliRunner); a ``--resume`` (and a mistake caught by
+the config's loading) goes to a run directory that already holds a finished run, a fresh run to
+a new folder (into the stored run it would be refused for that alone); at the end every file of
+the stored run is unchanged."""
 
 from __future__ import annotations
 
@@ -136,13 +138,13 @@ def test_a_folder_that_is_not_a_diffusers_pipeline(tiny_sd3: Path, stored_run: P
     (tmp_path / "not-a-model").mkdir()
     (tmp_path / "not-a-model" / "weights.bin").write_bytes(b"x")
     path = write_config(tmp_path, tmp_path / "not-a-model")
-    code, err = train(str(path), out=stored_run)
+    code, err = train(str(path), out=tmp_path / "run")
     assert code == 2 and "is not a diffusers pipeline folder (no model_index.json)" in one_line(err)
 
 
 def test_a_reward_that_does_not_exist(tiny_sd3: Path, stored_run: Path, tmp_path: Path, started: list[str]):
     path = write_config(tmp_path, tiny_sd3, reward=[{"name": "brightnes"}], schedule={"mode": "digen"})
-    code, err = train(str(path), out=stored_run)
+    code, err = train(str(path), out=tmp_path / "run")
     line = one_line(err)
     assert code == 2 and "reward 'brightnes' does not exist; did you mean 'brightness'? (available:" in line
     assert started == []  # refused before any cluster starts
@@ -155,7 +157,7 @@ def test_an_unreachable_reward_server(tiny_sd3: Path, stored_run: Path, tmp_path
         reward=[{"name": "http", "kwargs": {"url": "http://127.0.0.1:1"}}],
         schedule={"mode": "digen"},
     )
-    code, err = train(str(path), out=stored_run)
+    code, err = train(str(path), out=tmp_path / "run")
     line = one_line(err)
     assert code == 1 and "reward server http://127.0.0.1:1" in line and "connection refused" in line
     assert "digen reward-server" in line and started == []
@@ -165,7 +167,7 @@ def test_an_unreachable_redis_fails_before_anything_starts_naming_it(
     tiny_sd3: Path, stored_run: Path, tmp_path: Path, started: list[str]
 ):
     path = write_config(tmp_path, tiny_sd3, schedule={"mode": "digen"})
-    code, err = train(str(path), "--redis-url", "redis://127.0.0.1:1/0", out=stored_run)
+    code, err = train(str(path), "--redis-url", "redis://127.0.0.1:1/0", out=tmp_path / "run")
     line = one_line(err)
     assert code == 1 and "cannot reach Redis at redis://127.0.0.1:1/0 (connection refused)" in line
     assert "--redis-url" in line and started == []
@@ -175,7 +177,7 @@ def test_an_unreachable_scheduler_fails_before_anything_starts_naming_it(
     tiny_sd3: Path, stored_run: Path, tmp_path: Path, started: list[str]
 ):
     path = write_config(tmp_path, tiny_sd3, schedule={"mode": "digen"})
-    code, err = train(str(path), "--scheduler", "tcp://127.0.0.1:1", out=stored_run)
+    code, err = train(str(path), "--scheduler", "tcp://127.0.0.1:1", out=tmp_path / "run")
     line = one_line(err)
     assert code == 1 and "cannot reach the Dask scheduler at tcp://127.0.0.1:1" in line
     assert "dask scheduler" in line and started == []
@@ -183,7 +185,7 @@ def test_an_unreachable_scheduler_fails_before_anything_starts_naming_it(
 
 def test_a_gpu_type_no_task_may_use(tiny_sd3: Path, stored_run: Path, tmp_path: Path, started: list[str]):
     path = write_config(tmp_path, tiny_sd3, schedule={"mode": "digen"}, cluster={"gpu_types": ["h100"]})
-    code, err = train(str(path), out=stored_run)
+    code, err = train(str(path), out=tmp_path / "run")
     line = one_line(err)
     assert code == 2 and "cluster.local.gpu_type (cpu) is not in cluster.gpu_types ['h100']" in line
     assert "add cpu to cluster.gpu_types" in line and started == []
@@ -391,7 +393,7 @@ def test_inputs_are_checked_before_anything_starts(
     path = write_config(tmp_path, tiny_sd3, schedule={"mode": mode}, **sections)
     args = [str(path), *[x for s in sets for x in ("--set", s)], *(["--resume"] if resume else [])]
     kept = snapshot(stored_run)
-    code, err = train(*args, out=stored_run)
+    code, err = train(*args, out=stored_run if resume else tmp_path / "run")
     assert snapshot(stored_run) == kept  # not even config.yaml rewritten, no eval.jsonl created
     line = one_line(err)
     assert code == 2, err
@@ -428,3 +430,146 @@ def test_submit_checks_every_input_before_it_enqueues(tiny_sd3: Path, tmp_path: 
     finally:
         r.close()
         stop_embedded(tmp_path / "home" / "digen.db")
+
+
+RESUMES_THAT_DO_NOT_FIT = [
+    # (what, --set overrides, expected words): the stored run trained a rank-4 adapter
+    ("another LoRA rank", ["model.lora.rank=2"], ["holds a LoRA adapter of rank 4", "model.lora.rank=2"]),
+    ("LoRA off", ["model.lora.enabled=false"], ["holds a LoRA adapter", "model.lora.enabled=false"]),
+    (
+        "other target modules",
+        ["model.lora.target_modules=[to_q]"],
+        ["was trained with model.lora.target_modules=None", "['to_q']"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("what", "sets", "words"), RESUMES_THAT_DO_NOT_FIT, ids=[m[0] for m in RESUMES_THAT_DO_NOT_FIT]
+)
+@pytest.mark.parametrize("mode", ["reference", "digen"])
+def test_a_resume_whose_weights_do_not_fit_changes_nothing(
+    what, sets, words, mode, tiny_sd3, stored_run, tmp_path, refused_early
+):
+    """``--resume`` with a config whose trained tensors are not the checkpoint's: one line,
+    exit 2, before anything starts; the run directory byte for byte as it was (config.yaml
+    was rewritten before the weights were checked)."""
+    path = write_config(tmp_path, tiny_sd3, iterations=2, schedule={"mode": mode})
+    kept = snapshot(stored_run)
+    code, err = train(str(path), "--resume", *[x for s in sets for x in ("--set", s)], out=stored_run)
+    line = one_line(err)
+    assert code == 2, err
+    for w in words:
+        assert w in line, line
+    assert "resume with the run's own config" in line and refused_early == []
+    assert snapshot(stored_run) == kept
+
+
+def test_a_resume_refused_by_the_weights_themselves_changes_nothing(tiny_sd3, stored_run, tmp_path):
+    """A checkpoint the file checks cannot judge (its run's config.yaml is gone) whose weights
+    do not fit the policy: the load refuses, and neither the metrics are truncated nor a
+    config.yaml written (the run directory changes only once the weights have loaded)."""
+    run = tmp_path / "copy"
+    shutil.copytree(stored_run, run)
+    (run / "config.yaml").unlink()
+    kept = snapshot(run)
+    path = write_config(tmp_path, tiny_sd3, iterations=2, model__lora__target_modules=["to_q"])
+    code, err = train(str(path), "--resume", out=run)
+    assert code == 2 and "LoRA adapter state dict does not match the model" in one_line(err)
+    assert snapshot(run) == kept
+
+
+def test_out_that_cannot_be_a_run_directory_is_refused_and_left_alone(tiny_sd3, tmp_path, refused_early):
+    """``--out`` at a file, under a file, or at a folder of the user's own (its config.yaml
+    was silently replaced): one line, exit 2, every byte there kept."""
+    mine = tmp_path / "project"
+    mine.mkdir()
+    (mine / "config.yaml").write_text("my: own config\n")
+    (mine / "notes.txt").write_text("mine\n")
+    afile = tmp_path / "a-file"
+    afile.write_text("not a folder\n")
+    path = write_config(tmp_path, tiny_sd3, schedule={"mode": "digen"})
+    cases = [
+        (afile, f"--out: {afile} is a file, not a folder"),
+        (afile / "run", f"--out: {afile / 'run'} is under {afile}, a file, not a folder"),
+        (mine, f"--out: {mine} is a folder that is not a run directory (it holds config.yaml, notes.txt)"),
+    ]
+    kept = snapshot(tmp_path)
+    for out, words in cases:
+        for resume in ([], ["--resume"]):
+            code, err = train(str(path), *resume, out=out)
+            assert code == 2 and words in one_line(err), err
+    assert snapshot(tmp_path) == kept and refused_early == []
+    empty = tmp_path / "empty"  # a new or an empty folder is where a run goes
+    empty.mkdir()
+    from digen.checks import out_problems
+
+    assert out_problems(empty) == [] and out_problems(tmp_path / "new") == []
+
+
+REFUSED_BEFORE_ANYTHING_SHOWS = [
+    # (what, config sections, --set overrides, prompt file bytes or None, run directory, --resume, words)
+    ("--resume with no checkpoint", {}, [], None, "new", True, "has no checkpoint yet"),
+    ("--resume to a reached target", {}, ["iterations=1"], None, "stored", True, "nothing to run"),
+    ("a fresh run into a run directory", {}, [], None, "stored", False, "already holds a run"),
+    ("model.resolution=17", {}, ["model.resolution=17"], None, "new", False, "must be a multiple of 16"),
+    ("an empty prompts file", {}, [], b"", "new", False, "holds no prompt"),
+    ("a non-UTF-8 prompts file", {}, [], "café\n".encode("latin-1"), "new", False, "is not UTF-8 text"),
+    ("a binary prompts file", {}, [], PNG, "new", False, "is not UTF-8 text"),
+    (
+        "max_sequence_length=100000",
+        {},
+        ["model.max_sequence_length=100000"],
+        None,
+        "new",
+        False,
+        "exceeds 32",
+    ),
+    (
+        "a bad reward port",
+        {"reward": [{"name": "http", "kwargs": {"url": "http://127.0.0.1:99999"}}]},
+        [],
+        None,
+        "new",
+        False,
+        "is not a number from 1 to 65535",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("what", "sections", "sets", "prompt_bytes", "where", "resume", "words"),
+    REFUSED_BEFORE_ANYTHING_SHOWS,
+    ids=[m[0] for m in REFUSED_BEFORE_ANYTHING_SHOWS],
+)
+def test_refusals_are_one_line_before_the_placement_or_the_bar(
+    what,
+    sections,
+    sets,
+    prompt_bytes,
+    where,
+    resume,
+    words,
+    tiny_sd3,
+    stored_run,
+    tmp_path,
+    refused_early,
+    started,
+):
+    """``digen train`` in digen mode with its own console (rich): a refusal that the files
+    decide is the whole output, one line, exit 2; no placement, no progress bar, no start-up
+    line (they were printed first), no run started, nothing written."""
+    if prompt_bytes is not None:
+        (tmp_path / "prompts.txt").write_bytes(prompt_bytes)
+        sections = {**sections, "prompts": {"file": str(tmp_path / "prompts.txt")}}
+    path = write_config(tmp_path, tiny_sd3, schedule={"mode": "digen"}, **sections)
+    out = stored_run if where == "stored" else tmp_path / "run"
+    kept = snapshot(stored_run)
+    args = ["train", str(path), "--out", str(out), *[x for s in sets for x in ("--set", s)]]
+    res = CliRunner().invoke(app, [*args, *(["--resume"] if resume else [])])
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+    lines = [ln for ln in (res.stdout + res.stderr).splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], lines
+    assert res.exit_code == 2
+    assert refused_early == [] and started == []
+    assert snapshot(stored_run) == kept and not (tmp_path / "run").exists()

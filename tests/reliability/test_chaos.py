@@ -105,7 +105,7 @@ def test_a_trainer_killed_right_after_the_other_reported_its_reduction_loses_no_
     def progress(row: dict) -> None:
         # why any member aborted a step (written by the member); a restarted trainer that
         # acted on its predecessor's step command would leave a StateLost or a BlobLost here
-        if "iteration" in row:
+        if "iteration" in row and "event" not in row:  # an iteration's row
             r = connect(None)
             group = TrainerGroup(r, job_id)
             for i in range(cfg.iterations):

@@ -145,3 +145,34 @@ def test_two_digen_train_into_one_folder_write_every_iteration_once(tiny_sd3: Pa
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["iteration"] for m in rows] == list(range(iterations))
     assert not (run / LOCK_NAME).exists()
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_a_run_directory_is_not_world_readable(tmp_path, umask):
+    """A run's directory allows the user and (as the umask says) their group, never others:
+    made new, or taken over from a folder that was world-readable (41-L5); never widened."""
+    import os
+    import stat
+
+    from digen.rundir import RUN_DIR_MODE, private_dir
+
+    old = os.umask(umask)
+    try:
+        new = private_dir(tmp_path / "runs" / "new")
+        existing = tmp_path / "existing"
+        existing.mkdir()
+        os.chmod(existing, 0o755)
+        private_dir(existing)
+        narrow = tmp_path / "narrow"
+        narrow.mkdir()
+        os.chmod(narrow, 0o700)
+        private_dir(narrow)
+        with RunLock(tmp_path / "locked"):
+            lock_mode = stat.S_IMODE((tmp_path / "locked" / LOCK_NAME).stat().st_mode)
+            locked = stat.S_IMODE((tmp_path / "locked").stat().st_mode)
+    finally:
+        os.umask(old)
+    for folder in (new, existing):
+        assert stat.S_IMODE(folder.stat().st_mode) == RUN_DIR_MODE & ~umask
+    assert locked == RUN_DIR_MODE & ~umask and lock_mode & 0o007 == 0
+    assert stat.S_IMODE(narrow.stat().st_mode) == 0o700

@@ -71,7 +71,7 @@ def test_server_process_scores_like_the_local_reward_and_its_death_is_reported(s
         run_reference(local, tmp_path / "local")
 
         def kill_after_first(m):
-            if m["iteration"] == 1:
+            if "event" not in m and m["iteration"] == 1:
                 server.kill()
                 server.wait()
 

@@ -155,6 +155,9 @@ def test_one_gpu_worker_service_takes_every_gpu_of_its_node(compose: dict):
     cmd = s["command"]
     assert cmd[cmd.index("--gpus") + 1] == "auto" and "--device" not in cmd and "--gpu-type" not in cmd
     assert parse_roles(cmd[cmd.index("--role") + 1], 8) == ["trainer"] + ["rollout"] * 7
+    # NCCL's shared memory: more than Docker's 64 MB /dev/shm (or the host's IPC namespace)
+    shm = str(s.get("shm_size", "64m")).lower()
+    assert s.get("ipc") == "host" or (shm.endswith("gb") and int(shm[:-2]) >= 1), s
 
 
 @pytest.mark.parametrize("profile", ["cpu", "gpu"])

@@ -65,6 +65,8 @@ def test_serve_burst_and_submit_wait_on_a_laptop_match_digen_train(
     out = procs.output(submit)
     job_id = out.splitlines()[0].strip()
     assert f"iteration {ITERATIONS}/{ITERATIONS}" in out and f"job {job_id}: done" in out
+    said = procs.output(serve)  # one line per job start and outcome on serve's console
+    assert f"job {job_id}: starting on" in said and f"job {job_id}: done: {ITERATIONS} iterations" in said
     (info,) = listed
     assert (info.id, info.state, info.iteration, info.total, info.attempts) == (
         job_id,

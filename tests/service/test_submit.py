@@ -308,6 +308,91 @@ def test_submit_warns_when_no_runner_is_up(r, tiny_sd3: Path, tmp_path: Path):
     assert jobs.live_runners(r) == []
 
 
+def test_status_shows_elapsed_time_and_eta_and_a_cancel_is_no_error(r, tiny_sd3: Path, tmp_path: Path):
+    """A running job resumed at iteration 2 that reached iteration 6 of 10 in 80 s: elapsed 80 s,
+    ETA 80 s (4 iterations left at this attempt's 20 s each), in the JSON and the table; a
+    cancelled job shows no error (it was digen.errors.JobCancelled)."""
+    from rq.job import Job, JobStatus
+    from rq.serializers import JSONSerializer
+
+    job_id = submit_ok(tiny_sd3, tmp_path / "run")
+    _mark_started(r, job_id, time.time() - 80, "running")
+    job = Job.fetch(job_id, connection=r, serializer=JSONSerializer)
+    job.meta.update({"iteration": 6, "start_iteration": 2, "total": 10})
+    job.save_meta()
+    r.set(jobs.alive_key(job_id), "{}", px=600_000)
+    info = status_json(job_id)
+    assert info["state"] == "running"
+    assert 80 <= info["elapsed_s"] < 80 + 60 and info["eta_s"] == pytest.approx(info["elapsed_s"], rel=1e-3)
+    row = next(ln for ln in cli("status").stdout.splitlines() if job_id in ln)
+    assert "0:01:" in row  # elapsed and ETA as h:mm:ss
+    from rq.results import Result
+
+    job.set_status(JobStatus.FAILED)  # what rq records of a job cancelled while it ran
+    Result.create_failure(
+        job, 600, "Traceback ...\ndigen.errors.JobCancelled: job cancelled during iteration 6"
+    )
+    job.meta.update({"error": None})
+    job.save_meta()
+    r.hset(jobs.info_key(job_id), "cancel", "1")
+    r.delete(jobs.alive_key(job_id))
+    info = status_json(job_id)
+    assert info["state"] == "cancelled" and info["error"] is None and info["eta_s"] is None
+
+
+def test_submit_resume_takes_set_to_raise_a_finished_jobs_iterations(r, tiny_sd3: Path, tmp_path: Path):
+    """``digen submit --resume JOB --set iterations=12``: the new job's config and total carry
+    the override; a finished job needs one (refused, naming it, without), CONFIG and --out
+    are still refused with --resume."""
+    from rq.job import Job, JobStatus
+    from rq.serializers import JSONSerializer
+
+    job_id = submit_ok(tiny_sd3, tmp_path / "run")
+    jobs.job_queue(r).remove(job_id)
+    job = Job.fetch(job_id, connection=r, serializer=JSONSerializer)
+    job.set_status(JobStatus.FINISHED)
+    job.meta.update({"state": "done", "iteration": 8, "total": 8})
+    job.save_meta()
+    assert status_json(job_id)["state"] == "done"
+    res = cli("submit", "--resume", job_id)
+    assert (
+        res.exit_code == 2
+        and "finished all 8 iterations" in res.output
+        and "--set iterations=9" in res.output
+    )
+    res = cli("submit", "--resume", job_id, "--out", tmp_path / "elsewhere")
+    assert res.exit_code == 2 and "drop CONFIG and --out" in res.output
+    res = cli("submit", "--resume", job_id, "--set", "iterations=12")
+    assert res.exit_code == 0, res.output
+    new_id = res.stdout.strip()
+    _, _, _, kwargs = json.loads(zlib.decompress(r.hget(f"rq:job:{new_id}", "data")))
+    assert kwargs["resume"] is True and kwargs["config"]["iterations"] == 12
+    assert status_json(new_id)["total"] == 12
+    bad = cli("submit", "--resume", new_id, "--set", "iterations=many")
+    assert bad.exit_code == 2 and "iterations ('many')" in bad.output
+
+
+def test_serve_keeps_a_digen_errors_traceback_off_its_console():
+    """rq logs a failed job's traceback; for a digen error (a cancel, bad input), already one
+    line in digen serve's output and the job's log, it is dropped; any other keeps it."""
+    import logging
+
+    from digen.service.runner import OneLineJobErrors
+
+    def record(exc_string: str) -> logging.LogRecord:
+        msg = "Worker %s: job %s: exception raised while executing (%s)\n%s"
+        return logging.LogRecord(
+            "rq.worker", logging.ERROR, __file__, 0, msg, ("w", "j", "f", exc_string), None
+        )
+
+    keep = OneLineJobErrors().filter
+    assert not keep(
+        record("Traceback (most recent call last):\n ...\ndigen.errors.JobCancelled: job j cancelled")
+    )
+    assert keep(record("Traceback (most recent call last):\n ...\nZeroDivisionError: division by zero"))
+    assert keep(logging.LogRecord("rq.worker", logging.WARNING, __file__, 0, "Work horse killed", (), None))
+
+
 def _routed_address() -> str | None:
     """This machine's address on the interface that routes outwards (nothing is sent), or
     None when it has only loopback."""

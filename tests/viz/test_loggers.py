@@ -71,3 +71,43 @@ def test_wandb_offline_writes_a_local_run(tmp_path, monkeypatch):
     logger.log(metrics_rows(1)[0], step=0)
     logger.close()
     assert list((tmp_path / "wandb").glob("offline-run-*"))
+
+
+def test_tensorboard_shows_the_sample_and_eval_grids_as_images(tmp_path):
+    """The grid a row drew goes to TensorBoard's IMAGES tab at its iteration, pixel for pixel
+    (the run directory's PNG, decoded back from the event file)."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from digen.engine import grid_images
+
+    out = tmp_path / "run"
+    (out / "samples").mkdir(parents=True)
+    (out / "eval").mkdir()
+    gen = np.random.default_rng(0)
+    drawn = {}
+    for where, k in (("samples", 0), ("samples", 2), ("eval", 2)):
+        pixels = gen.integers(0, 256, (20, 30, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(out / where / f"iter_{k:04d}.png")
+        drawn[(where, k)] = pixels
+    logger = make_loggers(_cfg(tensorboard=True), out)
+    rows = metrics_rows(3)
+    for r in rows:  # iteration 1 drew no grid
+        logger.log(r, r["iteration"], images=grid_images(out, r["iteration"]))
+    logger.log({"eval/reward_mean": 0.5}, 2, images=grid_images(out, 2, evaluation=True))
+    logger.close()
+    assert grid_images(out, 1) == {}
+    acc = EventAccumulator(str(out / "tensorboard"), size_guidance={"images": 0})
+    acc.Reload()
+    assert {"samples/grid", "eval/grid"} <= set(acc.Tags()["images"])
+    samples = acc.Images("samples/grid")
+    assert [e.step for e in samples] == [0, 2]
+    for e, key in zip(samples, [("samples", 0), ("samples", 2)], strict=True):
+        got = np.asarray(Image.open(io.BytesIO(e.encoded_image_string)).convert("RGB"))
+        assert np.array_equal(got, drawn[key])
+    (ev,) = acc.Images("eval/grid")
+    got = np.asarray(Image.open(io.BytesIO(ev.encoded_image_string)).convert("RGB"))
+    assert ev.step == 2 and np.array_equal(got, drawn[("eval", 2)])

@@ -95,3 +95,21 @@ def test_what_is_not_a_png_cell_strip_is_refused():
 
     with pytest.raises(PayloadError, match="not a PNG"):
         from_png(b"\x80\x04pickle")
+
+
+def test_every_group_is_shown_in_prompt_order(tmp_path):
+    """Ten groups whose prompts an iteration drew shuffled: ten rows, ordered by the prompt's
+    place in the run's prompt list (8 rows by group index before), so a prompt keeps its row
+    from one iteration's grid to the next."""
+    rows, images = _rows(10)
+    prompts = [r.prompt for r in rows]
+    drawn = [3, 9, 0, 7, 1, 8, 2, 6, 4, 5]  # group i generated prompt drawn[i]
+    shuffled = [GridRow(i, prompts[p], 6, rows[p].rewards, rows[p].cells) for i, p in enumerate(drawn)]
+    path = tmp_path / "grid.png"
+    write_sample_grid(path, 0, shuffled, prompts=prompts)
+    img = np.asarray(Image.open(path).convert("RGB"))
+    assert img.shape[0] == HEADER_H + 10 * (64 + LABEL_H)
+    for k in range(10):  # row k holds prompt k's images
+        y = HEADER_H + k * (64 + LABEL_H)
+        first = img[y : y + 64, LABEL_W : LABEL_W + 64][::2, ::2]
+        assert np.array_equal(first, images[k][0].permute(1, 2, 0).numpy()), k
