@@ -93,6 +93,12 @@ class ModelConfig(_Section):
     length (docs/precision.md lists them: sd3 128 as Flow-GRPO, flux 512 as FluxPipeline, ...);
     a config error when the model's text encoder takes fewer (the tiny models: 32, so their
     configs set it)."""
+    embed_cache_mib: float = Field(512.0, ge=0.0)
+    """Memory cap of each worker's prompt-embedding cache (:mod:`digen.prompt_cache`): the
+    text encoders' outputs per distinct prompt, kept on the device they were computed on and
+    evicted least recently used first. 512 MiB holds ~200 prompts of SD3.5 at 128 tokens with
+    CFG, a whole epoch of Flow-GRPO's 48 prompts; 0 keeps nothing (every prompt is encoded
+    each time it is used)."""
     lora: LoraConfig = LoraConfig()
 
 

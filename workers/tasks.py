@@ -249,7 +249,7 @@ def run_eval(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
     rt.ensure_version(task.version)
     rt.ensure_reward()
     t1 = time.time()
-    res = evaluate_chunk(rt.policy, task, rt.cfg, rt.reward)
+    res = evaluate_chunk(rt.policy, task, rt.cfg, rt.reward, embed=rt.embed)
     t2 = time.time()
     events = [event(rt, role, "eval", ref, task.version, t1, t2)]
     if t1 - t0 > 1e-3:
