@@ -770,6 +770,11 @@ def _sp_checks(cfg: Config, check_paths: bool) -> list[str]:
         )
     if d == 1:
         return problems
+    if cfg.rollout.max_batch > 1:  # the replica's ranks run one task in lock step (workers/sp_loop.py)
+        problems.append(
+            f"rollout.max_batch ({cfg.rollout.max_batch}) with rollout.sequence_parallel ({d}): a "
+            f"sequence-parallel replica generates one group at a time; set rollout.max_batch=1"
+        )
     mode = cfg.schedule.resolved().mode
     if mode not in ("disaggregated", "digen"):
         problems.append(
