@@ -153,9 +153,13 @@ def run_gen_batch(rt: WorkerRuntime, batch: list[LeasedTask], role: Role, stop) 
         rt.policy, tasks, rt.cfg, reward, embeds, [timer_of(j) for j in range(len(batch))], stop
     )
     out: list[Outcome] = []
-    for leased, traj, evs in zip(batch, trajs, events, strict=True):
+    for j, (leased, traj, evs) in enumerate(zip(batch, trajs, events, strict=True)):
         faults.point("gen", rt.job, rt.name, task=leased.task_id, iteration=traj.task.iteration)
-        out.append((gen_result(rt, leased, traj, evs, t0), None))
+        result = gen_result(rt, leased, traj, evs, t0)
+        if len(batch) > 1:  # the task's own share of the batch: the seconds per group TAG/RAT learn
+            result["start"] = t0 if j == 0 else evs[0]["start"]
+            result["end"] = result["start"] + sum(e["end"] - e["start"] for e in evs)
+        out.append((result, None))
     return out
 
 
