@@ -93,6 +93,23 @@ def test_parse_modes_and_mode_config():
         parse_workers("2")
 
 
+def test_a_mode_at_a_max_batch_runs_it_and_is_compared_with_colocated_at_the_same():
+    assert parse_modes("digen@4,colocated@4,colocated") == ["digen@4", "colocated@4", "colocated"]
+    for bad in ("digen@0", "digen@x", "digen@"):
+        with pytest.raises(ConfigError, match="max_batch"):
+            parse_modes(bad)
+    cfg = build_config(required({"iterations": 4}), check_paths=False)
+    c = mode_config(cfg, "digen-tag@4")
+    assert c.rollout.max_batch == 4 and c.schedule.resolved().tag is False
+    assert mode_config(cfg, "digen").rollout.max_batch == cfg.rollout.max_batch
+    rows = [
+        {"mode": m, "samples_per_s": s}
+        for m, s in [("colocated", 2.0), ("colocated@4", 4.0), ("digen@4", 6.0), ("digen@2", 6.0)]
+    ]
+    add_speedups(rows)
+    assert [r["speedup_vs_colocated"] for r in rows] == [1.0, 1.0, 1.5, 3.0]  # digen@2: no colocated@2
+
+
 # --- reading runs --------------------------------------------------------------------------
 def _row(worker, role, kind, k, s, e, version=None):
     return {
