@@ -129,9 +129,13 @@ class RolloutConfig(_Section):
     """Samples per iteration (prompts_per_iteration x group_size)."""
     group_size: int = Field(4, ge=1)
     """Samples per prompt (a GRPO group). Also the generation micro-batch: one task = one group."""
-    max_batch: int = Field(1, ge=1)
+    max_batch: int = Field(4, ge=1)
     """Generation tasks (prompt groups) a rollout or TAG worker leases at once and runs as one
-    batched forward per denoising step, each acknowledged on its own."""
+    batched forward per denoising step, each acknowledged on its own (configs/README.md,
+    "Batched generation"). 4: 1.6-2.0x the samples per second of one group at a time in
+    ``digen bench`` on the quickstart (docs/benchmarks.md), and the peers batch 8 requests per
+    call on a GPU. 1: one group per forward, the reference's bits (set it for
+    ``train.reduce: exact`` comparisons and with ``rollout.sequence_parallel`` > 1)."""
     num_steps: int = Field(8, ge=2)
     """Denoising steps of training rollouts (the denoising reduction: few steps)."""
     eval_steps: int = Field(20, ge=2)
