@@ -475,6 +475,10 @@ class SecurityConfig(_Section):
     """This node's private key."""
     require_encryption: bool = True
     """Refuse plain ``tcp://`` connections once certificates are given."""
+    auth_s: float = Field(5.0, gt=0, le=300)
+    """Seconds a new connection to a worker's blob server has to authenticate (its TLS
+    handshake and a first request signed with the job's key) before it is dropped: what a
+    peer without credentials may hold one of the server's connections for."""
 
     @property
     def enabled(self) -> bool:

@@ -4,7 +4,7 @@ strings and lists, and is read back into its dataclass there.
 
 A :class:`Record` writes its fields as such a dict (tuples as lists) and reads one back,
 converting each value to its field's type (``int``, ``float``, ``str``, ``bool`` (a bool
-only), another record, ``X | None``, and tuples and lists of them, nested); a field with a
+only), another record, ``X | None``, and tuples, lists and text-keyed dicts of them, nested); a field with a
 default may be absent. A payload read from Redis is not trusted, so a value of the wrong kind
 fails when the task is read (``int("x")``), not deep inside the task.
 """
@@ -38,12 +38,33 @@ class Record:
 def _plain(value: Any) -> Any:
     if isinstance(value, Record):
         return value.to_json()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
     return [_plain(v) for v in value] if isinstance(value, tuple | list) else value
 
 
 def _optional(cls: type) -> set[str]:
     """The fields of ``cls`` that have a default (may be absent from a dict)."""
     return {f.name for f in fields(cls) if f.default is not MISSING or f.default_factory is not MISSING}
+
+
+def _sequence(v: Any) -> list | tuple:
+    """A list field's value: a list (a string is not a list of its characters)."""
+    if not isinstance(v, list | tuple):
+        raise TypeError(f"expected a list, got {type(v).__name__}")
+    return v
+
+
+def _mapping(v: Any) -> dict:
+    if not isinstance(v, dict):
+        raise TypeError(f"expected a map, got {type(v).__name__}")
+    return v
+
+
+def _str_key(k: Any) -> str:
+    if not isinstance(k, str):
+        raise TypeError(f"expected a text key, got {type(k).__name__}")
+    return k
 
 
 def _bool(v: Any) -> bool:
@@ -76,12 +97,16 @@ def _converter(tp: Any) -> Callable[[Any], Any]:
         return _bool
     if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
         item = _converter(args[0])
-        return lambda v: tuple(item(x) for x in v)
+        return lambda v: tuple(item(x) for x in _sequence(v))
     if origin is list:
         item = _converter(args[0])
-        return lambda v: [item(x) for x in v]
+        return lambda v: [item(x) for x in _sequence(v)]
+    if origin is dict and args[0] is str:
+        value = _converter(args[1])
+        return lambda v: {_str_key(k): value(x) for k, x in _mapping(v).items()}
     if tp in (int, float, str):
         return tp
     raise TypeError(
-        f"a Record field must be int, float, str, bool, a Record, X | None, or a list or tuple of them; got {tp!r}"
+        "a Record field must be int, float, str, bool, a Record, X | None, or a list, tuple or "
+        f"str-keyed dict of them; got {tp!r}"
     )

@@ -29,9 +29,10 @@ from digen.controlplane.redis_conn import connect, count_round_trips
 from digen.controlplane.trainer_group import holds_optimizer
 from digen.core.events import Role, TaskKind, TaskRef
 from digen.core.policy import idle_kinds, pull_order
-from digen.dataplane.auth import INCARNATION, keyring
+from digen.dataplane.auth import incarnation as process_incarnation
+from digen.dataplane.auth import keyring
 from digen.dataplane.blobs import local_server, local_store
-from digen.errors import TaskDropped
+from digen.errors import PayloadError, TaskDropped
 from digen.rewards.http import share_breakers
 from digen.startup import process_start_time
 from digen.testing import faults
@@ -111,7 +112,7 @@ def worker_loop(
     r = connect(redis_url, outage_s=cfg.schedule.redis_outage_s)  # a Redis restart pauses the loop
     share_breakers(r)  # a reward server one worker found down fails every worker's calls at once
     round_trips = count_round_trips(r)
-    server = local_server(dask_worker_host(), node_tls(cfg))
+    server = local_server(dask_worker_host(), node_tls(cfg), cfg.security.auth_s)
     rt = WorkerRuntime(
         name=name,
         gpu_type=gpu_type or "cpu",
@@ -124,7 +125,7 @@ def worker_loop(
         blob_addr=server.address,
     )
     keyring().add(job_id, rt.job.blob_key())  # this job's blob requests are signed with it
-    rt.blobs.producer = f"{name}@{INCARNATION}"  # who made a blob, named when it does not match
+    rt.blobs.producer = f"{name}@{process_incarnation()}"  # who made a blob, named when it does not match
     token = rt.incarnation = incarnation or uuid.uuid4().hex
     rt.job.claim_loop(name, token)  # one loop per worker: an older one stops
     faults.point("start", rt.job, name)
@@ -156,7 +157,11 @@ def worker_loop(
                 return run_fsdp_rank(rt)
             if rt.member is not None and state.step is not None and state.step != step_mark:
                 step_mark = state.step
-                cmd = rt.group.step()
+                try:
+                    cmd = rt.group.step()
+                except PayloadError as exc:  # junk in tg:step: quarantined, never run or fatal
+                    rt.queue.quarantine("tg:step", rt.group.r.get(rt.group.step_key()), str(exc))
+                    cmd = None
                 if cmd is not None:
                     rt.member.run_step(cmd)
             if state.stepped > stepped:

@@ -106,9 +106,17 @@ def _key_usage(x509, *, ca: bool):
 
 
 def _new_ca(out: Path, now: dt.datetime):
+    cert, key = _ca(f"digen cluster CA ({out.resolve().name})", now)
+    _write_private(out / "ca.pem", _cert_pem(cert))
+    _write_private(out / "ca.key", _key_pem(key))
+    return cert, key
+
+
+def _ca(common_name: str, now: dt.datetime):
+    """A new self-signed CA (certificate, private key), in memory."""
     x509, hashes, _, ec, _, NameOID = _crypto()
     key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"digen cluster CA ({out.resolve().name})")])
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
     ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
     cert = (
         x509.CertificateBuilder()
@@ -123,8 +131,6 @@ def _new_ca(out: Path, now: dt.datetime):
         .add_extension(ski, critical=False)
         .sign(key, hashes.SHA256())
     )
-    _write_private(out / "ca.pem", _cert_pem(cert))
-    _write_private(out / "ca.key", _key_pem(key))
     return cert, key
 
 
@@ -214,4 +220,88 @@ def make_certs(out: Path, names: list[str], days: int = 365) -> list[NodeFiles]:
     return made
 
 
-__all__ = ["NodeFiles", "check_node_name", "make_certs"]
+class JobCerts:
+    """The embedded cluster's TLS material, made for one job when it starts and removed when it
+    ends (:meth:`make`, :meth:`remove`).
+
+    Loopback is no boundary between the users of one machine: a plain Dask scheduler, nanny or
+    worker on 127.0.0.1 runs any function that any local process sends it, and a blob server
+    there answers anyone who learned the job's key. So the local cluster of a job without a
+    ``security:`` section is mutual TLS too, with a CA of its own: a fresh CA signs one
+    certificate (``127.0.0.1``) that the controller, the scheduler, every nanny and worker and
+    every blob server show, and each checks its peer's against that CA. The CA's private key
+    never touches the disk: it signs and is dropped, so nothing can sign another certificate
+    the job would accept. The three files live in a new folder of the temporary directory
+    (``$TMPDIR``, ``digen-tls-<pid>-*``, 0700), each 0600: only the job's user reads them, and
+    the worker processes, the same user, read them when they start. A job killed before it
+    could remove them (SIGTERM, SIGKILL) leaves the folder behind, still its user's alone, with
+    a key that nothing accepts once the job's processes are gone; the next job of that user
+    removes it (:func:`remove_leftovers`: the folders of this user whose pid is not alive).
+    """
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+
+    @property
+    def files(self) -> tuple[str, str, str]:
+        """(CA certificate, certificate, private key) file paths."""
+        return tuple(str(self.folder / n) for n in ("ca.pem", "cert.pem", "key.pem"))  # type: ignore[return-value]
+
+    def security(self):
+        """The files as a ``security:`` section (:class:`digen.config.SecurityConfig`)."""
+        from digen.config import SecurityConfig
+
+        ca, cert, key = self.files
+        return SecurityConfig(ca_file=ca, cert_file=cert, key_file=key)
+
+    @classmethod
+    def make(cls, base: str | None = None) -> JobCerts:
+        """A new CA and the job's certificate, written to a new 0700 folder under ``base``
+        (default the temporary directory)."""
+        import tempfile
+
+        remove_leftovers(Path(base or tempfile.gettempdir()))
+        folder = Path(tempfile.mkdtemp(prefix=f"digen-tls-{os.getpid()}-", dir=base))  # 0700, this user's
+        try:
+            os.chmod(folder, 0o700)
+            now = dt.datetime.now(dt.UTC)
+            ca_cert, ca_key = _ca(f"digen job CA ({folder.name})", now)
+            cert, key = _node_cert("127.0.0.1", ca_cert, ca_key, now, CA_DAYS)
+            _write_private(folder / "key.pem", _key_pem(key))
+            _write_private(folder / "cert.pem", _cert_pem(cert))
+            _write_private(folder / "ca.pem", _cert_pem(ca_cert))
+        except BaseException:
+            import shutil
+
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        return cls(folder)
+
+    def remove(self) -> None:
+        """Delete the folder and its files (again: nothing)."""
+        import shutil
+
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def remove_leftovers(base: Path) -> list[Path]:
+    """Remove the ``digen-tls-<pid>-*`` folders in ``base`` that this user owns and whose
+    process is gone (a job killed before it removed its TLS files); returns them."""
+    gone = []
+    for folder in base.glob("digen-tls-*-*"):
+        pid = folder.name.split("-")[2]
+        try:
+            if not pid.isdigit() or folder.is_symlink() or folder.stat().st_uid != os.getuid():
+                continue
+            os.kill(int(pid), 0)  # alive (or another user's): kept
+        except ProcessLookupError:
+            import shutil
+
+            shutil.rmtree(folder, ignore_errors=True)
+            gone.append(folder)
+        except OSError:
+            continue
+    return gone
+
+
+__all__ = ["JobCerts", "remove_leftovers", "NodeFiles", "check_node_name", "make_certs"]

@@ -8,9 +8,10 @@ workers were started with ``digen worker``.
 Every listener of the local cluster binds loopback (:data:`LOOPBACK`): the scheduler, its
 dashboard, the nannies and the workers (whose blob servers and process-group rendezvous bind
 their worker's host, :mod:`digen.workers.runtime`). Plain Dask runs any function a client that
-reaches it sends, so nothing of an embedded job may be reachable from another host. With a
-``security`` (the config's ``security:`` section) the local cluster speaks ``tls://`` too,
-every process showing the node's certificate.
+reaches it sends, so nothing of an embedded job may be reachable from another host, nor from
+another user of this one: the job's local cluster speaks ``tls://``, every process showing
+the node's certificate (the config's ``security:`` section) or, without one, the job's own
+(:class:`digen.cluster.certs.JobCerts`, made when the job starts).
 """
 
 from __future__ import annotations
@@ -183,7 +184,9 @@ class LocalClusterStart:
     """:func:`start_local_cluster` in a thread, so the caller loads its own copy of the model
     meanwhile; once the workers are up, each gets :func:`digen.workers.preload.preload_policy` of
     ``cfg_json`` (its job loop then finds the model loaded). :meth:`result` waits for the
-    cluster; :meth:`discard` closes it when the caller fails before taking it."""
+    cluster; :meth:`close` closes it (workers first) and removes ``certs``, the job's own TLS
+    files (:class:`digen.cluster.certs.JobCerts`) when it was started with them; :meth:`discard`
+    closes the client too, when the caller fails before taking it."""
 
     def __init__(
         self,
@@ -197,8 +200,10 @@ class LocalClusterStart:
         dashboard: bool = False,
         placement=None,
         security=None,
+        certs=None,
     ):
         self._args = (rollout, trainer, gpu_type, threads)
+        self._certs = certs
         self._start_method, self._reward, self._dashboard = start_method, reward, dashboard
         self._placement, self._security = placement, security
         self._cfg_json = cfg_json
@@ -244,12 +249,21 @@ class LocalClusterStart:
         return self._made
 
     def discard(self) -> None:
-        """Close the cluster (when started) without using it."""
+        """Close the client and the cluster (when started) without using them."""
         self._thread.join()
         if self._made is not None:
-            cluster, client = self._made
-            client.close()
-            close_local_cluster(cluster)
+            self._made[1].close()
+        self.close()
+
+    def close(self) -> None:
+        """Close the cluster (when started), then remove the job's TLS files (when made)."""
+        self._thread.join()
+        try:
+            if self._made is not None:
+                close_local_cluster(self._made[0])
+        finally:
+            if self._certs is not None:
+                self._certs.remove()
 
 
 def close_local_cluster(cluster) -> None:
@@ -274,7 +288,8 @@ def add_local_worker(cluster, role: str, gpu_type: str, threads: int = 1) -> str
     n = sum(1 for k in cluster.worker_spec if k.startswith(role))
     name = f"{role}-{n}"
     tls = cluster.security if cluster.scheduler_address.startswith("tls://") else None  # as its others
-    cluster.worker_spec[name] = {"cls": Nanny, "options": nanny_options(name, role, gpu_type, threads, tls)}
+    options = nanny_options(name, role, gpu_type, threads, security=tls)
+    cluster.worker_spec[name] = {"cls": Nanny, "options": options}
     cluster.sync(cluster._correct_state)
     return name
 

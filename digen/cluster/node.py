@@ -142,13 +142,21 @@ def check_reachable(address: str, timeout_s: float = 10.0, security: SecurityCon
     :class:`ConnectionFailure` within ``timeout_s`` naming the address. With ``tls://`` and
     this node's ``security`` files, the TLS handshake is made too: a scheduler whose
     certificate this node's CA did not sign fails here, in one line (and the scheduler logs
-    no failed handshake, as it does for a bare TCP probe of its TLS port)."""
+    no failed handshake, as it does for a bare TCP probe of its TLS port). A ``tcp://``
+    address whose scheduler speaks TLS is a :class:`ConfigError` naming that
+    (:func:`_speaks_tls`), where Dask would end in "Nanny failed to start"."""
     scheme, host, port = split_address(address)
     try:
         with socket.create_connection((host, port), timeout=timeout_s) as sock:
             if scheme == "tls" and security is not None and security.enabled:
                 with _client_context(security).wrap_socket(sock):
                     pass
+            elif scheme == "tcp" and _speaks_tls(sock, min(timeout_s, PLAIN_HELLO_S)):
+                raise ConfigError(
+                    f"the Dask scheduler at {address} speaks TLS, not plain TCP: use "
+                    f"{address.replace('tcp://', 'tls://', 1) if '://' in address else 'tls://' + address} "
+                    f"with --security FILE (this node's files from `digen certs`)"
+                )
     except ssl.SSLError as exc:
         raise ConnectionFailure(
             f"TLS with the Dask scheduler at {address} failed ({exc.reason or exc}): its certificate and this "
@@ -160,6 +168,37 @@ def check_reachable(address: str, timeout_s: float = 10.0, security: SecurityCon
             f"cannot reach the Dask scheduler at {address} ({reason}); start it with `dask scheduler` "
             f"(or docker compose up scheduler) and check the address and port"
         ) from None
+
+
+PLAIN_HELLO_S = 3.0
+"""How long :func:`_speaks_tls` waits for a plain Dask scheduler's first bytes: it sends its
+handshake as soon as it accepts a connection, where a TLS one waits for the client's."""
+
+
+def _speaks_tls(sock: socket.socket, wait_s: float) -> bool:
+    """Whether the listener ``sock`` is connected to answers as TLS does: it sends nothing
+    within ``wait_s`` (a plain Dask server writes its handshake at once), and a TLS
+    ClientHello gets a TLS answer (a handshake, or a TLS alert: no certificate was shown)."""
+    sock.settimeout(wait_s)
+    try:
+        if sock.recv(1, socket.MSG_PEEK):
+            return False  # a plain Dask handshake (or any server that speaks first)
+    except TimeoutError:
+        pass
+    except OSError:
+        return False
+    probe = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    probe.check_hostname = False
+    probe.verify_mode = ssl.CERT_NONE  # nothing is sent or trusted: only the answer's kind counts
+    try:
+        with probe.wrap_socket(sock, do_handshake_on_connect=False) as tls:
+            tls.settimeout(wait_s)
+            tls.do_handshake()
+        return True
+    except ssl.SSLError as exc:
+        return "ALERT" in str(exc.reason or exc).upper()
+    except OSError:
+        return False
 
 
 def _client_context(sec: SecurityConfig) -> ssl.SSLContext:

@@ -641,6 +641,12 @@ class TaskQueue:
             return f"not a task id: not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start})"
         return f"not a task id (kind:iteration:group[:part]): {text[:80]!r}"
 
+    def quarantine(self, where: str, raw: Any, reason: str) -> None:
+        """Quarantine junk a worker read from one of the job's other keys (``where``, relative
+        to the job's prefix: a step command in ``tg:step`` that does not read, say), recorded
+        and counted as the queue's own junk is."""
+        self._quarantine(where, raw, reason)
+
     def _quarantine(self, where: str, raw: Any, reason: str) -> None:
         """Record junk read from ``where`` (see the module docstring); never raises for Redis."""
         shown = repr(raw[:80]) if isinstance(raw, bytes | str) else repr(raw)[:80]

@@ -44,10 +44,12 @@ the step's train tasks again).
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from digen.controlplane.jsonkeys import JsonKeys, Rendezvous
 from digen.core.events import Role
+from digen.errors import PayloadError
+from digen.records import Record
 
 COMMIT, ABORT = "commit", "abort"
 
@@ -65,8 +67,10 @@ def holds_optimizer(role: Role, mode: str, fsdp: bool) -> bool:
 
 
 @dataclass
-class StepCommand:
-    """What the controller asks the trainer group to do for one optimizer step."""
+class StepCommand(Record):
+    """What the controller asks the trainer group to do for one optimizer step. Written as JSON
+    by the controller (:meth:`dumps`) and read back checked by every member (:meth:`loads`):
+    ``tg:step`` is in Redis, so its bytes are untrusted."""
 
     id: str
     """The step's task id (``step:<iteration>``, or ``step:<iteration>:<mini-batch>`` with
@@ -114,12 +118,30 @@ class StepCommand:
         """Every train task whose gradient the step sums (in members' sums and in blobs)."""
         return sorted({t for ts in self.held.values() for t in ts} | {b[0] for b in self.blobs})
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
+    def dumps(self) -> str:
+        return json.dumps(self.to_json())
 
-    @staticmethod
-    def from_json(raw: bytes | str) -> StepCommand:
-        return StepCommand(**json.loads(raw))
+    @classmethod
+    def loads(cls, raw: bytes | str) -> StepCommand:
+        """The command in ``raw``; :class:`PayloadError` naming the fault when it is not one
+        (not JSON, not a map, a field missing or of the wrong kind, a ``blobs`` row that is not
+        [task, address, name, digest], a ``held`` task or writer that is not a member)."""
+        try:
+            data = json.loads(raw)
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise PayloadError(f"a step command that is not JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise PayloadError(f"a step command is a map, got {type(data).__name__}")
+        try:
+            cmd = cls.from_json(data)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise PayloadError(f"a step command that does not read: {type(exc).__name__}: {exc}") from None
+        if any(len(row) != 4 for row in cmd.blobs):
+            raise PayloadError("a step command's blobs rows are [task, address, name, digest]")
+        strangers = (set(cmd.held) | ({cmd.writer} - {""})) - set(cmd.members)
+        if strangers:
+            raise PayloadError(f"a step command names workers that are not its members: {sorted(strangers)}")
+        return cmd
 
     def rank(self, worker: str) -> int:
         return self.members.index(worker)
@@ -139,13 +161,15 @@ class TrainerGroup(JsonKeys):
     # --- steps ----------------------------------------------------------------------------
     def set_step(self, cmd: StepCommand) -> None:
         pipe = self.r.pipeline(transaction=True)
-        pipe.set(self.p + "step", cmd.to_json())
+        pipe.set(self.p + "step", cmd.dumps())
         pipe.set(self.p + "step:mark", cmd.mark)
         pipe.execute()
 
     def step(self) -> StepCommand | None:
+        """The newest step command (None: none written); :class:`PayloadError` when what is
+        there does not read as one."""
         raw = self.r.get(self.p + "step")
-        return None if raw is None else StepCommand.from_json(raw)
+        return None if raw is None else StepCommand.loads(raw)
 
     def step_key(self) -> str:
         return self.p + "step"

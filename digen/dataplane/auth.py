@@ -60,9 +60,27 @@ def new_nonce() -> str:
     return secrets.token_hex(NONCE_BYTES)
 
 
-INCARNATION = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
-"""This process's incarnation: a blob's producer is named by it, so a blob of a restarted
-process (even one that got the same pid and port) is told from its predecessor's."""
+def _new_incarnation() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+_INCARNATION = _new_incarnation()
+
+
+def incarnation() -> str:
+    """This process's incarnation: a blob's producer is named by it, so a blob of a restarted
+    process (even one that got the same pid and port) is told from its predecessor's, and a
+    blob server counts its connections by the requester it names. Made anew in a forked
+    child: the workers a fork server forks each have their own, not the server's."""
+    return _INCARNATION
+
+
+def _forked() -> None:
+    global _INCARNATION
+    _INCARNATION = _new_incarnation()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 class Keyring:

@@ -24,12 +24,20 @@ producer never hashed: its name, shape and the manifest are checked, its bytes o
 transport; the trainers keep each version in the rollout's dtype, so a rollout's fetch casts
 nothing.
 
-A server that survives abuse: at most :attr:`BlobServer.max_conns` connections at once and
-:attr:`~BlobServer.max_per_peer` from one address (a thread each; one over the cap gets a
-``busy`` frame and is closed at once); an idle connection is closed after ``idle_s``, a request
-header must arrive whole within ``header_s`` of its first byte and be under ``max_request``
-bytes, a whole answer must be out within ``request_s``, a TLS handshake must end within
-``handshake_s``; casts are made one tensor at a time as they are sent; a failing ``accept``
+A server that survives abuse. A new connection must *authenticate* within ``auth_s``
+(default :data:`AUTH_S`): finish its TLS handshake (within ``handshake_s``) and send a first
+request signed with a job's key; one that does not is dropped (counted ``auth_timeout``). At
+most ``max_pending`` connections wait to authenticate at once (a thread each); one more drops
+the oldest of them (``evicted``), so a flood of connections that never authenticate cannot
+keep a peer of the job out: a real peer sends its first request within a round trip of the
+hello, and would have to be out-waited by ``max_pending`` new connections in that time. The
+caps on connections served count authenticated peers by *identity*, the requester name its
+MAC covers, not by address (every peer on loopback is 127.0.0.1): at most ``max_conns`` at
+once, ``max_per_peer`` of one identity; one over the cap gets a ``busy`` answer to its first
+request (after the TLS handshake, so a TLS peer reads it) and is closed. An authenticated
+connection idle for ``idle_s`` is closed, a request header must arrive whole within
+``header_s`` of its first byte and be under ``max_request`` bytes, a whole answer must be out
+within ``request_s``; casts are made one tensor at a time as they are sent; a failing ``accept``
 (out of file descriptors: ``EMFILE``; ``ECONNABORTED``) backs off and retries, logged once per
 error kind; a malformed request gets an error frame and a debug log line, never a traceback;
 names in messages are cut (:func:`cut`).
@@ -43,6 +51,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import os
 import socket
 import ssl
 import threading
@@ -56,8 +65,8 @@ import torch
 
 from digen.core.blobnames import job_of
 from digen.dataplane.auth import (
-    INCARNATION,
     Keyring,
+    incarnation,
     keyring,
     new_nonce,
     proof_mac,
@@ -79,6 +88,10 @@ from digen.errors import DigenError, PayloadError
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 10.0
+AUTH_S = 5.0
+"""How long a new blob-server connection has to authenticate (its TLS handshake and a first
+request with a valid MAC) before it is dropped (``security.auth_s``). A peer of the job takes a
+round trip or two; the deadline is what an idle connection may hold a thread for."""
 IO_TIMEOUT_S = 300.0
 """A fetch whose peer sends nothing for this long fails (a hung or partitioned peer)."""
 PROTOCOL = "digen-blob/2"
@@ -171,7 +184,7 @@ class BlobStore:
     def __init__(self, producer: str | None = None) -> None:
         self._blobs: dict[str, Blob] = {}
         self._lock = threading.Lock()
-        self.producer = producer or INCARNATION
+        self.producer = producer or incarnation()
         """Who makes this store's blobs (the worker's name and its process's incarnation)."""
 
     def put(self, name: str, tensors: dict[str, torch.Tensor], meta: dict[str, str] | None = None) -> Blob:
@@ -260,9 +273,10 @@ def parse_request(req: dict[str, Any]) -> Request:
 
 class BlobServer:
     """Serves a :class:`BlobStore` on a TCP port: a thread per connection, at most
-    ``max_conns`` of them (``max_per_peer`` per peer address). Only requests signed with the
-    key of the blob's job (in ``keys``, default this process's :func:`~digen.dataplane.auth.keyring`)
-    are answered.
+    ``max_pending`` waiting to authenticate (the oldest dropped for a new one) and
+    ``max_conns`` authenticated (``max_per_peer`` per requester identity). Only requests signed
+    with the key of the blob's job (in ``keys``, default this process's
+    :func:`~digen.dataplane.auth.keyring`) are answered.
 
     Frames (headers; ``get`` answers carry tensors)::
 
@@ -275,10 +289,12 @@ class BlobServer:
         a missing blob or tensor -> {"ok": false, "error": "missing", "message": ...}
         a bad request -> {"ok": false, "error": "bad", ...}, then the connection closes
         a wrong or absent MAC -> {"ok": false, "error": "refused", ...}, then it closes
-        over the connection cap -> {"ok": false, "error": "busy", ...} instead of the hello
+        over a connection cap -> {"ok": false, "error": "busy", ...} to the first request, then
+            it closes
 
-    :attr:`counts` tallies what the server did (``served``, ``refused``, ``bad``, ``timed_out``,
-    ``busy``, ``accept_failed``), for logs and tests.
+    :attr:`counts` tallies what the server did (``served``, ``refused``, ``bad``, ``timed_out``
+    (any deadline), ``auth_timeout`` (not authenticated within ``auth_s``: counted in
+    ``timed_out`` too), ``evicted``, ``busy``, ``accept_failed``), for logs and tests.
     """
 
     def __init__(
@@ -292,6 +308,8 @@ class BlobServer:
         keys: Keyring | None = None,
         max_conns: int = 64,
         max_per_peer: int = 16,
+        max_pending: int = 64,
+        auth_s: float = AUTH_S,
         idle_s: float = 120.0,
         header_s: float = 10.0,
         request_s: float = IO_TIMEOUT_S,
@@ -302,7 +320,8 @@ class BlobServer:
         self.store = store
         self.ssl_context = ssl_context
         self.keys = keys if keys is not None else keyring()
-        self.max_conns, self.max_per_peer = max_conns, max_per_peer
+        self.max_conns, self.max_per_peer, self.max_pending = max_conns, max_per_peer, max_pending
+        self.auth_s = auth_s
         self.idle_s, self.header_s, self.request_s = idle_s, header_s, request_s
         self.handshake_s, self.max_request, self.backoff_s = handshake_s, max_request, backoff_s
         self.sock = socket.create_server((host, port), reuse_port=False)
@@ -313,6 +332,10 @@ class BlobServer:
         """Tensor bytes served (counted before they go out, so a client that has them sees them counted)."""
         self.counts: Counter[str] = Counter()
         self._peers: Counter[str] = Counter()
+        """Authenticated connections per requester identity."""
+        self._pending: dict[int, int] = {}
+        """Connections not yet authenticated, oldest first: admission number -> descriptor."""
+        self._admitted = 0
         self._active = 0
         self._lock = threading.Lock()
         self._logged: set[int] = set()
@@ -322,9 +345,15 @@ class BlobServer:
 
     @property
     def active(self) -> int:
-        """Connections being served now."""
+        """Connections open now (authenticated or not)."""
         with self._lock:
             return self._active
+
+    @property
+    def pending(self) -> int:
+        """Connections open now that have not authenticated yet."""
+        with self._lock:
+            return len(self._pending)
 
     def close(self) -> None:
         self._closed = True
@@ -368,72 +397,111 @@ class BlobServer:
         time.sleep(min(1.0, self.backoff_s * 2 ** min(failures - 1, 5)))
 
     def _admit(self, conn: socket.socket, peer: str) -> None:
+        """A thread for the new connection, which waits to authenticate; at ``max_pending``
+        waiting, the oldest of them is dropped first (its thread sees the connection end)."""
         with self._lock:
-            busy = self._active >= self.max_conns or self._peers[peer] >= self.max_per_peer
-            if not busy:
-                self._active += 1
-                self._peers[peer] += 1
-            else:
-                self.counts["busy"] += 1
-        if busy:  # a small frame fits the new socket's buffer: no thread, no wait
-            conn.settimeout(0.1)
-            with contextlib.suppress(OSError):
-                send_frame(conn, {"ok": False, "error": "busy", "message": "too many connections"})
-            with contextlib.suppress(OSError):
-                conn.close()
-            return
-        t = threading.Thread(target=self._serve, args=(conn, peer), name="digen-blob-conn", daemon=True)
+            self._admitted += 1
+            ticket = self._admitted
+            while len(self._pending) >= self.max_pending:
+                oldest = next(iter(self._pending))
+                _drop(self._pending.pop(oldest))
+                self.counts["evicted"] += 1
+            self._pending[ticket] = conn.fileno()
+            self._active += 1
+        t = threading.Thread(
+            target=self._serve, args=(conn, peer, ticket), name="digen-blob-conn", daemon=True
+        )
         t.start()
 
     # --- one connection --------------------------------------------------------------------
-    def _serve(self, conn: socket.socket, peer: str) -> None:
+    def _serve(self, conn: socket.socket, peer: str, ticket: int) -> None:
+        state: dict[str, Any] = {"who": None, "sock": conn}  # the identity, once authenticated
         try:
-            self._converse(conn, peer)
+            self._converse(conn, peer, ticket, state)
         except TimeoutError as exc:
             self._count("timed_out")
+            if state["who"] is None:
+                self._count("auth_timeout")
             log.debug("blob server: connection from %s timed out (%s)", peer, exc)
         except PayloadError as exc:
             self._count("bad")
             log.debug("blob server: bad frame from %s: %s", peer, cut(exc, 200))
             with contextlib.suppress(OSError):
-                conn.settimeout(1.0)
-                send_frame(conn, {"ok": False, "error": "bad", "message": cut(exc, 200)})
-                _linger(conn)
+                sock = state["sock"]  # over TLS, the TLS socket (conn is detached then)
+                sock.settimeout(1.0)
+                send_frame(sock, {"ok": False, "error": "bad", "message": cut(exc, 200)})
+                _linger(sock)
         except (OSError, ssl.SSLError) as exc:
             log.debug("blob server: connection from %s ended (%s)", peer, cut(exc, 200))
         except Exception as exc:  # noqa: BLE001 - a peer's bytes must never print a traceback
             self._count("bad")  # on the job's console nor end the server: one debug line
             log.debug("blob server: request from %s failed", peer, exc_info=exc)
         finally:
+            with self._lock:  # out of _pending before the descriptor closes: an eviction
+                self._pending.pop(ticket, None)  # never shuts another connection's down
+                self._active -= 1
+                who = state["who"]
+                if who is not None:
+                    self._peers[who] -= 1
+                    if self._peers[who] <= 0:
+                        del self._peers[who]
+            with contextlib.suppress(OSError):
+                state["sock"].close()  # the TLS socket over conn, when there is one
             with contextlib.suppress(OSError):
                 conn.close()
-            with self._lock:
-                self._active -= 1
-                self._peers[peer] -= 1
-                if self._peers[peer] <= 0:
-                    del self._peers[peer]
 
-    def _converse(self, conn: socket.socket, peer: str) -> None:
+    def _converse(self, conn: socket.socket, peer: str, ticket: int, state: dict) -> None:
+        auth_by = time.monotonic() + self.auth_s
         if self.ssl_context is not None:
-            conn.settimeout(self.handshake_s)
-            conn = self.ssl_context.wrap_socket(conn, server_side=True)
+            conn.settimeout(max(1e-3, min(self.handshake_s, auth_by - time.monotonic())))
+            conn = self.ssl_context.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
+            state["sock"] = conn  # closed by _serve, after it left _pending (a failed
+            conn.do_handshake()  # handshake inside wrap_socket would close it before)
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         nonce = new_nonce()
-        send_frame(conn, {"hello": PROTOCOL, "nonce": nonce}, deadline=time.monotonic() + self.header_s)
+        send_frame(
+            conn, {"hello": PROTOCOL, "nonce": nonce}, deadline=min(auth_by, time.monotonic() + self.header_s)
+        )
         seq = 0
         while True:
             try:
                 req = recv_header(
-                    conn, max_header=self.max_request, idle_s=self.idle_s, header_s=self.header_s
+                    conn,
+                    max_header=self.max_request,
+                    idle_s=self.idle_s,
+                    header_s=self.header_s,
+                    deadline=auth_by if state["who"] is None else None,
                 )
             except ConnectionError:
                 return  # the client is done
-            if not self._answer(conn, peer, req, nonce, seq):
+            if not self._answer(conn, peer, req, nonce, seq, ticket, state):
                 return
             seq += 1
 
-    def _answer(self, conn: socket.socket, peer: str, raw: dict[str, Any], nonce: str, seq: int) -> bool:
-        """Answer one request; False: the connection ends (a refused or bad request)."""
+    def _authenticated(self, ticket: int, who: str, state: dict) -> bool:
+        """Count connection ``ticket`` as ``who``'s; False: over a cap (counted ``busy``), or
+        dropped meanwhile as the oldest waiting."""
+        with self._lock:
+            if self._pending.pop(ticket, None) is None:
+                return False
+            if sum(self._peers.values()) >= self.max_conns or self._peers[who] >= self.max_per_peer:
+                self.counts["busy"] += 1
+                return False
+            self._peers[who] += 1
+            state["who"] = who
+            return True
+
+    def _answer(
+        self,
+        conn: socket.socket,
+        peer: str,
+        raw: dict[str, Any],
+        nonce: str,
+        seq: int,
+        ticket: int,
+        state: dict,
+    ) -> bool:
+        """Answer one request; False: the connection ends (a refused, bad or busy request)."""
         deadline = time.monotonic() + self.request_s
         req = parse_request(raw)  # PayloadError: an error frame, then the connection ends
         key = self.keys.get(job_of(req.blob))
@@ -445,6 +513,14 @@ class BlobServer:
             )
             _linger(conn)
             return False
+        if state["who"] is None:
+            who = f"{job_of(req.blob)}/{cut(raw.get('from'), NAME_CUT)}"  # the MAC covers both
+            if not self._authenticated(ticket, who, state):
+                send_frame(
+                    conn, {"ok": False, "error": "busy", "message": "too many connections"}, deadline=deadline
+                )
+                _linger(conn)
+                return False
         blob = self.store.get(req.blob)
         if blob is None:
             send_frame(conn, {"ok": False, "error": "missing", "message": f"no blob {cut(req.blob)}"})
@@ -478,6 +554,19 @@ class BlobServer:
         return True
 
 
+def _drop(fd: int) -> None:
+    """End a connection another thread serves: shut its descriptor ``fd`` down (the thread's
+    blocked read returns), leaving the close to that thread. Called with the server's lock
+    held, so ``fd`` is still that connection's (the thread closes it only after leaving
+    ``_pending``)."""
+    with contextlib.suppress(OSError):
+        dup = socket.socket(fileno=os.dup(fd))
+        try:
+            dup.shutdown(socket.SHUT_RDWR)
+        finally:
+            dup.close()
+
+
 def _linger(conn: socket.socket, limit: int = 2**16, wait_s: float = 0.2) -> None:
     """Before closing on a refused or bad request: send our FIN, then read (and drop) what the
     peer already sent, a little of it for a little while. Closing with unread bytes would
@@ -495,8 +584,6 @@ def _linger(conn: socket.socket, limit: int = 2**16, wait_s: float = 0.2) -> Non
 
 # --- client ----------------------------------------------------------------------------
 _CLIENT_SSL: ssl.SSLContext | None = None
-REQUESTER = INCARNATION
-"""Who this process says it is in its requests (the server logs it; the MAC covers it)."""
 
 
 @dataclass
@@ -542,7 +629,7 @@ def _signed(ch: Channel, req: dict[str, Any], keys: Keyring) -> dict[str, Any]:
     key = keys.get(job)
     if key is None:
         raise BlobLost(f"blob {cut(req['blob'])}: this process has no key for job {cut(job)}")
-    req = {**req, "seq": ch.seq, "nonce": new_nonce(), "from": REQUESTER}
+    req = {**req, "seq": ch.seq, "nonce": new_nonce(), "from": incarnation()}  # who asks: the MAC covers it
     req["mac"] = request_mac(key, ch.nonce, req)
     ch.seq += 1
     return req
@@ -722,10 +809,13 @@ def local_store() -> BlobStore:
         return _LOCAL["store"]
 
 
-def local_server(host: str = "127.0.0.1", tls: tuple[str, str, str] | None = None) -> BlobServer:
+def local_server(
+    host: str = "127.0.0.1", tls: tuple[str, str, str] | None = None, auth_s: float = AUTH_S
+) -> BlobServer:
     """This process's blob server over :func:`local_store`, started on first use, listening on
     ``host`` (the address peers reach this process at: a Dask worker's host). ``tls``: (CA,
-    certificate, key) files: mutual TLS for the server and every fetch from this process."""
+    certificate, key) files: mutual TLS for the server and every fetch from this process.
+    ``auth_s``: :attr:`BlobServer.auth_s` (the first use's)."""
     global _CLIENT_SSL
     store = local_store()
     with _LOCAL_LOCK:
@@ -734,6 +824,6 @@ def local_server(host: str = "127.0.0.1", tls: tuple[str, str, str] | None = Non
             server_ctx = None
             if tls is not None:
                 server_ctx, _CLIENT_SSL = tls_contexts(*tls)
-            server = _LOCAL["server"] = BlobServer(store, host=host, ssl_context=server_ctx)
+            server = _LOCAL["server"] = BlobServer(store, host=host, ssl_context=server_ctx, auth_s=auth_s)
             log.info("blob server of process listening at %s", server.address)
         return server

@@ -141,20 +141,27 @@ def recv_header(
     max_header: int = MAX_HEADER,
     idle_s: float | None = None,
     header_s: float | None = None,
+    deadline: float | None = None,
 ) -> dict[str, Any]:
     """Read a frame's header (the tensors' bytes follow: :func:`recv_tensors`). A server reads
     requests with ``idle_s``: how long to wait for a request's first byte, and ``header_s``:
     how long the whole header may take from there (a peer that trickles bytes is cut, however
-    often it sends one). :class:`TimeoutError` when either passes."""
+    often it sends one); ``deadline`` (monotonic): the whole header must be in by then,
+    whatever the other two allow. :class:`TimeoutError` when any passes."""
     pre = bytearray(12)
     view = memoryview(pre)
     if idle_s is not None:
+        if deadline is not None:
+            idle_s = min(idle_s, deadline - time.monotonic())
+            if idle_s <= 0:
+                raise TimeoutError("the header's deadline passed")
         sock.settimeout(idle_s)
         n = sock.recv_into(view[:1])
         if n == 0:
             raise ConnectionError("the peer closed the connection")
         view = view[1:]
-    deadline = None if header_s is None else time.monotonic() + header_s
+    end = None if header_s is None else time.monotonic() + header_s
+    deadline = end if deadline is None else deadline if end is None else min(end, deadline)
     _recv_exact(sock, view, deadline)
     if bytes(pre[:4]) != MAGIC:
         raise PayloadError(f"not a digen data-plane frame (starts with {bytes(pre[:4])!r})")

@@ -32,7 +32,6 @@ import redis
 from digen.checks import registries_apart
 from digen.cluster.cluster import (
     LocalClusterStart,
-    close_local_cluster,
     connect_scheduler,
     exit_process,
     run_worker_loop,
@@ -399,11 +398,16 @@ def with_absolute_security(cfg: Config) -> Config:
 
 def _local_cluster(cfg: Config, placement: Placement | None = None) -> LocalClusterStart:
     """Start the embedded local cluster of ``cluster.local`` (in a thread; see
-    LocalClusterStart), each worker on its GPU of ``placement`` (logged one line per worker)."""
+    LocalClusterStart), each worker on its GPU of ``placement`` (logged one line per worker).
+    Every connection is mutual TLS: with the config's ``security:`` files, else with the job's
+    own, made here and removed when the cluster closes (:class:`~digen.cluster.certs.JobCerts`)."""
+    from digen.cluster.certs import JobCerts
+
     cl = cfg.cluster.local
     placement = placement or plan_local(cfg)
     for line in placement.lines():
         log.info("%s", line)
+    certs = None if cfg.security.enabled else JobCerts.make()
     return LocalClusterStart(
         cl.rollout_workers,
         cl.trainer_workers,
@@ -414,7 +418,8 @@ def _local_cluster(cfg: Config, placement: Placement | None = None) -> LocalClus
         reward=cl.reward_workers,
         dashboard=cl.dashboard,
         placement=placement,
-        security=dask_security(cfg.security),
+        security=dask_security(cfg.security if certs is None else certs.security()),
+        certs=certs,
     )
 
 
@@ -605,8 +610,8 @@ def run_distributed(
             except Exception:  # noqa: BLE001 - a loop's error was already logged by it
                 pass
         client.close()
-        if cluster is not None:
-            close_local_cluster(cluster)
+        if starting is not None:
+            starting.close()
         if not redis_down:
             queue.clear()
     return run.write_summary(cfg.schedule.mode)

@@ -89,3 +89,84 @@ def netns() -> Iterator[Namespace]:
     finally:
         _ip("link", "del", here, check=False)  # takes its peer in the namespace with it
         _ip("netns", "del", name, check=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# a second user of this machine
+
+
+@dataclass(frozen=True)
+class OtherUser:
+    """Another local user (``nobody``): loopback reaches everything of the job, but none of
+    the job's files (0700/0600) nor its memory."""
+
+    name: str
+    argv: tuple[str, ...]
+    """The interpreter this user can run, with what it needs to import distributed and digen."""
+    env: dict[str, str]
+
+    def python(self, script: str, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+        """Run ``script`` (Python source) as this user (``runuser``), from /."""
+        return subprocess.run(
+            [
+                shutil.which("runuser") or "/usr/sbin/runuser",
+                "-u",
+                self.name,
+                "--",
+                *self.argv,
+                "-c",
+                script,
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd="/",
+            env=self.env,
+        )
+
+
+def _interpreters() -> list[tuple[tuple[str, ...], str]]:
+    """(interpreter, PYTHONPATH) to try for the other user: this one (when the user may
+    execute it), else the system's Python of the same version with this environment's
+    packages and the checkout on its path (this one may live in a folder only root reads)."""
+    import sysconfig
+
+    root = str(Path(__file__).resolve().parents[2])
+    paths = os.pathsep.join([root, sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    found = [(PYTHON,), *((p,) for p in (shutil.which(version), f"/usr/bin/{version}") if p)]
+    return [(argv, root if argv == (PYTHON,) else paths) for argv in dict.fromkeys(found)]
+
+
+@pytest.fixture(scope="session")
+def other_user() -> OtherUser:
+    """``nobody`` (made when absent), and a Python it can run that imports distributed and
+    digen; skipped, with the reason, where that cannot be had."""
+    if shutil.which("runuser") is None:
+        pytest.skip("needs runuser (util-linux) to act as a second local user")
+    if os.geteuid() != 0:
+        pytest.skip("needs root to act as a second local user (runuser)")
+    import pwd
+
+    try:
+        pwd.getpwnam("nobody")
+    except KeyError:
+        made = subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "nobody"],
+            capture_output=True,
+            text=True,
+        )
+        if made.returncode != 0:
+            pytest.skip(f"no user nobody, and useradd failed: {made.stderr.strip()}")
+    tried = []
+    for argv, path in _interpreters():
+        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": path, "HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"}
+        user = OtherUser("nobody", argv, env)
+        res = user.python(
+            "import distributed, digen.dataplane.blobs; print(__import__('os').getuid())", timeout=120
+        )
+        if res.returncode == 0 and res.stdout.strip() == str(pwd.getpwnam("nobody").pw_uid):
+            return user
+        tried.append(f"{argv[0]}: {(res.stderr.strip().splitlines() or ['?'])[-1]}")
+    pytest.skip(f"no Python that nobody can run imports distributed and digen ({'; '.join(tried)})")

@@ -5,6 +5,7 @@ it sent) with small, configured timeouts."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -83,30 +84,90 @@ def test_an_idle_connection_is_closed_after_idle_s():
         wait_until(lambda: server.counts["timed_out"] == 1 and server.active == 0, "the idle timeout")
 
 
-def test_connections_are_capped_per_server_and_per_peer():
-    with job_key(), serving(max_conns=3, max_per_peer=2) as (store, server):
+def _signed_describe(s: socket.socket, key: bytes, who: str) -> dict:
+    """Authenticate a raw connection as requester ``who``: its first request, signed."""
+    nonce = read_hello(s)["nonce"]
+    req = {"op": "describe", "blob": NAME, "seq": 0, "nonce": "c" * 32, "from": who}
+    req["mac"] = request_mac(key, nonce, req)
+    send_frame(s, req)
+    return recv_header(s)
+
+
+def test_connections_are_capped_by_authenticated_identity_not_by_address():
+    """Every peer on loopback is 127.0.0.1: the caps count who signed, and connections that
+    never authenticate count for none of them."""
+    with job_key() as key, serving(max_conns=3, max_per_peer=2, auth_s=60) as (store, server):
         store.put(NAME, weights())
-        held = [raw_connection(server.address, "127.0.0.1") for _ in range(2)]
-        for s in held:
-            read_hello(s)
-        with raw_connection(server.address, "127.0.0.1") as third:  # a third from the same peer
-            assert recv_header(third) == {
+        idle = [raw_connection(server.address, "127.0.0.1") for _ in range(5)]  # over both caps
+        a = [raw_connection(server.address, "127.0.0.1") for _ in range(2)]
+        assert all(_signed_describe(s, key, "rollout-0")["ok"] for s in a)
+        with raw_connection(server.address, "127.0.0.2") as third:  # A again, from another address
+            assert _signed_describe(third, key, "rollout-0") == {
                 "ok": False,
                 "error": "busy",
                 "message": "too many connections",
                 "tensors": [],
             }
-        other = raw_connection(server.address, "127.0.0.2")  # another peer still gets in...
-        read_hello(other)
-        with raw_connection(server.address, "127.0.0.3") as fourth:  # ...until the server is full
-            assert recv_header(fourth)["error"] == "busy"
-        assert server.counts["busy"] == 2 and server.active == 3
+        b = raw_connection(server.address, "127.0.0.1")  # another identity, the same address
+        assert _signed_describe(b, key, "trainer-0")["ok"]
+        with raw_connection(server.address, "127.0.0.3") as fourth:  # the server is full
+            assert _signed_describe(fourth, key, "trainer-1")["error"] == "busy"
+        assert server.counts["busy"] == 2 and server.pending == len(idle)
         with pytest.raises(BlobLost, match="too many connections"):
             fetch(server.address, NAME)
-        for s in [*held, other]:
+        for s in [*a, b]:
             s.close()
-        wait_until(lambda: server.active == 0, "the connections to end")
+        wait_until(lambda: server.active == len(idle), "the authenticated connections to end")
         assert torch.equal(fetch(server.address, NAME)[0]["layer0.w"], weights()["layer0.w"])
+        for s in idle:
+            s.close()
+
+
+def test_an_idle_flood_past_the_cap_does_not_keep_a_peer_of_the_job_out():
+    """Three times ``max_pending`` connections that never authenticate, from the address a
+    worker's peers share: each new one drops the oldest waiting, and a real fetch still gets
+    its answer (before, one peer address over 16 connections was refused as busy)."""
+    with job_key(), serving(max_pending=8, max_per_peer=16, auth_s=60) as (store, server):
+        store.put(NAME, weights())
+        flood = [raw_connection(server.address, "127.0.0.1") for _ in range(3 * server.max_pending)]
+        wait_until(lambda: server.counts["evicted"] == 2 * server.max_pending, "the flood to be admitted")
+        assert server.pending == server.max_pending
+        got, _ = fetch(server.address, NAME)
+        assert torch.equal(got["layer3.w"], weights()["layer3.w"])
+        assert server.counts["served"] == 1 and server.counts["busy"] == 0
+        assert server.counts["evicted"] == 2 * server.max_pending + 1  # the fetch's own room
+        for s in flood:
+            s.close()
+        wait_until(lambda: server.active == 0, "the flood's connections to end")
+
+
+def test_a_connection_that_does_not_authenticate_within_auth_s_is_dropped_one_that_did_stays():
+    with job_key(), serving(auth_s=0.3, idle_s=60) as (store, server):
+        store.put(NAME, weights())
+        with connection(server.address) as ch:
+            fetch(server.address, NAME, sock=ch)  # authenticated: idle_s (60 s) applies now
+            with raw_connection(server.address) as s:  # opened later, never authenticates
+                read_hello(s)
+                assert until_closed(s) == b""
+            wait_until(lambda: server.counts["auth_timeout"] == 1, "the authentication deadline")
+            assert server.active == 1  # the deadline of the older, authenticated one passed too
+            assert torch.equal(fetch(server.address, NAME, sock=ch)[0]["layer1.w"], weights()["layer1.w"])
+        assert server.counts["served"] == 2 and server.counts["timed_out"] == 1
+
+
+def test_a_tls_servers_busy_answer_is_read_by_the_tls_peer(tmp_path):
+    certs = make_certs(tmp_path / "certs")
+    server_ctx, client_ctx = tls_contexts(str(certs.ca), str(certs.cert), str(certs.key))
+    with job_key(), serving(ssl_context=server_ctx, max_conns=1) as (store, server):
+        store.put(NAME, weights())
+        with connection(server.address, client_ctx) as ch:
+            fetch(server.address, NAME, sock=ch)
+            with (
+                connection(server.address, client_ctx) as second,
+                pytest.raises(BlobLost, match="too many connections"),
+            ):
+                fetch(server.address, NAME, sock=second)
+        assert server.counts["busy"] == 1
 
 
 def test_malformed_requests_get_an_error_frame_and_a_debug_line_never_a_traceback(caplog):
@@ -182,3 +243,23 @@ def test_a_tls_peer_that_never_finishes_its_handshake_is_cut(tmp_path):
 
 def test_the_process_keyring_is_left_as_found():
     assert keyring().get(JOB) is None
+
+
+def test_a_peer_that_trickles_within_every_other_deadline_is_cut_by_the_authentication_deadline():
+    """Slowloris before authenticating: a byte every 50 ms keeps ``idle_s`` and ``header_s``
+    (both 30 s) from ever passing; ``auth_s`` counts from the connection's start."""
+    with job_key(), serving(auth_s=0.3, header_s=30, idle_s=30) as (store, server):
+        store.put(NAME, weights())
+        with raw_connection(server.address) as s:
+            read_hello(s)
+            with contextlib.suppress(OSError):
+                for b in (
+                    MAGIC + (1000).to_bytes(8, "little") + b" " * 1000
+                ):  # a header that never ends in time
+                    s.sendall(bytes([b]))
+                    if server.counts["auth_timeout"]:
+                        break
+                    time.sleep(0.05)
+            wait_until(lambda: server.counts["auth_timeout"] == 1, "the authentication deadline")
+        wait_until(lambda: server.active == 0, "the connection to end")
+        assert server.counts["timed_out"] == 1 and server.counts["bad"] == 0

@@ -111,3 +111,26 @@ def test_with_mutual_tls_the_hmac_still_applies(tmp_path):
         with connection(server.address, client_ctx) as ch, pytest.raises(BlobLost, match="not authorized"):
             fetch(server.address, NAME, sock=ch)
         assert server.counts["refused"] == 1
+
+
+def test_a_forked_process_has_its_own_incarnation_and_signs_with_it():
+    """Workers are forked from one fork server: each must name itself, not the server (its
+    blobs' producer, and the requester a blob server counts connections by)."""
+    import json
+    import os
+
+    from digen.dataplane.auth import incarnation
+
+    mine = incarnation()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report and leave at once, running nothing of pytest's
+        os.close(read)
+        os.write(write, json.dumps([os.getpid(), incarnation()]).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        child_pid, theirs = json.loads(f.read())
+    os.waitpid(pid, 0)
+    assert incarnation() == mine and f":{os.getpid()}:" in mine
+    assert theirs != mine and f":{child_pid}:" in theirs

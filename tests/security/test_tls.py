@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from digen.cli.main import app
 from digen.cluster import node
 from digen.config import Config
-from digen.errors import ConnectionFailure
+from digen.errors import ConfigError, ConnectionFailure
 from tests.conftest import required
 
 from .conftest import Namespace
@@ -197,3 +197,76 @@ def test_the_embedded_cluster_is_tls_with_the_nodes_certificates(certs: Path, tm
     finally:
         client.close()
         close_local_cluster(cluster)
+
+
+def test_the_embedded_cluster_without_a_security_section_is_tls_with_the_jobs_own_files(
+    certs: Path, tmp_path: Path
+):
+    """No ``security:`` section (the default): the local cluster is mutual TLS with a CA made
+    for the job, its files in a 0700 folder, each 0600, gone once the cluster closes. A plain
+    client is refused, and so is one with a certificate of another CA (``certs``), and
+    ``digen worker`` given its address as ``tcp://`` says in one line that it speaks TLS; a
+    worker added mid-job joins over the same TLS, and its blob server takes the job's files."""
+    from distributed import Client
+
+    from digen.cluster.cluster import add_local_worker, list_workers
+    from digen.runtime.controller import _local_cluster
+    from digen.workers.runtime import node_tls
+
+    one_scorer = {"rollout_workers": 0, "trainer_workers": 0, "reward_workers": 1, "start_method": "spawn"}
+    cfg = Config.model_validate(required({"cluster": {"local": one_scorer}}))
+    assert not cfg.security.enabled
+    starting = _local_cluster(cfg)
+    cluster, client = starting.result()
+    folder = starting._certs.folder
+    try:
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+        assert sorted(p.name for p in folder.iterdir()) == ["ca.pem", "cert.pem", "key.pem"]  # no CA key
+        assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in folder.iterdir())
+        assert cluster.scheduler_address.startswith("tls://127.0.0.1:")
+        with pytest.raises((OSError, TimeoutError)):
+            Client(cluster.scheduler_address.replace("tls://", "tcp://"), timeout=3)
+        with pytest.raises((OSError, TimeoutError)):
+            Client(cluster.scheduler_address, security=_security(certs, "head"), timeout=3)
+        # a tcp:// address for it: one line naming TLS, not Dask's "Nanny failed to start"
+        plain = cluster.scheduler_address.replace("tls://", "tcp://")
+        with pytest.raises(ConfigError, match="speaks TLS"):
+            node.check_reachable(plain)
+        res = digen("worker", "--scheduler", plain, "--role", "reward", "--gpu-type", "cpu", "--insecure")
+        assert res.returncode == 2, res.stderr
+        (line,) = lines(res.stderr + res.stdout)
+        assert "speaks TLS" in line and plain.replace("tcp://", "tls://") in line and "--security" in line
+        name = add_local_worker(cluster, "reward", "cpu")
+        client.wait_for_workers(2, timeout=120)
+        workers = {w.name: w for w in list_workers(client)}
+        assert sorted(workers) == ["reward-0", name] and all(
+            w.address.startswith("tls://127.0.0.1:") for w in workers.values()
+        )
+        files = client.submit(node_tls, cfg, workers=[workers[name].address], pure=False).result(timeout=60)
+        assert files == starting._certs.files
+    finally:
+        client.close()
+        starting.close()
+    assert not folder.exists()
+
+
+def test_a_killed_jobs_tls_folder_is_removed_by_the_next_job_and_a_live_ones_kept(tmp_path: Path):
+    import os
+
+    from digen.cluster.certs import JobCerts
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    leftover = tmp_path / f"digen-tls-{dead.pid}-x1"
+    live = tmp_path / f"digen-tls-{os.getpid()}-x2"
+    other = tmp_path / "digen-tls-notapid-x3"
+    for folder in (leftover, live, other):
+        folder.mkdir(mode=0o700)
+        (folder / "key.pem").write_bytes(b"k")
+    made = JobCerts.make(str(tmp_path))
+    try:
+        assert not leftover.exists() and live.exists() and other.exists()
+        assert made.folder.name.startswith(f"digen-tls-{os.getpid()}-") and made.folder.parent == tmp_path
+    finally:
+        made.remove()
+    assert not made.folder.exists()
