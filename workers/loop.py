@@ -219,8 +219,17 @@ def extending(rt: WorkerRuntime, batch: list[LeasedTask]) -> Callable[[], bool]:
 def run_gen_tasks(rt: WorkerRuntime, leased: list[LeasedTask], role: Role) -> None:
     """Run leased generation tasks, as batches of those that agree
     (:func:`~digen.workers.tasks.gen_batches`), each task acknowledged on its own. A batch
-    that raises has each of its tasks reported, as :func:`run_task` reports one."""
-    for batch in gen_batches(rt, leased):
+    that raises runs each of its tasks again alone (:func:`run_task`), so only a task that
+    fails by itself is reported and counts an attempt."""
+    try:
+        batches = gen_batches(rt, leased)
+    except redis.ConnectionError:
+        raise
+    except Exception as exc:  # the prompts could not be encoded: every task is reported
+        for task in leased:
+            fail(rt, task, exc)
+        return
+    for batch in batches:
         try:
             outcomes = run_gen_batch(rt, batch, role, extending(rt, batch))
         except redis.ConnectionError:
@@ -229,8 +238,15 @@ def run_gen_tasks(rt: WorkerRuntime, leased: list[LeasedTask], role: Role) -> No
             log.info("worker %s: %s", rt.name, exc)
             return
         except Exception as exc:
+            if len(batch) == 1:
+                fail(rt, batch[0], exc)
+                continue
+            # one task's fault (a reward that raises on its images) must not fail its batch-mates
+            log.warning(
+                "a batch of %d generation tasks failed on %s (%s); each runs alone", len(batch), rt.name, exc
+            )
             for task in batch:
-                fail(rt, task, exc)
+                run_task(rt, task, role)
             continue
         for task, outcome in zip(batch, outcomes, strict=True):
             acknowledge(rt, task, outcome)

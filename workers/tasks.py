@@ -112,7 +112,11 @@ def gen_batches(rt: WorkerRuntime, batch: list[LeasedTask]) -> list[list[LeasedT
     assert rt.embed is not None
     out: dict[tuple, list[LeasedTask]] = {}
     for leased in batch:
-        payload = GenPayload.read(leased.payload)
+        try:
+            payload = GenPayload.read(leased.payload)
+        except PayloadError:  # a batch of its own, which fails on its own (run_gen_batch reads it again)
+            out[("unreadable", leased.task_id)] = [leased]
+            continue
         task = payload.task
         key = (task.iteration, task.version, payload.score, batch_key(rt.embed(task.prompt)))
         out.setdefault(key, []).append(leased)
