@@ -29,7 +29,7 @@ for _var, _val in (
     os.environ.setdefault(_var, _val)
 
 from digen.cli.console import CONSOLE, RunLog  # noqa: E402
-from digen.errors import DigenError  # noqa: E402
+from digen.errors import ConfigError, DigenError  # noqa: E402
 
 err = Console(stderr=True)
 out = Console()
@@ -166,7 +166,21 @@ SetOpt = Annotated[
     list[str] | None, typer.Option("--set", help="Override a config key: --set rollout.group_size=4")
 ]
 RedisOpt = Annotated[
-    str | None, typer.Option("--redis-url", help="Redis URL; default: an embedded redis-server.")
+    str | None,
+    typer.Option(
+        "--redis-url",
+        envvar="DIGEN_REDIS_URL",
+        help="Redis URL (redis://[user:password@]host:6379/0, rediss:// for TLS); default: the embedded "
+        "Redis. Prefer DIGEN_REDIS_URL or --redis-url-file for a password (argv is visible in ps).",
+    ),
+]
+RedisFileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--redis-url-file",
+        envvar="DIGEN_REDIS_URL_FILE",
+        help="A file (mode 600) holding the Redis URL on one line, password included.",
+    ),
 ]
 SchedOpt = Annotated[
     str | None,
@@ -186,10 +200,33 @@ InsecureOpt = Annotated[
     bool,
     typer.Option(
         "--insecure",
-        help="Allow a plain tcp:// scheduler on another host (anyone who reaches it can run code in the "
-        "cluster; for a network isolated otherwise).",
+        help="Allow a plain tcp:// scheduler or redis:// Redis on another host (anyone who reaches the "
+        "scheduler can run code in the cluster, anyone on the path reads Redis; for a network isolated "
+        "otherwise).",
     ),
 ]
+
+
+def redis_url_from(url: str | None, url_file: Path | None, insecure: bool) -> str | None:
+    """The Redis URL of ``--redis-url`` (or ``DIGEN_REDIS_URL``) or ``--redis-url-file``
+    (None: the embedded one). A plain ``redis://`` to another host exits 2 unless
+    ``insecure``, which prints one warning line, before anything connects."""
+    from digen.controlplane.redis_conn import check_redis_url, read_url_file
+
+    if url_file is not None:
+        if url is not None:
+            raise ConfigError(
+                "give the Redis URL once: --redis-url (or DIGEN_REDIS_URL) or --redis-url-file, not both"
+            )
+        url, warning = read_url_file(url_file)
+        if warning is not None:
+            err.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False, soft_wrap=True)
+    if url is None:
+        return None
+    warning = check_redis_url(url, insecure=insecure)
+    if warning is not None:
+        err.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False, soft_wrap=True)
+    return url
 
 
 def warn_insecure(scheduler: str | None, insecure: bool) -> None:

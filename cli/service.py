@@ -19,6 +19,8 @@ from rich.markup import escape
 
 from digen.cli.app import (
     InsecureOpt,
+    RedisFileOpt,
+    RedisOpt,
     SecurityOpt,
     SetOpt,
     app,
@@ -26,19 +28,11 @@ from digen.cli.app import (
     handles_errors,
     out,
     print_table,
+    redis_url_from,
     warn_insecure,
 )
 from digen.errors import ConfigError
 
-ServiceRedisOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--redis-url",
-        envvar="DIGEN_REDIS_URL",
-        help="Redis URL (redis://[user:password@]host:6379/0, rediss:// for TLS); "
-        "default: the embedded Redis under $DIGEN_HOME.",
-    ),
-]
 JobArg = Annotated[str, typer.Argument(help="Job id (digen status lists them).")]
 
 _STATE_STYLE = {
@@ -86,7 +80,8 @@ def submit(
         Path | None, typer.Argument(help="YAML config (see configs/); omit with --resume.")
     ] = None,
     set_: SetOpt = None,
-    redis_url: ServiceRedisOpt = None,
+    redis_url: RedisOpt = None,
+    redis_url_file: RedisFileOpt = None,
     out_dir: Annotated[
         Path | None,
         typer.Option(
@@ -122,9 +117,12 @@ def submit(
             "they exist only where digen serve runs).",
         ),
     ] = True,
+    insecure: InsecureOpt = False,
 ) -> None:
     """Queue a training job for digen serve; prints its id."""
     from digen.service import jobs
+
+    redis_url = redis_url_from(redis_url, redis_url_file, insecure)  # before anything is read
 
     timeout_s = jobs.parse_duration(timeout)
     if resume is not None:
@@ -173,7 +171,8 @@ def _warn_no_runner(r, job_id: str) -> None:
 @app.command()
 @handles_errors
 def serve(
-    redis_url: ServiceRedisOpt = None,
+    redis_url: RedisOpt = None,
+    redis_url_file: RedisFileOpt = None,
     scheduler: Annotated[
         str | None,
         typer.Option(
@@ -206,6 +205,7 @@ def serve(
     from digen.service import runner
 
     warn_insecure(scheduler, insecure)
+    redis_url = redis_url_from(redis_url, redis_url_file, insecure)
     sec = load_security(security) if security is not None else None
     r = _connect(redis_url)
     url = redis_url or embedded_url(r)
@@ -235,12 +235,16 @@ def serve(
 @handles_errors
 def status(
     job: Annotated[str | None, typer.Argument(help="Show one job in detail.")] = None,
-    redis_url: ServiceRedisOpt = None,
+    redis_url: RedisOpt = None,
+    redis_url_file: RedisFileOpt = None,
     json_: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
     limit: Annotated[int, typer.Option("--limit", help="Newest N jobs (0: all).")] = 20,
+    insecure: InsecureOpt = False,
 ) -> None:
     """Jobs and their progress: state, iteration/total, reward, samples/s, started, run dir."""
     from digen.service import jobs
+
+    redis_url = redis_url_from(redis_url, redis_url_file, insecure)
 
     r = _connect(redis_url)
     if job is not None:
@@ -281,17 +285,29 @@ def status(
             escape(j.run_dir),
         )
     print_table(table)
+    n, last = jobs.refused(r)
+    if n:  # rq jobs that were not digen's: never run (see digen.service.jobs)
+        out.print(
+            f"{n} rq job{'s' if n != 1 else ''} refused (not digen's job); newest: {last}",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
 
 
 @app.command()
 @handles_errors
 def logs(
     job: JobArg,
-    redis_url: ServiceRedisOpt = None,
+    redis_url: RedisOpt = None,
+    redis_url_file: RedisFileOpt = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")] = False,
+    insecure: InsecureOpt = False,
 ) -> None:
     """A job's log: progress lines, warnings, the outcome."""
     from digen.service import jobs
+
+    redis_url = redis_url_from(redis_url, redis_url_file, insecure)
 
     r = _connect(redis_url)
     jobs.job_info(r, job)  # an unknown id is an error, not an empty log
@@ -306,11 +322,15 @@ def logs(
 @handles_errors
 def cancel(
     job: JobArg,
-    redis_url: ServiceRedisOpt = None,
+    redis_url: RedisOpt = None,
+    redis_url_file: RedisFileOpt = None,
     wait: Annotated[bool, typer.Option("--wait", help="Wait until the job has stopped.")] = False,
+    insecure: InsecureOpt = False,
 ) -> None:
     """Stop a job at its next safe point (after a checkpoint); the run directory is kept."""
     from digen.service import jobs
+
+    redis_url = redis_url_from(redis_url, redis_url_file, insecure)
 
     r = _connect(redis_url)
     was = jobs.cancel(r, job)

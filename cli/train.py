@@ -14,6 +14,7 @@ from rich.markup import escape
 from digen.cli.app import (
     ConfigArg,
     InsecureOpt,
+    RedisFileOpt,
     RedisOpt,
     SchedOpt,
     SecurityOpt,
@@ -22,6 +23,7 @@ from digen.cli.app import (
     err,
     handles_errors,
     out,
+    redis_url_from,
     warn_insecure,
 )
 from digen.cli.console import setup_logging
@@ -38,6 +40,7 @@ def train(
     ] = None,
     set_: SetOpt = None,
     redis_url: RedisOpt = None,
+    redis_url_file: RedisFileOpt = None,
     scheduler: SchedOpt = None,
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue from the run directory's newest checkpoint.")
@@ -69,6 +72,7 @@ def train(
     from digen.engine import run_training
 
     warn_insecure(scheduler, insecure)  # before anything connects
+    redis_url = redis_url_from(redis_url, redis_url_file, insecure)
     dash = ["cluster.local.dashboard=true"] if dashboard else []
     cfg, placement = _checked(config, [*(set_ or []), *dash], log_format, embedded=scheduler is None)
     if security is not None:  # this node's TLS files, over the config's security: section

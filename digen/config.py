@@ -28,6 +28,31 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
+# Limits on sizes: far above any real run (the largest published recipes generate a few
+# thousand samples per iteration on up to a few hundred GPUs), low enough that a typo
+# (``rollout.batch_size=1e12``, 100000 local workers) is one line at load instead of
+# gigabytes of plans or a machine full of processes. configs/README.md lists them.
+MAX_SAMPLES = 65_536
+"""``rollout.batch_size``, ``eval.batch_size``: samples in one iteration or evaluation task."""
+MAX_GROUP = 4_096
+"""``rollout.group_size``, ``rollout.max_batch``, ``train.groups_per_task``, ``train.mini_batches``."""
+MAX_STEPS = 1_000
+"""``rollout.num_steps``, ``rollout.eval_steps``: a diffusion schedule's full length."""
+MAX_PIXELS = 16_384
+"""``model.resolution`` (pixels a side)."""
+MAX_FRAMES = 4_096
+"""``model.num_frames``."""
+MAX_LOCAL_WORKERS = 1_024
+"""Workers of the embedded cluster (``cluster.local``), each role and all together."""
+MAX_DEGREE = 1_024
+"""Parallel degrees and counts of one machine: ``sequence_parallel``, ``workers_per_gpu``,
+``threads_per_worker``."""
+MAX_ITERATIONS = 10_000_000
+"""``iterations`` and the per-N-iterations keys."""
+MAX_ROWS = 1_048_576
+"""``train.rows_per_forward``, ``lora.rank``, ``model.max_sequence_length``."""
+
+
 Dtype = Literal["float32", "bfloat16", "float16", "float64"]
 
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
@@ -48,7 +73,7 @@ def trained_dtype_name(dtype: str, lora: bool, lora_dtype: str) -> str:
 class LoraConfig(_Section):
     enabled: bool = True
     """Train a LoRA adapter (True) or the whole transformer (False)."""
-    rank: int = Field(8, ge=1)
+    rank: int = Field(8, ge=1, le=MAX_ROWS)
     alpha: int = Field(16, ge=1)
     target_modules: list[str] | None = None
     """Module names to adapt; None uses the family's default (as the peers use it)."""
@@ -63,10 +88,10 @@ class ModelConfig(_Section):
     path: str
     """Local diffusers pipeline folder (``model_index.json`` inside). Never downloaded.
     Required: there is no default model."""
-    resolution: int = Field(32, ge=8)
-    """Square image side in pixels for rollouts."""
-    num_frames: int | None = Field(None, ge=1)
-    """Frames per video (video families only)."""
+    resolution: int = Field(32, ge=8, le=MAX_PIXELS)
+    """Square image side in pixels for rollouts (at most :data:`MAX_PIXELS`)."""
+    num_frames: int | None = Field(None, ge=1, le=MAX_FRAMES)
+    """Frames per video (video families only; at most :data:`MAX_FRAMES`)."""
     dtype: Dtype = "float32"
     """The transformer's weights (its frozen base weights with LoRA). SDE math and stored
     latents/log-probs are float32 for the first three. ``float64`` (model, LoRA adapters, SDE
@@ -88,7 +113,7 @@ class ModelConfig(_Section):
     """Device for the reference trainer and the embedded cluster's workers: ``auto`` (cuda
     where torch sees a GPU, else cpu), ``cpu``, ``cuda`` or ``cuda:N``. A worker pinned to one
     GPU (``CUDA_VISIBLE_DEVICES``) sees it as ``cuda`` = ``cuda:0``."""
-    max_sequence_length: int | None = Field(None, ge=1)
+    max_sequence_length: int | None = Field(None, ge=1, le=MAX_ROWS)
     """Text-encoder tokens per prompt (T5, UMT5, Llama, Qwen2.5-VL). None: the family's own
     length (docs/precision.md lists them: sd3 128 as Flow-GRPO, flux 512 as FluxPipeline, ...);
     a config error when the model's text encoder takes fewer (the tiny models: 32, so their
@@ -125,27 +150,28 @@ class SdeConfig(_Section):
 
 
 class RolloutConfig(_Section):
-    batch_size: int = Field(16, ge=1)
-    """Samples per iteration (prompts_per_iteration x group_size)."""
-    group_size: int = Field(4, ge=1)
-    """Samples per prompt (a GRPO group). Also the generation micro-batch: one task = one group."""
-    max_batch: int = Field(4, ge=1)
+    batch_size: int = Field(16, ge=1, le=MAX_SAMPLES)
+    """Samples per iteration (prompts_per_iteration x group_size; at most :data:`MAX_SAMPLES`)."""
+    group_size: int = Field(4, ge=1, le=MAX_GROUP)
+    """Samples per prompt (a GRPO group; at most :data:`MAX_GROUP`). Also the generation micro-batch: one task = one group."""
+    max_batch: int = Field(4, ge=1, le=MAX_GROUP)
     """Generation tasks (prompt groups) a rollout or TAG worker leases at once and runs as one
     batched forward per denoising step, each acknowledged on its own (configs/README.md,
     "Batched generation"). 4: 1.6-2.0x the samples per second of one group at a time in
     ``digen bench`` on the quickstart (docs/benchmarks.md), and the peers batch 8 requests per
     call on a GPU. 1: one group per forward, the reference's bits (set it for
     ``train.reduce: exact`` comparisons and with ``rollout.sequence_parallel`` > 1)."""
-    num_steps: int = Field(8, ge=2)
-    """Denoising steps of training rollouts (the denoising reduction: few steps)."""
-    eval_steps: int = Field(20, ge=2)
+    num_steps: int = Field(8, ge=2, le=MAX_STEPS)
+    """Denoising steps of training rollouts (the denoising reduction: few steps; at most
+    :data:`MAX_STEPS`)."""
+    eval_steps: int = Field(20, ge=2, le=MAX_STEPS)
     """Steps of the ODE sampler for evaluation grids."""
     guidance_scale: float = Field(1.0, ge=0.0)
     """CFG scale (true CFG families) or embedded guidance (FLUX, HunyuanVideo). 1 = no CFG."""
     sde: SdeConfig = SdeConfig()
     shared_noise: bool = False
     """DanceGRPO: every member of a group starts from the same initial noise."""
-    sequence_parallel: int = Field(1, ge=1)
+    sequence_parallel: int = Field(1, ge=1, le=MAX_DEGREE)
     """Ulysses sequence-parallel degree d of a rollout replica (Wan, HunyuanVideo and FLUX
     families; disaggregated or digen mode): d rollout workers of one GPU type (or one ``digen
     worker --sp-group``) generate each sample together, 1/d of its video/image tokens each, text
@@ -231,7 +257,7 @@ class TrainConfig(_Section):
     flow-grpo-fast, cps, dance-grpo, mix-grpo, grpo-guard, flow-dppo, diffusion-nft. None: the Flow-GRPO
     family member ``rollout.sde.kind`` and ``train.timesteps.strategy`` name (cps, dance-grpo,
     flow-grpo-fast for the window strategy, else flow-grpo)."""
-    mini_batches: int = Field(1, ge=1)
+    mini_batches: int = Field(1, ge=1, le=MAX_GROUP)
     """Optimizer steps per iteration (rollout batch): the iteration's trained samples split
     into this many mini-batches (how: ``mini_batch_split``), each trained with the weights the
     previous one's step made and stepped on the mean over its own rows (the peers'
@@ -311,9 +337,10 @@ class TrainConfig(_Section):
     betas: tuple[float, float] = (0.9, 0.999)
     adam_eps: float = Field(1e-8, gt=0.0)
     grad_clip: float = Field(1.0, gt=0.0)
-    rows_per_forward: int = Field(64, ge=1)
-    """TSP packing limit: (sample, timestep) rows in one batched forward/backward."""
-    groups_per_task: int = Field(1, ge=1)
+    rows_per_forward: int = Field(64, ge=1, le=MAX_ROWS)
+    """TSP packing limit: (sample, timestep) rows in one batched forward/backward (at most
+    :data:`MAX_ROWS`)."""
+    groups_per_task: int = Field(1, ge=1, le=MAX_GROUP)
     """Whole prompt groups one train task carries (1: one group per task). A batched task's
     rows, all its groups' (sample, timestep) pairs, are packed together into forwards of up to
     ``rows_per_forward`` rows, so a trainer makes fewer, fuller passes: with ``fsdp`` each pass
@@ -335,7 +362,7 @@ class TrainConfig(_Section):
     ``rows_per_forward`` rows, which is what already bounds a pass, and on how many groups GAP
     should wait for; set it so that ``groups_per_task * group_size * trained timesteps`` is
     about ``rows_per_forward`` when training with ``fsdp``."""
-    sequence_parallel: int = Field(1, ge=1)
+    sequence_parallel: int = Field(1, ge=1, le=MAX_DEGREE)
     """Ulysses sequence-parallel degree of a trainer replica (Wan family): model-level support
     only (``digen.parallel.ulysses``, gradients summed over the group); trainer replicas are
     not formed, so ``digen train`` refuses values above 1."""
@@ -390,7 +417,7 @@ class ScheduleConfig(_Section):
     """Policy lag of rollouts. None: 1 in digen mode, else 0."""
     lease_s: float = Field(120.0, gt=0.0)
     """A leased task not acknowledged within this time is re-delivered."""
-    max_attempts: int = Field(3, ge=1)
+    max_attempts: int = Field(3, ge=1, le=1_000)
     """A task failing this many times goes to the dead-letter list."""
     on_poison: Literal["fail", "drop"] = "fail"
     """What a dead-lettered task does to the job: fail it, or drop its samples."""
@@ -415,9 +442,11 @@ class ScheduleConfig(_Section):
 
 
 class LocalClusterConfig(_Section):
-    rollout_workers: int = Field(1, ge=0)
-    trainer_workers: int = Field(1, ge=0)
-    reward_workers: int = Field(0, ge=0)
+    rollout_workers: int = Field(1, ge=0, le=MAX_LOCAL_WORKERS)
+    """Rollout workers of the embedded cluster (the three roles together at most
+    :data:`MAX_LOCAL_WORKERS`)."""
+    trainer_workers: int = Field(1, ge=0, le=MAX_LOCAL_WORKERS)
+    reward_workers: int = Field(0, ge=0, le=MAX_LOCAL_WORKERS)
     """Workers that only score (``digen worker --role reward``): with any, generation tasks
     hand their decoded images to ``reward`` tasks instead of scoring inline."""
     gpu_type: str = "cpu"
@@ -428,7 +457,7 @@ class LocalClusterConfig(_Section):
     every visible one, or a list of ids (``[0, 1, 2, 3]``); none visible, ``[]`` or
     ``model.device: cpu``: the workers run on CPU. Each worker process sees only its own GPU
     (``CUDA_VISIBLE_DEVICES``). ``digen plan CONFIG`` prints the placement."""
-    workers_per_gpu: int = Field(1, ge=1)
+    workers_per_gpu: int = Field(1, ge=1, le=MAX_DEGREE)
     """Workers that may share one GPU. 1: each worker has a GPU of its own, and more workers
     than GPUs is refused before anything starts; 2 or more lets that many share one."""
 
@@ -440,7 +469,7 @@ class LocalClusterConfig(_Section):
             return value
         raise ValueError("must be auto or a list of GPU ids such as [0, 1, 2, 3]")
 
-    threads_per_worker: int = Field(1, ge=1)
+    threads_per_worker: int = Field(1, ge=1, le=MAX_DEGREE)
     start_method: Literal["forkserver", "spawn"] = "forkserver"
     """How the embedded workers' processes start. ``forkserver``: one server process forks
     every worker, the imported code shared between them (fast); ``digen train`` and ``digen
@@ -486,9 +515,9 @@ class SecurityConfig(_Section):
 
 
 class OutputConfig(_Section):
-    checkpoint_every: int = Field(1, ge=1)
-    keep_checkpoints: int = Field(2, ge=1)
-    sample_grid_every: int = Field(5, ge=0)
+    checkpoint_every: int = Field(1, ge=1, le=MAX_ITERATIONS)
+    keep_checkpoints: int = Field(2, ge=1, le=MAX_ITERATIONS)
+    sample_grid_every: int = Field(5, ge=0, le=MAX_ITERATIONS)
     """Write samples/iter_NNNN.png every N iterations (0: never)."""
     plots: bool = True
     """Write timeline.png and rewards.png at the end."""
@@ -499,14 +528,14 @@ class EvalConfig(_Section):
     deterministic ODE sampler (Euler, ``rollout.eval_steps``) and fixed seeds, scored by every
     reward of ``reward`` separately (``RUN_DIR/eval.jsonl``, ``RUN_DIR/eval/iter_NNNN.png``)."""
 
-    every: int = Field(0, ge=0)
+    every: int = Field(0, ge=0, le=MAX_ITERATIONS)
     """Evaluate after every N iterations and after the last one (0: never)."""
-    num_prompts: int = Field(0, ge=0)
+    num_prompts: int = Field(0, ge=0, le=MAX_ITERATIONS)
     """The first N test prompts (0: all of them)."""
     seed: int = 0
     """Seed of the evaluation noise: sample i starts from the same noise at every evaluation,
     drawn from its own stream (training's streams are untouched)."""
-    batch_size: int = Field(0, ge=0)
+    batch_size: int = Field(0, ge=0, le=MAX_SAMPLES)
     """Test prompts per evaluation task (one batched ODE sampling, one sample per prompt).
     0 (auto): the most whose denoising steps (``batch_size x rollout.eval_steps``) do not
     exceed one generation task's (``group_size x num_steps``), at least 1: an evaluation task
@@ -521,7 +550,8 @@ class LoggingConfig(_Section):
 
 class Config(_Section):
     seed: int = 0
-    iterations: int = Field(10, ge=1)
+    iterations: int = Field(10, ge=1, le=MAX_ITERATIONS)
+    """Iterations of the run (at most :data:`MAX_ITERATIONS`)."""
     model: ModelConfig
     """Required (``model.path`` at least)."""
     prompts: PromptsConfig
@@ -709,6 +739,12 @@ def _cross_checks(cfg: Config, check_paths: bool, algorithms: bool = True) -> li
         problems.append(
             f"schedule.mode {s.mode} needs cluster.local.rollout_workers >= 1 and trainer_workers >= 1 "
             f"(got {cl.rollout_workers} and {cl.trainer_workers})"
+        )
+    local = cl.rollout_workers + cl.trainer_workers + cl.reward_workers
+    if local > MAX_LOCAL_WORKERS:
+        problems.append(
+            f"cluster.local has {local} workers (rollout {cl.rollout_workers}, trainer {cl.trainer_workers}, "
+            f"reward {cl.reward_workers}): at most {MAX_LOCAL_WORKERS} on one machine; add nodes with digen worker"
         )
     if s.mode == "colocated" and cl.rollout_workers + cl.trainer_workers < 1:
         problems.append("schedule.mode colocated needs at least one worker in cluster.local")

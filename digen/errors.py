@@ -63,6 +63,11 @@ class PayloadError(DigenError):
     """A payload read from Redis that is not a valid digen message (never unpickled)."""
 
 
+class JobRefused(PayloadError):
+    """An rq job in digen's queue that is not digen's job (another function, a payload that
+    is not JSON or not a config and options): ``digen serve`` records it failed, never runs it."""
+
+
 class AlgorithmError(DigenError, ValueError):
     """Bad arguments to a pure tensor algorithm (``digen.algos``): names the argument, value and fix.
 

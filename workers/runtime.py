@@ -45,7 +45,9 @@ T = TypeVar("T")
 STOP_CHECK_S = 0.2
 """How often, at most, a running generation task reads the job's status (one GET)."""
 WEIGHTS_WAIT_S = 300.0
-"""How long a worker waits for some trainer to serve the weights version a task needs."""
+"""How long a worker waits for some trainer to serve the weights version a task needs. A
+version no trainer will serve (dropped, or beyond the next: a forged task's) fails at once
+(:meth:`~digen.controlplane.trainer_group.TrainerGroup.why_unserved`)."""
 POLL_S = 0.05
 
 
@@ -182,6 +184,10 @@ class WorkerRuntime:
                     return {k: torch.cat([got[r][k] for r in range(n)]) for k in got[0]}
             except BlobLost as exc:
                 last = str(exc)
+            else:  # nobody serves it now: wait only if someone will
+                gone = self.group.why_unserved(version)
+                if gone is not None:
+                    raise RuntimeError(f"weights version {version} cannot be fetched: {gone}")
             if self.job.status() != "running":
                 raise TaskDropped(f"the job stopped while {self.name} waited for weights version {version}")
             if time.monotonic() > deadline:

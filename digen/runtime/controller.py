@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -503,7 +505,7 @@ def run_distributed(
     )
     run = RunDir(out, cfg, resume=resume)
     job_id = job_id or uuid.uuid4().hex[:12]
-    queue, job = TaskQueue(r, job_id, lease_s=s.lease_s), JobState(r, job_id)
+    queue, job = TaskQueue(r, job_id, lease_s=s.lease_s, issued_only=True), JobState(r, job_id)
     queue.on_junk = lambda record: run.append("dead_letters.jsonl", [record])  # quarantined junk
     queue.clear()
     start_iteration, version, checkpoint = resume_point(run) if resume else (0, 0, None)
@@ -564,6 +566,7 @@ def run_distributed(
     )
     retry = r.get_retry()
     redis_down = False
+    restore_sigterm = _sigterm_stops(job_id, run)
     try:
         ctl.handle(members.sync(time.time()))
         members.check_gpu_types()
@@ -613,5 +616,25 @@ def run_distributed(
         if starting is not None:
             starting.close()
         if not redis_down:
-            queue.clear()
+            queue.clear()  # every key of the job (its blob key too), from an external Redis as well
+        restore_sigterm()
     return run.write_summary(cfg.schedule.mode)
+
+
+def _sigterm_stops(job_id: str, run: RunDir) -> Callable[[], None]:
+    """While the controller runs (in the main thread), SIGTERM stops the job as ``digen
+    cancel`` does: :class:`JobCancelled` is raised, so the cluster is closed and the job's keys
+    are deleted from Redis (a bare SIGTERM would leave them all, its blob key among them, in an
+    external Redis). A second SIGTERM, during that clean-up, ends the process at once.
+    Returns the function that puts the previous handler back."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def stop(signum, frame) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        ckpt = run.latest_checkpoint()
+        kept = f"the checkpoint {ckpt} is kept" if ckpt is not None else "no iteration had finished"
+        raise JobCancelled(f"job {job_id} stopped by SIGTERM; {kept}: continue it with --resume")
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    return lambda: signal.signal(signal.SIGTERM, previous)

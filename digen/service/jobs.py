@@ -15,6 +15,17 @@ Keys besides rq's own (``rq:job:<id>``, ``rq:queue:digen:jobs`` and its registri
     digen:job:<id>:alive   string  heartbeat of the process running the job (expires in ALIVE_TTL_S)
     digen:runner:<name>    string  a ``digen serve`` starting or waiting for a first ``--burst``
                                    job, before rq registers it (expires in RUNNER_TTL_S)
+    digen:refused          hash    count: rq jobs a runner refused (not digen's job); last: the
+                                   newest refusal's line
+
+Only digen's job runs. ``digen serve`` takes every rq job of its queue, but before anything
+of it is imported or called it checks that the job names :data:`JOB_FUNC` with JSON keyword
+arguments of :func:`job_args`'s shape (a config, its folder, the run directory, ``resume``)
+and no rq callback or webhook (:func:`refusal`). Anything else (``os.system``, a pickled
+payload, a method of some object) is recorded as a failed job whose error is one line naming
+what it asked for, listed by ``digen status`` and counted in ``digen:refused``: the queue
+may be reached by whoever holds the Redis password, which is not the right to run code as
+the runner's user.
 
 ``submit`` warns when no runner is up (:func:`live_runners`: rq's registered workers of the
 queue, whose registration expires when a runner dies, and the ``digen:runner:*`` keys).
@@ -41,6 +52,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -62,6 +74,18 @@ OLD_JOB_FUNCS = frozenset({"digen.runtime.runner.execute_job", "digen.runtime.se
 """Where older digens named the job function: a job they queued still runs
 (:meth:`~digen.service.runner.DigenWorker.perform_job` renames it to :data:`JOB_FUNC`)."""
 INDEX_KEY = "digen:job-index"
+REFUSED_KEY = "digen:refused"
+JOB_KWARGS: dict[str, tuple[type, ...]] = {
+    "config": (dict,),
+    "source_dir": (str, type(None)),
+    "out": (str,),
+    "resume": (bool,),
+}
+"""The keyword arguments of :func:`~digen.service.runner.execute_job` and their JSON types
+(``config`` and ``out`` required): the whole payload of a digen job."""
+MAX_JOB_BYTES = 16 * 1024 * 1024
+"""The largest payload (its JSON, once rq has unzipped it) a digen job may have: a config
+with its prompts inline is kilobytes; a larger one is refused before it is parsed."""
 DEFAULT_TIMEOUT_S = 7 * 24 * 3600  # training runs for hours or days; rq's default is 3 minutes
 DEFAULT_RETRIES = 2
 KEEP_S = 30 * 24 * 3600  # finished and failed jobs stay listed this long
@@ -81,6 +105,33 @@ class UnknownJob(ConfigError):
 
 # ---------------------------------------------------------------------------------------------
 # keys
+
+
+class DigenJob(Job):
+    """rq's job, whose payload is unzipped with a bound as it is fetched (by ``digen serve``
+    before it forks the work horse, and by ``digen status``): a payload that unzips to more
+    than :data:`MAX_JOB_BYTES` (a zip bomb, say) is never unzipped whole nor parsed, and
+    :func:`~digen.service.runner.refusal` refuses it."""
+
+    oversized: int | None = None
+    """The stored size of a payload over the bound (None: within it)."""
+
+    def restore(self, raw_data) -> Any:
+        raw = raw_data.get(b"data") if isinstance(raw_data, dict) else None
+        if isinstance(raw, bytes) and _unzipped_size(raw, MAX_JOB_BYTES) > MAX_JOB_BYTES:
+            result = super().restore({**raw_data, b"data": b"null"})
+            self.oversized = len(raw)
+            return result
+        return super().restore(raw_data)
+
+
+def _unzipped_size(raw: bytes, limit: int) -> int:
+    """How many bytes ``raw`` unzips to (rq zips payloads; a payload that does not unzip is
+    stored as is), counting no further than ``limit + 1``."""
+    try:
+        return len(zlib.decompressobj().decompress(raw, limit + 1))
+    except zlib.error:
+        return len(raw)
 
 
 def info_key(job_id: str) -> str:
@@ -130,6 +181,26 @@ def live_runners(r: redis.Redis) -> list[str]:
     names = {w.name for w in Worker.all(queue=job_queue(r))}
     names |= {_text(k)[len(RUNNER_PREFIX) :] for k in r.scan_iter(match=RUNNER_PREFIX + "*", count=100)}
     return sorted(names)
+
+
+def note_refused(r: redis.Redis, job_id: str, line: str) -> int:
+    """Count one refused rq job (``digen:refused``) and list it in the job index with its
+    one-line error, as :func:`list_jobs` shows it; returns the count so far."""
+    with r.pipeline() as p:
+        p.hincrby(REFUSED_KEY, "count", 1)
+        p.hset(REFUSED_KEY, "last", line)
+        p.zadd(INDEX_KEY, {job_id: time.time()})
+        p.hset(info_key(job_id), mapping={"attempts": 0, "refused": 1})
+        p.expire(info_key(job_id), KEEP_S)
+        n, *_ = p.execute()
+    push_log(r, job_id, line)
+    return int(n)
+
+
+def refused(r: redis.Redis) -> tuple[int, str]:
+    """(how many rq jobs the runners refused, the newest refusal's line)."""
+    raw: dict[Any, Any] = r.hgetall(REFUSED_KEY)
+    return _int(raw.get(b"count")), _text(raw.get(b"last") or b"")
 
 
 def _text(value: Any) -> str:
@@ -265,6 +336,10 @@ def resume(
         )
     if info.state == "done":
         raise ConfigError(f"job {job_id} finished all {info.total} iterations: nothing to resume")
+    if r.hexists(info_key(job_id), "refused"):
+        raise ConfigError(
+            f"job {job_id} was refused (not digen's job, see digen status {job_id}): nothing to resume"
+        )
     old = _fetch(r, job_id)
     args = dict(old.kwargs)
     args["resume"] = True
@@ -367,7 +442,7 @@ def _fetch(r: redis.Redis, job_id: str) -> Job:
     from rq.exceptions import NoSuchJobError
 
     try:
-        return Job.fetch(job_id, connection=r, serializer=JSONSerializer)
+        return DigenJob.fetch(job_id, connection=r, serializer=JSONSerializer)
     except NoSuchJobError:
         raise UnknownJob(f"no job {job_id} in this Redis; digen status lists the jobs it knows") from None
 
@@ -461,7 +536,7 @@ def list_jobs(r: redis.Redis, limit: int = 20) -> list[JobInfo]:
     out, gone = [], []
     for i, (member, job_id) in enumerate(zip(members, ids, strict=True)):
         try:  # junk in the index or in a job's record is skipped, never fatal
-            job = Job.fetch(job_id, connection=r, serializer=JSONSerializer)
+            job = DigenJob.fetch(job_id, connection=r, serializer=JSONSerializer)
             out.append(_info_from(job, raw[2 * i], bool(raw[2 * i + 1])))
         except Exception as exc:  # noqa: BLE001 - rq's NoSuchJobError, a record that does not decode
             if not r.exists(f"rq:job:{job_id}"):

@@ -48,16 +48,19 @@ from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
 from digen.config import Config, SecurityConfig, build_config
-from digen.errors import ConfigError, DigenError, JobCancelled
+from digen.errors import ConfigError, DigenError, JobCancelled, JobRefused
 from digen.iteration import progress_line
 from digen.service.jobs import (
     ALIVE_TTL_S,
     HEARTBEAT_S,
     JOB_FUNC,
+    JOB_KWARGS,
+    MAX_JOB_BYTES,
     OLD_JOB_FUNCS,
     QUEUE_NAME,
     RUNNER_PREFIX,
     STARTING_GRACE_S,
+    DigenJob,
     _text,
     alive_key,
     attempt_id,
@@ -65,6 +68,7 @@ from digen.service.jobs import (
     info_key,
     job_queue,
     mark_runner,
+    note_refused,
     push_log,
 )
 
@@ -85,6 +89,8 @@ is up: the heartbeat expires (a job that died before its first beat counts as st
 STARTING_GRACE_S), the next maintenance sees it missing, a maintenance at least CONFIRM_S
 later re-queues it; the runner that did so dequeues it at once."""
 _WORKER_TTL_S = DEQUEUE_S + 15  # rq: dequeue timeout = worker_ttl - 15
+PUBSUB_WAKE_S = 1.0
+"""How often the runner's rq command thread wakes (the longest its exit waits for it)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -129,7 +135,7 @@ def recover_lost_jobs(r: redis.Redis, by: str = "", *, now: float | None = None)
             r.hdel(info_key(job_id), "lost_since")
             continue
         try:
-            job = Job.fetch(job_id, connection=r, serializer=JSONSerializer)
+            job = DigenJob.fetch(job_id, connection=r, serializer=JSONSerializer)
         except Exception:  # noqa: BLE001 - expired, or not one of ours: rq's maintenance handles it
             continue
         if job.get_status(refresh=False) != JobStatus.STARTED:
@@ -189,6 +195,7 @@ def _requeue_lost(r: redis.Redis, job: Job, by: str, gone_s: float) -> str:
     with r.pipeline() as p:
         record_job_failure(job, f"JobLost: {line}", p)
         p.execute()
+    _drop_attempt_keys(r, job.id)  # no attempt of it runs again: its blob key goes too
     if action != "resumed":
         _finish_meta(job, action, error=None if action == "cancelled" else f"JobLost: {line}")
     push_log(r, job.id, line)
@@ -208,7 +215,7 @@ def _lost_soon(r: redis.Redis, waited_s: float) -> bool:
         if waited_s >= ALIVE_TTL_S + 2 * HEARTBEAT_S and r.exists(alive_key(job_id)):
             continue  # beating: alive
         try:
-            job = Job.fetch(job_id, connection=r, serializer=JSONSerializer)
+            job = DigenJob.fetch(job_id, connection=r, serializer=JSONSerializer)
         except Exception:  # noqa: BLE001 - not a job recover_lost_jobs would act on
             continue
         if job.get_status(refresh=False) == JobStatus.STARTED:
@@ -223,18 +230,121 @@ def adopt_old_name(job: Job) -> None:
         job.func_name = JOB_FUNC
 
 
+_CALLBACKS = ("success", "failure", "stopped")
+REFUSE_FUNC = "digen.service.runner.refuse_job"
+"""What a refused job runs instead of what it named: it records the refusal and fails."""
+_REFUSED_TIMEOUT_S = 60
+
+
+def _shown(value: Any, limit: int = 120) -> str:
+    """``value`` for a one-line message: printable, cut at ``limit`` characters."""
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    text = "".join(c if c.isprintable() else "?" for c in text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def refusal(job: Job) -> str | None:
+    """Why ``digen serve`` refuses ``job`` (one line naming what it asked for), or None for
+    digen's job: :data:`~digen.service.jobs.JOB_FUNC` (or an old name of it), no instance,
+    no positional argument, keyword arguments of :data:`~digen.service.jobs.JOB_KWARGS`'s
+    names and JSON types, no rq callback, no webhook. Reads only the job's JSON (rq's
+    ``JSONSerializer``: a pickled payload does not parse and is refused as not JSON);
+    nothing it names is imported."""
+    from rq.exceptions import DeserializationError
+
+    head = f"refused rq job {_shown(job.id, 64)}"
+    if getattr(job, "oversized", None) is not None or len(job.data) > MAX_JOB_BYTES:
+        return f"{head}: its payload unzips to more than digen's {MAX_JOB_BYTES} bytes; not read"
+    try:
+        func, instance, args, kwargs = job.func_name, job.instance, job.args, job.kwargs
+    except DeserializationError:
+        return f"{head}: its payload is not JSON (pickled?); digen serve runs only {JOB_FUNC}"
+    if func in OLD_JOB_FUNCS:
+        func = JOB_FUNC
+    if func != JOB_FUNC or instance is not None:
+        what = f"a method {_shown(func)} of {_shown(instance)}" if instance is not None else _shown(func)
+        return f"{head}: it names {what}, not digen's job {JOB_FUNC}; not imported, not called"
+    if args:
+        return f"{head}: {JOB_FUNC} takes no positional argument, it has {_shown(args)}"
+    if not isinstance(kwargs, dict):
+        return f"{head}: its arguments are {type(kwargs).__name__}, not an object of {sorted(JOB_KWARGS)}"
+    unknown = sorted(set(kwargs) - set(JOB_KWARGS))
+    if unknown:
+        return f"{head}: unknown argument(s) {_shown(unknown)} of {JOB_FUNC} (it takes {sorted(JOB_KWARGS)})"
+    for name in ("config", "out"):
+        if name not in kwargs:
+            return f"{head}: argument {name} of {JOB_FUNC} is missing"
+    for name, value in kwargs.items():
+        if not isinstance(value, JOB_KWARGS[name]):
+            want = " or ".join("null" if t is type(None) else t.__name__ for t in JOB_KWARGS[name])
+            return f"{head}: argument {name} is {type(value).__name__}, not {want}"
+    for kind in _CALLBACKS:
+        name = getattr(job, f"_{kind}_callback_name", None)
+        if name:
+            return f"{head}: it asks rq to call {_shown(name)} on {kind}; digen's jobs have no callback"
+    if getattr(job, "webhooks", None):
+        return f"{head}: it asks for webhooks; digen's jobs have none"
+    return None
+
+
+def _disarm(job: Job, reason: str) -> None:
+    """Make ``job`` run :func:`refuse_job` instead of what it named, with nothing of its own
+    left for rq to import or call (callbacks, webhooks, an instance) and no retry."""
+    for kind in _CALLBACKS:
+        setattr(job, f"_{kind}_callback_name", None)
+        setattr(job, f"_{kind}_callback", None)
+    job.webhooks = []
+    job.retries_left = 0
+    job.timeout = _REFUSED_TIMEOUT_S
+    job._func_name, job._instance, job._args = REFUSE_FUNC, None, ()  # noqa: SLF001 - rq's fields
+    job._kwargs = {"reason": reason}  # noqa: SLF001
+
+
+def refuse_job(reason: str) -> None:
+    """What a refused job runs (:func:`_disarm`): record it failed (its meta, its log, the
+    job index that ``digen status`` lists, the ``digen:refused`` count) and raise."""
+    from rq import get_current_job
+
+    job = get_current_job()
+    if job is not None:
+        job.meta = {"state": "failed", "error": reason, "ended": time.time(), "config": "-", "mode": "-"}
+        job.save_meta()
+        note_refused(job.connection, job.id, reason)
+    log.warning("%s", reason)
+    raise JobRefused(reason)
+
+
 class DigenWorker(Worker):
     """rq's worker with digen's lost-job recovery in its maintenance, which runs every
     :data:`MAINTENANCE_S` seconds whether it is idle (its dequeue blocks :data:`DEQUEUE_S`)
-    or busy (each check of its work horse)."""
+    or busy (each check of its work horse). It runs digen's job alone (:func:`refusal`)."""
 
     def run_maintenance_tasks(self) -> None:
         super().run_maintenance_tasks()
         self._recover()
 
+    def subscribe(self) -> None:
+        """rq's command channel, its thread waking every :data:`PUBSUB_WAKE_S`: rq's 60 s
+        made a runner's exit wait up to 60 s (redis-py's ``stop()`` joins the thread, which
+        waits out its sleep once unsubscribed), so ``--burst`` took a minute to return."""
+        self.pubsub = self.connection.pubsub()
+        self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
+        self.pubsub_thread = self.pubsub.run_in_thread(
+            sleep_time=PUBSUB_WAKE_S, daemon=True, exception_handler=self._pubsub_exception_handler
+        )
+
     def perform_job(self, job, queue, execution) -> bool:  # in the work horse
-        adopt_old_name(job)
+        reason = refusal(job)
+        if reason is None:
+            adopt_old_name(job)
+        else:
+            _disarm(job, reason)
         return super().perform_job(job, queue, execution)
+
+    def handle_exception(self, job, *exc_info) -> None:  # in the work horse
+        if len(exc_info) > 1 and isinstance(exc_info[1], JobRefused):
+            return  # refuse_job logged its one line; rq would add a traceback of digen's own code
+        super().handle_exception(job, *exc_info)
 
     def maintain_heartbeats(self, job, execution) -> None:  # busy: called every job_monitoring_interval
         super().maintain_heartbeats(job, execution)
@@ -315,6 +425,7 @@ def serve(
             [queue],
             connection=r,
             serializer=JSONSerializer,
+            job_class=DigenJob,
             name=name,
             maintenance_interval=MAINTENANCE_S,
             worker_ttl=_WORKER_TTL_S,

@@ -179,3 +179,53 @@ def test_precision_keys_validate():
     assert sorted(p.split(" ")[0] for p in err.value.problems) == ["model.autocast", "model.vae_dtype"]
     with pytest.raises(ConfigError, match=r"model.autocast \(bfloat16\) with model.dtype float64"):
         build_config(required({"model": {"autocast": "bfloat16", "dtype": "float64"}}), check_paths=False)
+
+
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [
+        (
+            "rollout.batch_size=1000000000000",
+            "rollout.batch_size (1000000000000): Input should be less than or equal to 65536",
+        ),
+        ("rollout.batch_size=1e12", "rollout.batch_size"),
+        (
+            "cluster.local.rollout_workers=100000",
+            "cluster.local.rollout_workers (100000): Input should be less than or equal to 1024",
+        ),
+        (
+            "rollout.num_steps=100000",
+            "rollout.num_steps (100000): Input should be less than or equal to 1000",
+        ),
+        (
+            "model.resolution=1000000",
+            "model.resolution (1000000): Input should be less than or equal to 16384",
+        ),
+        (
+            "iterations=100000000000",
+            "iterations (100000000000): Input should be less than or equal to 10000000",
+        ),
+    ],
+)
+def test_absurd_sizes_are_one_line_at_load(tiny_sd3, override: str, said: str):
+    """Limits no real run reaches (digen.config.MAX_*), refused before anything is planned."""
+    with pytest.raises(ConfigError) as err:
+        build_config(required({"model": {"path": str(tiny_sd3)}}), [override])
+    assert len(err.value.problems) == 1 and said in err.value.problems[0], err.value.problems
+    res = CliRunner().invoke(
+        app, ["plan", str(_tiny_yaml()), "--set", f"model.path={tiny_sd3}", "--set", override]
+    )
+    assert res.exit_code == 2 and said in res.output and len(res.output.strip().splitlines()) == 1, res.output
+
+
+def test_the_local_workers_together_are_bounded_too(tiny_sd3):
+    sets = [f"cluster.local.{role}_workers=400" for role in ("rollout", "trainer", "reward")]
+    with pytest.raises(ConfigError, match=r"cluster.local has 1200 workers .*: at most 1024 on one machine"):
+        build_config(required({"model": {"path": str(tiny_sd3)}}), sets)
+    build_config(required({"model": {"path": str(tiny_sd3)}}), sets[:2])  # 800: allowed
+
+
+def _tiny_yaml():
+    from tests.service.helpers import CONFIG
+
+    return CONFIG

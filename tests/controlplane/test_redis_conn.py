@@ -203,3 +203,53 @@ def test_a_restart_answered_with_an_error_still_counts_as_an_outage():
     with pytest.raises(redis.ResponseError):  # an error with no outage before it is no outage
         retry.call_with_retry(lambda: (_ for _ in ()).throw(redis.ResponseError("WRONGTYPE")), lambda e: None)
     assert retry.outages == 1
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://:s3cret@10.1.2.3:6379/0",
+        "redis://user:s3cret@db.example.invalid:6379",
+        "redis://[2001:db8::1]:6379",
+    ],
+)
+def test_plain_redis_to_another_host_is_refused_unless_insecure(url: str):
+    from digen.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="is plain TCP to another host") as refused:
+        redis_conn.check_redis_url(url)
+    assert "s3cret" not in str(refused.value) and "rediss://" in str(refused.value)
+    warning = redis_conn.check_redis_url(url, insecure=True)
+    assert warning is not None and warning.startswith("--insecure:") and "s3cret" not in warning
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://:s3cret@127.0.0.1:6379/0",
+        "redis://localhost:6379",
+        "redis://[::1]:6379",
+        "redis://127.0.0.2:6379",
+        "rediss://:s3cret@10.1.2.3:6380/0?ssl_ca_certs=/etc/digen/tls/ca.pem",
+        "unix:///tmp/redis.sock",
+    ],
+)
+def test_loopback_tls_and_unix_redis_urls_pass(url: str):
+    assert redis_conn.check_redis_url(url) is None
+
+
+def test_a_url_file_gives_its_first_url_and_warns_when_others_may_read_it(tmp_path: Path):
+    from digen.errors import ConfigError
+
+    path = tmp_path / "redis-url"
+    path.write_text("# the job service's Redis\n\nredis://:s3cret@127.0.0.1:6379/0\n")
+    path.chmod(0o600)
+    assert redis_conn.read_url_file(path) == ("redis://:s3cret@127.0.0.1:6379/0", None)
+    path.chmod(0o644)
+    url, warning = redis_conn.read_url_file(path)
+    assert url.endswith("@127.0.0.1:6379/0") and warning is not None and "chmod 600" in warning
+    path.write_text("# nothing\n")
+    with pytest.raises(ConfigError, match="holds no URL"):
+        redis_conn.read_url_file(path)
+    with pytest.raises(ConfigError, match="cannot be read"):
+        redis_conn.read_url_file(tmp_path / "missing")

@@ -100,9 +100,14 @@ def test_a_result_already_stored_completes_the_task_and_is_named(redis_db):
 @pytest.mark.slow
 @pytest.mark.parametrize("on_poison", ["fail", "drop"])
 def test_a_job_goes_on_with_junk_pushed_into_every_list(on_poison, tiny_sd3: Path, reference: Path, tmp_path):
-    """Junk pushed into the done, dead and task lists of a running job (after iteration 0):
-    every iteration trains as a fault-free run would; the junk is in dead_letters.jsonl."""
+    """Junk pushed into the done, dead and task lists of a running job (after iteration 0),
+    and forged tasks with well-formed ids the controller never issued (a dead one, a done one,
+    and a pending train task naming a weights version nobody serves): every iteration trains
+    as a fault-free run would, in about its time; the junk is in dead_letters.jsonl."""
+    from digen.controlplane.codec import pack
+    from digen.controlplane.payloads import TrainPayload
     from digen.controlplane.redis_conn import connect
+    from digen.tasks import TrainSpec
 
     cfg = fault_config(
         tiny_sd3,
@@ -120,6 +125,14 @@ def test_a_job_goes_on_with_junk_pushed_into_every_list(on_poison, tiny_sd3: Pat
         for raw in JUNK:
             for lst in ("done", "dead", "q:gen", "q:train"):
                 r.rpush(f"digen:{job_id}:{lst}", raw)
+        p = f"digen:{job_id}:"
+        forged = TrainPayload(TrainSpec(0, 99, 0, [0], [0], [1.0]), version=999, prompt="forged")
+        for task_id, queue, state in (("train:0:98", "train", "dead"), ("gen:0:97", "gen", "done")):
+            r.hset(p + f"task:{task_id}", mapping={"queue": queue, "attempts": 9, "state": state})
+            r.rpush(p + state, task_id)
+        r.hset(p + "task:train:0:99", mapping={"queue": "train", "payload": pack(forged.to_json())})
+        r.hset(p + "task:train:0:99", mapping={"attempts": 0, "state": "pending"})
+        r.lpush(p + "q:train", "train:0:99")
         pushed.append(1)
 
     run_job(cfg, out, job_id, progress=push_junk)
@@ -129,6 +142,8 @@ def test_a_job_goes_on_with_junk_pushed_into_every_list(on_poison, tiny_sd3: Pat
     rows = [json.loads(x) for x in (out / "dead_letters.jsonl").read_text().splitlines()]
     assert rows and all(x["action"] == "quarantined" and x["reason"] for x in rows)
     assert {x["from"].removeprefix(f"digen:{job_id}:") for x in rows} >= {"done", "dead"}
+    never = {x["junk"] for x in rows if "was never issued by this job's controller" in x["reason"]}
+    assert never >= {"b'train:0:98'", "b'gen:0:97'", "b'train:0:99'"}  # the last: dead at once, then junk
 
 
 def test_digen_status_shows_the_count(tiny_sd3: Path, tmp_path: Path, monkeypatch):

@@ -154,6 +154,29 @@ def test_redis_tls_url(auth_server: int, tmp_path: Path):
         proxy.close()
 
 
+def test_rediss_with_the_clusters_ca_from_digen_certs(auth_server: int, tmp_path: Path):
+    """The docker-compose Redis URL's shape: TLS checked against the CA of ``digen certs``
+    (the Redis node's certificate on the server, only ``ca.pem`` on the client)."""
+    pytest.importorskip("cryptography")
+    from digen.cluster.certs import make_certs as digen_certs
+    from digen.controlplane.redis_conn import check_redis_url
+    from tests.reliability.certs import Certs
+
+    redis_node, client_node = (f.folder for f in digen_certs(tmp_path / "certs", ["redis", "controller"]))
+    proxy = TlsTerminator(
+        Certs(redis_node / "ca.pem", redis_node / "cert.pem", redis_node / "key.pem"), auth_server
+    )
+    try:
+        ca = client_node / "ca.pem"
+        url = f"rediss://:{PASSWORD}@127.0.0.1:{proxy.port}/0?ssl_ca_certs={ca}&ssl_check_hostname=false"
+        assert check_redis_url(url) is None
+        r = connect(url)
+        round_trip(r, "digen-certs-job")
+        r.close()
+    finally:
+        proxy.close()
+
+
 @pytest.mark.slow
 def test_dask_tls_with_digen_worker(tmp_path: Path):
     from distributed import Client

@@ -132,7 +132,10 @@ def test_redis_has_a_password_from_env_aof_and_a_healthcheck(compose: dict):
     assert '--requirepass "$REDIS_PASSWORD"' in line and "--appendonly yes" in line
     assert "ping" in " ".join(compose["services"]["redis"]["healthcheck"]["test"])
     url = compose["services"]["controller"]["environment"]["DIGEN_REDIS_URL"]
-    assert url == f"redis://:{env_example()['REDIS_PASSWORD']}@redis:6379/0"
+    assert url == (
+        f"rediss://:{env_example()['REDIS_PASSWORD']}@redis:6379/0"
+        f"?ssl_ca_certs={TLS_DIR}/ca.pem&ssl_check_hostname=false"
+    )
     deps = compose["services"]["controller"]["depends_on"]
     assert deps["redis"]["condition"] == "service_healthy"
 
@@ -192,8 +195,16 @@ def test_dask_is_tls_and_each_service_mounts_only_its_own_certificate(compose: d
         cmd = s["command"]
         assert "--insecure" not in cmd, name
         assert not any(str(a).startswith("tcp://") for a in cmd), (name, cmd)
-        if name in ("certs", "redis"):
-            assert name == "certs" or own_certs_mount(s) is None
+        if name == "certs":
+            continue
+        if name == "redis":  # TLS only, with its own certificate
+            mount = own_certs_mount(s)
+            assert mount is not None and mount["volume"]["subpath"] == "redis" and mount["read_only"]
+            line = cmd[-1]
+            assert "--port 0 --tls-port 6379" in line and "redis" in hosts
+            for flag, file in (("--tls-cert-file", "cert.pem"), ("--tls-key-file", "key.pem")):
+                assert f"{flag} {TLS_DIR}/{file}" in line
+            assert f"--tls --cacert {TLS_DIR}/ca.pem" in " ".join(s["healthcheck"]["test"])
             continue
         dask_services.add(name)
         mount = own_certs_mount(s)
@@ -214,7 +225,9 @@ def test_dask_is_tls_and_each_service_mounts_only_its_own_certificate(compose: d
         else:
             assert cmd[cmd.index("--scheduler") + 1] == "tls://scheduler:8786", name
             assert cmd[cmd.index("--security") + 1] == f"{TLS_DIR}/security.yaml", name
-    assert dask_services == hosts, "digen certs makes a certificate for exactly the services that mount one"
+    assert dask_services | {"redis"} == hosts, (
+        "digen certs makes a certificate for exactly the services that mount one"
+    )
 
 
 def test_the_certs_service_makes_what_the_services_mount(tmp_path):

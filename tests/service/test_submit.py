@@ -15,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from digen.cli.main import app
+from digen.controlplane.redis_conn import embedded_url
 from digen.errors import ConfigError
 from digen.service import jobs
 
@@ -305,3 +306,62 @@ def test_submit_warns_when_no_runner_is_up(r, tiny_sd3: Path, tmp_path: Path):
     finally:
         worker.register_death()
     assert jobs.live_runners(r) == []
+
+
+def _routed_address() -> str | None:
+    """This machine's address on the interface that routes outwards (nothing is sent), or
+    None when it has only loopback."""
+    from digen.controlplane.redis_conn import is_loopback
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("10.255.255.255", 1))
+        except OSError:
+            return None
+        host = s.getsockname()[0]
+    return None if is_loopback(host) or host == "0.0.0.0" else host
+
+
+def test_plain_redis_to_another_host_exits_2_in_one_line_unless_insecure(r, tiny_sd3: Path, tmp_path: Path):
+    """A plain ``redis://`` to another hostFrom --redis-url, DIGEN_REDIS_URL (which digen train used to ignore) or --redis-url-file,
+    before anything connects; --insecure warns once and goes on."""
+    url = "redis://:hunter2hunter2@10.1.2.3:6379/0"
+    said = "--redis-url redis://:***@10.1.2.3:6379/0 is plain TCP to another host"
+    runs = [
+        CliRunner().invoke(app, ["status", "--redis-url", url]),
+        CliRunner().invoke(app, ["train", str(CONFIG), *quick_sets(tiny_sd3)], env={"DIGEN_REDIS_URL": url}),
+    ]
+    url_file = tmp_path / "redis-url"
+    url_file.write_text(url + "\n")
+    url_file.chmod(0o600)
+    runs.append(
+        CliRunner().invoke(
+            app, ["submit", str(CONFIG), *quick_sets(tiny_sd3), "--redis-url-file", str(url_file)]
+        )
+    )
+    for res in runs:
+        assert res.exit_code == 2, res.output
+        assert len(res.output.strip().splitlines()) == 1 and said in res.output, res.output
+        assert "hunter2" not in res.output
+    assert jobs.job_queue(r).count == 0
+
+    url_file.write_text(embedded_url(r))  # unix://: the embedded one, found from the file
+    res = CliRunner().invoke(app, ["status", "--json", "--redis-url-file", str(url_file)])
+    assert res.exit_code == 0 and json.loads(res.stdout) == [], res.output
+    res = cli("status", "--redis-url", url, "--redis-url-file", url_file)
+    assert res.exit_code == 2 and "not both" in res.output
+
+    host = _routed_address()
+    if host is None:
+        return
+    with socket.socket() as s:
+        s.bind((host, 0))
+        port = s.getsockname()[1]  # nothing listens there once closed: refused at once
+    res = cli("status", "--redis-url", f"redis://:hunter2hunter2@{host}:{port}/0", "--insecure")
+    lines = res.stderr.strip().splitlines()
+    assert res.exit_code == 1 and len(lines) == 2, res.output
+    assert (
+        lines[0].startswith("warning: --insecure: Redis at redis://:***@")
+        and "cannot reach Redis" in lines[1]
+    )
+    assert "hunter2" not in res.output
