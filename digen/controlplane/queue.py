@@ -376,6 +376,7 @@ class TaskQueue:
         all queued."""
         pipe = self.redis.pipeline(transaction=True)
         for queue_name, task_id, payload in tasks:
+            self._issue(task_id)
             self._put(args=[self.prefix, queue_name, task_id, pack(payload)], client=pipe)
         return [bool(int(x)) for x in pipe.execute()]
 
