@@ -166,7 +166,10 @@ class RolloutConfig(_Section):
     "Batched generation"). 4: 1.6-2.0x the samples per second of one group at a time in
     ``digen bench`` on the quickstart (docs/benchmarks.md), and the peers batch 8 requests per
     call on a GPU. 1: one group per forward, the reference's bits (set it for
-    ``train.reduce: exact`` comparisons and with ``rollout.sequence_parallel`` > 1)."""
+    ``train.reduce: exact`` comparisons). A sequence-parallel replica
+    (``rollout.sequence_parallel`` > 1) generates one group at a time: left at its default,
+    ``max_batch`` applies to the workers outside the replicas only; set explicitly above 1 beside
+    ``sequence_parallel`` > 1, it is refused."""
     num_steps: int = Field(8, ge=2, le=MAX_STEPS)
     """Denoising steps of training rollouts (the denoising reduction: few steps; at most
     :data:`MAX_STEPS`)."""
@@ -951,7 +954,10 @@ def _sp_checks(cfg: Config, check_paths: bool) -> list[str]:
         )
     if d == 1:
         return problems
-    if cfg.rollout.max_batch > 1:  # the replica's ranks run one task in lock step (workers/sp_loop.py)
+    # the replica's ranks run one task in lock step (workers/sp_loop.py): a replica generates one
+    # group at a time whatever max_batch says (leftover workers at d = 1 still batch), and a
+    # max_batch the user asked for is refused rather than silently not applied to the replicas
+    if cfg.rollout.max_batch > 1 and "max_batch" in cfg.rollout.model_fields_set:
         problems.append(
             f"rollout.max_batch ({cfg.rollout.max_batch}) with rollout.sequence_parallel ({d}): a "
             f"sequence-parallel replica generates one group at a time; set rollout.max_batch=1"
