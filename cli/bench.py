@@ -17,17 +17,17 @@ from digen.errors import ConfigError
 DEFAULT_MODES = "reference,colocated,disaggregated,digen"
 
 
-def _ks(text: str) -> list[int]:
+def _ks(text: str, option: str = "--tsp-k") -> list[int]:
     if text.strip().lower() in ("", "none", "off"):
         return []
     try:
         ks = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise ConfigError(
-            f"--tsp-k ({text}) must be comma-separated integers, e.g. 1,2,4,8, or none"
+            f"{option} ({text}) must be comma-separated integers, e.g. 1,2,4,8, or none"
         ) from None
     if any(k < 1 for k in ks):
-        raise ConfigError(f"--tsp-k ({text}): every K must be at least 1")
+        raise ConfigError(f"{option} ({text}): every value must be at least 1")
     return ks
 
 
@@ -40,6 +40,7 @@ def _command(
     warmup: int,
     sets: list[str],
     tsp_k: str,
+    batch_sizes: str = "none",
 ) -> str:
     """The command line that reproduces this bench (for the Markdown header)."""
     args = [
@@ -59,6 +60,8 @@ def _command(
         args += ["--workers", workers]
     if tsp_k != "1,2,4,8":
         args += ["--tsp-k", tsp_k]
+    if batch_sizes != "1,2,4,8":
+        args += ["--batch-sizes", batch_sizes]
     for s in sets:
         args += ["--set", s]
     return shlex.join(args)
@@ -99,6 +102,14 @@ def bench(
     tsp_k: Annotated[
         str, typer.Option("--tsp-k", help="K values of the TSP micro-benchmark, or none.")
     ] = "1,2,4,8",
+    batch_sizes: Annotated[
+        str,
+        typer.Option(
+            "--batch-sizes",
+            help="rollout.max_batch values of the generation-batching micro-benchmark, or none "
+            "(the modes run with the config's rollout.max_batch: --set rollout.max_batch=4).",
+        ),
+    ] = "1,2,4,8",
     as_json: Annotated[bool, typer.Option("--json", help="Print bench.json instead of the table.")] = False,
     dataplane: Annotated[
         bool,
@@ -131,12 +142,13 @@ def bench(
     mode_list = parse_modes(modes)
     counts = parse_workers(workers)
     ks = _ks(tsp_k)
+    batches = _ks(batch_sizes, "--batch-sizes")
     cfg = load_config(config, set_ or [])
     if cfg.cluster.local.start_method == "forkserver" and any(m != "reference" for m in mode_list):
         from digen.cluster.cluster import prefork_server
 
         prefork_server()  # before the reference run computes anything (see its docstring)
-    with Steps("bench", rounds * len(mode_list) + (1 if ks else 0)) as steps:
+    with Steps("bench", rounds * len(mode_list) + (1 if ks else 0) + (1 if batches else 0)) as steps:
         result = run_bench(
             cfg,
             mode_list,
@@ -145,10 +157,11 @@ def bench(
             warmup=warmup,
             workers=counts,
             tsp_ks=ks,
+            batch_sizes=batches,
             notify=lambda msg: err.print(f"  {msg}", style="dim", highlight=False, markup=False),
             started=steps.start,
         )
-    command = _command(config, modes, workers, out_dir, rounds, warmup, set_ or [], tsp_k)
+    command = _command(config, modes, workers, out_dir, rounds, warmup, set_ or [], tsp_k, batch_sizes)
     paths = write_outputs(result, out_dir, command=command, rounds=rounds, warmup=warmup)
     if as_json:
         print(json.dumps(result.rows, indent=1), flush=True)

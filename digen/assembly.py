@@ -1,6 +1,7 @@
-"""Assembling a run's parts from its config: the policy, the reward, the prompt-embedding cache
-and the compute threads. Every mode builds them here (the reference loop, the worker loops,
-the local cluster's preload, the bench), so a policy is built one way and seeded one way.
+"""Assembling a run's parts from its config: the policy, the reward and the compute threads
+(the prompt-embedding cache beside the policy is :mod:`digen.prompt_cache`). Every mode builds
+them here (the reference loop, the worker loops, the local cluster's preload, the bench), so a
+policy is built one way and seeded one way.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import torch
 
 from digen.config import Config, trained_dtype_name
 from digen.models import load_policy
-from digen.models.base import FlowPolicy, PromptEmbeds
+from digen.models.base import FlowPolicy
 from digen.rewards import build_rewards
 
 DTYPES = {
@@ -111,18 +112,6 @@ def build_reward(cfg: Config, device: str | None = None):
     where = resolve_device(device or cfg.model.device)
     deterministic_kernels(cfg, where)
     return build_rewards([spec.model_dump() for spec in cfg.reward], device=where)
-
-
-class EmbedCache:
-    """Prompt embeddings, computed once per prompt (text encoders are frozen)."""
-
-    def __init__(self, policy: FlowPolicy, with_uncond: bool):
-        self.policy, self.with_uncond, self._cache = policy, with_uncond, {}
-
-    def __call__(self, prompt: str) -> PromptEmbeds:
-        if prompt not in self._cache:
-            self._cache[prompt] = self.policy.encode_prompts([prompt], with_uncond=self.with_uncond)
-        return self._cache[prompt]
 
 
 @contextmanager

@@ -124,6 +124,12 @@ class ModelConfig(_Section):
     length (docs/precision.md lists them: sd3 128 as Flow-GRPO, flux 512 as FluxPipeline, ...);
     a config error when the model's text encoder takes fewer (the tiny models: 32, so their
     configs set it)."""
+    embed_cache_mib: float = Field(512.0, ge=0.0)
+    """Memory cap of each worker's prompt-embedding cache (:mod:`digen.prompt_cache`): the
+    text encoders' outputs per distinct prompt, kept on the device they were computed on and
+    evicted least recently used first. 512 MiB holds ~200 prompts of SD3.5 at 128 tokens with
+    CFG, a whole epoch of Flow-GRPO's 48 prompts; 0 keeps nothing (every prompt is encoded
+    each time it is used)."""
     lora: LoraConfig = LoraConfig()
 
 
@@ -154,9 +160,16 @@ class RolloutConfig(_Section):
     """Samples per iteration (prompts_per_iteration x group_size; at most :data:`MAX_SAMPLES`)."""
     group_size: int = Field(4, ge=1, le=MAX_GROUP)
     """Samples per prompt (a GRPO group; at most :data:`MAX_GROUP`). Also the generation micro-batch: one task = one group."""
-    max_batch: int = Field(1, ge=1, le=MAX_GROUP)
+    max_batch: int = Field(4, ge=1, le=MAX_GROUP)
     """Generation tasks (prompt groups) a rollout or TAG worker leases at once and runs as one
-    batched forward per denoising step, each acknowledged on its own."""
+    batched forward per denoising step, each acknowledged on its own (configs/README.md,
+    "Batched generation"). 4: 1.6-2.0x the samples per second of one group at a time in
+    ``digen bench`` on the quickstart (docs/benchmarks.md), and the peers batch 8 requests per
+    call on a GPU. 1: one group per forward, the reference's bits (set it for
+    ``train.reduce: exact`` comparisons). A sequence-parallel replica
+    (``rollout.sequence_parallel`` > 1) generates one group at a time: left at its default,
+    ``max_batch`` applies to the workers outside the replicas only; set explicitly above 1 beside
+    ``sequence_parallel`` > 1, it is refused."""
     num_steps: int = Field(8, ge=2, le=MAX_STEPS)
     """Denoising steps of training rollouts (the denoising reduction: few steps; at most
     :data:`MAX_STEPS`)."""
@@ -941,6 +954,14 @@ def _sp_checks(cfg: Config, check_paths: bool) -> list[str]:
         )
     if d == 1:
         return problems
+    # the replica's ranks run one task in lock step (workers/sp_loop.py): a replica generates one
+    # group at a time whatever max_batch says (leftover workers at d = 1 still batch), and a
+    # max_batch the user asked for is refused rather than silently not applied to the replicas
+    if cfg.rollout.max_batch > 1 and "max_batch" in cfg.rollout.model_fields_set:
+        problems.append(
+            f"rollout.max_batch ({cfg.rollout.max_batch}) with rollout.sequence_parallel ({d}): a "
+            f"sequence-parallel replica generates one group at a time; set rollout.max_batch=1"
+        )
     mode = cfg.schedule.resolved().mode
     if mode not in ("disaggregated", "digen"):
         problems.append(

@@ -14,7 +14,8 @@ import torch
 from digen.algos.sde import euler_step
 from digen.config import Config
 from digen.evaluation import TOTAL, EvalBook, EvalResult, EvalTask, eval_version, plan_eval, write_evaluation
-from digen.models.base import FlowPolicy
+from digen.models.base import FlowPolicy, PromptEmbeds
+from digen.prompt_cache import EmbedCache
 from digen.rewards.base import call_reward
 from digen.rundir import RunDir
 from digen.seeding import generator
@@ -35,14 +36,20 @@ def score_components(
 
 
 @torch.no_grad()
-def evaluate_chunk(policy: FlowPolicy, task: EvalTask, cfg: Config, reward) -> EvalResult:
+def evaluate_chunk(
+    policy: FlowPolicy, task: EvalTask, cfg: Config, reward, embed: EmbedCache | None = None
+) -> EvalResult:
     """ODE-sample the chunk's prompts with the loaded weights, decode, score.
 
     latents ``[B, *latent]``; sigmas ``[eval_steps + 1]``; one Euler step per sigma pair.
+    Each prompt's embeddings come from ``embed``, the worker's cache that generation and
+    training share (None: a cache of this chunk alone): each prompt encoded on its own, the
+    rows stacked (:meth:`PromptEmbeds.cat`), in every mode alike.
     """
     r = cfg.rollout
     prompts = list(task.prompts)
-    embeds = policy.encode_prompts(prompts, with_uncond=r.guidance_scale > 1.0)
+    embed = embed if embed is not None else EmbedCache.for_config(policy, cfg)
+    embeds = PromptEmbeds.cat(embed.many(prompts))
     x = torch.stack([policy.initial_noise(generator("eval", cfg.eval.seed, i)) for i in task.indices])
     sigmas = policy.sigmas(r.eval_steps).float().cpu()
     n = x.shape[0]
@@ -58,13 +65,20 @@ def evaluate_chunk(policy: FlowPolicy, task: EvalTask, cfg: Config, reward) -> E
 
 
 def evaluate_inline(
-    policy: FlowPolicy, cfg: Config, reward, run: RunDir, prompts: list[str], iteration: int
+    policy: FlowPolicy,
+    cfg: Config,
+    reward,
+    run: RunDir,
+    prompts: list[str],
+    iteration: int,
+    embed: EmbedCache | None = None,
 ) -> dict:
     """The reference trainer's evaluation: every chunk in turn, with the policy's current
-    weights (:func:`~digen.evaluation.eval_version`); returns the row written."""
+    weights (:func:`~digen.evaluation.eval_version`) and the loop's prompt cache ``embed``;
+    returns the row written."""
     tasks = plan_eval(cfg, prompts, iteration)
     book = EvalBook(iteration, eval_version(cfg, iteration), len(tasks))
     for task in tasks:
         t0 = time.time()
-        book.add(evaluate_chunk(policy, task, cfg, reward), time.time() - t0)
+        book.add(evaluate_chunk(policy, task, cfg, reward, embed), time.time() - t0)
     return write_evaluation(run, book)

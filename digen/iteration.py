@@ -353,6 +353,21 @@ def busy_seconds(events: list[dict], start: float | None = None, end: float | No
     return sum(max(0.0, min(e["end"], hi) - max(e["start"], lo)) for e in events if e["kind"] != "sync")
 
 
+def cache_metrics(events: list[dict]) -> dict:
+    """The prompt-embedding caches' hits and misses that ``events`` report (each worker's on
+    its tasks' last events, :meth:`digen.prompt_cache.EmbedCache.report`) and their hit
+    rate; empty when no event reports any."""
+    hits = sum(int(e.get("embed_hits", 0)) for e in events)
+    misses = sum(int(e.get("embed_misses", 0)) for e in events)
+    if not hits + misses:
+        return {}
+    return {
+        "embed_cache_hits": hits,
+        "embed_cache_misses": misses,
+        "embed_cache_hit_rate": hits / (hits + misses),
+    }
+
+
 def timing_metrics(
     events: list[dict], workers: int, wall_s: float, samples: int, window: tuple[float, float] | None = None
 ) -> dict:
@@ -421,6 +436,7 @@ def finish_iteration(run: RunDir, book: IterationBook, end: IterationEnd) -> dic
         metrics["samples"] -= end.dropped
         metrics["dropped_samples"] += end.dropped
     metrics.update(timing_metrics(end.events, end.workers, end.wall_s, metrics["samples"], window=end.window))
+    metrics.update(cache_metrics(end.timeline))
     metrics.update(
         {"policy_version": end.version, "max_staleness": end.max_staleness, "workers": end.workers}
     )

@@ -33,7 +33,14 @@ from typing import Any, Protocol
 from digen.config import Config
 from digen.errors import ConfigError
 
-ROLLOUT_KEYS = ("samples", "dropped_samples", "zero_std_ratio")
+ROLLOUT_KEYS = (
+    "samples",
+    "dropped_samples",
+    "zero_std_ratio",
+    "embed_cache_hits",
+    "embed_cache_misses",
+    "embed_cache_hit_rate",
+)
 TRAIN_KEYS = ("loss", "approx_kl", "clipfrac", "kl", "grad_norm", "ratio_max_dev", "trained_rows", "lr")
 SYSTEM_KEYS = (
     "wall_s",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +61,8 @@ class ParameterStore:
             fused=True,
         )
         self.version = version
+        self.lock = threading.Lock()
+        """Held by :meth:`step` while it rewrites the state, and by :meth:`state_copy`."""
         self.ema: dict[str, torch.Tensor] | None = (
             {k: v.detach().clone() for k, v in self.params.items()} if train.ema.enabled else None
         )
@@ -89,6 +92,32 @@ class ParameterStore:
         return {**self.trained(), **{k: v.clone().contiguous() for k, v in self.state.items()}}
 
     def step(
+        self, grad_sum: dict[str, torch.Tensor], rows: int, *, last_of_iteration: bool = True
+    ) -> dict[str, float]:
+        """:meth:`_step`, holding :attr:`lock` (a :meth:`state_copy` never sees half a step)."""
+        with self.lock:
+            return self._step(grad_sum, rows, last_of_iteration=last_of_iteration)
+
+    def state_copy(self, version: int) -> dict[str, torch.Tensor]:
+        """The state of ``version`` as a trainer serves it to a newcomer (weights ``w/<name>``,
+        optimizer and algorithm tensors ``o/<name>``: :meth:`state_parts`), copied to host
+        memory of its own under :attr:`lock`, so no step rewrites it while it is sent or hashed.
+        Taken only when a newcomer asks (one copy of the state, kept until the next version's
+        blob replaces it), not at every step: at a FLUX LoRA r64's size the state is 2 GiB.
+        :class:`~digen.dataplane.blobs.BlobLost` once the store has stepped past ``version``
+        (the newcomer asks another holder, or the next version)."""
+        from digen.dataplane.blobs import BlobLost
+        from digen.dataplane.wire import host_copy
+
+        with self.lock:
+            if self.version != version:
+                raise BlobLost(f"the state of version {version} is gone: this store holds {self.version}")
+            weights, opt, _ = self.state_parts()
+            return host_copy(
+                {**{f"w/{k}": t for k, t in weights.items()}, **{f"o/{k}": t for k, t in opt.items()}}
+            )
+
+    def _step(
         self, grad_sum: dict[str, torch.Tensor], rows: int, *, last_of_iteration: bool = True
     ) -> dict[str, float]:
         """One AdamW step on the mean gradient ``grad_sum / rows`` (after norm clipping).

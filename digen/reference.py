@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from digen.algos.state import load_version
-from digen.assembly import EmbedCache, build_policy, build_reward, compute_threads
+from digen.assembly import build_policy, build_reward, compute_threads
 from digen.config import Config
 from digen.errors import JobCancelled
 from digen.evaluation import evaluates, held_out_prompts, progress_row
@@ -37,6 +37,7 @@ from digen.iteration import (
     within_iteration,
 )
 from digen.optim import open_store, save_checkpoint
+from digen.prompt_cache import EmbedCache
 from digen.rollout import Trajectories, generate_group
 from digen.rundir import RunDir
 from digen.startup import phase
@@ -82,7 +83,7 @@ def _reference_loop(
         policy = build_policy(cfg)
     reward = build_reward(cfg)
     prompts = cfg.prompt_list()
-    embed = EmbedCache(policy, cfg.rollout.guidance_scale > 1.0)
+    embed = EmbedCache.for_config(policy, cfg)
     # AdamW on the model's device, as every trainer of a distributed job runs it
     state = open_store(cfg, run, policy.trainable_state_dict, resume, device=str(policy.device))
     store = state.store
@@ -156,6 +157,8 @@ def _reference_loop(
                 )
                 for g, t in sorted(trajs.items())
             ]
+        if events:  # the prompt cache's hits and misses of the iteration (evaluation's: the next one's)
+            events[-1].update(embed.report())
         end = IterationEnd(
             step_stats, store.version, 0, 1, events, time.time() - t_start, timeline=events, grid=grid
         )
@@ -165,7 +168,7 @@ def _reference_loop(
         if progress is not None:
             progress(metrics)
         if held_out and evaluates(cfg, k):  # the weights of version k + 1 are loaded
-            row = evaluate_inline(policy, cfg, reward, run, held_out, k)
+            row = evaluate_inline(policy, cfg, reward, run, held_out, k, embed=embed)
             if progress is not None:
                 progress(progress_row(row))
     return run.write_summary("reference")

@@ -1,9 +1,14 @@
-"""Generation: one prompt group -> trajectories with behaviour log-probs, images, rewards.
+"""Generation: prompt groups -> trajectories with behaviour log-probs, images, rewards.
 
-A generation task is one *group* (``group_size`` samples of one prompt), always generated as
-one batch, in every mode: the batch composition is then the same everywhere and the
-distributed modes reproduce the reference trainer's samples bit for bit. A sample's noise
-comes from its own stream (:mod:`digen.seeding`), so the group can run on any worker.
+A generation task is one *group* (``group_size`` samples of one prompt). The reference loop
+generates each group as one batch of its own; a worker may run up to ``rollout.max_batch``
+groups of one iteration as one batch (:func:`generate_groups`: one forward per denoising
+step for all their samples, both CFG branches in it), each still its own task. A sample's
+noise comes from its own stream (:mod:`digen.seeding`), so a group can run on any worker, in
+any batch: at ``max_batch`` 1 the distributed modes reproduce the reference trainer's samples
+bit for bit; in a larger batch a sample equals its unbatched self bit for bit where the
+kernels do not depend on the batch's size, else to float32 round-off (CPU sgemm picks its
+kernel by the matrix shape; tests/trainer/test_batched_generation.py states the bounds).
 Which groups an iteration samples is planned without torch (:func:`digen.tasks.plan_groups`).
 """
 
@@ -103,7 +108,6 @@ Timer = Callable[[str, float, float, float], None]
 bound on a machine with more busy workers than cores, :mod:`digen.bench.summary`)."""
 
 
-@torch.no_grad()
 def generate_group(
     policy: FlowPolicy,
     task: GroupTask,
@@ -117,31 +121,79 @@ def generate_group(
     sampler on every step), decode it and score it (``reward_fn`` None: a ``reward`` task
     scores it later from ``decoded``; the ``reward`` phase is not timed). A true ``stop()``,
     checked before each denoising step, drops the group (:class:`TaskDropped`)."""
+    embeds_list = None if embeds is None else [embeds]
+    timers = None if timer is None else [timer]
+    return generate_groups(policy, [task], cfg, reward_fn, embeds_list, timers, stop)[0]
+
+
+def batch_key(embeds: PromptEmbeds) -> tuple:
+    """What groups must agree on to run as one batch: the shapes and dtypes of their prompt
+    embeddings (a family whose prompt length is its prompt's own, Qwen-Image, pads the rows
+    of one batch to the longest, which would change a shorter prompt's bits)."""
+    return tuple(
+        (part, k, tuple(v.shape[1:]), v.dtype)
+        for part, d in (("c", embeds.tensors), ("u", embeds.uncond))
+        for k, v in sorted(d.items())
+    )
+
+
+@torch.no_grad()
+def generate_groups(
+    policy: FlowPolicy,
+    tasks: list[GroupTask],
+    cfg: Config,
+    reward_fn: Callable[..., torch.Tensor] | None,
+    embeds: list[PromptEmbeds] | None = None,
+    timers: list[Timer] | None = None,
+    stop: Callable[[], bool] | None = None,
+) -> list[Trajectories]:
+    """Sample several groups of one iteration as one batch (``rollout.max_batch``): their
+    samples stacked in task order, one transformer forward per denoising step for all of them
+    (both CFG branches in it), each sample's noise drawn from its own stream as when its group
+    runs alone. Each group is then decoded and scored on its own (its images and rewards are
+    the bits of its unbatched self). ``embeds``: each group's prompt embeddings (None: encoded
+    here), all of one :func:`batch_key`. ``timers``: one per group; the batch's ``gen`` time
+    is split evenly among its groups, in task order, so the timeline's busy time is the
+    worker's. See :func:`generate_group` for the rest."""
+    if not tasks:
+        return []
+    if len({t.iteration for t in tasks}) > 1:
+        raise ValueError(
+            f"one batch generates one iteration's groups, not {sorted({t.iteration for t in tasks})}"
+        )
     r = cfg.rollout
     algo = algorithm_for(cfg)
-    plan = algo.rollout_plan(cfg, task.iteration)
+    iteration = tasks[0].iteration
+    plan = algo.rollout_plan(cfg, iteration)
     t0, c0 = time.time(), time.thread_time()
-    n = len(task.sample_ids)
+    sizes = [len(t.sample_ids) for t in tasks]
+    n = sum(sizes)
     cfg_on = r.guidance_scale > 1.0
     if embeds is None:
-        embeds = policy.encode_prompts([task.prompt], with_uncond=cfg_on)
-    batch_embeds = embeds.repeat_rows(n)
+        embeds = [policy.encode_prompts([t.prompt], with_uncond=cfg_on) for t in tasks]
+    if len({batch_key(e) for e in embeds}) > 1:
+        raise ValueError("the groups of one batch must have prompt embeddings of one shape (batch_key)")
+    rows = [e.repeat_rows(k) for e, k in zip(embeds, sizes, strict=True)]
+    batch_embeds = rows[0] if len(rows) == 1 else PromptEmbeds.cat(rows)
     sigmas = policy.sigmas(r.num_steps).float().cpu()
     sigma_max = float(sigmas[1])
     path = sigmas if plan.schedule is None else sigmas[list(plan.schedule)]
     first, count = plan.keep
 
-    gens = [sample_generator(cfg.seed, task.iteration, s, "noise") for s in task.sample_ids]
+    task_gens = [[sample_generator(cfg.seed, t.iteration, s, "noise") for s in t.sample_ids] for t in tasks]
+    gens = [g for tg in task_gens for g in tg]
     with algo.sampling(policy):
-        x = _initial_noise(policy, gens, r.shared_noise)
+        noise = [_initial_noise(policy, tg, r.shared_noise) for tg in task_gens]
+        x = noise[0] if len(noise) == 1 else torch.cat(noise)
         latents = [x.cpu()] if first == 0 else []
         log_probs, means = [], []
         history = "dpm2" in plan.kinds  # DPM-Solver++(2M) needs the previous step's x0 prediction
         prev_x0: torch.Tensor | None = None
         for i, kind in enumerate(plan.kinds):
             if stop is not None and stop():
+                groups = ", ".join(str(t.group) for t in tasks)
                 raise TaskDropped(
-                    f"group {task.group} of iteration {task.iteration} dropped at step {i}: the job stopped"
+                    f"group(s) {groups} of iteration {iteration} dropped at step {i}: the job stopped"
                 )
             s, s_next = float(path[i]), float(path[i + 1])
             v = policy.velocity(x, torch.full((n,), s, device=x.device), batch_embeds, r.guidance_scale)
@@ -177,6 +229,48 @@ def generate_group(
             elif i + 1 == first:  # the stored range starts after this step
                 latents.append(x.cpu())
     t1, c1 = time.time(), time.thread_time()
+    if timers is not None:  # the batch's sampling time, an equal share for each group
+        share, cpu = (t1 - t0) / len(tasks), (c1 - c0) / len(tasks)
+        for j, timer in enumerate(timers):
+            timer("gen", t0 + j * share, t0 + (j + 1) * share, cpu)
+    lat = torch.stack(latents, dim=1).split(sizes)
+    lps = (torch.stack(log_probs, dim=1) if log_probs else torch.empty(n, 0)).split(sizes)
+    mns = (torch.stack(means, dim=1) if means else torch.empty(n, 0, *x.shape[1:])).split(sizes)
+    out = []
+    for j, (task, x_j) in enumerate(zip(tasks, x.split(sizes), strict=True)):
+        timer = None if timers is None else timers[j]
+        extra = {"first_step": torch.tensor(first, dtype=torch.int64)} if first else {}
+        if plan.means:
+            extra["means"] = mns[j].contiguous()
+        images, rewards, decoded = _decode_and_score(policy, task, cfg, reward_fn, x_j, timer)
+        out.append(
+            Trajectories(
+                task=task,
+                latents=lat[j].contiguous(),
+                log_probs=lps[j].contiguous(),
+                sigmas=sigmas,
+                images=images,
+                rewards=rewards,
+                decoded=decoded,
+                extra=extra,
+            )
+        )
+    return out
+
+
+def _decode_and_score(
+    policy: FlowPolicy,
+    task: GroupTask,
+    cfg: Config,
+    reward_fn: Callable[..., torch.Tensor] | None,
+    x: torch.Tensor,
+    timer: Timer | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """One group's final latents ``x [n, *latent]`` decoded and scored (``reward_fn`` None:
+    rewards NaN until a ``reward`` task scores the returned float images): ``(images uint8,
+    rewards [n], decoded or None)``."""
+    n = x.shape[0]
+    t1, c1 = time.time(), time.thread_time()
     images = policy.decode(x).float().cpu()
     t2, c2 = time.time(), time.thread_time()
     scored = reward_fn is not None
@@ -188,20 +282,8 @@ def generate_group(
         rewards = rewards.float().cpu()
     t3, c3 = time.time(), time.thread_time()
     if timer is not None:
-        timer("gen", t0, t1, c1 - c0)
         timer("decode", t1, t2, c2 - c1)
         if scored:
             timer("reward", t2, t3, c3 - c2)
-    extra = {"first_step": torch.tensor(first, dtype=torch.int64)} if first else {}
-    if plan.means:
-        extra["means"] = torch.stack(means, dim=1) if means else torch.empty(n, 0, *x.shape[1:])
-    return Trajectories(
-        task=task,
-        latents=torch.stack(latents, dim=1),
-        log_probs=torch.stack(log_probs, dim=1) if log_probs else torch.empty(n, 0),
-        sigmas=sigmas,
-        images=(images * 255).round().clamp(0, 255).to(torch.uint8),
-        rewards=rewards,
-        decoded=None if scored else images,
-        extra=extra,
-    )
+    uint8 = (images * 255).round().clamp(0, 255).to(torch.uint8)
+    return uint8, rewards, None if scored else images

@@ -131,7 +131,8 @@ def small_config_data(model_dir: Path, **sections) -> dict:
             "lora": {"enabled": True, "rank": 4, "alpha": 8},
         },
         "prompts": {"items": ["a red square", "a blue circle", "a green tree"]},
-        "rollout": {"batch_size": 8, "group_size": 4, "num_steps": 4},
+        # one group per forward: the runs are compared with the reference bit for bit
+        "rollout": {"batch_size": 8, "group_size": 4, "num_steps": 4, "max_batch": 1},
         "train": {"timesteps": {"strategy": "prefix", "fraction": 0.5}, "lr": 1e-3},
         "reward": [{"name": "brightness"}],
         "schedule": {"mode": "reference"},

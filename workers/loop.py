@@ -17,6 +17,7 @@ import logging
 import time
 import traceback
 import uuid
+from collections.abc import Callable
 
 import redis
 import torch
@@ -26,7 +27,7 @@ from digen.controlplane.jobstate import JobState
 from digen.controlplane.queue import LeasedTask, TaskQueue
 from digen.controlplane.redis_conn import connect, count_round_trips
 from digen.controlplane.trainer_group import holds_optimizer
-from digen.core.events import Role, TaskRef
+from digen.core.events import Role, TaskKind, TaskRef
 from digen.core.policy import idle_kinds, pull_order
 from digen.dataplane.auth import incarnation as process_incarnation
 from digen.dataplane.auth import keyring
@@ -37,7 +38,7 @@ from digen.startup import process_start_time
 from digen.testing import faults
 from digen.workers.preload import LOAD_TIMES, worker_device
 from digen.workers.runtime import WorkerRuntime, dask_worker_host, node_tls, poll, quiet_worker_heartbeat
-from digen.workers.tasks import RUNNERS
+from digen.workers.tasks import RUNNERS, gen_batches, run_gen_batch
 from digen.workers.trainer import Member
 
 log = logging.getLogger(__name__)
@@ -167,7 +168,9 @@ def worker_loop(
                 stepped = state.stepped
                 rt.drop_blobs_before(stepped)
             leased = next_task(rt, role, budget)
-            if leased is not None:
+            if leased is not None and leased.queue == TaskKind.GEN.value and cfg.rollout.max_batch > 1:
+                run_gen_tasks(rt, [leased, *more_gen(rt, leased, role)], role)
+            elif leased is not None:
                 run_task(rt, leased, role)
     finally:
         if rt.member is not None:
@@ -175,10 +178,95 @@ def worker_loop(
     return {"worker": name, "tasks": rt.tasks_run}
 
 
+def more_gen(rt: WorkerRuntime, first: LeasedTask, role: Role) -> list[LeasedTask]:
+    """Up to ``rollout.max_batch - 1`` more generation tasks to run with ``first``, leased at
+    once from its queue, without waiting (fewer when fewer are ready). A trainer (TAG: its
+    off-role kind) spends a unit of its budget on each, as :func:`next_task` did on ``first``,
+    and stops when the budget is spent."""
+    more: list[LeasedTask] = []
+    off_role = role is Role.TRAINER
+    while len(more) + 1 < rt.cfg.rollout.max_batch:
+        if off_role and not rt.job.take_budget(rt.name):
+            break
+        leased = rt.queue.lease([first.queue], rt.name)
+        if leased is None:
+            if off_role:
+                rt.job.return_budget(rt.name)
+            break
+        more.append(leased)
+    return more
+
+
+def extending(rt: WorkerRuntime, batch: list[LeasedTask]) -> Callable[[], bool]:
+    """The ``stop`` check of a batched generation (:func:`~digen.rollout.generate_groups`):
+    the job's status (:meth:`WorkerRuntime.job_stopped`), and every quarter of
+    ``schedule.lease_s`` the leases of the batch's tasks renewed, since a batch of k groups
+    runs up to k times as long as one group (a lease already lost is re-delivered elsewhere:
+    the first acknowledgement wins)."""
+    every, last = rt.cfg.schedule.lease_s / 4, time.monotonic()
+
+    def stop() -> bool:
+        nonlocal last
+        if time.monotonic() - last > every:
+            last = time.monotonic()
+            for leased in batch:
+                rt.queue.extend(leased.task_id, worker=rt.name)
+        return rt.job_stopped()
+
+    return stop
+
+
+def run_gen_tasks(rt: WorkerRuntime, leased: list[LeasedTask], role: Role) -> None:
+    """Run leased generation tasks, as batches of those that agree
+    (:func:`~digen.workers.tasks.gen_batches`), each task acknowledged on its own. A batch
+    that raises runs each of its tasks again alone (:func:`run_task`), so only a task that
+    fails by itself is reported and counts an attempt."""
+    try:
+        batches = gen_batches(rt, leased)
+    except redis.ConnectionError:
+        raise
+    except Exception as exc:  # the prompts could not be encoded: every task is reported
+        for task in leased:
+            fail(rt, task, exc)
+        return
+    for batch in batches:
+        try:
+            outcomes = run_gen_batch(rt, batch, role, extending(rt, batch))
+        except redis.ConnectionError:
+            raise
+        except TaskDropped as exc:
+            log.info("worker %s: %s", rt.name, exc)
+            return
+        except Exception as exc:
+            if len(batch) == 1:
+                fail(rt, batch[0], exc)
+                continue
+            # one task's fault (a reward that raises on its images) must not fail its batch-mates
+            log.warning(
+                "a batch of %d generation tasks failed on %s (%s); each runs alone", len(batch), rt.name, exc
+            )
+            for task in batch:
+                run_task(rt, task, role)
+            continue
+        for task, outcome in zip(batch, outcomes, strict=True):
+            acknowledge(rt, task, outcome)
+
+
+def fail(rt: WorkerRuntime, leased: LeasedTask, exc: Exception) -> None:
+    """Report a task that raised (:meth:`TaskQueue.nack`: re-delivered, or dead after
+    ``schedule.max_attempts``)."""
+    log.error("task %s failed on %s: %s", leased.task_id, rt.name, exc)
+    rt.queue.nack(
+        leased.task_id,
+        f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}",
+        max_attempts=rt.cfg.schedule.max_attempts,
+        worker=rt.name,
+    )
+
+
 def run_task(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> None:
     """Run a leased task and acknowledge it; a task that raises is reported (never kills the
     loop), one whose input is gone is parked by its runner."""
-    cfg = rt.cfg
     try:
         outcome = RUNNERS[leased.queue](rt, leased, role)
     except redis.ConnectionError:
@@ -187,14 +275,14 @@ def run_task(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> None:
         log.info("worker %s: %s", rt.name, exc)
         return
     except Exception as exc:  # a failing task is reported, never kills the loop
-        log.error("task %s failed on %s: %s", leased.task_id, rt.name, exc)
-        rt.queue.nack(
-            leased.task_id,
-            f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}",
-            max_attempts=cfg.schedule.max_attempts,
-            worker=rt.name,
-        )
+        fail(rt, leased, exc)
         return
+    acknowledge(rt, leased, outcome)
+
+
+def acknowledge(rt: WorkerRuntime, leased: LeasedTask, outcome) -> None:
+    """Acknowledge a task that ran (its result counts once: the first acknowledgement wins)
+    and do what its runner asked once it won; nothing for a parked task (None)."""
     if outcome is None:  # parked: its input is made again first
         return
     result, after = outcome

@@ -21,7 +21,7 @@ import torch
 
 from digen.algos.registry import stateful_algorithm
 from digen.algos.state import load_version
-from digen.assembly import EmbedCache, build_reward, trained_dtype
+from digen.assembly import build_reward, trained_dtype
 from digen.config import Config
 from digen.controlplane.jobstate import JobState, LoopState
 from digen.controlplane.jsonkeys import Rendezvous
@@ -34,6 +34,7 @@ from digen.dataplane.blobs import BlobLost, BlobStore
 from digen.dataplane.weights import fetch_version
 from digen.errors import TaskDropped
 from digen.parallel.comm import join_process_group
+from digen.prompt_cache import EmbedCache
 from digen.testing import faults
 from digen.workers.preload import take_policy
 
@@ -115,8 +116,13 @@ class WorkerRuntime:
 
     def report_redis(self, events: list[dict]) -> None:
         """Mark the task's last event with the round trips and loop cycles since the last task,
-        for ``digen bench`` (:func:`digen.bench.worker_stats`)."""
-        if self.round_trips is None or not events:
+        for ``digen bench`` (:func:`digen.bench.worker_stats`), and the prompt cache's hits and
+        misses since then (:func:`digen.iteration.cache_metrics`)."""
+        if not events:
+            return
+        if self.embed is not None:
+            events[-1].update(self.embed.report())
+        if self.round_trips is None:
             return
         now = (self.round_trips.count, self.cycles)
         events[-1]["redis_round_trips"], events[-1]["cycles"] = (
@@ -128,7 +134,7 @@ class WorkerRuntime:
     def ensure_policy(self):
         if self.policy is None:
             self.policy = take_policy(self.cfg, self.device)  # preloaded, or built now
-            self.embed = EmbedCache(self.policy, self.cfg.rollout.guidance_scale > 1.0)
+            self.embed = EmbedCache.for_config(self.policy, self.cfg)
             algo = stateful_algorithm(self.cfg.train)
             if algo.keeps_state:  # version 0 carries the algorithm's state too (DiffusionNFT's old copy)
                 w = self.policy.trainable_state_dict()

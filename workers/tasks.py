@@ -42,7 +42,7 @@ from digen.dataplane.wire import on_host
 from digen.errors import PayloadError
 from digen.evaluator import evaluate_chunk
 from digen.rewards.base import call_reward
-from digen.rollout import Trajectories, generate_group
+from digen.rollout import Trajectories, batch_key, generate_group, generate_groups
 from digen.testing import faults
 from digen.training import train_groups
 from digen.viz import image_cells, to_png
@@ -104,6 +104,68 @@ def run_gen(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
     score = GenPayload.read(leased.payload).score
     traj, events, t0 = generate(rt, leased, role, score=score, stop=rt.job_stopped)
     return gen_result(rt, leased, traj, events, t0), None
+
+
+def gen_batches(rt: WorkerRuntime, batch: list[LeasedTask]) -> list[list[LeasedTask]]:
+    """Leased generation tasks cut into the batches that can run as one forward, in lease
+    order: those of one iteration, weights version and scoring (inline or by a ``reward``
+    task) whose prompt embeddings agree in shape (:func:`digen.rollout.batch_key`)."""
+    assert rt.embed is not None
+    out: dict[tuple, list[LeasedTask]] = {}
+    for leased in batch:
+        try:
+            payload = GenPayload.read(leased.payload)
+        except PayloadError:  # a batch of its own, which fails on its own (run_gen_batch reads it again)
+            out[("unreadable", leased.task_id)] = [leased]
+            continue
+        task = payload.task
+        key = (task.iteration, task.version, payload.score, batch_key(rt.embed(task.prompt)))
+        out.setdefault(key, []).append(leased)
+    return list(out.values())
+
+
+def run_gen_batch(rt: WorkerRuntime, batch: list[LeasedTask], role: Role, stop) -> list[Outcome]:
+    """Generation tasks that :func:`gen_batches` put together, as one batch
+    (:func:`digen.rollout.generate_groups`: one forward per denoising step for all their
+    samples); each task's result on its own, as :func:`run_gen` makes it, its ``gen`` event
+    carrying ``batch`` (the groups of the forward)."""
+    payloads = [GenPayload.read(x.payload) for x in batch]
+    tasks = [p.task for p in payloads]
+    version = tasks[0].version
+    t0 = time.time()
+    rt.ensure_version(version)
+    events: list[list[dict]] = [[] for _ in batch]
+    if time.time() - t0 > 1e-3:
+        ref = TaskRef(TaskKind.GEN, tasks[0].iteration, tasks[0].group)
+        events[0].append(event(rt, role, "sync", ref, version, t0, time.time()))
+    rt.ensure_reward()
+    assert rt.embed is not None
+
+    def timer_of(j: int):
+        ref = TaskRef(TaskKind.GEN, tasks[j].iteration, tasks[j].group)
+
+        def timer(kind: str, s: float, e: float, cpu_s: float) -> None:
+            row = event(rt, role, kind, ref, version, s, e, cpu_s)
+            if kind == "gen":
+                row["batch"] = len(batch)
+            events[j].append(row)
+
+        return timer
+
+    reward = rt.reward if payloads[0].score else None  # else a reward task scores
+    embeds = rt.embed.many([t.prompt for t in tasks])
+    trajs = generate_groups(
+        rt.policy, tasks, rt.cfg, reward, embeds, [timer_of(j) for j in range(len(batch))], stop
+    )
+    out: list[Outcome] = []
+    for j, (leased, traj, evs) in enumerate(zip(batch, trajs, events, strict=True)):
+        faults.point("gen", rt.job, rt.name, task=leased.task_id, iteration=traj.task.iteration)
+        result = gen_result(rt, leased, traj, evs, t0)
+        if len(batch) > 1:  # the task's own share of the batch: the seconds per group TAG/RAT learn
+            result["start"] = t0 if j == 0 else evs[0]["start"]
+            result["end"] = result["start"] + sum(e["end"] - e["start"] for e in evs)
+        out.append((result, None))
+    return out
 
 
 TRAINING_TENSORS = None
@@ -250,7 +312,7 @@ def run_eval(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
     rt.ensure_version(task.version)
     rt.ensure_reward()
     t1 = time.time()
-    res = evaluate_chunk(rt.policy, task, rt.cfg, rt.reward)
+    res = evaluate_chunk(rt.policy, task, rt.cfg, rt.reward, embed=rt.embed)
     t2 = time.time()
     events = [event(rt, role, "eval", ref, task.version, t1, t2)]
     if t1 - t0 > 1e-3:

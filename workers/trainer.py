@@ -46,7 +46,7 @@ from digen.assembly import trained_dtype
 from digen.controlplane.trainer_group import ABORT, COMMIT, StepCommand
 from digen.core import blobnames
 from digen.core.events import Role, TaskRef
-from digen.dataplane.blobs import BlobLost, Expect, fetch
+from digen.dataplane.blobs import BlobLost, BlobStore, Expect, fetch
 from digen.dataplane.reduce import TaskSum, all_reduce_sum, flatten, ordered_sum, unflatten
 from digen.dataplane.wire import on_host
 from digen.errors import DigenError
@@ -60,6 +60,19 @@ log = logging.getLogger(__name__)
 
 class StateLost(RuntimeError):
     """No member holds the optimizer state a step starts from, and no checkpoint has it."""
+
+
+def serve_state(blobs: BlobStore, name: str, store: ParameterStore) -> None:
+    """Offer ``store``'s state as blob ``name``, for a newcomer to copy: a snapshot taken when
+    one first asks (:meth:`~digen.optim.ParameterStore.state_copy`), hashed over that snapshot,
+    never the store's own tensors, which the next step rewrites in place (a newcomer would copy
+    half a step labelled as the old version). Asked after the store stepped, it is refused as
+    missing: the newcomer tries another holder or the next version. Why not a copy at every
+    step: every member would hold a second state (2 GiB for a FLUX LoRA r64) that almost no
+    one fetches."""
+    version = store.version
+    _, _, state = store.state_parts()
+    blobs.put_snapshot(name, lambda: store.state_copy(version), {"state": json.dumps(state)})
 
 
 @dataclass
@@ -125,9 +138,7 @@ class Member:
                 # GPU again for every rollout worker's fetch
                 served = on_host({k: t.to(dtype) for k, t in w.items()})
                 rt.blobs.put(blobnames.weights(job, ver), served, {"version": str(ver)})
-        weights, opt, state = self.store.state_parts()
-        tensors = {**{f"w/{k}": t for k, t in weights.items()}, **{f"o/{k}": t for k, t in opt.items()}}
-        rt.blobs.put(blobnames.state(job, v), tensors, {"state": json.dumps(state)})
+        serve_state(rt.blobs, blobnames.state(job, v), self.store)
         served = blobnames.versions(rt.blobs.names(), job)
         rt.group.set_holding(rt.name, rt.blob_addr, served, v)
 

@@ -52,7 +52,7 @@ from digen.algos.clean_sample import CleanSampleFamily, flow_target, noised, noi
 from digen.algos.loss import LossTerms, ppo_clip_loss, velocity_kl
 from digen.algos.registry import StepKind
 from digen.algos.rows import NoisedRows
-from digen.algos.state import require_role, role_weights, swapped_weights, with_role
+from digen.algos.state import moved_toward, require_role, swapped_weights, with_role
 from digen.seeding import sample_generator
 
 if TYPE_CHECKING:
@@ -169,8 +169,7 @@ class Awm(CleanSampleFamily):
         self, state: dict[str, torch.Tensor], weights: dict[str, torch.Tensor], train: TrainConfig, steps: int
     ) -> dict[str, torch.Tensor]:
         d = min(train.awm.ema_decay, EMA_RATE * steps)
-        old = role_weights(state, ROLE)
-        return with_role({k: old[k] * d + weights[k].detach() * (1.0 - d) for k in weights}, ROLE)
+        return moved_toward(state, weights, ROLE, d)
 
 
 ALGORITHM = Awm()

@@ -67,7 +67,14 @@ from digen.algos.clean_sample import (
 from digen.algos.loss import LossTerms, velocity_kl
 from digen.algos.precision import at_least_float32
 from digen.algos.registry import StepKind
-from digen.algos.state import policy_state, require_role, role_weights, state_name, swapped_weights, with_role
+from digen.algos.state import (
+    moved_toward,
+    policy_state,
+    require_role,
+    state_name,
+    swapped_weights,
+    with_role,
+)
 from digen.seeding import iteration_generator, sample_generator
 
 if TYPE_CHECKING:
@@ -241,8 +248,7 @@ class Dgpo(CleanSampleFamily):
         self, state: dict[str, torch.Tensor], weights: dict[str, torch.Tensor], train: TrainConfig, steps: int
     ) -> dict[str, torch.Tensor]:
         dec = dgpo_decay(steps)
-        old = role_weights(state, ROLE)
-        moved = with_role({k: old[k] * dec + weights[k].detach() * (1.0 - dec) for k in weights}, ROLE)
+        moved = moved_toward(state, weights, ROLE, dec)
         return {**moved, SAMPLE_OLD: torch.full((1,), float(steps > train.dgpo.switch_ema_ref))}
 
 

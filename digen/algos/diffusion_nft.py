@@ -54,7 +54,7 @@ from digen.algos.loss import LossTerms, velocity_kl
 from digen.algos.precision import at_least_float32
 from digen.algos.registry import StepKind
 from digen.algos.rows import NoisedRows
-from digen.algos.state import require_role, role_weights, swapped_weights, with_role
+from digen.algos.state import moved_toward, require_role, swapped_weights, with_role
 from digen.seeding import sample_generator
 
 if TYPE_CHECKING:
@@ -189,8 +189,7 @@ class DiffusionNft(CleanSampleFamily):
         self, state: dict[str, torch.Tensor], weights: dict[str, torch.Tensor], train: TrainConfig, steps: int
     ) -> dict[str, torch.Tensor]:
         d = nft_decay(steps, train.nft.decay_type)
-        old = role_weights(state, ROLE)
-        return with_role({k: old[k] * d + weights[k].detach() * (1.0 - d) for k in weights}, ROLE)
+        return moved_toward(state, weights, ROLE, d)
 
 
 ALGORITHM = DiffusionNft()

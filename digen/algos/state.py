@@ -71,6 +71,17 @@ def with_role(weights: dict[str, torch.Tensor], role: str) -> dict[str, torch.Te
     return {state_name(role, k): v.detach().clone() for k, v in weights.items()}
 
 
+def moved_toward(
+    state: dict[str, torch.Tensor], weights: dict[str, torch.Tensor], role: str, decay: float
+) -> dict[str, torch.Tensor]:
+    """One role's copy moved toward ``weights``: ``old * decay + w * (1 - decay)`` per tensor,
+    renamed back into the role (the EMA ``old`` weights of DiffusionNFT, DGPO and AWM, each
+    with its own decay schedule). The float ops are written in this order on purpose: it is the
+    order the peers compute them in, and their oracle tests compare bit for bit."""
+    old = role_weights(state, role)
+    return with_role({k: old[k] * decay + weights[k].detach() * (1.0 - decay) for k in weights}, role)
+
+
 def load_version(policy: Any, weights: dict[str, torch.Tensor]) -> None:
     """Load a version dict: the trained tensors into ``policy``, the ``algo/`` ones where
     :func:`policy_state` finds them (replacing what an earlier version left)."""

@@ -16,7 +16,8 @@ def parse_modes(text: str) -> list[str]:
     """``"reference,digen,digen-tag"`` -> the list, validated. A mode is a base mode
     (reference, colocated, disaggregated, digen) with optional ``-toggle`` / ``+toggle``
     suffixes switching gap, tsp, tag, rat, async (staleness 1) or eval (held-out evaluation)
-    off / on: ``digen-tag``, ``digen+eval``."""
+    off / on: ``digen-tag``, ``digen+eval``; and an optional ``@B`` at the end, the
+    ``rollout.max_batch`` it runs with (default the config's): ``digen@4``, ``colocated@1``."""
     modes = [m.strip() for m in text.split(",") if m.strip()]
     if not modes:
         raise ConfigError("--modes is empty; e.g. --modes reference,colocated,disaggregated,digen")
@@ -33,8 +34,19 @@ def parse_modes(text: str) -> list[str]:
     return modes
 
 
+def _max_batch(mode: str) -> tuple[str, int | None]:
+    """``"digen-tag@4"`` -> ``("digen-tag", 4)``; no ``@``: ``(mode, None)``."""
+    if "@" not in mode:
+        return mode, None
+    name, _, b = mode.rpartition("@")
+    if not b.isdigit() or int(b) < 1:
+        raise ValueError(f"mode {mode!r}: @{b} must be a rollout.max_batch of at least 1, e.g. {name}@4")
+    return name, int(b)
+
+
 def _mode_parts(mode: str) -> tuple[str, dict[str, Any]]:
     """``"digen-tag+gap"`` -> ``("digen", {"tag": False, "gap": True})``."""
+    mode, _ = _max_batch(mode)
     base, rest = mode, ""
     for i, ch in enumerate(mode):
         if ch in "+-":
@@ -80,6 +92,9 @@ def mode_config(cfg: Config, mode: str, workers: tuple[int, int] | None = None) 
     and no sample grids (disk writes are not what the bench measures)."""
     base, toggles = _mode_parts(mode)
     data = cfg.model_dump(mode="json")
+    batch = _max_batch(mode)[1]
+    if batch is not None:
+        data["rollout"]["max_batch"] = batch
     if "eval" in toggles:
         data["eval"]["every"] = (cfg.eval.every or 1) if toggles.pop("eval") else 0
     sched = data["schedule"]

@@ -31,8 +31,10 @@ def markdown_table(
     command: str | None = None,
     rounds: int | None = None,
     warmup: int | None = None,
+    batching: list[dict] | None = None,
 ) -> str:
-    """The bench result as Markdown: one table of modes, one of the TSP micro-benchmark."""
+    """The bench result as Markdown: one table of modes, one of the TSP micro-benchmark, one
+    of the generation-batching micro-benchmark."""
     lines = []
     if command:
         lines += [f"`{command}`", ""]
@@ -90,7 +92,33 @@ def markdown_table(
                 f"| {t['K']} | {t['rows']} | {t['batched_ms_per_row']:.2f} | "
                 f"{t['sequential_ms_per_row']:.2f} | {_fmt(t['speedup'], '.2f', 'x')} |"
             )
+    lines += batching_table(batching or [])
     return "\n".join(lines) + "\n"
+
+
+def batching_table(batching: list[dict]) -> list[str]:
+    """Markdown lines of the generation-batching micro-benchmark
+    (:func:`digen.bench.batching.batching_microbench`); none without rows."""
+    if not batching:
+        return []
+    reset = all(b.get("rss_reset", True) for b in batching)
+    lines = [
+        "",
+        "Generation batching (rollout.max_batch groups as one forward per denoising step, in the bench "
+        "process; peak RSS of one batch"
+        + ("" if reset else ", the process's peak so far: its high-water mark could not be reset")
+        + "):",
+        "",
+        "| max_batch | samples | ms/sample | samples/s | vs first | peak RSS MiB | RSS over first MiB |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for b in batching:
+        lines.append(
+            f"| {b['max_batch']} | {b['samples']} | {b['ms_per_sample']:.2f} | {_fmt(b['samples_per_s'], '.2f')} "
+            f"| {_fmt(b['speedup_vs_first'], '.2f', 'x')} | {_fmt(b['peak_rss_mb'], '.0f')} "
+            f"| {_fmt(b['rss_over_first_mb'], '+.0f')} |"
+        )
+    return lines
 
 
 def startup_table(rows: list[dict]) -> list[str]:
@@ -154,14 +182,20 @@ def write_outputs(
     rounds: int | None = None,
     warmup: int | None = None,
 ) -> dict[str, Path]:
-    """``bench.json`` (one object per mode), ``tsp.json`` and ``bench.md`` in ``out``."""
+    """``bench.json`` (one object per mode), ``tsp.json``, ``batching.json`` (when the
+    generation-batching micro-benchmark ran) and ``bench.md`` in ``out``."""
     import json
 
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "bench.json", "tsp": out / "tsp.json", "markdown": out / "bench.md"}
     paths["json"].write_text(json.dumps(result.rows, indent=1))
     paths["tsp"].write_text(json.dumps(result.tsp, indent=1))
+    if result.batching:
+        paths["batching"] = out / "batching.json"
+        paths["batching"].write_text(json.dumps(result.batching, indent=1))
     paths["markdown"].write_text(
-        markdown_table(result.rows, result.tsp, command=command, rounds=rounds, warmup=warmup)
+        markdown_table(
+            result.rows, result.tsp, command=command, rounds=rounds, warmup=warmup, batching=result.batching
+        )
     )
     return paths

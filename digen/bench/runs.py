@@ -9,9 +9,10 @@ import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from digen.bench.batching import batching_microbench
 from digen.bench.memory import MemorySampler, reset_peak_rss
 from digen.bench.modes import mode_config
 from digen.bench.stats import RatePool, RunRecord, median, worker_stats
@@ -108,6 +109,8 @@ class BenchResult:
     rows: list[dict]
     tsp: list[dict]
     records: list[RunRecord]
+    batching: list[dict] = field(default_factory=list)
+    """The generation-batching micro-benchmark's rows (:func:`batching_microbench`)."""
 
 
 def run_bench(
@@ -119,10 +122,12 @@ def run_bench(
     warmup: int = 1,
     workers: tuple[int, int] | None = None,
     tsp_ks: Sequence[int] = (1, 2, 4, 8),
+    batch_sizes: Sequence[int] = (),
     notify: Notify | None = None,
     started: Notify | None = None,
 ) -> BenchResult:
-    """Run every mode ``rounds`` times, interleaved; summarize; run the TSP micro-benchmark.
+    """Run every mode ``rounds`` times, interleaved; summarize; run the TSP micro-benchmark
+    and, for ``batch_sizes``, the generation-batching one.
     ``started`` is told each step (``round 1/2 digen``, then the micro-benchmark) as it
     starts, ``notify`` what a run measured once it ends.
 
@@ -169,4 +174,8 @@ def run_bench(
     if tsp_ks:
         started(f"TSP micro-benchmark, K in {list(tsp_ks)}")
         tsp = tsp_microbench(cfg, tsp_ks)
-    return BenchResult(rows, tsp, records)
+    batching = []
+    if batch_sizes:
+        started(f"generation-batching micro-benchmark, max_batch in {list(batch_sizes)}")
+        batching = batching_microbench(cfg, batch_sizes)
+    return BenchResult(rows, tsp, records, batching)

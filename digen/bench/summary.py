@@ -340,10 +340,13 @@ def eval_interference_per_run(records: list[RunRecord]) -> dict[str, float]:
 
 
 def add_speedups(rows: list[dict]) -> None:
-    """Fill ``speedup_vs_colocated`` / ``speedup_vs_disaggregated`` where those modes ran."""
+    """Fill ``speedup_vs_colocated`` / ``speedup_vs_disaggregated`` where those modes ran: a
+    mode run at ``@B`` (``rollout.max_batch`` B) against the one at the same ``@B`` where it
+    ran (``digen@4`` against ``colocated@4``), else against the plain one."""
     by_mode = {r["mode"]: r for r in rows}
     for base, key in (("colocated", "speedup_vs_colocated"), ("disaggregated", "speedup_vs_disaggregated")):
-        ref = by_mode.get(base)
         for r in rows:
+            at = r["mode"][r["mode"].rfind("@") :] if "@" in r["mode"] else ""
+            ref = by_mode.get(base + at, by_mode.get(base))
             if ref is not None and ref["samples_per_s"] > 0:
                 r[key] = r["samples_per_s"] / ref["samples_per_s"]

@@ -18,7 +18,8 @@ def tsp_microbench(cfg: Config, ks: Sequence[int] = (1, 2, 4, 8), repeats: int =
     """
     import torch
 
-    from digen.assembly import EmbedCache, build_policy, build_reward
+    from digen.assembly import build_policy, build_reward
+    from digen.prompt_cache import EmbedCache
     from digen.rollout import generate_group
     from digen.tasks import plan_groups
     from digen.training import build_rows, task_gradient
@@ -27,7 +28,7 @@ def tsp_microbench(cfg: Config, ks: Sequence[int] = (1, 2, 4, 8), repeats: int =
     torch.set_num_threads(cfg.cluster.local.threads_per_worker)
     try:
         policy = build_policy(cfg)
-        embed = EmbedCache(policy, cfg.rollout.guidance_scale > 1.0)
+        embed = EmbedCache.for_config(policy, cfg)
         task = plan_groups(cfg, cfg.prompt_list(), 0, 0)[0]
         traj = generate_group(policy, task, cfg, build_reward(cfg), embeds=embed(task.prompt))
         n = len(task.sample_ids)

@@ -370,6 +370,16 @@ class TaskQueue:
             self._put(args=[self.prefix, queue_name, task_id, pack(payload)], client=pipe)
         return sum(int(x) for x in pipe.execute())
 
+    def put_all(self, tasks: list[tuple[str, str, dict[str, Any]]]) -> list[bool]:
+        """:meth:`put` of ``[(queue_name, task_id, payload), ...]`` in one round trip, in order;
+        per task whether it was new. One transaction: a worker woken by the first finds them
+        all queued."""
+        pipe = self.redis.pipeline(transaction=True)
+        for queue_name, task_id, payload in tasks:
+            self._issue(task_id)
+            self._put(args=[self.prefix, queue_name, task_id, pack(payload)], client=pipe)
+        return [bool(int(x)) for x in pipe.execute()]
+
     # -- worker ---------------------------------------------------------------------------
 
     def lease(self, queue_names: list[str], worker: str, *, block_s: float = 0) -> LeasedTask | None:

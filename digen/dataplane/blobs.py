@@ -57,7 +57,7 @@ import ssl
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,7 +126,10 @@ class Expect:
 class Blob:
     """A stored blob. Its manifest is made (its tensors hashed) the first time it is asked
     for: when the producer publishes the digest (a group's trajectories, a gradient), else when
-    the blob is first served. A blob nobody fetches (most optimizer states) is never hashed."""
+    the blob is first served. A blob nobody fetches (most optimizer states) is never hashed.
+    ``snapshot``: where the tensors of a blob put with :meth:`BlobStore.put_snapshot` come
+    from, called once, on the first ask, before the hashing (a :class:`BlobLost` it raises
+    answers that request as a missing blob and leaves the next ask to call it again)."""
 
     tensors: dict[str, torch.Tensor]
     meta: dict[str, str] = field(default_factory=dict)
@@ -134,10 +137,14 @@ class Blob:
     producer: str = ""
     _made: tuple[dict[str, Any], str] | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    snapshot: Callable[[], dict[str, torch.Tensor]] | None = field(default=None, repr=False)
 
     def _make(self) -> tuple[dict[str, Any], str]:
         with self._lock:  # concurrent first requests wait for one hashing
             if self._made is None:
+                if self.snapshot is not None:
+                    self.tensors = dict(self.snapshot())
+                    self.snapshot = None
                 manifest = make_manifest(self.name, self.tensors, self.meta, self.producer)
                 self._made = (manifest, manifest_digest(manifest))
             return self._made
@@ -192,6 +199,15 @@ class BlobStore:
         blob = Blob(dict(tensors), meta, name, self.producer)
         with self._lock:
             self._blobs[name] = blob
+        return blob
+
+    def put_snapshot(
+        self, name: str, snapshot: Callable[[], dict[str, torch.Tensor]], meta: dict[str, str] | None = None
+    ) -> Blob:
+        """A blob whose tensors are ``snapshot()``, taken when it is first asked for (so a
+        blob nobody fetches costs no copy); until then its :attr:`Blob.nbytes` is 0."""
+        blob = self.put(name, {}, meta)
+        blob.snapshot = snapshot
         return blob
 
     def get(self, name: str) -> Blob | None:
@@ -525,12 +541,17 @@ class BlobServer:
         if blob is None:
             send_frame(conn, {"ok": False, "error": "missing", "message": f"no blob {cut(req.blob)}"})
             return True
+        try:
+            manifest, digest = blob.manifest, blob.digest
+        except BlobLost as exc:  # a snapshot whose source moved on (a trainer's state, stepped)
+            send_frame(conn, {"ok": False, "error": "missing", "message": cut(exc, 200)}, deadline=deadline)
+            return True
         head = {
             "ok": True,
             "meta": blob.meta,
-            "manifest": blob.manifest,
-            "digest": blob.digest,
-            "proof": proof_mac(key, req.nonce, blob.digest),
+            "manifest": manifest,
+            "digest": digest,
+            "proof": proof_mac(key, req.nonce, digest),
         }
         if req.op == "describe":
             send_frame(conn, head, deadline=deadline)

@@ -155,22 +155,23 @@ class Controller:
         naming it, never silently dropped (as dask's worker state machine does)."""
         pending = list(instructions)
         finished = False
-        while pending:
-            match ins := pending.pop(0):
-                case Release():
-                    done = self.dispatch.release(ins)
-                    if done is not None:
-                        pending += self.handle([done])
-                case SetRole():
-                    self.dispatch.set_role(ins.worker, ins.role, ins.budget)
-                case RequeueWorker():
-                    self.dispatch.requeue_worker(ins.worker)
-                case Step():
-                    self.ask_step(ins.iteration, ins.mini_batch)
-                case Finish():
-                    finished = True
-                case _:
-                    raise TypeError(f"the controller has no handler for instruction {ins!r}")
+        with self.dispatch.together():  # an iteration's generation tasks queued at once
+            while pending:
+                match ins := pending.pop(0):
+                    case Release():
+                        done = self.dispatch.release(ins)
+                        if done is not None:
+                            pending += self.handle([done])
+                    case SetRole():
+                        self.dispatch.set_role(ins.worker, ins.role, ins.budget)
+                    case RequeueWorker():
+                        self.dispatch.requeue_worker(ins.worker)
+                    case Step():
+                        self.ask_step(ins.iteration, ins.mini_batch)
+                    case Finish():
+                        finished = True
+                    case _:
+                        raise TypeError(f"the controller has no handler for instruction {ins!r}")
         return finished
 
     def ask_step(self, iteration: int, mini_batch: int = 0) -> None:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,6 +52,30 @@ class Dispatcher:
     run_root: str = ""
     """The run directory (named in a message when Redis lost the job's data)."""
     tags: dict[str, tuple[Role, int]] = field(default_factory=dict)
+    held: list[tuple[TaskRef, str, Payload]] | None = None
+    """Generation tasks released inside :meth:`together`, put when it ends."""
+
+    @contextmanager
+    def together(self) -> Iterator[None]:
+        """Generation tasks released inside go into their queue together when the block ends,
+        in one round trip: a rollout worker woken by the first of an iteration's groups finds
+        the others queued and leases them as one batch (``rollout.max_batch``)."""
+        if self.held is not None:  # inside an outer block: its end puts them
+            yield
+            return
+        self.held = []
+        try:
+            yield
+        finally:
+            held, self.held = self.held, None
+            self._put_held(held)
+
+    def _put_held(self, held: list[tuple[TaskRef, str, Payload]]) -> None:
+        if not held:
+            return
+        new = self.queue.put_all([(queue, t.id, payload.to_json()) for t, queue, payload in held])
+        for (t, queue, payload), fresh in zip(held, new, strict=True):
+            self._after_put(t, queue, payload, fresh)
 
     def set_role(self, worker: str, role: Role, budget: int) -> None:
         self.tags[worker] = (role, budget)
@@ -115,9 +141,15 @@ class Dispatcher:
 
     def put(self, t: TaskRef, queue: str, payload: Payload) -> None:
         """Queue ``t``; one that exists (released again: its input or result was lost) runs anew."""
+        self.ledger.outstanding[t.id] = (queue, payload)
+        if self.held is not None and queue == "gen":
+            self.held.append((t, queue, payload))
+            return
+        self._after_put(t, queue, payload, self.queue.put(queue, t.id, payload.to_json()))
+
+    def _after_put(self, t: TaskRef, queue: str, payload: Payload, fresh: bool) -> None:
         led = self.ledger
-        led.outstanding[t.id] = (queue, payload)
-        if not self.queue.put(queue, t.id, payload.to_json()):
+        if not fresh:
             state = self.queue.repost(queue, t.id, payload.to_json())
             log.info("task %s released again (it was %s)", t.id, state)
             led.collected.discard(t.id)

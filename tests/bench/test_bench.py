@@ -93,6 +93,23 @@ def test_parse_modes_and_mode_config():
         parse_workers("2")
 
 
+def test_a_mode_at_a_max_batch_runs_it_and_is_compared_with_colocated_at_the_same():
+    assert parse_modes("digen@4,colocated@4,colocated") == ["digen@4", "colocated@4", "colocated"]
+    for bad in ("digen@0", "digen@x", "digen@"):
+        with pytest.raises(ConfigError, match="max_batch"):
+            parse_modes(bad)
+    cfg = build_config(required({"iterations": 4}), check_paths=False)
+    c = mode_config(cfg, "digen-tag@4")
+    assert c.rollout.max_batch == 4 and c.schedule.resolved().tag is False
+    assert mode_config(cfg, "digen").rollout.max_batch == cfg.rollout.max_batch
+    rows = [
+        {"mode": m, "samples_per_s": s}
+        for m, s in [("colocated", 2.0), ("colocated@4", 4.0), ("digen@4", 6.0), ("digen@2", 6.0)]
+    ]
+    add_speedups(rows)
+    assert [r["speedup_vs_colocated"] for r in rows] == [1.0, 1.0, 1.5, 3.0]  # digen@2: no colocated@2
+
+
 # --- reading runs --------------------------------------------------------------------------
 def _row(worker, role, kind, k, s, e, version=None):
     return {
@@ -265,6 +282,10 @@ def test_cli_bench_reference_and_digen(tiny_sd3, tmp_path):
             "1",
             "--tsp-k",
             "1,2",
+            "--batch-sizes",
+            "1,2",
+            "--set",
+            "rollout.max_batch=2",  # digen's rollout worker runs the iteration's two groups as one batch
             "--out",
             str(out),
         ],
@@ -293,15 +314,20 @@ def test_cli_bench_reference_and_digen(tiny_sd3, tmp_path):
     assert per["rollout-0"]["gen_samples_per_cpu_s"] > 0 and per["trainer-0"]["train_samples_per_cpu_s"] > 0
     tsp = json.loads((out / "tsp.json").read_text())
     assert [t["K"] for t in tsp] == [1, 2] and all(t["batched_s"] > 0 for t in tsp)
+    batching = json.loads((out / "batching.json").read_text())
+    assert [(b["max_batch"], b["samples"]) for b in batching] == [(1, 4), (2, 8)]
+    assert all(b["ms_per_sample"] > 0 and b["peak_rss_mb"] > 50 for b in batching)
     md = (out / "bench.md").read_text()
     assert md.startswith("`digen bench ") and "| digen | 2 |" in md
+    assert "--batch-sizes 1,2" in md and "| max_batch | samples | ms/sample |" in md
     assert "| digen | 2 |" in res.output
     # progress: a line per step as it starts (not a terminal), each run's result after it
     steps = [line for line in res.stderr.splitlines() if line.startswith("bench: step ")]
     assert steps == [
-        "bench: step 1/3 round 1/1 reference",
-        "bench: step 2/3 round 1/1 digen",
-        "bench: step 3/3 TSP micro-benchmark, K in [1, 2]",
+        "bench: step 1/4 round 1/1 reference",
+        "bench: step 2/4 round 1/1 digen",
+        "bench: step 3/4 TSP micro-benchmark, K in [1, 2]",
+        "bench: step 4/4 generation-batching micro-benchmark, max_batch in [1, 2]",
     ]
     lines = res.stderr.splitlines()
     assert lines.index(steps[0]) < next(i for i, x in enumerate(lines) if "round 1/1 reference:" in x)

@@ -348,3 +348,14 @@ def test_bench_queue_reports_a_rate(redis_client: redis.Redis):
     print(f"\nbench_queue(200, 2): {rate:.0f} round trips/s")
     assert rate > 0
     assert redis_client.keys("digen:bench-*") == []
+
+
+def test_put_all_queues_its_tasks_at_once_as_issued_ids(redis_client):
+    q = TaskQueue(redis_client, "all", issued_only=True)  # the controller's queue
+    assert q.put_all([("gen", "gen:0:0", {"n": 0}), ("gen", "gen:0:1", {"n": 1})]) == [True, True]
+    assert q.put_all([("gen", "gen:0:1", {"n": 1})]) == [False]  # exists: nothing changes
+    got = [q.lease(["gen"], "w") for _ in range(2)]
+    assert [t.task_id for t in got if t is not None] == ["gen:0:0", "gen:0:1"]
+    for t in got:
+        assert t is not None and q.ack(t.task_id, {"ok": 1}, worker="w")
+    assert sorted(q.pop_done()) == ["gen:0:0", "gen:0:1"] and q.quarantined_count() == 0

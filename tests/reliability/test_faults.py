@@ -12,7 +12,13 @@ from pathlib import Path
 import pytest
 
 from digen.testing.faults import Fault, arm, clear, fired, point
-from tests.reliability.conftest import assert_equals_reference, assert_exactly_once, fault_config, run_job
+from tests.reliability.conftest import (
+    assert_equals_reference,
+    assert_exactly_once,
+    fault_config,
+    run_job,
+    timeline,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -46,6 +52,29 @@ def test_workers_killed_mid_training_mid_generation_before_ack_and_mid_weight_sy
     assert len({f["pid"] for f in fired}) == 4  # four different processes died
     assert_exactly_once(out)
     assert_equals_reference(out, reference)
+
+
+def test_a_worker_killed_mid_batch_has_every_task_of_the_batch_run_again_and_counted_once(
+    tiny_sd3: Path, reference: Path, tmp_path: Path
+):
+    cfg = fault_config(
+        tiny_sd3,
+        schedule={"mode": "disaggregated", "gap": True, "max_staleness": 0},
+        cluster__local={"rollout_workers": 1, "trainer_workers": 1},
+        rollout__max_batch=2,  # an iteration's two groups: one batch
+    )
+    out = tmp_path / "run"
+    # the batch's first group generated, nothing of it stored or acknowledged
+    kill = Fault("gen", "kill", worker="rollout-0", iteration=1)
+    (hit,) = run_job(cfg, out, "faults-batch", kill)
+    gens = [e for e in timeline(out) if e["kind"] == "gen"]
+    assert [e.get("batch") for e in gens] == [2] * 6  # every iteration ran as one batch of two
+    again = [e for e in gens if e["iteration"] == 1]
+    assert len(again) == 2 and all(e["start"] > hit["t"] for e in again)  # both run after the kill
+    assert_exactly_once(out)
+    assert_equals_reference(
+        out, reference
+    )  # within float32 round-off (tests/trainer/test_batched_generation.py)
 
 
 def test_loop_crash_worker_stalled_past_its_lease_and_worker_cut_off_from_redis(

@@ -87,6 +87,29 @@ def test_dead_tasks_are_dropped_with_on_poison_drop(
     assert max_diff(weights(out, 2), weights(reference_without_group, 2)) > 1e-6
 
 
+def test_a_poison_task_in_a_batch_dies_alone(tiny_sd3: Path, reference_without_group: Path, tmp_path: Path):
+    from tests.reliability.conftest import fault_config
+
+    cfg = fault_config(
+        tiny_sd3,
+        schedule={**POISON, "on_poison": "drop"},
+        cluster__local={"rollout_workers": 1, "trainer_workers": 1},
+        rollout__max_batch=2,  # gen:1:0 runs in a batch with gen:1:1
+    )
+    out = tmp_path / "run"
+    # in the batch (which then runs each task alone), alone, and at its second attempt
+    fired = run_job(cfg, out, "poison-batch", Fault("gen", "raise", task="gen:1:0", times=3))
+    assert [f["task"] for f in fired] == ["gen:1:0"] * 3
+    dead = [json.loads(line) for line in (out / "dead_letters.jsonl").read_text().splitlines()]
+    assert [(d["task"], d["attempts"]) for d in dead] == [("gen:1:0", 2)]  # its batch-mate lives
+    rows = metrics(out)
+    assert [m.get("dead_tasks") for m in rows] == [None, ["gen:1:0"], None]
+    assert [(m["samples"], m["dropped_samples"]) for m in rows] == [(8, 0), (4, 4), (8, 0)]
+    want = metrics(reference_without_group)  # batched generation: within float32 round-off
+    for g, w in zip(rows, want, strict=True):
+        assert g["rewards"] == pytest.approx(w["rewards"], abs=1e-6, nan_ok=True)
+
+
 def test_a_dead_task_fails_the_job_with_on_poison_fail(tiny_sd3: Path, tmp_path: Path):
     from tests.reliability.conftest import fault_config
 

@@ -122,3 +122,21 @@ def test_rollout_sequence_parallel_needs_separate_rollout_workers(tiny_models):
         build_config(data)
     data["schedule"]["mode"] = "disaggregated"
     assert build_config(data).rollout.sequence_parallel == 2
+
+
+def test_a_sequence_parallel_replica_refuses_batched_generation_asked_for_not_the_default(tiny_models):
+    from digen.config import build_config
+    from tests.conftest import small_config_data
+
+    data = small_config_data(
+        tiny_models("wan"),
+        model__num_frames=5,
+        rollout__sequence_parallel=2,
+        rollout__max_batch=2,
+        schedule__mode="disaggregated",
+    )
+    with pytest.raises(ConfigError, match=r"rollout.max_batch \(2\) with rollout.sequence_parallel \(2\)"):
+        build_config(data)
+    del data["rollout"]["max_batch"]  # left at its default: the replicas run one group at a time
+    cfg = build_config(data)
+    assert cfg.rollout.max_batch > 1 and cfg.rollout.sequence_parallel == 2

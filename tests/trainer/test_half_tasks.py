@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from digen.assembly import EmbedCache, build_policy, build_reward
+from digen.assembly import build_policy, build_reward
 from digen.iteration import IterationBook
+from digen.prompt_cache import EmbedCache
 from digen.rollout import generate_group
 from digen.tasks import TrainStats, plan_groups
 from digen.training import drawn_steps, sum_gradients, train_group
@@ -15,7 +16,7 @@ def test_halves_sum_to_the_whole_group(small_config):
     cfg = small_config(rollout__group_size=5, rollout__batch_size=5)  # odd: halves of 3 and 2
     torch.manual_seed(cfg.seed)
     policy, reward = build_policy(cfg), build_reward(cfg)
-    embed = EmbedCache(policy, cfg.rollout.guidance_scale > 1.0)
+    embed = EmbedCache.for_config(policy, cfg)
     task = plan_groups(cfg, cfg.prompt_list(), 0, 0)[0]
     traj = generate_group(policy, task, cfg, reward, embeds=embed(task.prompt))
     book = IterationBook(cfg, 0, [task])

@@ -9,6 +9,9 @@ onto ``meta`` must leave no state tensor on the CPU), and the step equality runs
 
 from __future__ import annotations
 
+import json
+
+import pytest
 import torch
 
 from digen.config import TrainConfig
@@ -96,3 +99,37 @@ def test_a_job_opens_its_store_on_the_device_it_names(tmp_path):
     tensors = [*resumed.store.params.values()]
     tensors += [t for st in resumed.store.optimizer.state.values() for t in st.values()]
     assert len(tensors) == 4 * len(resumed.store.names) and {t.device.type for t in tensors} == {"meta"}
+
+
+def test_a_served_state_is_its_version_after_the_store_steps():
+    """What a trainer serves as version v's state stays version v's state once the store steps
+    to v + 1: a snapshot taken before the step is unchanged and matches its digest; one first
+    asked after the step is refused (the newcomer asks another holder), never v + 1 as v."""
+    from digen.dataplane.auth import keyring, new_key
+    from digen.dataplane.blobs import BlobLost, BlobServer, BlobStore, fetch
+    from digen.workers.trainer import serve_state
+
+    train = TrainConfig()
+    store = _stepped(train)
+    weights, opt, _ = store.state_parts()
+    before = {f"w/{k}": t.clone() for k, t in weights.items()} | {f"o/{k}": t.clone() for k, t in opt.items()}
+    blobs = BlobStore()
+    serve_state(blobs, "statejob:state:1", store)  # fetched before the step
+    serve_state(blobs, "statejob:state:1b", store)  # first asked after it
+    keyring().add("statejob", new_key())
+    server = BlobServer(blobs)
+    try:
+        fetch(server.address, "statejob:state:1")
+        store.step(_grads(2), rows=5)
+        assert store.version == 2
+        moved = [k for k in store.names if not torch.equal(store.params[k].detach(), before[f"w/{k}"])]
+        assert moved == store.names, "the step should move every weight; the check would be vacuous"
+        got, meta = fetch(server.address, "statejob:state:1")  # checked against its digest
+        assert json.loads(meta["state"])["version"] == 1
+        assert got.keys() == before.keys()
+        assert [k for k in got if not torch.equal(got[k], before[k])] == []
+        with pytest.raises(BlobLost, match="gone"):
+            fetch(server.address, "statejob:state:1b")
+    finally:
+        server.close()
+        keyring().drop("statejob")

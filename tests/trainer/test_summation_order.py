@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from digen.assembly import EmbedCache, build_policy, build_reward, compute_threads
+from digen.assembly import build_policy, build_reward, compute_threads
 from digen.iteration import IterationBook
+from digen.prompt_cache import EmbedCache
 from digen.rollout import generate_group
 from digen.tasks import plan_groups
 from digen.training import train_group
@@ -25,7 +26,7 @@ def test_task_gradients_sum_in_group_order_whatever_order_they_arrive(small_conf
     cfg = small_config(rollout__batch_size=12, rollout__group_size=4)  # 3 groups
     torch.manual_seed(cfg.seed)
     policy, reward = build_policy(cfg), build_reward(cfg)
-    embed = EmbedCache(policy, cfg.rollout.guidance_scale > 1.0)
+    embed = EmbedCache.for_config(policy, cfg)
     groups = plan_groups(cfg, cfg.prompt_list(), 0, 0)
     trajs = [generate_group(policy, t, cfg, reward, embeds=embed(t.prompt)) for t in groups]
 
