@@ -73,13 +73,16 @@ def set_mini_batches(out: Imported, steps: int, peer_key: str, what: str) -> Non
     With ``train.mini_batch_split`` in this digen (``samples``: the peer's split of the
     samples into equal parts) the peer's count is kept where it divides the samples; with
     whole-group mini-batches it is the largest count up to the peer's that divides the groups,
-    and the difference is listed under ``peer_key``."""
-    from digen.config import TrainConfig
+    and the difference is listed under ``peer_key``. An algorithm whose loss reads a whole group
+    (:data:`digen.config.WHOLE_GROUP_ALGORITHMS`, in ``train.algorithm`` before this call) always
+    takes whole-group mini-batches."""
+    from digen.config import WHOLE_GROUP_ALGORITHMS, TrainConfig
 
     rollout = out.config["rollout"]
     samples, groups = rollout["batch_size"], rollout["batch_size"] // max(1, rollout["group_size"])
     steps = max(1, steps)
-    by_samples = "mini_batch_split" in TrainConfig.model_fields
+    whole = out.config.get("train", {}).get("algorithm") in WHOLE_GROUP_ALGORITHMS
+    by_samples = "mini_batch_split" in TrainConfig.model_fields and not whole
     if by_samples:
         set_dotted(out.config, "train.mini_batch_split", "samples")
     units = samples if by_samples else groups

@@ -46,7 +46,8 @@ CARRIED = {
     f"{A}rollout.pipeline.max_sequence_length", f"{A}rollout.algo.noise_level", f"{A}rollout.algo.sde_type",
     f"{A}rollout.algo.sde_window_size", f"{A}rollout.algo.sde_window_range", f"{A}rollout.algo.sample_strategy", f"{A}rollout.val_kwargs.pipeline.num_inference_steps",
     f"{A}actor.diffusion_loss.loss_mode", f"{A}actor.diffusion_loss.kl_mask_threshold",
-    f"{A}actor.diffusion_loss.add_kl_coefficient", "algorithm.global_std", "algorithm.timestep_fraction", "algorithm.adv_estimator",
+    f"{A}actor.diffusion_loss.add_kl_coefficient", f"{A}actor.diffusion_loss.dpo_beta",
+    "algorithm.trainer_type", "algorithm.sample_source", "algorithm.global_std", "algorithm.timestep_fraction", "algorithm.adv_estimator",
     "data.train_files", "data.val_files", "data.val_max_samples", "data.train_batch_size", "data.seed",
     "trainer.total_training_steps", "trainer.save_freq", "trainer.test_freq", "trainer.max_actor_ckpt_to_keep",
     "reward.custom_reward_function.name", "reward.custom_reward_function.path",
@@ -87,10 +88,13 @@ KEYS = {
     "trainer.n_gpus_per_node": "scale cluster.local (rollout_workers, trainer_workers) to your GPUs",
     "trainer.nnodes": "several machines: see docs/deploy.md (digen worker on each)",
     "data.max_prompt_length": "model.max_sequence_length bounds the text",
+    "algorithm.paired_preference": "online-dpo always trains one chosen/rejected pair per group "
+    "(its best and worst sample)",
 }
 
 _ALGORITHMS = {"flow_grpo": "flow-grpo", "grpo_guard": "grpo-guard", "mix_grpo": "mix-grpo",
-               "flow_dppo": "flow-dppo", "diffusion_nft": "diffusion-nft", "dance_grpo": "dance-grpo"}  # fmt: skip
+               "flow_dppo": "flow-dppo", "diffusion_nft": "diffusion-nft", "dance_grpo": "dance-grpo",
+               "dpo": "online-dpo"}  # fmt: skip
 _SDE_TYPES = {"sde": "sde", "cps": "cps", "dance_sde": "dance"}  # rollout.algo.sde_type
 _DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "fp32": "float32", "float32": "float32",
            "fp16": "float16", "float16": "float16"}  # fmt: skip
@@ -105,6 +109,12 @@ def import_verl_omni(spec: str) -> Imported:
         data = read_yaml(base_path, "VeRL-Omni config")
         for word in read_script(path, ENTRY):
             key, sep, value = word.partition("=")
+            if key == "--config-name" and "offline" in value:
+                raise ConfigError(
+                    f"VeRL-Omni {path.name}: --config-name={value}: offline DPO trains on a fixed dataset "
+                    "of preference pairs; digen trains on its own rollouts (online-dpo pairs each group's "
+                    "best and worst sample)"
+                )
             if sep and not word.startswith("-"):
                 _set(data, key.lstrip("+~"), scalar(value))
                 overridden.add(key.lstrip("+~"))
@@ -116,6 +126,15 @@ def import_verl_omni(spec: str) -> Imported:
         raise ConfigError(f"{spec} is not a VeRL-Omni config (a mapping of sections)")
     flat = _resolve(_flatten(data))
     out = Imported(source=source, config={})
+    dataset = str(flat.get("data.custom_cls.path") or "")
+    offline = str(flat.get("algorithm.sample_source") or "online") != "online"
+    if offline or "offline" in dataset:
+        key = "algorithm.sample_source" if offline else "data.custom_cls.path"
+        raise ConfigError(
+            f"{source}: {key}={flat[key]}: offline DPO trains on a "
+            "fixed dataset of preference pairs; digen trains on its own rollouts (online-dpo pairs each "
+            "group's best and worst sample)"
+        )
     if why := family_problem(str(flat.get(f"{A}model.path") or ""), str(path.parent)):
         raise ConfigError(f"{source}: {A}model.path {why}")
     for key in sorted(CARRIED & flat.keys()):  # a path is only a placeholder's name: kept as written
@@ -304,6 +323,9 @@ def _train(f: dict[str, Any], out: Imported) -> None:
             f"(it has {', '.join(sorted(_ALGORITHMS))}; digen algorithms lists them)"
         )
     set_dotted(c, "train.algorithm", _ALGORITHMS[algo])
+    if algo == "dpo":
+        _online_dpo(f, out)
+        return
     if algo == "flow_dppo":
         threshold = f.get(f"{A}actor.diffusion_loss.kl_mask_threshold")
         if isinstance(threshold, (int, float)) and threshold > 0:
@@ -369,6 +391,41 @@ def _train(f: dict[str, Any], out: Imported) -> None:
         out.dropped[f"{A}actor.ppo_epochs"] = "digen takes one pass over each rollout batch"
     if not c["model"]["lora"]["enabled"]:
         set_dotted(c, "train.fsdp", True)
+
+
+def _online_dpo(f: dict[str, Any], out: Imported) -> None:
+    """VeRL-Omni's online ``dpo`` loss (``DPOLoss``): digen's online-dpo pairs each group's best
+    and worst sample as the peer's ``build_online_dpo_pair_indices``; its timestep and noise per
+    pair are the loss's own, so the rollout's SDE, timestep and clip keys have no role."""
+    c = out.config
+    set_dotted(c, "train.online_dpo", {"beta": float(f.get(f"{A}actor.diffusion_loss.dpo_beta", 2000.0))})
+    prompts = int(f.get("data.train_batch_size") or 1)
+    mini = int(f.get(f"{A}actor.ppo_mini_batch_size") or prompts)
+    set_mini_batches(out, prompts // max(1, mini), f"{A}actor.ppo_mini_batch_size", "VeRL-Omni takes")
+    del c["rollout"]["sde"]  # a deterministic solver (train.online_dpo.solver: euler, the peer's)
+    if f.get(f"{A}actor.use_kl_loss") and f.get(f"{A}actor.kl_loss_coef"):
+        raise ConfigError(
+            f"{out.source}: {A}actor.use_kl_loss=True: online-dpo's reference is inside its loss (no KL term)"
+        )
+    set_dotted(c, "train.lr", f.get(f"{A}actor.optim.lr", 1e-6))
+    set_dotted(c, "train.weight_decay", f.get(f"{A}actor.optim.weight_decay", 0.01))
+    betas = f.get(f"{A}actor.optim.betas")
+    if isinstance(betas, list) and len(betas) == 2:
+        set_dotted(c, "train.betas", betas)
+    set_dotted(
+        c, "train.grad_clip", float(f.get(f"{A}actor.grad_clip") or f.get(f"{A}actor.optim.clip_grad") or 1.0)
+    )
+    micro = f.get(f"{A}actor.ppo_micro_batch_size_per_gpu")
+    if isinstance(micro, int) and micro > 0:
+        set_dotted(c, "train.rows_per_forward", micro)
+    if f.get(f"{A}actor.ppo_epochs", 1) != 1:
+        out.dropped[f"{A}actor.ppo_epochs"] = "digen takes one pass over each rollout batch"
+    for key in (f"{A}actor.diffusion_loss.clip_ratio", f"{A}actor.diffusion_loss.adv_clip_max",
+                "algorithm.timestep_fraction", f"{A}rollout.algo.noise_level", f"{A}rollout.algo.sde_type"):  # fmt: skip
+        if key in f:
+            out.dropped[key] = (
+                "online-dpo has no ratio, SDE or trained-step window: each pair draws its timestep"
+            )
 
 
 def _reward(f: dict[str, Any], out: Imported) -> None:

@@ -269,10 +269,10 @@ def test_verl_omni_s_mix_grpo_keeps_its_own_window():
 
 def test_an_algorithm_digen_lacks_is_refused_naming_the_key():
     with pytest.raises(
-        ConfigError, match=r"actor_rollout_ref.model.algorithm=dpo is not an algorithm digen trains"
+        ConfigError, match=r"diffusion_loss.loss_mode=distill_kl is not an algorithm digen trains"
     ):
         import_config(
-            "verl-omni", str(VO.parent / "dpo_trainer" / "qwen_image" / "run_qwen_image_online_dpo_lora.sh")
+            "verl-omni", str(VO.parent / "diffusionopd_trainer" / "sd35" / "run_sd35_medium_ocr_distill.sh")
         )
 
 
@@ -319,3 +319,34 @@ def test_per_recipe_numbers_the_scripts_fix_in_code():
         "GradScaler" in sd3.dropped["mixed_precision (fp16)"]
         and sd3.config["model"]["autocast"] == "bfloat16"
     )
+
+
+VO_DPO = PEERS / "verl_omni" / "examples" / "dpo_trainer"
+
+
+def test_verl_omni_online_dpo_imports_as_online_dpo_with_its_numbers():
+    # numbers read from run_qwen_image_online_dpo_lora.sh
+    result = import_config("verl-omni", str(VO_DPO / "qwen_image" / "run_qwen_image_online_dpo_lora.sh"))
+    result.validate()
+    c = result.config
+    assert c["train"]["algorithm"] == "online-dpo" and c["train"]["online_dpo"] == {"beta": 100.0}
+    assert (c["train"]["lr"], c["train"]["weight_decay"]) == (3e-4, 1e-4)
+    assert (c["model"]["lora"]["rank"], c["model"]["lora"]["alpha"]) == (64, 128)
+    assert (c["rollout"]["group_size"], c["rollout"]["batch_size"]) == (16, 32 * 16)
+    # ppo_mini_batch_size 16 of 32 prompts: two steps, by whole groups (the loss pairs within a group)
+    assert c["train"]["mini_batches"] == 2 and "mini_batch_split" not in c["train"]
+    assert (c["iterations"], c["rollout"]["num_steps"], c["rollout"]["eval_steps"]) == (300, 35, 50)
+    assert "sde" not in c["rollout"] and c["reward"] == [{"name": "ocr", "weight": 1.0}]
+
+
+@pytest.mark.parametrize(
+    "script, key",
+    [
+        ("sd35/run_sd35_medium_offline_dpo_lora.sh", "algorithm.sample_source=offline"),
+        ("sd35/run_sd35_medium_offline_dpo_lora_npu.sh", "--config-name=offline_dpo_trainer"),
+    ],
+)
+def test_verl_omni_offline_dpo_is_refused_in_one_line(script, key):
+    with pytest.raises(ConfigError, match=key) as err:
+        import_config("verl-omni", str(VO_DPO / script))
+    assert "offline DPO" in str(err.value) and "\n" not in str(err.value)
