@@ -69,6 +69,7 @@ def test_tasks_in_flight_at_the_window_end_count_up_to_it(redis_client):
 def test_an_instruction_without_a_handler_raises_and_finish_finishes():
     """The controller carries out every instruction the scheduler gives or says it cannot:
     an unknown one is a TypeError naming it, never dropped."""
+    from contextlib import nullcontext
     from types import SimpleNamespace
 
     from digen.core.events import Finish
@@ -78,7 +79,10 @@ def test_an_instruction_without_a_handler_raises_and_finish_finishes():
     class Teleport:
         worker: str
 
+    def bare() -> SimpleNamespace:  # a controller with nothing to dispatch (apply queues at once)
+        return SimpleNamespace(dispatch=SimpleNamespace(together=nullcontext))
+
     with pytest.raises(TypeError, match=r"no handler for instruction .*Teleport\(worker=.w0.\)"):
-        Controller.apply(SimpleNamespace(), [Finish(), Teleport("w0")])  # type: ignore[arg-type]
-    assert Controller.apply(SimpleNamespace(), [Finish()]) is True  # type: ignore[arg-type]
-    assert Controller.apply(SimpleNamespace(), []) is False  # type: ignore[arg-type]
+        Controller.apply(bare(), [Finish(), Teleport("w0")])  # type: ignore[arg-type]
+    assert Controller.apply(bare(), [Finish()]) is True  # type: ignore[arg-type]
+    assert Controller.apply(bare(), []) is False  # type: ignore[arg-type]

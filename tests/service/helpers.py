@@ -17,6 +17,9 @@ CONFIG = Path(__file__).with_name("tiny.yaml")  # the tiny workload; tests --set
 DIGEN = str(Path(sys.executable).parent / "digen")  # the console script of this environment
 ITERATIONS = 8
 TIMING = {"wall_s", "samples_per_s", "busy_s", "worker_s", "bubble_ratio"}
+# the prompt-embedding cache's counters follow the worker processes, not the learning: a
+# resumed job's new workers start with an empty cache (digen.prompt_cache)
+PROCESS_COUNTERS = {"embed_cache_hits", "embed_cache_misses", "embed_cache_hit_rate"}
 
 
 def quick_sets(model_dir: Path, iterations: int = ITERATIONS, *extra: str) -> list[str]:
@@ -26,9 +29,9 @@ def quick_sets(model_dir: Path, iterations: int = ITERATIONS, *extra: str) -> li
 
 
 def learning_rows(run_dir: Path) -> list[dict]:
-    """``metrics.jsonl`` without the timing columns."""
+    """``metrics.jsonl`` without the timing columns and the per-process cache counters."""
     rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if line]
-    return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+    return [{k: v for k, v in r.items() if k not in TIMING | PROCESS_COUNTERS} for r in rows]
 
 
 def wait_for(pred: Callable[[], object], timeout_s: float, what: str, poll_s: float = 0.2) -> object:
