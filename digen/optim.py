@@ -98,22 +98,21 @@ class ParameterStore:
         with self.lock:
             return self._step(grad_sum, rows, last_of_iteration=last_of_iteration)
 
-    def state_copy(self, version: int) -> dict[str, torch.Tensor]:
+    def state_copy(
+        self, version: int, copy: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
+    ) -> dict[str, torch.Tensor] | None:
         """The state of ``version`` as a trainer serves it to a newcomer (weights ``w/<name>``,
-        optimizer and algorithm tensors ``o/<name>``: :meth:`state_parts`), copied to host
-        memory of its own under :attr:`lock`, so no step rewrites it while it is sent or hashed.
-        Taken only when a newcomer asks (one copy of the state, kept until the next version's
-        blob replaces it), not at every step: at a FLUX LoRA r64's size the state is 2 GiB.
-        :class:`~digen.dataplane.blobs.BlobLost` once the store has stepped past ``version``
-        (the newcomer asks another holder, or the next version)."""
-        from digen.dataplane.blobs import BlobLost
-        from digen.dataplane.wire import host_copy
-
+        optimizer and algorithm tensors ``o/<name>``: :meth:`state_parts`), passed through
+        ``copy`` (the data plane's host copy) under :attr:`lock`, so no step rewrites it while
+        it is sent or hashed. Taken only when a newcomer asks (one copy of the state, kept until
+        the next version's blob replaces it), not at every step: at a FLUX LoRA r64's size the
+        state is 2 GiB. None once the store has stepped past ``version`` (the server answers
+        that the blob is gone: the newcomer asks another holder, or the next version)."""
         with self.lock:
             if self.version != version:
-                raise BlobLost(f"the state of version {version} is gone: this store holds {self.version}")
+                return None
             weights, opt, _ = self.state_parts()
-            return host_copy(
+            return copy(
                 {**{f"w/{k}": t for k, t in weights.items()}, **{f"o/{k}": t for k, t in opt.items()}}
             )
 

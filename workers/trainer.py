@@ -48,7 +48,7 @@ from digen.core import blobnames
 from digen.core.events import Role, TaskRef
 from digen.dataplane.blobs import BlobLost, BlobStore, Expect, fetch
 from digen.dataplane.reduce import TaskSum, all_reduce_sum, flatten, ordered_sum, unflatten
-from digen.dataplane.wire import on_host
+from digen.dataplane.wire import host_copy, on_host
 from digen.errors import DigenError
 from digen.optim import ParameterStore, stage_checkpoint
 from digen.parallel.comm import comm_device, trainer_backend
@@ -72,7 +72,14 @@ def serve_state(blobs: BlobStore, name: str, store: ParameterStore) -> None:
     one fetches."""
     version = store.version
     _, _, state = store.state_parts()
-    blobs.put_snapshot(name, lambda: store.state_copy(version), {"state": json.dumps(state)})
+
+    def snapshot() -> dict[str, torch.Tensor]:
+        taken = store.state_copy(version, host_copy)
+        if taken is None:
+            raise BlobLost(f"the state of version {version} is gone: this store holds {store.version}")
+        return taken
+
+    blobs.put_snapshot(name, snapshot, {"state": json.dumps(state)})
 
 
 @dataclass
