@@ -27,7 +27,6 @@ network isolated otherwise.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import socket
 import ssl
@@ -40,6 +39,7 @@ from urllib.parse import urlsplit
 from digen.cluster.cluster import worker_resources
 from digen.cluster.placement import Placement, discover, parse_gpu_ids, parse_roles, place
 from digen.config import SecurityConfig, read_yaml
+from digen.controlplane.redis_conn import is_loopback
 from digen.errors import ConfigError, ConnectionFailure
 
 log = logging.getLogger(__name__)
@@ -67,29 +67,6 @@ def device_env(device: str | None) -> dict[str, str]:
 
 
 LOOPBACK = "127.0.0.1"
-
-
-def is_loopback(host: str) -> bool:
-    """True when every address ``host`` names is a loopback one (127.0.0.0/8, ::1; a name is
-    looked up, nothing is connected to)."""
-    host = host.strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return _loopback_ip(host)
-    except ValueError:
-        pass
-    try:
-        found = {info[4][0] for info in socket.getaddrinfo(host, None)}
-    except OSError:
-        return False
-    return bool(found) and all(_loopback_ip(a.split("%")[0]) for a in found)
-
-
-def _loopback_ip(text: str) -> bool:
-    ip = ipaddress.ip_address(text)
-    mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:127.0.0.1 is loopback too
-    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
 def split_address(address: str, flag: str = "--scheduler") -> tuple[str, str, int]:
