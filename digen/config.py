@@ -226,6 +226,15 @@ class EmaConfig(_Section):
     micro_batches: int = Field(1, ge=1)
     """For ``update: micro_batch``: the peer's micro-batches per optimizer step (Flow-GRPO's
     ``train.gradient_accumulation_steps``), each an EMA update."""
+    eval: bool = False
+    """Evaluate (``eval.every``) with the EMA weights instead of the policy's, as Flow-GRPO's
+    ``eval`` does (scripts/train_sd3.py l.218-219, 315-316: swapped in, sampled, swapped back).
+    The versions evaluated carry their EMA beside the weights (``ema/<name>``), only those:
+    training and generation never read it."""
+    export: bool = False
+    """``digen export`` of the run exports the EMA weights unless told ``--no-ema`` (Flow-GRPO's
+    ``save_ckpt`` saves the EMA as the checkpoint, l.328-332). The checkpoint keeps both: the
+    policy's weights resume the run, the EMA is ``ema/<name>`` in ``optimizer.safetensors``."""
 
 
 class MixGrpoConfig(_Section):
@@ -882,6 +891,7 @@ def _cross_checks(cfg: Config, check_paths: bool, algorithms: bool = True) -> li
     if s.mode == "colocated" and cl.rollout_workers + cl.trainer_workers < 1:
         problems.append("schedule.mode colocated needs at least one worker in cluster.local")
     problems += _fsdp_checks(cfg)
+    problems += _ema_checks(cfg)
     problems += _sp_checks(cfg, check_paths)
     problems += name_problems(cfg, algorithm=not algorithms)
     problems += _mini_batch_checks(cfg)
@@ -1053,6 +1063,17 @@ def name_problems(cfg: Config, *, algorithm: bool = True) -> list[str]:
             )
         )
     return problems
+
+
+def _ema_checks(cfg: Config) -> list[str]:
+    """``train.ema.eval`` and ``train.ema.export`` need an EMA to use."""
+    e = cfg.train.ema
+    return [
+        f"train.ema.{key} (true) needs train.ema.enabled (false): there is no EMA to {what}; "
+        f"set train.ema.enabled=true or train.ema.{key}=false"
+        for key, what in (("eval", "evaluate"), ("export", "export"))
+        if getattr(e, key) and not e.enabled
+    ]
 
 
 def _mini_batch_checks(cfg: Config) -> list[str]:
