@@ -511,8 +511,9 @@ class TrainConfig(_Section):
     """Shard the trained weights, gradients and AdamW state over the job's trainer workers
     (FSDP2), for a model whose full fine-tune does not fit one device. The trainer workers
     then act as one trainer (one torch.distributed group, ``digen.parallel.fsdp``); needs
-    schedule.mode disaggregated or digen; turns TAG off; no EMA. The group is fixed at job
-    start: a trainer that dies fails the job (rerun with --resume), one that joins later idles."""
+    schedule.mode disaggregated or digen; turns TAG off; ``train.ema`` is sharded too (each
+    rank averages its shards). The group is fixed at job start: a trainer that dies fails the
+    job (rerun with --resume), one that joins later idles."""
     activation_checkpointing: bool = False
     """Recompute each transformer block in the backward instead of keeping its activations:
     a forward then keeps about one block's activations per row instead of every block's (less
@@ -1102,8 +1103,8 @@ def _mini_batch_checks(cfg: Config) -> list[str]:
 
 
 def _fsdp_checks(cfg: Config) -> list[str]:
-    """``train.fsdp`` needs a separate trainer group (no reference, no colocated), no EMA,
-    and trainers that only train."""
+    """``train.fsdp`` needs a separate trainer group (no reference, no colocated) and trainers
+    that only train (its EMA is sharded with the weights: :class:`digen.parallel.fsdp.ShardedTrainer`)."""
     t, s = cfg.train, cfg.schedule
     if not t.fsdp:
         return []
@@ -1113,11 +1114,6 @@ def _fsdp_checks(cfg: Config) -> list[str]:
         problems.append(
             f"train.fsdp (true) needs schedule.mode disaggregated or digen, got {s.mode} ({why}); "
             f"set schedule.mode=disaggregated or train.fsdp=false"
-        )
-    if t.ema.enabled:
-        problems.append(
-            "train.fsdp (true) does not support train.ema.enabled (true): the sharded optimizer keeps no "
-            "EMA copy; set train.ema.enabled=false"
         )
     reasons = {
         "tag": "a trainer rank holds 1/N of the weights and cannot generate on its own",

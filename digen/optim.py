@@ -9,6 +9,10 @@ full fine-tune), and so does the state an algorithm keeps beside them (Diffusion
 copy): :attr:`ParameterStore.state`, named ``algo/<role>/<name>`` (:mod:`digen.algos.state`),
 part of every version dict :meth:`ParameterStore.weights` returns and of every checkpoint
 (``optimizer.safetensors``).
+
+The EMA (``train.ema``) is :attr:`ParameterStore.ema`, moved by :func:`ema_before_step` and
+:func:`ema_after_step`; the sharded trainer runs the same functions over each rank's shards
+(:class:`digen.parallel.fsdp.ShardedTrainer`).
 """
 
 from __future__ import annotations
@@ -318,9 +322,11 @@ def open_store(
 
 def checkpoint_bytes(store, previous_weights: dict[str, torch.Tensor] | None = None) -> int:
     """About how many bytes a checkpoint of ``store`` takes: its float32 tensors three times
-    (weights, AdamW's two moments), plus the previous version's weights when kept."""
+    (weights, AdamW's two moments), four with an EMA, plus the previous version's weights when
+    kept."""
     params = getattr(store, "params", None) or {}
-    n = 3 * sum(int(p.numel()) * 4 for p in params.values())
+    copies = 3 if getattr(store, "ema", None) is None else 4
+    n = copies * sum(int(p.numel()) * 4 for p in params.values())
     if previous_weights is not None:
         n += sum(int(v.numel()) * v.element_size() for v in previous_weights.values())
     return n
