@@ -48,8 +48,8 @@ weights, bit for bit). A checkpoint gathers it whole (:meth:`ShardedTrainer.ema_
 ``ema/<name>`` in ``optimizer.safetensors``, as the replicated store writes it; ``digen export
 --ema`` reads it there), a resumed group scatters it back (:meth:`ShardedTrainer.load_ema`),
 and a version evaluated with the EMA (``train.ema.eval``) is served with each rank's shard of
-it beside its shard of the weights. No rank ever holds the whole EMA but rank 0 while it
-writes a checkpoint, one tensor at a time.
+it beside its shard of the weights. Only rank 0 ever holds the whole EMA: in host memory,
+while it writes a checkpoint (gathered one tensor at a time, as the weights and moments are).
 
 The trainer ranks neither run TAG generation nor take train tasks independently (the config
 turns TAG and RAT off), and the scheduler sees them as trainers whose tasks all finish on rank 0.
