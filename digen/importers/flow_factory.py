@@ -55,6 +55,8 @@ PEER_DEFAULTS: dict[str, Any] = {
     "adv_clip_range": 5.0, "kl_beta": 0.0, "off_policy": False,
 }  # fmt: skip
 TRAINER_DEFAULTS: dict[str, dict[str, Any]] = {
+    # GRPOTrainingArguments (l.409-452)
+    "grpo": {"clip_range": 1e-4},
     # DGPOTrainingArguments (l.716-807), on GRPOTrainingArguments (l.409-452: clip_range 1e-4)
     "dgpo": {"clip_range": 1e-4, "dpo_beta": 100.0, "use_shared_noise": True, "clip_dsm": True,
              "clip_kl": False, "switch_ema_ref": 200, "kl_cfg": 1.0, "use_ema_ref": False,
@@ -197,7 +199,7 @@ def _translate(data: dict[str, Any], out: Imported, family: str) -> None:
         _rollout(train, sched, ev, out)
         _train(train, sched, out)
     _rewards(data.get("rewards") or [], out)
-    eval_every = ev.get("eval_freq", 0)
+    eval_every = ev.get("eval_freq", 10)  # training_args.py l.60-63
     set_dotted(c, "eval.every", int(eval_every) if isinstance(eval_every, int) else 0)
     save = (data.get("log") or {}).get("save_freq", 20)
     set_dotted(c, "output.checkpoint_every", int(save) if isinstance(save, int) and save > 0 else 1)
@@ -214,15 +216,33 @@ def _translate(data: dict[str, Any], out: Imported, family: str) -> None:
                 out.dropped.setdefault(full, NO_EQUIVALENT[full])
 
 
+def _peer(train: dict[str, Any], key: str) -> Any:
+    """``train[key]``, or Flow-Factory's default for it where the recipe leaves it unset
+    (:data:`PEER_DEFAULTS`; the GRPO trainer's own in ``TRAINER_DEFAULTS["grpo"]``)."""
+    value = train.get(key)
+    return {**PEER_DEFAULTS, **TRAINER_DEFAULTS["grpo"]}.get(key) if value is None else value
+
+
+def _symmetric(value: Any) -> float:
+    """The half-width of a Flow-Factory clip range (a number ``c`` is ``(-c, c)``,
+    training_args.py l.385-390); an asymmetric ``[lo, hi]`` is refused."""
+    if isinstance(value, list):
+        lo, hi = (float(v) for v in value)
+        if lo != -hi:
+            raise ConfigError(f"clip range {value}: digen's clip ranges are symmetric")
+        return hi
+    return abs(float(value))
+
+
 def _rollout(train: dict[str, Any], sched: dict[str, Any], ev: dict[str, Any], out: Imported) -> None:
     c = out.config
-    group = int(train.get("group_size", 16))
-    prompts = int(train.get("unique_sample_num_per_epoch", 48))
+    group = int(_peer(train, "group_size"))
+    prompts = int(_peer(train, "unique_sample_num_per_epoch"))
     set_dotted(c, "rollout.batch_size", prompts * group)
     set_dotted(c, "rollout.group_size", group)
-    set_dotted(c, "rollout.num_steps", int(train.get("num_inference_steps", 10)))
-    set_dotted(c, "rollout.eval_steps", int(ev.get("num_inference_steps", 40)))
-    set_dotted(c, "rollout.guidance_scale", float(train.get("guidance_scale", 1.0)))
+    set_dotted(c, "rollout.num_steps", int(_peer(train, "num_inference_steps")))
+    set_dotted(c, "rollout.eval_steps", int(ev.get("num_inference_steps", 30)))
+    set_dotted(c, "rollout.guidance_scale", float(_peer(train, "guidance_scale")))
     dynamics = str(sched.get("dynamics_type", "Flow-SDE"))
     if dynamics not in _DYNAMICS:
         raise ConfigError(
@@ -237,7 +257,7 @@ def _rollout(train: dict[str, Any], sched: dict[str, Any], ev: dict[str, Any], o
 def _train(train: dict[str, Any], sched: dict[str, Any], out: Imported) -> None:
     c = out.config
     set_dotted(c, "train.algorithm", TRAINERS[str(train.get("trainer_type", "grpo"))])
-    steps = train.get("gradient_step_per_epoch", 1)
+    steps = _peer(train, "gradient_step_per_epoch")
     set_mini_batches(
         out,
         int(steps) if isinstance(steps, int) else 1,
@@ -247,8 +267,7 @@ def _train(train: dict[str, Any], sched: dict[str, Any], out: Imported) -> None:
     n = c["rollout"]["num_steps"]
     pool = sched.get("sde_steps")
     pool = [int(i) for i in pool] if isinstance(pool, list) and pool else list(range(max(1, n - 1)))
-    count = sched.get("num_sde_steps")
-    count = len(pool) if count is None else min(int(count), len(pool))
+    count = min(int(sched.get("num_sde_steps") or 1), len(pool))  # scheduler_args.py l.35-37: default 1
     lo, hi = min(pool), max(pool) + 1
     set_dotted(c, "train.timesteps", {"strategy": "window", "window": count, "window_range": [lo, hi]})
     if count < len(pool) or pool != list(range(lo, hi)):
@@ -259,24 +278,24 @@ def _train(train: dict[str, Any], sched: dict[str, Any], out: Imported) -> None:
         )
     if c["train"]["algorithm"] == "flow-grpo":
         c["train"]["algorithm"] = "cps" if c["rollout"]["sde"]["kind"] == "cps" else "flow-grpo-fast"
-    set_dotted(c, "train.clip_range", float(train.get("clip_range", 1e-4)))
-    set_dotted(c, "train.adv_clip", float(train.get("adv_clip_range", 5.0)))
-    set_dotted(c, "train.global_std", bool(train.get("global_std", False)))
+    set_dotted(c, "train.clip_range", _symmetric(_peer(train, "clip_range")))
+    set_dotted(c, "train.adv_clip", _symmetric(_peer(train, "adv_clip_range")))
+    set_dotted(c, "train.global_std", bool(_peer(train, "global_std")))
     set_dotted(c, "train.kl_beta", float(train.get("kl_beta", 0.0)))
     if float(train.get("kl_beta", 0.0)) > 0:
         set_dotted(c, "train.kl_target", "velocity" if train.get("kl_type") == "v-based" else "mean")
-    if train.get("advantage_aggregation", "sum") != "sum":
+    if _peer(train, "advantage_aggregation") != "sum":
         out.dropped["train.advantage_aggregation"] = (
-            f"{train['advantage_aggregation']!r}: digen normalises the weighted reward sum ('sum')"
+            f"{_peer(train, 'advantage_aggregation')!r}: digen normalises the weighted reward sum ('sum')"
         )
-    set_dotted(c, "train.lr", float(train.get("learning_rate", 3e-4)))
+    set_dotted(c, "train.lr", float(_peer(train, "learning_rate")))
     set_dotted(c, "train.weight_decay", float(train.get("adam_weight_decay", 1e-4)))
-    betas = train.get("adam_betas", [0.9, 0.999])
+    betas = _peer(train, "adam_betas")
     set_dotted(c, "train.betas", [float(b) for b in betas])
     set_dotted(c, "train.adam_eps", float(train.get("adam_epsilon", 1e-8)))
     set_dotted(c, "train.grad_clip", float(train.get("max_grad_norm", 1.0)))
     set_dotted(c, "train.rows_per_forward", int(train.get("per_device_batch_size", 1)))
-    if float(train.get("ema_decay", 0) or 0) > 0:
+    if float(_peer(train, "ema_decay")) > 0:
         out.dropped["train.ema_decay / ema_update_interval"] = (
             "Flow-Factory's EMA (every N epochs) is not mapped: set train.ema (docs/algorithms.md, EMA) to keep one"
         )

@@ -230,3 +230,16 @@ def test_the_imported_dgpo_recipe_trains_two_iterations_on_the_tiny_model(tiny_s
     first = load_file(str(tmp_path / "run/checkpoints/iter_0000/weights.safetensors"))
     last = load_file(str(tmp_path / "run/checkpoints/iter_0001/weights.safetensors"))
     assert max(float((first[k] - last[k]).abs().max()) for k in first) > 0
+
+
+def test_a_key_the_recipe_leaves_unset_takes_flow_factory_s_default(tmp_path):
+    data = yaml.safe_load((FF / "grpo" / "lora" / "sd3_5" / "default.yaml").read_text())
+    for key in ("global_std", "learning_rate", "gradient_step_per_epoch", "guidance_scale"):
+        del data["train"][key]
+    path = tmp_path / "grpo.yaml"
+    path.write_text(yaml.safe_dump(data))
+    c = import_config("flow-factory", str(path)).config
+    # GRPOTrainingArguments l.414 global_std True; TrainingArguments l.190 learning_rate 1e-5,
+    # l.141 gradient_step_per_epoch 2, l.178 guidance_scale 3.5
+    assert (c["train"]["global_std"], c["train"]["lr"], c["train"]["mini_batches"]) == (True, 1e-5, 2)
+    assert c["rollout"]["guidance_scale"] == 3.5
