@@ -243,3 +243,18 @@ def test_a_key_the_recipe_leaves_unset_takes_flow_factory_s_default(tmp_path):
     # l.141 gradient_step_per_epoch 2, l.178 guidance_scale 3.5
     assert (c["train"]["global_std"], c["train"]["lr"], c["train"]["mini_batches"]) == (True, 1e-5, 2)
     assert c["rollout"]["guidance_scale"] == 3.5
+
+
+def test_the_strata_bounds_are_flow_factory_s_float32_linspace():
+    """The importer cuts strata in plain Python; Flow-Factory with ``torch.linspace(start, end,
+    K + 1).long()`` (noise_schedule.py l.256-257, float32): the same integers over the sizes
+    recipes use."""
+    import torch
+
+    for n in range(2, 41):
+        ts = [1000.0 * (1 - i / n) for i in range(n)]  # every step valid at timestep_range 1.0
+        for k in range(1, min(n, 12)):
+            for strategy, start in (("discrete", 0), ("discrete_wo_init", 1)):
+                want = torch.linspace(start, n - 1, k + 1).long().tolist()
+                got = peer_strata(ts, (0.0, 1.0), k, strategy)
+                assert [a for a, _ in got] + [got[-1][1]] == want, (n, k, strategy)
