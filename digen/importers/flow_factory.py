@@ -223,13 +223,14 @@ def _peer(train: dict[str, Any], key: str) -> Any:
     return {**PEER_DEFAULTS, **TRAINER_DEFAULTS["grpo"]}.get(key) if value is None else value
 
 
-def _symmetric(value: Any) -> float:
+def _symmetric(train: dict[str, Any], key: str, source: str) -> float:
     """The half-width of a Flow-Factory clip range (a number ``c`` is ``(-c, c)``,
     training_args.py l.385-390); an asymmetric ``[lo, hi]`` is refused."""
+    value = _peer(train, key)
     if isinstance(value, list):
         lo, hi = (float(v) for v in value)
         if lo != -hi:
-            raise ConfigError(f"clip range {value}: digen's clip ranges are symmetric")
+            raise ConfigError(f"{source}: train.{key}={value}: digen's clip ranges are symmetric")
         return hi
     return abs(float(value))
 
@@ -278,8 +279,8 @@ def _train(train: dict[str, Any], sched: dict[str, Any], out: Imported) -> None:
         )
     if c["train"]["algorithm"] == "flow-grpo":
         c["train"]["algorithm"] = "cps" if c["rollout"]["sde"]["kind"] == "cps" else "flow-grpo-fast"
-    set_dotted(c, "train.clip_range", _symmetric(_peer(train, "clip_range")))
-    set_dotted(c, "train.adv_clip", _symmetric(_peer(train, "adv_clip_range")))
+    set_dotted(c, "train.clip_range", _symmetric(train, "clip_range", out.source))
+    set_dotted(c, "train.adv_clip", _symmetric(train, "adv_clip_range", out.source))
     set_dotted(c, "train.global_std", bool(_peer(train, "global_std")))
     set_dotted(c, "train.kl_beta", float(train.get("kl_beta", 0.0)))
     if float(train.get("kl_beta", 0.0)) > 0:
