@@ -498,6 +498,13 @@ class TrainConfig(_Section):
     sums: the synchronous modes then equal the reference bit for bit, but every gradient
     travels to every trainer (for tests and checks, not for speed). The reference mode
     ignores it."""
+
+    @property
+    def exact_sum(self) -> bool:
+        """``reduce: exact``: every train task's gradient stays a blob of its own and the step
+        folds them in (group, part) order: decided here for the dispatcher (which asks the task
+        to keep its gradient) and the step control (which lists the blobs in that order)."""
+        return self.reduce == "exact"
     fsdp: bool = False
     """Shard the trained weights, gradients and AdamW state over the job's trainer workers
     (FSDP2), for a model whose full fine-tune does not fit one device. The trainer workers
