@@ -36,7 +36,7 @@ from digen.controlplane.payloads import (
 )
 from digen.controlplane.queue import LeasedTask
 from digen.core import blobnames
-from digen.core.events import Role, TaskKind, TaskRef
+from digen.core.events import Role, TaskKind, TaskRef, work_share
 from digen.dataplane.blobs import BlobLost, BlobMismatch, Expect, fetch
 from digen.dataplane.wire import on_host
 from digen.errors import PayloadError
@@ -262,8 +262,7 @@ def run_train(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
     events.append(event(rt, role, "train", ref, version, t1, time.time(), cpu_s))
     if ref.part is not None or len(specs) > 1:  # not one whole group: the bench counts its share so
         samples = rt.cfg.train.mini_batch_split == "samples"
-        share = 1 / rt.cfg.train.mini_batches if samples else ref.share
-        events[-1]["share"] = share * len(specs)
+        events[-1]["share"] = work_share(ref, len(specs), rt.cfg.train.mini_batches, samples)
     result = {"stats": stats.to_json(), "events": events, "worker": rt.name, "start": t0, "end": time.time()}
     member = rt.member
     if member is None or payload.keep_gradient:  # the trainers fetch it at the step
