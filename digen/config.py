@@ -505,6 +505,7 @@ class TrainConfig(_Section):
         folds them in (group, part) order: decided here for the dispatcher (which asks the task
         to keep its gradient) and the step control (which lists the blobs in that order)."""
         return self.reduce == "exact"
+
     fsdp: bool = False
     """Shard the trained weights, gradients and AdamW state over the job's trainer workers
     (FSDP2), for a model whose full fine-tune does not fit one device. The trainer workers

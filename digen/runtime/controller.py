@@ -551,6 +551,7 @@ def run_distributed(
         except BaseException:
             starting.discard()
             raise
+    assert client is not None  # a scheduler's, or the local cluster's
     members = Membership(cfg, client, job, url, loop_fn or run_worker_loop, exit_process)
     sched = Scheduler(
         SchedulerConfig(
@@ -651,7 +652,8 @@ def run_distributed(
                 fut.result(timeout=max(0.0, min(wait, deadline - time.time())))
             except Exception:  # noqa: BLE001 - a loop's error was already logged by it
                 pass
-        client.close()
+        if client is not None:
+            client.close()
         if starting is not None:
             starting.close()
         if not redis_down:
@@ -676,4 +678,8 @@ def _sigterm_stops(job_id: str, run: RunDir) -> Callable[[], None]:
         raise JobCancelled(f"job {job_id} stopped by SIGTERM; {kept}: continue it with --resume")
 
     previous = signal.signal(signal.SIGTERM, stop)
-    return lambda: signal.signal(signal.SIGTERM, previous)
+
+    def restore() -> None:
+        signal.signal(signal.SIGTERM, previous)
+
+    return restore

@@ -157,7 +157,9 @@ class Collector:
         led.collected.discard(led.gen_id(iteration, group))
         return [GroupLost(iteration, group, now)]
 
-    def worker_left(self, worker: str, now: float, keep: set[str] = frozenset()) -> list[Event]:
+    def worker_left(
+        self, worker: str, now: float, keep: frozenset[str] | set[str] = frozenset()
+    ) -> list[Event]:
         """Regenerate what only ``worker`` held and train again what it had trained, but for
         the train tasks in ``keep`` (the step in flight's: its decision says whether they are
         lost, :meth:`~digen.runtime.steps.StepControl.check`)."""

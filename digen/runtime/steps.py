@@ -212,7 +212,8 @@ class StepControl:
         for t in order:
             if t.blob is None:
                 held.setdefault(t.worker, []).append(t.task.id)
-        incarnations = {m: incarnations[m] for m in members if m in (incarnations or {})}
+        known = incarnations or {}
+        incarnations = {m: known[m] for m in members if m in known}
         if members != self.members or incarnations != self.incarnations:
             self.epoch, self.members, self.incarnations = self.epoch + 1, list(members), incarnations
         last = mini_batch == self.mini_batches - 1
