@@ -290,6 +290,31 @@ def test_flow_grpo_s_grpo_guard_recipes_import_as_grpo_guard(recipe):
     assert result.config["train"]["clip_range"] in (2e-6, 4e-6)
 
 
+def test_videoalign_coefficients_weight_one_advantage_per_reward(tmp_path):
+    """train_grpo_hunyuan.py's --vq_coef / --mq_coef (argparse defaults 1.0 / 0.0) weight one
+    group advantage per reward: both rewards with their coefficients under
+    ``train.multi_reward: per_reward``; both 0 trains nothing and is refused."""
+    text = (DANCE.parent / "finetune_hunyuan_grpo.sh").read_text()
+    both = tmp_path / "both.sh"
+    both.write_text(text.replace("--mq_coef 0.0", "--mq_coef 0.5").replace("--vq_coef 1.0", "--vq_coef 0.8"))
+    imported = import_config("dance-grpo", str(both))
+    imported.validate()
+    c = imported.config
+    assert [(r["kwargs"]["name"], r["weight"]) for r in c["reward"]] == [
+        ("videoalign_vq", 0.8),
+        ("videoalign_mq", 0.5),
+    ]
+    assert c["train"]["multi_reward"] == "per_reward" and "MQ" in imported.placeholders["reward"]
+    default = tmp_path / "default.sh"
+    default.write_text(text.replace("--vq_coef 1.0 \\\n", "").replace("--mq_coef 0.0", ""))
+    assert "vq_coef" not in default.read_text()
+    assert import_config("dance-grpo", str(default)).config["reward"][0]["weight"] == 1.0
+    zero = tmp_path / "zero.sh"
+    zero.write_text(text.replace("--vq_coef 1.0", "--vq_coef 0"))
+    with pytest.raises(ConfigError, match="--vq_coef and --mq_coef are both 0"):
+        import_config("dance-grpo", str(zero))
+
+
 def test_per_recipe_numbers_the_scripts_fix_in_code():
     """HunyuanVideo's hard-coded guidance 6018 (6.018 x 1000) and --t frames, Wan's --cfg_infer,
     the scripts digen has no family for, Flow-GRPO Wan's filter and its SDE that ignores
@@ -302,7 +327,11 @@ def test_per_recipe_numbers_the_scripts_fix_in_code():
         53,
         True,
     )
-    assert "--t" not in hun.dropped and "--bestofn" in hun.dropped and "--vq_coef/--mq_coef" in hun.dropped
+    assert "--t" not in hun.dropped and "--bestofn" in hun.dropped
+    # --use_videoalign --vq_coef 1.0 --mq_coef 0.0: DanceGRPO's per-reward advantages, the VQ term only
+    assert not any("coef" in key for key in hun.dropped)
+    assert c["train"]["multi_reward"] == "per_reward"
+    assert [(r["kwargs"]["name"], r["weight"]) for r in c["reward"]] == [("videoalign_vq", 1.0)]
     wan = import_config("dance-grpo", str(DANCE.parent / "finetune_wan_2_1_grpo.sh")).config
     assert (wan["rollout"]["guidance_scale"], wan["model"]["num_frames"]) == (5.0, 1)
     for script, cause in [

@@ -1,0 +1,197 @@
+"""``train.multi_reward: per_reward``: DanceGRPO's per-reward advantages, from the rewards'
+scores to the iteration book's train specs, in the reference loop and the distributed modes.
+
+The peer's function is restated in tests/algos/test_peer_selection.py
+(``dance_grpo_per_reward_advantages``: XueZeyue/DanceGRPO 15cc71d
+fastvideo/train_grpo_hunyuan.py l.370-392 and the clamps of l.449-468); here the book's
+advantages are compared with it tensor by tensor, and the peer's sum of per-reward clipped
+losses with digen's clipped loss on the summed advantage.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from digen.algos.loss import ppo_clip_loss
+from digen.errors import RewardError
+from digen.iteration import IterationBook
+from digen.tasks import GroupTask
+from tests.algos.test_peer_selection import dance_grpo_per_reward_advantages
+
+VQ = [[0.31, 0.92, 0.47, 0.05], [1.7, -0.4, 2.2, 0.9], [0.5, 0.5, 0.5, 0.5]]
+MQ = [[5.0, 5.1, 4.9, 5.0], [90.0, 10.0, 50.0, 70.0], [3.0, 3.0, 3.0, 3.0]]  # group 2 flat in both
+TWO = [{"name": "brightness", "weight": 0.7}, {"name": "jpeg_compressibility", "weight": 0.3}]
+
+
+def dance_config(small_config, **more):
+    return small_config(
+        rollout__batch_size=12,
+        reward=TWO,
+        train__multi_reward="per_reward",
+        train__unbiased_std=True,
+        train__std_eps=1e-8,
+        **more,
+    )
+
+
+def book_of(cfg, vq=VQ, mq=MQ) -> IterationBook:
+    g = cfg.rollout.group_size
+    groups = [GroupTask(0, i, "a red square", tuple(range(i * g, (i + 1) * g)), 0) for i in range(len(vq))]
+    book = IterationBook(cfg, 0, groups)
+    w = [spec.weight for spec in cfg.reward]
+    for i, (a, b) in enumerate(zip(vq, mq, strict=True)):
+        book.add_rewards(
+            i,
+            [w[0] * x + w[1] * y for x, y in zip(a, b, strict=True)],
+            [list(p) for p in zip(a, b, strict=True)],
+        )
+    return book
+
+
+def advantages(book: IterationBook) -> torch.Tensor:
+    return torch.tensor([a for g in range(len(book.groups)) for a in book.train_spec(g).advantages])
+
+
+def test_the_books_advantages_equal_dance_grpos(small_config) -> None:
+    book = book_of(dance_config(small_config))
+    vq, mq = sum(VQ, []), sum(MQ, [])
+    theirs = dance_grpo_per_reward_advantages(vq, mq, 4, 0.7, 0.3)
+    torch.testing.assert_close(advantages(book), theirs, rtol=1e-6, atol=1e-6)
+    assert book.zero_std_groups == 1 and advantages(book)[8:].abs().max() == 0
+    # the default, the weighted reward sum normalised once, is another advantage
+    summed = book_of(
+        small_config(rollout__batch_size=12, reward=TWO, train__unbiased_std=True, train__std_eps=1e-8)
+    )
+    assert not summed.reward_parts
+    assert (advantages(summed) - theirs).abs().max() > 0.1
+
+
+def test_the_loss_on_the_summed_advantage_is_dance_grpos_sum_of_losses_inside_the_clip_range() -> None:
+    """The peer sums one clipped loss per reward (l.449-477); digen trains one on the summed
+    advantage: the same value and gradient wherever the ratio is inside ``clip_range`` or the
+    weighted per-reward advantages share a sign, another outside the range where they do not."""
+    clip = 1e-4
+    a_vq = torch.tensor([1.5, -0.5, 0.8, -1.2], dtype=torch.float64)
+    a_mq = torch.tensor([0.4, -2.0, -0.9, 1.1], dtype=torch.float64)  # signs: agree, agree, differ, differ
+    w_vq, w_mq = 0.7, 0.3
+    old = torch.zeros(4, dtype=torch.float64)
+
+    def peer(logp: torch.Tensor) -> torch.Tensor:
+        ratio = torch.exp(logp - old)
+        term = lambda a: torch.maximum(-a * ratio, -a * ratio.clamp(1 - clip, 1 + clip))  # noqa: E731
+        return w_vq * term(a_vq) + w_mq * term(a_mq)
+
+    for shift, equal in ((0.5 * clip, [True] * 4), (5 * clip, [True, True, False, False])):
+        logp = torch.full((4,), shift, dtype=torch.float64, requires_grad=True)
+        ours = ppo_clip_loss(logp, old, w_vq * a_vq + w_mq * a_mq, clip).loss
+        theirs = peer(logp)
+        (g_ours,) = torch.autograd.grad(ours.sum(), logp)
+        logp2 = logp.detach().clone().requires_grad_(True)
+        (g_theirs,) = torch.autograd.grad(peer(logp2).sum(), logp2)
+        same = [
+            bool(
+                torch.isclose(ours[i], theirs[i], rtol=1e-12)
+                and torch.isclose(g_ours[i], g_theirs[i], rtol=1e-12)
+            )
+            for i in range(4)
+        ]
+        assert same == equal, (shift, same)
+
+
+def test_a_sample_with_a_non_finite_score_in_any_reward_is_dropped(small_config) -> None:
+    vq = [[0.31, float("nan"), 0.47, 0.05], *VQ[1:]]
+    book = book_of(dance_config(small_config), vq=vq)
+    assert book.train_spec(0).samples == [0, 2, 3]  # the total is NaN too: dropped as with sum
+    book = book_of(dance_config(small_config))
+    book.rewards[0][1] = 1.0  # a finite total with a NaN part (a worker's bytes): dropped all the same
+    book.reward_parts[0][1][1] = float("inf")
+    assert book.train_spec(0).samples == [0, 2, 3]
+
+
+@pytest.mark.parametrize(
+    "parts, why",
+    [
+        (None, "got none"),
+        ([[0.1, 0.2]] * 3, "4 rows of 2"),
+        ([[0.1]] * 4, "4 rows of 2"),
+        ([[0.1, True]] * 4, "4 rows of 2"),
+        ([[0.1, "0.2"]] * 4, "4 rows of 2"),
+        ({"a": 1}, "dict"),
+    ],
+)
+def test_per_reward_scores_are_checked_when_read(small_config, parts, why) -> None:
+    book = book_of(dance_config(small_config))
+    with pytest.raises(RewardError, match=why):
+        book.add_rewards(1, [0.1, 0.2, 0.3, 0.4], parts)
+
+
+def test_a_group_without_a_finite_reward_needs_no_scores(small_config) -> None:
+    """A lost or dropped group is booked with NaN rewards (digen.runtime.results) and nothing else."""
+    book = book_of(dance_config(small_config))
+    book.add_rewards(1, [float("nan")] * 4)
+    book._adv.clear()
+    book.zero_std_groups = 0
+    assert book.train_spec(1).samples == []
+
+
+def test_generation_carries_each_rewards_score_beside_the_weighted_sum(small_config) -> None:
+    """A generated group's ``reward_parts`` are its rewards' own scores, whose weighted sum is
+    the reward the sum mode computes, bit for bit; without ``per_reward`` none are kept."""
+    from digen.assembly import build_policy, build_reward
+    from digen.rewards import build_reward as build_one
+    from digen.rollout import generate_group
+
+    per = dance_config(small_config)
+    policy = build_policy(per)
+    task = GroupTask(0, 0, "a red square", (0, 1, 2, 3), 0)
+    traj = generate_group(policy, task, per, build_reward(per))
+    plain = generate_group(policy, task, small_config(reward=TWO), build_reward(per))
+    assert plain.reward_parts is None and torch.equal(plain.rewards, traj.rewards)
+    assert traj.reward_parts is not None and traj.reward_parts.shape == (4, 2)
+    images = traj.images.float() / 255  # the decoded images the rewards scored, to uint8 rounding
+    for k, spec in enumerate(TWO):
+        ours = build_one(spec["name"])(images, [task.prompt] * 4)
+        torch.testing.assert_close(traj.reward_parts[:, k], ours, rtol=1e-2, atol=1e-2)
+    total = torch.zeros(4) + 0.7 * traj.reward_parts[:, 0] + 0.3 * traj.reward_parts[:, 1]
+    assert torch.equal(total, traj.rewards)
+
+
+def metrics_of(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_per_reward_trains_the_same_in_the_reference_and_disaggregated_modes(small_config, tmp_path) -> None:
+    """The per-reward scores travel with the generation results to the controller's book:
+    with ``train.reduce: exact`` the disaggregated run equals the reference bit for bit, and
+    both train another update than the weighted reward sum."""
+    from safetensors.torch import load_file
+
+    from digen.reference import run_reference
+    from digen.runtime.controller import run_distributed
+
+    sections = {"iterations": 1, "reward": TWO, "train__reduce": "exact"}
+    ref, dis, summed = tmp_path / "ref", tmp_path / "dis", tmp_path / "sum"
+    run_reference(small_config(**sections, train__multi_reward="per_reward"), ref)
+    run_reference(small_config(**sections), summed)
+    run_distributed(
+        small_config(
+            **sections,
+            train__multi_reward="per_reward",
+            schedule__mode="disaggregated",
+            schedule__max_staleness=0,
+            cluster__local={"rollout_workers": 1, "trainer_workers": 1},
+        ),
+        dis,
+    )
+    (m_ref,), (m_dis,), (m_sum,) = metrics_of(ref), metrics_of(dis), metrics_of(summed)
+    keys = ("rewards", "loss", "approx_kl", "grad_norm")
+    assert {k: m_ref[k] for k in keys} == {k: m_dis[k] for k in keys}
+    assert m_sum["rewards"] == m_ref["rewards"] and m_sum["grad_norm"] != m_ref["grad_norm"]
+    last = [sorted((run / "checkpoints").glob("iter_*"))[-1] for run in (ref, dis)]
+    w_ref, w_dis = (load_file(str(folder / "weights.safetensors")) for folder in last)
+    assert w_ref.keys() == w_dis.keys() and all(torch.equal(w_ref[k], w_dis[k]) for k in w_ref)
