@@ -56,7 +56,6 @@ NO_EQUIVALENT = {
     "model.attn_backend": "digen uses PyTorch's scaled-dot-product attention",
     "train.ref_param_device": "the reference is the base weights with LoRA off: no copy",
     "train.ema_device": "the EMA lives beside the weights",
-    "train.enable_gradient_checkpointing": "train.activation_checkpointing (with train.fsdp)",
     "scheduler.seed": "digen draws the SDE window from `seed`",
     "eval.resolution": "digen evaluates at model.resolution",
     "eval.per_device_batch_size": "eval.batch_size",
@@ -211,14 +210,22 @@ def _train(train: dict[str, Any], sched: dict[str, Any], out: Imported) -> None:
         c["train"]["algorithm"] = "cps" if c["rollout"]["sde"]["kind"] == "cps" else "flow-grpo-fast"
     set_dotted(c, "train.clip_range", float(train.get("clip_range", 1e-4)))
     set_dotted(c, "train.adv_clip", float(train.get("adv_clip_range", 5.0)))
-    set_dotted(c, "train.global_std", bool(train.get("global_std", False)))
+    # GRPOTrainingArguments' defaults (src/flow_factory/hparams/training_args.py l.414-420):
+    # global_std True, advantage_aggregation 'gdpo'
+    set_dotted(c, "train.global_std", bool(train.get("global_std", True)))
     set_dotted(c, "train.kl_beta", float(train.get("kl_beta", 0.0)))
     if float(train.get("kl_beta", 0.0)) > 0:
         set_dotted(c, "train.kl_target", "velocity" if train.get("kl_type") == "v-based" else "mean")
-    if train.get("advantage_aggregation", "sum") != "sum":
+    aggregation = train.get("advantage_aggregation", "gdpo")
+    if aggregation != "sum":
         out.dropped["train.advantage_aggregation"] = (
-            f"{train['advantage_aggregation']!r}: digen normalises the weighted reward sum ('sum')"
+            f"{aggregation!r}: Flow-Factory normalises each reward in its group (std floored at 1e-6), sums "
+            "them weighted and normalises the sum over the whole batch (advantage_processor.py compute_gdpo); "
+            "digen normalises the weighted reward sum in its group (train.multi_reward: sum; per_reward is "
+            "DanceGRPO's per-reward sum, without the batch normalisation)"
         )
+    if train.get("enable_gradient_checkpointing"):
+        set_dotted(c, "train.activation_checkpointing", True)
     set_dotted(c, "train.lr", float(train.get("learning_rate", 3e-4)))
     set_dotted(c, "train.weight_decay", float(train.get("adam_weight_decay", 1e-4)))
     betas = train.get("adam_betas", [0.9, 0.999])

@@ -46,3 +46,28 @@ def test_the_sd35_grpo_recipe_imports_with_its_numbers():
 def test_what_digen_cannot_train_is_refused_naming_the_key(recipe, cause):
     with pytest.raises(ConfigError, match=cause):
         import_config("flow-factory", str(FF / recipe))
+
+
+def test_unset_keys_take_flow_factorys_defaults_and_gradient_checkpointing_is_carried(tmp_path):
+    """GRPOTrainingArguments (src/flow_factory/hparams/training_args.py l.414-420): global_std
+    true, advantage_aggregation 'gdpo' (named as not carried, with what it does); a recipe's
+    enable_gradient_checkpointing is train.activation_checkpointing."""
+    text = (FF / "grpo" / "lora" / "flux1" / "default.yaml").read_text()
+    kept = [
+        line for line in text.splitlines() if "advantage_aggregation" not in line and "global_std" not in line
+    ]
+    unset = tmp_path / "unset.yaml"
+    unset.write_text(
+        "\n".join(kept).replace("enable_gradient_checkpointing: false", "enable_gradient_checkpointing: true")
+    )
+    result = import_config("flow-factory", str(unset))
+    result.validate()
+    assert result.config["train"]["global_std"] is True
+    assert "normalises the sum over the whole batch" in result.dropped["train.advantage_aggregation"]
+    assert result.config["train"]["activation_checkpointing"] is True
+    assert "train.enable_gradient_checkpointing" not in result.dropped
+    plain = import_config("flow-factory", str(FF / "grpo" / "lora" / "flux1" / "default.yaml"))
+    assert (
+        plain.config["train"]["global_std"] is False
+        and "activation_checkpointing" not in plain.config["train"]
+    )
