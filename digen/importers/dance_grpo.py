@@ -68,6 +68,17 @@ NO_EQUIVALENT = {
     "loss_coef": "not read by the GRPO scripts",
     "ema_start_step": "digen's EMA starts at the first step",
     "data_json_path": "DanceGRPO reads precomputed text embeddings; digen encodes prompts itself",
+    "model_type": "FastVideo's model loader name (train_grpo_hunyuan.py l.531-534): digen reads the family "
+    "from model.path's model_index.json",
+    "validation_prompt_dir": "read by no GRPO script (15cc71d): digen evaluates with eval.*",
+    "validation_steps": "read by no GRPO script (15cc71d): digen evaluates with eval.*",
+    "validation_sampling_steps": "read by no GRPO script (15cc71d): digen evaluates with eval.*",
+    "log_validation": "read by no GRPO script (15cc71d): digen evaluates with eval.*",
+    "checkpoints_total_limit": "read by no GRPO script (15cc71d); digen keeps output.keep_checkpoints",
+    "tracker_project_name": "the wandb project (train_grpo_hunyuan.py l.617): digen logs to the run "
+    "directory (logging.*)",
+    "fps": "the frame rate of the MP4 VideoAlign scores (train_grpo_hunyuan.py l.259); digen's http reward "
+    "receives the decoded frames",
 }
 
 _CARRIED = {

@@ -75,6 +75,8 @@ SECTIONS = {
 }
 
 KEYS = {
+    "diffusion/model_engine": "VeRL-Omni's Hydra model-engine schema (veomni_diffusion: VeOmni's engine); "
+    "digen trains with its own trainers (train.fsdp shards a full fine-tune)",
     f"{A}rollout.val_kwargs.algo.noise_level": "digen evaluates with the deterministic ODE sampler (noise 0)",
     f"{A}rollout.pipeline.guidance_scale": "rollout.guidance_scale is set from true_cfg_scale",
     f"{A}model.lora_init_weights": "digen's LoRA starts at zero (B = 0), as PEFT's default",
