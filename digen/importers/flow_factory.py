@@ -32,6 +32,8 @@ MODEL_TYPES: dict[str, str | None] = {
 
 # train.trainer_type -> digen algorithm (the rollout decides the Flow-GRPO member)
 TRAINERS: dict[str, str] = {"grpo": "flow-grpo"}
+# Flow-Factory trainers digen has an algorithm for, whose own keys this importer does not map yet
+UNMAPPED: dict[str, str] = {"nft": "diffusion-nft", "awm": "awm", "dgpo": "dgpo"}
 
 _DYNAMICS = {"Flow-SDE": "sde", "CPS": "cps", "Dance-SDE": "dance"}
 _REWARDS = {"pick_score": "pickscore", "pickscore": "pickscore", "clip_score": "clipscore",
@@ -74,6 +76,12 @@ def import_recipe(spec: str) -> Imported:
     out = Imported(source=f"Flow-Factory {path.name}", config={})
     model, train = data.get("model") or {}, data["train"]
     trainer = str(train.get("trainer_type", "grpo"))
+    if trainer in UNMAPPED:
+        raise ConfigError(
+            f"{out.source}: train.trainer_type={trainer}: digen trains it (train.algorithm: {UNMAPPED[trainer]}, "
+            f"docs/algorithms.md) but this importer maps only {', '.join(sorted(TRAINERS))}'s keys; write its "
+            "train section by hand"
+        )
     if trainer not in TRAINERS:
         raise ConfigError(
             f"{out.source}: train.trainer_type={trainer} is not an algorithm this importer maps to digen "

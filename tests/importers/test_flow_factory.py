@@ -38,7 +38,11 @@ def test_the_sd35_grpo_recipe_imports_with_its_numbers():
 @pytest.mark.parametrize(
     "recipe, cause",
     [
-        ("dgpo/lora/sd3_5/default.yaml", "train.trainer_type=dgpo"),
+        ("dgpo/lora/sd3_5/default.yaml", r"train.trainer_type=dgpo: digen trains it \(train.algorithm: dgpo"),
+        (
+            "nft/lora/sd3_5/default.yaml",
+            r"train.trainer_type=nft: digen trains it \(train.algorithm: diffusion-nft",
+        ),
         ("grpo/lora/flux2/t2i.yaml", "model.model_type=flux2"),
         ("grpo/lora/wan22/t2v.yaml", "Wan2.2 is not a digen model family"),
     ],
