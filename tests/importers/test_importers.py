@@ -379,3 +379,31 @@ def test_verl_omni_offline_dpo_is_refused_in_one_line(script, key):
     with pytest.raises(ConfigError, match=key) as err:
         import_config("verl-omni", str(VO_DPO / script))
     assert "offline DPO" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_verl_omnis_sub_rewards_are_one_weighted_reward_each(tmp_path):
+    """run_qwen_image_ocr_multi_reward.sh: MultiVisualRewardManager sums its
+    reward.reward_functions weighted (verl_omni/reward_loop/reward_manager/multi.py l.150-188):
+    one reward each with its weight, train.multi_reward: sum; another aggregation is refused."""
+    script = (
+        PEERS
+        / "verl_omni"
+        / "examples"
+        / "flowgrpo_trainer"
+        / "qwen_image"
+        / "run_qwen_image_ocr_multi_reward.sh"
+    )
+    imported = import_config("verl-omni", str(script))
+    imported.validate()
+    c = imported.config
+    assert [(r["kwargs"]["name"], r["weight"]) for r in c["reward"]] == [("ocr", 0.5), ("jpeg", 0.5)]
+    assert c["train"]["multi_reward"] == "sum"
+    assert not any(k.startswith("reward.reward_functions") for k in imported.dropped)
+    generated = "verl_omni/trainer/config/_generated_diffusion_trainer.yaml"  # the importer's base, above
+    (tmp_path / generated).parent.mkdir(parents=True)
+    (tmp_path / generated).write_text((PEERS / "verl_omni" / generated).read_text())
+    other = tmp_path / "examples" / "run_other_aggregation.sh"
+    other.parent.mkdir()
+    other.write_text(script.read_text().replace("reward.aggregation=weighted_sum", "reward.aggregation=mean"))
+    with pytest.raises(ConfigError, match="reward.aggregation=mean"):
+        import_config("verl-omni", str(other))
