@@ -221,6 +221,9 @@ def _train(train: dict[str, Any], sched: dict[str, Any], out: Imported) -> None:
     # GRPOTrainingArguments' defaults (src/flow_factory/hparams/training_args.py l.414-420):
     # global_std True, advantage_aggregation 'gdpo'
     set_dotted(c, "train.global_std", bool(train.get("global_std", True)))
+    # Flow-Factory divides by max(std, 1e-6) (advantage_processor.py l.259-262, 385); digen by
+    # std + std_eps: with 1e-6 the same to 1e-6 / std relative (a flat group is 0 in both)
+    set_dotted(c, "train.std_eps", 1e-6)
     set_dotted(c, "train.kl_beta", float(train.get("kl_beta", 0.0)))
     if float(train.get("kl_beta", 0.0)) > 0:
         set_dotted(c, "train.kl_target", "velocity" if train.get("kl_type") == "v-based" else "mean")

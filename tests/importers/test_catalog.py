@@ -84,6 +84,7 @@ GOLDEN = {
         "rollout.batch_size": 48 * 24, "rollout.group_size": 24, "train.mini_batches": 2, "rollout.num_steps": 10,
         "rollout.guidance_scale": 4.5, "rollout.sde.noise_level": 0.8, "train.timesteps.window": 2,
         "train.clip_range": 1e-4, "train.lr": 3e-4, "train.global_std": True, "model.lora.rank": 32,
+        "train.std_eps": 1e-6,  # src/flow_factory/advantage/advantage_processor.py l.259-262: max(std, 1e-6)
     },
 }  # fmt: skip
 
