@@ -60,7 +60,7 @@ class Trajectories:
     extra: dict[str, torch.Tensor] = field(default_factory=dict)
     reward_parts: torch.Tensor | None = None
     """``[B, K]`` float32, each sample's score of each of the config's K rewards (unweighted),
-    kept only with ``train.multi_reward: per_reward`` (the book's per-reward advantages); not
+    kept only with ``train.multi_reward`` ``per_reward`` or ``gdpo`` (the book's advantages); not
     in :meth:`tensors` (a train task needs only the advantages)."""
 
     def tensors(self) -> dict[str, torch.Tensor]:
@@ -275,7 +275,7 @@ def _decode_and_score(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """One group's final latents ``x [n, *latent]`` decoded and scored (``reward_fn`` None:
     rewards NaN until a ``reward`` task scores the returned float images): ``(images uint8,
-    rewards [n], per-reward scores [n, K] (``train.multi_reward: per_reward``) or None, decoded
+    rewards [n], per-reward scores [n, K] (``train.multi_reward`` other than ``sum``) or None, decoded
     or None)``."""
     n = x.shape[0]
     t1, c1 = time.time(), time.thread_time()
@@ -301,12 +301,13 @@ def score_group(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """A group's decoded ``images`` (float, ``[n, ...]``) scored against its ``prompt`` (and its
     metadata, for GenEval-style datasets): ``(rewards [n], per-reward scores [n, K] or None)``,
-    float32 on the CPU; the per-reward scores only with ``train.multi_reward: per_reward``.
+    float32 on the CPU; the per-reward scores only with ``train.multi_reward`` ``per_reward`` or
+    ``gdpo``.
     What a generation task scoring inline and a ``reward`` task both run."""
     n = images.shape[0]
     meta = cfg.prompt_metadata(prompt)
     metadata = None if meta is None else [meta] * n
-    if cfg.train.multi_reward == "per_reward":
+    if cfg.train.multi_reward != "sum":
         rewards, parts = score_each(reward_fn, images, [prompt] * n, metadata)
         return rewards.float().cpu(), parts.float().cpu()
     return call_reward(reward_fn, images, [prompt] * n, metadata).float().cpu(), None

@@ -94,7 +94,7 @@ def gen_result(
         "end": time.time(),
         "blob": {"addr": rt.blob_addr, "name": name, "bytes": blob.nbytes, "digest": blob.digest},
     }
-    if traj.reward_parts is not None:  # train.multi_reward: per_reward
+    if traj.reward_parts is not None:  # train.multi_reward per_reward or gdpo
         result["reward_parts"] = traj.reward_parts.tolist()
     if payload.grid:
         result["cells"] = to_png(image_cells(traj.images))
@@ -299,7 +299,7 @@ def run_reward(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
         "start": t0,
         "end": t2,
     }
-    if parts is not None:  # train.multi_reward: per_reward
+    if parts is not None:  # train.multi_reward per_reward or gdpo
         result["reward_parts"] = parts.tolist()
     return result, None
 

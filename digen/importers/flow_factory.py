@@ -227,14 +227,15 @@ def _train(train: dict[str, Any], sched: dict[str, Any], out: Imported) -> None:
     set_dotted(c, "train.kl_beta", float(train.get("kl_beta", 0.0)))
     if float(train.get("kl_beta", 0.0)) > 0:
         set_dotted(c, "train.kl_target", "velocity" if train.get("kl_type") == "v-based" else "mean")
-    aggregation = train.get("advantage_aggregation", "gdpo")
-    if aggregation != "sum":
-        out.dropped["train.advantage_aggregation"] = (
-            f"{aggregation!r}: Flow-Factory normalises each reward in its group (std floored at 1e-6), sums "
-            "them weighted and normalises the sum over the whole batch (advantage_processor.py compute_gdpo); "
-            "digen normalises the weighted reward sum in its group (train.multi_reward: sum; per_reward is "
-            "DanceGRPO's per-reward sum, without the batch normalisation)"
+    aggregation = str(train.get("advantage_aggregation", "gdpo"))
+    if aggregation not in ("sum", "gdpo"):
+        raise ConfigError(
+            f"{out.source}: train.advantage_aggregation={aggregation} is not Flow-Factory's sum or gdpo "
+            "(advantage_processor.py compute_advantages)"
         )
+    # 'sum': the weighted reward sum normalised in its group; 'gdpo': each reward normalised in its
+    # group, the weighted sum normalised over the batch (advantage_processor.py compute_gdpo)
+    set_dotted(c, "train.multi_reward", aggregation)
     if train.get("enable_gradient_checkpointing"):
         set_dotted(c, "train.activation_checkpointing", True)
     set_dotted(c, "train.lr", float(train.get("learning_rate", 3e-4)))

@@ -54,7 +54,7 @@ def test_what_digen_cannot_train_is_refused_naming_the_key(recipe, cause):
 
 def test_unset_keys_take_flow_factorys_defaults_and_gradient_checkpointing_is_carried(tmp_path):
     """GRPOTrainingArguments (src/flow_factory/hparams/training_args.py l.414-420): global_std
-    true, advantage_aggregation 'gdpo' (named as not carried, with what it does); a recipe's
+    true, advantage_aggregation 'gdpo' (train.multi_reward: gdpo); a recipe's
     enable_gradient_checkpointing is train.activation_checkpointing."""
     text = (FF / "grpo" / "lora" / "flux1" / "default.yaml").read_text()
     kept = [
@@ -67,7 +67,10 @@ def test_unset_keys_take_flow_factorys_defaults_and_gradient_checkpointing_is_ca
     result = import_config("flow-factory", str(unset))
     result.validate()
     assert result.config["train"]["global_std"] is True
-    assert "normalises the sum over the whole batch" in result.dropped["train.advantage_aggregation"]
+    assert (
+        result.config["train"]["multi_reward"] == "gdpo"
+        and "train.advantage_aggregation" not in result.dropped
+    )
     assert result.config["train"]["activation_checkpointing"] is True
     assert "train.enable_gradient_checkpointing" not in result.dropped
     plain = import_config("flow-factory", str(FF / "grpo" / "lora" / "flux1" / "default.yaml"))
@@ -75,3 +78,6 @@ def test_unset_keys_take_flow_factorys_defaults_and_gradient_checkpointing_is_ca
         plain.config["train"]["global_std"] is False
         and "activation_checkpointing" not in plain.config["train"]
     )
+    assert plain.config["train"]["multi_reward"] == "gdpo"  # the recipe's own
+    sd35 = import_config("flow-factory", str(FF / "grpo" / "lora" / "sd3_5" / "default.yaml")).config
+    assert sd35["train"]["multi_reward"] == "sum"

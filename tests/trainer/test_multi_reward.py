@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -158,6 +159,51 @@ def test_generation_carries_each_rewards_score_beside_the_weighted_sum(small_con
         torch.testing.assert_close(traj.reward_parts[:, k], ours, rtol=1e-2, atol=1e-2)
     total = torch.zeros(4) + 0.7 * traj.reward_parts[:, 0] + 0.3 * traj.reward_parts[:, 1]
     assert torch.equal(total, traj.rewards)
+
+
+def flow_factory_gdpo(rewards: dict[str, list[float]], groups: list[int], weights: dict[str, float]):
+    """X-GenGroup/Flow-Factory a0b2bc5 src/flow_factory/advantage/advantage_processor.py
+    ``compute_gdpo`` and ``_global_mean_std`` (the gathered, one-process branch), restated."""
+    group_indices = np.asarray(groups)
+    all_reward_advantages = []
+    for key, reward_array in rewards.items():
+        reward_array = np.asarray(reward_array, dtype=np.float64)
+        reward_adv = np.zeros_like(reward_array, dtype=np.float64)
+        for group_id in np.unique(group_indices):
+            mask = group_indices == group_id
+            group_rewards = reward_array[mask]
+            mean = np.mean(group_rewards)
+            std = max(np.std(group_rewards), 1e-6)
+            reward_adv[mask] = (group_rewards - mean) / std
+        all_reward_advantages.append(reward_adv * weights[key])
+    combined = np.sum(all_reward_advantages, axis=0)
+    bn_mean, bn_std = float(np.mean(combined)), max(float(np.std(combined)), 1e-6)
+    return (combined - bn_mean) / bn_std
+
+
+def test_gdpo_is_flow_factorys_and_waits_for_the_whole_batch(small_config) -> None:
+    """``train.multi_reward: gdpo``: the book's advantages equal Flow-Factory's compute_gdpo
+    (then clamped to adv_clip, as its loss clamps to adv_clip_range); no group is trainable
+    before the last is scored (the batch normalisation), and the scheduler is told so."""
+    cfg = small_config(rollout__batch_size=12, reward=TWO, train__multi_reward="gdpo")
+    assert not cfg.train.group_local_advantages and small_config().train.group_local_advantages
+    g = cfg.rollout.group_size
+    groups = [GroupTask(0, i, "a red square", tuple(range(i * g, (i + 1) * g)), 0) for i in range(3)]
+    book = IterationBook(cfg, 0, groups)
+    for i in range(3):
+        assert book.trainable_groups() == []
+        book.add_rewards(i, [0.7 * x + 0.3 * y for x, y in zip(VQ[i], MQ[i], strict=True)],
+                         [list(p) for p in zip(VQ[i], MQ[i], strict=True)])  # fmt: skip
+    assert book.trainable_groups() == [0, 1, 2]
+    theirs = flow_factory_gdpo(
+        {"vq": sum(VQ, []), "mq": sum(MQ, [])}, [0] * 4 + [1] * 4 + [2] * 4, {"vq": 0.7, "mq": 0.3}
+    )
+    theirs = torch.from_numpy(np.clip(theirs, -5.0, 5.0)).float()
+    torch.testing.assert_close(advantages(book), theirs, rtol=1e-6, atol=1e-6)
+    # every group's sum is centred, so the batch mean is 0 to round-off: the flat group stays at ~0
+    assert book.zero_std_groups == 1 and advantages(book)[8:].abs().max() < 1e-12
+    per_reward = book_of(small_config(rollout__batch_size=12, reward=TWO, train__multi_reward="per_reward"))
+    assert (advantages(per_reward) - theirs).abs().max() > 0.1
 
 
 def metrics_of(run: Path) -> list[dict]:
