@@ -213,18 +213,27 @@ class Collector:
             return []
         if "RewardServiceDown" in first:  # not this task's fault: no task would score
             raise PoisonTask(f"task {dead.task_id} failed: {first.split(': ', 1)[-1]}")
+        ref = TaskRef.parse(dead.task_id)
+        if ref.kind is not TaskKind.EVAL and (
+            dead.task_id in led.collected or ref.iteration not in led.books
+        ):
+            # its result counted already, or its iteration is finished: nothing waits for it
+            log.info(
+                "task %s is dead after %d attempt(s) (%s); nothing needs it any more",
+                dead.task_id,
+                dead.attempts,
+                first,
+            )
+            return []
         if action == "fail":
             raise PoisonTask(
                 f"task {dead.task_id} failed {dead.attempts} time(s): {first}; fix the cause and rerun "
                 f"with --resume, or set schedule.on_poison=drop to drop such samples"
             )
-        ref = TaskRef.parse(dead.task_id)
         if ref.kind is TaskKind.EVAL and self.evals is not None and self.evals.pending(ref):
             led.outstanding.pop(dead.task_id, None)
             self.run.append("timeline.jsonl", self.evals.drop(ref))
             return [TaskDone(ref, "", time.time(), time.time())]
-        if dead.task_id in led.collected or ref.iteration not in led.books:
-            return []
         log.warning(
             "task %s is dead after %d attempt(s) (%s); its samples are dropped (schedule.on_poison: drop)",
             dead.task_id,
