@@ -41,8 +41,7 @@ from digen.dataplane.blobs import BlobLost, BlobMismatch, Expect, fetch
 from digen.dataplane.wire import on_host
 from digen.errors import PayloadError
 from digen.evaluator import evaluate_chunk
-from digen.rewards.base import call_reward
-from digen.rollout import Trajectories, batch_key, generate_group, generate_groups
+from digen.rollout import Trajectories, batch_key, generate_group, generate_groups, score_group
 from digen.testing import faults
 from digen.training import train_groups
 from digen.viz import image_cells, to_png
@@ -95,6 +94,8 @@ def gen_result(
         "end": time.time(),
         "blob": {"addr": rt.blob_addr, "name": name, "bytes": blob.nbytes, "digest": blob.digest},
     }
+    if traj.reward_parts is not None:  # train.multi_reward per_reward or gdpo
+        result["reward_parts"] = traj.reward_parts.tolist()
     if payload.grid:
         result["cells"] = to_png(image_cells(traj.images))
     return result
@@ -287,19 +288,19 @@ def run_reward(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
         return None
     rt.ensure_reward()
     t1, c1 = time.time(), time.thread_time()
-    n = len(task.sample_ids)
-    meta = rt.cfg.prompt_metadata(task.prompt)  # GenEval-style datasets: the rewards get it
-    rewards = call_reward(rt.reward, decoded, [task.prompt] * n, None if meta is None else [meta] * n)
-    rewards = rewards.float().cpu()
+    rewards, parts = score_group(rt.reward, decoded, task.prompt, rt.cfg)
     t2 = time.time()
     events = [event(rt, role, "reward", ref, task.version, t1, t2, time.thread_time() - c1)]
-    return {
+    result = {
         "rewards": [float(x) for x in rewards],
         "events": events,
         "worker": rt.name,
         "start": t0,
         "end": t2,
-    }, None
+    }
+    if parts is not None:  # train.multi_reward per_reward or gdpo
+        result["reward_parts"] = parts.tolist()
+    return result, None
 
 
 def run_eval(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:

@@ -561,7 +561,7 @@ def run_distributed(
             tag=bool(s.tag),
             rat=bool(s.rat),
             max_staleness=int(s.max_staleness or 0),
-            group_local_advantages=not cfg.train.global_std,
+            group_local_advantages=cfg.train.group_local_advantages,
             start_iteration=start_iteration,
             eval_every=cfg.eval.every,
             eval_tasks=eval_task_count(cfg),

@@ -65,7 +65,7 @@ class Collector:
         led.events += self.stamp(task_id, res["events"])
         if ref.kind is TaskKind.GEN:
             if not self.dispatch.reward_tasks:
-                book.add_rewards(ref.group, [float(x) for x in res["rewards"]])
+                book.add_rewards(ref.group, [float(x) for x in res["rewards"]], res.get("reward_parts"))
             b = res["blob"]
             led.sources.setdefault(ref.iteration, {})[ref.group] = Blob(
                 res["worker"], str(b["addr"]), str(b["name"]), str(b.get("digest", ""))
@@ -77,7 +77,7 @@ class Collector:
                 led.regenerating.discard((ref.iteration, ref.group))
                 self.dispatch.repost_parked(ref.iteration, ref.group)
         elif ref.kind is TaskKind.REWARD:
-            book.add_rewards(ref.group, [float(x) for x in res["rewards"]])
+            book.add_rewards(ref.group, [float(x) for x in res["rewards"]], res.get("reward_parts"))
         else:
             grad = res.get("grad")
             blob = (
