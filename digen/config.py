@@ -342,8 +342,11 @@ class AwmConfig(_Section):
     """Weight of the velocity KL to the EMA ``old`` weights (not scaled by ``train.kl_beta``),
     added only when ``train.kl_beta > 0``, as the peer (``ema_beta``: 1)."""
     ema_decay: float = Field(0.3, ge=0.0, lt=1.0)
-    """The EMA weights' decay after each iteration, ``min(ema_decay, 0.001 steps)``
+    """The EMA weights' decay after each iteration, ``min(ema_decay, ema_ramp steps)``
     (``kl_ema_decay``: 0.3, ``kl_ema_decay_type: linear``)."""
+    ema_ramp: float = Field(0.001, gt=0.0)
+    """The EMA decay's rise per optimizer step, up to ``ema_decay`` (the authors' ``linear``
+    ramp: 0.001; Flow-Factory's ``linear`` schedule: ``ema_decay / warmup_steps``)."""
     solver: Literal["dpm2", "euler"] = "dpm2"
     """The rollout's deterministic solver (the peer's SA-Solver with ``sde_frac = 0``, a
     deterministic multistep solver, is not in digen: DPM-Solver++(2M) stands in)."""

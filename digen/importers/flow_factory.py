@@ -575,18 +575,18 @@ def _awm(get: Any, c: dict, out: Imported, refuse: list[str], strata: Any, step_
     if bool(get("off_policy")):
         refuse.append("train.off_policy=true: digen's awm samples with the current weights (on-policy)")
     ramp = _ema_ramp(get)
-    if ramp is None or ramp[0] != 0 or abs(ramp[1] - 0.001) > 1e-12 or int(get("ema_update_interval")) != 1:
+    if ramp is None or ramp[0] != 0 or int(get("ema_update_interval")) != 1:
         refuse.append(
             f"train.ema_decay_schedule={get('ema_decay_schedule')}, ema_decay={get('ema_decay')}, warmup_steps="
-            f"{get('warmup_steps')}, ema_update_interval={get('ema_update_interval')}: Flow-Factory's AWM EMA decays "
-            "min(ema_decay, ema_decay / warmup_steps * epoch) every interval epochs; digen's awm min(ema_decay, "
-            "0.001 steps) each iteration, as its authors"
+            f"{get('warmup_steps')}, flat_steps={get('flat_steps')}, ema_update_interval={get('ema_update_interval')}: "
+            "digen's awm ramps its EMA decay from 0 each iteration, min(train.awm.ema_decay, train.awm.ema_ramp "
+            "steps) ('linear' from initial_decay 0, or 'piecewise_linear' with flat_steps 0, every epoch)"
         )
     else:
-        a["ema_decay"] = ramp[2]
+        a["ema_decay"], a["ema_ramp"] = ramp[2], ramp[1]
         out.dropped["train.ema_decay_schedule"] = (
-            "Flow-Factory's EMA decay at its k-th update is min(cap, 0.001 (k - 1)) (ema.py l.113, epoch from 0); "
-            "digen's min(cap, 0.001 k)"
+            f"Flow-Factory's EMA decay at its k-th update is min({ramp[2]}, {ramp[1]:g} (k - 1)) (ema.py l.113, "
+            f"epoch from 0); digen's min({ramp[2]}, {ramp[1]:g} k)"
         )
     if strata is not None:
         first, last = strata[0][0], strata[-1][1]

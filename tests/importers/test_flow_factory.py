@@ -136,16 +136,8 @@ def _variant(tmp_path, recipe: str, **train) -> str:
     return str(path)
 
 
-def test_the_sd35_awm_recipe_maps_every_key_but_its_ema_ramp(tmp_path):
-    recipe = "awm/lora/sd3_5/default.yaml"
-    # ema_decay 0.3 'linear' over warmup_steps 1000: min(0.3, 0.0003 epoch) (ema_utils.py l.55-75); digen's
-    # awm moves its EMA by min(0.3, 0.001 steps), the authors' rate: refused, naming the key
-    with pytest.raises(
-        ConfigError, match="train.ema_decay_schedule=linear, ema_decay=0.3, warmup_steps=1000"
-    ):
-        import_config("flow-factory", str(FF / recipe))
-    # the same recipe with the authors' ramp (0.3 / 300 = 0.001) imports, every other key as the recipe's
-    result = import_config("flow-factory", _variant(tmp_path, recipe, warmup_steps=300))
+def test_the_sd35_awm_recipe_imports_with_the_math_of_the_peer_s_code():
+    result = import_config("flow-factory", str(FF / "awm" / "lora" / "sd3_5" / "default.yaml"))
     result.validate()
     assert result.config["train"]["awm"] == {
         "solver": "euler",
@@ -154,13 +146,52 @@ def test_the_sd35_awm_recipe_maps_every_key_but_its_ema_ramp(tmp_path):
         "ghuber_power": 0.25,
         "clip_range": 1.0,  # clip_range 1 -> ratio in [0, 2] (awm.py l.497-502)
         "ema_beta": 1.0,  # ema_kl_beta (awm.py l.524-535)
-        "ema_decay": 0.3,
+        "ema_decay": 0.3,  # ema_decay, the linear schedule's target
+        "ema_ramp": 0.0003,  # 'linear' from 0 over warmup_steps 1000: 0.3 / 1000 per epoch
         "timesteps": 6,  # num_train_timesteps
         "fraction": 0.9286,  # int(14 * 0.9286) = 13: digen's strata linspace(1, 13, 7), the peer's above
     }
     t = result.config["train"]
     assert (t["adv_clip"], t["kl_beta"], t["global_std"], t["lr"]) == (1.0, 1e-4, True, 3e-4)
     assert result.config["rollout"]["batch_size"] == 48 * 16 and result.config["rollout"]["num_steps"] == 14
+    assert "(k - 1)" in result.dropped["train.ema_decay_schedule"]  # the peer's first update, said aloud
+
+
+def test_the_imported_awm_ema_moves_as_flow_factory_s_linear_schedule():
+    """Flow-Factory's AWM EMA, restated: ``linear_warmup_decay`` (ema/ema_utils.py l.55-75) and
+    ``EMAModuleWrapper.step`` (ema/ema.py l.103-122: ``ema * d + p * (1 - d)`` with
+    ``d = decay_fn(step)``), called with ``step = epoch`` after each epoch (trainers/awm.py l.125)."""
+    import torch
+
+    from digen.algos.awm import ALGORITHM, ema_decay
+    from digen.algos.state import role_weights, with_role
+    from digen.config import build_config
+
+    def linear_warmup_decay(decay: float, initial_decay: float, warmup_steps: int):
+        delta = decay - initial_decay
+
+        def _decay(step: int) -> float:
+            if step >= warmup_steps:
+                return decay
+            return initial_decay + delta * (step / warmup_steps)
+
+        return _decay
+
+    c = import_config("flow-factory", str(FF / "awm" / "lora" / "sd3_5" / "default.yaml")).config
+    train = build_config(c, check_paths=False).train
+    peer = linear_warmup_decay(0.3, 0.0, 1000)  # the recipe's ema_decay, initial_decay, warmup_steps
+    # the same decay at every step count (0.3 * (k / 1000) and 0.0003 k differ by float64 round-off)
+    for k in range(0, 2500):
+        assert ema_decay(k, train.awm) == pytest.approx(peer(k), rel=1e-12, abs=1e-15), k
+    gen = torch.Generator().manual_seed(0)
+    ema = {"w": torch.randn(4, 3, generator=gen)}
+    state = with_role(ema, "old")
+    for k in (1, 500, 999, 1000, 1700):
+        p = torch.randn(4, 3, generator=gen)
+        d = peer(k)
+        ema["w"] = ema["w"].mul(d).add(p, alpha=1 - d)
+        state = ALGORITHM.next_state(state, {"w": p}, train, k)
+        torch.testing.assert_close(role_weights(state, "old")["w"], ema["w"], rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize(
@@ -188,11 +219,8 @@ def test_a_clean_sample_recipe_digen_s_math_lacks_is_refused_in_one_line(recipe,
             {"time_sampling_strategy": "discrete_wo_init"},
             "draws its steps from 0",
         ),
-        (
-            "awm/lora/sd3_5/default.yaml",
-            {"warmup_steps": 300, "guidance_scale": 4.5},
-            "train.guidance_scale=4.5",
-        ),
+        ("awm/lora/sd3_5/default.yaml", {"guidance_scale": 4.5}, "train.guidance_scale=4.5"),
+        ("awm/lora/sd3_5/default.yaml", {"ema_decay_schedule": "power"}, "train.ema_decay_schedule=power"),
     ],
 )
 def test_a_key_whose_math_digen_lacks_is_named(tmp_path, recipe, change, key):
