@@ -270,6 +270,11 @@ class NftConfig(_Section):
     (steps - 75), 0.999)``."""
     solver: Literal["dpm2", "euler"] = "dpm2"
     """The rollout's deterministic solver: DPM-Solver++(2M) (the recipes' ``dpm2``) or Euler."""
+    step_range: tuple[int, int] | None = None
+    """None: the ``int(T train.timesteps.fraction)`` trained steps of a sample are drawn without
+    replacement from all T (the authors' ``perms_time``). ``[start, end]``: one in each of as
+    many strata of schedule steps ``start .. end - 1``, cut at ``linspace(start, end, K +
+    1).long()`` (Flow-Factory's ``TimeSampler.discrete``; its SD3.5 recipe: ``[0, 10]`` of 14)."""
 
 
 class FlowDppoConfig(_Section):

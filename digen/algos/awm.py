@@ -48,7 +48,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from digen.algos.clean_sample import CleanSampleFamily, flow_target, noised, noised_rows, sample_noises
+from digen.algos.clean_sample import (
+    CleanSampleFamily,
+    flow_target,
+    noised,
+    noised_rows,
+    sample_noises,
+    strata_steps,
+)
 from digen.algos.loss import LossTerms, ppo_clip_loss, velocity_kl
 from digen.algos.registry import StepKind
 from digen.algos.rows import NoisedRows
@@ -88,10 +95,7 @@ def awm_log_prob(v: torch.Tensor, target: torch.Tensor, sigma: torch.Tensor, awm
 
 def stratified_steps(n: int, count: int, fraction: float, gen: torch.Generator) -> list[int]:
     """One step in each of ``count`` strata of ``1 .. int(n fraction)`` (``discrete_wo_init``)."""
-    bounds = torch.linspace(1, int(n * fraction), steps=count + 1)
-    lower, upper = bounds[:-1].long(), bounds[1:].long()
-    u = torch.rand(count, generator=gen)
-    return sorted((lower + (u * (upper - lower)).long()).tolist())
+    return strata_steps(1, int(n * fraction), count, gen)
 
 
 class Awm(CleanSampleFamily):

@@ -435,7 +435,8 @@ def _clean_sample(data: dict[str, Any], trainer: str, out: Imported) -> None:
         refuse.append(f"train.adv_clip_range={adv}: digen clamps advantages to a symmetric +-train.adv_clip")
     set_dotted(c, "train.adv_clip", lo_hi[1])
     set_dotted(c, "train.kl_beta", float(get("kl_beta")))
-    set_dotted(c, "train.kl_target", "velocity")
+    if float(get("kl_beta")) > 0:  # Flow-Factory's kl_type v-based (digen refuses a target with no KL)
+        set_dotted(c, "train.kl_target", "velocity")
     # --- the optimizer (TrainingArguments l.189-205)
     set_dotted(c, "train.lr", float(get("learning_rate")))
     set_dotted(c, "train.weight_decay", float(get("adam_weight_decay")))
@@ -615,11 +616,23 @@ def _nft(get: Any, c: dict, out: Imported, refuse: list[str], strata: Any, step_
     """trainers/nft.py: NFTTrainer (l.57-67 reads the keys; the loss l.400-445)."""
     nft: dict[str, Any] = {"solver": "euler", "beta": float(get("nft_beta"))}
     if strata is not None:
-        support = _support(strata)
-        refuse.append(
-            f"{step_key}: Flow-Factory trains one step in each of {strata} (steps {support[0]}..{support[-1]} of "
-            f"{n}); digen's diffusion-nft draws int(T train.timesteps.fraction) of all {n} steps"
-        )
+        start, end, count = strata[0][0], strata[-1][1], len(strata)
+        # digen/algos/diffusion_nft.py trained_steps: int(T fraction) strata of linspace(start, end, K + 1)
+        fraction = next(f for f in (round(count / n, 4), round((count + 0.5) / n, 4)) if int(n * f) == count)
+        if get("time_sampling_strategy") == "discrete_with_init" or end - start < count:
+            refuse.append(
+                f"{step_key}: Flow-Factory's strata {strata}; digen's diffusion-nft draws one step in each of "
+                "train.timesteps.fraction x T non-empty strata of train.nft.step_range"
+            )
+        else:
+            nft["step_range"] = [start, end]
+            set_dotted(c, "train.timesteps.fraction", fraction)
+            out.dropped["train.timestep_range"] = (
+                f"{get('timestep_range')} with {get('time_sampling_strategy')}: Flow-Factory's strata {strata} "
+                f"(noise_schedule.py TimeSampler.discrete) are train.nft.step_range {[start, end]} with "
+                f"int({n} x train.timesteps.fraction {fraction}) = {count}; Flow-Factory draws one set per "
+                "micro-batch, digen one per sample"
+            )
     ramp = _ema_ramp(get)
     if not bool(get("off_policy")):
         nft["decay_type"] = 0  # v_old is the current weights (nft.py l.75-81, l.359-375)

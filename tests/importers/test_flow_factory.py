@@ -194,11 +194,65 @@ def test_the_imported_awm_ema_moves_as_flow_factory_s_linear_schedule():
         torch.testing.assert_close(role_weights(state, "old")["w"], ema["w"], rtol=1e-6, atol=1e-7)
 
 
+def test_the_sd35_nft_recipe_imports_with_its_strata():
+    result = import_config("flow-factory", str(FF / "nft" / "lora" / "sd3_5" / "default.yaml"))
+    result.validate()
+    t = result.config["train"]
+    assert t["algorithm"] == "diffusion-nft"
+    assert t["nft"] == {
+        "solver": "euler",
+        "beta": 1.0,  # nft_beta (nft.py l.409-410)
+        "step_range": [0, 10],  # timestep_range 0.5 keeps steps 0..10 of 14 (545.5 at 10, 450 at 11)
+        "decay_type": 1,  # off_policy, piecewise_linear 0 / 0.001 / 0.5: DiffusionNFT's type 1
+    }
+    assert t["timesteps"] == {"fraction": 0.3214}  # int(14 * 0.3214) = 4 = num_train_timesteps
+    assert (t["kl_beta"], t["adv_clip"], t["global_std"], t["lr"]) == (0.0, 5.0, False, 1e-4)
+    assert "kl_target" not in t  # no KL in the recipe
+    assert result.config["rollout"]["batch_size"] == 48 * 16 and result.config["rollout"]["num_steps"] == 14
+
+
+def test_the_imported_nft_draws_flow_factory_s_discrete_steps():
+    """Flow-Factory's ``TimeSampler.discrete`` and ``_stratified_sample`` (utils/noise_schedule.py
+    l.185-259 at a0b2bc5; ``include_init=True, force_init=False`` for ``discrete``, nft.py
+    l.111-128), restated on its SD3.5 14-step schedule, given the generator digen draws a
+    sample's steps from: the same steps."""
+    import torch
+
+    from digen.algos.registry import algorithm_for
+    from digen.config import build_config
+    from digen.seeding import sample_generator
+
+    def stratified_sample(num_samples, start_idx, end_idx, generator):
+        boundaries = torch.linspace(start_idx, end_idx, num_samples + 1)
+        lower, upper = boundaries[:-1].long(), boundaries[1:].long()
+        rand_u = torch.rand(num_samples, generator=generator)
+        return lower + (rand_u * (upper - lower)).long()
+
+    def discrete_indices(num_train_timesteps, ts, timestep_range, generator):
+        t_min, t_max = 1000.0 * (1.0 - timestep_range), 1000.0
+        valid = torch.where((ts >= t_min - 1e-3) & (ts <= t_max + 1e-3))[0]
+        min_idx, max_idx = int(valid.min()), int(valid.max())
+        return stratified_sample(num_train_timesteps, min_idx, max_idx, generator).clamp(0, len(ts) - 1)
+
+    # flow_match_euler_discrete.py l.57: sigmas linspace(1, 1/14, 14) through SD3.5's shift 3
+    s = torch.linspace(1.0, 1.0 / 14, 14, dtype=torch.float64)
+    ts = (1000.0 * 3.0 * s / (1.0 + 2.0 * s)).float()
+    c = import_config("flow-factory", str(FF / "nft" / "lora" / "sd3_5" / "default.yaml")).config
+    cfg = build_config(c, check_paths=False)
+    algo = algorithm_for(cfg)
+    seen = set()
+    for it in range(3):
+        for sample in range(50):
+            peer = discrete_indices(4, ts, 0.5, sample_generator(cfg.seed, it, sample, "timesteps"))
+            got = algo.trained_steps(cfg, it, sample)
+            assert got == sorted(peer.tolist()), (it, sample)
+            seen.update(got)
+    assert seen == set(range(10))  # steps 0..9, never 10 (the strata's end) nor the last four
+
+
 @pytest.mark.parametrize(
     "recipe, key",
     [
-        # 4 strata of steps 0..9 of 14; digen's DiffusionNFT draws among all 14 steps
-        ("nft/lora/sd3_5/default.yaml", "train.timestep_range=0.5 with discrete, num_train_timesteps=4"),
         # sigma = 1 - 0.99 sigmoid(N(0, 1)), unshifted; digen's online-dpo indexes the shifted schedule
         ("dpo/lora/sd3_5/default.yaml", "train.weighting_scheme=logit_normal, time_shift=1.0"),
     ],
@@ -221,6 +275,12 @@ def test_a_clean_sample_recipe_digen_s_math_lacks_is_refused_in_one_line(recipe,
         ),
         ("awm/lora/sd3_5/default.yaml", {"guidance_scale": 4.5}, "train.guidance_scale=4.5"),
         ("awm/lora/sd3_5/default.yaml", {"ema_decay_schedule": "power"}, "train.ema_decay_schedule=power"),
+        # 0.2 keeps t >= 800, steps 0..6: 8 strata of linspace(0, 6, 9) leave some empty (a step trained twice)
+        (
+            "nft/lora/sd3_5/default.yaml",
+            {"num_train_timesteps": 8, "timestep_range": 0.2},
+            "non-empty strata",
+        ),
     ],
 )
 def test_a_key_whose_math_digen_lacks_is_named(tmp_path, recipe, change, key):
