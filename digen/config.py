@@ -369,6 +369,15 @@ class OnlineDpoConfig(_Section):
     ``sample_noise_and_timesteps``: 0)."""
     logit_std: float = Field(1.0, gt=0.0)
     """Its standard deviation (1)."""
+    timestep_draw: Literal["schedule", "unshifted"] = "schedule"
+    """Where the draw ``u = sigmoid(N(logit_mean, logit_std))`` puts the pair's noise level:
+    ``schedule``, the model's shifted 1000-step training schedule at index ``int(1000 u)``
+    (VeRL-Omni); ``unshifted``, the continuous ``sigma = 1 - (lo + clamp(u, 0.01, 1 - 1e-6) (hi -
+    lo))`` over ``timestep_range`` with no shift (Flow-Factory's ``weighting_scheme:
+    logit_normal`` at ``time_shift: 1``)."""
+    timestep_range: tuple[float, float] = (0.0, 0.99)
+    """``[lo, hi]`` of the ``unshifted`` draw, fractions of the way from noise (0) to clean (1)
+    (Flow-Factory's ``timestep_range``: 0.99, i.e. ``[0, 0.99]``); unused by ``schedule``."""
     solver: Literal["dpm2", "euler"] = "euler"
     """The rollout's deterministic solver (VeRL-Omni's rollout: the pipeline's Euler flow-matching
     scheduler)."""

@@ -661,10 +661,25 @@ def _dpo(get: Any, c: dict, out: Imported, refuse: list[str], strata: Any, step_
         refuse.append(
             f"train.num_train_timesteps={get('num_train_timesteps')}: digen's online-dpo trains one per pair"
         )
-    scheme = str(get("weighting_scheme"))
-    refuse.append(
-        f"train.weighting_scheme={scheme}, time_shift={get('time_shift')}, timestep_range={get('timestep_range')}: "
-        "Flow-Factory trains at sigma = 1 - frac, frac drawn over the range unshifted (noise_schedule.py l.83-182); "
-        "digen's online-dpo at the model's shifted training schedule indexed by int(1000 sigmoid(N)), as VeRL-Omni"
-    )
+    scheme, shift, span = str(get("weighting_scheme")), float(get("time_shift")), get("timestep_range")
+    lo_hi = [float(span[0]), float(span[1])] if isinstance(span, list) else [0.0, float(span)]
+    if scheme != "logit_normal" or shift != 1.0:
+        refuse.append(
+            f"train.weighting_scheme={scheme}, time_shift={get('time_shift')}: digen's online-dpo draws Flow-Factory's "
+            "logit_normal unshifted (time_shift 1; train.online_dpo.timestep_draw: unshifted) or VeRL-Omni's "
+            "shifted schedule"
+        )
+    else:
+        # dpo.py l.443-453: TimeSampler.logit_normal_shifted(stratified=False), sigma = 1 - frac (l.565-566)
+        d["timestep_draw"], d["timestep_range"] = "unshifted", lo_hi
+        out.dropped["train.weighting_scheme"] = (
+            f"logit_normal, time_shift 1, timestep_range {span}: train.online_dpo.timestep_draw unshifted over "
+            f"{lo_hi}; Flow-Factory draws one noise level per micro-batch of per_device_batch_size pairs "
+            "(dpo.py l.546-550), digen one per pair"
+        )
+    if float(get("ema_decay")) > 0:
+        out.dropped["train.ema_decay / ema_update_interval"] = (
+            "Flow-Factory's DPO evaluates with an EMA of the weights (dpo.py l.113, l.125; training does not read "
+            "it): not mapped, set train.ema (docs/algorithms.md, EMA) to keep one"
+        )
     c["train"]["online_dpo"] = d

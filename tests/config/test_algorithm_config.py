@@ -102,6 +102,19 @@ def test_diffusion_nft_step_range_must_hold_its_strata():
     ]
 
 
+def test_online_dpo_timestep_range_is_an_interval_of_zero_one():
+    dpo = {
+        "algorithm": "online-dpo",
+        "online_dpo": {"timestep_draw": "unshifted", "timestep_range": [0.0, 0.99]},
+    }
+    assert problems(train=dpo) == []
+    dpo["online_dpo"]["timestep_range"] = [0.5, 0.2]
+    assert problems(train=dpo) == [
+        "train.online_dpo.timestep_range ([0.5, 0.2]) must be [lo, hi] with 0 <= lo < hi <= 1 (fractions of "
+        "the way from noise to clean)"
+    ]
+
+
 def test_kl_target_needs_a_kl_weight_and_choices_are_named():
     assert problems(train={"kl_target": "velocity"}) == [
         "train.kl_target (velocity) has no effect with train.kl_beta 0; set train.kl_beta > 0 or leave "

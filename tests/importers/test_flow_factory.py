@@ -250,16 +250,66 @@ def test_the_imported_nft_draws_flow_factory_s_discrete_steps():
     assert seen == set(range(10))  # steps 0..9, never 10 (the strata's end) nor the last four
 
 
+def test_the_sd35_dpo_recipe_imports_with_its_unshifted_timesteps():
+    result = import_config("flow-factory", str(FF / "dpo" / "lora" / "sd3_5" / "default.yaml"))
+    result.validate()
+    t = result.config["train"]
+    assert t["algorithm"] == "online-dpo"
+    assert t["online_dpo"] == {
+        "solver": "euler",
+        "beta": 100.0,  # beta (dpo.py l.606-610)
+        "logit_mean": 0.0,  # logit_mean, logit_std (noise_schedule.py l.112)
+        "logit_std": 1.0,
+        "timestep_draw": "unshifted",  # weighting_scheme logit_normal at time_shift 1 (unset: TA default 1.0)
+        "timestep_range": [0.0, 0.99],  # timestep_range 0.99 -> (0, 0.99) (noise_schedule.py l.70-76)
+    }
+    # 48 prompts x group 4; 48 pairs on num_processes 8 are 6 a rank, one micro-batch of up to 24 a rank:
+    # gradient_accumulation_steps 1 is one optimizer step an epoch
+    assert result.config["rollout"]["batch_size"] == 48 * 4 and t["mini_batches"] == 1
+    assert (t["kl_beta"], t["lr"], t["global_std"]) == (0.0, 1e-5, False)
+    assert "per pair" in result.dropped["train.weighting_scheme"]
+
+
+def test_the_imported_dpo_noise_level_is_flow_factory_s():
+    """``TimeSampler.logit_normal_shifted(stratified=False)`` (utils/noise_schedule.py l.83-154 at
+    a0b2bc5) and ``flow_match_sigma`` (l.46-48), as trainers/dpo.py l.443-453, l.565-566 call
+    them, restated in float32 on digen's draw of ``N``: the same sigma, over the range's ends."""
+    import torch
+
+    from digen.algos.online_dpo import unshifted_sigma
+
+    def peer_sigma(u_standard, logit_mean, logit_std, time_shift, timestep_range):
+        u = u_standard * logit_std + logit_mean
+        raw = torch.sigmoid(u)
+        raw = time_shift * raw / (1 + (time_shift - 1) * raw)
+        raw = torch.clamp(raw, min=0.01, max=1.0 - 1e-6)
+        frac = timestep_range[0] + raw * (timestep_range[1] - timestep_range[0])
+        t = 1000.0 * (1.0 - frac)
+        return (t / 1000.0).clamp(0.0, 1.0)
+
+    n = torch.cat([torch.randn(4096, generator=torch.Generator().manual_seed(0)), torch.tensor([-9.0, 9.0])])
+    want = {span: peer_sigma(n, 0.0, 1.0, 1.0, span) for span in ((0.0, 0.99), (0.2, 0.9))}
+    for span, peer in want.items():
+        assert torch.equal(unshifted_sigma(torch.sigmoid(n), span), peer), span
+    # by hand: N = -9 is clamped to raw 0.01, sigma 1 - 0.99 * 0.01 = 0.9901; N = 0 is sigma 1 - 0.99 / 2
+    assert float(want[(0.0, 0.99)].max()) == pytest.approx(0.9901, abs=1e-6)
+    assert float(unshifted_sigma(torch.tensor([0.5]), (0.0, 0.99))) == pytest.approx(0.505)
+
+
 @pytest.mark.parametrize(
-    "recipe, key",
+    "recipe, change, key",
     [
-        # sigma = 1 - 0.99 sigmoid(N(0, 1)), unshifted; digen's online-dpo indexes the shifted schedule
-        ("dpo/lora/sd3_5/default.yaml", "train.weighting_scheme=logit_normal, time_shift=1.0"),
+        (
+            "dpo/lora/sd3_5/default.yaml",
+            {"time_shift": 3.0},
+            "train.weighting_scheme=logit_normal, time_shift=3.0",
+        ),
+        ("dpo/lora/sd3_5/default.yaml", {"weighting_scheme": "uniform"}, "train.weighting_scheme=uniform"),
     ],
 )
-def test_a_clean_sample_recipe_digen_s_math_lacks_is_refused_in_one_line(recipe, key):
+def test_a_clean_sample_recipe_digen_s_math_lacks_is_refused_in_one_line(tmp_path, recipe, change, key):
     with pytest.raises(ConfigError, match=key) as info:
-        import_config("flow-factory", str(FF / recipe))
+        import_config("flow-factory", _variant(tmp_path, recipe, **change))
     assert "\n" not in str(info.value)
 
 
