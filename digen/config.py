@@ -434,6 +434,32 @@ class TrainConfig(_Section):
     std_eps: float = Field(1e-4, gt=0.0)
     unbiased_std: bool = False
     """DanceGRPO: torch.std (ddof 1) and eps 1e-8."""
+    multi_reward: Literal["sum", "per_reward", "gdpo"] = "sum"
+    """How several rewards (the ``reward`` list) make one advantage. ``sum``: the group
+    advantage of the weighted reward sum ``sum_k w_k r_k``, normalised once (Flow-GRPO's and
+    VeRL-Omni's multi-reward, digen's default). ``per_reward``: DanceGRPO's
+    (XueZeyue/DanceGRPO fastvideo/train_grpo_hunyuan.py l.370-392, 449-477, ``--use_videoalign
+    --vq_coef --mq_coef``): one group advantage per reward, each clamped to ``adv_clip``, then
+    weighted by its ``weight`` and summed, ``A = sum_k w_k clamp(adv(r_k))``
+    (:func:`digen.core.advantages.per_reward_advantages`), so a reward of small spread is not
+    drowned by one of large spread. Each sample's per-reward scores travel with its group's
+    rewards to the iteration's book, which computes the advantages in every mode (the
+    reference loop's too). DanceGRPO sums one clipped loss per reward; training on the summed
+    advantage is the same loss and gradient wherever the ratio is inside ``clip_range`` or the
+    weighted per-reward advantages agree in sign (docs/algorithms.md, "Several rewards"). A
+    sample with a non-finite score in any reward is dropped, as with ``sum``. With one reward
+    of weight 1 both give the same advantages. ``gdpo``: Flow-Factory's default
+    (advantage_processor.py ``compute_gdpo``): each reward normalised in its group by
+    ``max(std, 1e-6)``, weighted and summed, then the sum normalised over the whole batch
+    (:func:`digen.core.advantages.gdpo_advantages`); it ignores ``global_std``, ``std_eps``
+    and ``unbiased_std``, and like ``global_std`` no group trains before the last is scored."""
+
+    @property
+    def group_local_advantages(self) -> bool:
+        """Whether a group's advantages need only its own rewards (GAP can train it at once):
+        not with ``global_std`` or ``multi_reward: gdpo``, which normalise over the batch."""
+        return not self.global_std and self.multi_reward != "gdpo"
+
     kl_beta: float = Field(0.0, ge=0.0)
     """KL-to-reference weight (needs LoRA: the reference is the base weights)."""
     cfg_grad: CfgGrad = "both"
@@ -515,6 +541,14 @@ class TrainConfig(_Section):
     sums: the synchronous modes then equal the reference bit for bit, but every gradient
     travels to every trainer (for tests and checks, not for speed). The reference mode
     ignores it."""
+
+    @property
+    def exact_sum(self) -> bool:
+        """``reduce: exact``: every train task's gradient stays a blob of its own and the step
+        folds them in (group, part) order: decided here for the dispatcher (which asks the task
+        to keep its gradient) and the step control (which lists the blobs in that order)."""
+        return self.reduce == "exact"
+
     fsdp: bool = False
     """Shard the trained weights, gradients and AdamW state over the job's trainer workers
     (FSDP2), for a model whose full fine-tune does not fit one device. The trainer workers

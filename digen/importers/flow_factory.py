@@ -104,7 +104,6 @@ NO_EQUIVALENT = {
     "model.attn_backend": "digen uses PyTorch's scaled-dot-product attention",
     "train.ref_param_device": "the reference is the base weights with LoRA off: no copy",
     "train.ema_device": "the EMA lives beside the weights",
-    "train.enable_gradient_checkpointing": "train.activation_checkpointing (with train.fsdp)",
     "scheduler.seed": "digen draws the SDE window from `seed`",
     "eval.resolution": "digen evaluates at model.resolution",
     "eval.per_device_batch_size": "eval.batch_size",
@@ -282,13 +281,15 @@ def _train(train: dict[str, Any], sched: dict[str, Any], out: Imported) -> None:
     set_dotted(c, "train.clip_range", _symmetric(train, "clip_range", out.source))
     set_dotted(c, "train.adv_clip", _symmetric(train, "adv_clip_range", out.source))
     set_dotted(c, "train.global_std", bool(_peer(train, "global_std")))
+    # advantage_processor.py l.259-262, 385: (r - group mean) / max(std, 1e-6); digen divides by
+    # std + std_eps: with 1e-6 the same to 1e-6 / std relative (a flat group is 0 in both)
+    set_dotted(c, "train.std_eps", 1e-6)
     set_dotted(c, "train.kl_beta", float(train.get("kl_beta", 0.0)))
     if float(train.get("kl_beta", 0.0)) > 0:
         set_dotted(c, "train.kl_target", "velocity" if train.get("kl_type") == "v-based" else "mean")
-    if _peer(train, "advantage_aggregation") != "sum":
-        out.dropped["train.advantage_aggregation"] = (
-            f"{_peer(train, 'advantage_aggregation')!r}: digen normalises the weighted reward sum ('sum')"
-        )
+    _aggregation(c, _peer(train, "advantage_aggregation"), out.source)
+    if train.get("enable_gradient_checkpointing"):
+        set_dotted(c, "train.activation_checkpointing", True)
     set_dotted(c, "train.lr", float(_peer(train, "learning_rate")))
     set_dotted(c, "train.weight_decay", float(train.get("adam_weight_decay", 1e-4)))
     betas = _peer(train, "adam_betas")
@@ -300,6 +301,18 @@ def _train(train: dict[str, Any], sched: dict[str, Any], out: Imported) -> None:
         out.dropped["train.ema_decay / ema_update_interval"] = (
             "Flow-Factory's EMA (every N epochs) is not mapped: set train.ema (docs/algorithms.md, EMA) to keep one"
         )
+
+
+def _aggregation(c: dict[str, Any], aggregation: Any, source: str) -> None:
+    """``train.advantage_aggregation`` as ``train.multi_reward``: ``sum``, the weighted reward sum
+    normalised in its group; ``gdpo``, each reward normalised in its group and the weighted sum
+    over the batch (advantage_processor.py compute_weighted_sum, compute_gdpo)."""
+    if aggregation not in ("sum", "gdpo"):
+        raise ConfigError(
+            f"{source}: train.advantage_aggregation={aggregation} is not Flow-Factory's sum or gdpo "
+            "(advantage_processor.py compute_advantages)"
+        )
+    set_dotted(c, "train.multi_reward", aggregation)
 
 
 def _rewards(rewards: list[Any], out: Imported) -> None:
@@ -425,10 +438,9 @@ def _clean_sample(data: dict[str, Any], trainer: str, out: Imported) -> None:
     # --- advantages (advantage/advantage_processor.py l.372-386: (r - group mean) / max(std, 1e-6))
     set_dotted(c, "train.global_std", bool(get("global_std")))
     set_dotted(c, "train.std_eps", 1e-6)
-    if get("advantage_aggregation") != "sum":
-        out.dropped["train.advantage_aggregation"] = (
-            f"{get('advantage_aggregation')!r}: digen normalises the weighted reward sum ('sum')"
-        )
+    _aggregation(c, get("advantage_aggregation"), out.source)
+    if get("enable_gradient_checkpointing"):
+        set_dotted(c, "train.activation_checkpointing", True)
     adv = get("adv_clip_range")
     lo_hi = [float(a) for a in adv] if isinstance(adv, list) else [-abs(float(adv)), abs(float(adv))]
     if lo_hi[0] != -lo_hi[1]:

@@ -98,7 +98,7 @@ class Ledger:
         return self.books[iteration]
 
     def held_on(
-        self, worker: str, keep: set[str] = frozenset()
+        self, worker: str, keep: frozenset[str] | set[str] = frozenset()
     ) -> tuple[list[tuple[int, int]], dict[int, list[TaskRef]]]:
         """What a worker that left took with it: the (iteration, group) whose trajectories
         only it held, and per iteration the train tasks whose gradients it held (less those in

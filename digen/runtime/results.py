@@ -65,7 +65,7 @@ class Collector:
         led.events += self.stamp(task_id, res["events"])
         if ref.kind is TaskKind.GEN:
             if not self.dispatch.reward_tasks:
-                book.add_rewards(ref.group, [float(x) for x in res["rewards"]])
+                book.add_rewards(ref.group, [float(x) for x in res["rewards"]], res.get("reward_parts"))
             b = res["blob"]
             led.sources.setdefault(ref.iteration, {})[ref.group] = Blob(
                 res["worker"], str(b["addr"]), str(b["name"]), str(b.get("digest", ""))
@@ -77,7 +77,7 @@ class Collector:
                 led.regenerating.discard((ref.iteration, ref.group))
                 self.dispatch.repost_parked(ref.iteration, ref.group)
         elif ref.kind is TaskKind.REWARD:
-            book.add_rewards(ref.group, [float(x) for x in res["rewards"]])
+            book.add_rewards(ref.group, [float(x) for x in res["rewards"]], res.get("reward_parts"))
         else:
             grad = res.get("grad")
             blob = (
@@ -157,7 +157,9 @@ class Collector:
         led.collected.discard(led.gen_id(iteration, group))
         return [GroupLost(iteration, group, now)]
 
-    def worker_left(self, worker: str, now: float, keep: set[str] = frozenset()) -> list[Event]:
+    def worker_left(
+        self, worker: str, now: float, keep: frozenset[str] | set[str] = frozenset()
+    ) -> list[Event]:
         """Regenerate what only ``worker`` held and train again what it had trained, but for
         the train tasks in ``keep`` (the step in flight's: its decision says whether they are
         lost, :meth:`~digen.runtime.steps.StepControl.check`)."""

@@ -49,6 +49,37 @@ def test_what_digen_cannot_train_is_refused_naming_the_key(recipe, cause):
         import_config("flow-factory", str(FF / recipe))
 
 
+def test_unset_keys_take_flow_factorys_defaults_and_gradient_checkpointing_is_carried(tmp_path):
+    """GRPOTrainingArguments (src/flow_factory/hparams/training_args.py l.414-420): global_std
+    true, advantage_aggregation 'gdpo' (train.multi_reward: gdpo); a recipe's
+    enable_gradient_checkpointing is train.activation_checkpointing."""
+    text = (FF / "grpo" / "lora" / "flux1" / "default.yaml").read_text()
+    kept = [
+        line for line in text.splitlines() if "advantage_aggregation" not in line and "global_std" not in line
+    ]
+    unset = tmp_path / "unset.yaml"
+    unset.write_text(
+        "\n".join(kept).replace("enable_gradient_checkpointing: false", "enable_gradient_checkpointing: true")
+    )
+    result = import_config("flow-factory", str(unset))
+    result.validate()
+    assert result.config["train"]["global_std"] is True
+    assert (
+        result.config["train"]["multi_reward"] == "gdpo"
+        and "train.advantage_aggregation" not in result.dropped
+    )
+    assert result.config["train"]["activation_checkpointing"] is True
+    assert "train.enable_gradient_checkpointing" not in result.dropped
+    plain = import_config("flow-factory", str(FF / "grpo" / "lora" / "flux1" / "default.yaml"))
+    assert (
+        plain.config["train"]["global_std"] is False
+        and "activation_checkpointing" not in plain.config["train"]
+    )
+    assert plain.config["train"]["multi_reward"] == "gdpo"  # the recipe's own
+    sd35 = import_config("flow-factory", str(FF / "grpo" / "lora" / "sd3_5" / "default.yaml")).config
+    assert sd35["train"]["multi_reward"] == "sum"
+
+
 # --- the clean-sample trainers (dgpo, awm, nft, dpo) -------------------------------------------
 # Flow-Factory's SD3.5 rollout timesteps, by hand: sigmas = linspace(1, 1/n, n)
 # (scheduler/flow_match_euler_discrete.py l.57) through SD3.5's static shift 3, s' = 3s / (1 + 2s).
