@@ -279,6 +279,11 @@ class NftConfig(_Section):
     (steps - 75), 0.999)``."""
     solver: Literal["dpm2", "euler"] = "dpm2"
     """The rollout's deterministic solver: DPM-Solver++(2M) (the recipes' ``dpm2``) or Euler."""
+    step_range: tuple[int, int] | None = None
+    """None: the ``int(T train.timesteps.fraction)`` trained steps of a sample are drawn without
+    replacement from all T (the authors' ``perms_time``). ``[start, end]``: one in each of as
+    many strata of schedule steps ``start .. end - 1``, cut at ``linspace(start, end, K +
+    1).long()`` (Flow-Factory's ``TimeSampler.discrete``; its SD3.5 recipe: ``[0, 10]`` of 14)."""
 
 
 class FlowDppoConfig(_Section):
@@ -351,8 +356,11 @@ class AwmConfig(_Section):
     """Weight of the velocity KL to the EMA ``old`` weights (not scaled by ``train.kl_beta``),
     added only when ``train.kl_beta > 0``, as the peer (``ema_beta``: 1)."""
     ema_decay: float = Field(0.3, ge=0.0, lt=1.0)
-    """The EMA weights' decay after each iteration, ``min(ema_decay, 0.001 steps)``
+    """The EMA weights' decay after each iteration, ``min(ema_decay, ema_ramp steps)``
     (``kl_ema_decay``: 0.3, ``kl_ema_decay_type: linear``)."""
+    ema_ramp: float = Field(0.001, gt=0.0)
+    """The EMA decay's rise per optimizer step, up to ``ema_decay`` (the authors' ``linear``
+    ramp: 0.001; Flow-Factory's ``linear`` schedule: ``ema_decay / warmup_steps``)."""
     solver: Literal["dpm2", "euler"] = "dpm2"
     """The rollout's deterministic solver (the peer's SA-Solver with ``sde_frac = 0``, a
     deterministic multistep solver, is not in digen: DPM-Solver++(2M) stands in)."""
@@ -370,6 +378,15 @@ class OnlineDpoConfig(_Section):
     ``sample_noise_and_timesteps``: 0)."""
     logit_std: float = Field(1.0, gt=0.0)
     """Its standard deviation (1)."""
+    timestep_draw: Literal["schedule", "unshifted"] = "schedule"
+    """Where the draw ``u = sigmoid(N(logit_mean, logit_std))`` puts the pair's noise level:
+    ``schedule``, the model's shifted 1000-step training schedule at index ``int(1000 u)``
+    (VeRL-Omni); ``unshifted``, the continuous ``sigma = 1 - (lo + clamp(u, 0.01, 1 - 1e-6) (hi -
+    lo))`` over ``timestep_range`` with no shift (Flow-Factory's ``weighting_scheme:
+    logit_normal`` at ``time_shift: 1``)."""
+    timestep_range: tuple[float, float] = (0.0, 0.99)
+    """``[lo, hi]`` of the ``unshifted`` draw, fractions of the way from noise (0) to clean (1)
+    (Flow-Factory's ``timestep_range``: 0.99, i.e. ``[0, 0.99]``); unused by ``schedule``."""
     solver: Literal["dpm2", "euler"] = "euler"
     """The rollout's deterministic solver (VeRL-Omni's rollout: the pipeline's Euler flow-matching
     scheduler)."""

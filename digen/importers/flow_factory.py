@@ -447,7 +447,8 @@ def _clean_sample(data: dict[str, Any], trainer: str, out: Imported) -> None:
         refuse.append(f"train.adv_clip_range={adv}: digen clamps advantages to a symmetric +-train.adv_clip")
     set_dotted(c, "train.adv_clip", lo_hi[1])
     set_dotted(c, "train.kl_beta", float(get("kl_beta")))
-    set_dotted(c, "train.kl_target", "velocity")
+    if float(get("kl_beta")) > 0:  # Flow-Factory's kl_type v-based (digen refuses a target with no KL)
+        set_dotted(c, "train.kl_target", "velocity")
     # --- the optimizer (TrainingArguments l.189-205)
     set_dotted(c, "train.lr", float(get("learning_rate")))
     set_dotted(c, "train.weight_decay", float(get("adam_weight_decay")))
@@ -587,18 +588,18 @@ def _awm(get: Any, c: dict, out: Imported, refuse: list[str], strata: Any, step_
     if bool(get("off_policy")):
         refuse.append("train.off_policy=true: digen's awm samples with the current weights (on-policy)")
     ramp = _ema_ramp(get)
-    if ramp is None or ramp[0] != 0 or abs(ramp[1] - 0.001) > 1e-12 or int(get("ema_update_interval")) != 1:
+    if ramp is None or ramp[0] != 0 or int(get("ema_update_interval")) != 1:
         refuse.append(
             f"train.ema_decay_schedule={get('ema_decay_schedule')}, ema_decay={get('ema_decay')}, warmup_steps="
-            f"{get('warmup_steps')}, ema_update_interval={get('ema_update_interval')}: Flow-Factory's AWM EMA decays "
-            "min(ema_decay, ema_decay / warmup_steps * epoch) every interval epochs; digen's awm min(ema_decay, "
-            "0.001 steps) each iteration, as its authors"
+            f"{get('warmup_steps')}, flat_steps={get('flat_steps')}, ema_update_interval={get('ema_update_interval')}: "
+            "digen's awm ramps its EMA decay from 0 each iteration, min(train.awm.ema_decay, train.awm.ema_ramp "
+            "steps) ('linear' from initial_decay 0, or 'piecewise_linear' with flat_steps 0, every epoch)"
         )
     else:
-        a["ema_decay"] = ramp[2]
+        a["ema_decay"], a["ema_ramp"] = ramp[2], ramp[1]
         out.dropped["train.ema_decay_schedule"] = (
-            "Flow-Factory's EMA decay at its k-th update is min(cap, 0.001 (k - 1)) (ema.py l.113, epoch from 0); "
-            "digen's min(cap, 0.001 k)"
+            f"Flow-Factory's EMA decay at its k-th update is min({ramp[2]}, {ramp[1]:g} (k - 1)) (ema.py l.113, "
+            f"epoch from 0); digen's min({ramp[2]}, {ramp[1]:g} k)"
         )
     if strata is not None:
         first, last = strata[0][0], strata[-1][1]
@@ -627,11 +628,23 @@ def _nft(get: Any, c: dict, out: Imported, refuse: list[str], strata: Any, step_
     """trainers/nft.py: NFTTrainer (l.57-67 reads the keys; the loss l.400-445)."""
     nft: dict[str, Any] = {"solver": "euler", "beta": float(get("nft_beta"))}
     if strata is not None:
-        support = _support(strata)
-        refuse.append(
-            f"{step_key}: Flow-Factory trains one step in each of {strata} (steps {support[0]}..{support[-1]} of "
-            f"{n}); digen's diffusion-nft draws int(T train.timesteps.fraction) of all {n} steps"
-        )
+        start, end, count = strata[0][0], strata[-1][1], len(strata)
+        # digen/algos/diffusion_nft.py trained_steps: int(T fraction) strata of linspace(start, end, K + 1)
+        fraction = next(f for f in (round(count / n, 4), round((count + 0.5) / n, 4)) if int(n * f) == count)
+        if get("time_sampling_strategy") == "discrete_with_init" or end - start < count:
+            refuse.append(
+                f"{step_key}: Flow-Factory's strata {strata}; digen's diffusion-nft draws one step in each of "
+                "train.timesteps.fraction x T non-empty strata of train.nft.step_range"
+            )
+        else:
+            nft["step_range"] = [start, end]
+            set_dotted(c, "train.timesteps.fraction", fraction)
+            out.dropped["train.timestep_range"] = (
+                f"{get('timestep_range')} with {get('time_sampling_strategy')}: Flow-Factory's strata {strata} "
+                f"(noise_schedule.py TimeSampler.discrete) are train.nft.step_range {[start, end]} with "
+                f"int({n} x train.timesteps.fraction {fraction}) = {count}; Flow-Factory draws one set per "
+                "micro-batch, digen one per sample"
+            )
     ramp = _ema_ramp(get)
     if not bool(get("off_policy")):
         nft["decay_type"] = 0  # v_old is the current weights (nft.py l.75-81, l.359-375)
@@ -660,10 +673,25 @@ def _dpo(get: Any, c: dict, out: Imported, refuse: list[str], strata: Any, step_
         refuse.append(
             f"train.num_train_timesteps={get('num_train_timesteps')}: digen's online-dpo trains one per pair"
         )
-    scheme = str(get("weighting_scheme"))
-    refuse.append(
-        f"train.weighting_scheme={scheme}, time_shift={get('time_shift')}, timestep_range={get('timestep_range')}: "
-        "Flow-Factory trains at sigma = 1 - frac, frac drawn over the range unshifted (noise_schedule.py l.83-182); "
-        "digen's online-dpo at the model's shifted training schedule indexed by int(1000 sigmoid(N)), as VeRL-Omni"
-    )
+    scheme, shift, span = str(get("weighting_scheme")), float(get("time_shift")), get("timestep_range")
+    lo_hi = [float(span[0]), float(span[1])] if isinstance(span, list) else [0.0, float(span)]
+    if scheme != "logit_normal" or shift != 1.0:
+        refuse.append(
+            f"train.weighting_scheme={scheme}, time_shift={get('time_shift')}: digen's online-dpo draws Flow-Factory's "
+            "logit_normal unshifted (time_shift 1; train.online_dpo.timestep_draw: unshifted) or VeRL-Omni's "
+            "shifted schedule"
+        )
+    else:
+        # dpo.py l.443-453: TimeSampler.logit_normal_shifted(stratified=False), sigma = 1 - frac (l.565-566)
+        d["timestep_draw"], d["timestep_range"] = "unshifted", lo_hi
+        out.dropped["train.weighting_scheme"] = (
+            f"logit_normal, time_shift 1, timestep_range {span}: train.online_dpo.timestep_draw unshifted over "
+            f"{lo_hi}; Flow-Factory draws one noise level per micro-batch of per_device_batch_size pairs "
+            "(dpo.py l.546-550), digen one per pair"
+        )
+    if float(get("ema_decay")) > 0:
+        out.dropped["train.ema_decay / ema_update_interval"] = (
+            "Flow-Factory's DPO evaluates with an EMA of the weights (dpo.py l.113, l.125; training does not read "
+            "it): not mapped, set train.ema (docs/algorithms.md, EMA) to keep one"
+        )
     c["train"]["online_dpo"] = d

@@ -167,16 +167,8 @@ def _variant(tmp_path, recipe: str, **train) -> str:
     return str(path)
 
 
-def test_the_sd35_awm_recipe_maps_every_key_but_its_ema_ramp(tmp_path):
-    recipe = "awm/lora/sd3_5/default.yaml"
-    # ema_decay 0.3 'linear' over warmup_steps 1000: min(0.3, 0.0003 epoch) (ema_utils.py l.55-75); digen's
-    # awm moves its EMA by min(0.3, 0.001 steps), the authors' rate: refused, naming the key
-    with pytest.raises(
-        ConfigError, match="train.ema_decay_schedule=linear, ema_decay=0.3, warmup_steps=1000"
-    ):
-        import_config("flow-factory", str(FF / recipe))
-    # the same recipe with the authors' ramp (0.3 / 300 = 0.001) imports, every other key as the recipe's
-    result = import_config("flow-factory", _variant(tmp_path, recipe, warmup_steps=300))
+def test_the_sd35_awm_recipe_imports_with_the_math_of_the_peer_s_code():
+    result = import_config("flow-factory", str(FF / "awm" / "lora" / "sd3_5" / "default.yaml"))
     result.validate()
     assert result.config["train"]["awm"] == {
         "solver": "euler",
@@ -185,27 +177,170 @@ def test_the_sd35_awm_recipe_maps_every_key_but_its_ema_ramp(tmp_path):
         "ghuber_power": 0.25,
         "clip_range": 1.0,  # clip_range 1 -> ratio in [0, 2] (awm.py l.497-502)
         "ema_beta": 1.0,  # ema_kl_beta (awm.py l.524-535)
-        "ema_decay": 0.3,
+        "ema_decay": 0.3,  # ema_decay, the linear schedule's target
+        "ema_ramp": 0.0003,  # 'linear' from 0 over warmup_steps 1000: 0.3 / 1000 per epoch
         "timesteps": 6,  # num_train_timesteps
         "fraction": 0.9286,  # int(14 * 0.9286) = 13: digen's strata linspace(1, 13, 7), the peer's above
     }
     t = result.config["train"]
     assert (t["adv_clip"], t["kl_beta"], t["global_std"], t["lr"]) == (1.0, 1e-4, True, 3e-4)
     assert result.config["rollout"]["batch_size"] == 48 * 16 and result.config["rollout"]["num_steps"] == 14
+    assert "(k - 1)" in result.dropped["train.ema_decay_schedule"]  # the peer's first update, said aloud
+
+
+def test_the_imported_awm_ema_moves_as_flow_factory_s_linear_schedule():
+    """Flow-Factory's AWM EMA, restated: ``linear_warmup_decay`` (ema/ema_utils.py l.55-75) and
+    ``EMAModuleWrapper.step`` (ema/ema.py l.103-122: ``ema * d + p * (1 - d)`` with
+    ``d = decay_fn(step)``), called with ``step = epoch`` after each epoch (trainers/awm.py l.125)."""
+    import torch
+
+    from digen.algos.awm import ALGORITHM, ema_decay
+    from digen.algos.state import role_weights, with_role
+    from digen.config import build_config
+
+    def linear_warmup_decay(decay: float, initial_decay: float, warmup_steps: int):
+        delta = decay - initial_decay
+
+        def _decay(step: int) -> float:
+            if step >= warmup_steps:
+                return decay
+            return initial_decay + delta * (step / warmup_steps)
+
+        return _decay
+
+    c = import_config("flow-factory", str(FF / "awm" / "lora" / "sd3_5" / "default.yaml")).config
+    train = build_config(c, check_paths=False).train
+    peer = linear_warmup_decay(0.3, 0.0, 1000)  # the recipe's ema_decay, initial_decay, warmup_steps
+    # the same decay at every step count (0.3 * (k / 1000) and 0.0003 k differ by float64 round-off)
+    for k in range(0, 2500):
+        assert ema_decay(k, train.awm) == pytest.approx(peer(k), rel=1e-12, abs=1e-15), k
+    gen = torch.Generator().manual_seed(0)
+    ema = {"w": torch.randn(4, 3, generator=gen)}
+    state = with_role(ema, "old")
+    for k in (1, 500, 999, 1000, 1700):
+        p = torch.randn(4, 3, generator=gen)
+        d = peer(k)
+        ema["w"] = ema["w"].mul(d).add(p, alpha=1 - d)
+        state = ALGORITHM.next_state(state, {"w": p}, train, k)
+        torch.testing.assert_close(role_weights(state, "old")["w"], ema["w"], rtol=1e-6, atol=1e-7)
+
+
+def test_the_sd35_nft_recipe_imports_with_its_strata():
+    result = import_config("flow-factory", str(FF / "nft" / "lora" / "sd3_5" / "default.yaml"))
+    result.validate()
+    t = result.config["train"]
+    assert t["algorithm"] == "diffusion-nft"
+    assert t["nft"] == {
+        "solver": "euler",
+        "beta": 1.0,  # nft_beta (nft.py l.409-410)
+        "step_range": [0, 10],  # timestep_range 0.5 keeps steps 0..10 of 14 (545.5 at 10, 450 at 11)
+        "decay_type": 1,  # off_policy, piecewise_linear 0 / 0.001 / 0.5: DiffusionNFT's type 1
+    }
+    assert t["timesteps"] == {"fraction": 0.3214}  # int(14 * 0.3214) = 4 = num_train_timesteps
+    assert (t["kl_beta"], t["adv_clip"], t["global_std"], t["lr"]) == (0.0, 5.0, False, 1e-4)
+    assert "kl_target" not in t  # no KL in the recipe
+    assert result.config["rollout"]["batch_size"] == 48 * 16 and result.config["rollout"]["num_steps"] == 14
+
+
+def test_the_imported_nft_draws_flow_factory_s_discrete_steps():
+    """Flow-Factory's ``TimeSampler.discrete`` and ``_stratified_sample`` (utils/noise_schedule.py
+    l.185-259 at a0b2bc5; ``include_init=True, force_init=False`` for ``discrete``, nft.py
+    l.111-128), restated on its SD3.5 14-step schedule, given the generator digen draws a
+    sample's steps from: the same steps."""
+    import torch
+
+    from digen.algos.registry import algorithm_for
+    from digen.config import build_config
+    from digen.seeding import sample_generator
+
+    def stratified_sample(num_samples, start_idx, end_idx, generator):
+        boundaries = torch.linspace(start_idx, end_idx, num_samples + 1)
+        lower, upper = boundaries[:-1].long(), boundaries[1:].long()
+        rand_u = torch.rand(num_samples, generator=generator)
+        return lower + (rand_u * (upper - lower)).long()
+
+    def discrete_indices(num_train_timesteps, ts, timestep_range, generator):
+        t_min, t_max = 1000.0 * (1.0 - timestep_range), 1000.0
+        valid = torch.where((ts >= t_min - 1e-3) & (ts <= t_max + 1e-3))[0]
+        min_idx, max_idx = int(valid.min()), int(valid.max())
+        return stratified_sample(num_train_timesteps, min_idx, max_idx, generator).clamp(0, len(ts) - 1)
+
+    # flow_match_euler_discrete.py l.57: sigmas linspace(1, 1/14, 14) through SD3.5's shift 3
+    s = torch.linspace(1.0, 1.0 / 14, 14, dtype=torch.float64)
+    ts = (1000.0 * 3.0 * s / (1.0 + 2.0 * s)).float()
+    c = import_config("flow-factory", str(FF / "nft" / "lora" / "sd3_5" / "default.yaml")).config
+    cfg = build_config(c, check_paths=False)
+    algo = algorithm_for(cfg)
+    seen = set()
+    for it in range(3):
+        for sample in range(50):
+            peer = discrete_indices(4, ts, 0.5, sample_generator(cfg.seed, it, sample, "timesteps"))
+            got = algo.trained_steps(cfg, it, sample)
+            assert got == sorted(peer.tolist()), (it, sample)
+            seen.update(got)
+    assert seen == set(range(10))  # steps 0..9, never 10 (the strata's end) nor the last four
+
+
+def test_the_sd35_dpo_recipe_imports_with_its_unshifted_timesteps():
+    result = import_config("flow-factory", str(FF / "dpo" / "lora" / "sd3_5" / "default.yaml"))
+    result.validate()
+    t = result.config["train"]
+    assert t["algorithm"] == "online-dpo"
+    assert t["online_dpo"] == {
+        "solver": "euler",
+        "beta": 100.0,  # beta (dpo.py l.606-610)
+        "logit_mean": 0.0,  # logit_mean, logit_std (noise_schedule.py l.112)
+        "logit_std": 1.0,
+        "timestep_draw": "unshifted",  # weighting_scheme logit_normal at time_shift 1 (unset: TA default 1.0)
+        "timestep_range": [0.0, 0.99],  # timestep_range 0.99 -> (0, 0.99) (noise_schedule.py l.70-76)
+    }
+    # 48 prompts x group 4; 48 pairs on num_processes 8 are 6 a rank, one micro-batch of up to 24 a rank:
+    # gradient_accumulation_steps 1 is one optimizer step an epoch
+    assert result.config["rollout"]["batch_size"] == 48 * 4 and t["mini_batches"] == 1
+    assert (t["kl_beta"], t["lr"], t["global_std"]) == (0.0, 1e-5, False)
+    assert "per pair" in result.dropped["train.weighting_scheme"]
+
+
+def test_the_imported_dpo_noise_level_is_flow_factory_s():
+    """``TimeSampler.logit_normal_shifted(stratified=False)`` (utils/noise_schedule.py l.83-154 at
+    a0b2bc5) and ``flow_match_sigma`` (l.46-48), as trainers/dpo.py l.443-453, l.565-566 call
+    them, restated in float32 on digen's draw of ``N``: the same sigma, over the range's ends."""
+    import torch
+
+    from digen.algos.online_dpo import unshifted_sigma
+
+    def peer_sigma(u_standard, logit_mean, logit_std, time_shift, timestep_range):
+        u = u_standard * logit_std + logit_mean
+        raw = torch.sigmoid(u)
+        raw = time_shift * raw / (1 + (time_shift - 1) * raw)
+        raw = torch.clamp(raw, min=0.01, max=1.0 - 1e-6)
+        frac = timestep_range[0] + raw * (timestep_range[1] - timestep_range[0])
+        t = 1000.0 * (1.0 - frac)
+        return (t / 1000.0).clamp(0.0, 1.0)
+
+    n = torch.cat([torch.randn(4096, generator=torch.Generator().manual_seed(0)), torch.tensor([-9.0, 9.0])])
+    want = {span: peer_sigma(n, 0.0, 1.0, 1.0, span) for span in ((0.0, 0.99), (0.2, 0.9))}
+    for span, peer in want.items():
+        assert torch.equal(unshifted_sigma(torch.sigmoid(n), span), peer), span
+    # by hand: N = -9 is clamped to raw 0.01, sigma 1 - 0.99 * 0.01 = 0.9901; N = 0 is sigma 1 - 0.99 / 2
+    assert float(want[(0.0, 0.99)].max()) == pytest.approx(0.9901, abs=1e-6)
+    assert float(unshifted_sigma(torch.tensor([0.5]), (0.0, 0.99))) == pytest.approx(0.505)
 
 
 @pytest.mark.parametrize(
-    "recipe, key",
+    "recipe, change, key",
     [
-        # 4 strata of steps 0..9 of 14; digen's DiffusionNFT draws among all 14 steps
-        ("nft/lora/sd3_5/default.yaml", "train.timestep_range=0.5 with discrete, num_train_timesteps=4"),
-        # sigma = 1 - 0.99 sigmoid(N(0, 1)), unshifted; digen's online-dpo indexes the shifted schedule
-        ("dpo/lora/sd3_5/default.yaml", "train.weighting_scheme=logit_normal, time_shift=1.0"),
+        (
+            "dpo/lora/sd3_5/default.yaml",
+            {"time_shift": 3.0},
+            "train.weighting_scheme=logit_normal, time_shift=3.0",
+        ),
+        ("dpo/lora/sd3_5/default.yaml", {"weighting_scheme": "uniform"}, "train.weighting_scheme=uniform"),
     ],
 )
-def test_a_clean_sample_recipe_digen_s_math_lacks_is_refused_in_one_line(recipe, key):
+def test_a_clean_sample_recipe_digen_s_math_lacks_is_refused_in_one_line(tmp_path, recipe, change, key):
     with pytest.raises(ConfigError, match=key) as info:
-        import_config("flow-factory", str(FF / recipe))
+        import_config("flow-factory", _variant(tmp_path, recipe, **change))
     assert "\n" not in str(info.value)
 
 
@@ -219,10 +354,13 @@ def test_a_clean_sample_recipe_digen_s_math_lacks_is_refused_in_one_line(recipe,
             {"time_sampling_strategy": "discrete_wo_init"},
             "draws its steps from 0",
         ),
+        ("awm/lora/sd3_5/default.yaml", {"guidance_scale": 4.5}, "train.guidance_scale=4.5"),
+        ("awm/lora/sd3_5/default.yaml", {"ema_decay_schedule": "power"}, "train.ema_decay_schedule=power"),
+        # 0.2 keeps t >= 800, steps 0..6: 8 strata of linspace(0, 6, 9) leave some empty (a step trained twice)
         (
-            "awm/lora/sd3_5/default.yaml",
-            {"warmup_steps": 300, "guidance_scale": 4.5},
-            "train.guidance_scale=4.5",
+            "nft/lora/sd3_5/default.yaml",
+            {"num_train_timesteps": 8, "timestep_range": 0.2},
+            "non-empty strata",
         ),
     ],
 )
