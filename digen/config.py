@@ -226,6 +226,15 @@ class EmaConfig(_Section):
     micro_batches: int = Field(1, ge=1)
     """For ``update: micro_batch``: the peer's micro-batches per optimizer step (Flow-GRPO's
     ``train.gradient_accumulation_steps``), each an EMA update."""
+    eval: bool = False
+    """Evaluate (``eval.every``) with the EMA weights instead of the policy's, as Flow-GRPO's
+    ``eval`` does (scripts/train_sd3.py l.218-219, 315-316: swapped in, sampled, swapped back).
+    The versions evaluated carry their EMA beside the weights (``ema/<name>``), only those:
+    training and generation never read it."""
+    export: bool = False
+    """``digen export`` of the run exports the EMA weights unless told ``--no-ema`` (Flow-GRPO's
+    ``save_ckpt`` saves the EMA as the checkpoint, l.328-332). The checkpoint keeps both: the
+    policy's weights resume the run, the EMA is ``ema/<name>`` in ``optimizer.safetensors``."""
 
 
 class MixGrpoConfig(_Section):
@@ -553,8 +562,9 @@ class TrainConfig(_Section):
     """Shard the trained weights, gradients and AdamW state over the job's trainer workers
     (FSDP2), for a model whose full fine-tune does not fit one device. The trainer workers
     then act as one trainer (one torch.distributed group, ``digen.parallel.fsdp``); needs
-    schedule.mode disaggregated or digen; turns TAG off; no EMA. The group is fixed at job
-    start: a trainer that dies fails the job (rerun with --resume), one that joins later idles."""
+    schedule.mode disaggregated or digen; turns TAG off; ``train.ema`` is sharded too (each
+    rank averages its shards). The group is fixed at job start: a trainer that dies fails the
+    job (rerun with --resume), one that joins later idles."""
     activation_checkpointing: bool = False
     """Recompute each transformer block in the backward instead of keeping its activations:
     a forward then keeps about one block's activations per row instead of every block's (less
@@ -933,6 +943,7 @@ def _cross_checks(cfg: Config, check_paths: bool, algorithms: bool = True) -> li
     if s.mode == "colocated" and cl.rollout_workers + cl.trainer_workers < 1:
         problems.append("schedule.mode colocated needs at least one worker in cluster.local")
     problems += _fsdp_checks(cfg)
+    problems += _ema_checks(cfg)
     problems += _sp_checks(cfg, check_paths)
     problems += name_problems(cfg, algorithm=not algorithms)
     problems += _mini_batch_checks(cfg)
@@ -1106,6 +1117,17 @@ def name_problems(cfg: Config, *, algorithm: bool = True) -> list[str]:
     return problems
 
 
+def _ema_checks(cfg: Config) -> list[str]:
+    """``train.ema.eval`` and ``train.ema.export`` need an EMA to use."""
+    e = cfg.train.ema
+    return [
+        f"train.ema.{key} (true) needs train.ema.enabled (false): there is no EMA to {what}; "
+        f"set train.ema.enabled=true or train.ema.{key}=false"
+        for key, what in (("eval", "evaluate"), ("export", "export"))
+        if getattr(e, key) and not e.enabled
+    ]
+
+
 def _mini_batch_checks(cfg: Config) -> list[str]:
     """``train.mini_batches`` divides what it splits; ``train.kl_target`` has a weight. The
     algorithm's own checks are the registry's (:func:`digen.algos.registry.config_problems`)."""
@@ -1132,8 +1154,8 @@ def _mini_batch_checks(cfg: Config) -> list[str]:
 
 
 def _fsdp_checks(cfg: Config) -> list[str]:
-    """``train.fsdp`` needs a separate trainer group (no reference, no colocated), no EMA,
-    and trainers that only train."""
+    """``train.fsdp`` needs a separate trainer group (no reference, no colocated) and trainers
+    that only train (its EMA is sharded with the weights: :class:`digen.parallel.fsdp.ShardedTrainer`)."""
     t, s = cfg.train, cfg.schedule
     if not t.fsdp:
         return []
@@ -1143,11 +1165,6 @@ def _fsdp_checks(cfg: Config) -> list[str]:
         problems.append(
             f"train.fsdp (true) needs schedule.mode disaggregated or digen, got {s.mode} ({why}); "
             f"set schedule.mode=disaggregated or train.fsdp=false"
-        )
-    if t.ema.enabled:
-        problems.append(
-            "train.fsdp (true) does not support train.ema.enabled (true): the sharded optimizer keeps no "
-            "EMA copy; set train.ema.enabled=false"
         )
     reasons = {
         "tag": "a trainer rank holds 1/N of the weights and cannot generate on its own",

@@ -50,6 +50,7 @@ from digen.dataplane.blobs import BlobLost, BlobStore, Expect, fetch
 from digen.dataplane.reduce import TaskSum, all_reduce_sum, flatten, ordered_sum, unflatten
 from digen.dataplane.wire import host_copy, on_host
 from digen.errors import DigenError
+from digen.evaluation import carries_ema
 from digen.optim import ParameterStore, stage_checkpoint
 from digen.parallel.comm import comm_device, trainer_backend
 from digen.testing import faults
@@ -119,8 +120,13 @@ class Member:
         member.serve()
         return member
 
+    def version_weights(self) -> dict[str, torch.Tensor]:
+        """The store's version as it is served and loaded: with its EMA when it is evaluated
+        with it (:func:`~digen.evaluation.carries_ema`)."""
+        return self.store.weights(ema=carries_ema(self.rt.cfg, self.store.version))
+
     def load_policy(self) -> None:
-        load_version(self.rt.ensure_policy(), self.store.weights())
+        load_version(self.rt.ensure_policy(), self.version_weights())
         self.rt.version = self.store.version
 
     def serve(self, keep_from: int | None = None) -> None:
@@ -130,7 +136,7 @@ class Member:
         the state as a blob a newcomer copies; tell Redis."""
         rt, v = self.rt, self.store.version
         dtype = trained_dtype(rt.cfg)
-        versions = {v: self.store.weights()}
+        versions = {v: self.version_weights()}
         if self.kept is not None:
             versions[self.kept[0]] = self.kept[1]
         job = rt.job.job_id
@@ -289,7 +295,7 @@ class Member:
         if version is None:
             return None
         if self.store.version == version:
-            return version, self.store.weights()
+            return version, self.version_weights()
         if self.kept is not None and self.kept[0] == version:
             return self.kept
         for addr in self.rt.group.holders_of(version):

@@ -225,15 +225,9 @@ def _translate(f: dict[str, Any], gpus: int, script: str, out: Imported) -> None
     set_dotted(c, "train.rows_per_forward", 1)
     if get("use_ema"):
         # FSDP_EMA.update once per rollout batch, a fixed decay (train_grpo_flux.py l.866-867)
+        # under train.fsdp (the 8-GPU full fine-tune) each rank keeps the EMA of its shards;
+        # DanceGRPO saves it beside the weights and evaluates nothing (train.ema.eval/export off)
         ema = {"enabled": True, "decay": get("ema_decay"), "warmup": False, "update": "iteration"}
-        if c["train"].get("fsdp"):
-            # the EMA does not steer training (DanceGRPO saves it beside the weights): the run
-            # trains the same policy without it, and the import says what it leaves out
-            ema["enabled"] = False
-            out.dropped["--use_ema"] = (
-                f"digen keeps no EMA under train.fsdp yet (a full fine-tune): the policy trains the same, but "
-                f"no EMA (decay {get('ema_decay')}, once per rollout batch) is kept or exported"
-            )
         set_dotted(c, "train.ema", ema)
     reward = "hpsv2" if get("use_hpsv2") else "pickscore" if get("use_pickscore") else None
     c["reward"] = [{"name": reward, "weight": 1.0} if reward else served_reward("reward")]

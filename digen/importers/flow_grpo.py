@@ -378,6 +378,9 @@ def _train(fg: dict[str, Any], out: Imported, script: Script) -> None:
             "update": "micro_batch",
             "every": 8,
             "micro_batches": accumulation,
+            # eval() samples with the EMA swapped in and save_ckpt saves it (l.218-219, 328-332)
+            "eval": ema,
+            "export": ema,
         },
     )
     if _get(fg, "activation_checkpointing", False):

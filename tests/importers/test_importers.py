@@ -211,9 +211,15 @@ def test_dance_grpo_lora_script_imports_as_lora_with_its_targets():
     }
     assert c["train"]["lr"] == 3e-4 and "fsdp" not in c["train"]
     full = import_config("dance-grpo", str(DANCE.parent / "finetune_flux_grpo_8gpus.sh"))
-    full.validate()  # its --use_ema under FSDP: imported without the EMA, and said so
+    full.validate()  # its --use_ema under FSDP: a sharded EMA, DanceGRPO's (train_grpo_flux.py l.866-867)
     assert full.config["model"]["lora"] == {"enabled": False} and full.config["train"]["fsdp"] is True
-    assert full.config["train"]["ema"]["enabled"] is False and "no EMA" in full.dropped["--use_ema"]
+    assert full.config["train"]["ema"] == {
+        "enabled": True,
+        "decay": 0.995,
+        "warmup": False,
+        "update": "iteration",
+    }
+    assert "--use_ema" not in full.dropped
 
 
 def test_lora_targets_are_the_recipe_s_own():
