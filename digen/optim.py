@@ -91,6 +91,18 @@ class ParameterStore:
         :func:`digen.algos.state.load_version`)."""
         return {**self.trained(), **{k: v.clone().contiguous() for k, v in self.state.items()}}
 
+    def weights_copy(
+        self, copy: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
+    ) -> dict[str, torch.Tensor]:
+        """The current version (the names and order of :meth:`weights`) passed through ``copy``
+        (the data plane's host copy, cast to what it serves) under :attr:`lock`: the live
+        tensors go to ``copy`` as they are, so serving a version costs its one host copy, not a
+        clone on the store's device first (for a full fine-tune, the whole model twice on the
+        GPU). ``copy`` must copy: the next step rewrites what it is given."""
+        with self.lock:
+            live = {k: v.detach() for k, v in self.params.items()}
+            return copy({**live, **{k: v.detach() for k, v in self.state.items()}})
+
     def step(
         self, grad_sum: dict[str, torch.Tensor], rows: int, *, last_of_iteration: bool = True
     ) -> dict[str, float]:

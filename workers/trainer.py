@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,6 +81,28 @@ def serve_state(blobs: BlobStore, name: str, store: ParameterStore) -> None:
         return taken
 
     blobs.put_snapshot(name, snapshot, {"state": json.dumps(state)})
+
+
+def serve_weights(
+    blobs: BlobStore,
+    job: str,
+    versions: dict[int, Callable[[], dict[str, torch.Tensor]]],
+    keep_from: int | None = None,
+) -> None:
+    """Serve each of ``versions`` (version -> how to make what it serves: a host copy) as blob
+    ``weights:<v>``, and drop the state blobs and the weight blobs of other versions (those
+    from ``keep_from`` on stay). A version already served is left as it is: its blob is made
+    once, from one host copy (pinned, on a side stream, cast on the way:
+    :func:`~digen.dataplane.wire.host_copy`) and hashed once, when first asked for; every
+    rollout's fetch after that sends those same bytes, never a copy from the device."""
+    names = blobs.names()
+    for held in blobnames.of_job(names, job, blobnames.WEIGHTS):
+        if held.version not in versions and (keep_from is None or held.version < keep_from):
+            blobs.drop(str(held))
+    blobs.drop(*(str(b) for b in blobnames.of_job(names, job, blobnames.STATE)))
+    for ver, make in versions.items():
+        if blobs.get(blobnames.weights(job, ver)) is None:
+            blobs.put(blobnames.weights(job, ver), make(), {"version": str(ver)})
 
 
 @dataclass
@@ -130,21 +153,12 @@ class Member:
         the state as a blob a newcomer copies; tell Redis."""
         rt, v = self.rt, self.store.version
         dtype = trained_dtype(rt.cfg)
-        versions = {v: self.store.weights()}
+        versions = {v: lambda: self.store.weights_copy(lambda w: host_copy(w, dtype))}
         if self.kept is not None:
-            versions[self.kept[0]] = self.kept[1]
+            kept = self.kept[1]
+            versions[self.kept[0]] = lambda: on_host(kept, dtype)  # a copy already: nothing rewrites it
         job = rt.job.job_id
-        names = rt.blobs.names()
-        for held in blobnames.of_job(names, job, blobnames.WEIGHTS):
-            if held.version not in versions and (keep_from is None or held.version < keep_from):
-                rt.blobs.drop(str(held))
-        rt.blobs.drop(*(str(b) for b in blobnames.of_job(names, job, blobnames.STATE)))
-        for ver, w in versions.items():
-            if rt.blobs.get(blobnames.weights(job, ver)) is None:
-                # served from a (pinned) host copy made once per version, not copied from the
-                # GPU again for every rollout worker's fetch
-                served = on_host({k: t.to(dtype) for k, t in w.items()})
-                rt.blobs.put(blobnames.weights(job, ver), served, {"version": str(ver)})
+        serve_weights(rt.blobs, job, versions, keep_from)
         serve_state(rt.blobs, blobnames.state(job, v), self.store)
         served = blobnames.versions(rt.blobs.names(), job)
         rt.group.set_holding(rt.name, rt.blob_addr, served, v)
