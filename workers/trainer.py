@@ -35,7 +35,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -368,16 +368,25 @@ class Member:
         self.leave_group()
         rt = self.rt
         device = torch.device(rt.device)
+
+        # a rank that waits for rank 0's address gives up once the step is decided: rank 0
+        # found it aborted before it took part (another member's failure, the controller) and
+        # will never publish this epoch's address; waiting on would miss every later command
+        def decided() -> str | None:
+            d = rt.group.decision(cmd.id)
+            return None if d is None else f"step {cmd.id} was decided ({d})"
+
         addr = join_group(
             rt,
-            rt.group.rendezvous(cmd.epoch),
+            replace(rt.group.rendezvous(cmd.epoch), gone=decided),
             cmd.rank(rt.name),
             len(cmd.members),
             device,
             backend=trainer_backend(device),
         )
         if addr is None:
-            raise RuntimeError("the job stopped during the trainer rendezvous")
+            why = decided() or "the job stopped"
+            raise RuntimeError(f"no trainer group formed for epoch {cmd.epoch}: {why} during the rendezvous")
         self.pg_epoch = cmd.epoch
         self.backend = addr["backend"]  # the leader's choice
         log.info(
