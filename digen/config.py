@@ -270,6 +270,11 @@ class NftConfig(_Section):
     (steps - 75), 0.999)``."""
     solver: Literal["dpm2", "euler"] = "dpm2"
     """The rollout's deterministic solver: DPM-Solver++(2M) (the recipes' ``dpm2``) or Euler."""
+    step_range: tuple[int, int] | None = None
+    """None: the ``int(T train.timesteps.fraction)`` trained steps of a sample are drawn without
+    replacement from all T (the authors' ``perms_time``). ``[start, end]``: one in each of as
+    many strata of schedule steps ``start .. end - 1``, cut at ``linspace(start, end, K +
+    1).long()`` (Flow-Factory's ``TimeSampler.discrete``; its SD3.5 recipe: ``[0, 10]`` of 14)."""
 
 
 class FlowDppoConfig(_Section):
@@ -342,8 +347,11 @@ class AwmConfig(_Section):
     """Weight of the velocity KL to the EMA ``old`` weights (not scaled by ``train.kl_beta``),
     added only when ``train.kl_beta > 0``, as the peer (``ema_beta``: 1)."""
     ema_decay: float = Field(0.3, ge=0.0, lt=1.0)
-    """The EMA weights' decay after each iteration, ``min(ema_decay, 0.001 steps)``
+    """The EMA weights' decay after each iteration, ``min(ema_decay, ema_ramp steps)``
     (``kl_ema_decay``: 0.3, ``kl_ema_decay_type: linear``)."""
+    ema_ramp: float = Field(0.001, gt=0.0)
+    """The EMA decay's rise per optimizer step, up to ``ema_decay`` (the authors' ``linear``
+    ramp: 0.001; Flow-Factory's ``linear`` schedule: ``ema_decay / warmup_steps``)."""
     solver: Literal["dpm2", "euler"] = "dpm2"
     """The rollout's deterministic solver (the peer's SA-Solver with ``sde_frac = 0``, a
     deterministic multistep solver, is not in digen: DPM-Solver++(2M) stands in)."""
@@ -361,6 +369,15 @@ class OnlineDpoConfig(_Section):
     ``sample_noise_and_timesteps``: 0)."""
     logit_std: float = Field(1.0, gt=0.0)
     """Its standard deviation (1)."""
+    timestep_draw: Literal["schedule", "unshifted"] = "schedule"
+    """Where the draw ``u = sigmoid(N(logit_mean, logit_std))`` puts the pair's noise level:
+    ``schedule``, the model's shifted 1000-step training schedule at index ``int(1000 u)``
+    (VeRL-Omni); ``unshifted``, the continuous ``sigma = 1 - (lo + clamp(u, 0.01, 1 - 1e-6) (hi -
+    lo))`` over ``timestep_range`` with no shift (Flow-Factory's ``weighting_scheme:
+    logit_normal`` at ``time_shift: 1``)."""
+    timestep_range: tuple[float, float] = (0.0, 0.99)
+    """``[lo, hi]`` of the ``unshifted`` draw, fractions of the way from noise (0) to clean (1)
+    (Flow-Factory's ``timestep_range``: 0.99, i.e. ``[0, 0.99]``); unused by ``schedule``."""
     solver: Literal["dpm2", "euler"] = "euler"
     """The rollout's deterministic solver (VeRL-Omni's rollout: the pipeline's Euler flow-matching
     scheduler)."""
@@ -417,6 +434,32 @@ class TrainConfig(_Section):
     std_eps: float = Field(1e-4, gt=0.0)
     unbiased_std: bool = False
     """DanceGRPO: torch.std (ddof 1) and eps 1e-8."""
+    multi_reward: Literal["sum", "per_reward", "gdpo"] = "sum"
+    """How several rewards (the ``reward`` list) make one advantage. ``sum``: the group
+    advantage of the weighted reward sum ``sum_k w_k r_k``, normalised once (Flow-GRPO's and
+    VeRL-Omni's multi-reward, digen's default). ``per_reward``: DanceGRPO's
+    (XueZeyue/DanceGRPO fastvideo/train_grpo_hunyuan.py l.370-392, 449-477, ``--use_videoalign
+    --vq_coef --mq_coef``): one group advantage per reward, each clamped to ``adv_clip``, then
+    weighted by its ``weight`` and summed, ``A = sum_k w_k clamp(adv(r_k))``
+    (:func:`digen.core.advantages.per_reward_advantages`), so a reward of small spread is not
+    drowned by one of large spread. Each sample's per-reward scores travel with its group's
+    rewards to the iteration's book, which computes the advantages in every mode (the
+    reference loop's too). DanceGRPO sums one clipped loss per reward; training on the summed
+    advantage is the same loss and gradient wherever the ratio is inside ``clip_range`` or the
+    weighted per-reward advantages agree in sign (docs/algorithms.md, "Several rewards"). A
+    sample with a non-finite score in any reward is dropped, as with ``sum``. With one reward
+    of weight 1 both give the same advantages. ``gdpo``: Flow-Factory's default
+    (advantage_processor.py ``compute_gdpo``): each reward normalised in its group by
+    ``max(std, 1e-6)``, weighted and summed, then the sum normalised over the whole batch
+    (:func:`digen.core.advantages.gdpo_advantages`); it ignores ``global_std``, ``std_eps``
+    and ``unbiased_std``, and like ``global_std`` no group trains before the last is scored."""
+
+    @property
+    def group_local_advantages(self) -> bool:
+        """Whether a group's advantages need only its own rewards (GAP can train it at once):
+        not with ``global_std`` or ``multi_reward: gdpo``, which normalise over the batch."""
+        return not self.global_std and self.multi_reward != "gdpo"
+
     kl_beta: float = Field(0.0, ge=0.0)
     """KL-to-reference weight (needs LoRA: the reference is the base weights)."""
     cfg_grad: CfgGrad = "both"
@@ -498,6 +541,14 @@ class TrainConfig(_Section):
     sums: the synchronous modes then equal the reference bit for bit, but every gradient
     travels to every trainer (for tests and checks, not for speed). The reference mode
     ignores it."""
+
+    @property
+    def exact_sum(self) -> bool:
+        """``reduce: exact``: every train task's gradient stays a blob of its own and the step
+        folds them in (group, part) order: decided here for the dispatcher (which asks the task
+        to keep its gradient) and the step control (which lists the blobs in that order)."""
+        return self.reduce == "exact"
+
     fsdp: bool = False
     """Shard the trained weights, gradients and AdamW state over the job's trainer workers
     (FSDP2), for a model whose full fine-tune does not fit one device. The trainer workers

@@ -115,7 +115,8 @@ def _reference_loop(
             check_cancel(k)
             traj = generate_group(policy, task, cfg, reward, embeds=embed(task.prompt), timer=timer)
             trajs[task.group] = traj
-            book.add_rewards(task.group, traj.rewards.tolist())
+            parts = None if traj.reward_parts is None else traj.reward_parts.tolist()
+            book.add_rewards(task.group, traj.rewards.tolist(), parts)
             if progress is not None:
                 progress(within_iteration(book))
         norms = []

@@ -27,6 +27,7 @@ from digen.config import Config
 from digen.errors import TaskDropped
 from digen.models.base import FlowPolicy, PromptEmbeds
 from digen.rewards.base import call_reward
+from digen.rewards.registry import score_each
 from digen.seeding import sample_generator
 from digen.tasks import GroupTask
 
@@ -46,6 +47,7 @@ class Trajectories:
     task scores them (:func:`generate_group` without ``reward_fn``; rewards are NaN until then)
     extra: the algorithm's other tensors (``first_step`` when the stored steps do not start at
         0, GRPO-Guard's ``means``): :attr:`digen.algos.registry.Algorithm.trajectory`
+    reward_parts: see the field
     """
 
     task: GroupTask
@@ -56,6 +58,10 @@ class Trajectories:
     rewards: torch.Tensor
     decoded: torch.Tensor | None = None
     extra: dict[str, torch.Tensor] = field(default_factory=dict)
+    reward_parts: torch.Tensor | None = None
+    """``[B, K]`` float32, each sample's score of each of the config's K rewards (unweighted),
+    kept only with ``train.multi_reward`` ``per_reward`` or ``gdpo`` (the book's advantages); not
+    in :meth:`tensors` (a train task needs only the advantages)."""
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The flat dict a generation task stores and a train task reads (``train_group``)."""
@@ -275,7 +281,7 @@ def generate_groups(
         extra = {"first_step": torch.tensor(first, dtype=torch.int64)} if first else {}
         if plan.means:
             extra["means"] = mns[j].contiguous()
-        images, rewards, decoded = _decode_and_score(policy, task, cfg, reward_fn, x_j, timer)
+        images, rewards, parts, decoded = _decode_and_score(policy, task, cfg, reward_fn, x_j, timer)
         out.append(
             Trajectories(
                 task=task,
@@ -286,6 +292,7 @@ def generate_groups(
                 rewards=rewards,
                 decoded=decoded,
                 extra=extra,
+                reward_parts=parts,
             )
         )
     return out
@@ -298,25 +305,42 @@ def _decode_and_score(
     reward_fn: Callable[..., torch.Tensor] | None,
     x: torch.Tensor,
     timer: Timer | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """One group's final latents ``x [n, *latent]`` decoded and scored (``reward_fn`` None:
     rewards NaN until a ``reward`` task scores the returned float images): ``(images uint8,
-    rewards [n], decoded or None)``."""
+    rewards [n], per-reward scores [n, K] (``train.multi_reward`` other than ``sum``) or None, decoded
+    or None)``."""
     n = x.shape[0]
     t1, c1 = time.time(), time.thread_time()
     images = policy.decode(x).float().cpu()
     t2, c2 = time.time(), time.thread_time()
     scored = reward_fn is not None
+    parts = None
     if not scored:  # a reward worker scores the stored images
         rewards = torch.full((n,), float("nan"))
     else:
-        meta = cfg.prompt_metadata(task.prompt)  # GenEval-style datasets: the rewards get it
-        rewards = call_reward(reward_fn, images, [task.prompt] * n, None if meta is None else [meta] * n)
-        rewards = rewards.float().cpu()
+        rewards, parts = score_group(reward_fn, images, task.prompt, cfg)
     t3, c3 = time.time(), time.thread_time()
     if timer is not None:
         timer("decode", t1, t2, c2 - c1)
         if scored:
             timer("reward", t2, t3, c3 - c2)
     uint8 = (images * 255).round().clamp(0, 255).to(torch.uint8)
-    return uint8, rewards, None if scored else images
+    return uint8, rewards, parts, None if scored else images
+
+
+def score_group(
+    reward_fn: Callable[..., torch.Tensor], images: torch.Tensor, prompt: str, cfg: Config
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A group's decoded ``images`` (float, ``[n, ...]``) scored against its ``prompt`` (and its
+    metadata, for GenEval-style datasets): ``(rewards [n], per-reward scores [n, K] or None)``,
+    float32 on the CPU; the per-reward scores only with ``train.multi_reward`` ``per_reward`` or
+    ``gdpo``.
+    What a generation task scoring inline and a ``reward`` task both run."""
+    n = images.shape[0]
+    meta = cfg.prompt_metadata(prompt)
+    metadata = None if meta is None else [meta] * n
+    if cfg.train.multi_reward != "sum":
+        rewards, parts = score_each(reward_fn, images, [prompt] * n, metadata)
+        return rewards.float().cpu(), parts.float().cpu()
+    return call_reward(reward_fn, images, [prompt] * n, metadata).float().cpu(), None

@@ -19,14 +19,11 @@ from typing import Any
 
 import torch
 
+from digen.lora_targets import WAN_TARGETS
 from digen.models import text
 from digen.models.base import PromptEmbeds
 from digen.models.tiny import _sub_seed, check_resolution
 from digen.models.video import VideoPolicy
-
-# Every attention projection of the blocks: self-attention (attn1) and text cross-attention
-# (attn2); add_k/v_proj exist on the image-conditioned (I2V) models only.
-WAN_TARGETS: tuple[str, ...] = ("to_q", "to_k", "to_v", "to_out.0", "add_k_proj", "add_v_proj")
 
 
 def unnormalize_latents(z: torch.Tensor, vae: Any) -> torch.Tensor:
