@@ -147,6 +147,22 @@ class ParameterStore:
             version = with_ema(version, {k: v.clone().contiguous() for k, v in self.ema.items()})
         return version
 
+    def weights_copy(
+        self, copy: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]], *, ema: bool = False
+    ) -> dict[str, torch.Tensor]:
+        """The current version (the names and order of :meth:`weights`, with ``ema`` its EMA
+        too) passed through ``copy`` (the data plane's host copy, cast to what it serves) under
+        :attr:`lock`: the live tensors go to ``copy`` as they are, so serving a version costs
+        its one host copy, not a clone on the store's device first (for a full fine-tune, the
+        whole model twice on the GPU). ``copy`` must copy: the next step rewrites what it is
+        given."""
+        with self.lock:
+            live = {k: v.detach() for k, v in self.params.items()}
+            version = {**live, **{k: v.detach() for k, v in self.state.items()}}
+            if ema and self.ema is not None:
+                version = with_ema(version, {k: v.detach() for k, v in self.ema.items()})
+            return copy(version)
+
     def step(
         self, grad_sum: dict[str, torch.Tensor], rows: int, *, last_of_iteration: bool = True
     ) -> dict[str, float]:

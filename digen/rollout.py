@@ -97,14 +97,44 @@ _BASE_TENSORS = ("latents", "log_probs", "sigmas", "images", "rewards", "decoded
 
 def _initial_noise(policy: FlowPolicy, gens: list[torch.Generator], shared: bool) -> torch.Tensor:
     """``[n, *latent]`` starting noise, one stream per sample (``shared``: the first sample's
-    for all, every stream still drawn once so their positions stay aligned)."""
+    for all, every stream still drawn once so their positions stay aligned), drawn on the host
+    and moved to the device in one copy that the host does not wait for."""
     if shared:
-        first = policy.initial_noise(gens[0])
+        first = policy.host_noise(gens[0])
         x = first.unsqueeze(0).repeat(len(gens), *([1] * first.dim()))
         for g in gens[1:]:  # keep every stream at the same position
-            policy.initial_noise(g)
-        return x
-    return torch.stack([policy.initial_noise(g) for g in gens])
+            policy.host_noise(g)
+    else:
+        x = torch.stack([policy.host_noise(g) for g in gens])
+    return _to_device(x, policy.device)
+
+
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    """``t`` on the host, without waiting for the device: a host tensor as it is (the sampling
+    loop never writes one in place); a device tensor's copy queued on the device's stream into
+    a host buffer of its own (pinned for CUDA, so the copy is truly asynchronous). Its values
+    are final after :func:`_settle`, not before."""
+    if t.device.type == "cpu":
+        return t
+    buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=t.device.type == "cuda")
+    return buf.copy_(t, non_blocking=True)
+
+
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host tensor ``t`` (noise drawn on CPU generators) on ``device``, without waiting for
+    the device: to CUDA from pinned memory, asynchronously (torch keeps the pinned buffer until
+    the copy is done); on the host, ``t`` itself."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return t
+    src = t.pin_memory() if device.type == "cuda" else t
+    return src.to(device, non_blocking=True)
+
+
+def _settle(device: torch.device) -> None:
+    """Wait once for every copy :func:`_to_host` queued on ``device``'s current stream."""
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
 
 
 Timer = Callable[[str, float, float, float], None]
@@ -191,7 +221,9 @@ def generate_groups(
     with algo.sampling(policy):
         noise = [_initial_noise(policy, tg, r.shared_noise) for tg in task_gens]
         x = noise[0] if len(noise) == 1 else torch.cat(noise)
-        latents = [x.cpu()] if first == 0 else []
+        # what the trajectory stores is copied to the host as it is made, never waited for inside
+        # the loop (one wait after it): the host queues step i + 1 while the device runs step i
+        latents = [_to_host(x)] if first == 0 else []
         log_probs, means = [], []
         history = "dpm2" in plan.kinds  # DPM-Solver++(2M) needs the previous step's x0 prediction
         prev_x0: torch.Tensor | None = None
@@ -213,7 +245,7 @@ def generate_groups(
                     s_next,
                     kind=r.sde.kind,
                     noise_level=r.sde.noise_level,
-                    noise=eps.to(x.device),
+                    noise=_to_device(eps, x.device),
                     sigma_max=sigma_max,
                 )
                 x, lp, mean = step.prev_sample, step.log_prob, step.mean
@@ -226,14 +258,15 @@ def generate_groups(
             if history:
                 prev_x0 = x0 if kind == "dpm2" else x_in.to(v.dtype) - s * v
             if first <= i < first + count:
-                latents.append(x.cpu())
-                log_probs.append(lp.float().cpu())
+                latents.append(_to_host(x))
+                log_probs.append(_to_host(lp.float()))
                 if plan.means:
                     means.append(
-                        (mean if mean is not None else torch.full_like(x, float("nan"))).float().cpu()
+                        _to_host((mean if mean is not None else torch.full_like(x, float("nan"))).float())
                     )
             elif i + 1 == first:  # the stored range starts after this step
-                latents.append(x.cpu())
+                latents.append(_to_host(x))
+        _settle(x.device)
     t1, c1 = time.time(), time.thread_time()
     if timers is not None:  # the batch's sampling time, an equal share for each group
         share, cpu = (t1 - t0) / len(tasks), (c1 - c0) / len(tasks)
