@@ -26,8 +26,13 @@ def export(
     ] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace a non-empty --out folder.")] = False,
     ema: Annotated[
-        bool, typer.Option("--ema", help="Export the checkpoint's EMA weights (train.ema) instead.")
-    ] = False,
+        bool | None,
+        typer.Option(
+            "--ema/--no-ema",
+            help="Export the checkpoint's EMA weights (train.ema), or the policy's; "
+            "default: as the run's train.ema.export says.",
+        ),
+    ] = None,
     model_path: Annotated[
         Path | None,
         typer.Option(

@@ -37,6 +37,7 @@ from urllib.parse import urlparse
 
 from digen.config import Config
 from digen.errors import ConfigError, DigenError, RewardError
+from digen.lora_targets import DEFAULT_TARGETS, is_target
 from digen.rundir import DiskFull, RunLock, directory_bytes, free_bytes, holds_rows, latest_intact_checkpoint
 
 DISK_MARGIN_BYTES = 16 * 2**20
@@ -550,13 +551,16 @@ def checkpoint_estimate(cfg: Config, out: Path, resume: bool) -> int:
         shapes.update(_safetensors_shapes(f))
     lora = cfg.model.lora
     if lora.enabled:
-        targets = tuple(lora.target_modules or ())
+        # the modules the adapter wraps: the config's targets, else the family's default (the
+        # table the model adapters inject), else every attention projection
+        pipeline = str(_json(model_dir / "model_index.json").get("_class_name", ""))
+        targets = tuple(lora.target_modules or DEFAULT_TARGETS.get(pipeline, ()))
         n = 0
         for name, shape in shapes.items():
             module = name.removesuffix(".weight")
             if len(shape) != 2 or module == name:
-                continue
-            if (targets and module.endswith(targets)) or (not targets and "attn" in module):
+                continue  # a LoRA wraps a Linear: a 2-D .weight
+            if is_target(module, targets) if targets else "attn" in module:
                 n += lora.rank * (shape[0] + shape[1])
     else:
         n = sum(math.prod(s) for s in shapes.values())

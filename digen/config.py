@@ -226,6 +226,15 @@ class EmaConfig(_Section):
     micro_batches: int = Field(1, ge=1)
     """For ``update: micro_batch``: the peer's micro-batches per optimizer step (Flow-GRPO's
     ``train.gradient_accumulation_steps``), each an EMA update."""
+    eval: bool = False
+    """Evaluate (``eval.every``) with the EMA weights instead of the policy's, as Flow-GRPO's
+    ``eval`` does (scripts/train_sd3.py l.218-219, 315-316: swapped in, sampled, swapped back).
+    The versions evaluated carry their EMA beside the weights (``ema/<name>``), only those:
+    training and generation never read it."""
+    export: bool = False
+    """``digen export`` of the run exports the EMA weights unless told ``--no-ema`` (Flow-GRPO's
+    ``save_ckpt`` saves the EMA as the checkpoint, l.328-332). The checkpoint keeps both: the
+    policy's weights resume the run, the EMA is ``ema/<name>`` in ``optimizer.safetensors``."""
 
 
 class MixGrpoConfig(_Section):
@@ -270,6 +279,11 @@ class NftConfig(_Section):
     (steps - 75), 0.999)``."""
     solver: Literal["dpm2", "euler"] = "dpm2"
     """The rollout's deterministic solver: DPM-Solver++(2M) (the recipes' ``dpm2``) or Euler."""
+    step_range: tuple[int, int] | None = None
+    """None: the ``int(T train.timesteps.fraction)`` trained steps of a sample are drawn without
+    replacement from all T (the authors' ``perms_time``). ``[start, end]``: one in each of as
+    many strata of schedule steps ``start .. end - 1``, cut at ``linspace(start, end, K +
+    1).long()`` (Flow-Factory's ``TimeSampler.discrete``; its SD3.5 recipe: ``[0, 10]`` of 14)."""
 
 
 class FlowDppoConfig(_Section):
@@ -342,8 +356,11 @@ class AwmConfig(_Section):
     """Weight of the velocity KL to the EMA ``old`` weights (not scaled by ``train.kl_beta``),
     added only when ``train.kl_beta > 0``, as the peer (``ema_beta``: 1)."""
     ema_decay: float = Field(0.3, ge=0.0, lt=1.0)
-    """The EMA weights' decay after each iteration, ``min(ema_decay, 0.001 steps)``
+    """The EMA weights' decay after each iteration, ``min(ema_decay, ema_ramp steps)``
     (``kl_ema_decay``: 0.3, ``kl_ema_decay_type: linear``)."""
+    ema_ramp: float = Field(0.001, gt=0.0)
+    """The EMA decay's rise per optimizer step, up to ``ema_decay`` (the authors' ``linear``
+    ramp: 0.001; Flow-Factory's ``linear`` schedule: ``ema_decay / warmup_steps``)."""
     solver: Literal["dpm2", "euler"] = "dpm2"
     """The rollout's deterministic solver (the peer's SA-Solver with ``sde_frac = 0``, a
     deterministic multistep solver, is not in digen: DPM-Solver++(2M) stands in)."""
@@ -361,6 +378,15 @@ class OnlineDpoConfig(_Section):
     ``sample_noise_and_timesteps``: 0)."""
     logit_std: float = Field(1.0, gt=0.0)
     """Its standard deviation (1)."""
+    timestep_draw: Literal["schedule", "unshifted"] = "schedule"
+    """Where the draw ``u = sigmoid(N(logit_mean, logit_std))`` puts the pair's noise level:
+    ``schedule``, the model's shifted 1000-step training schedule at index ``int(1000 u)``
+    (VeRL-Omni); ``unshifted``, the continuous ``sigma = 1 - (lo + clamp(u, 0.01, 1 - 1e-6) (hi -
+    lo))`` over ``timestep_range`` with no shift (Flow-Factory's ``weighting_scheme:
+    logit_normal`` at ``time_shift: 1``)."""
+    timestep_range: tuple[float, float] = (0.0, 0.99)
+    """``[lo, hi]`` of the ``unshifted`` draw, fractions of the way from noise (0) to clean (1)
+    (Flow-Factory's ``timestep_range``: 0.99, i.e. ``[0, 0.99]``); unused by ``schedule``."""
     solver: Literal["dpm2", "euler"] = "euler"
     """The rollout's deterministic solver (VeRL-Omni's rollout: the pipeline's Euler flow-matching
     scheduler)."""
@@ -417,6 +443,32 @@ class TrainConfig(_Section):
     std_eps: float = Field(1e-4, gt=0.0)
     unbiased_std: bool = False
     """DanceGRPO: torch.std (ddof 1) and eps 1e-8."""
+    multi_reward: Literal["sum", "per_reward", "gdpo"] = "sum"
+    """How several rewards (the ``reward`` list) make one advantage. ``sum``: the group
+    advantage of the weighted reward sum ``sum_k w_k r_k``, normalised once (Flow-GRPO's and
+    VeRL-Omni's multi-reward, digen's default). ``per_reward``: DanceGRPO's
+    (XueZeyue/DanceGRPO fastvideo/train_grpo_hunyuan.py l.370-392, 449-477, ``--use_videoalign
+    --vq_coef --mq_coef``): one group advantage per reward, each clamped to ``adv_clip``, then
+    weighted by its ``weight`` and summed, ``A = sum_k w_k clamp(adv(r_k))``
+    (:func:`digen.core.advantages.per_reward_advantages`), so a reward of small spread is not
+    drowned by one of large spread. Each sample's per-reward scores travel with its group's
+    rewards to the iteration's book, which computes the advantages in every mode (the
+    reference loop's too). DanceGRPO sums one clipped loss per reward; training on the summed
+    advantage is the same loss and gradient wherever the ratio is inside ``clip_range`` or the
+    weighted per-reward advantages agree in sign (docs/algorithms.md, "Several rewards"). A
+    sample with a non-finite score in any reward is dropped, as with ``sum``. With one reward
+    of weight 1 both give the same advantages. ``gdpo``: Flow-Factory's default
+    (advantage_processor.py ``compute_gdpo``): each reward normalised in its group by
+    ``max(std, 1e-6)``, weighted and summed, then the sum normalised over the whole batch
+    (:func:`digen.core.advantages.gdpo_advantages`); it ignores ``global_std``, ``std_eps``
+    and ``unbiased_std``, and like ``global_std`` no group trains before the last is scored."""
+
+    @property
+    def group_local_advantages(self) -> bool:
+        """Whether a group's advantages need only its own rewards (GAP can train it at once):
+        not with ``global_std`` or ``multi_reward: gdpo``, which normalise over the batch."""
+        return not self.global_std and self.multi_reward != "gdpo"
+
     kl_beta: float = Field(0.0, ge=0.0)
     """KL-to-reference weight (needs LoRA: the reference is the base weights)."""
     cfg_grad: CfgGrad = "both"
@@ -498,12 +550,21 @@ class TrainConfig(_Section):
     sums: the synchronous modes then equal the reference bit for bit, but every gradient
     travels to every trainer (for tests and checks, not for speed). The reference mode
     ignores it."""
+
+    @property
+    def exact_sum(self) -> bool:
+        """``reduce: exact``: every train task's gradient stays a blob of its own and the step
+        folds them in (group, part) order: decided here for the dispatcher (which asks the task
+        to keep its gradient) and the step control (which lists the blobs in that order)."""
+        return self.reduce == "exact"
+
     fsdp: bool = False
     """Shard the trained weights, gradients and AdamW state over the job's trainer workers
     (FSDP2), for a model whose full fine-tune does not fit one device. The trainer workers
     then act as one trainer (one torch.distributed group, ``digen.parallel.fsdp``); needs
-    schedule.mode disaggregated or digen; turns TAG off; no EMA. The group is fixed at job
-    start: a trainer that dies fails the job (rerun with --resume), one that joins later idles."""
+    schedule.mode disaggregated or digen; turns TAG off; ``train.ema`` is sharded too (each
+    rank averages its shards). The group is fixed at job start: a trainer that dies fails the
+    job (rerun with --resume), one that joins later idles."""
     activation_checkpointing: bool = False
     """Recompute each transformer block in the backward instead of keeping its activations:
     a forward then keeps about one block's activations per row instead of every block's (less
@@ -882,6 +943,7 @@ def _cross_checks(cfg: Config, check_paths: bool, algorithms: bool = True) -> li
     if s.mode == "colocated" and cl.rollout_workers + cl.trainer_workers < 1:
         problems.append("schedule.mode colocated needs at least one worker in cluster.local")
     problems += _fsdp_checks(cfg)
+    problems += _ema_checks(cfg)
     problems += _sp_checks(cfg, check_paths)
     problems += name_problems(cfg, algorithm=not algorithms)
     problems += _mini_batch_checks(cfg)
@@ -1055,6 +1117,17 @@ def name_problems(cfg: Config, *, algorithm: bool = True) -> list[str]:
     return problems
 
 
+def _ema_checks(cfg: Config) -> list[str]:
+    """``train.ema.eval`` and ``train.ema.export`` need an EMA to use."""
+    e = cfg.train.ema
+    return [
+        f"train.ema.{key} (true) needs train.ema.enabled (false): there is no EMA to {what}; "
+        f"set train.ema.enabled=true or train.ema.{key}=false"
+        for key, what in (("eval", "evaluate"), ("export", "export"))
+        if getattr(e, key) and not e.enabled
+    ]
+
+
 def _mini_batch_checks(cfg: Config) -> list[str]:
     """``train.mini_batches`` divides what it splits; ``train.kl_target`` has a weight. The
     algorithm's own checks are the registry's (:func:`digen.algos.registry.config_problems`)."""
@@ -1081,8 +1154,8 @@ def _mini_batch_checks(cfg: Config) -> list[str]:
 
 
 def _fsdp_checks(cfg: Config) -> list[str]:
-    """``train.fsdp`` needs a separate trainer group (no reference, no colocated), no EMA,
-    and trainers that only train."""
+    """``train.fsdp`` needs a separate trainer group (no reference, no colocated) and trainers
+    that only train (its EMA is sharded with the weights: :class:`digen.parallel.fsdp.ShardedTrainer`)."""
     t, s = cfg.train, cfg.schedule
     if not t.fsdp:
         return []
@@ -1092,11 +1165,6 @@ def _fsdp_checks(cfg: Config) -> list[str]:
         problems.append(
             f"train.fsdp (true) needs schedule.mode disaggregated or digen, got {s.mode} ({why}); "
             f"set schedule.mode=disaggregated or train.fsdp=false"
-        )
-    if t.ema.enabled:
-        problems.append(
-            "train.fsdp (true) does not support train.ema.enabled (true): the sharded optimizer keeps no "
-            "EMA copy; set train.ema.enabled=false"
         )
     reasons = {
         "tag": "a trainer rank holds 1/N of the weights and cannot generate on its own",

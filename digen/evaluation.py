@@ -13,6 +13,10 @@ The test prompts are cut in chunks of :func:`eval_batch_size` prompts (:class:`E
 one batched sampling each: the reference trainer runs them in turn, the distributed modes as ``eval``
 tasks on rollout workers, and both produce the same numbers for the same weights.
 
+With ``train.ema.eval`` the chunks are sampled with the EMA of the evaluated version instead
+of its weights (Flow-GRPO's ``eval``): that version carries its EMA (:func:`carries_ema`) and
+the evaluator swaps it in for the chunk and back (:func:`digen.evaluator.evaluate_chunk`).
+
 ``RUN_DIR/eval.jsonl`` gets one row per evaluation (:meth:`EvalBook.row`), and
 ``RUN_DIR/eval/iter_NNNN.png`` its grid.
 
@@ -77,6 +81,22 @@ def eval_version(cfg: Config, iteration: int) -> int:
     """The version evaluated after ``iteration``: the weights after its last optimizer step
     (``train.mini_batches`` steps an iteration)."""
     return published_after(iteration, cfg.train.mini_batches)
+
+
+def evaluates_ema(cfg: Config) -> bool:
+    """Whether evaluations sample with the EMA weights (``train.ema.eval``)."""
+    return cfg.train.ema.enabled and cfg.train.ema.eval
+
+
+def carries_ema(cfg: Config, version: int) -> bool:
+    """Whether version ``version`` travels with its EMA (``ema/<name>``,
+    :func:`digen.algos.state.with_ema`): an evaluated version (:func:`eval_version`) when
+    evaluations use the EMA. Only those: the others would carry twice the bytes for nothing
+    (a full fine-tune's EMA is as large as its weights)."""
+    m = cfg.train.mini_batches
+    if not (evaluates_ema(cfg) and cfg.eval.every) or version <= 0 or version % m:
+        return False
+    return evaluates(cfg, version // m - 1)
 
 
 def plan_eval(cfg: Config, prompts: list[str], iteration: int) -> list[EvalTask]:

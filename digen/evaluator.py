@@ -12,8 +12,18 @@ import time
 import torch
 
 from digen.algos.sde import euler_step
+from digen.algos.state import loaded_ema, swapped_weights
 from digen.config import Config
-from digen.evaluation import TOTAL, EvalBook, EvalResult, EvalTask, eval_version, plan_eval, write_evaluation
+from digen.evaluation import (
+    TOTAL,
+    EvalBook,
+    EvalResult,
+    EvalTask,
+    eval_version,
+    evaluates_ema,
+    plan_eval,
+    write_evaluation,
+)
 from digen.models.base import FlowPolicy, PromptEmbeds
 from digen.prompt_cache import EmbedCache
 from digen.rewards.base import call_reward
@@ -35,11 +45,30 @@ def score_components(
     return {TOTAL: total.float().cpu(), **{k: v.float().cpu() for k, v in parts.items() if k != TOTAL}}
 
 
-@torch.no_grad()
 def evaluate_chunk(
     policy: FlowPolicy, task: EvalTask, cfg: Config, reward, embed: EmbedCache | None = None
 ) -> EvalResult:
-    """ODE-sample the chunk's prompts with the loaded weights, decode, score.
+    """:func:`sample_chunk` with the loaded weights, or with ``train.ema.eval`` with the EMA
+    the loaded version carries (:func:`~digen.algos.state.loaded_ema`), swapped in for the
+    chunk and back (as Flow-GRPO's ``eval``: ``copy_ema_to(store_temp=True)``, then
+    ``copy_temp_to``)."""
+    if not evaluates_ema(cfg):
+        return sample_chunk(policy, task, cfg, reward, embed)
+    ema = loaded_ema(policy)
+    if not ema:
+        raise RuntimeError(  # an evaluated version is always loaded with it
+            f"train.ema.eval: version {task.version} was loaded without its EMA (ema/<name> tensors); "
+            f"an evaluated version carries it (digen.evaluation.carries_ema)"
+        )
+    with swapped_weights(policy, ema):
+        return sample_chunk(policy, task, cfg, reward, embed)
+
+
+@torch.no_grad()
+def sample_chunk(
+    policy: FlowPolicy, task: EvalTask, cfg: Config, reward, embed: EmbedCache | None = None
+) -> EvalResult:
+    """ODE-sample the chunk's prompts with the policy's weights, decode, score.
 
     latents ``[B, *latent]``; sigmas ``[eval_steps + 1]``; one Euler step per sigma pair.
     Each prompt's embeddings come from ``embed``, the worker's cache that generation and

@@ -324,15 +324,18 @@ def export_run(
     merge: bool = False,
     force: bool = False,
     model_path: str | Path | None = None,
-    ema: bool = False,
+    ema: bool | None = None,
 ) -> ExportResult:
     """Export checkpoint ``iteration`` (None: the newest) of ``run_dir`` to ``out_dir``: a
     diffusers LoRA folder, or with ``merge`` (always for a full fine-tune) a pipeline folder.
     ``model_path`` overrides the run's ``model.path`` (the base pipeline); ``ema`` exports the
-    checkpoint's EMA weights instead of the policy's (Flow-GRPO saves and evaluates its EMA)."""
+    checkpoint's EMA weights instead of the policy's (Flow-GRPO saves and evaluates its EMA);
+    None: as the run's ``train.ema.export`` says."""
     run = Path(run_dir)
     out = Path(out_dir)
     cfg = read_run_config(run, model_path)
+    if ema is None:
+        ema = cfg.train.ema.enabled and cfg.train.ema.export
     checkpoint = find_checkpoint(run, iteration)
     weights, state = read_weights(checkpoint, ema=ema)
     trained_lora = is_lora_state(weights)

@@ -26,10 +26,10 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from digen.config import Config
-from digen.core.advantages import float32, group_advantages
+from digen.core.advantages import float32, gdpo_advantages, group_advantages, per_reward_advantages
 from digen.core.scheduler import mini_batch_of, task_groups
 from digen.errors import RewardError
 from digen.rundir import RunDir
@@ -103,6 +103,9 @@ class IterationBook:
     stats: dict[tuple[int, int], TrainStats] = field(default_factory=dict)
     specs: dict[int, TrainSpec] = field(default_factory=dict)
     """Released groups' train specs (a group is released once its spec is built)."""
+    reward_parts: dict[int, list[list[float]]] = field(default_factory=dict)
+    """Per scored group, each sample's score of each of the config's rewards (float32 values,
+    ``[n][K]``): kept only with ``train.multi_reward`` ``per_reward`` or ``gdpo``."""
     _adv: dict[int, list[float]] = field(default_factory=dict)
     zero_std_groups: int = 0
     zero_advantage_dropped: int = 0
@@ -116,13 +119,45 @@ class IterationBook:
         return self.cfg.train.mini_batch_split == "samples"
 
     # --- generation side -----------------------------------------------------------
-    def add_rewards(self, group: int, rewards: Sequence[float]) -> None:
-        """A group's rewards (rounded to float32, as a worker's reward tensor is)."""
+    def add_rewards(self, group: int, rewards: Sequence[float], parts: Any = None) -> None:
+        """A group's rewards (rounded to float32, as a worker's reward tensor is) and, with
+        ``train.multi_reward`` ``per_reward`` or ``gdpo``, ``parts``: each sample's score of each reward
+        (``[n][K]``, K the config's reward count), checked here (it came from a worker); a
+        group with no finite reward (lost, or dropped) may come without them.
+
+        Raises:
+            RewardError: ``parts`` missing or not ``n`` rows of ``K`` numbers.
+        """
+        if self.cfg.train.multi_reward != "sum":
+            self.reward_parts[group] = self._checked_parts(group, rewards, parts)
         self.rewards[group] = float32(rewards)
+
+    def _checked_parts(self, group: int, rewards: Sequence[float], parts: Any) -> list[list[float]]:
+        n, k = len(rewards), len(self.cfg.reward)
+        if parts is None and not any(math.isfinite(float(r)) for r in rewards):
+            return [[float("nan")] * k for _ in range(n)]
+        where = f"iteration {self.iteration} group {group}"
+        ok = (
+            isinstance(parts, list)
+            and len(parts) == n
+            and all(
+                isinstance(row, list)
+                and len(row) == k
+                and all(isinstance(x, int | float) and not isinstance(x, bool) for x in row)
+                for row in parts
+            )
+        )
+        if not ok:
+            got = "none" if parts is None else f"{type(parts).__name__} {str(parts)[:80]}"
+            raise RewardError(
+                f"{where}: train.multi_reward is {self.cfg.train.multi_reward}, so the group's result must carry "
+                f"reward_parts, {n} rows of {k} per-reward scores; got {got}"
+            )
+        return [float32(row) for row in parts]
 
     def trainable_groups(self) -> list[int]:
         """Groups whose train task can be released now and was not yet (in group order)."""
-        if self.cfg.train.global_std or self.by_samples:  # the batch's std, or the shuffle
+        if not self.cfg.train.group_local_advantages or self.by_samples:  # the batch's std, or the shuffle
             ready = list(range(len(self.groups))) if len(self.rewards) == len(self.groups) else []
         else:
             ready = sorted(self.rewards)
@@ -134,23 +169,27 @@ class IterationBook:
             return self._adv[group]
         t = self.cfg.train
         eps = 1e-8 if t.unbiased_std else t.std_eps
-        if t.global_std:  # every group at once: the batch's std
+        batch = not t.group_local_advantages
+        if batch:  # every group at once: the batch's std (global_std, gdpo)
             rows = [(g, i) for g in sorted(self.rewards) for i in range(len(self.rewards[g]))]
         else:
             rows = [(group, i) for i in range(len(self.rewards[group]))]
         ok = [(g, i) for g, i in rows if math.isfinite(self.rewards[g][i])]
+        if t.multi_reward != "sum":  # and every reward's own score (a worker's bytes)
+            ok = [(g, i) for g, i in ok if all(math.isfinite(x) for x in self.reward_parts[g][i])]
         adv = {key: float("nan") for key in rows}
         if ok:
-            a = group_advantages(
-                [self.rewards[g][i] for g, i in ok],
-                [g for g, _ in ok],
-                global_std=t.global_std,
-                eps=eps,
-                clip=t.adv_clip,
-                unbiased=t.unbiased_std,
-            )
+            ids = [g for g, _ in ok]
+            kw = {"global_std": t.global_std, "eps": eps, "clip": t.adv_clip, "unbiased": t.unbiased_std}
+            weights = [spec.weight for spec in self.cfg.reward]
+            if t.multi_reward == "per_reward":  # DanceGRPO's: one advantage per reward, weighted and summed
+                a = per_reward_advantages([self.reward_parts[g][i] for g, i in ok], ids, weights, **kw)
+            elif t.multi_reward == "gdpo":  # Flow-Factory's: per reward in the group, the sum over the batch
+                a = gdpo_advantages([self.reward_parts[g][i] for g, i in ok], ids, weights, clip=t.adv_clip)
+            else:  # the weighted reward sum, normalised once
+                a = group_advantages([self.rewards[g][i] for g, i in ok], ids, **kw)
             adv.update(zip(ok, a.values, strict=True))
-            if t.global_std:
+            if batch:
                 self.zero_std_groups = a.zero_std_groups
             else:
                 self.zero_std_groups += a.zero_std_groups

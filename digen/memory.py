@@ -9,8 +9,9 @@ counted at its size, so views of one tensor saved twice count twice: an upper bo
 - weights: every parameter and buffer of the policy in its dtype (transformer, text encoders,
   VAE: a worker holds them all);
 - optimizer (trainers): the trained tensors' float32 master copy, AdamW's two moments, the
-  gradient and the running gradient sum (5 float32 copies of the trained tensors; 1/N each
-  with ``train.fsdp`` over N trainers, which also shards the transformer's weights);
+  gradient and the running gradient sum, and the EMA with ``train.ema`` (5 float32 copies of
+  the trained tensors, 6 with the EMA; 1/N each with ``train.fsdp`` over N trainers, which also
+  shards the transformer's weights);
 - activations (trainers): ``train.rows_per_forward`` rows of the measured bytes; with
   ``train.activation_checkpointing`` each block's inputs per row plus one block's saved
   tensors for the rows (the block recomputed in the backward).
@@ -122,7 +123,8 @@ def predict(cfg) -> list[Estimate]:
     weights, transformer, trained, row = measure(cfg)
     t, cl = cfg.train, cfg.cluster.local
     shards = max(1, cl.trainer_workers) if t.fsdp else 1
-    optimizer = 5 * 4 * trained // shards
+    copies = 6 if t.ema.enabled else 5  # the EMA: one more float32 copy, sharded alike
+    optimizer = copies * 4 * trained // shards
     # FSDP shards the transformer (a full fine-tune's float32 master is in ``optimizer``)
     trainer_weights = weights - transformer + transformer // shards
     rows = t.rows_per_forward

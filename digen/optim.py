@@ -9,6 +9,10 @@ full fine-tune), and so does the state an algorithm keeps beside them (Diffusion
 copy): :attr:`ParameterStore.state`, named ``algo/<role>/<name>`` (:mod:`digen.algos.state`),
 part of every version dict :meth:`ParameterStore.weights` returns and of every checkpoint
 (``optimizer.safetensors``).
+
+The EMA (``train.ema``) is :attr:`ParameterStore.ema`, moved by :func:`ema_before_step` and
+:func:`ema_after_step`; the sharded trainer runs the same functions over each rank's shards
+(:class:`digen.parallel.fsdp.ShardedTrainer`).
 """
 
 from __future__ import annotations
@@ -25,10 +29,58 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from digen.algos.registry import stateful_algorithm
-from digen.algos.state import is_state
-from digen.config import Config, TrainConfig
+from digen.algos.state import EMA_PREFIX, is_state, with_ema
+from digen.config import Config, EmaConfig, TrainConfig
 from digen.errors import CheckpointError
 from digen.rundir import DiskFull, RunDir, disk_writes, finalize_checkpoint
+
+
+# --- the EMA's rule -------------------------------------------------------------------
+def ema_decay(cfg: EmaConfig, steps: int) -> float:
+    """The decay of an update after ``steps`` optimizer steps: ``min((1 + n) / (10 + n), decay)``
+    when ``cfg.warmup`` (flow_grpo/ema.py ``get_current_decay``), else ``cfg.decay``."""
+    return min((1 + steps) / (10 + steps), cfg.decay) if cfg.warmup else cfg.decay
+
+
+@torch.no_grad()
+def ema_update(
+    cfg: EmaConfig, ema: dict[str, torch.Tensor], params: dict[str, torch.Tensor], steps: int
+) -> None:
+    """``ema += (1 - d) (w - ema)`` in place after ``steps`` optimizer steps, in flow_grpo/ema.py
+    ``EMAModuleWrapper.step``'s order of operations. Elementwise: over one FSDP rank's shards
+    (:class:`digen.parallel.fsdp.ShardedTrainer`) it computes the shards of the whole tensors'
+    update, bit for bit."""
+    one_minus = 1 - ema_decay(cfg, steps)
+    for k, v in params.items():
+        ema[k].add_(one_minus * (v.detach() - ema[k]))
+
+
+def ema_before_step(
+    cfg: EmaConfig, ema: dict[str, torch.Tensor], params: dict[str, torch.Tensor], version: int
+) -> None:
+    """The updates of a step's earlier micro-batches (``update: micro_batch``), before the
+    optimizer step from ``version``: they see the weights of ``version``."""
+    if cfg.update == "micro_batch":
+        for _ in range(cfg.micro_batches - 1):
+            if (version + 1) % cfg.every == 0:
+                ema_update(cfg, ema, params, version)
+
+
+def ema_after_step(
+    cfg: EmaConfig,
+    ema: dict[str, torch.Tensor],
+    params: dict[str, torch.Tensor],
+    version: int,
+    last_of_iteration: bool,
+) -> None:
+    """The update after the optimizer step that made ``version`` (:class:`~digen.config.EmaConfig`'s
+    cadence: the step's last micro-batch, every ``every``-th step, or an iteration's last step)."""
+    if (
+        (cfg.update == "micro_batch" and (version + 1) % cfg.every == 0)
+        or (cfg.update == "step" and version % cfg.every == 0)
+        or (cfg.update == "iteration" and last_of_iteration)
+    ):
+        ema_update(cfg, ema, params, version)
 
 
 class ParameterStore:
@@ -85,11 +137,31 @@ class ParameterStore:
         """The current trained tensors (detached, contiguous float32 copies on the store's device)."""
         return {k: v.detach().clone().contiguous() for k, v in self.params.items()}
 
-    def weights(self) -> dict[str, torch.Tensor]:
+    def weights(self, *, ema: bool = False) -> dict[str, torch.Tensor]:
         """The current version: the trained tensors and the algorithm's state tensors, one
         flat dict (detached, contiguous float32 copies; load it with
-        :func:`digen.algos.state.load_version`)."""
-        return {**self.trained(), **{k: v.clone().contiguous() for k, v in self.state.items()}}
+        :func:`digen.algos.state.load_version`); with ``ema`` (a version evaluated with
+        ``train.ema.eval``: :func:`digen.evaluation.carries_ema`) the EMA too, ``ema/<name>``."""
+        version = {**self.trained(), **{k: v.clone().contiguous() for k, v in self.state.items()}}
+        if ema and self.ema is not None:
+            version = with_ema(version, {k: v.clone().contiguous() for k, v in self.ema.items()})
+        return version
+
+    def weights_copy(
+        self, copy: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]], *, ema: bool = False
+    ) -> dict[str, torch.Tensor]:
+        """The current version (the names and order of :meth:`weights`, with ``ema`` its EMA
+        too) passed through ``copy`` (the data plane's host copy, cast to what it serves) under
+        :attr:`lock`: the live tensors go to ``copy`` as they are, so serving a version costs
+        its one host copy, not a clone on the store's device first (for a full fine-tune, the
+        whole model twice on the GPU). ``copy`` must copy: the next step rewrites what it is
+        given."""
+        with self.lock:
+            live = {k: v.detach() for k, v in self.params.items()}
+            version = {**live, **{k: v.detach() for k, v in self.state.items()}}
+            if ema and self.ema is not None:
+                version = with_ema(version, {k: v.detach() for k, v in self.ema.items()})
+            return copy(version)
 
     def step(
         self, grad_sum: dict[str, torch.Tensor], rows: int, *, last_of_iteration: bool = True
@@ -135,35 +207,16 @@ class ParameterStore:
                 g = g.to(self.params[k].device, torch.float32)
             self.params[k].grad = g.div_(rows)
         norm = torch.nn.utils.clip_grad_norm_([self.params[k] for k in self.names], self.train.grad_clip)
-        ema = self.train.ema
-        if self.ema is not None and ema.update == "micro_batch":  # the step's earlier micro-batches
-            for _ in range(ema.micro_batches - 1):
-                if (self.version + 1) % ema.every == 0:
-                    self._ema_update(self.version)
+        if self.ema is not None:
+            ema_before_step(self.train.ema, self.ema, self.params, self.version)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
         if self.ema is not None:
-            if (
-                (ema.update == "micro_batch" and (self.version + 1) % ema.every == 0)
-                or (ema.update == "step" and self.version % ema.every == 0)
-                or (ema.update == "iteration" and last_of_iteration)
-            ):
-                self._ema_update(self.version)
+            ema_after_step(self.train.ema, self.ema, self.params, self.version, last_of_iteration)
         if last_of_iteration and self.state:
             self.state = self.algorithm.next_state(self.state, self.trained(), self.train, self.version)
         return {"grad_norm": float(norm)}
-
-    @torch.no_grad()
-    def _ema_update(self, steps: int) -> None:
-        """``ema += (1 - d) (w - ema)`` after ``steps`` optimizer steps (:class:`~digen.config.EmaConfig`),
-        in flow_grpo/ema.py ``EMAModuleWrapper.step``'s order of operations."""
-        assert self.ema is not None
-        e = self.train.ema
-        decay = min((1 + steps) / (10 + steps), e.decay) if e.warmup else e.decay
-        one_minus = 1 - decay
-        for k, v in self.params.items():
-            self.ema[k].add_(one_minus * (v.detach() - self.ema[k]))
 
     # --- checkpoints ---------------------------------------------------------------
     def state_parts(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict]:
@@ -181,7 +234,7 @@ class ParameterStore:
             if "step" in st:
                 steps[k] = float(st["step"])
         if self.ema is not None:
-            opt_tensors.update({f"ema/{k}": v for k, v in self.ema.items()})
+            opt_tensors.update({f"{EMA_PREFIX}{k}": v for k, v in self.ema.items()})
         opt_tensors.update(self.state)
         weights = {k: v.detach() for k, v in self.params.items()}
         return weights, opt_tensors, {"version": self.version, "adam_steps": steps}
@@ -213,8 +266,8 @@ class ParameterStore:
             if f"exp_avg/{k}" in opt
         }
         store.optimizer.load_state_dict(saved)
-        if store.ema is not None and any(k.startswith("ema/") for k in opt):
-            store.ema = {k: opt[f"ema/{k}"].to(device, copy=True) for k in store.names}
+        if store.ema is not None and any(k.startswith(EMA_PREFIX) for k in opt):
+            store.ema = {k: opt[f"{EMA_PREFIX}{k}"].to(device, copy=True) for k in store.names}
         return store
 
     def save(self, folder: Path, extra: dict | None = None) -> None:
@@ -285,9 +338,11 @@ def open_store(
 
 def checkpoint_bytes(store, previous_weights: dict[str, torch.Tensor] | None = None) -> int:
     """About how many bytes a checkpoint of ``store`` takes: its float32 tensors three times
-    (weights, AdamW's two moments), plus the previous version's weights when kept."""
+    (weights, AdamW's two moments), four with an EMA, plus the previous version's weights when
+    kept."""
     params = getattr(store, "params", None) or {}
-    n = 3 * sum(int(p.numel()) * 4 for p in params.values())
+    copies = 3 if getattr(store, "ema", None) is None else 4
+    n = copies * sum(int(p.numel()) * 4 for p in params.values())
     if previous_weights is not None:
         n += sum(int(v.numel()) * v.element_size() for v in previous_weights.values())
     return n

@@ -27,6 +27,7 @@ from digen.config import Config
 from digen.errors import TaskDropped
 from digen.models.base import FlowPolicy, PromptEmbeds
 from digen.rewards.base import call_reward
+from digen.rewards.registry import score_each
 from digen.seeding import sample_generator
 from digen.tasks import GroupTask
 
@@ -46,6 +47,7 @@ class Trajectories:
     task scores them (:func:`generate_group` without ``reward_fn``; rewards are NaN until then)
     extra: the algorithm's other tensors (``first_step`` when the stored steps do not start at
         0, GRPO-Guard's ``means``): :attr:`digen.algos.registry.Algorithm.trajectory`
+    reward_parts: see the field
     """
 
     task: GroupTask
@@ -56,6 +58,10 @@ class Trajectories:
     rewards: torch.Tensor
     decoded: torch.Tensor | None = None
     extra: dict[str, torch.Tensor] = field(default_factory=dict)
+    reward_parts: torch.Tensor | None = None
+    """``[B, K]`` float32, each sample's score of each of the config's K rewards (unweighted),
+    kept only with ``train.multi_reward`` ``per_reward`` or ``gdpo`` (the book's advantages); not
+    in :meth:`tensors` (a train task needs only the advantages)."""
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The flat dict a generation task stores and a train task reads (``train_group``)."""
@@ -91,14 +97,44 @@ _BASE_TENSORS = ("latents", "log_probs", "sigmas", "images", "rewards", "decoded
 
 def _initial_noise(policy: FlowPolicy, gens: list[torch.Generator], shared: bool) -> torch.Tensor:
     """``[n, *latent]`` starting noise, one stream per sample (``shared``: the first sample's
-    for all, every stream still drawn once so their positions stay aligned)."""
+    for all, every stream still drawn once so their positions stay aligned), drawn on the host
+    and moved to the device in one copy that the host does not wait for."""
     if shared:
-        first = policy.initial_noise(gens[0])
+        first = policy.host_noise(gens[0])
         x = first.unsqueeze(0).repeat(len(gens), *([1] * first.dim()))
         for g in gens[1:]:  # keep every stream at the same position
-            policy.initial_noise(g)
-        return x
-    return torch.stack([policy.initial_noise(g) for g in gens])
+            policy.host_noise(g)
+    else:
+        x = torch.stack([policy.host_noise(g) for g in gens])
+    return _to_device(x, policy.device)
+
+
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    """``t`` on the host, without waiting for the device: a host tensor as it is (the sampling
+    loop never writes one in place); a device tensor's copy queued on the device's stream into
+    a host buffer of its own (pinned for CUDA, so the copy is truly asynchronous). Its values
+    are final after :func:`_settle`, not before."""
+    if t.device.type == "cpu":
+        return t
+    buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=t.device.type == "cuda")
+    return buf.copy_(t, non_blocking=True)
+
+
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host tensor ``t`` (noise drawn on CPU generators) on ``device``, without waiting for
+    the device: to CUDA from pinned memory, asynchronously (torch keeps the pinned buffer until
+    the copy is done); on the host, ``t`` itself."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return t
+    src = t.pin_memory() if device.type == "cuda" else t
+    return src.to(device, non_blocking=True)
+
+
+def _settle(device: torch.device) -> None:
+    """Wait once for every copy :func:`_to_host` queued on ``device``'s current stream."""
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
 
 
 Timer = Callable[[str, float, float, float], None]
@@ -185,7 +221,9 @@ def generate_groups(
     with algo.sampling(policy):
         noise = [_initial_noise(policy, tg, r.shared_noise) for tg in task_gens]
         x = noise[0] if len(noise) == 1 else torch.cat(noise)
-        latents = [x.cpu()] if first == 0 else []
+        # what the trajectory stores is copied to the host as it is made, never waited for inside
+        # the loop (one wait after it): the host queues step i + 1 while the device runs step i
+        latents = [_to_host(x)] if first == 0 else []
         log_probs, means = [], []
         history = "dpm2" in plan.kinds  # DPM-Solver++(2M) needs the previous step's x0 prediction
         prev_x0: torch.Tensor | None = None
@@ -207,7 +245,7 @@ def generate_groups(
                     s_next,
                     kind=r.sde.kind,
                     noise_level=r.sde.noise_level,
-                    noise=eps.to(x.device),
+                    noise=_to_device(eps, x.device),
                     sigma_max=sigma_max,
                 )
                 x, lp, mean = step.prev_sample, step.log_prob, step.mean
@@ -220,14 +258,15 @@ def generate_groups(
             if history:
                 prev_x0 = x0 if kind == "dpm2" else x_in.to(v.dtype) - s * v
             if first <= i < first + count:
-                latents.append(x.cpu())
-                log_probs.append(lp.float().cpu())
+                latents.append(_to_host(x))
+                log_probs.append(_to_host(lp.float()))
                 if plan.means:
                     means.append(
-                        (mean if mean is not None else torch.full_like(x, float("nan"))).float().cpu()
+                        _to_host((mean if mean is not None else torch.full_like(x, float("nan"))).float())
                     )
             elif i + 1 == first:  # the stored range starts after this step
-                latents.append(x.cpu())
+                latents.append(_to_host(x))
+        _settle(x.device)
     t1, c1 = time.time(), time.thread_time()
     if timers is not None:  # the batch's sampling time, an equal share for each group
         share, cpu = (t1 - t0) / len(tasks), (c1 - c0) / len(tasks)
@@ -242,7 +281,7 @@ def generate_groups(
         extra = {"first_step": torch.tensor(first, dtype=torch.int64)} if first else {}
         if plan.means:
             extra["means"] = mns[j].contiguous()
-        images, rewards, decoded = _decode_and_score(policy, task, cfg, reward_fn, x_j, timer)
+        images, rewards, parts, decoded = _decode_and_score(policy, task, cfg, reward_fn, x_j, timer)
         out.append(
             Trajectories(
                 task=task,
@@ -253,6 +292,7 @@ def generate_groups(
                 rewards=rewards,
                 decoded=decoded,
                 extra=extra,
+                reward_parts=parts,
             )
         )
     return out
@@ -265,25 +305,42 @@ def _decode_and_score(
     reward_fn: Callable[..., torch.Tensor] | None,
     x: torch.Tensor,
     timer: Timer | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """One group's final latents ``x [n, *latent]`` decoded and scored (``reward_fn`` None:
     rewards NaN until a ``reward`` task scores the returned float images): ``(images uint8,
-    rewards [n], decoded or None)``."""
+    rewards [n], per-reward scores [n, K] (``train.multi_reward`` other than ``sum``) or None, decoded
+    or None)``."""
     n = x.shape[0]
     t1, c1 = time.time(), time.thread_time()
     images = policy.decode(x).float().cpu()
     t2, c2 = time.time(), time.thread_time()
     scored = reward_fn is not None
+    parts = None
     if not scored:  # a reward worker scores the stored images
         rewards = torch.full((n,), float("nan"))
     else:
-        meta = cfg.prompt_metadata(task.prompt)  # GenEval-style datasets: the rewards get it
-        rewards = call_reward(reward_fn, images, [task.prompt] * n, None if meta is None else [meta] * n)
-        rewards = rewards.float().cpu()
+        rewards, parts = score_group(reward_fn, images, task.prompt, cfg)
     t3, c3 = time.time(), time.thread_time()
     if timer is not None:
         timer("decode", t1, t2, c2 - c1)
         if scored:
             timer("reward", t2, t3, c3 - c2)
     uint8 = (images * 255).round().clamp(0, 255).to(torch.uint8)
-    return uint8, rewards, None if scored else images
+    return uint8, rewards, parts, None if scored else images
+
+
+def score_group(
+    reward_fn: Callable[..., torch.Tensor], images: torch.Tensor, prompt: str, cfg: Config
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A group's decoded ``images`` (float, ``[n, ...]``) scored against its ``prompt`` (and its
+    metadata, for GenEval-style datasets): ``(rewards [n], per-reward scores [n, K] or None)``,
+    float32 on the CPU; the per-reward scores only with ``train.multi_reward`` ``per_reward`` or
+    ``gdpo``.
+    What a generation task scoring inline and a ``reward`` task both run."""
+    n = images.shape[0]
+    meta = cfg.prompt_metadata(prompt)
+    metadata = None if meta is None else [meta] * n
+    if cfg.train.multi_reward != "sum":
+        rewards, parts = score_each(reward_fn, images, [prompt] * n, metadata)
+        return rewards.float().cpu(), parts.float().cpu()
+    return call_reward(reward_fn, images, [prompt] * n, metadata).float().cpu(), None

@@ -14,7 +14,8 @@ laptop); ``--dry-run`` only writes the plan. It writes ``gpu-check.json`` and ``
 
 Steps: ``env`` (torch, CUDA, the GPUs), ``probes`` (the first-contact fixes on real CUDA: a
 fused-AdamW restore steps, placement of NCCL groups, indexed devices and a one-rank NCCL
-group, CPU pinning, deterministic kernels, pinned host copies), ``quickstart`` (2 iterations of
+group, CPU pinning, deterministic kernels, pinned host copies on a side stream, the device
+waits of a group's generation, the trainer group as digen forms it on NCCL), ``quickstart`` (2 iterations of
 configs/quickstart.yaml on CUDA), ``tiny_model`` + ``bf16_tsp`` (a tiny SD3 in bfloat16 in
 ``digen`` mode: TSP, GAP, staleness 1) + ``resume`` (one more iteration with ``--resume``),
 ``bench`` (``digen doctor --gpu-bench``).
@@ -45,12 +46,12 @@ class Step:
 
 STEPS = [
     Step("env", 20, False, "torch, CUDA and the GPUs this python sees"),
-    Step("probes", 60, True, "A1-A3, C1, C7, E1 on real CUDA (see probes())"),
+    Step("probes", 90, True, "A1-A3, C1, C5-C7, D1-D2, E1 on real CUDA (see probes())"),
     Step("quickstart", 90, True, "configs/quickstart.yaml, 2 iterations, on CUDA"),
     Step("tiny_model", 20, False, "a tiny random-weight SD3 (32 px)"),
     Step("bf16_tsp", 70, True, "the tiny SD3 in bfloat16, digen mode (TSP, GAP, staleness 1), 2 iterations"),
     Step("resume", 50, True, "one more iteration of it with --resume"),
-    Step("bench", 160, True, "digen doctor --gpu-bench"),
+    Step("bench", 130, True, "digen doctor --gpu-bench"),
 ]
 TOTAL_S = sum(s.limit_s for s in STEPS)
 """Every step's limit together: under 8 minutes."""
@@ -400,6 +401,90 @@ def _probe_pinned_snapshot() -> str:
     return "pinned host copy, unchanged by a later write"
 
 
+def _probe_side_stream_copy() -> str:
+    """C5: a version's host copy runs on a side stream that waits for the step: a host copy
+    taken right after in-place writes still queued on the default stream holds their result,
+    pinned; a store's served copy equals its weights in the served dtype."""
+    import torch
+
+    from digen.config import TrainConfig
+    from digen.dataplane.wire import copy_stream, host_copy
+    from digen.optim import ParameterStore
+
+    dev = torch.device("cuda", 0)
+    side = copy_stream(dev)
+    assert side is not None and side != torch.cuda.default_stream(dev), side
+    live = torch.zeros(64 * 2**20, device=dev)  # 256 MiB: the writes are still running when the copy is asked
+    for _ in range(20):
+        live.add_(1.0)
+    snap = host_copy({"w": live})["w"]
+    assert snap.is_pinned() and bool((snap == 20.0).all()), float(snap.min())
+    g = torch.Generator().manual_seed(0)
+    store = ParameterStore({"a": torch.randn(256, 64, generator=g)}, TrainConfig(), device="cuda:0")
+    served = store.weights_copy(lambda w: host_copy(w, torch.bfloat16))
+    assert torch.equal(served["a"], store.weights()["a"].to(torch.bfloat16).cpu()) and served["a"].is_pinned()
+    return f"side stream {side.stream_id} (default {torch.cuda.default_stream(dev).stream_id}); pinned, final bytes"
+
+
+def _probe_rollout_syncs() -> str:
+    """C6: how often a group's generation waits for the device, counted by torch's sync debug
+    mode: the sampling loop queues every copy; what is left is each group's decode and reward
+    (and one wait after the loop)."""
+    import tempfile
+    import warnings
+
+    import torch
+
+    from digen.assembly import build_policy
+    from digen.config import build_config
+    from digen.models import make_tiny_model
+    from digen.rollout import generate_groups
+    from digen.tasks import GroupTask
+
+    folder = Path(tempfile.mkdtemp(prefix="digen-syncs-"))
+    model = make_tiny_model(folder / "sd3", "sd3", seed=0, resolution=32)
+    cfg = build_config(
+        {
+            "model": {"path": str(model), "resolution": 32, "max_sequence_length": 32, "device": "cuda:0"},
+            "prompts": {"items": ["a red square", "a blue circle"]},
+            "reward": [{"name": "brightness"}],
+            "rollout": {"group_size": 4, "batch_size": 8, "num_steps": 6},
+        }
+    )
+    policy = build_policy(cfg)
+    tasks = [GroupTask(0, g, p, tuple(range(4 * g, 4 * g + 4)), 0) for g, p in enumerate(cfg.prompts.items)]
+    embeds = [policy.encode_prompts([t.prompt], with_uncond=cfg.rollout.guidance_scale > 1.0) for t in tasks]
+    reward = lambda images, *_: images.float().mean(dim=(1, 2, 3))  # noqa: E731 - on the device, as a model's
+    generate_groups(policy, tasks, cfg, reward, embeds=embeds)  # warm-up: kernels, allocator
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            generate_groups(policy, tasks, cfg, reward, embeds=embeds)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    syncs = [w for w in seen if "synchroniz" in str(w.message)]
+    allowed = 2 * len(tasks) + 1  # each group's decode and reward, one wait after the loop
+    assert len(syncs) <= allowed, [str(w.message)[:120] for w in syncs[:5]]
+    return f"{len(syncs)} device waits for {len(tasks)} groups of 4 x {cfg.rollout.num_steps} steps (at most {allowed})"
+
+
+def _probe_trainer_group_settings() -> str:
+    """D1, D2: the trainer group as digen forms it on CUDA (the bench's all-reduce part with one
+    rank: digen's placement pins it to its GPU, digen's Redis store, NCCL): the collective
+    timeout is inside the lease and the settings that make a dead peer raise are in effect.
+    A dead peer on NCCL needs two GPUs (tests/parallel/test_dead_peer.py runs it on gloo)."""
+    from digen.bench.gpu import ALLREDUCE_LEASE_S, _allreduce_part
+
+    got = _allreduce_part(1)
+    assert "error" not in got, got.get("error")
+    assert got["backend"] == "nccl" and got["store"] == "redis", got
+    assert got["timeout_s"] < ALLREDUCE_LEASE_S, got
+    assert got["nccl_env"] == {"TORCH_NCCL_BLOCKING_WAIT": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}, got
+    return f"nccl over the Redis store, visible {got['visible']}, timeout {got['timeout_s']} s, {got['nccl_env']}"
+
+
 PROBES = {
     "a1_fused_adamw_restore": _probe_fused_adamw_restore,
     "a2_placement": _probe_placement,
@@ -407,6 +492,9 @@ PROBES = {
     "c1_cpu_pinning": _probe_cpu_pinning,
     "c7_deterministic": _probe_deterministic,
     "e1_pinned_snapshot": _probe_pinned_snapshot,
+    "c5_side_stream_copy": _probe_side_stream_copy,
+    "c6_rollout_syncs": _probe_rollout_syncs,
+    "d1_d2_trainer_group": _probe_trainer_group_settings,
 }
 
 

@@ -11,7 +11,7 @@ one torch.distributed process group, rendezvous through Redis (no pickle anywher
 2. every rank starts from version 0 (its own seeded build) or, on ``--resume``, the
    checkpoint's weights (read from the file), shards them with
    :class:`~digen.parallel.fsdp.ShardedTrainer` and takes its share of the checkpoint's AdamW
-   state (rank 0 reads the file and scatters);
+   state and EMA (rank 0 reads the file and scatters);
 3. rank 0, the leader, leases step commands and train tasks from Redis and broadcasts each
    as a JSON command; every rank runs it together:
 
@@ -20,11 +20,12 @@ one torch.distributed process group, rendezvous through Redis (no pickle anywher
      worker that generated them, build the task's rows, train this rank's share (:func:`~digen.parallel.fsdp.shard_rows`); the leader
      acknowledges with the stats summed over ranks and every rank's timeline event, no gradient
      (it stays sharded). Trajectories that cannot be fetched (their worker died) park the task;
-   - ``step``: AdamW step; every rank serves its shard of version v+1 as a blob (rollout
-     workers fetch every rank's shard and put them together); on a checkpointing step the
-     whole weights and AdamW state are gathered on rank 0, which stages the checkpoint where
-     the command says; the leader acknowledges with the grad norm, the version and the ranks'
-     events;
+   - ``step``: AdamW step and the EMA of this rank's shards (``train.ema``); every rank
+     serves its shard of version v+1 as a blob (rollout workers fetch every rank's shard and
+     put them together; an evaluated version with ``train.ema.eval`` carries the EMA's shard
+     too); on a checkpointing step the whole weights, AdamW state and EMA are gathered on
+     rank 0, which stages the checkpoint where the command says; the leader acknowledges with
+     the grad norm, the version and the ranks' events;
    - ``idle`` (nothing leased for a second: keeps collectives inside their timeout) and
      ``stop`` (the job left ``running``).
 
@@ -46,6 +47,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
+from digen.algos.state import EMA_PREFIX, is_ema, with_ema
 from digen.assembly import trained_dtype
 from digen.controlplane.fsdp_keys import FsdpGroup
 from digen.controlplane.payloads import FsdpStepPayload, TrainPayload
@@ -54,9 +56,10 @@ from digen.core import blobnames
 from digen.core.events import Role, TaskKind
 from digen.dataplane.blobs import BlobLost, fetch
 from digen.dataplane.wire import host_copy
+from digen.evaluation import carries_ema
 from digen.models.base import FlowPolicy
 from digen.parallel.comm import all_gather_json, all_reduce_stats, broadcast_json
-from digen.parallel.fsdp import ShardedTrainer, local_trainable_shards, shard_of, shard_rows
+from digen.parallel.fsdp import ShardedTrainer, local_shards, local_trainable_shards, shard_of, shard_rows
 from digen.testing import faults
 from digen.training import batch_rows
 from digen.workers.runtime import WorkerRuntime, join_group, wait_for
@@ -174,9 +177,12 @@ def _build_trainer(rk: Rank, plan: dict) -> None:
         activation_checkpointing=rt.cfg.train.activation_checkpointing,
         version=int(plan["version"]),
     )
+    tensors = load_file(str(Path(folder) / "optimizer.safetensors")) if folder and rk.leader else None
     if folder and state.get("adam_steps"):
-        tensors = load_file(str(Path(folder) / "optimizer.safetensors")) if rk.leader else None
         rk.trainer.load_optimizer_state(rk.names, tensors, state["adam_steps"])
+    if folder and rk.trainer.ema is not None:  # the checkpoint's EMA, each rank its shard
+        ema = None if tensors is None else {k[len(EMA_PREFIX) :]: v for k, v in tensors.items() if is_ema(k)}
+        rk.trainer.load_ema(ema)
     kept = _serve_previous(rk, Path(folder), state) if folder else None
     _serve_shards(rk, kept)
 
@@ -202,7 +208,8 @@ def _serve_shards(rk: Rank, keep_from: int | None = None) -> None:
     rt, trainer = rk.rt, rk.trainer
     assert trainer is not None
     job, v = rt.job.job_id, trainer.version
-    shards = shard_snapshot(rt.policy, trained_dtype(rt.cfg))
+    ema = trainer.ema if carries_ema(rt.cfg, v) else None  # an evaluated version: its EMA's shard too
+    shards = shard_snapshot(rt.policy, trained_dtype(rt.cfg), ema)
     rt.blobs.put(
         blobnames.weights(job, v), shards, {"version": str(v), "rank": str(rk.rank), "world": str(rk.world)}
     )
@@ -213,12 +220,19 @@ def _serve_shards(rk: Rank, keep_from: int | None = None) -> None:
     rt.group.set_holding(rt.name, rt.blob_addr, versions, None, shard=(rk.rank, rk.world))
 
 
-def shard_snapshot(policy: FlowPolicy, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def shard_snapshot(
+    policy: FlowPolicy, dtype: torch.dtype, ema: dict[str, torch.Tensor] | None = None
+) -> dict[str, torch.Tensor]:
     """This rank's shard of the current version, as it serves it: a host copy in ``dtype``
-    (:func:`~digen.dataplane.wire.host_copy`). Never the shards themselves: the next step
+    (:func:`~digen.dataplane.wire.host_copy`), with this rank's shard of ``ema`` as
+    ``ema/<name>`` when given (:func:`~digen.algos.state.with_ema`: a rollout worker puts
+    every key's shards together alike). Never the shards themselves: the next step
     rewrites them in place while rollout workers may still fetch this version (staleness 1,
     ``keep_from``), which would hand them version v+1 as v, or bytes that fail its digest."""
-    return host_copy(local_trainable_shards(policy), dtype)
+    shards = local_trainable_shards(policy)
+    if ema is not None:
+        shards = with_ema(shards, local_shards(ema))
+    return host_copy(shards, dtype)
 
 
 # --- commands -------------------------------------------------------------------------
@@ -289,7 +303,7 @@ def _step(rk: Rank, cmd: dict) -> None:
     iteration, version = payload.iteration, trainer.version
     t0 = time.time()
     rows = _agreed_rows(rk, payload.rows)
-    opt = trainer.step(total_rows=rows)
+    opt = trainer.step(total_rows=rows, last_of_iteration=payload.last_of_iteration)
     rt.version = trainer.version
     t1 = time.time()
     keep_from = payload.keep_from
@@ -341,8 +355,10 @@ def _stage_checkpoint(rk: Rank, folder: str | None, iteration: int, keep_from: i
     assert trainer is not None
     weights = trainer.full_state_dict()
     tensors, steps = trainer.optimizer_state(rk.names)
+    ema = trainer.ema_state()
     if not rk.leader:
         return
+    tensors.update({f"{EMA_PREFIX}{k}": v for k, v in ema.items()})  # as ParameterStore.save keeps it
     tmp = Path(folder).with_name(Path(folder).name + ".tmp")
     tmp.mkdir(parents=True, exist_ok=True)
     save_file(weights, str(tmp / "weights.safetensors"))

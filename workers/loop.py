@@ -26,6 +26,7 @@ from digen.config import Config
 from digen.controlplane.jobstate import JobState
 from digen.controlplane.queue import LeasedTask, TaskQueue
 from digen.controlplane.redis_conn import connect, count_round_trips
+from digen.controlplane.resources import gpu_type_of
 from digen.controlplane.trainer_group import holds_optimizer
 from digen.core.events import Role, TaskKind, TaskRef
 from digen.core.policy import idle_kinds, pull_order
@@ -100,7 +101,7 @@ def worker_loop(
         quiet_worker_heartbeat()
         secede()
         name = name or str(w.name)
-        gpu_type = gpu_type or next((k[4:] for k in w.state.total_resources if k.startswith("gpu-")), "cpu")
+        gpu_type = gpu_type or gpu_type_of(w.state.total_resources)
         scorer = Role.REWARD.value in w.state.total_resources
         if trainer is None:
             trainer = Role.TRAINER.value in w.state.total_resources

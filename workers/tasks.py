@@ -36,13 +36,12 @@ from digen.controlplane.payloads import (
 )
 from digen.controlplane.queue import LeasedTask
 from digen.core import blobnames
-from digen.core.events import Role, TaskKind, TaskRef
+from digen.core.events import Role, TaskKind, TaskRef, work_share
 from digen.dataplane.blobs import BlobLost, BlobMismatch, Expect, fetch
 from digen.dataplane.wire import on_host
 from digen.errors import PayloadError
 from digen.evaluator import evaluate_chunk
-from digen.rewards.base import call_reward
-from digen.rollout import Trajectories, batch_key, generate_group, generate_groups
+from digen.rollout import Trajectories, batch_key, generate_group, generate_groups, score_group
 from digen.testing import faults
 from digen.training import train_groups
 from digen.viz import image_cells, to_png
@@ -95,6 +94,8 @@ def gen_result(
         "end": time.time(),
         "blob": {"addr": rt.blob_addr, "name": name, "bytes": blob.nbytes, "digest": blob.digest},
     }
+    if traj.reward_parts is not None:  # train.multi_reward per_reward or gdpo
+        result["reward_parts"] = traj.reward_parts.tolist()
     if payload.grid:
         result["cells"] = to_png(image_cells(traj.images))
     return result
@@ -262,8 +263,7 @@ def run_train(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
     events.append(event(rt, role, "train", ref, version, t1, time.time(), cpu_s))
     if ref.part is not None or len(specs) > 1:  # not one whole group: the bench counts its share so
         samples = rt.cfg.train.mini_batch_split == "samples"
-        share = 1 / rt.cfg.train.mini_batches if samples else ref.share
-        events[-1]["share"] = share * len(specs)
+        events[-1]["share"] = work_share(ref, len(specs), rt.cfg.train.mini_batches, samples)
     result = {"stats": stats.to_json(), "events": events, "worker": rt.name, "start": t0, "end": time.time()}
     member = rt.member
     if member is None or payload.keep_gradient:  # the trainers fetch it at the step
@@ -288,19 +288,19 @@ def run_reward(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
         return None
     rt.ensure_reward()
     t1, c1 = time.time(), time.thread_time()
-    n = len(task.sample_ids)
-    meta = rt.cfg.prompt_metadata(task.prompt)  # GenEval-style datasets: the rewards get it
-    rewards = call_reward(rt.reward, decoded, [task.prompt] * n, None if meta is None else [meta] * n)
-    rewards = rewards.float().cpu()
+    rewards, parts = score_group(rt.reward, decoded, task.prompt, rt.cfg)
     t2 = time.time()
     events = [event(rt, role, "reward", ref, task.version, t1, t2, time.thread_time() - c1)]
-    return {
+    result = {
         "rewards": [float(x) for x in rewards],
         "events": events,
         "worker": rt.name,
         "start": t0,
         "end": t2,
-    }, None
+    }
+    if parts is not None:  # train.multi_reward per_reward or gdpo
+        result["reward_parts"] = parts.tolist()
+    return result, None
 
 
 def run_eval(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:

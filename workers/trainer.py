@@ -34,7 +34,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -50,6 +51,7 @@ from digen.dataplane.blobs import BlobLost, BlobStore, Expect, fetch
 from digen.dataplane.reduce import TaskSum, all_reduce_sum, flatten, ordered_sum, unflatten
 from digen.dataplane.wire import host_copy, on_host
 from digen.errors import DigenError
+from digen.evaluation import carries_ema
 from digen.optim import ParameterStore, stage_checkpoint
 from digen.parallel.comm import comm_device, trainer_backend
 from digen.testing import faults
@@ -80,6 +82,28 @@ def serve_state(blobs: BlobStore, name: str, store: ParameterStore) -> None:
         return taken
 
     blobs.put_snapshot(name, snapshot, {"state": json.dumps(state)})
+
+
+def serve_weights(
+    blobs: BlobStore,
+    job: str,
+    versions: dict[int, Callable[[], dict[str, torch.Tensor]]],
+    keep_from: int | None = None,
+) -> None:
+    """Serve each of ``versions`` (version -> how to make what it serves: a host copy) as blob
+    ``weights:<v>``, and drop the state blobs and the weight blobs of other versions (those
+    from ``keep_from`` on stay). A version already served is left as it is: its blob is made
+    once, from one host copy (pinned, on a side stream, cast on the way:
+    :func:`~digen.dataplane.wire.host_copy`) and hashed once, when first asked for; every
+    rollout's fetch after that sends those same bytes, never a copy from the device."""
+    names = blobs.names()
+    for held in blobnames.of_job(names, job, blobnames.WEIGHTS):
+        if held.version not in versions and (keep_from is None or held.version < keep_from):
+            blobs.drop(str(held))
+    blobs.drop(*(str(b) for b in blobnames.of_job(names, job, blobnames.STATE)))
+    for ver, make in versions.items():
+        if blobs.get(blobnames.weights(job, ver)) is None:
+            blobs.put(blobnames.weights(job, ver), make(), {"version": str(ver)})
 
 
 @dataclass
@@ -119,8 +143,13 @@ class Member:
         member.serve()
         return member
 
+    def version_weights(self) -> dict[str, torch.Tensor]:
+        """The store's version as it is served and loaded: with its EMA when it is evaluated
+        with it (:func:`~digen.evaluation.carries_ema`)."""
+        return self.store.weights(ema=carries_ema(self.rt.cfg, self.store.version))
+
     def load_policy(self) -> None:
-        load_version(self.rt.ensure_policy(), self.store.weights())
+        load_version(self.rt.ensure_policy(), self.version_weights())
         self.rt.version = self.store.version
 
     def serve(self, keep_from: int | None = None) -> None:
@@ -130,21 +159,13 @@ class Member:
         the state as a blob a newcomer copies; tell Redis."""
         rt, v = self.rt, self.store.version
         dtype = trained_dtype(rt.cfg)
-        versions = {v: self.store.weights()}
+        ema = carries_ema(rt.cfg, v)  # evaluated with its EMA: served with it
+        versions = {v: lambda: self.store.weights_copy(lambda w: host_copy(w, dtype), ema=ema)}
         if self.kept is not None:
-            versions[self.kept[0]] = self.kept[1]
+            kept = self.kept[1]
+            versions[self.kept[0]] = lambda: on_host(kept, dtype)  # a copy already: nothing rewrites it
         job = rt.job.job_id
-        names = rt.blobs.names()
-        for held in blobnames.of_job(names, job, blobnames.WEIGHTS):
-            if held.version not in versions and (keep_from is None or held.version < keep_from):
-                rt.blobs.drop(str(held))
-        rt.blobs.drop(*(str(b) for b in blobnames.of_job(names, job, blobnames.STATE)))
-        for ver, w in versions.items():
-            if rt.blobs.get(blobnames.weights(job, ver)) is None:
-                # served from a (pinned) host copy made once per version, not copied from the
-                # GPU again for every rollout worker's fetch
-                served = on_host({k: t.to(dtype) for k, t in w.items()})
-                rt.blobs.put(blobnames.weights(job, ver), served, {"version": str(ver)})
+        serve_weights(rt.blobs, job, versions, keep_from)
         serve_state(rt.blobs, blobnames.state(job, v), self.store)
         served = blobnames.versions(rt.blobs.names(), job)
         rt.group.set_holding(rt.name, rt.blob_addr, served, v)
@@ -289,7 +310,7 @@ class Member:
         if version is None:
             return None
         if self.store.version == version:
-            return version, self.store.weights()
+            return version, self.version_weights()
         if self.kept is not None and self.kept[0] == version:
             return self.kept
         for addr in self.rt.group.holders_of(version):
@@ -354,16 +375,25 @@ class Member:
         self.leave_group()
         rt = self.rt
         device = torch.device(rt.device)
+
+        # a rank that waits for rank 0's address gives up once the step is decided: rank 0
+        # found it aborted before it took part (another member's failure, the controller) and
+        # will never publish this epoch's address; waiting on would miss every later command
+        def decided() -> str | None:
+            d = rt.group.decision(cmd.id)
+            return None if d is None else f"step {cmd.id} was decided ({d})"
+
         addr = join_group(
             rt,
-            rt.group.rendezvous(cmd.epoch),
+            replace(rt.group.rendezvous(cmd.epoch), gone=decided),
             cmd.rank(rt.name),
             len(cmd.members),
             device,
             backend=trainer_backend(device),
         )
         if addr is None:
-            raise RuntimeError("the job stopped during the trainer rendezvous")
+            why = decided() or "the job stopped"
+            raise RuntimeError(f"no trainer group formed for epoch {cmd.epoch}: {why} during the rendezvous")
         self.pg_epoch = cmd.epoch
         self.backend = addr["backend"]  # the leader's choice
         log.info(

@@ -90,23 +90,26 @@ def per_reward_advantages(
     sum equals DanceGRPO's sum of per-reward losses wherever the ratio is inside the clip range
     (the first pass of every on-policy step: ratio 1 exactly); outside it the peer clips each
     reward's term on its own sign. ``zero_std_groups``: groups flat in every reward;
-    ``group_std``: the first reward's.
+    ``group_std``: the first reward's. The math is
+    :func:`digen.core.advantages.per_reward_advantages` (what the iteration book computes with
+    ``train.multi_reward: per_reward``).
     """
     r = torch.as_tensor(rewards).detach().to(torch.float64)
     if r.ndim != 2 or r.shape[1] < 1:
         raise AlgorithmError(f"rewards must be [N, K] (one column per reward), got shape {tuple(r.shape)}")
     if len(weights) != r.shape[1]:
         raise AlgorithmError(f"{len(weights)} weights for {r.shape[1]} rewards; give one weight per reward")
-    parts = [
-        group_advantages(r[:, k], group_ids, global_std=global_std, eps=eps, clip=clip, unbiased=unbiased)
-        for k in range(r.shape[1])
-    ]
-    total = torch.zeros(r.shape[0], dtype=torch.float64, device=r.device)
-    for w, part in zip(weights, parts, strict=True):
-        total += float(w) * part.values.to(torch.float64)
-    ids = torch.as_tensor(group_ids, device=r.device)
-    flat = sum(all(bool((p.values[ids == g] == 0).all()) for p in parts) for g in torch.unique(ids))
-    return Advantages(total.to(torch.float32), int(flat), parts[0].group_std)
+    for k in range(r.shape[1]):
+        _check_inputs(r[:, k], group_ids, eps, clip)
+    ids = torch.as_tensor(group_ids, device=r.device).to(torch.int64)
+    a = core.per_reward_advantages(
+        r.tolist(), ids.tolist(), [float(w) for w in weights],
+        global_std=global_std, eps=eps, clip=clip, unbiased=unbiased,
+    )  # fmt: skip
+    values = torch.tensor(a.values, dtype=torch.float32, device=r.device)
+    return Advantages(
+        values, a.zero_std_groups, torch.tensor(a.group_std, dtype=torch.float32, device=r.device)
+    )
 
 
 def _check_inputs(

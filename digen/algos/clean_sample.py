@@ -43,6 +43,17 @@ CLEAN_TRAJECTORY = {
 }
 
 
+def strata_steps(start: int, end: int, count: int, gen: torch.Generator) -> list[int]:
+    """One step in each of ``count`` strata of ``start .. end``, sorted: the strata cut at
+    ``linspace(start, end, count + 1).long()``, stratum ``[a, b)`` drawing ``a + floor(u (b -
+    a))`` (``a`` when ``b == a``), so ``end`` itself is never drawn (AWM's ``discrete_wo_init``;
+    Flow-Factory's ``TimeSampler._stratified_sample``)."""
+    bounds = torch.linspace(start, end, steps=count + 1)
+    lower, upper = bounds[:-1].long(), bounds[1:].long()
+    u = torch.rand(count, generator=gen)
+    return sorted((lower + (u * (upper - lower)).long()).tolist())
+
+
 def noised(x0: torch.Tensor, noise: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
     """``(1 - t) x0 + t noise`` per row: x0, noise ``[R, *latent]``, sigma ``[R]`` (cast to
     ``x0``'s dtype)."""

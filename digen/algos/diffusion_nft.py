@@ -14,8 +14,9 @@ The rollout plan, the rows and the forward noising are the clean-sample family's
 (:mod:`digen.algos.clean_sample`), shared with DGPO.
 
 Training, per row (sample ``b`` with clean latent ``x0``, sigma ``t`` = ``sigmas[j]`` for each
-of ``int(T * fraction)`` steps ``j`` drawn without replacement from ``0 .. T-1``,
-``noise ~ N(0, I)`` from the sample's seeded stream)::
+of ``int(T * fraction)`` steps ``j`` drawn without replacement from ``0 .. T-1``, or with
+``train.nft.step_range = [a, b]`` one in each of as many strata of ``a .. b - 1`` (Flow-Factory's
+``TimeSampler.discrete``), ``noise ~ N(0, I)`` from the sample's seeded stream)::
 
     x_t   = (1 - t) x0 + t noise
     v     = v_theta(x_t, t);  v_old = v_old(x_t, t) (no grad);  v_ref = v_base(x_t, t) (no grad, kl)
@@ -49,7 +50,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from digen.algos.clean_sample import CleanSampleFamily, noised
+from digen.algos.clean_sample import CleanSampleFamily, noised, strata_steps
 from digen.algos.loss import LossTerms, velocity_kl
 from digen.algos.precision import at_least_float32
 from digen.algos.registry import StepKind
@@ -129,6 +130,19 @@ class DiffusionNft(CleanSampleFamily):
 
     def check(self, cfg: Config) -> list[str]:
         problems = self._lora_problems(cfg)
+        span, n = cfg.train.nft.step_range, cfg.rollout.num_steps
+        count = max(1, int(n * cfg.train.timesteps.fraction))
+        if span is not None and not 0 <= span[0] < span[1] <= n:
+            problems.append(
+                f"train.nft.step_range ({list(span)}) must be [start, end] with 0 <= start < end <= "
+                f"rollout.num_steps ({n}): the strata run over schedule steps start .. end - 1"
+            )
+        elif span is not None and span[1] - span[0] < count:
+            problems.append(
+                f"train.nft.step_range ({list(span)}) holds {span[1] - span[0]} steps, fewer than the "
+                f"{count} strata of int(rollout.num_steps x train.timesteps.fraction): a stratum would be empty "
+                "and train its first step twice; widen the range or lower the fraction"
+            )
         if cfg.rollout.guidance_scale > 1.0:
             problems.append(
                 f"train.algorithm (diffusion-nft) is CFG-free (its recipes sample and train with guidance 1); "
@@ -147,10 +161,13 @@ class DiffusionNft(CleanSampleFamily):
     # --- training --------------------------------------------------------------------------
     def trained_steps(self, cfg: Config, iteration: int, sample_id: int) -> list[int]:
         """``int(T * fraction)`` of the T schedule steps, the first of a seeded permutation
-        (the peer's ``perms_time``), sorted."""
+        (the peer's ``perms_time``), sorted; with ``train.nft.step_range = [a, b]`` one step in
+        each of ``int(T * fraction)`` strata of ``a .. b`` (Flow-Factory's discrete sampler)."""
         n = cfg.rollout.num_steps
         count = max(1, int(n * cfg.train.timesteps.fraction))
         gen = sample_generator(cfg.seed, iteration, sample_id, "timesteps")
+        if cfg.train.nft.step_range is not None:
+            return strata_steps(*cfg.train.nft.step_range, count, gen)
         return sorted(torch.randperm(n, generator=gen)[:count].tolist())
 
     def loss(

@@ -21,7 +21,11 @@ A group with fewer than two trained samples makes no pair. Only the pair's two s
 Per pair: one noise and one training timestep, shared by its two samples: ``u = sigmoid(N(m,
 s))``, index ``i = int(1000 u)`` into the model's 1000-step training schedule, ``t =
 policy.sigmas(1000)[i]`` (VeRL-Omni: ``compute_density_for_timestep_sampling("logit_normal")``
-and ``scheduler.timesteps[indices]`` on ``set_timesteps(num_train_timesteps)``). Then::
+and ``scheduler.timesteps[indices]`` on ``set_timesteps(num_train_timesteps)``). With
+``train.online_dpo.timestep_draw: unshifted`` the same ``u`` gives the continuous ``t = 1 -
+(lo + clamp(u, 0.01, 1 - 1e-6) (hi - lo))`` over ``timestep_range`` instead, no shift
+(Flow-Factory's ``TimeSampler.logit_normal_shifted`` at ``time_shift`` 1, :func:`unshifted_sigma`;
+the step index stays ``i``, for the bookkeeping). Then::
 
     x_t  = (1 - t) x0 + t noise,   target = noise - x0
     d_w  = mean((v_theta(x_t^w) - target_w)^2) - mean((v_ref(x_t^w) - target_w)^2)   (v_ref: base weights)
@@ -58,6 +62,24 @@ if TYPE_CHECKING:
 
 TRAIN_STEPS = 1000
 """The training schedule a pair's timestep is drawn from (the schedulers' ``num_train_timesteps``)."""
+
+
+def pair_u(cfg: Config, iteration: int, first: int) -> torch.Tensor:
+    """``sigmoid(N(logit_mean, logit_std))`` of the group whose first sample is ``first``, ``[1]``
+    float32, from the group's own stream."""
+    d = cfg.train.online_dpo
+    gen = sample_generator(cfg.seed, iteration, first, "dpo-timestep")
+    return torch.sigmoid(torch.normal(d.logit_mean, d.logit_std, (1,), generator=gen))
+
+
+def unshifted_sigma(u: torch.Tensor, timestep_range: tuple[float, float]) -> torch.Tensor:
+    """Flow-Factory's noise level of a logit-normal draw at ``time_shift`` 1, in its float32 order
+    of operations: ``frac = lo + clamp(u, 0.01, 1 - 1e-6) (hi - lo)``, ``t = 1000 (1 - frac)``,
+    ``sigma = clamp(t / 1000, 0, 1)`` (utils/noise_schedule.py ``_raw_logit_normal_unit``,
+    ``logit_normal_shifted``, ``flow_match_sigma``). u: [P]."""
+    lo, hi = timestep_range
+    frac = lo + torch.clamp(u, min=0.01, max=1.0 - 1e-6) * (hi - lo)
+    return (1000.0 * (1.0 - frac) / 1000.0).clamp(0.0, 1.0)
 
 
 def dpo_pair(advantages: list[float]) -> tuple[int, int] | None:
@@ -107,6 +129,12 @@ class OnlineDpo(CleanSampleFamily):
                 f"train.kl_beta ({cfg.train.kl_beta}): online-dpo's reference is inside its loss; set "
                 "train.kl_beta=0"
             )
+        lo, hi = cfg.train.online_dpo.timestep_range
+        if not 0.0 <= lo < hi <= 1.0:
+            problems.append(
+                f"train.online_dpo.timestep_range ({[lo, hi]}) must be [lo, hi] with 0 <= lo < hi <= 1 "
+                "(fractions of the way from noise to clean)"
+            )
         if cfg.train.zero_advantage == "drop":
             problems.append(
                 "train.zero_advantage (drop): online-dpo pairs the best and the worst of every group, flat "
@@ -119,15 +147,13 @@ class OnlineDpo(CleanSampleFamily):
 
     def trained_steps(self, cfg: Config, iteration: int, sample_id: int) -> list[int]:
         """The group's one training-schedule index (the same for every sample of the group)."""
-        d = cfg.train.online_dpo
-        first = sample_id - sample_id % cfg.rollout.group_size
-        gen = sample_generator(cfg.seed, iteration, first, "dpo-timestep")
-        u = torch.sigmoid(torch.normal(d.logit_mean, d.logit_std, (1,), generator=gen))
+        u = pair_u(cfg, iteration, sample_id - sample_id % cfg.rollout.group_size)
         return [min(int((u * TRAIN_STEPS).long()), TRAIN_STEPS - 1)]
 
     def rows(self, spec: Any, traj: dict[str, torch.Tensor], cfg: Config) -> GroupRows:
         """The pair's two rows, chosen then rejected, sharing the group's noise and step;
-        ``sigma`` is NaN (the loss reads the model's training schedule at ``step``)."""
+        ``sigma`` is NaN (the loss reads the model's training schedule at ``step``), or the
+        ``unshifted`` draw's continuous noise level."""
         final = traj["latents"][:, -1]
         pair = dpo_pair(spec.advantages)
         if pair is None:
@@ -147,10 +173,19 @@ class OnlineDpo(CleanSampleFamily):
         gen = sample_generator(cfg.seed, spec.iteration, first, "dpo-noise")
         noise = torch.randn((1, *final.shape[1:]), generator=gen, dtype=torch.float32).to(final.dtype)
         idx = torch.tensor(pair, dtype=torch.long)
+        d = cfg.train.online_dpo
+        sigma = torch.full((2,), float("nan"))
+        if d.timestep_draw == "unshifted":
+            u = pair_u(cfg, spec.iteration, first)
+            if min(int((u * TRAIN_STEPS).long()), TRAIN_STEPS - 1) != spec.steps[chosen][0]:
+                raise AlgorithmError(
+                    "online-dpo's unshifted noise level must come from the group's timestep draw"
+                )
+            sigma = unshifted_sigma(u, d.timestep_range).expand(2).clone()
         return GroupRows(
             x0=final.index_select(0, torch.tensor([spec.samples[i] for i in pair], dtype=torch.long)),
             noise=noise.expand(2, *final.shape[1:]).clone(),
-            sigma=torch.full((2,), float("nan")),
+            sigma=sigma,
             advantage=torch.tensor(spec.advantages, dtype=torch.float32)[idx],
             sample=idx,
             step=torch.tensor([spec.steps[chosen][0]] * 2, dtype=torch.long),
@@ -164,7 +199,10 @@ class OnlineDpo(CleanSampleFamily):
         rows.one_group_step()
         g = cfg.rollout.guidance_scale
         device = policy.device
-        sigma = policy.sigmas(TRAIN_STEPS).to(device)[rows.step.to(device)]
+        if cfg.train.online_dpo.timestep_draw == "unshifted":
+            sigma = rows.sigma.to(device)
+        else:
+            sigma = policy.sigmas(TRAIN_STEPS).to(device)[rows.step.to(device)]
         x0, noise = rows.x0.to(device), rows.noise.to(device)
         e = embeds.index(rows.sample)
         xt, target = noised(x0, noise, sigma), flow_target(x0, noise)

@@ -24,6 +24,10 @@ In the distributed modes the trainer group's members hold it in their replicated
 joins copies it with the optimizer state), serve it with every version, and every worker
 loads versions with :func:`load_version`. The FSDP trainer group's sharded store keeps no
 state, so ``train.fsdp`` is refused for such an algorithm (:mod:`digen.config`).
+
+A version that is evaluated with the EMA weights (``train.ema.eval``) also carries them, as
+``ema/<parameter name>`` (:data:`EMA_PREFIX`); :func:`load_version` keeps them aside too, where
+:func:`loaded_ema` finds them. Nothing but the evaluation reads them.
 """
 
 from __future__ import annotations
@@ -38,8 +42,11 @@ import torch
 from digen.errors import AlgorithmError
 
 STATE_PREFIX = "algo/"
+EMA_PREFIX = "ema/"
+"""The EMA of the trained tensors in a version dict (and in a checkpoint's ``optimizer.safetensors``)."""
 
 _LOADED: weakref.WeakKeyDictionary[Any, dict[str, torch.Tensor]] = weakref.WeakKeyDictionary()
+_EMA: weakref.WeakKeyDictionary[Any, dict[str, torch.Tensor]] = weakref.WeakKeyDictionary()
 
 
 def state_name(role: str, param: str) -> str:
@@ -51,11 +58,22 @@ def is_state(name: str) -> bool:
     return name.startswith(STATE_PREFIX)
 
 
+def is_ema(name: str) -> bool:
+    return name.startswith(EMA_PREFIX)
+
+
+def with_ema(weights: dict[str, torch.Tensor], ema: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A version dict ``weights`` carrying the EMA ``ema`` (``{parameter name: tensor}``) as
+    ``ema/<name>`` (the tensors themselves, not copies)."""
+    return {**weights, **{f"{EMA_PREFIX}{k}": v for k, v in ema.items()}}
+
+
 def split_version(
     weights: dict[str, torch.Tensor],
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """``(trained tensors, algo/ state tensors)`` of a version dict."""
-    trained = {k: v for k, v in weights.items() if not is_state(k)}
+    """``(trained tensors, algo/ state tensors)`` of a version dict (its ``ema/`` tensors in
+    neither: :func:`load_version` keeps them aside)."""
+    trained = {k: v for k, v in weights.items() if not is_state(k) and not is_ema(k)}
     state = {k: v for k, v in weights.items() if is_state(k)}
     return trained, state
 
@@ -88,6 +106,13 @@ def load_version(policy: Any, weights: dict[str, torch.Tensor]) -> None:
     trained, state = split_version(weights)
     policy.load_trainable_state_dict(trained)
     _LOADED[policy] = state
+    _EMA[policy] = {k[len(EMA_PREFIX) :]: v for k, v in weights.items() if is_ema(k)}
+
+
+def loaded_ema(policy: Any) -> dict[str, torch.Tensor]:
+    """The EMA (``{parameter name: tensor}``) the version last loaded with :func:`load_version`
+    carried (``{}`` when it carried none)."""
+    return _EMA.get(policy, {})
 
 
 def policy_state(policy: Any) -> dict[str, torch.Tensor]:

@@ -4,8 +4,14 @@ paths work on this machine, and how fast.
 Parts, each in its own child process (a crash or a hang there is reported, not fatal; each has
 a time limit), each skipped with its reason where it cannot run:
 
-- ``allreduce``: NCCL all-reduce of 256 MiB of bfloat16 over every GPU (needs two: NCCL does
-  not put two ranks on one GPU): the algorithm and bus bandwidth (nccl-tests' definitions).
+- ``allreduce``: the trainer group's all-reduce as digen forms it, 256 MiB of bfloat16 over
+  every GPU (needs two: NCCL does not put two ranks on one GPU): one rank per GPU placed by
+  digen's placement (each sees only its own GPU, ``CUDA_VISIBLE_DEVICES``, and computes on
+  ``cuda:0``), the group formed through digen's rendezvous and Redis store
+  (:func:`digen.parallel.comm.join_process_group`, the embedded Redis) with digen's NCCL
+  settings and timeout; the algorithm and bus bandwidth (nccl-tests' definitions), the
+  backend, the timeout, each rank's visible GPU. Every GPU visible to every rank would let
+  NCCL use paths (and a TCP store) no digen trainer has: it would not measure digen.
 - ``weight_fetch``: the data plane's bucketed fetch (:func:`digen.dataplane.weights.fetch_version`)
   of a 684 MiB adapter, from a process holding it on one GPU (copied to host memory and served
   by its blob server, as a trainer does) to a process on another GPU (each bucket copied to its
@@ -26,7 +32,6 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import queue as queue_mod
-import socket
 import time
 import traceback
 from collections.abc import Callable
@@ -148,59 +153,145 @@ def _child(q, fn: Callable, args: tuple) -> None:
         q.put({"error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"})
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 # ------------------------------------------------------------------------------------------
 # NCCL all-reduce
 
 
-def _allreduce_part(n: int) -> dict:
+def allreduce_ranks(n: int) -> list[dict[str, str]]:
+    """The environment of each of ``n`` trainer ranks as digen places them on this machine
+    (:func:`digen.cluster.placement.place` over :func:`~digen.cluster.placement.discover`'s
+    GPUs): each pinned to its own GPU by ``CUDA_VISIBLE_DEVICES`` and computing on
+    ``DIGEN_DEVICE`` (``cuda:0``), as a trainer worker does."""
+    from digen.cluster.placement import discover, place
+
+    gpus = discover()
+    placed = place([(f"trainer-{i}", "trainer") for i in range(n)], gpus)
+    if any(not slot.gpus for slot in placed.slots):
+        raise RuntimeError(
+            f"digen's placement sees {len(gpus)} GPU(s) (nvidia-smi), torch {n}: "
+            "it cannot pin one rank to each GPU as it pins trainers"
+        )
+    return [slot.env() for slot in placed.slots]
+
+
+def _allreduce_part(
+    n: int, redis_url: str | None = None, envs: list[dict[str, str]] | None = None, mib: int = ALLREDUCE_MIB
+) -> dict:
+    """The trainer group's all-reduce as digen runs it: ``n`` ranks placed by digen's placement
+    (one GPU each, :func:`allreduce_ranks`), the group formed by digen's rendezvous and store
+    (:func:`digen.parallel.comm.join_process_group` over a
+    :class:`~digen.parallel.store.RedisStore` in the embedded Redis, or ``redis_url``), with its
+    NCCL settings and collective timeout; ``mib`` MiB of bfloat16. ``envs``: each rank's
+    environment instead of the placement's (the tests pin them to the CPU: gloo, same path)."""
+    import secrets
+
+    from digen.controlplane.redis_conn import connect, embedded_url
+
+    r = connect(redis_url)
+    url = redis_url or embedded_url(r)
+    job = f"gpu-bench-{secrets.token_hex(4)}"
+    envs = envs if envs is not None else allreduce_ranks(n)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_allreduce_rank, args=(r, n, port, q), daemon=True) for r in range(n)]
-    for p in procs:
-        p.start()
-    got = [q.get(timeout=PART_TIMEOUT_S["allreduce"] - 10) for _ in range(n)]
-    for p in procs:
-        p.join(10)
+    procs = [
+        ctx.Process(target=_allreduce_rank, args=(i, n, envs[i], url, job, mib, q), daemon=True)
+        for i in range(n)
+    ]
+    try:
+        for p in procs:
+            p.start()
+        got = [q.get(timeout=PART_TIMEOUT_S["allreduce"] - 10) for _ in range(n)]
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.terminate()
+        for key in r.scan_iter(f"digen:{job}:*"):
+            r.delete(key)
+        r.close()
     errors = [g["error"] for g in got if "error" in g]
     if errors:
         return {"error": errors[0]}
     s = max(g["s"] for g in got)
-    nbytes = ALLREDUCE_MIB * 2**20
+    nbytes = mib * 2**20
+    ranks = sorted(got, key=lambda g: g["rank"])
     return {
         "ranks": n,
-        "size_mib": ALLREDUCE_MIB,
+        "size_mib": mib,
         "ms": round(s * 1e3, 2),
         "algbw_gb_s": round(nbytes / s / 1e9, 1),
         "busbw_gb_s": round(nbytes / s / 1e9 * 2 * (n - 1) / n, 1),
+        "backend": ranks[0]["backend"],
+        "store": "redis",
+        "timeout_s": ranks[0]["timeout_s"],
+        "visible": [g["visible"] for g in ranks],
+        "nccl_env": ranks[0]["nccl_env"],
     }
 
 
-def _allreduce_rank(rank: int, world: int, port: int, q) -> None:
+ALLREDUCE_LEASE_S = 120.0
+"""The lease the bench's group takes its collective timeout from (``schedule.lease_s``'s default)."""
+
+
+def _allreduce_rank(rank: int, world: int, env: dict[str, str], url: str, job: str, mib: int, q) -> None:
     try:
+        import os
+
+        os.environ.update(env)  # the placement's pinning, before torch sees CUDA
         import torch
         import torch.distributed as dist
 
-        torch.cuda.set_device(rank)
-        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-        x = torch.ones(ALLREDUCE_MIB * 2**19, dtype=torch.bfloat16, device=f"cuda:{rank}")
+        from digen.controlplane.jsonkeys import JsonKeys, Rendezvous
+        from digen.controlplane.redis_conn import connect
+        from digen.parallel.comm import NCCL_ENV, collective_timeout_s, join_process_group
+
+        r = connect(url)
+        rdv = Rendezvous(JsonKeys(r, job, "bench"), "allreduce", "the bench's all-reduce group")
+        device = torch.device(os.environ.get("DIGEN_DEVICE", "cuda:0"))
+        deadline = time.monotonic() + 60
+
+        def await_address() -> dict | None:
+            while time.monotonic() < deadline:
+                if (found := rdv.poll()) is not None:
+                    return found
+                time.sleep(0.05)  # polling the leader's key, as a worker's rendezvous does
+            return None
+
+        addr = join_process_group(
+            leader=rank == 0,
+            host="127.0.0.1",
+            rank=rank,
+            world=world,
+            device=device,
+            timeout_s=ALLREDUCE_LEASE_S,
+            publish=rdv.publish,
+            await_address=await_address,
+            store=rdv.store,
+        )
+        if addr is None:
+            raise RuntimeError("rank 0 never published the group's address")
+        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        x = torch.ones(mib * 2**19, dtype=torch.bfloat16, device=device)
         for _ in range(3):
             dist.all_reduce(x)
-        torch.cuda.synchronize()
+        sync()
         iters = 10
         t0 = time.perf_counter()
         for _ in range(iters):
             dist.all_reduce(x)
-        torch.cuda.synchronize()
+        sync()
         s = (time.perf_counter() - t0) / iters
         dist.destroy_process_group()
-        q.put({"s": s})
+        q.put(
+            {
+                "rank": rank,
+                "s": s,
+                "backend": addr["backend"],
+                "timeout_s": collective_timeout_s(addr["backend"], ALLREDUCE_LEASE_S),
+                "visible": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+                "nccl_env": {v: os.environ.get(v) for v in NCCL_ENV},
+            }
+        )
     except Exception as exc:  # noqa: BLE001 - reported to the parent
         q.put({"error": f"rank {rank}: {type(exc).__name__}: {exc}"})
 

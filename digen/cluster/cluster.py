@@ -21,6 +21,7 @@ import os
 import threading
 from dataclasses import dataclass
 
+from digen.controlplane.resources import gpu_type_of, sp_group_of, worker_resources
 from digen.core.events import Role
 from digen.errors import ConnectionFailure
 from digen.startup import phase
@@ -41,13 +42,6 @@ class WorkerInfo:
     sp_group: str | None = None
     """``digen worker --sp-group NAME`` (Dask resource ``sp-NAME``): the workers of one named
     group form sequence-parallel replicas together (:mod:`digen.runtime.sp_group`)."""
-
-
-def worker_resources(role: str, gpu_type: str, sp_group: str | None = None) -> dict[str, float]:
-    res: dict[str, float] = {role: 1, f"gpu-{gpu_type}": 1}
-    if sp_group:
-        res[f"sp-{sp_group}"] = 1
-    return res
 
 
 FORKSERVER_PRELOAD = (
@@ -335,9 +329,7 @@ def list_workers(client) -> list[WorkerInfo]:
         role = next((r for r in (Role.ROLLOUT, Role.TRAINER, Role.REWARD) if r.value in res), None)
         if role is None:
             continue
-        gpu = next((k[4:] for k in res if k.startswith("gpu-")), "unknown")
-        sp = next((k[3:] for k in res if k.startswith("sp-")), None)
-        out.append(WorkerInfo(addr, str(w.get("name", addr)), role, gpu, sp))
+        out.append(WorkerInfo(addr, str(w.get("name", addr)), role, gpu_type_of(res), sp_group_of(res)))
     return sorted(out, key=lambda w: w.name)
 
 

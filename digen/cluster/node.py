@@ -1,7 +1,7 @@
 """A digen worker node: one Dask worker (under a Nanny) that carries a role and a GPU type.
 
 ``digen worker --scheduler ADDR --role trainer --gpu-type a100`` starts one. Its Dask
-resources are ``{"trainer": 1, "gpu-a100": 1}`` (:func:`~digen.cluster.cluster.worker_resources`),
+resources are ``{"trainer": 1, "gpu-a100": 1}`` (:func:`~digen.controlplane.resources.worker_resources`),
 so the controller of a running job sees it within half a second and gives it a worker loop at
 the next iteration boundary. ``--device cuda:N`` pins it to GPU N: the worker process sees
 only that GPU (``CUDA_VISIBLE_DEVICES=N``) and the worker loop runs on ``cuda:0``
@@ -36,10 +36,10 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from digen.cluster.cluster import worker_resources
 from digen.cluster.placement import Placement, discover, parse_gpu_ids, parse_roles, place
 from digen.config import SecurityConfig, read_yaml
 from digen.controlplane.redis_conn import is_loopback
+from digen.controlplane.resources import worker_resources
 from digen.errors import ConfigError, ConnectionFailure
 
 log = logging.getLogger(__name__)

@@ -55,7 +55,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -507,7 +507,8 @@ class TaskQueue:
     def pop_parked(self) -> list[tuple[str, str]]:
         """(task id, why) of the tasks parked since the last call."""
         key = self.prefix + "parked"
-        ids = [_text(b) for b in (self.redis.lpop(key, 1_000_000) or [])]  # type: ignore[union-attr]
+        popped = cast("list[bytes | str]", self.redis.lpop(key, 1_000_000) or [])
+        ids = [_text(b) for b in popped]
         pipe = self.redis.pipeline(transaction=False)
         for task_id in ids:
             pipe.hget(self._key("task", task_id), "error")
@@ -585,7 +586,7 @@ class TaskQueue:
         for raw in self.redis.lrange(self.prefix + "dead", 0, -1):
             task_id = self._task_id(raw)
             if task_id is None or not self._was_issued(task_id):  # pushed there: taken off it
-                self.redis.lrem(self.prefix + "dead", 0, raw)
+                self.redis.lrem(self.prefix + "dead", 0, raw)  # type: ignore[arg-type]  # bytes as stored
                 why = self._id_problem(raw) if task_id is None else self._not_issued(task_id)
                 self._quarantine("dead", raw, why)
                 continue

@@ -98,9 +98,109 @@ def _members(r: list[float], group_ids: Sequence[int]) -> dict[int, list[float]]
     return out
 
 
+def _members_rows(
+    parts: Sequence[Sequence[float]], group_ids: Sequence[int]
+) -> dict[int, list[Sequence[float]]]:
+    out: dict[int, list[Sequence[float]]] = {}
+    for p, g in zip(parts, group_ids, strict=True):
+        out.setdefault(g, []).append(p)
+    return out
+
+
 def _batch_std(r: list[float], ddof: int) -> float:
     """The std of all of ``r`` with ``ddof`` (two passes; 0 when ``len(r) <= ddof``)."""
     if len(r) <= ddof:
         return 0.0
     mean = sum(r) / len(r)
     return math.sqrt(sum((x - mean) * (x - mean) for x in r) / (len(r) - ddof))
+
+
+def per_reward_advantages(
+    parts: Sequence[Sequence[float]],
+    group_ids: Sequence[int],
+    weights: Sequence[float],
+    *,
+    global_std: bool = False,
+    eps: float = 1e-4,
+    clip: float | None = 5.0,
+    unbiased: bool = False,
+) -> GroupAdvantages:
+    """DanceGRPO's multi-reward advantage (``train.multi_reward: per_reward``): one
+    :func:`group_advantages` per reward, each clamped, then weighted and summed,
+    ``A = sum_k w_k clamp(adv(r_k), +-clip)`` (the sum itself is not clamped again).
+
+    parts: ``[N][K]`` finite floats, each sample's unweighted score of every reward, in the
+    order of ``weights`` (``[K]``, K >= 1). The other arguments are :func:`group_advantages`'s,
+    applied to each reward's column. Peer: XueZeyue/DanceGRPO 15cc71d
+    fastvideo/train_grpo_hunyuan.py l.370-392 (``vq_advantages``, ``mq_advantages``) and
+    l.449-477 (each clamped to ``adv_clip_max``, the losses summed with ``--vq_coef`` /
+    ``--mq_coef``). The weighted sum runs in float64 over the float32 per-reward values, in
+    reward order, and is rounded to float32 once.
+
+    ``zero_std_groups``: the groups flat in every reward (their advantages are exactly 0);
+    ``group_std``: the first reward's.
+    """
+    k = len(weights)
+    assert k >= 1 and all(len(p) == k for p in parts), (k, {len(p) for p in parts})
+    columns = [
+        group_advantages(
+            [p[j] for p in parts], group_ids, global_std=global_std, eps=eps, clip=clip, unbiased=unbiased
+        )
+        for j in range(k)
+    ]
+    total = [0.0] * len(parts)
+    for w, col in zip(weights, columns, strict=True):
+        for i, a in enumerate(col.values):
+            total[i] += float(w) * a
+    flat = {
+        g: all(max(own) == min(own) for own in zip(*rows, strict=True))
+        for g, rows in _members_rows(parts, group_ids).items()
+    }
+    return GroupAdvantages(float32(total), sum(flat.values()), columns[0].group_std)
+
+
+GDPO_STD_FLOOR = 1e-6
+"""Flow-Factory's floor on every std of GDPO (``max(std, 1e-6)``)."""
+
+
+def gdpo_advantages(
+    parts: Sequence[Sequence[float]],
+    group_ids: Sequence[int],
+    weights: Sequence[float],
+    *,
+    clip: float | None = 5.0,
+) -> GroupAdvantages:
+    """Flow-Factory's GDPO (``train.multi_reward: gdpo``; X-GenGroup/Flow-Factory a0b2bc5
+    src/flow_factory/advantage/advantage_processor.py ``compute_gdpo`` and ``_global_mean_std``):
+    each reward normalised in its group, ``(r_k - mean_g) / max(std_g, 1e-6)``, weighted and
+    summed, then the sum normalised over the whole batch, ``(s - mean) / max(std, 1e-6)``,
+    population stds (ddof 0) throughout; then clamped to ``+-clip`` (Flow-Factory clamps in
+    its loss, ``adv_clip_range``: the same values).
+
+    parts: ``[N][K]`` finite floats, the unweighted score of each reward, in the order of
+    ``weights``. Needs the whole batch (the last normalisation). Every group's sum is centred,
+    so the batch mean is 0 up to round-off; a group flat in every reward sums to 0 and stays
+    there up to that round-off (not exactly 0, as the peer's); it counts in
+    ``zero_std_groups``. ``group_std``: the batch std of the sum.
+    """
+    k = len(weights)
+    assert k >= 1 and len(parts) == len(group_ids) > 0 and all(len(p) == k for p in parts)
+    members = _members_rows(parts, group_ids)
+    combined = [0.0] * len(parts)
+    for j, w in enumerate(weights):
+        stats = {}
+        for g, rows in members.items():
+            col = [row[j] for row in rows]
+            mean = sum(col) / len(col)
+            std = math.sqrt(sum((x - mean) * (x - mean) for x in col) / len(col))
+            stats[g] = (mean, max(std, GDPO_STD_FLOOR))
+        for i, (p, g) in enumerate(zip(parts, group_ids, strict=True)):
+            mean, std = stats[g]
+            combined[i] += (float(p[j]) - mean) / std * float(w)
+    mean = sum(combined) / len(combined)
+    std = max(_batch_std(combined, 0), GDPO_STD_FLOOR)
+    values = [(x - mean) / std for x in combined]
+    if clip is not None:
+        values = [min(max(a, -clip), clip) for a in values]
+    flat = sum(all(max(own) == min(own) for own in zip(*rows, strict=True)) for rows in members.values())
+    return GroupAdvantages(float32(values), flat, float32([std] * len(parts)))

@@ -68,6 +68,17 @@ class TaskRef:
             raise ValueError(f"{task_id!r} is not a task id (kind:iteration:group[:part])") from None
 
 
+def work_share(ref: TaskRef, groups: int, mini_batches: int, split_samples: bool) -> float:
+    """The groups' work task ``ref`` is, in whole groups: what TAG and RAT learn seconds per
+    group from and the bench counts. A generation or reward task is its group's
+    (:attr:`TaskRef.share`); a train task of ``groups`` groups is its share of each, or with
+    ``train.mini_batch_split: samples`` 1/``mini_batches`` of each. Decided here for the
+    scheduler and the workers alike."""
+    if ref.kind is not TaskKind.TRAIN:
+        return ref.share
+    return groups / mini_batches if split_samples else groups * ref.share
+
+
 # --- events ---------------------------------------------------------------------------
 
 

@@ -89,6 +89,7 @@ from digen.core.events import (
     TrainLost,
     WorkerJoined,
     WorkerLeft,
+    work_share,
 )
 from digen.core.policy import assist_budgets
 
@@ -212,12 +213,8 @@ class Scheduler:
 
     def _share(self, t: TaskRef) -> float:
         """The groups' work ``t`` is (``split_samples``: 1/M of its groups on average)."""
-        if t.kind is not TaskKind.TRAIN:
-            return t.share
-        n = len(self.task_groups(t.group))
-        if self.cfg.split_samples:
-            return n / self.cfg.mini_batches
-        return n * t.share
+        n = len(self.task_groups(t.group)) if t.kind is TaskKind.TRAIN else 1
+        return work_share(t, n, self.cfg.mini_batches, self.cfg.split_samples)
 
     def start(self, t: float) -> list[Instruction]:
         """Tag the workers known so far and release the first work."""

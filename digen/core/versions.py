@@ -33,7 +33,7 @@ def generation_version(iteration: int, mini_batches: int, max_staleness: int) ->
     return version(max(0, iteration - max_staleness), 0, mini_batches)
 
 
-def kept_version(iteration: int, mini_batches: int, max_staleness: int) -> int | None:
+def kept_version(iteration: int, mini_batches: int, max_staleness: int | None) -> int | None:
     """The older version the trainers keep serving while iteration ``iteration`` steps: the one
     the next iteration generates with (None at staleness 0: no rollout runs ahead)."""
     return generation_version(iteration + 1, mini_batches, max_staleness) if max_staleness else None

@@ -20,6 +20,7 @@ import socket
 import struct
 import time
 from collections.abc import Collection
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -121,24 +122,55 @@ def cast_to_dtype(t: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
     return dtype if dtype is not None and t.is_floating_point() else t.dtype
 
 
-def on_host(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``tensors`` in host memory: those already there as they are (no copy: for tensors that
-    nothing rewrites, such as a task's gradient), the others copied (:func:`host_copy`)."""
-    return {k: t if t.device.type == "cpu" else host_copy({k: t})[k] for k, t in tensors.items()}
+def on_host(tensors: dict[str, torch.Tensor], cast: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """``tensors`` in host memory (floating ones cast to ``cast`` when given): those already
+    there as they are (no copy unless the cast makes one: for tensors that nothing rewrites,
+    such as a task's gradient), the others copied (:func:`host_copy`)."""
+    on_device = {k: t for k, t in tensors.items() if t.device.type != "cpu"}
+    copied = host_copy(on_device, cast) if on_device else {}
+    return {k: copied[k] if k in copied else cast_to(t, cast) for k, t in tensors.items()}
+
+
+def copy_stream(device: torch.device) -> torch.cuda.Stream | None:
+    """The stream a host copy from ``device`` runs on: for a CUDA device a side stream (from
+    torch's pool) that first waits for everything the device's current stream has queued (the
+    optimizer step that wrote the values), so the copy reads the values as of the call and
+    never queues behind, or in front of, the training thread's later kernels on the default
+    stream; None for the host (no stream: nothing of CUDA is touched, not even initialised)."""
+    if device.type != "cuda":
+        return None
+    side = torch.cuda.Stream(device=device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    return side
 
 
 def host_copy(tensors: dict[str, torch.Tensor], cast: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """A snapshot of ``tensors`` to serve: each one's values now, in host memory of its own
     (contiguous; floating tensors cast to ``cast`` when given), so that a step that later
     rewrites the source (a trainer's parameters) cannot change what a blob serves, and a frame
-    sends it with no further copy. From a CUDA tensor the copy lands in pinned memory; it is
-    synchronous, so the bytes are final when this returns. A blob is immutable once put
-    (:class:`~digen.dataplane.blobs.BlobStore`): serve this, never a view of live memory."""
+    sends it with no further copy. A blob is immutable once put
+    (:class:`~digen.dataplane.blobs.BlobStore`): serve this, never a view of live memory.
+
+    From CUDA tensors (one device: a worker's) the copy lands in pinned memory, made on a side
+    stream (:func:`copy_stream`; the cast runs there too, one tensor at a time: never a cast
+    copy of the whole version on the device), asynchronously,
+    and that stream is synchronized before this returns: the bytes are final then, and the
+    sources, which the caller holds until then, were not freed while the stream read them.
+    Host tensors are copied on the host, unpinned (pinning needs CUDA and only speeds a copy
+    from a device)."""
+    devices = {t.device for t in tensors.values() if t.device.type != "cpu"}
+    if len(devices) > 1:
+        raise ValueError(f"a host copy reads one device's tensors, got {sorted(map(str, devices))}")
+    side = copy_stream(next(iter(devices))) if devices else None
     out: dict[str, torch.Tensor] = {}
-    for name, t in tensors.items():
-        src = t.detach()
-        buf = torch.empty(src.shape, dtype=cast_to_dtype(src, cast), device="cpu", pin_memory=src.is_cuda)
-        out[name] = buf.copy_(src)
+    with torch.cuda.stream(side) if side is not None else nullcontext():
+        for name, t in tensors.items():
+            src = t.detach()
+            pinned = src.device.type == "cuda"
+            buf = torch.empty(src.shape, dtype=cast_to_dtype(src, cast), device="cpu", pin_memory=pinned)
+            out[name] = buf.copy_(cast_to(src, cast), non_blocking=pinned)
+    if side is not None:
+        side.synchronize()
     return out
 
 

@@ -11,8 +11,8 @@ mapping, every peer key it could not carry with the reason, and the values it ha
   one of its ``examples/*.sh`` launch scripts;
 - :mod:`digen.importers.dance_grpo`: the ``--flag value`` arguments of a DanceGRPO
   ``scripts/finetune/*.sh`` script;
-- :mod:`digen.importers.flow_factory`: a Flow-Factory ``examples/**/*.yaml`` recipe (the GRPO
-  trainer on digen's families; other trainers are added there with their algorithms).
+- :mod:`digen.importers.flow_factory`: a Flow-Factory ``examples/**/*.yaml`` recipe (its GRPO
+  trainer and its clean-sample trainers dgpo, awm, nft and dpo on digen's families).
 
 The pages ``docs/coming-from-*.md`` hold the same mappings for a reader.
 """

@@ -25,6 +25,7 @@ DEFAULTS: dict[str, Any] = {
     "lr_scheduler": "constant_with_warmup", "shift": 1.0, "timestep_fraction": 1.0,
     "clip_range": 1e-4, "adv_clip_max": 5.0, "ema_decay": 0.995, "checkpointing_steps": 500,
     "master_weight_type": "fp32", "lora_rank": 128, "lora_alpha": 256,
+    "vq_coef": 1.0, "mq_coef": 0.0,  # train_grpo_hunyuan.py's argparse
 }  # fmt: skip
 
 # fastvideo/train_grpo_flux_lora.py's LoraConfig(target_modules=...): the attention
@@ -67,6 +68,17 @@ NO_EQUIVALENT = {
     "loss_coef": "not read by the GRPO scripts",
     "ema_start_step": "digen's EMA starts at the first step",
     "data_json_path": "DanceGRPO reads precomputed text embeddings; digen encodes prompts itself",
+    "model_type": "FastVideo's model loader name (train_grpo_hunyuan.py l.531-534): digen reads the family "
+    "from model.path's model_index.json",
+    "validation_prompt_dir": "read by no GRPO script (15cc71d): digen evaluates with eval.*",
+    "validation_steps": "read by no GRPO script (15cc71d): digen evaluates with eval.*",
+    "validation_sampling_steps": "read by no GRPO script (15cc71d): digen evaluates with eval.*",
+    "log_validation": "read by no GRPO script (15cc71d): digen evaluates with eval.*",
+    "checkpoints_total_limit": "read by no GRPO script (15cc71d); digen keeps output.keep_checkpoints",
+    "tracker_project_name": "the wandb project (train_grpo_hunyuan.py l.617): digen logs to the run "
+    "directory (logging.*)",
+    "fps": "the frame rate of the MP4 VideoAlign scores (train_grpo_hunyuan.py l.259); digen's http reward "
+    "receives the decoded frames",
 }
 
 _CARRIED = {
@@ -75,6 +87,7 @@ _CARRIED = {
     "h", "w", "sampling_steps", "eta", "use_hpsv2", "use_pickscore", "use_group", "ignore_last",
     "init_same_noise", "timestep_fraction", "clip_range", "adv_clip_max", "use_ema", "ema_decay",
     "lora_rank", "lora_alpha", "gradient_checkpointing", "cfg_infer", "use_same_noise", "use_videoalign",
+    "vq_coef", "mq_coef",
 }  # fmt: skip
 
 
@@ -212,32 +225,29 @@ def _translate(f: dict[str, Any], gpus: int, script: str, out: Imported) -> None
     set_dotted(c, "train.rows_per_forward", 1)
     if get("use_ema"):
         # FSDP_EMA.update once per rollout batch, a fixed decay (train_grpo_flux.py l.866-867)
+        # under train.fsdp (the 8-GPU full fine-tune) each rank keeps the EMA of its shards;
+        # DanceGRPO saves it beside the weights and evaluates nothing (train.ema.eval/export off)
         ema = {"enabled": True, "decay": get("ema_decay"), "warmup": False, "update": "iteration"}
-        if c["train"].get("fsdp"):
-            # the EMA does not steer training (DanceGRPO saves it beside the weights): the run
-            # trains the same policy without it, and the import says what it leaves out
-            ema["enabled"] = False
-            out.dropped["--use_ema"] = (
-                f"digen keeps no EMA under train.fsdp yet (a full fine-tune): the policy trains the same, but "
-                f"no EMA (decay {get('ema_decay')}, once per rollout batch) is kept or exported"
-            )
         set_dotted(c, "train.ema", ema)
     reward = "hpsv2" if get("use_hpsv2") else "pickscore" if get("use_pickscore") else None
     c["reward"] = [{"name": reward, "weight": 1.0} if reward else served_reward("reward")]
     if get("use_videoalign"):
-        # VideoAlign's visual and motion quality, one GRPO advantage each, their clipped losses
-        # summed with --vq_coef / --mq_coef (train_grpo_hunyuan.py l.370-395, 449-477)
-        vq, mq = float(f.get("vq_coef", 1.0)), float(f.get("mq_coef", 1.0))
-        c["reward"] = [served_reward("videoalign_vq", vq)] + (
-            [served_reward("videoalign_mq", mq)] if mq else []
-        )
-        out.placeholders["reward"] = (
-            "VideoAlign (VideoReward) is not a digen reward: serve its VQ and MQ scores at the http rewards' urls"
-        )
-        out.dropped["--vq_coef/--mq_coef"] = (
-            f"DanceGRPO sums per-reward losses, each on its own group-normalised advantage (coefficients {vq} / "
-            f"{mq}); digen normalises the weighted reward sum"
-            + ("" if mq else " (the same here: --mq_coef 0 leaves one reward)")
+        # VideoAlign's visual and motion quality, one group advantage each, weighted by --vq_coef /
+        # --mq_coef and summed (train_grpo_hunyuan.py l.370-395, 449-477): train.multi_reward
+        # per_reward. A coefficient of 0 leaves its reward out (its term is 0: nothing to score)
+        vq, mq = float(get("vq_coef")), float(get("mq_coef"))
+        c["reward"] = [
+            served_reward(name, w) for name, w in (("videoalign_vq", vq), ("videoalign_mq", mq)) if w
+        ]
+        if not c["reward"]:
+            raise ConfigError(
+                f"DanceGRPO {Path(script).name}: --vq_coef and --mq_coef are both 0: no reward trains"
+            )
+        set_dotted(c, "train.multi_reward", "per_reward")
+        out.placeholders["reward"] = "VideoAlign (VideoReward) is not a digen reward: serve its VQ" + (
+            " and MQ scores at the http rewards' urls"
+            if len(c["reward"]) > 1
+            else " score at the http reward's url"
         )
     if f.get("bestofn"):
         out.dropped["--bestofn"] = (

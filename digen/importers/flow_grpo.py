@@ -91,6 +91,11 @@ NO_EQUIVALENT: dict[str, str] = {
     "train.clip_range_lt": "no Flow-GRPO script reads it (9745241): train.clip_range is the range",
     "train.clip_range_gt": "no Flow-GRPO script reads it (9745241): train.clip_range is the range",
     "train.timestep_shift": "read only by scripts/train_bagel.py (BAGEL, not a digen family)",
+    "train.highclip_range": "no Flow-GRPO script reads it (9745241; config/grpo_guard.py sets it): "
+    "train.clip_range is the range",
+    "run_project": "the wandb project of scripts/train_sd3_GRPO_Guard.py (l.369): digen logs to the run "
+    "directory (logging.*)",
+    "train_attribute": "read by no script (9745241; a comment in config/grpo_guard.py)",
     "train.lora_path": "digen starts LoRA from zero: a pre-trained adapter is not loaded "
     "(merge it into model.path's weights first)",
     "train.sft": "the SFT term mixed into RL is not in digen",
@@ -373,6 +378,9 @@ def _train(fg: dict[str, Any], out: Imported, script: Script) -> None:
             "update": "micro_batch",
             "every": 8,
             "micro_batches": accumulation,
+            # eval() samples with the EMA swapped in and save_ckpt saves it (l.218-219, 328-332)
+            "eval": ema,
+            "export": ema,
         },
     )
     if _get(fg, "activation_checkpointing", False):

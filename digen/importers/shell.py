@@ -70,7 +70,25 @@ def read_command(path: Path, entry: str) -> Command:
             name, value = match.group(1), _assigned(match.group(2), variables)
             if value is not None:
                 variables[name] = value
-    raise ConfigError(f"{path} does not call {entry}")
+    runs = _programs(text)
+    also = f" (it runs {', '.join(runs)})" if runs else ""
+    raise ConfigError(f"{path} does not call {entry}{also}; not a recipe digen's importer reads")
+
+
+def _programs(text: str) -> list[str]:
+    """What the script's command lines run, in order: Python programs (``-m module`` or
+    ``file.py``) and other scripts (``bash .../other.sh``: a wrapper, whose own recipe is
+    that script)."""
+    found: list[str] = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith("#"):
+            continue
+        m = re.search(r"python[0-9.]*\s+(?:-m\s+(\S+)|(\S+\.py))|\bbash\s+\"?([^\"\s]+\.sh)", line)
+        name = m and (m.group(1) or m.group(2) or Path(m.group(3)).name)
+        if name and name not in found:
+            found.append(name)
+    return found[:3]
 
 
 def _assigned(rest: str, variables: dict[str, str]) -> str | None:

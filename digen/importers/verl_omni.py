@@ -50,7 +50,7 @@ CARRIED = {
     "algorithm.trainer_type", "algorithm.sample_source", "algorithm.global_std", "algorithm.timestep_fraction", "algorithm.adv_estimator",
     "data.train_files", "data.val_files", "data.val_max_samples", "data.train_batch_size", "data.seed",
     "trainer.total_training_steps", "trainer.save_freq", "trainer.test_freq", "trainer.max_actor_ckpt_to_keep",
-    "reward.custom_reward_function.name", "reward.custom_reward_function.path",
+    "reward.custom_reward_function.name", "reward.custom_reward_function.path", "reward.aggregation",
 }  # fmt: skip
 
 SECTIONS = {
@@ -75,6 +75,8 @@ SECTIONS = {
 }
 
 KEYS = {
+    "diffusion/model_engine": "VeRL-Omni's Hydra model-engine schema (veomni_diffusion: VeOmni's engine); "
+    "digen trains with its own trainers (train.fsdp shards a full fine-tune)",
     f"{A}rollout.val_kwargs.algo.noise_level": "digen evaluates with the deterministic ODE sampler (noise 0)",
     f"{A}rollout.pipeline.guidance_scale": "rollout.guidance_scale is set from true_cfg_scale",
     f"{A}model.lora_init_weights": "digen's LoRA starts at zero (B = 0), as PEFT's default",
@@ -91,6 +93,14 @@ KEYS = {
     "algorithm.paired_preference": "online-dpo always trains one chosen/rejected pair per group "
     "(its best and worst sample)",
 }
+
+REWARD_FUNCTIONS = "reward.reward_functions."
+"""The sub-rewards of MultiVisualRewardManager (``+reward.reward_functions.<key>.weight=...``): carried
+as one reward each (:func:`_reward`)."""
+
+OFF_BY_DEFAULT = {"algorithm.paired_preference"}
+"""Switches of the base config that only matter when a recipe turns them on (the DPO recipes'
+``paired_preference=true``): listed as not carried only then."""
 
 _ALGORITHMS = {"flow_grpo": "flow-grpo", "grpo_guard": "grpo-guard", "mix_grpo": "mix-grpo",
                "flow_dppo": "flow-dppo", "diffusion_nft": "diffusion-nft", "dance_grpo": "dance-grpo",
@@ -143,8 +153,10 @@ def import_verl_omni(spec: str) -> Imported:
     _translate(flat, out)
     dropped: dict[str, str] = {}
     for key in flat:
-        if key in CARRIED or key.rsplit(".", 1)[-1] == "_target_":
+        if key in CARRIED or key.rsplit(".", 1)[-1] == "_target_" or key.startswith(REWARD_FUNCTIONS):
             continue
+        if key in OFF_BY_DEFAULT and flat[key] is False:
+            continue  # a switch left off changes nothing digen trains
         section = max(
             (s for s in SECTIONS if key == s or key.startswith(s + ".") or key.startswith(s)),
             key=len,
@@ -428,7 +440,38 @@ def _online_dpo(f: dict[str, Any], out: Imported) -> None:
             )
 
 
+def _reward_functions(f: dict[str, Any]) -> dict[str, float]:
+    """``reward.reward_functions.<key>.{path, name, weight}``: each sub-reward's weight, by key."""
+    subs: dict[str, float] = {}
+    for key, value in f.items():
+        if key.startswith(REWARD_FUNCTIONS):
+            sub, _, field = key[len(REWARD_FUNCTIONS) :].partition(".")
+            subs.setdefault(sub, 1.0)
+            if field == "weight":
+                if isinstance(value, bool) or not isinstance(value, int | float):
+                    raise ConfigError(f"{key}={value!r} must be a number (the sub-reward's weight)")
+                subs[sub] = float(value)
+    return subs
+
+
 def _reward(f: dict[str, Any], out: Imported) -> None:
+    subs = _reward_functions(f)
+    if subs:
+        # MultiVisualRewardManager: sum_k weight_k score_k over reward.reward_functions
+        # (verl_omni/reward_loop/reward_manager/multi.py l.150-188), digen's weighted reward sum
+        aggregation = str(f.get("reward.aggregation") or "weighted_sum")
+        if aggregation != "weighted_sum":
+            raise ConfigError(
+                f"reward.aggregation={aggregation}: digen combines rewards as a weighted sum (weighted_sum) "
+                "or DanceGRPO's per-reward advantages (train.multi_reward)"
+            )
+        out.config["reward"] = [served_reward(sub, weight) for sub, weight in subs.items()]
+        set_dotted(out.config, "train.multi_reward", "sum")
+        out.placeholders["reward"] = (
+            f"VeRL-Omni's sub-rewards {', '.join(subs)} are custom functions: serve each at its http reward's url; "
+            "a sub-reward that raises scores 0 there (multi.py l.181-185), a NaN here drops the sample"
+        )
+        return
     fn = f"{f.get('reward.custom_reward_function.path') or ''} {f.get('reward.custom_reward_function.name') or ''}".lower()
     for name in ("ocr", "pickscore", "clipscore", "aesthetic", "hpsv2", "imagereward", "geneval"):
         if name in fn:

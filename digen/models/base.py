@@ -130,11 +130,18 @@ class FlowPolicy:
     def initial_noise(self, generator: torch.Generator) -> torch.Tensor:
         """One sample's starting noise ``[*latent_shape]``, float32, drawn on CPU from
         ``generator`` (so it is the same on every device), returned on ``self.device``."""
-        return torch.randn(self.latent_shape(), generator=generator, dtype=torch.float32).to(self.device)
+        return self.host_noise(generator).to(self.device)
+
+    def host_noise(self, generator: torch.Generator) -> torch.Tensor:
+        """:meth:`initial_noise` as drawn, on the host (a caller that moves a batch of them to
+        the device at once)."""
+        return torch.randn(self.latent_shape(), generator=generator, dtype=torch.float32)
 
     def sigmas(self, num_steps: int) -> torch.Tensor:
         """The scheduler's sigmas after ``set_timesteps(num_steps)``: ``[num_steps + 1]``
-        float32, decreasing from ~1 to 0 (shift applied as the scheduler config says)."""
+        float32, decreasing from ~1 to 0 (shift applied as the scheduler config says), on the host:
+        the sampling loop reads them as floats, and a copy on the device would cost a round trip
+        that waits for the device at every group."""
         raise NotImplementedError
 
     def encode_prompts(self, prompts: list[str], *, with_uncond: bool) -> PromptEmbeds:

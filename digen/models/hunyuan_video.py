@@ -59,12 +59,12 @@ class HunyuanVideoPolicy(VideoPolicy):
     def sigmas(self, num_steps: int) -> torch.Tensor:
         """As ``HunyuanVideoPipeline`` sets them: sigmas ``linspace(1, 0, num_steps + 1)[:-1]``
         through the scheduler's static shift (7.0 for HunyuanVideo). Returns ``[num_steps + 1]``
-        float32 on device."""
+        float32 on the host."""
         import numpy as np
 
         scheduler = self.pipe.scheduler
         scheduler.set_timesteps(sigmas=np.linspace(1.0, 0.0, num_steps + 1)[:-1])
-        return scheduler.sigmas.to(self.device, torch.float32).clone()
+        return scheduler.sigmas.to("cpu", torch.float32).clone()
 
     def _encode(self, prompts: list[str]) -> dict[str, torch.Tensor]:
         """``encoder_hidden_states [B, L, D]`` (Llama, template cropped, padded to

@@ -23,49 +23,14 @@ import torch
 
 from digen.algos.precision import at_least_float32
 from digen.errors import CheckpointError, ConfigError
+from digen.lora_targets import FLUX_TARGETS as FLUX_TARGETS  # re-exported: the adapters' defaults
+from digen.lora_targets import QWEN_IMAGE_TARGETS as QWEN_IMAGE_TARGETS
+from digen.lora_targets import SD3_TARGETS as SD3_TARGETS
 
 ADAPTER = "default"
 
-# The family defaults (``model.lora.target_modules`` unset) are the peers' own lists where the
-# peers agree; docs/models.md, "LoRA targets", has the table.
-#
-# SD3.5: every joint-attention projection of the MMDiT blocks. Flow-GRPO scripts/train_sd3.py
-# l.419-428 (9745241) and VeRL-Omni's SD3.5 examples (a1139ba
-# examples/flowgrpo_trainer/sd35/*.sh, ``target_modules``) agree.
-SD3_TARGETS: tuple[str, ...] = (
-    "attn.add_k_proj",
-    "attn.add_q_proj",
-    "attn.add_v_proj",
-    "attn.to_add_out",
-    "attn.to_k",
-    "attn.to_out.0",
-    "attn.to_q",
-    "attn.to_v",
-)
-# FLUX.1: the attention projections and both feed-forwards of the double blocks (the single
-# blocks' attn.to_q/k/v match too; their proj_mlp/proj_out are left alone), Flow-GRPO
-# scripts/train_flux.py l.411-424 and train_flux_fast.py. DanceGRPO's LoRA script adapts fewer
-# (fastvideo/train_grpo_flux_lora.py: to_k, to_q, to_v, to_out.0), which its importer carries;
-# VeRL-Omni has no FLUX recipe. Flow-GRPO's is the one GRPO LoRA recipe set on FLUX digen's
-# examples follow (configs/examples/ocr-flux.yaml).
-FLUX_TARGETS: tuple[str, ...] = (
-    *SD3_TARGETS,
-    "ff.net.0.proj",
-    "ff.net.2",
-    "ff_context.net.0.proj",
-    "ff_context.net.2",
-)
-# Qwen-Image: the attention projections and the image and text MLPs of every block. Flow-GRPO
-# scripts/train_qwenimage.py l.410-423 and VeRL-Omni's Qwen-Image examples
-# (examples/flowgrpo_trainer/qwen_image/*.sh, ``target_modules``, without the ``attn.``
-# prefix: the same modules) agree.
-QWEN_IMAGE_TARGETS: tuple[str, ...] = (
-    *SD3_TARGETS,
-    "img_mlp.net.0.proj",
-    "img_mlp.net.2",
-    "txt_mlp.net.0.proj",
-    "txt_mlp.net.2",
-)
+# The family defaults (``model.lora.target_modules`` unset) live in the torch-free
+# digen.lora_targets, which digen.checks also reads (the checkpoint's size).
 
 
 def add_lora(

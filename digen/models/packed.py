@@ -38,7 +38,7 @@ class PackedLatentPolicy(PipelinePolicy):
         through the scheduler's shift, ``mu`` from the image token count (``calculate_shift``,
         which ``QwenImagePipeline`` copies from ``FluxPipeline``); Qwen-Image's config also
         stretches them to end at ``shift_terminal``. Returns ``[num_steps + 1]`` float32 on
-        device."""
+        the host."""
         import numpy as np
         from diffusers.pipelines.flux.pipeline_flux import calculate_shift
 
@@ -53,7 +53,7 @@ class PackedLatentPolicy(PipelinePolicy):
             config.get("max_shift", 1.15),
         )
         scheduler.set_timesteps(num_steps, sigmas=sigmas, mu=mu)
-        return scheduler.sigmas.to(self.device, torch.float32).clone()
+        return scheduler.sigmas.to("cpu", torch.float32).clone()
 
     def timesteps(self, sigmas: torch.Tensor) -> torch.Tensor:
         """sigmas ``[B]`` float32 -> ``(1000 * sigma).to(model dtype) / 1000`` ``[B]``, as the

@@ -36,7 +36,7 @@ class Sd3Policy(PipelinePolicy):
     def sigmas(self, num_steps: int) -> torch.Tensor:
         """As the pipeline sets them: ``set_timesteps(num_steps)`` (static shift 3.0 for SD3.5;
         resolution-dependent ``mu`` if the scheduler config asks for dynamic shifting).
-        Returns ``[num_steps + 1]`` float32 on ``self.device``."""
+        Returns ``[num_steps + 1]`` float32 on the host (:meth:`FlowPolicy.sigmas`)."""
         from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import calculate_shift
 
         scheduler = self.pipe.scheduler
@@ -52,7 +52,7 @@ class Sd3Policy(PipelinePolicy):
                 scheduler.config.get("max_shift", 1.16),
             )
         scheduler.set_timesteps(num_steps, **kwargs)
-        return scheduler.sigmas.to(self.device, torch.float32).clone()
+        return scheduler.sigmas.to("cpu", torch.float32).clone()
 
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str], *, with_uncond: bool) -> PromptEmbeds:

@@ -19,14 +19,11 @@ from typing import Any
 
 import torch
 
+from digen.lora_targets import WAN_TARGETS
 from digen.models import text
 from digen.models.base import PromptEmbeds
 from digen.models.tiny import _sub_seed, check_resolution
 from digen.models.video import VideoPolicy
-
-# Every attention projection of the blocks: self-attention (attn1) and text cross-attention
-# (attn2); add_k/v_proj exist on the image-conditioned (I2V) models only.
-WAN_TARGETS: tuple[str, ...] = ("to_q", "to_k", "to_v", "to_out.0", "add_k_proj", "add_v_proj")
 
 
 def unnormalize_latents(z: torch.Tensor, vae: Any) -> torch.Tensor:
@@ -58,10 +55,10 @@ class WanPolicy(VideoPolicy):
         (static shift; no ``mu``). UniPC nudges a first sigma of 1 down to ``1 - 1e-6`` for its
         own multistep update; it is snapped back to 1 (else Flow-GRPO's noise scale
         ``sqrt(sigma / (1 - sigma))`` would be ~1000 on the first step). Returns
-        ``[num_steps + 1]`` float32 on device."""
+        ``[num_steps + 1]`` float32 on the host."""
         scheduler = self.pipe.scheduler
         scheduler.set_timesteps(num_steps)
-        sigmas = scheduler.sigmas.to(self.device, torch.float32).clone()
+        sigmas = scheduler.sigmas.to("cpu", torch.float32).clone()
         sigmas[(sigmas - 1.0).abs() < 1e-5] = 1.0
         return sigmas
 

@@ -128,10 +128,26 @@ def join_process_group(
     if addr["backend"] == "nccl":
         for var, value in NCCL_ENV.items():
             os.environ.setdefault(var, value)
+    fresh_group_names()
     dist.init_process_group(
         addr["backend"], store=store(addr["store"], timeout), rank=rank, world_size=world, timeout=timeout
     )
     return addr
+
+
+def fresh_group_names() -> None:
+    """Name the next default group as every rank of a new formation names it: torch keys a
+    group's rendezvous in the store under a per-process counter of the groups it began to form
+    (``"<n>/..."``), reset when a group is destroyed but not when ``init_process_group``
+    fails. A rank whose earlier formation failed (its peer hung past the timeout, or died in
+    the rendezvous) would count one more than the others and wait for keys that no one writes:
+    the group never forms again. Each formation meets in a store of its own (a fresh name), so
+    restarting the count cannot mix two formations' keys. Nothing is done while a group is
+    initialised."""
+    from torch.distributed import distributed_c10d as c10d
+
+    if not dist.is_initialized() and hasattr(c10d, "_world"):
+        c10d._world.group_count = 0
 
 
 NCCL_ENV = {"TORCH_NCCL_BLOCKING_WAIT": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}

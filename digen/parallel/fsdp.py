@@ -40,6 +40,17 @@ the Redis keys: :mod:`digen.controlplane.fsdp_keys`):
    :meth:`ShardedTrainer.optimizer_state` gathers AdamW's moments and rank 0 writes them in
    :meth:`digen.optim.ParameterStore.save`'s format, so checkpoints resume in either mode.
 
+``train.ema`` is sharded like the weights: each rank keeps the EMA of its own shards
+(:attr:`ShardedTrainer.ema`, ``DTensor`` shards placed as the parameters) and updates it in
+:meth:`ShardedTrainer.step` at the replicated store's cadence with its rule
+(:func:`digen.optim.ema_update`: elementwise, so the shards of the replicated EMA for the same
+weights, bit for bit). A checkpoint gathers it whole (:meth:`ShardedTrainer.ema_state`,
+``ema/<name>`` in ``optimizer.safetensors``, as the replicated store writes it; ``digen export
+--ema`` reads it there), a resumed group scatters it back (:meth:`ShardedTrainer.load_ema`),
+and a version evaluated with the EMA (``train.ema.eval``) is served with each rank's shard of
+it beside its shard of the weights. Only rank 0 ever holds the whole EMA: in host memory,
+while it writes a checkpoint (gathered one tensor at a time, as the weights and moments are).
+
 The trainer ranks neither run TAG generation nor take train tasks independently (the config
 turns TAG and RAT off), and the scheduler sees them as trainers whose tasks all finish on rank 0.
 The group is not elastic: a rank that dies fails the job (the others hit a collective error or
@@ -63,6 +74,7 @@ from digen.config import Config, TrainConfig
 from digen.errors import ConfigError
 from digen.models import lora
 from digen.models.base import FlowPolicy, PromptEmbeds
+from digen.optim import ema_after_step, ema_before_step
 from digen.tasks import TrainStats
 from digen.training import TrainRows, chunk_loss, forward_chunks
 
@@ -168,20 +180,35 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def gather_trainable_state(policy: FlowPolicy, *, to_rank: int | None = 0) -> dict[str, torch.Tensor]:
-    """The policy's trained tensors, whole, keyed like :meth:`FlowPolicy.trainable_state_dict`:
-    the LoRA adapter when LoRA is on, else every trainable transformer weight. Detached CPU
-    float32. A collective: every rank calls it; ranks other than ``to_rank`` get ``{}`` (None:
-    every rank gets the dict). Gathers one tensor at a time (peak extra memory: one weight)."""
+def trainable_tensors(policy: FlowPolicy) -> dict[str, torch.Tensor]:
+    """The trained tensors as the sharded policy holds them (``DTensor`` shards of the
+    parameters, detached, sharing their storage), keyed like
+    :meth:`FlowPolicy.trainable_state_dict`: the LoRA adapter when LoRA is on, else every
+    trainable transformer weight."""
     if lora.has_lora(policy.transformer):
         from peft import get_peft_model_state_dict
 
         named = get_peft_model_state_dict(policy.transformer, adapter_name=lora.ADAPTER).items()
     else:
         named = ((k, p) for k, p in policy.transformer.named_parameters() if p.requires_grad)
+    return {name: t.detach() for name, t in named}
+
+
+def gather_trainable_state(policy: FlowPolicy, *, to_rank: int | None = 0) -> dict[str, torch.Tensor]:
+    """The policy's trained tensors, whole, keyed like :meth:`FlowPolicy.trainable_state_dict`:
+    the LoRA adapter when LoRA is on, else every trainable transformer weight. Detached CPU
+    float32. A collective: every rank calls it; ranks other than ``to_rank`` get ``{}`` (None:
+    every rank gets the dict). Gathers one tensor at a time (peak extra memory: one weight)."""
+    return gather_whole(trainable_tensors(policy), to_rank=to_rank)
+
+
+def gather_whole(tensors: dict[str, torch.Tensor], *, to_rank: int | None = 0) -> dict[str, torch.Tensor]:
+    """``tensors`` (``DTensor`` shards, or whole tensors) whole, detached CPU float32. A
+    collective: every rank calls it; ranks other than ``to_rank`` get ``{}`` (None: every
+    rank gets the dict). Gathers one tensor at a time (peak extra memory: one tensor)."""
     keep = to_rank is None or dist.get_rank() == to_rank
     out: dict[str, torch.Tensor] = {}
-    for name, t in named:
+    for name, t in tensors.items():
         whole = _full(t.detach())
         if keep:
             out[name] = whole.to("cpu", torch.float32).contiguous()
@@ -192,13 +219,13 @@ def local_trainable_shards(policy: FlowPolicy) -> dict[str, torch.Tensor]:
     """This rank's shard of each trained tensor, keyed like :meth:`FlowPolicy.trainable_state_dict`:
     FSDP2 shards dim 0 in rank order (``torch.chunk``'s split), so the ranks' shards
     concatenated along dim 0 are the whole tensor. No collective; detached views."""
-    if lora.has_lora(policy.transformer):
-        from peft import get_peft_model_state_dict
+    return local_shards(trainable_tensors(policy))
 
-        named = get_peft_model_state_dict(policy.transformer, adapter_name=lora.ADAPTER).items()
-    else:
-        named = ((k, p) for k, p in policy.transformer.named_parameters() if p.requires_grad)
-    return {name: (t.to_local() if isinstance(t, DTensor) else t).detach() for name, t in named}
+
+def local_shards(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """This rank's shard of each of ``tensors`` (``DTensor.to_local``; a whole tensor as it is).
+    No collective; detached views."""
+    return {name: (t.to_local() if isinstance(t, DTensor) else t).detach() for name, t in tensors.items()}
 
 
 def shard_of(tensor: torch.Tensor, rank: int, world: int) -> torch.Tensor:
@@ -227,10 +254,6 @@ class ShardedTrainer:
         reshard_after_forward: bool = True,
         version: int = 0,
     ):
-        if train.ema.enabled:
-            raise ConfigError(
-                "train.ema.enabled (True) is not supported with sharded (FSDP) training yet; set it to false"
-            )
         self.policy = policy
         self.train = train
         self.version = version
@@ -253,6 +276,13 @@ class ShardedTrainer:
             self.params, lr=train.lr, betas=train.betas, eps=train.adam_eps, weight_decay=train.weight_decay
         )
         self.local_rows = 0
+        self.ema: dict[str, torch.Tensor] | None = (
+            {k: t.float().clone() for k, t in trainable_tensors(policy).items()}
+            if train.ema.enabled
+            else None
+        )
+        """``train.ema``: the EMA of this rank's shards (``DTensor`` shards placed as the
+        parameters), float32, keyed like :meth:`FlowPolicy.trainable_state_dict`; None without."""
 
     @property
     def rank(self) -> int:
@@ -313,10 +343,13 @@ class ShardedTrainer:
                 policy.velocity(x, sigma, e, r.guidance_scale)
         (v.sum() * 0.0).backward()
 
-    def step(self, total_rows: int | None = None) -> dict[str, float]:
+    def step(self, total_rows: int | None = None, *, last_of_iteration: bool = True) -> dict[str, float]:
         """One AdamW step on ``grad / total_rows`` after clipping its (global) norm to
-        ``train.grad_clip``, as :meth:`digen.optim.ParameterStore.step`. A collective.
-        total_rows: the rows trained since the last step on ALL ranks (None: summed here)."""
+        ``train.grad_clip``, as :meth:`digen.optim.ParameterStore.step`, and the EMA's updates
+        at its cadence (each rank its own shards: the update is elementwise, so the shards of
+        the replicated store's EMA, bit for bit, given the same weights). A collective.
+        total_rows: the rows trained since the last step on ALL ranks (None: summed here).
+        last_of_iteration: the step ends the iteration (``train.ema.update: iteration``)."""
         rows = self._agree(self.local_rows, dist.ReduceOp.SUM) if total_rows is None else total_rows
         if rows <= 0:
             raise ValueError(f"an optimizer step needs trained rows, got {rows}")
@@ -326,11 +359,49 @@ class ShardedTrainer:
                     p.grad = torch.zeros_like(p)
                 p.grad.div_(rows)
         norm = torch.nn.utils.clip_grad_norm_(self.params, self.train.grad_clip)
+        if self.ema is not None:
+            ema_before_step(self.train.ema, self.ema, trainable_tensors(self.policy), self.version)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.local_rows = 0
         self.version += 1
+        if self.ema is not None:
+            ema_after_step(
+                self.train.ema, self.ema, trainable_tensors(self.policy), self.version, last_of_iteration
+            )
         return {"grad_norm": float(_full(norm))}
+
+    # --- the EMA (train.ema) -------------------------------------------------------------
+    def ema_state(self, *, to_rank: int = 0) -> dict[str, torch.Tensor]:
+        """The EMA, whole (``{name: tensor}`` CPU float32, as a checkpoint keeps it under
+        ``ema/<name>``), on ``to_rank``; ``{}`` elsewhere and without ``train.ema``. A collective."""
+        return {} if self.ema is None else gather_whole(self.ema, to_rank=to_rank)
+
+    def load_ema(self, tensors: dict[str, torch.Tensor] | None, *, src_rank: int = 0) -> bool:
+        """Restore the EMA from whole tensors (a checkpoint's ``ema/<name>``, of a sharded or
+        an unsharded run, prefix stripped): rank ``src_rank`` passes them, the others None;
+        each rank receives its shard. A checkpoint without them (its run kept no EMA) leaves
+        the EMA where it starts, at the weights. Returns whether it was restored. A collective."""
+        if self.ema is None:
+            return False
+        from torch.distributed.tensor import distribute_tensor
+
+        is_src = self.rank == src_rank
+        present = is_src and tensors is not None and set(self.ema) <= set(tensors)
+        if not self._agree(int(present), dist.ReduceOp.MAX):
+            return False
+        for name, t in self.ema.items():
+            if is_src:
+                assert tensors is not None
+                whole = tensors[name].to(t.device, torch.float32)
+            else:
+                whole = torch.empty(t.shape, dtype=torch.float32, device=t.device)
+            if isinstance(t, DTensor):
+                self.ema[name] = distribute_tensor(whole, t.device_mesh, t.placements, src_data_rank=src_rank)
+            else:
+                dist.broadcast(whole, src=dist.get_global_rank(self.group, src_rank), group=self.group)
+                self.ema[name] = whole
+        return True
 
     def full_state_dict(self, *, to_rank: int | None = 0) -> dict[str, torch.Tensor]:
         """The current version's whole trained weights for publishing (see

@@ -127,6 +127,23 @@ class WeightedReward(Reward):
             reward.close()
 
 
+def score_each(
+    reward: Callable[..., torch.Tensor],
+    images: torch.Tensor,
+    prompts: list[str],
+    metadata: Metadata | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(total [B], parts [B, K])`` float32 on the CPU: the reward's score and each of its K
+    rewards' unweighted scores, in the config's order (``train.multi_reward: per_reward``).
+    A :class:`WeightedReward`'s total is what calling it returns; any other reward is its own
+    single part (K = 1)."""
+    if isinstance(reward, WeightedReward):
+        total, scores = reward.score_parts(images, prompts, metadata)
+        return total, torch.stack(list(scores.values()), dim=1)
+    s = call_reward(reward, images, prompts, metadata).detach().float().cpu()
+    return s, s.reshape(-1, 1)
+
+
 def _unique_key(name: str, taken: dict[str, torch.Tensor]) -> str:
     key, n = name, 1
     while key in taken:

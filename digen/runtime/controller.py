@@ -149,6 +149,12 @@ class Controller:
                 self.waiting_step = None
         return out
 
+    def take(self, events: list[Event]) -> None:
+        """Events from outside the loop (start-up): handled and their instructions applied,
+        none dropped; none may finish the job (the scheduler has not started)."""
+        finished = self.apply(self.handle(events))
+        assert not finished, "the job finished before its scheduler started"
+
     def apply(self, instructions: list[Instruction]) -> bool:
         """Carry out instructions (some feed events back). True once finished. An instruction
         the controller has no handler for is a bug between the scheduler and it: a TypeError
@@ -545,6 +551,7 @@ def run_distributed(
         except BaseException:
             starting.discard()
             raise
+    assert client is not None  # a scheduler's, or the local cluster's
     members = Membership(cfg, client, job, url, loop_fn or run_worker_loop, exit_process)
     sched = Scheduler(
         SchedulerConfig(
@@ -554,7 +561,7 @@ def run_distributed(
             tag=bool(s.tag),
             rat=bool(s.rat),
             max_staleness=int(s.max_staleness or 0),
-            group_local_advantages=not cfg.train.global_std,
+            group_local_advantages=cfg.train.group_local_advantages,
             start_iteration=start_iteration,
             eval_every=cfg.eval.every,
             eval_tasks=eval_task_count(cfg),
@@ -585,12 +592,14 @@ def run_distributed(
     redis_down = interrupted = False
     restore_sigterm = _sigterm_stops(job_id, run)
     try:
-        ctl.handle(members.sync(time.time()))
+        # before the scheduler starts, what joins and leaves is applied like anything else (a
+        # worker that left is requeued: nothing of it is queued yet, so nothing moves)
+        ctl.take(members.sync(time.time()))
         members.check_gpu_types()
         local = cfg.cluster.local
         n_local = local.rollout_workers + local.trainer_workers + local.reward_workers
         with phase("workers ready"):
-            members.wait_ready(ctl.handle, expected=n_local if cluster else 0)
+            members.wait_ready(ctl.take, expected=n_local if cluster else 0)
         add_worker_notes(job.startup_notes())
         if resume:  # the workers have started from the checkpoint: now the run directory may change
             resumed = run.resumed(start_iteration - 1)
@@ -602,7 +611,7 @@ def run_distributed(
             ctl.group = fsdp
         if cfg.rollout.sequence_parallel > 1:
             ctl.sp = SpControl(SpGroup(r, job_id), cfg.rollout.sequence_parallel)
-            ctl.sp.start(members, sched, time.time())
+            ctl.apply(ctl.sp.start(members, sched, time.time()))
         if progress is not None:
             progress(
                 {
@@ -643,7 +652,8 @@ def run_distributed(
                 fut.result(timeout=max(0.0, min(wait, deadline - time.time())))
             except Exception:  # noqa: BLE001 - a loop's error was already logged by it
                 pass
-        client.close()
+        if client is not None:
+            client.close()
         if starting is not None:
             starting.close()
         if not redis_down:
@@ -668,4 +678,8 @@ def _sigterm_stops(job_id: str, run: RunDir) -> Callable[[], None]:
         raise JobCancelled(f"job {job_id} stopped by SIGTERM; {kept}: continue it with --resume")
 
     previous = signal.signal(signal.SIGTERM, stop)
-    return lambda: signal.signal(signal.SIGTERM, previous)
+
+    def restore() -> None:
+        signal.signal(signal.SIGTERM, previous)
+
+    return restore

@@ -117,7 +117,7 @@ class Dispatcher:
             TrainEntry(x, book.groups[x.group].prompt, self.group_source(t.iteration, x.group))
             for x in specs[1:]
         )
-        keep = led.cfg.train.reduce == "exact"  # the step sums the blobs in task order
+        keep = led.cfg.train.exact_sum  # the step sums the blobs in task order
         payload = TrainPayload(
             specs[0], ins.version, first.prompt, tsp, self.source(t), batch, keep_gradient=keep
         )

@@ -98,7 +98,7 @@ class Ledger:
         return self.books[iteration]
 
     def held_on(
-        self, worker: str, keep: set[str] = frozenset()
+        self, worker: str, keep: frozenset[str] | set[str] = frozenset()
     ) -> tuple[list[tuple[int, int]], dict[int, list[TaskRef]]]:
         """What a worker that left took with it: the (iteration, group) whose trajectories
         only it held, and per iteration the train tasks whose gradients it held (less those in
@@ -107,7 +107,7 @@ class Ledger:
             (k, g)
             for k, src in sorted(self.sources.items())
             for g, b in sorted(src.items())
-            if b.worker == worker
+            if b.worker == worker and self.trajectories_needed(k, g)
         ]
         tasks = {
             k: [
@@ -118,6 +118,23 @@ class Ledger:
             for k, done in sorted(self.trained.items())
         }
         return groups, {k: v for k, v in tasks.items() if v}
+
+    def trajectories_needed(self, iteration: int, group: int) -> bool:
+        """Whether a train task may still read the group's trajectories: some mini-batch it
+        trains in (every one with ``train.mini_batch_split: samples``) has no committed step
+        yet. A group whose mini-batches are all committed is not generated again when its
+        trajectories are lost: nothing would read them, and the version it was generated
+        with may be served no more (:meth:`generation_versions`)."""
+        book = self.books.get(iteration)
+        if book is None:
+            return False
+        m = self.cfg.train.mini_batches
+        wanted = set(range(m)) if book.by_samples else {book.mini_batch(group)}
+        committed = {
+            book.task_mini_batch(r.group, r.part)
+            for r in map(TaskRef.parse, self.committed.get(iteration, {}))
+        }
+        return not wanted <= committed
 
     def untrain(self, iteration: int, refs: list[TaskRef]) -> None:
         """Forget train results that no longer count (their gradient is gone)."""

@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from digen.cluster.cluster import WorkerInfo, list_workers
 from digen.config import Config
@@ -23,6 +24,9 @@ from digen.controlplane.redis_conn import SecretURL
 from digen.controlplane.trainer_group import holds_optimizer
 from digen.core.events import Event, Role, WorkerJoined, WorkerLeft
 from digen.errors import ConfigError, DigenError
+
+if TYPE_CHECKING:
+    from distributed import Client, Future
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +37,7 @@ RESTART_GRACE_S = 60.0
 @dataclass
 class Membership:
     cfg: Config
-    client: object
+    client: Client
     job: JobState
     redis_url: str
     loop_fn: Callable
@@ -41,7 +45,7 @@ class Membership:
     exit_fn: Callable
     """Run on a worker to end its process (:func:`digen.cluster.cluster.exit_process`)."""
     workers: dict[str, WorkerInfo] = field(default_factory=dict)
-    loops: dict[str, object] = field(default_factory=dict)
+    loops: dict[str, Future] = field(default_factory=dict)
     """Worker name -> the Dask future of its loop."""
     tokens: dict[str, str] = field(default_factory=dict)
     """Worker name -> the incarnation (token) of the loop placed on its current process."""

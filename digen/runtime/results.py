@@ -65,7 +65,7 @@ class Collector:
         led.events += self.stamp(task_id, res["events"])
         if ref.kind is TaskKind.GEN:
             if not self.dispatch.reward_tasks:
-                book.add_rewards(ref.group, [float(x) for x in res["rewards"]])
+                book.add_rewards(ref.group, [float(x) for x in res["rewards"]], res.get("reward_parts"))
             b = res["blob"]
             led.sources.setdefault(ref.iteration, {})[ref.group] = Blob(
                 res["worker"], str(b["addr"]), str(b["name"]), str(b.get("digest", ""))
@@ -77,7 +77,7 @@ class Collector:
                 led.regenerating.discard((ref.iteration, ref.group))
                 self.dispatch.repost_parked(ref.iteration, ref.group)
         elif ref.kind is TaskKind.REWARD:
-            book.add_rewards(ref.group, [float(x) for x in res["rewards"]])
+            book.add_rewards(ref.group, [float(x) for x in res["rewards"]], res.get("reward_parts"))
         else:
             grad = res.get("grad")
             blob = (
@@ -157,7 +157,9 @@ class Collector:
         led.collected.discard(led.gen_id(iteration, group))
         return [GroupLost(iteration, group, now)]
 
-    def worker_left(self, worker: str, now: float, keep: set[str] = frozenset()) -> list[Event]:
+    def worker_left(
+        self, worker: str, now: float, keep: frozenset[str] | set[str] = frozenset()
+    ) -> list[Event]:
         """Regenerate what only ``worker`` held and train again what it had trained, but for
         the train tasks in ``keep`` (the step in flight's: its decision says whether they are
         lost, :meth:`~digen.runtime.steps.StepControl.check`)."""
@@ -213,18 +215,27 @@ class Collector:
             return []
         if "RewardServiceDown" in first:  # not this task's fault: no task would score
             raise PoisonTask(f"task {dead.task_id} failed: {first.split(': ', 1)[-1]}")
+        ref = TaskRef.parse(dead.task_id)
+        if ref.kind is not TaskKind.EVAL and (
+            dead.task_id in led.collected or ref.iteration not in led.books
+        ):
+            # its result counted already, or its iteration is finished: nothing waits for it
+            log.info(
+                "task %s is dead after %d attempt(s) (%s); nothing needs it any more",
+                dead.task_id,
+                dead.attempts,
+                first,
+            )
+            return []
         if action == "fail":
             raise PoisonTask(
                 f"task {dead.task_id} failed {dead.attempts} time(s): {first}; fix the cause and rerun "
                 f"with --resume, or set schedule.on_poison=drop to drop such samples"
             )
-        ref = TaskRef.parse(dead.task_id)
         if ref.kind is TaskKind.EVAL and self.evals is not None and self.evals.pending(ref):
             led.outstanding.pop(dead.task_id, None)
             self.run.append("timeline.jsonl", self.evals.drop(ref))
             return [TaskDone(ref, "", time.time(), time.time())]
-        if dead.task_id in led.collected or ref.iteration not in led.books:
-            return []
         log.warning(
             "task %s is dead after %d attempt(s) (%s); its samples are dropped (schedule.on_poison: drop)",
             dead.task_id,

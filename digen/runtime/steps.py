@@ -205,14 +205,15 @@ class StepControl:
         book.trained_rows(mini_batch)  # no row at all: the reward's error, naming why
         trained = self.held_tasks(iteration, mini_batch, step)
         rows = sum(book.stats[(t.task.group, t.task.part or 0)].rows for t in trained.values())
-        exact = self.cfg.train.reduce == "exact"
+        exact = self.cfg.train.exact_sum
         order = sorted(trained.values(), key=lambda t: (t.task.group, t.task.part or 0))
         blobs = [[t.task.id, t.blob.addr, t.blob.name, t.blob.digest] for t in order if t.blob is not None]
         held: dict[str, list[str]] = {}
         for t in order:
             if t.blob is None:
                 held.setdefault(t.worker, []).append(t.task.id)
-        incarnations = {m: incarnations[m] for m in members if m in (incarnations or {})}
+        known = incarnations or {}
+        incarnations = {m: known[m] for m in members if m in known}
         if members != self.members or incarnations != self.incarnations:
             self.epoch, self.members, self.incarnations = self.epoch + 1, list(members), incarnations
         last = mini_batch == self.mini_batches - 1

@@ -583,3 +583,34 @@ def test_the_trainer_group_backend_follows_the_placement(monkeypatch):
     assert comm_device("nccl", cuda) == cuda
     monkeypatch.setenv(BACKEND_ENV, "gloo")
     assert trainer_backend(cuda) == "gloo" and comm_device("gloo", cuda) == torch.device("cpu")
+
+
+def test_the_bench_all_reduce_ranks_are_placed_as_trainers_are(monkeypatch):
+    """``digen doctor --gpu-bench``'s all-reduce ranks get the environment digen's placement
+    gives trainers: each sees only its own GPU and computes on cuda:0 (not every GPU visible to
+    every rank); a machine whose GPUs the placement cannot list is said, not guessed."""
+    from digen.bench.gpu import allreduce_ranks
+    from digen.cluster.placement import FAKE_ENV
+
+    monkeypatch.setenv(FAKE_ENV, "4xh100")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    envs = allreduce_ranks(4)
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["0", "1", "2", "3"]
+    assert {e["DIGEN_DEVICE"] for e in envs} == {"cuda:0"}
+    monkeypatch.setenv(FAKE_ENV, "")
+    with pytest.raises(RuntimeError, match="placement sees 0 GPU"):
+        allreduce_ranks(2)
+
+
+@pytest.mark.slow
+def test_the_bench_all_reduce_forms_its_group_through_digens_rendezvous_and_store():
+    """The part's code on CPU (its ranks pinned to the host: gloo): two spawned ranks meet
+    through the trainer group's rendezvous and a Redis store in the embedded Redis, with the
+    collective timeout a trainer group gets; on GPUs the same code runs on NCCL."""
+    from digen.bench.gpu import ALLREDUCE_LEASE_S, _allreduce_part
+
+    cpu = {"CUDA_VISIBLE_DEVICES": "", "DIGEN_DEVICE": "cpu"}
+    got = _allreduce_part(2, envs=[cpu, cpu], mib=1)
+    assert "error" not in got, got
+    assert (got["ranks"], got["backend"], got["store"]) == (2, "gloo", "redis")
+    assert got["timeout_s"] == ALLREDUCE_LEASE_S and got["visible"] == ["", ""] and got["ms"] > 0

@@ -87,6 +87,34 @@ def test_diffusion_nft_needs_lora_no_cfg_and_a_velocity_kl():
     assert problems(train={"algorithm": "diffusion-nft", "kl_beta": 1e-4}) == []
 
 
+def test_diffusion_nft_step_range_must_hold_its_strata():
+    nft = {"algorithm": "diffusion-nft", "timesteps": {"fraction": 0.5}}  # 10 steps: 5 strata
+    rollout = {"num_steps": 10}
+    assert problems(rollout=rollout, train={**nft, "nft": {"step_range": [2, 7]}}) == []
+    assert problems(rollout=rollout, train={**nft, "nft": {"step_range": [2, 11]}}) == [
+        "train.nft.step_range ([2, 11]) must be [start, end] with 0 <= start < end <= rollout.num_steps (10): "
+        "the strata run over schedule steps start .. end - 1"
+    ]
+    assert problems(rollout=rollout, train={**nft, "nft": {"step_range": [2, 6]}}) == [
+        "train.nft.step_range ([2, 6]) holds 4 steps, fewer than the 5 strata of int(rollout.num_steps x "
+        "train.timesteps.fraction): a stratum would be empty and train its first step twice; widen the range or "
+        "lower the fraction"
+    ]
+
+
+def test_online_dpo_timestep_range_is_an_interval_of_zero_one():
+    dpo = {
+        "algorithm": "online-dpo",
+        "online_dpo": {"timestep_draw": "unshifted", "timestep_range": [0.0, 0.99]},
+    }
+    assert problems(train=dpo) == []
+    dpo["online_dpo"]["timestep_range"] = [0.5, 0.2]
+    assert problems(train=dpo) == [
+        "train.online_dpo.timestep_range ([0.5, 0.2]) must be [lo, hi] with 0 <= lo < hi <= 1 (fractions of "
+        "the way from noise to clean)"
+    ]
+
+
 def test_kl_target_needs_a_kl_weight_and_choices_are_named():
     assert problems(train={"kl_target": "velocity"}) == [
         "train.kl_target (velocity) has no effect with train.kl_beta 0; set train.kl_beta > 0 or leave "

@@ -229,3 +229,17 @@ def _tiny_yaml():
     from tests.service.helpers import CONFIG
 
     return CONFIG
+
+
+def test_ema_eval_and_export_need_an_ema(tiny_sd3):
+    data = required({"model": {"path": str(tiny_sd3)}, "train": {"ema": {"eval": True, "export": True}}})
+    with pytest.raises(ConfigError) as err:
+        build_config(data)
+    assert [p for p in err.value.problems if "train.ema." in p] == [
+        "train.ema.eval (true) needs train.ema.enabled (false): there is no EMA to evaluate; "
+        "set train.ema.enabled=true or train.ema.eval=false",
+        "train.ema.export (true) needs train.ema.enabled (false): there is no EMA to export; "
+        "set train.ema.enabled=true or train.ema.export=false",
+    ]
+    data["train"]["ema"]["enabled"] = True
+    assert build_config(data).train.ema.eval

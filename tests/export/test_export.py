@@ -218,6 +218,39 @@ def test_ema_exports_the_checkpoints_averaged_weights(lora_runs, tiny_models, tm
         export_run(lora_runs["sd3"][0], tmp_path / "none", ema=True)
 
 
+def test_a_run_with_train_ema_export_exports_its_ema_unless_told_not_to(tiny_models, tmp_path):
+    """``train.ema.export``: ``digen export`` without ``--ema`` exports the EMA; ``--no-ema``
+    (``ema=False``) the policy's weights; a run without the key, the policy's."""
+    from safetensors.torch import load_file
+
+    policy = None
+    runs = {}
+    for key in (True, False):
+        cfg = run_config(tiny_models("sd3"), "sd3")
+        cfg.train.ema.enabled, cfg.train.ema.export = True, key
+        run = RunDir(tmp_path / f"run-{key}", cfg)
+        policy = policy or build_policy(cfg)
+        store = ParameterStore(random_weights(policy.trainable_state_dict(), seed=1, std=0.05), cfg.train, 1)
+        store.ema = random_weights(policy.trainable_state_dict(), seed=2, std=0.05)
+        save_checkpoint(run.checkpoint_dir(0), store, 0, keep=cfg.output.keep_checkpoints)
+        runs[key] = store
+
+    def exported(run: str, out: str, **kw) -> tuple[str, dict[str, torch.Tensor]]:
+        result = export_run(tmp_path / run, tmp_path / out, **kw)
+        return result.weights, load_file(str(tmp_path / out / LORA_WEIGHT_NAME))
+
+    store = runs[True]
+    for (run, out, kw), (what, source) in {
+        ("run-True", "default", ()): ("ema", store.ema),
+        ("run-True", "no-ema", (("ema", False),)): ("policy", store.weights()),
+        ("run-False", "off", ()): ("policy", runs[False].weights()),
+    }.items():
+        weights, got = exported(run, out, **dict(kw))
+        expected, _ = diffusers_lora(source, alpha=ALPHA)
+        assert weights == what and set(got) == {f"transformer.{k}" for k in expected}
+        assert all(torch.equal(got[f"transformer.{k}"], v) for k, v in expected.items()), (run, out)
+
+
 # --- pipeline folder -------------------------------------------------------------------
 @pytest.mark.parametrize("arch", list(FAMILIES))
 @pytest.mark.slow

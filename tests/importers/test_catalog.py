@@ -71,17 +71,23 @@ GOLDEN = {
         "rollout.batch_size": 8 * 2 * 12, "train.mini_batches": 2, "train.grad_clip": 1.0, "train.weight_decay": 1e-4,
         "train.timesteps.fraction": 0.6, "rollout.guidance_scale": 3.5, "rollout.shared_noise": True,
     },
-    # DanceGRPO scripts/finetune/finetune_hunyuan_grpo.sh, fastvideo/train_grpo_hunyuan.py l.128-131
+    # DanceGRPO scripts/finetune/finetune_hunyuan_grpo.sh, fastvideo/train_grpo_hunyuan.py l.128-131;
+    # the per-reward advantages l.370-395 (--vq_coef 1.0, --mq_coef 0.0: the VQ term only)
     ("dance-grpo", "tests/data/peers/dance_grpo/scripts/finetune/finetune_hunyuan_grpo.sh"): {
         "rollout.guidance_scale": 6.018, "model.num_frames": 53, "rollout.num_steps": 16,
         "rollout.sde.noise_level": 0.25, "rollout.group_size": 24, "rollout.batch_size": 32 * 24,
         "train.mini_batches": 6, "train.lr": 1e-5, "model.lora.enabled": False, "rollout.shared_noise": True,
+        "train.multi_reward": "per_reward",
+        "reward": [{"name": "http", "weight": 1.0,
+                    "kwargs": {"url": "http://127.0.0.1:8765/videoalign_vq", "name": "videoalign_vq"}}], "train.unbiased_std": True,
+        "train.std_eps": 1e-8, "train.adv_clip": 5.0,
     },
     # Flow-Factory examples/grpo/lora/sd3_5/default.yaml
     ("flow-factory", "tests/data/peers/flow_factory/examples/grpo/lora/sd3_5/default.yaml"): {
         "rollout.batch_size": 48 * 24, "rollout.group_size": 24, "train.mini_batches": 2, "rollout.num_steps": 10,
         "rollout.guidance_scale": 4.5, "rollout.sde.noise_level": 0.8, "train.timesteps.window": 2,
         "train.clip_range": 1e-4, "train.lr": 3e-4, "train.global_std": True, "model.lora.rank": 32,
+        "train.std_eps": 1e-6,  # src/flow_factory/advantage/advantage_processor.py l.259-262: max(std, 1e-6)
     },
 }  # fmt: skip
 

@@ -211,9 +211,15 @@ def test_dance_grpo_lora_script_imports_as_lora_with_its_targets():
     }
     assert c["train"]["lr"] == 3e-4 and "fsdp" not in c["train"]
     full = import_config("dance-grpo", str(DANCE.parent / "finetune_flux_grpo_8gpus.sh"))
-    full.validate()  # its --use_ema under FSDP: imported without the EMA, and said so
+    full.validate()  # its --use_ema under FSDP: a sharded EMA, DanceGRPO's (train_grpo_flux.py l.866-867)
     assert full.config["model"]["lora"] == {"enabled": False} and full.config["train"]["fsdp"] is True
-    assert full.config["train"]["ema"]["enabled"] is False and "no EMA" in full.dropped["--use_ema"]
+    assert full.config["train"]["ema"] == {
+        "enabled": True,
+        "decay": 0.995,
+        "warmup": False,
+        "update": "iteration",
+    }
+    assert "--use_ema" not in full.dropped
 
 
 def test_lora_targets_are_the_recipe_s_own():
@@ -290,6 +296,31 @@ def test_flow_grpo_s_grpo_guard_recipes_import_as_grpo_guard(recipe):
     assert result.config["train"]["clip_range"] in (2e-6, 4e-6)
 
 
+def test_videoalign_coefficients_weight_one_advantage_per_reward(tmp_path):
+    """train_grpo_hunyuan.py's --vq_coef / --mq_coef (argparse defaults 1.0 / 0.0) weight one
+    group advantage per reward: both rewards with their coefficients under
+    ``train.multi_reward: per_reward``; both 0 trains nothing and is refused."""
+    text = (DANCE.parent / "finetune_hunyuan_grpo.sh").read_text()
+    both = tmp_path / "both.sh"
+    both.write_text(text.replace("--mq_coef 0.0", "--mq_coef 0.5").replace("--vq_coef 1.0", "--vq_coef 0.8"))
+    imported = import_config("dance-grpo", str(both))
+    imported.validate()
+    c = imported.config
+    assert [(r["kwargs"]["name"], r["weight"]) for r in c["reward"]] == [
+        ("videoalign_vq", 0.8),
+        ("videoalign_mq", 0.5),
+    ]
+    assert c["train"]["multi_reward"] == "per_reward" and "MQ" in imported.placeholders["reward"]
+    default = tmp_path / "default.sh"
+    default.write_text(text.replace("--vq_coef 1.0 \\\n", "").replace("--mq_coef 0.0", ""))
+    assert "vq_coef" not in default.read_text()
+    assert import_config("dance-grpo", str(default)).config["reward"][0]["weight"] == 1.0
+    zero = tmp_path / "zero.sh"
+    zero.write_text(text.replace("--vq_coef 1.0", "--vq_coef 0"))
+    with pytest.raises(ConfigError, match="--vq_coef and --mq_coef are both 0"):
+        import_config("dance-grpo", str(zero))
+
+
 def test_per_recipe_numbers_the_scripts_fix_in_code():
     """HunyuanVideo's hard-coded guidance 6018 (6.018 x 1000) and --t frames, Wan's --cfg_infer,
     the scripts digen has no family for, Flow-GRPO Wan's filter and its SDE that ignores
@@ -302,7 +333,11 @@ def test_per_recipe_numbers_the_scripts_fix_in_code():
         53,
         True,
     )
-    assert "--t" not in hun.dropped and "--bestofn" in hun.dropped and "--vq_coef/--mq_coef" in hun.dropped
+    assert "--t" not in hun.dropped and "--bestofn" in hun.dropped
+    # --use_videoalign --vq_coef 1.0 --mq_coef 0.0: DanceGRPO's per-reward advantages, the VQ term only
+    assert not any("coef" in key for key in hun.dropped)
+    assert c["train"]["multi_reward"] == "per_reward"
+    assert [(r["kwargs"]["name"], r["weight"]) for r in c["reward"]] == [("videoalign_vq", 1.0)]
     wan = import_config("dance-grpo", str(DANCE.parent / "finetune_wan_2_1_grpo.sh")).config
     assert (wan["rollout"]["guidance_scale"], wan["model"]["num_frames"]) == (5.0, 1)
     for script, cause in [
@@ -350,3 +385,31 @@ def test_verl_omni_offline_dpo_is_refused_in_one_line(script, key):
     with pytest.raises(ConfigError, match=key) as err:
         import_config("verl-omni", str(VO_DPO / script))
     assert "offline DPO" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_verl_omnis_sub_rewards_are_one_weighted_reward_each(tmp_path):
+    """run_qwen_image_ocr_multi_reward.sh: MultiVisualRewardManager sums its
+    reward.reward_functions weighted (verl_omni/reward_loop/reward_manager/multi.py l.150-188):
+    one reward each with its weight, train.multi_reward: sum; another aggregation is refused."""
+    script = (
+        PEERS
+        / "verl_omni"
+        / "examples"
+        / "flowgrpo_trainer"
+        / "qwen_image"
+        / "run_qwen_image_ocr_multi_reward.sh"
+    )
+    imported = import_config("verl-omni", str(script))
+    imported.validate()
+    c = imported.config
+    assert [(r["kwargs"]["name"], r["weight"]) for r in c["reward"]] == [("ocr", 0.5), ("jpeg", 0.5)]
+    assert c["train"]["multi_reward"] == "sum"
+    assert not any(k.startswith("reward.reward_functions") for k in imported.dropped)
+    generated = "verl_omni/trainer/config/_generated_diffusion_trainer.yaml"  # the importer's base, above
+    (tmp_path / generated).parent.mkdir(parents=True)
+    (tmp_path / generated).write_text((PEERS / "verl_omni" / generated).read_text())
+    other = tmp_path / "examples" / "run_other_aggregation.sh"
+    other.parent.mkdir()
+    other.write_text(script.read_text().replace("reward.aggregation=weighted_sum", "reward.aggregation=mean"))
+    with pytest.raises(ConfigError, match="reward.aggregation=mean"):
+        import_config("verl-omni", str(other))

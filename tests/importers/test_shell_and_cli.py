@@ -47,6 +47,23 @@ def test_assignments_read_as_the_shell_reads_them(tmp_path):
     ]  # fmt: skip
 
 
+def test_a_script_that_runs_another_trainer_is_refused_naming_what_it_runs(tmp_path):
+    """A VeRL-Omni LLM script (verl.trainer.main_ppo) and a wrapper of another recipe
+    (``bash "$DIR/run_x.sh" overrides``): the refusal names what they run instead."""
+    llm = tmp_path / "llm.sh"
+    llm.write_text(
+        "#!/bin/bash\n# python3 -m verl_omni.trainer.main_diffusion in a comment\npython3 -m verl.trainer.main_ppo a=1\n"
+    )
+    with pytest.raises(
+        ConfigError, match=r"does not call trainer.main_diffusion \(it runs verl.trainer.main_ppo\); not"
+    ):
+        read_command(llm, "trainer.main_diffusion")
+    wrapper = tmp_path / "wrapper.sh"
+    wrapper.write_text('#!/bin/bash\nSCRIPT_DIR=/x\nN=2 bash "$SCRIPT_DIR/run_qwen_image_ocr.sh" \\\n  a=1\n')
+    with pytest.raises(ConfigError, match=r"\(it runs run_qwen_image_ocr.sh\)"):
+        read_command(wrapper, "trainer.main_diffusion")
+
+
 @pytest.mark.parametrize(
     "script",
     [

@@ -181,3 +181,29 @@ def test_every_default_target_names_a_layer_of_the_family(tiny_models, arch):
     policy.enable_lora(rank=2, alpha=2)
     adapted = {n.rsplit(".lora_A", 1)[0] for n, _ in policy.transformer.named_parameters() if ".lora_A." in n}
     assert all(any(n.endswith(t) for t in targets) for n in adapted) and adapted
+
+
+@pytest.mark.parametrize("arch", ["sd3", "flux", "qwen-image", "wan", "hunyuan-video"])
+def test_the_disk_check_counts_the_adapter_the_family_injects(tiny_models, tmp_path, arch):
+    """digen.checks sizes a checkpoint from the transformer's safetensors header without torch:
+    with ``model.lora.target_modules`` unset it counts the family's default targets
+    (digen.lora_targets, the table the adapters inject), so its count is the adapter's own
+    parameter count (it used to count only attention modules, missing FLUX's and Qwen-Image's
+    feed-forwards), and with the config's targets it counts those."""
+    from digen.checks import checkpoint_estimate
+    from digen.config import build_config
+    from digen.lora_targets import DEFAULT_TARGETS
+    from digen.models.pipeline_policy import read_model_index
+    from tests.conftest import small_config_data
+
+    path = tiny_models(arch, RES)
+    policy = load_policy(path, height=RES, width=RES)
+    assert type(policy).default_lora_targets == DEFAULT_TARGETS[read_model_index(path)["_class_name"]]
+    for targets in (None, ["to_q", "to_v"]):
+        fresh = load_policy(path, height=RES, width=RES)
+        fresh.enable_lora(rank=4, alpha=8, target_modules=targets)
+        adapter = sum(v.numel() for v in fresh.trainable_state_dict().values())
+        lora = {"enabled": True, "rank": 4, "alpha": 8, "target_modules": targets}
+        cfg = build_config(small_config_data(path, model__lora=lora, train__ema={"enabled": False}))
+        copies = 3 + int(cfg.schedule.resolved().max_staleness or 0)  # weights, AdamW's two moments
+        assert checkpoint_estimate(cfg, tmp_path, resume=False) == 4 * adapter * copies, (arch, targets)

@@ -28,6 +28,7 @@ def test_the_prediction_follows_the_models_shape_and_the_keys(tiny_sd3):
     assert double.activations == 2 * trainer.activations
     ckpt = predict(_cfg(tiny_sd3, rows_per_forward=8, activation_checkpointing=True))[0]
     assert 0 < ckpt.activations < trainer.activations
+    assert predict(_cfg(tiny_sd3, ema={"enabled": True}))[0].optimizer == 6 * 4 * trained  # the EMA's copy
     full = build_config(
         {
             **small_config_data(tiny_sd3),

@@ -43,6 +43,8 @@ def make_cfg(kl: bool = False) -> Config:
             rows_per_forward=2,
             lr=1e-3,
             kl_beta=0.1 if kl else 0.0,
+            # an EMA that moves twice a step (one update before it, one after): 4 in OPT_STEPS
+            ema={"enabled": True, "every": 1, "micro_batches": 2},
         ),
     )
 
@@ -99,10 +101,16 @@ def run_rank(rank: int, world: int, rendezvous: str, model: str, data_file: str,
                     )
                 norms.append(trainer.step()["grad_norm"])
             state = trainer.full_state_dict()
+            ema = trainer.ema_state()  # gathered from the ranks' shards
+            # a checkpoint's EMA scattered back (here: twice it), gathered again
+            trainer.load_ema({k: 2 * v for k, v in ema.items()} if rank == 0 else None)
+            again = trainer.ema_state()
             if rank == 0:
                 save_file(state, str(Path(out_dir) / f"weights_{name}.safetensors"))
+                save_file(ema, str(Path(out_dir) / f"ema_{name}.safetensors"))
+                save_file(again, str(Path(out_dir) / f"ema_reloaded_{name}.safetensors"))
                 (Path(out_dir) / f"norms_{name}.json").write_text(json.dumps(norms))
             else:
-                assert state == {}
+                assert state == {} and ema == {} and again == {}
     finally:
         dist.destroy_process_group()

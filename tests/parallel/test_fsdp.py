@@ -62,8 +62,9 @@ def _trajectories(policy: FlowPolicy) -> dict[str, torch.Tensor]:
 
 def _unsharded(
     policy: FlowPolicy, data: dict[str, torch.Tensor], *, kl: bool
-) -> tuple[dict[str, torch.Tensor], list[float]]:
-    """digen's single-process update: ParameterStore.step on the sum of the task gradients."""
+) -> tuple[dict[str, torch.Tensor], list[float], dict[str, torch.Tensor]]:
+    """digen's single-process update: ParameterStore.step on the sum of the task gradients;
+    the weights, the norms and the store's EMA."""
     cfg = w.make_cfg(kl=kl)
     store = ParameterStore(policy.trainable_state_dict(), cfg.train)
     norms = []
@@ -75,7 +76,8 @@ def _unsharded(
             rows += stats.rows
         norms.append(store.step(sum_gradients(parts), rows)["grad_norm"])
         policy.load_trainable_state_dict(store.weights())
-    return store.weights(), norms
+    assert store.ema is not None
+    return store.weights(), norms, store.ema
 
 
 def _spawn_ranks(model: Path, data_file: Path, out: Path, timeout_s: float = 150.0) -> None:
@@ -114,7 +116,9 @@ def test_shard_rows_splits_every_row_once() -> None:
 @pytest.mark.slow
 def test_sharded_update_equals_unsharded(tmp_path: Path) -> None:
     """Full fine-tune (activation checkpointing off and on) and LoRA with the KL term: rank 0's
-    gathered weights after 2 steps equal ParameterStore's, and so do the clipped norms."""
+    gathered weights after 2 steps equal ParameterStore's, and so do the clipped norms and the
+    EMA the ranks keep of their shards (``train.ema``, 4 updates); the EMA scattered back from
+    whole tensors (a checkpoint's) gathers to them again."""
     model = make_tiny_model(tmp_path / "sd3", "sd3", seed=0, resolution=w.RES)
     data = _trajectories(w.make_policy(str(model), lora=False))
     save_file(data, str(tmp_path / "data.safetensors"))
@@ -125,7 +129,7 @@ def test_sharded_update_equals_unsharded(tmp_path: Path) -> None:
     for name, (_, lora) in w.PHASES.items():
         policy = w.make_policy(str(model), lora)
         initial = {k: v.clone() for k, v in policy.trainable_state_dict().items()}  # CPU fp32 aliases params
-        expected, expected_norms = _unsharded(policy, data, kl=lora)
+        expected, expected_norms, expected_ema = _unsharded(policy, data, kl=lora)
         moved = max(float((expected[k] - initial[k]).abs().max()) for k in expected)
         assert moved > 1e-4, f"{name}: the update did not change the weights; the comparison would be vacuous"
         assert expected_norms[0] > w.make_cfg(kl=lora).train.grad_clip, (
@@ -138,6 +142,14 @@ def test_sharded_update_equals_unsharded(tmp_path: Path) -> None:
         assert diff < 1e-5, f"{name}: max |sharded - unsharded| = {diff}"
         norms = json.loads((out / f"norms_{name}.json").read_text())
         assert norms == pytest.approx(expected_norms, rel=1e-5), name
+        ema = load_file(str(out / f"ema_{name}.safetensors"))
+        assert set(ema) == set(expected_ema)
+        for other in (initial, expected):  # the EMA is neither the start nor the end
+            assert max(float((expected_ema[k] - other[k]).abs().max()) for k in other) > 1e-5, name
+        diff = max(float((ema[k] - expected_ema[k]).abs().max()) for k in expected_ema)
+        assert diff < 1e-5, f"{name}: max |sharded EMA - replicated EMA| = {diff}"
+        reloaded = load_file(str(out / f"ema_reloaded_{name}.safetensors"))
+        assert set(reloaded) == set(ema) and all(torch.equal(reloaded[k], 2 * ema[k]) for k in ema), name
 
 
 @pytest.mark.slow

@@ -20,20 +20,32 @@ from digen.config import build_config
 from digen.errors import ConfigError
 from digen.optim import ParameterStore
 from tests.conftest import small_config_data
+from tests.trainer.test_evaluation import last_checkpoint_scores
 
 ITERATIONS = 3
+TEST_PROMPTS = Path(__file__).resolve().parents[2] / "configs" / "prompts" / "general.txt"
 
 
 def _config(model: Path, **sections):
+    """Full fine-tuning with an EMA that moves twice a step, evaluated with the EMA after
+    iterations 1 and 2 (3 test prompts, one chunk)."""
     data = small_config_data(
         model,
         iterations=ITERATIONS,
         model__lora={"enabled": False},
         output__keep_checkpoints=ITERATIONS,
         output__sample_grid_every=0,
+        train__ema={"enabled": True, "every": 1, "micro_batches": 2, "eval": True},
+        prompts__test_file=str(TEST_PROMPTS),
+        rollout__eval_steps=2,
+        eval={"every": 2, "num_prompts": 3, "batch_size": 3},
         **sections,
     )
     return build_config(data)
+
+
+def _eval_rows(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()]
 
 
 def _fsdp_config(model: Path):
@@ -73,7 +85,7 @@ def test_fsdp_config_rules(tiny_sd3):
         )
     text = "\n".join(err.value.problems)
     assert "train.fsdp (true) needs schedule.mode disaggregated or digen, got colocated" in text
-    assert "train.ema.enabled" in text
+    assert "train.ema" not in text  # the ranks keep the EMA of their shards
     with pytest.raises(ConfigError, match="schedule.tag \\(true\\) cannot be used with train.fsdp"):
         build_config(small_config_data(tiny_sd3, train__fsdp=True, schedule={"mode": "digen", "tag": True}))
     # digen mode: TAG (and RAT) resolve to off, the rest of the mode stays
@@ -98,7 +110,9 @@ def reference_run(tiny_sd3, tmp_path_factory) -> Path:
 def test_fsdp_job_equals_reference(reference_run, tiny_sd3, tmp_path):
     """From scratch: every iteration's rewards and the final weights match the reference; the
     trainer ranks both train every task; each checkpoint holds the reference's files and
-    keys, and its AdamW moments are the reference's (so a non-FSDP run resumes from it)."""
+    keys, and its AdamW moments and EMA (the ranks' shards, gathered) are the reference's (so a
+    non-FSDP run resumes from it); the evaluations, of the EMA the ranks serve in shards with
+    the evaluated versions, score what the reference's score."""
     from digen.runtime.controller import run_distributed
 
     out = tmp_path / "fsdp"
@@ -130,14 +144,31 @@ def test_fsdp_job_equals_reference(reference_run, tiny_sd3, tmp_path):
         )
         g_opt, r_opt = (load_file(str(d / "optimizer.safetensors")) for d in (g_dir, r_dir))
         assert g_opt.keys() == r_opt.keys() and any(k.startswith("exp_avg_sq/") for k in g_opt)
+        assert {k.removeprefix("ema/") for k in g_opt if k.startswith("ema/")} == set(
+            load_file(str(g_dir / "weights.safetensors"))
+        )
         for name in g_opt:
-            torch.testing.assert_close(g_opt[name], r_opt[name], rtol=1e-4, atol=1e-8, msg=f"{folder} {name}")
+            if name.startswith("ema/"):  # an average of the weights: the weights' bound
+                assert float((g_opt[name] - r_opt[name]).abs().max()) <= 1e-5, f"{folder} {name}"
+            else:
+                torch.testing.assert_close(
+                    g_opt[name], r_opt[name], rtol=1e-4, atol=1e-8, msg=f"{folder} {name}"
+                )
     first, last = (
         load_file(str(out / f"checkpoints/iter_{k:04d}/weights.safetensors")) for k in (0, ITERATIONS - 1)
     )
     assert _max_diff(first, last) > 1e-4, "training did not move the weights: the comparison would be vacuous"
     store, _ = ParameterStore.load(out / f"checkpoints/iter_{ITERATIONS - 1:04d}", _config(tiny_sd3).train)
     assert store.version == ITERATIONS
+    assert store.ema is not None and _max_diff(store.ema, last) > 1e-5  # the EMA is not the weights
+    ref_eval, got_eval = _eval_rows(reference_run), _eval_rows(out)
+    assert [(r["iteration"], r["policy_version"]) for r in got_eval] == [(1, 2), (2, 3)]
+    for r, g in zip(ref_eval, got_eval, strict=True):
+        assert g["scores"]["reward"] == pytest.approx(r["scores"]["reward"], abs=1e-5), r["iteration"]
+    by_ema, by_weights = last_checkpoint_scores(_fsdp_config(tiny_sd3), out)
+    assert got_eval[-1]["scores"]["reward"] == pytest.approx(by_ema, abs=1e-5)
+    # the weights score otherwise (measured: by 1.7e-4), well past the bound above
+    assert max(abs(x - y) for x, y in zip(got_eval[-1]["scores"]["reward"], by_weights, strict=True)) > 5e-5
 
     timeline = [json.loads(line) for line in (out / "timeline.jsonl").read_text().splitlines()]
     train_workers = {e["worker"] for e in timeline if e["kind"] == "train"}
@@ -171,6 +202,13 @@ def test_fsdp_resumes_a_reference_checkpoint(reference_run, tiny_sd3, tmp_path):
         assert got[k] == pytest.approx(ref[k], abs=1e-6), f"iteration {k}"
     last = f"checkpoints/iter_{ITERATIONS - 1:04d}/weights.safetensors"
     assert _max_diff(load_file(str(out / last)), load_file(str(reference_run / last))) <= 1e-5
+    # the ranks took their shards of the checkpoint's EMA and went on averaging as the reference
+    opt = f"checkpoints/iter_{ITERATIONS - 1:04d}/optimizer.safetensors"
+    ema_got, ema_ref = (
+        {k: v for k, v in load_file(str(d / opt)).items() if k.startswith("ema/")}
+        for d in (out, reference_run)
+    )
+    assert ema_got and _max_diff(ema_got, ema_ref) <= 1e-5
 
 
 @pytest.mark.slow

@@ -75,3 +75,34 @@ def test_a_real_gloo_group_forms_with_those_settings(monkeypatch):
         assert t.tolist() == [1.0, 1.0] and dist.get_backend() == "gloo"
     finally:
         dist.destroy_process_group()
+
+
+def test_a_failed_formation_does_not_change_the_names_of_the_next_group(monkeypatch):
+    """A rank whose last formation failed (its peer never came within the timeout) names its
+    next group as a rank that never failed does: the same store keys, so the group forms."""
+    from torch.distributed import distributed_c10d as c10d
+
+    for var in comm.IFNAME_VARS:
+        monkeypatch.delenv(var, raising=False)
+
+    def join(world: int, timeout_s: float) -> None:
+        comm.join_process_group(
+            leader=True,
+            host="127.0.0.1",
+            rank=0,
+            world=world,
+            device=torch.device("cpu"),
+            timeout_s=timeout_s,
+            publish=lambda addr: None,
+            await_address=lambda: None,
+            store=lambda name, timeout: dist.HashStore(),
+        )
+
+    with pytest.raises(dist.DistStoreError):
+        join(2, 0.5)  # rank 1 never comes
+    assert not dist.is_initialized() and c10d._world.group_count == 1  # torch counted the failed one
+    join(1, 30.0)
+    try:
+        assert dist.distributed_c10d._get_default_group().group_name == "0"  # as a rank that never failed
+    finally:
+        dist.destroy_process_group()

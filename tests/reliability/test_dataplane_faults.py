@@ -56,6 +56,43 @@ def test_a_trainer_killed_during_the_reduction_takes_only_its_sum_the_step_is_do
     assert_equals_reference(out, reference)  # the all-reduce sums in another order: within 1e-5
 
 
+def test_a_trainer_that_hangs_in_the_reduction_times_its_peer_out_and_the_step_is_done_again(
+    tiny_sd3: Path, reference: Path, tmp_path: Path
+):
+    """What a dead GPU or a hung NCCL peer looks like: trainer-1 stays in the group, silent,
+    past the group's collective timeout (a gloo group's is ``schedule.lease_s``; an NCCL
+    group's half of it, with the settings that make it raise: tests/parallel/test_group_settings.py).
+    trainer-0's all-reduce raises once the timeout passes and its step aborts; the step is
+    asked again while trainer-1 is still silent (those attempts abort too: ``max_attempts`` is
+    raised so that they do not end the job), and once trainer-1 is back the two form a group
+    again and the step commits: the job ends as the reference. It once never did: a member
+    whose formation had failed named its next group's keys one ahead of the others
+    (``fresh_group_names``), and a member waiting for the address of an epoch its leader had
+    found aborted waited for ever (the rendezvous now gives up once the step is decided)."""
+    cfg = fault_config(
+        tiny_sd3,
+        schedule={
+            "mode": "disaggregated",
+            "gap": True,
+            "max_staleness": 0,
+            "lease_s": 4.0,
+            "max_attempts": 20,
+        },
+        cluster__local={"rollout_workers": 1, "trainer_workers": 2},
+        train__reduce="allreduce",
+    )
+    out = tmp_path / "run"
+    stall = Fault("reduce", "stall", worker="trainer-1", iteration=1, seconds=9.0)
+    fired = run_job(cfg, out, "dp-hang", stall)
+    assert [(f["point"], f["worker"], f["action"]) for f in fired] == [("reduce", "trainer-1", "stall")]
+    rows = metrics(out)
+    assert [m["samples"] for m in rows] == [8, 8, 8] and [m["trained_rows"] for m in rows] == [16, 16, 16]
+    runs = Counter((e["iteration"], e["kind"]) for e in timeline(out) if e["kind"] == "train")
+    # iteration 1's groups were trained again after the aborted step (at least once more)
+    assert runs[(0, "train")] == 2 and runs[(1, "train")] >= 4 and runs[(2, "train")] == 2, runs
+    assert_equals_reference(out, reference)  # the all-reduce sums in another order: within 1e-5
+
+
 def test_a_rollout_killed_while_it_takes_in_a_weight_version_fetches_it_again(
     tiny_sd3: Path, reference: Path, tmp_path: Path
 ):

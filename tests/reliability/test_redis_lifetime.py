@@ -325,7 +325,12 @@ def resumed(cfg: Path, out: Path, home: Path) -> None:
     assert log.count("embedded Redis started") >= 2 and "embedded Redis found" not in log
     assert "left running by a process that died" not in log  # the watchdog had stopped it
     rows = [json.loads(line)["iteration"] for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert rows == list(range(last + 2))
+    resumes = [line for line in log.splitlines() if "resum" in line]
+    assert rows == list(range(last + 2)), (
+        last,
+        sorted(p.name for p in (out / "checkpoints").iterdir()),
+        resumes,
+    )
     assert not (home / "digen.db.owner").exists()  # the resumed run's server ended with it
 
 

@@ -86,3 +86,23 @@ def test_an_instruction_without_a_handler_raises_and_finish_finishes():
         Controller.apply(bare(), [Finish(), Teleport("w0")])  # type: ignore[arg-type]
     assert Controller.apply(bare(), [Finish()]) is True  # type: ignore[arg-type]
     assert Controller.apply(bare(), []) is False  # type: ignore[arg-type]
+
+
+def test_what_start_up_events_ask_is_applied_not_dropped(redis_client):
+    """Before the scheduler starts, a worker that left (a sequence-parallel follower hidden
+    from the scheduler, say) is requeued: :meth:`Controller.take` applies what handling asks."""
+    from types import SimpleNamespace
+
+    from digen.controlplane.jobstate import JobState
+    from digen.core.events import RequeueWorker, WorkerLeft
+    from digen.runtime.controller import Controller
+    from digen.runtime.dispatch import Dispatcher
+
+    queue = TaskQueue(redis_client, "startup", lease_s=30)
+    queue.put("gen", "gen:0:0", {"n": 1})
+    assert queue.lease(["gen"], "rollout-1") is not None
+    dispatch = Dispatcher(SimpleNamespace(), queue, JobState(redis_client, "startup"))  # type: ignore[arg-type]
+    ctl = SimpleNamespace(dispatch=dispatch, handle=lambda events: [RequeueWorker(e.worker) for e in events])
+    ctl.apply = lambda instructions: Controller.apply(ctl, instructions)  # type: ignore[arg-type]
+    Controller.take(ctl, [WorkerLeft("rollout-1", 0.0)])  # type: ignore[arg-type]
+    assert queue.state("gen:0:0") == "pending"

@@ -14,7 +14,7 @@ import pytest
 from digen.reference import run_reference
 from digen.runtime.controller import run_distributed
 from tests.runtime.test_equivalence import assert_bit_identical, checkpoint, max_diff, metrics
-from tests.trainer.test_evaluation import eval_config, eval_rows
+from tests.trainer.test_evaluation import EMA, EMA_LR, eval_config, eval_rows, last_checkpoint_scores
 
 pytestmark = pytest.mark.slow
 
@@ -48,6 +48,24 @@ def test_distributed_eval_equals_reference_eval(reference_eval_run, tiny_sd3, tm
         "iter_0001.png",
         "iter_0002.png",
     ]
+
+
+def test_distributed_ema_eval_equals_reference_ema_eval(tiny_sd3, tmp_path):
+    """``train.ema.eval``: the rollout workers evaluate the EMA the trainers serve with the
+    evaluated versions, as the reference evaluates its own; training is the reference's."""
+    sections = {"train__ema": EMA, "train__lr": EMA_LR}
+    run_reference(eval_config(tiny_sd3, tmp_path, **sections), tmp_path / "ref")
+    cfg = eval_config(tiny_sd3, tmp_path, **sections, schedule={"mode": "disaggregated", "max_staleness": 0})
+    run_distributed(cfg, tmp_path / "run")
+    ref, got = eval_rows(tmp_path / "ref"), eval_rows(tmp_path / "run")
+    assert [(r["iteration"], r["policy_version"]) for r in got] == [(1, 2), (2, 3)]
+    for r, g in zip(ref, got, strict=True):
+        for k in r["scores"]:
+            assert g["scores"][k] == pytest.approx(r["scores"][k], abs=1e-6), k  # measured: equal
+    assert_bit_identical(tmp_path / "ref", tmp_path / "run", cfg.iterations)
+    by_ema, by_weights = last_checkpoint_scores(cfg, tmp_path / "run")
+    assert got[-1]["scores"]["reward"] == pytest.approx(by_ema, abs=1e-6)
+    assert max(abs(x - y) for x, y in zip(got[-1]["scores"]["reward"], by_weights, strict=True)) > 1e-4
 
 
 def test_digen_mode_evaluates_in_the_bubbles_with_the_recorded_version(tiny_sd3, tmp_path, warm_cluster):

@@ -8,8 +8,9 @@ from types import SimpleNamespace
 import pytest
 from typer.testing import CliRunner
 
-from digen.cluster.cluster import WorkerInfo, worker_resources
+from digen.cluster.cluster import WorkerInfo
 from digen.cluster.node import check_sp_group
+from digen.controlplane.resources import worker_resources
 from digen.controlplane.sp_keys import SpGroup
 from digen.core.events import Release, Role, SetRole, TaskKind, WorkerJoined
 from digen.core.scheduler import Scheduler, SchedulerConfig

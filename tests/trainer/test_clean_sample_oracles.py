@@ -334,17 +334,34 @@ def dpo_authors_loss(noise, latent, model_noise_pred, ref_noise_pred, scores, be
     return -torch.nn.functional.logsigmoid(inside_term).mean()
 
 
-@pytest.mark.parametrize("tsp", [True, False])
-def test_online_dpo_step_equals_verl_omni(world, tsp):
+def flow_factory_unshifted_sigma(generator: torch.Generator) -> torch.Tensor:
+    """Flow-Factory's DPO noise level (X-GenGroup/Flow-Factory a0b2bc5, trainers/dpo.py l.443-453,
+    l.565-566; utils/noise_schedule.py l.83-154, l.46-48): ``logit_normal_shifted`` with
+    ``stratified=False``, ``logit_mean`` 0, ``logit_std`` 1, ``time_shift`` 1, ``timestep_range``
+    0.99, then ``flow_match_sigma``."""
+    u = torch.randn(1, generator=generator) * 1.0 + 0.0
+    raw = torch.sigmoid(u)
+    raw = 1.0 * raw / (1 + (1.0 - 1) * raw)
+    raw = torch.clamp(raw, min=0.01, max=1.0 - 1e-6)
+    frac = 0.0 + raw * (0.99 - 0.0)
+    t = 1000.0 * (1.0 - frac)
+    return (t / 1000.0).clamp(0.0, 1.0)
+
+
+@pytest.mark.parametrize("tsp, draw", [(True, "schedule"), (False, "schedule"), (True, "unshifted")])
+def test_online_dpo_step_equals_verl_omni(world, tsp, draw):
     """VeRL-Omni's online DPO step: ``build_online_dpo_pair_indices`` (per prompt, the top and the
     bottom reward, adjacent), one noise and one timestep per pair (``sample_noise_and_timesteps``,
     here digen's draws), the noised latents, the reference's prediction (base weights), the
-    actor's with CFG (the SD3 DPO adapter at ``guidance_scale`` 4.5), ``compute_loss``."""
+    actor's with CFG (the SD3 DPO adapter at ``guidance_scale`` 4.5), ``compute_loss``. With
+    ``timestep_draw: unshifted`` the pair's noise level is Flow-Factory's, restated
+    (:func:`flow_factory_unshifted_sigma`), whose loss (trainers/dpo.py l.595-611) is the same."""
     from digen.algos.online_dpo import TRAIN_STEPS
+    from digen.seeding import sample_generator
 
     policy, embeds, base, lora, _ = world
     beta = 2000.0  # VeRL-Omni's config default (the recipe: 100): the pairs' sigmoid far from 1/2
-    cfg = config(base, algorithm="online-dpo", online_dpo={"beta": beta})
+    cfg = config(base, algorithm="online-dpo", online_dpo={"beta": beta, "timestep_draw": draw})
     policy.load_trainable_state_dict(lora)
     trajs, book, ours, stats = digen_step(policy, embeds, cfg, tsp=tsp, state=dict(lora))
     assert stats.rows == 2 * 2 and stats.forwards == 2  # one pair per group, one forward each
@@ -364,6 +381,15 @@ def test_online_dpo_step_equals_verl_omni(world, tsp):
     noise = torch.cat([r.noise for r in rows])
     assert torch.equal(noise[0], noise[1]) and not torch.equal(noise[0], noise[2])  # one per pair
     sigma = policy.sigmas(TRAIN_STEPS)[torch.cat([r.step for r in rows])]
+    if draw == "unshifted":
+        peer = [
+            flow_factory_unshifted_sigma(sample_generator(cfg.seed, 0, g * G, "dpo-timestep"))
+            for g in range(2)
+        ]
+        unshifted = torch.cat([p.expand(2) for p in peer])
+        assert torch.equal(torch.cat([r.sigma for r in rows]), unshifted)  # the same float32 bits
+        assert (unshifted - sigma).abs().min() > 1e-3  # and not the shifted schedule's
+        sigma = unshifted
     s4 = sigma.view(-1, 1, 1, 1)
     noisy = (1.0 - s4) * latent + s4 * noise
     with torch.no_grad(), policy.reference_mode():

@@ -98,3 +98,27 @@ def test_ema_equals_dance_grpo_s():
             theirs[key].copy_(0.995 * theirs[key] + (1 - 0.995) * model_state_dict[key])
     for k in theirs:
         torch.testing.assert_close(ours[k], theirs[k], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_the_ema_of_shards_is_the_shards_of_the_ema(world):
+    """What each FSDP rank computes (digen.parallel.fsdp.ShardedTrainer: the rule over its
+    dim-0 shards, torch.chunk's split) put together is the replicated store's EMA, bit for bit,
+    for the same weights: the update is elementwise."""
+    from digen.optim import ema_after_step, ema_before_step
+
+    train = TrainConfig(lr=0.05, ema={"enabled": True, "every": 1, "micro_batches": 2})
+    trajectory, whole = _run(train, steps=6, steps_per_iteration=2)
+    shards = [{k: torch.chunk(v, world)[r].clone() for k, v in trajectory[0].items()} for r in range(world)]
+    for n in range(6):  # the store's step from version n: before it (weights n), after (n + 1)
+        for r in range(world):
+            ema_before_step(
+                train.ema, shards[r], {k: torch.chunk(v, world)[r] for k, v in trajectory[n].items()}, n
+            )
+            after = {k: torch.chunk(v, world)[r] for k, v in trajectory[n + 1].items()}
+            ema_after_step(train.ema, shards[r], after, n + 1, (n + 1) % 2 == 0)
+    for k, v in whole.items():
+        assert torch.equal(torch.cat([shards[r][k] for r in range(world)]), v), k
+    assert not torch.equal(whole["a"], trajectory[0]["a"]) and not torch.equal(
+        whole["a"], trajectory[-1]["a"]
+    )

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from digen.assembly import build_policy, build_reward
-from digen.config import build_config
+from digen.config import EmaConfig, build_config
 from digen.errors import ConfigError
 from digen.evaluation import EvalBook, EvalResult, EvalTask, held_out_prompts, plan_eval
 from digen.evaluator import evaluate_chunk
@@ -130,3 +130,96 @@ def test_auto_eval_batch_size_matches_one_generation_task(tiny_sd3, tmp_path):
     assert eval_batch_size(cfg) == 4  # Flow-GRPO-like: 160 steps per group, 40 per eval prompt
     cfg.rollout.eval_steps = 3
     assert len(plan_eval(cfg, TEST_PROMPTS, 0)) == 1  # 53 prompts fit: one chunk
+
+
+# --- with the EMA weights (train.ema.eval) ---------------------------------------------
+EMA = {"enabled": True, "every": 1, "eval": True}
+"""An EMA that moves at every step (the default moves every 8th), evaluated."""
+EMA_LR = 0.03
+"""A learning rate at which the EMA and the weights score apart (by 2.6e-4 after 3 steps; at
+the tests' usual 1e-3, by 1e-5)."""
+
+
+def _shifted(weights: dict[str, torch.Tensor], by: float) -> dict[str, torch.Tensor]:
+    return {k: v + by * torch.ones_like(v) for k, v in weights.items()}
+
+
+def test_ema_eval_samples_the_ema_and_gives_the_weights_back(tiny_sd3, tmp_path):
+    """The chunk's scores and images are those of a policy holding the EMA as its weights;
+    afterwards the policy holds its own weights again, bit for bit. With the key off the
+    same version is evaluated with its weights."""
+    from digen.algos.state import load_version, with_ema
+    from digen.evaluator import sample_chunk
+
+    cfg = eval_config(tiny_sd3, tmp_path, train__ema=EMA)
+    off = eval_config(tiny_sd3, tmp_path, train__ema={**EMA, "eval": False})
+    policy, reward = build_policy(cfg), build_reward(cfg)
+    base = policy.trainable_state_dict()
+    w, ema = _shifted(base, 0.02), _shifted(base, -0.03)
+    whole = plan_eval(cfg, held_out_prompts(cfg), 0)[0]
+    task = EvalTask(0, 0, whole.version, whole.indices[:1], whole.prompts[:1])  # one prompt: fast
+    load_version(policy, with_ema(w, ema))
+    got = evaluate_chunk(policy, task, cfg, reward)
+    after = policy.trainable_state_dict()
+    assert all(torch.equal(after[k], w[k].to(after[k].dtype)) for k in w)
+    plain = evaluate_chunk(policy, task, off, reward)
+    by_weights = sample_chunk(policy, task, cfg, reward)
+    load_version(policy, ema)
+    by_ema = sample_chunk(policy, task, cfg, reward)
+    assert got.scores == by_ema.scores and got.cells.tobytes() == by_ema.cells.tobytes()
+    assert plain.scores == by_weights.scores and plain.cells.tobytes() == by_weights.cells.tobytes()
+    assert got.cells.tobytes() != plain.cells.tobytes()
+    load_version(policy, w)  # a version loaded without its EMA cannot be evaluated with it
+    with pytest.raises(RuntimeError, match="without its EMA"):
+        evaluate_chunk(policy, task, cfg, reward)
+
+
+def test_only_evaluated_versions_carry_the_ema(tiny_sd3, tmp_path):
+    from digen.evaluation import carries_ema
+
+    cfg = eval_config(tiny_sd3, tmp_path, train__ema=EMA, train__mini_batches=2)
+    cfg.iterations = 5
+    assert [v for v in range(12) if carries_ema(cfg, v)] == [4, 8, 10]  # after iterations 1, 3, 4
+    cfg.train.ema.eval = False
+    assert not any(carries_ema(cfg, v) for v in range(12))
+    cfg.train.ema.eval, cfg.eval.every = True, 0
+    assert not any(carries_ema(cfg, v) for v in range(12))
+
+
+def last_checkpoint_scores(cfg, run: Path) -> tuple[list[float], list[float]]:
+    """The ``reward`` scores of the evaluation after ``cfg``'s last iteration, sampled here from
+    ``run``'s last checkpoint: (with its EMA, ``ema/<name>`` in optimizer.safetensors; with its
+    weights)."""
+    last = sorted((run / "checkpoints").glob("iter_*"))[-1]
+    opt = load_file(str(last / "optimizer.safetensors"))
+    ema = {k.removeprefix("ema/"): v for k, v in opt.items() if k.startswith("ema/")}
+    w = load_file(str(last / "weights.safetensors"))
+    assert ema.keys() == w.keys() and any(not torch.equal(ema[k], w[k]) for k in w)
+    plain = cfg.model_copy(update={"train": cfg.train.model_copy(update={"ema": EmaConfig()})})
+    policy, reward = build_policy(plain), build_reward(plain)
+    tasks = plan_eval(plain, held_out_prompts(plain), cfg.iterations - 1)
+
+    def scores(tensors: dict[str, torch.Tensor]) -> list[float]:
+        policy.load_trainable_state_dict(tensors)
+        return [x for t in tasks for x in evaluate_chunk(policy, t, plain, reward).scores["reward"]]
+
+    return scores(ema), scores(w)
+
+
+def test_reference_ema_eval_scores_the_checkpoints_ema(tiny_sd3, tmp_path):
+    """The reference run's last evaluation is the evaluation of the last checkpoint's EMA;
+    with the key off, of its weights; the key changes nothing in training."""
+    on = eval_config(tiny_sd3, tmp_path, train__ema=EMA, train__lr=EMA_LR)
+    off = eval_config(tiny_sd3, tmp_path, train__ema={**EMA, "eval": False}, train__lr=EMA_LR)
+    run_reference(on, tmp_path / "on")
+    run_reference(off, tmp_path / "off")
+    a, b = weights(tmp_path / "on"), weights(tmp_path / "off")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    by_ema, by_weights = last_checkpoint_scores(on, tmp_path / "on")
+    row_on, row_off = eval_rows(tmp_path / "on")[-1], eval_rows(tmp_path / "off")[-1]
+    assert row_on["policy_version"] == row_off["policy_version"] == 3
+    # the same sampling of the same tensors in another process state: measured apart by at
+    # most 6e-8 (float32 rounding)
+    assert row_on["scores"]["reward"] == pytest.approx(by_ema, abs=1e-6)
+    assert row_off["scores"]["reward"] == pytest.approx(by_weights, abs=1e-6)
+    assert max(abs(x - y) for x, y in zip(by_ema, by_weights, strict=True)) > 1e-4
