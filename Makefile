@@ -24,7 +24,7 @@ demo: $(STAMP)  ## a short real training run on the embedded default
 test: $(STAMP)  ## the whole test suite (what CI runs)
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
-test-fast: $(STAMP)  ## unit tests only (skips the end-to-end runs marked slow)
+test-fast: $(STAMP)  ## unit tests only: no Dask cluster, no process of their own (skips the tests marked slow)
 	$(BIN)/python -m pytest -q -m "not slow"
 
 lint: $(STAMP)  ## ruff, mypy on the typed core, the import contracts (pyproject) and no import 2-cycles

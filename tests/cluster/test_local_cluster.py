@@ -117,6 +117,7 @@ def test_the_fork_server_is_a_fork_of_this_process_and_its_workers_compute():
     ],
     ids=["a-thread-runs", "onnxruntime-loaded", "nothing"],
 )
+@pytest.mark.slow
 def test_the_server_is_forked_only_from_a_process_with_no_thread_pool(before):
     """A fork copies the forking thread alone, with every lock other threads held: with a
     second thread running or onnxruntime's pools loaded, prefork_server forks nothing (the
@@ -136,6 +137,7 @@ def test_the_server_is_forked_only_from_a_process_with_no_thread_pool(before):
         assert int(got) > 0
 
 
+@pytest.mark.slow
 def test_the_local_cluster_serves_no_dashboard_unless_asked():
     """The default local cluster (config and function) connects no bokeh dashboard to the
     scheduler (Dask still serves its plain HTTP routes, so the start notice leaves the link

@@ -191,6 +191,7 @@ def test_shared_gpus_spread_ranks_over_distinct_gpus_first():
     assert per_gpu == [1, 2, 2] and _gpus_of(p)["trainer-0"] != _gpus_of(p)["trainer-1"]
 
 
+@pytest.mark.slow
 def test_the_plan_of_the_shared_quickstart_puts_each_worker_on_its_own_gpu():
     res = CliRunner().invoke(
         app,
@@ -284,6 +285,7 @@ def test_discovery_reads_nvidia_smi_and_keeps_to_the_visible_devices(monkeypatch
     assert [g.type for g in discover()] == ["h200"]
 
 
+@pytest.mark.slow
 def test_each_worker_process_of_a_local_cluster_sees_only_its_own_gpu(monkeypatch):
     """A real local cluster (three worker processes) placed on a fake inventory of two kinds
     of GPU: each process reads back its own CUDA_VISIBLE_DEVICES, and its Dask resource
@@ -459,6 +461,7 @@ def test_topology_block_of_nvidia_smi_is_parsed():
     assert parse_topology("", 2) == []
 
 
+@pytest.mark.slow
 def test_gpu_bench_parts_run_their_code_on_cpu_at_a_small_size(tmp_path, tiny_sd3):
     """The weight fetch (two processes, the blob server, the bucketed fetch) and the bf16
     rollout-and-train part run on CPU with a small adapter and a 2-block transformer: what
@@ -492,6 +495,7 @@ def test_a_second_gpu_bench_clears_only_its_own_run(tmp_path):
     assert not ours.exists() and (theirs / "metrics.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_digen_worker_gpus_auto_starts_one_pinned_worker_per_gpu(tmp_path):
     """``digen worker --gpus auto`` on a node with a fake inventory of three GPUs of two kinds:
     three worker processes join the scheduler, each reading back its own GPU and type."""

@@ -119,6 +119,7 @@ def test_algorithms_prints_every_name_whole_and_as_json():
     assert [a["name"] for a in json.loads(res.stdout)] == list(ALGORITHM_NAMES)
 
 
+@pytest.mark.slow
 def test_the_tables_of_names_are_the_registries():
     """The torch-free tables the config loader checks names against (digen.config) list
     exactly what the registries, which import torch, hold: read in a fresh process, since
@@ -161,6 +162,7 @@ def test_misspelt_names_come_with_the_configs_other_problems_before_anything_sta
     assert not (tmp_path / "run").exists()  # nothing started, nothing written
 
 
+@pytest.mark.slow
 def test_simulate_says_each_mode_as_it_starts_before_its_result():
     res = cli("simulate", ROOT / "configs" / "sim" / "flux_A.yaml", "--modes", "colocated-digen", "--json")
     assert res.exit_code == 0, res.output
@@ -238,6 +240,7 @@ def test_digen_log_holds_a_progress_line_per_iteration_in_reference_mode(tiny_sd
     assert "digen.progress" not in res.stderr  # the console shows the display, not the log lines
 
 
+@pytest.mark.slow
 def test_simulate_all_prints_json_per_config_with_a_step_per_mode(tmp_path):
     import shutil
 

@@ -8,6 +8,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 from digen.cli.console import ConsoleFormatter, _quiet_dask, open_run_log, setup_logging
@@ -93,6 +94,7 @@ def test_setup_logging_writes_dask_records_to_the_file_only(tmp_path: Path, capf
     assert "WARNING digen.test: a digen warning" in text
 
 
+@pytest.mark.slow
 def test_train_in_digen_mode_prints_no_dask_lines(tmp_path: Path, tiny_sd3: Path):
     """The real CLI in a subprocess (what a terminal shows, worker processes included), on a
     one-iteration digen run with the start-up profile: no Dask line on the console, Dask's

@@ -7,6 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
 import typer.main
 
 from tests.conftest import DIGEN
@@ -43,6 +44,7 @@ def test_the_script_sees_every_command_once_on_the_shared_app():
     assert list(typer.main.get_command(app).commands) == COMMANDS
 
 
+@pytest.mark.slow
 def test_python_m_lists_the_same_commands_in_the_same_order():
     env = {**os.environ, "COLUMNS": "400"}  # one line per command
     r = subprocess.run(

@@ -329,6 +329,7 @@ print(n)
 """
 
 
+@pytest.mark.slow
 def test_consumers_in_other_processes_share_the_queue(q: TaskQueue, redis_client: redis.Redis):
     n_tasks = 300
     q.put_many("gen", [(f"t{i}", {}) for i in range(n_tasks)])

@@ -75,6 +75,7 @@ def test_bad_scheme_is_a_connection_failure():
         connect("http://127.0.0.1:6379")
 
 
+@pytest.mark.slow
 def test_embedded_server_is_shared_with_other_processes(redis_client: redis.Redis):
     url = embedded_url(redis_client)
     assert url.startswith("unix:///") and url.endswith("redis.socket")

@@ -239,6 +239,7 @@ def test_resume_starts_at_the_checkpointed_iteration():
     assert releases(out, GEN) == [(2, 0, 1), (3, 0, 2)]
 
 
+@pytest.mark.slow
 def test_core_imports_stay_light():
     code = "import sys, digen.core.scheduler; bad = [m for m in ('torch', 'dask', 'redis', 'rq', 'distributed') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -69,6 +69,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.slow
 def test_the_all_reduce_gives_every_trainer_the_same_bits_and_the_sum_within_float32_round_off(world):
     ctx = mp.get_context("spawn")
     out = ctx.Queue()

@@ -129,6 +129,7 @@ def lora_runs(tiny_models, tmp_path_factory) -> dict[str, tuple[Path, dict]]:
 
 # --- LoRA folder -----------------------------------------------------------------------
 @pytest.mark.parametrize("arch", list(FAMILIES))
+@pytest.mark.slow
 def test_lora_export_loads_in_stock_diffusers_and_samples_like_digen(arch, lora_runs, tiny_models, tmp_path):
     run, saved = lora_runs[arch]
     result = export_run(run, tmp_path / "lora")
@@ -146,6 +147,7 @@ def test_lora_export_loads_in_stock_diffusers_and_samples_like_digen(arch, lora_
     assert (theirs - base).abs().max() > 1e-3  # the adapter has an effect
 
 
+@pytest.mark.slow
 def test_lora_file_layout_and_folded_scale(lora_runs, tmp_path):
     """diffusers' layout: ``transformer.``-prefixed peft keys, adapter metadata r = lora_alpha
     = rank, and ``lora_B`` carrying alpha / r; loaded as a plain dict (no metadata: diffusers
@@ -164,6 +166,7 @@ def test_lora_file_layout_and_folded_scale(lora_runs, tmp_path):
     assert torch.equal(tensors[f"transformer.{a_key}"], saved[1][a_key])
 
 
+@pytest.mark.slow
 def test_lora_loaded_without_metadata_is_the_same_adapter(lora_runs, tiny_models, tmp_path):
     from safetensors.torch import load_file
 
@@ -175,6 +178,7 @@ def test_lora_loaded_without_metadata_is_the_same_adapter(lora_runs, tiny_models
     torch.testing.assert_close(stock_sample(pipe, "sd3", x0, seq), ours, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_checkpoint_selects_the_iteration(lora_runs, tiny_models, tmp_path):
     run, saved = lora_runs["flux"]
     result = export_run(run, tmp_path / "lora", iteration=0)
@@ -188,6 +192,7 @@ def test_checkpoint_selects_the_iteration(lora_runs, tiny_models, tmp_path):
     assert (theirs - newest).abs().max() > 1e-3
 
 
+@pytest.mark.slow
 def test_ema_exports_the_checkpoints_averaged_weights(lora_runs, tiny_models, tmp_path):
     """``--ema``: the EMA copy the checkpoint keeps (``ema/<name>`` in optimizer.safetensors)
     instead of the policy; refused, by name, when the run kept none."""
@@ -248,6 +253,7 @@ def test_a_run_with_train_ema_export_exports_its_ema_unless_told_not_to(tiny_mod
 
 # --- pipeline folder -------------------------------------------------------------------
 @pytest.mark.parametrize("arch", list(FAMILIES))
+@pytest.mark.slow
 def test_merged_export_is_a_pipeline_folder_that_samples_like_digen(arch, lora_runs, tiny_models, tmp_path):
     run, saved = lora_runs[arch]
     result = export_run(run, tmp_path / "merged", merge=True)
@@ -265,6 +271,7 @@ def test_merged_export_is_a_pipeline_folder_that_samples_like_digen(arch, lora_r
 
 
 @pytest.mark.parametrize("arch", ["sd3", "qwen-image"])
+@pytest.mark.slow
 def test_full_fine_tune_exports_a_pipeline_folder(arch, tiny_models, tmp_path):
     run, saved = make_run(tmp_path / "run", tiny_models(arch), arch, lora=False)
     result = export_run(run, tmp_path / "full")
@@ -277,6 +284,7 @@ def test_full_fine_tune_exports_a_pipeline_folder(arch, tiny_models, tmp_path):
 
 
 # --- errors ----------------------------------------------------------------------------
+@pytest.mark.slow
 def test_no_checkpoint_bad_iteration_and_not_a_run(tiny_models, tmp_path, lora_runs):
     cfg = run_config(tiny_models("sd3"), "sd3")
     RunDir(tmp_path / "empty", cfg)
@@ -291,6 +299,7 @@ def test_no_checkpoint_bad_iteration_and_not_a_run(tiny_models, tmp_path, lora_r
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_out_dir_must_be_empty_unless_forced(lora_runs, tmp_path):
     run, _ = lora_runs["sd3"]
     out = tmp_path / "out"
@@ -308,6 +317,7 @@ def test_out_dir_must_be_empty_unless_forced(lora_runs, tmp_path):
     assert (run / "config.yaml").exists()
 
 
+@pytest.mark.slow
 def test_moved_base_model_and_mismatched_checkpoint(lora_runs, tiny_models, tmp_path):
     run, _ = lora_runs["sd3"]
     with pytest.raises(ConfigError, match="does not exist"):
@@ -324,6 +334,7 @@ def test_unpaired_lora_is_refused():
 
 
 # --- end to end ------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.slow
 def test_cli_exports_a_trained_run(tiny_sd3, tmp_path):
     """One real reference iteration, then ``digen export``: the stock pipeline with the LoRA

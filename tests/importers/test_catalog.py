@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from digen.importers.catalog import markdown, rows
 
 ROOT = Path(__file__).resolve().parents[2]
 PEERS = ROOT / "tests" / "data" / "peers"
 
 
+@pytest.mark.slow
 def test_the_page_is_the_importers_output_and_every_recipe_has_a_row():
     table = rows(PEERS)
     assert markdown(table) == (ROOT / "docs" / "peer-recipes.md").read_text()

@@ -62,6 +62,7 @@ def wheel(tmp_path_factory) -> zipfile.ZipFile:
     return zipfile.ZipFile(path)
 
 
+@pytest.mark.slow
 def test_the_wheel_has_one_top_level_module_digen(wheel: zipfile.ZipFile):
     tops = {n.split("/")[0] for n in wheel.namelist()}
     assert tops == {"digen", next(t for t in tops if t.endswith(".dist-info"))}, tops
@@ -69,6 +70,7 @@ def test_the_wheel_has_one_top_level_module_digen(wheel: zipfile.ZipFile):
     assert wheel.read(f"{info}/top_level.txt").decode().split() == ["digen"]
 
 
+@pytest.mark.slow
 def test_cli_and_workers_are_in_the_wheel_under_digen(wheel: zipfile.ZipFile):
     names = set(wheel.namelist())
     for package, folder in MAPPED.items():
@@ -78,12 +80,14 @@ def test_cli_and_workers_are_in_the_wheel_under_digen(wheel: zipfile.ZipFile):
     assert {f"digen/{f}" for f in sources(REPO / "digen")} <= names
 
 
+@pytest.mark.slow
 def test_the_wheel_script_runs_digen_cli(wheel: zipfile.ZipFile):
     info = next(n.split("/")[0] for n in wheel.namelist() if n.endswith(".dist-info/entry_points.txt"))
     text = wheel.read(f"{info}/entry_points.txt").decode()
     assert "digen = digen.cli.main:app" in text, text
 
 
+@pytest.mark.slow
 def test_this_environment_installs_digen_alone_and_finds_the_mapped_folders():
     """The install this test runs in (``make setup``: editable) maps the same packages."""
     dist = importlib.metadata.distribution("digen")

@@ -152,6 +152,7 @@ def test_missing_weights_is_a_config_error(tmp_path):
 
 
 # --- the builder -----------------------------------------------------------------------------
+@pytest.mark.slow
 def test_builder_writes_every_asset(tmp_path):
     recipe = DigitsRecipe(
         classifier_steps=3,

@@ -59,6 +59,7 @@ def test_registry_entries_resolve():
         assert family.adapter_class().family == name
 
 
+@pytest.mark.slow
 def test_import_is_light():
     code = "import sys, digen.models; print('diffusers' in sys.modules or 'transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

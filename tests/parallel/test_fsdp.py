@@ -113,6 +113,7 @@ def test_shard_rows_splits_every_row_once() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_sharded_update_equals_unsharded(tmp_path: Path) -> None:
     """Full fine-tune (activation checkpointing off and on) and LoRA with the KL term: rank 0's
     gathered weights after 2 steps equal ParameterStore's, and so do the clipped norms and the
@@ -151,6 +152,7 @@ def test_sharded_update_equals_unsharded(tmp_path: Path) -> None:
         assert set(reloaded) == set(ema) and all(torch.equal(reloaded[k], 2 * ema[k]) for k in ema), name
 
 
+@pytest.mark.slow
 def test_served_shards_do_not_change_when_the_group_steps(tmp_path: Path) -> None:
     """What a rank serves as version v stays version v after the step to v + 1 (a staleness-1
     rollout still fetches it): one gloo rank, full fine-tune, one AdamW step."""

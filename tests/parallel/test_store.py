@@ -81,6 +81,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 def test_two_processes_form_a_gloo_group_through_redis(server, client: redis.Redis, tmp_path: Path):
     procs = [
         subprocess.Popen(

@@ -47,6 +47,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
+@pytest.mark.slow
 def test_all_to_all_round_trip_and_gradient(runs):
     _, _, ranks = runs
     for out in ranks:
@@ -55,6 +56,7 @@ def test_all_to_all_round_trip_and_gradient(runs):
         assert out["a2a/err_grad"].item() == 0.0
 
 
+@pytest.mark.slow
 def test_sample_d2_equals_d1(runs):
     family, ref, ranks = runs
     assert torch.isfinite(ref["log_probs"]).all()
@@ -67,6 +69,7 @@ def test_sample_d2_equals_d1(runs):
             assert (out[key] - ref[key]).abs().max().item() <= TOL, key
 
 
+@pytest.mark.slow
 def test_lora_gradient_d2_equals_d1(runs):
     family, ref, ranks = runs
     keys = sorted(k for k in ref if k.startswith("grad/"))

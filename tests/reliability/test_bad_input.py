@@ -150,6 +150,7 @@ def test_a_reward_that_does_not_exist(tiny_sd3: Path, stored_run: Path, tmp_path
     assert started == []  # refused before any cluster starts
 
 
+@pytest.mark.slow
 def test_an_unreachable_reward_server(tiny_sd3: Path, stored_run: Path, tmp_path: Path, started: list[str]):
     path = write_config(
         tmp_path,
@@ -163,6 +164,7 @@ def test_an_unreachable_reward_server(tiny_sd3: Path, stored_run: Path, tmp_path
     assert "digen reward-server" in line and started == []
 
 
+@pytest.mark.slow
 def test_an_unreachable_redis_fails_before_anything_starts_naming_it(
     tiny_sd3: Path, stored_run: Path, tmp_path: Path, started: list[str]
 ):
@@ -173,6 +175,7 @@ def test_an_unreachable_redis_fails_before_anything_starts_naming_it(
     assert "--redis-url" in line and started == []
 
 
+@pytest.mark.slow
 def test_an_unreachable_scheduler_fails_before_anything_starts_naming_it(
     tiny_sd3: Path, stored_run: Path, tmp_path: Path, started: list[str]
 ):
@@ -183,6 +186,7 @@ def test_an_unreachable_scheduler_fails_before_anything_starts_naming_it(
     assert "dask scheduler" in line and started == []
 
 
+@pytest.mark.slow
 def test_a_gpu_type_no_task_may_use(tiny_sd3: Path, stored_run: Path, tmp_path: Path, started: list[str]):
     path = write_config(tmp_path, tiny_sd3, schedule={"mode": "digen"}, cluster={"gpu_types": ["h100"]})
     code, err = train(str(path), out=tmp_path / "run")
@@ -382,6 +386,7 @@ INPUT_MISTAKES = [
 )
 @pytest.mark.parametrize("mode", ["reference", "digen"])
 @pytest.mark.parametrize("resume", [False, True], ids=["new", "resume"])
+@pytest.mark.slow
 def test_inputs_are_checked_before_anything_starts(
     what, sections, sets, prompt_bytes, words, mode, resume, tiny_sd3, stored_run, tmp_path, refused_early
 ):
@@ -402,6 +407,7 @@ def test_inputs_are_checked_before_anything_starts(
     assert refused_early == []
 
 
+@pytest.mark.slow
 def test_too_little_disk_space_is_refused_before_anything_starts(
     tiny_sd3: Path, tmp_path: Path, refused_early: list[str], monkeypatch
 ):
@@ -448,6 +454,7 @@ RESUMES_THAT_DO_NOT_FIT = [
     ("what", "sets", "words"), RESUMES_THAT_DO_NOT_FIT, ids=[m[0] for m in RESUMES_THAT_DO_NOT_FIT]
 )
 @pytest.mark.parametrize("mode", ["reference", "digen"])
+@pytest.mark.slow
 def test_a_resume_whose_weights_do_not_fit_changes_nothing(
     what, sets, words, mode, tiny_sd3, stored_run, tmp_path, refused_early
 ):
@@ -479,6 +486,7 @@ def test_a_resume_refused_by_the_weights_themselves_changes_nothing(tiny_sd3, st
     assert snapshot(run) == kept
 
 
+@pytest.mark.slow
 def test_out_that_cannot_be_a_run_directory_is_refused_and_left_alone(tiny_sd3, tmp_path, refused_early):
     """``--out`` at a file, under a file, or at a folder of the user's own (its config.yaml
     was silently replaced): one line, exit 2, every byte there kept."""
@@ -542,6 +550,7 @@ REFUSED_BEFORE_ANYTHING_SHOWS = [
     REFUSED_BEFORE_ANYTHING_SHOWS,
     ids=[m[0] for m in REFUSED_BEFORE_ANYTHING_SHOWS],
 )
+@pytest.mark.slow
 def test_refusals_are_one_line_before_the_placement_or_the_bar(
     what,
     sections,

@@ -101,6 +101,7 @@ def gone(pid: int) -> bool:
         return True
 
 
+@pytest.mark.slow
 def test_the_embedded_redis_ends_with_its_sigkilled_starter(tmp_path: Path, cleanup: list[psutil.Process]):
     home = tmp_path / "home"
     proc, server = start(home, cleanup=cleanup)
@@ -120,6 +121,7 @@ def test_the_embedded_redis_ends_with_its_sigkilled_starter(tmp_path: Path, clea
     wait_for(lambda: gone(second["pid"]), 60, "the second redis-server to end")
 
 
+@pytest.mark.slow
 def test_a_leftover_of_a_dead_starter_is_stopped_not_reused(tmp_path: Path, cleanup: list[psutil.Process]):
     """The starter and its watchdog both SIGKILLed: the server is left running; the next start
     stops it and starts its own."""
@@ -139,6 +141,7 @@ def test_a_leftover_of_a_dead_starter_is_stopped_not_reused(tmp_path: Path, clea
     wait_for(lambda: gone(second["pid"]), 60, "the second redis-server to end")
 
 
+@pytest.mark.slow
 def test_a_shared_server_outlives_its_killed_starter_until_no_process_uses_it(
     tmp_path: Path, cleanup: list[psutil.Process]
 ):

@@ -52,6 +52,7 @@ def hold(folder: Path) -> subprocess.Popen:
     return p
 
 
+@pytest.mark.slow
 def test_a_held_lock_names_its_holder_and_dies_with_it(tmp_path: Path):
     run = tmp_path / "run"
     holder = hold(run)
@@ -78,6 +79,7 @@ def write_config(folder: Path, model_dir: Path, **sections) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_train_and_resume_into_a_directory_in_use_are_refused(tiny_sd3: Path, tmp_path: Path):
     run = tmp_path / "run"
     cfg = write_config(tmp_path, tiny_sd3, iterations=1)

@@ -35,7 +35,7 @@ def reference_batched(tiny_sd3, tmp_path_factory):
     return out
 
 
-def digen_run(small_config, out: Path, reduce: str, rat: bool) -> tuple[Path, list[dict]]:
+def digen_run(small_config, scheduler: str, out: Path, reduce: str, rat: bool) -> tuple[Path, list[dict]]:
     cfg = small_config(
         iterations=2,
         schedule__mode="digen",
@@ -45,15 +45,15 @@ def digen_run(small_config, out: Path, reduce: str, rat: bool) -> tuple[Path, li
         train__reduce=reduce,
         **BATCHED,
     )
-    run_distributed(cfg, out)
+    run_distributed(cfg, out, scheduler=scheduler)
     timeline = [json.loads(line) for line in (out / "timeline.jsonl").read_text().splitlines()]
     return out, timeline
 
 
 def test_digen_mode_with_batched_tasks_equals_the_batched_reference_bit_for_bit(
-    reference_batched, small_config, tmp_path
+    reference_batched, small_config, warm_cluster, tmp_path
 ):
-    out, timeline = digen_run(small_config, tmp_path / "exact", "exact", rat=False)
+    out, timeline = digen_run(small_config, warm_cluster(1, 2), tmp_path / "exact", "exact", rat=False)
     trains = [e for e in timeline if e["kind"] == "train"]
     assert sorted(e["task"] for e in trains) == ["train:0:0", "train:0:2", "train:1:0", "train:1:2"]
     assert all(e["share"] == 2 for e in trains)  # two groups' work each (the bench counts it so)
@@ -67,9 +67,9 @@ def test_digen_mode_with_batched_tasks_equals_the_batched_reference_bit_for_bit(
 
 
 def test_allreduce_with_rat_trains_whole_batched_tasks_within_the_tolerance(
-    reference_batched, small_config, tmp_path
+    reference_batched, small_config, warm_cluster, tmp_path
 ):
-    out, timeline = digen_run(small_config, tmp_path / "allreduce", "allreduce", rat=True)
+    out, timeline = digen_run(small_config, warm_cluster(1, 2), tmp_path / "allreduce", "allreduce", rat=True)
     tasks = {e["task"] for e in timeline if e["kind"] == "train"}
     assert tasks == {"train:0:0", "train:0:2", "train:1:0", "train:1:2"}  # never a half (RAT)
     assert [r["trained_rows"] for r in metrics(out)] == [32, 32]

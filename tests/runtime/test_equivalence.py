@@ -8,7 +8,14 @@ Real embedded Redis, real Dask local cluster, real worker processes. With max_st
   task runs, TAG only where a group is generated, never what is summed in which order.
 - ``digen`` with its defaults (TSP, RAT half-group tasks) sums in another order than the
   sequential reference; over 10 iterations its weights stay within :data:`DIGEN_WEIGHTS_ATOL`
-  (see there for why)."""
+  (see there for why).
+
+The jobs run on the module's warm clusters (``warm_cluster``: 1 rollout + 1 trainer, 1 + 2),
+one after another: a worker that ran a job before computes what a fresh one does.
+The job's own local cluster (``cluster.local``: preloaded workers, the job's own TLS) is
+compared with the reference bit for bit in
+tests/trainer/test_zero_advantage.py::test_drop_trains_the_same_rows_in_the_reference_and_disaggregated_modes
+and within the reliability suite's bound in tests/reliability."""
 
 from __future__ import annotations
 
@@ -84,6 +91,7 @@ def reference_tsp_run(tiny_sd3, tmp_path_factory):
 
 def run_mode(
     small_config,
+    warm_cluster,
     out: Path,
     mode: str,
     iterations: int,
@@ -100,7 +108,7 @@ def run_mode(
         train__reduce=reduce,
         **{f"schedule__{k}": v for k, v in toggles.items()},
     )
-    run_distributed(cfg, out)
+    run_distributed(cfg, out, scheduler=warm_cluster(rollout, trainers))
     timeline = [json.loads(line) for line in (out / "timeline.jsonl").read_text().splitlines()]
     workers = {e["worker"] for e in timeline if e["worker"] != "controller"}
     assert len(workers) == rollout + trainers
@@ -114,22 +122,24 @@ def run_mode(
     [("colocated", 1, 1), ("disaggregated", 1, 2)],
 )
 def test_synchronous_modes_equal_the_reference_bit_for_bit(
-    reference_run, small_config, tmp_path, mode, rollout, trainers
+    reference_run, small_config, warm_cluster, tmp_path, mode, rollout, trainers
 ):
-    out = run_mode(small_config, tmp_path / mode, mode, 3, rollout, trainers)
+    out = run_mode(small_config, warm_cluster, tmp_path / mode, mode, 3, rollout, trainers)
     assert_bit_identical(reference_run, out, 3)
 
 
 def test_digen_without_rat_equals_the_reference_with_tsp_packing_bit_for_bit(
-    reference_tsp_run, small_config, tmp_path
+    reference_tsp_run, small_config, warm_cluster, tmp_path
 ):
-    out = run_mode(small_config, tmp_path / "digen", "digen", 3, 1, 2, rat=False)
+    out = run_mode(small_config, warm_cluster, tmp_path / "digen", "digen", 3, 1, 2, rat=False)
     assert_bit_identical(reference_tsp_run, out, 3)
 
 
-def test_digen_mode_stays_within_its_tolerance_over_10_iterations(tiny_sd3, small_config, tmp_path):
+def test_digen_mode_stays_within_its_tolerance_over_10_iterations(
+    tiny_sd3, small_config, warm_cluster, tmp_path
+):
     ref = reference(tiny_sd3, tmp_path / "ref", 10)
-    out = run_mode(small_config, tmp_path / "digen", "digen", 10, 1, 2, reduce="allreduce")
+    out = run_mode(small_config, warm_cluster, tmp_path / "digen", "digen", 10, 1, 2, reduce="allreduce")
     m_ref, m_got = metrics(ref), metrics(out)
     assert len(m_got) == 10
     assert m_got[0]["rewards"] == m_ref[0]["rewards"]  # version 0 generates the same samples

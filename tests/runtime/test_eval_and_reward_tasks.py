@@ -30,9 +30,9 @@ def reference_eval_run(tiny_sd3, tmp_path_factory):
     return tmp / "run"
 
 
-def test_distributed_eval_equals_reference_eval(reference_eval_run, tiny_sd3, tmp_path):
+def test_distributed_eval_equals_reference_eval(reference_eval_run, tiny_sd3, tmp_path, warm_cluster):
     cfg = eval_config(tiny_sd3, tmp_path, schedule={"mode": "disaggregated", "max_staleness": 0})
-    run_distributed(cfg, tmp_path / "run")
+    run_distributed(cfg, tmp_path / "run", scheduler=warm_cluster(1, 1))
     ref, got = eval_rows(reference_eval_run), eval_rows(tmp_path / "run")
     assert [(r["iteration"], r["policy_version"]) for r in got] == [(1, 2), (2, 3)]
     for r, g in zip(ref, got, strict=True):
@@ -68,10 +68,10 @@ def test_distributed_ema_eval_equals_reference_ema_eval(tiny_sd3, tmp_path):
     assert max(abs(x - y) for x, y in zip(got[-1]["scores"]["reward"], by_weights, strict=True)) > 1e-4
 
 
-def test_digen_mode_evaluates_in_the_bubbles_with_the_recorded_version(tiny_sd3, tmp_path):
+def test_digen_mode_evaluates_in_the_bubbles_with_the_recorded_version(tiny_sd3, tmp_path, warm_cluster):
     cfg = eval_config(tiny_sd3, tmp_path, schedule={"mode": "digen"})
     cfg.eval.every = 1
-    run_distributed(cfg, tmp_path / "run")
+    run_distributed(cfg, tmp_path / "run", scheduler=warm_cluster(1, 1))
     rows = eval_rows(tmp_path / "run")
     assert [(r["iteration"], r["policy_version"]) for r in rows] == [(0, 1), (1, 2), (2, 3)]
     events = timeline(tmp_path / "run")

@@ -63,6 +63,7 @@ def fresh_python(code: str, *args: str, timeout: float) -> subprocess.CompletedP
     )
 
 
+@pytest.mark.slow
 def test_importing_the_controller_imports_no_torch():
     code = f"import sys\nimport {', '.join(CONTROLLER_MODULES)}\nprint('torch' in sys.modules)"
     out = fresh_python(code, timeout=120)
@@ -104,6 +105,7 @@ def test_the_names_of_a_distributed_run_are_checked_with_the_config(tiny_sd3, tm
     assert "rollout.group_size (3) must divide rollout.batch_size (8)" in text
 
 
+@pytest.mark.slow
 def test_the_child_checks_what_the_registries_say_of_a_distributed_run(tiny_sd3, tmp_path):
     """Names known, the child process still checks what only the registries know: a
     reward's kwargs."""

@@ -46,6 +46,7 @@ def test_without_cuda_the_cuda_steps_are_skipped_naming_why(gc, tmp_path):
     assert json.loads((tmp_path / "gpu-check.json").read_text())["steps"] == res["steps"]
 
 
+@pytest.mark.slow
 def test_a_step_past_its_limit_is_ended_and_the_next_one_runs(gc, tmp_path):
     slow = gc.Step("slow", 1, False, "sleeps a minute")
     got = gc.run_one(slow, [sys.executable, "-c", "import time; time.sleep(60)"], 1.0, tmp_path)

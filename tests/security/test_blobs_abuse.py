@@ -37,6 +37,7 @@ NAME = f"{JOB}:weights:1"
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_the_accept_loop_survives_running_out_of_file_descriptors():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run(

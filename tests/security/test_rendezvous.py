@@ -46,6 +46,7 @@ def form_group(host: str) -> dict:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_the_rendezvous_and_gloo_listen_on_loopback_only():
     got = form_group("127.0.0.1")
     assert got["published"]["host"] == "127.0.0.1" and got["sum"] == [1.0, 1.0, 1.0]
@@ -55,6 +56,7 @@ def test_the_rendezvous_and_gloo_listen_on_loopback_only():
     assert got["ifnames"] == ["lo", "lo"]
 
 
+@pytest.mark.slow
 def test_on_another_interface_they_listen_on_its_address_only(netns: Namespace):
     """Here this machine's host name resolves to loopback, so gloo left to itself would not
     use the veth pair: the address's interface is what pins it."""

@@ -54,6 +54,7 @@ def test_loopback_addresses(host: str, loopback: bool):
     assert node.is_loopback(host) is loopback
 
 
+@pytest.mark.slow
 def test_digen_worker_refuses_plain_tcp_to_another_host_in_one_line():
     res = digen("worker", "--scheduler", REMOTE, "--role", "rollout", "--gpu-type", "cpu")
     assert res.returncode == 2
@@ -77,6 +78,7 @@ def test_serve_and_train_refuse_it_too(args: list[str]):
     assert "digen certs" in line and "--insecure" in line
 
 
+@pytest.mark.slow
 def test_insecure_goes_on_with_one_warning(netns: Namespace):
     """Nothing listens at the namespace's address: past the warning, the worker tries to
     connect and fails on that (exit 1), which the refusal above never reaches."""
@@ -89,6 +91,7 @@ def test_insecure_goes_on_with_one_warning(netns: Namespace):
     assert any(f"cannot reach the Dask scheduler at {address}" in line for line in out), out
 
 
+@pytest.mark.slow
 def test_a_loopback_scheduler_needs_no_insecure():
     res = digen("worker", "--scheduler", "tcp://127.0.0.1:1", "--role", "rollout", "--gpu-type", "cpu")
     assert res.returncode == 1 and "warning" not in res.stderr
@@ -112,6 +115,7 @@ def certs(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_digen_certs_writes_a_ca_and_one_private_pair_per_node(certs: Path):
     from cryptography import x509
 
@@ -135,6 +139,7 @@ def test_digen_certs_writes_a_ca_and_one_private_pair_per_node(certs: Path):
     assert b"PRIVATE KEY" in (certs / "ca.key").read_bytes()
 
 
+@pytest.mark.slow
 def test_digen_certs_again_adds_nodes_and_keeps_the_rest(certs: Path, tmp_path: Path):
     before = {p: p.read_bytes() for p in certs.rglob("*") if p.is_file()}
     res = digen("certs", str(certs), "--hosts", "head,worker-2")
@@ -150,6 +155,7 @@ def _security(certs: Path, name: str):
     return node.dask_security(node.load_security(certs / name / "security.yaml"))
 
 
+@pytest.mark.slow
 def test_the_embedded_cluster_is_tls_with_the_nodes_certificates(certs: Path, tmp_path: Path):
     """The job's local cluster (the controller's own start-up path) with the config's
     ``security:`` section: every address is tls://; another node's certificate from the same
@@ -199,6 +205,7 @@ def test_the_embedded_cluster_is_tls_with_the_nodes_certificates(certs: Path, tm
         close_local_cluster(cluster)
 
 
+@pytest.mark.slow
 def test_the_embedded_cluster_without_a_security_section_is_tls_with_the_jobs_own_files(
     certs: Path, tmp_path: Path
 ):

@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from .helpers import ROOT, proc_env, wait_for
 
 CLIENT = """
@@ -46,6 +48,7 @@ def visits(home: Path) -> int:
         stop_embedded(home / "digen.db")
 
 
+@pytest.mark.slow
 def test_processes_starting_together_share_one_server_and_the_last_out_saves_it(tmp_path: Path):
     home, stop = tmp_path / "home", tmp_path / "stop"
     procs = [client(home, stop) for _ in range(3)]  # started at the same moment
@@ -62,6 +65,7 @@ def test_processes_starting_together_share_one_server_and_the_last_out_saves_it(
     assert visits(home) == 3  # saved: a new server reads what they wrote
 
 
+@pytest.mark.slow
 def test_a_process_leaving_does_not_stop_the_server_under_another(tmp_path: Path):
     home = tmp_path / "home"
     holder = client(home, tmp_path / "release")

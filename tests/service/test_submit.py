@@ -176,6 +176,7 @@ def test_unknown_jobs_are_bad_input(r):
         assert "no job nosuchjob" in res.output
 
 
+@pytest.mark.slow
 def test_unreachable_redis_is_one_line_naming_the_url(tiny_sd3: Path, digen_home: Path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

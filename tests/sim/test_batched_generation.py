@@ -38,6 +38,7 @@ def test_a_batch_is_one_denoising_loop_at_the_batch_gain_and_each_task_counts_on
     assert decoded == pytest.approx(3 * cost.samples)
 
 
+@pytest.mark.slow
 def test_batching_generation_is_faster_and_stays_within_the_bound():
     one = run_study(_cost(1), ["digen"], FAST).result("digen")
     eight = run_study(_cost(8), ["digen"], FAST).result("digen")

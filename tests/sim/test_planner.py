@@ -18,6 +18,7 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "sim"
 FAST = SimSettings(iterations=4, warmup=1, trailing=1, neighbours=0)
 
 
+@pytest.mark.slow
 def test_the_best_plan_is_no_slower_than_the_configured_one_and_reproduces_when_simulated():
     setup = load_sim_config(CONFIGS / "verl-omni-published.yaml")
     search = optimize(setup, "digen", FAST)

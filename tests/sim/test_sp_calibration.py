@@ -140,6 +140,7 @@ def test_sp_choice_says_why_and_which_efficiency(tmp_path):
         sp_choice(MODEL, SMALL, 3)
 
 
+@pytest.mark.slow
 def test_simulate_reports_the_degree_and_the_calibrated_efficiency(tmp_path):
     cal = sp_from_run(write_run(tmp_path / "run"))
     path = save_calibration(cal, tmp_path / "sp.json")
@@ -161,6 +162,7 @@ def test_simulate_reports_the_degree_and_the_calibrated_efficiency(tmp_path):
     assert rows[0]["sequence_parallel"][0]["efficiency_source"] == "cited constant (catalog)"
 
 
+@pytest.mark.slow
 def test_sp_bench_measures_and_writes_a_calibration(tmp_path):
     """The micro-benchmark on tiny sizes: a measured, positive, finite efficiency, written to a
     file ``digen simulate --calibration`` loads; the timed d=2 sample equals the d=1 one."""

@@ -92,6 +92,7 @@ def test_shipped_configs_load_with_every_workload_and_testbed():
     assert big.cost.gpu_count == 1024
 
 
+@pytest.mark.slow
 def test_one_iteration_of_the_1024_gpu_cluster_takes_well_under_a_minute():
     import time
 
@@ -107,6 +108,7 @@ def test_one_iteration_of_the_1024_gpu_cluster_takes_well_under_a_minute():
     assert res.samples_per_s > 0 and len(res.step_ends) == 2
 
 
+@pytest.mark.slow
 def test_sim_imports_stay_light():
     import subprocess
     import sys

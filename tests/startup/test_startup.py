@@ -6,6 +6,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from digen import startup
 
 
@@ -46,6 +48,7 @@ def test_first_task_and_iteration_come_from_the_timeline():
     assert "peak memory of the process tree: RSS 512 MiB, PSS 300 MiB" in startup.format_profile(out)
 
 
+@pytest.mark.slow
 def test_tree_memory_counts_the_children():
     """A child holding 200 MiB raises the tree's sum by about that much (RSS and PSS)."""
     import os
@@ -75,6 +78,7 @@ def test_process_start_time_is_this_processes_creation():
     assert startup.process_start_time() <= time.time()
 
 
+@pytest.mark.slow
 def test_peak_breakdown_names_each_process_of_the_tree():
     """The breakdown at the peak has one row per process: the root as the controller, a
     child by the name given to it, and a tracked outside process by its label."""

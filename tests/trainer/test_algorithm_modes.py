@@ -2,7 +2,10 @@
 mode: a short ``digen`` mode run each, and the synchronous modes (``train.reduce: exact``)
 equal to the reference bit for bit for MixGRPO (whose trajectories hold only its window's
 steps) and the clean-sample family beyond DiffusionNFT (DGPO's and online DPO's forwards read a
-whole group; DGPO and AWM keep EMA weights beside the trained ones). Mini-batches and
+whole group; DGPO and AWM keep EMA weights beside the trained ones). The jobs run one after
+another on the module's two warm clusters (``warm_cluster``: 1 rollout + 1 trainer, 1 + 2),
+so each bit-for-bit comparison also checks that a worker which ran other algorithms' jobs
+before computes what a fresh one does. Mini-batches and
 DiffusionNFT's state: tests/trainer/test_mini_batch_modes.py."""
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ def data(tiny_sd3: Path, train: dict, **sections) -> dict:
 
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
-def test_algorithm_trains_in_digen_mode(name, tiny_sd3, tmp_path):
+def test_algorithm_trains_in_digen_mode(name, tiny_sd3, tmp_path, warm_cluster):
     cfg = build_config(
         data(
             tiny_sd3,
@@ -68,7 +71,7 @@ def test_algorithm_trains_in_digen_mode(name, tiny_sd3, tmp_path):
             cluster={"local": {"rollout_workers": 1, "trainer_workers": 1}},
         )
     )
-    run_distributed(cfg, tmp_path / "digen")
+    run_distributed(cfg, tmp_path / "digen", scheduler=warm_cluster(1, 1))
     metrics = rows(tmp_path / "digen")
     assert len(metrics) == 2 and metrics[-1]["max_staleness"] == 1  # pipelined, one version behind
     for r in metrics:
@@ -80,7 +83,7 @@ def test_algorithm_trains_in_digen_mode(name, tiny_sd3, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["mix-grpo", "dgpo", "awm", "online-dpo"])
-def test_synchronous_modes_equal_the_reference_bit_for_bit(name, tiny_sd3, tmp_path):
+def test_synchronous_modes_equal_the_reference_bit_for_bit(name, tiny_sd3, tmp_path, warm_cluster):
     ref = tmp_path / "ref"
     run_reference(build_config(data(tiny_sd3, ALGORITHMS[name], iterations=3)), ref)
     for mode, trainers in (("colocated", 1), ("disaggregated", 2)):
@@ -93,7 +96,7 @@ def test_synchronous_modes_equal_the_reference_bit_for_bit(name, tiny_sd3, tmp_p
                 cluster={"local": {"rollout_workers": 1, "trainer_workers": trainers}},
             )
         )
-        run_distributed(cfg, tmp_path / mode)
+        run_distributed(cfg, tmp_path / mode, scheduler=warm_cluster(1, trainers))
         for a, b in zip(rows(ref), rows(tmp_path / mode), strict=True):
             assert b["rewards"] == a["rewards"], mode
             keys = (

@@ -20,7 +20,7 @@ def rows(run):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", FAMILIES)
-def test_family_trains_in_reference_and_digen_mode(arch, tiny_models, tmp_path):
+def test_family_trains_in_reference_and_digen_mode(arch, tiny_models, tmp_path, warm_cluster):
     from digen.config import build_config
     from tests.conftest import small_config_data
 
@@ -41,7 +41,7 @@ def test_family_trains_in_reference_and_digen_mode(arch, tiny_models, tmp_path):
 
     data["schedule"] = {"mode": "digen", "max_staleness": 0}
     dist = tmp_path / "digen"
-    run_distributed(build_config(data), dist)
+    run_distributed(build_config(data), dist, scheduler=warm_cluster(1, 1))  # one worker pair, five families
     d = rows(dist)[0]
     assert d["rewards"] == pytest.approx(r["rewards"], abs=1e-6)
     assert d["loss"] == pytest.approx(r["loss"], abs=1e-6)

@@ -36,7 +36,7 @@ def config(tiny_sd3: Path, train: dict, **sections):
     return build_config(d)
 
 
-def test_mini_batches_and_algorithm_state_equal_the_reference_bit_for_bit(tiny_sd3, tmp_path):
+def test_mini_batches_and_algorithm_state_equal_the_reference_bit_for_bit(tiny_sd3, tmp_path, warm_cluster):
     ref = tmp_path / "ref"
     run_reference(config(tiny_sd3, NFT), ref)
     assert [r["policy_version"] for r in rows(ref)] == [2, 4, 6]  # two optimizer steps an iteration
@@ -47,7 +47,7 @@ def test_mini_batches_and_algorithm_state_equal_the_reference_bit_for_bit(tiny_s
             schedule={"mode": mode, "max_staleness": 0},
             cluster={"local": {"rollout_workers": 1, "trainer_workers": trainers}},
         )
-        run_distributed(cfg, tmp_path / mode)
+        run_distributed(cfg, tmp_path / mode, scheduler=warm_cluster(1, trainers))
         for a, b in zip(rows(ref), rows(tmp_path / mode), strict=True):
             assert b["rewards"] == a["rewards"], mode
             assert {k: b[k] for k in KEYS} == {k: a[k] for k in KEYS}, mode
@@ -63,14 +63,14 @@ def test_mini_batches_and_algorithm_state_equal_the_reference_bit_for_bit(tiny_s
 @pytest.mark.parametrize(
     "train", [{"mini_batches": 2}, {"algorithm": "diffusion-nft"}], ids=["mini-batches", "nft"]
 )
-def test_digen_mode_runs_mini_batches_and_algorithm_state_to_the_end(train, tiny_sd3, tmp_path):
+def test_digen_mode_runs_mini_batches_and_algorithm_state_to_the_end(train, tiny_sd3, tmp_path, warm_cluster):
     cfg = config(
         tiny_sd3,
         train,
         schedule={"mode": "digen"},
         cluster={"local": {"rollout_workers": 1, "trainer_workers": 2}},
     )
-    run_distributed(cfg, tmp_path / "digen")
+    run_distributed(cfg, tmp_path / "digen", scheduler=warm_cluster(1, 2))
     metrics = rows(tmp_path / "digen")
     steps = cfg.train.mini_batches
     assert [r["policy_version"] for r in metrics] == [steps * (k + 1) for k in range(3)]

@@ -130,7 +130,9 @@ KEYS = (
 
 
 @pytest.mark.slow
-def test_the_samples_split_equals_the_reference_bit_for_bit_in_the_synchronous_modes(tiny_sd3, tmp_path):
+def test_the_samples_split_equals_the_reference_bit_for_bit_in_the_synchronous_modes(
+    tiny_sd3, tmp_path, warm_cluster
+):
     """4 mini-batches of 2 samples (task ids train:<i>:<g>:0..3): a group's samples in several."""
     from digen.runtime.controller import run_distributed
 
@@ -144,7 +146,7 @@ def test_the_samples_split_equals_the_reference_bit_for_bit_in_the_synchronous_m
             schedule={"mode": mode, "max_staleness": 0},
             cluster={"local": {"rollout_workers": 1, "trainer_workers": trainers}},
         )
-        run_distributed(cfg, tmp_path / mode)
+        run_distributed(cfg, tmp_path / mode, scheduler=warm_cluster(1, trainers))
         for a, b in zip(rows(tmp_path / "ref"), rows(tmp_path / mode), strict=True):
             assert {k: b[k] for k in KEYS} == {k: a[k] for k in KEYS}, mode
         for name in ("weights", "optimizer"):
@@ -154,13 +156,13 @@ def test_the_samples_split_equals_the_reference_bit_for_bit_in_the_synchronous_m
 
 
 @pytest.mark.slow
-def test_digen_mode_runs_the_samples_split_to_the_end(tiny_sd3, tmp_path):
+def test_digen_mode_runs_the_samples_split_to_the_end(tiny_sd3, tmp_path, warm_cluster):
     from digen.runtime.controller import run_distributed
 
     cfg = config(
         tiny_sd3, schedule={"mode": "digen"}, cluster={"local": {"rollout_workers": 1, "trainer_workers": 2}}
     )
-    run_distributed(cfg, tmp_path / "digen")
+    run_distributed(cfg, tmp_path / "digen", scheduler=warm_cluster(1, 2))
     metrics = rows(tmp_path / "digen")
     assert [r["policy_version"] for r in metrics] == [2, 4]
     assert all(r["samples"] == 8 and len(r["grad_norms"]) == 2 and r["grad_norm"] > 0 for r in metrics)

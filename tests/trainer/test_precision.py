@@ -61,6 +61,7 @@ def test_a_bfloat16_lora_adapter_is_the_float32_one_rounded(small_config, lora_d
         assert torch.equal(v, full[k].to(trained_dtype(cfg)).float())
 
 
+@pytest.mark.slow
 def test_digen_mode_bfloat16_is_on_policy_at_staleness_0(small_config, tmp_path):
     """A bfloat16 transformer, float32 LoRA weights: the rollout worker loads the version the
     trainer computes with, so the second iteration (the first with a non-zero adapter B) clips
