@@ -222,16 +222,20 @@ def _peer(train: dict[str, Any], key: str) -> Any:
     return {**PEER_DEFAULTS, **TRAINER_DEFAULTS["grpo"]}.get(key) if value is None else value
 
 
+def _half_width(value: Any) -> tuple[float, bool]:
+    """A Flow-Factory clip range (a number ``c`` is ``(-c, c)``, training_args.py l.385-390,
+    or ``[lo, hi]``): its upper end and whether it is symmetric (digen's clip ranges are)."""
+    lo, hi = (float(v) for v in value) if isinstance(value, list) else (-abs(float(value)), abs(float(value)))
+    return hi, lo == -hi
+
+
 def _symmetric(train: dict[str, Any], key: str, source: str) -> float:
-    """The half-width of a Flow-Factory clip range (a number ``c`` is ``(-c, c)``,
-    training_args.py l.385-390); an asymmetric ``[lo, hi]`` is refused."""
+    """The half-width of a Flow-Factory clip range; an asymmetric ``[lo, hi]`` is refused."""
     value = _peer(train, key)
-    if isinstance(value, list):
-        lo, hi = (float(v) for v in value)
-        if lo != -hi:
-            raise ConfigError(f"{source}: train.{key}={value}: digen's clip ranges are symmetric")
-        return hi
-    return abs(float(value))
+    half, symmetric = _half_width(value)
+    if not symmetric:
+        raise ConfigError(f"{source}: train.{key}={value}: digen's clip ranges are symmetric")
+    return half
 
 
 def _rollout(train: dict[str, Any], sched: dict[str, Any], ev: dict[str, Any], out: Imported) -> None:
@@ -442,10 +446,10 @@ def _clean_sample(data: dict[str, Any], trainer: str, out: Imported) -> None:
     if get("enable_gradient_checkpointing"):
         set_dotted(c, "train.activation_checkpointing", True)
     adv = get("adv_clip_range")
-    lo_hi = [float(a) for a in adv] if isinstance(adv, list) else [-abs(float(adv)), abs(float(adv))]
-    if lo_hi[0] != -lo_hi[1]:
+    half, symmetric = _half_width(adv)
+    if not symmetric:
         refuse.append(f"train.adv_clip_range={adv}: digen clamps advantages to a symmetric +-train.adv_clip")
-    set_dotted(c, "train.adv_clip", lo_hi[1])
+    set_dotted(c, "train.adv_clip", half)
     set_dotted(c, "train.kl_beta", float(get("kl_beta")))
     if float(get("kl_beta")) > 0:  # Flow-Factory's kl_type v-based (digen refuses a target with no KL)
         set_dotted(c, "train.kl_target", "velocity")
@@ -493,10 +497,9 @@ def _dgpo(get: Any, c: dict, out: Imported, refuse: list[str], strata: Any, step
     d: dict[str, Any] = {"solver": "euler"}
     d["beta_dpo"] = float(get("dpo_beta"))
     clip = get("clip_range")
-    lo_hi = [float(a) for a in clip] if isinstance(clip, list) else [-abs(float(clip)), abs(float(clip))]
-    if lo_hi[0] != -lo_hi[1]:
+    d["clip_range"], symmetric = _half_width(clip)
+    if not symmetric:
         refuse.append(f"train.clip_range={clip}: digen's dgpo clips the ratio to a symmetric 1 +- clip_range")
-    d["clip_range"] = lo_hi[1]
     d["clip_dsm"] = bool(get("clip_dsm"))
     d["shared_noise"] = bool(get("use_shared_noise"))
     d["use_ema_ref"] = bool(get("use_ema_ref"))
@@ -570,10 +573,9 @@ def _awm(get: Any, c: dict, out: Imported, refuse: list[str], strata: Any, step_
     a["weighting"] = _WEIGHTING.get(weighting, "uniform")
     a["ghuber_power"] = float(get("ghuber_power"))
     clip = get("clip_range")
-    lo_hi = [float(x) for x in clip] if isinstance(clip, list) else [-abs(float(clip)), abs(float(clip))]
-    if lo_hi[0] != -lo_hi[1]:
+    a["clip_range"], symmetric = _half_width(clip)
+    if not symmetric:
         refuse.append(f"train.clip_range={clip}: digen's awm clips the ratio to a symmetric 1 +- clip_range")
-    a["clip_range"] = lo_hi[1]
     a["ema_beta"] = float(get("ema_kl_beta"))
     if a["ema_beta"] > 0 and float(get("kl_beta")) == 0:
         refuse.append(
