@@ -26,6 +26,9 @@ import math
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -91,20 +94,17 @@ def group_advantages(
     return GroupAdvantages(float32(values), sum(flat.values()), float32(std))
 
 
-def _members(r: list[float], group_ids: Sequence[int]) -> dict[int, list[float]]:
-    out: dict[int, list[float]] = {}
-    for x, g in zip(r, group_ids, strict=True):
+def _members(items: Sequence[T], group_ids: Sequence[int]) -> dict[int, list[T]]:
+    """Each group's items (a reward, or a sample's row of rewards), in sample order."""
+    out: dict[int, list[T]] = {}
+    for x, g in zip(items, group_ids, strict=True):
         out.setdefault(g, []).append(x)
     return out
 
 
-def _members_rows(
-    parts: Sequence[Sequence[float]], group_ids: Sequence[int]
-) -> dict[int, list[Sequence[float]]]:
-    out: dict[int, list[Sequence[float]]] = {}
-    for p, g in zip(parts, group_ids, strict=True):
-        out.setdefault(g, []).append(p)
-    return out
+def _flat_in_every_reward(rows: list[Sequence[float]]) -> bool:
+    """A group's rows of rewards carry no signal: each reward is equal over the group."""
+    return all(max(own) == min(own) for own in zip(*rows, strict=True))
 
 
 def _batch_std(r: list[float], ddof: int) -> float:
@@ -152,11 +152,8 @@ def per_reward_advantages(
     for w, col in zip(weights, columns, strict=True):
         for i, a in enumerate(col.values):
             total[i] += float(w) * a
-    flat = {
-        g: all(max(own) == min(own) for own in zip(*rows, strict=True))
-        for g, rows in _members_rows(parts, group_ids).items()
-    }
-    return GroupAdvantages(float32(total), sum(flat.values()), columns[0].group_std)
+    flat = sum(_flat_in_every_reward(rows) for rows in _members(parts, group_ids).values())
+    return GroupAdvantages(float32(total), flat, columns[0].group_std)
 
 
 GDPO_STD_FLOOR = 1e-6
@@ -185,7 +182,7 @@ def gdpo_advantages(
     """
     k = len(weights)
     assert k >= 1 and len(parts) == len(group_ids) > 0 and all(len(p) == k for p in parts)
-    members = _members_rows(parts, group_ids)
+    members = _members(parts, group_ids)
     combined = [0.0] * len(parts)
     for j, w in enumerate(weights):
         stats = {}
@@ -202,5 +199,5 @@ def gdpo_advantages(
     values = [(x - mean) / std for x in combined]
     if clip is not None:
         values = [min(max(a, -clip), clip) for a in values]
-    flat = sum(all(max(own) == min(own) for own in zip(*rows, strict=True)) for rows in members.values())
+    flat = sum(_flat_in_every_reward(rows) for rows in members.values())
     return GroupAdvantages(float32(values), flat, float32([std] * len(parts)))
