@@ -117,13 +117,13 @@ class TrainStats(Record):
         self.ratio_max_dev = max(self.ratio_max_dev, other.ratio_max_dev)
         self.forwards += other.forwards
 
-    def add_chunk(self, rows: int, loss, terms: LossTerms, kl) -> None:
-        """Add one forward's sums (``loss``, ``kl``: ``[R]`` tensors): read back from the
-        device in one transfer (each sum in its own dtype first, so the same values)."""
+    @staticmethod
+    def chunk_sums(loss, terms: LossTerms, kl):
+        """One forward's sums as a ``[5]`` tensor left on the device (``loss``, ``kl``: ``[R]``
+        tensors; each sum in its own dtype first, so the same values as summing it alone): what
+        :meth:`add_chunks` reads back. It holds no autograd graph."""
         import torch
 
-        self.rows += rows
-        self.forwards += 1
         sums = [
             loss.detach().sum(),
             terms.approx_kl.detach().sum(),
@@ -132,9 +132,26 @@ class TrainStats(Record):
             (terms.ratio.detach() - 1).abs().max(),
         ]
         wide = torch.float64 if any(t.dtype == torch.float64 for t in sums) else torch.float32
-        loss_s, approx_kl, clipped, kl_s, dev = torch.stack([t.to(wide) for t in sums]).tolist()
-        self.loss += loss_s
-        self.approx_kl += approx_kl
-        self.clipped += clipped
-        self.kl += kl_s
-        self.ratio_max_dev = max(self.ratio_max_dev, dev)
+        return torch.stack([t.to(wide) for t in sums])
+
+    def add_chunks(self, rows: list[int], sums: list) -> None:
+        """Add the forwards of one task (``rows[i]`` rows, ``sums[i]`` from :meth:`chunk_sums`),
+        read back from the device in one transfer after the task's last backward: a read-back
+        per forward would make the host wait for each backward before it could queue the next
+        forward. The values are added in forward order, as Python floats, so the totals are the
+        bits a read-back per forward gave (a float32 sum widened to float64 is exact)."""
+        import torch
+
+        if not sums:
+            return
+        wide = torch.float64 if any(t.dtype == torch.float64 for t in sums) else torch.float32
+        for n, (loss_s, approx_kl, clipped, kl_s, dev) in zip(
+            rows, torch.stack([t.to(wide) for t in sums]).tolist(), strict=True
+        ):
+            self.rows += n
+            self.forwards += 1
+            self.loss += loss_s
+            self.approx_kl += approx_kl
+            self.clipped += clipped
+            self.kl += kl_s
+            self.ratio_max_dev = max(self.ratio_max_dev, dev)

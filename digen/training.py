@@ -114,12 +114,14 @@ def task_gradient(
     params = dict(policy.named_trainable_parameters())
     for p in params.values():
         p.grad = None
-    stats = TrainStats()
+    stats, sizes, sums = TrainStats(), [], []
     for idx in forward_chunks(rows, tsp, t.rows_per_forward):
         chunk = rows.take(idx)
         loss, terms, kl = chunk_loss(policy, chunk, embeds, cfg, sigma_max)
         loss.sum().backward()
-        stats.add_chunk(len(chunk), loss, terms, kl)
+        sizes.append(len(chunk))
+        sums.append(TrainStats.chunk_sums(loss, terms, kl))
+    stats.add_chunks(sizes, sums)
     # a float32 .grad is handed over as it is (the parameter lets go of it below): no second
     # copy of a gradient that may be gigabytes, and it stays on the device it was computed on
     grads = {

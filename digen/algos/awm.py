@@ -140,7 +140,11 @@ class Awm(CleanSampleFamily):
         """Per row: the clipped surrogate of ``exp(logp - logp_old)``, plus the two velocity KLs."""
         t, a = cfg.train, cfg.train.awm
         device = policy.device
-        x0, noise, sigma = rows.x0.to(device), rows.noise.to(device), rows.sigma.to(device)
+        x0, noise, sigma = (
+            rows.x0.to(device, non_blocking=True),
+            rows.noise.to(device, non_blocking=True),
+            rows.sigma.to(device, non_blocking=True),
+        )
         e = embeds.index(rows.sample)
         xt, target = noised(x0, noise, sigma), flow_target(x0, noise)
         # --- no-grad velocities first (the EMA weights are swapped in place): the base, the EMA

@@ -202,7 +202,11 @@ class Dgpo(CleanSampleFamily):
         t, d = cfg.train, cfg.train.dgpo
         rows.one_group_step()
         device = policy.device
-        x0, noise, sigma = rows.x0.to(device), rows.noise.to(device), rows.sigma.to(device)
+        x0, noise, sigma = (
+            rows.x0.to(device, non_blocking=True),
+            rows.noise.to(device, non_blocking=True),
+            rows.sigma.to(device, non_blocking=True),
+        )
         e = embeds.index(rows.sample)
         xt, target = noised(x0, noise, sigma), flow_target(x0, noise)
         # --- no-grad velocities: the base weights (reference, KL), the EMA weights (clip)
@@ -220,7 +224,7 @@ class Dgpo(CleanSampleFamily):
         old_dsm = None if v_old is None else flow_matching_error(v_old, target)
         pref = v_old if d.use_ema_ref else v_ref
         assert pref is not None
-        advantage = rows.advantage.to(device).clamp(-t.adv_clip, t.adv_clip)
+        advantage = rows.advantage.to(device, non_blocking=True).clamp(-t.adv_clip, t.adv_clip)
         loss, ratio, clipped = dgpo_group_loss(
             dsm,
             flow_matching_error(pref, target),

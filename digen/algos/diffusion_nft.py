@@ -176,7 +176,11 @@ class DiffusionNft(CleanSampleFamily):
         """Per row: the implicit positive/negative loss, plus ``kl_beta * mean((v - v_ref)^2)``."""
         t, g = cfg.train, cfg.rollout.guidance_scale
         device = policy.device
-        x0, noise, sigma = rows.x0.to(device), rows.noise.to(device), rows.sigma.to(device)
+        x0, noise, sigma = (
+            rows.x0.to(device, non_blocking=True),
+            rows.noise.to(device, non_blocking=True),
+            rows.sigma.to(device, non_blocking=True),
+        )
         e = embeds.index(rows.sample)
         # --- noise the clean latents forward to each row's sigma
         xt = noised(x0, noise, sigma)

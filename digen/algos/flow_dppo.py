@@ -28,10 +28,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from digen.algos.grpo_guard import GrpoGuard
+from digen.algos.grpo_guard import GrpoGuard, refuse_noiseless_rows
 from digen.algos.loss import LossTerms
 from digen.algos.precision import at_least_float32
-from digen.errors import AlgorithmError
 
 if TYPE_CHECKING:
     from digen.algos.rows import TrainRows
@@ -54,8 +53,7 @@ def divergence_masked_loss(
     transition mean; old_mean: [R, *latent] stored; transition_std: [R] (> 0); advantages: [R].
     Returns ``loss [R]``, the ratio, ``clipped`` = the masked rows, ``0.5 (logp - logp_old)^2``.
     """
-    if bool((transition_std <= 0).any()):
-        raise AlgorithmError("Flow-DPPO needs stochastic steps (transition std > 0 on every row)")
+    refuse_noiseless_rows("Flow-DPPO", transition_std)
     logp = at_least_float32(log_prob)
     dtype, device = logp.dtype, logp.device
     old = old_log_prob.detach().to(device=device, dtype=dtype)
@@ -89,11 +87,11 @@ class FlowDppo(GrpoGuard):
         assert rows.old_mean is not None  # checked by loss, before the forward
         return divergence_masked_loss(
             step.log_prob,
-            rows.old_log_prob.to(device),
+            rows.old_log_prob.to(device, non_blocking=True),
             step.mean,
-            rows.old_mean.to(device),
+            rows.old_mean.to(device, non_blocking=True),
             step.transition_std,
-            rows.advantage.to(device),
+            rows.advantage.to(device, non_blocking=True),
             cfg.train.flow_dppo.kl_threshold,
         )
 

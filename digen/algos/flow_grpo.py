@@ -109,8 +109,8 @@ def rescore(
     step's keyword arguments (to re-run it on a reference velocity). Differentiable."""
     r, t = cfg.rollout, cfg.train
     device = policy.device
-    x = chunk.x.to(device)
-    sigma, x_next = chunk.sigma.to(device), chunk.x_next.to(device)
+    x = chunk.x.to(device, non_blocking=True)
+    sigma, x_next = chunk.sigma.to(device, non_blocking=True), chunk.x_next.to(device, non_blocking=True)
     sde: dict[str, Any] = {
         "kind": r.sde.kind,
         "noise_level": r.sde.noise_level,
@@ -134,7 +134,7 @@ def reference_kl(
     """KL ``[R]`` of the rows' steps to the reference policy (the base weights), on the
     transition mean (``train.kl_target: mean``, Flow-GRPO) or on the velocity (``velocity``)."""
     device = policy.device
-    x, sigma = chunk.x.to(device), chunk.sigma.to(device)
+    x, sigma = chunk.x.to(device, non_blocking=True), chunk.sigma.to(device, non_blocking=True)
     with torch.no_grad(), policy.reference_mode():
         v_ref = policy.velocity(x, sigma, embeds.index(chunk.sample), cfg.rollout.guidance_scale)
     if (cfg.train.kl_target or "mean") == "velocity":
@@ -182,7 +182,10 @@ class GrpoFamily(Algorithm):
         """Per row: the clipped surrogate of the re-scored ``step``'s ratio (the one part of the
         loss each member of the family defines its own way)."""
         return ppo_clip_loss(
-            step.log_prob, rows.old_log_prob.to(device), rows.advantage.to(device), cfg.train.clip_range
+            step.log_prob,
+            rows.old_log_prob.to(device, non_blocking=True),
+            rows.advantage.to(device, non_blocking=True),
+            cfg.train.clip_range,
         )
 
     def _kind_check(self, cfg: Config, kind: str) -> list[str]:

@@ -53,6 +53,22 @@ if TYPE_CHECKING:
     from digen.models.base import FlowPolicy, PromptEmbeds
 
 
+def refuse_noiseless_rows(name: str, transition_std: torch.Tensor, dt: torch.Tensor | None = None) -> None:
+    """Refuse rows without noise (a transition std or a ``dt`` that is not > 0): GRPO-Guard's
+    ratio and Flow-DPPO's divergence divide by them.
+
+    Read where the values are on the host (``dt`` from a training chunk's sigmas, CPU in every
+    mode; a CPU run's std), never read back from a device: one wait per loss would stall the
+    launch of the backward behind the forward. A device-side std is positive by the checks made
+    before it exists: the algorithm's config check refuses ``rollout.sde.noise_level`` 0 (the
+    Euler step), and :func:`digen.algos.sde.sde_step` refuses sigmas outside (0, 1] and
+    ``sigma_next >= sigma``, so ``std_dev_t sqrt(dt)`` is > 0 on every trained row.
+    """
+    for what, values in (("transition std", transition_std), ("dt", dt)):
+        if values is not None and values.device.type == "cpu" and bool((values <= 0).any()):
+            raise AlgorithmError(f"{name} needs stochastic steps ({what} > 0 on every row)")
+
+
 def guard_ratio_loss(
     log_prob: torch.Tensor,
     old_log_prob: torch.Tensor,
@@ -71,14 +87,13 @@ def guard_ratio_loss(
     Returns ``loss [R]`` (already divided by ``dt``), the normalised ratio, the clip flags and
     ``0.5 (logp - logp_old)^2``.
     """
-    if bool((transition_std <= 0).any()) or bool((dt <= 0).any()):
-        raise AlgorithmError("GRPO-Guard needs stochastic steps (transition std > 0 and dt > 0 on every row)")
+    refuse_noiseless_rows("GRPO-Guard", transition_std, dt)
     logp = at_least_float32(log_prob)
     dtype, device = logp.dtype, logp.device
     s = transition_std.detach().to(device=device, dtype=dtype)
     old = old_log_prob.detach().to(device=device, dtype=dtype)
     adv = advantages.detach().to(device=device, dtype=dtype)
-    step_dt = dt.detach().to(device=device, dtype=dtype)
+    step_dt = dt.detach().to(device=device, dtype=dtype, non_blocking=True)
     mu = at_least_float32(mean)
     diff = (mu - old_mean.detach().to(device=device, dtype=mu.dtype)).reshape(mu.shape[0], -1)
     bias = (diff**2).mean(dim=1) / (2 * s**2)
@@ -114,6 +129,11 @@ class GrpoGuard(GrpoFamily):
                 f"train.algorithm ({self.name}) reads Flow-GRPO's Gaussian SDE step (its transition mean "
                 f"and std): it needs rollout.sde.kind sde, got {cfg.rollout.sde.kind}"
             )
+        if cfg.rollout.sde.noise_level == 0:
+            problems.append(
+                f"train.algorithm ({self.name}) divides by the transition std: rollout.sde.noise_level "
+                "must be > 0 (0 is the deterministic Euler step)"
+            )
         return problems
 
     def rollout_plan(self, cfg: Config, iteration: int) -> RolloutPlan:
@@ -138,12 +158,12 @@ class GrpoGuard(GrpoFamily):
         assert rows.old_mean is not None  # checked by loss, before the forward
         return guard_ratio_loss(
             step.log_prob,
-            rows.old_log_prob.to(device),
+            rows.old_log_prob.to(device, non_blocking=True),
             step.mean,
-            rows.old_mean.to(device),
+            rows.old_mean.to(device, non_blocking=True),
             step.transition_std,
-            (rows.sigma - rows.sigma_next).to(device),
-            rows.advantage.to(device),
+            rows.sigma - rows.sigma_next,
+            rows.advantage.to(device, non_blocking=True),
             cfg.train.clip_range,
         )
 

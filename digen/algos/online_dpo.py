@@ -200,10 +200,10 @@ class OnlineDpo(CleanSampleFamily):
         g = cfg.rollout.guidance_scale
         device = policy.device
         if cfg.train.online_dpo.timestep_draw == "unshifted":
-            sigma = rows.sigma.to(device)
+            sigma = rows.sigma.to(device, non_blocking=True)
         else:
-            sigma = policy.sigmas(TRAIN_STEPS).to(device)[rows.step.to(device)]
-        x0, noise = rows.x0.to(device), rows.noise.to(device)
+            sigma = policy.sigmas(TRAIN_STEPS).to(device)[rows.step.to(device, non_blocking=True)]
+        x0, noise = rows.x0.to(device, non_blocking=True), rows.noise.to(device, non_blocking=True)
         e = embeds.index(rows.sample)
         xt, target = noised(x0, noise, sigma), flow_target(x0, noise)
         with torch.no_grad(), policy.reference_mode():

@@ -8,6 +8,12 @@ trains), ``take`` and ``len``.
 - :class:`TrainRows`: a stored SDE transition ``x_j -> x_{j+1}`` (the GRPO family: Flow-GRPO,
   its Fast/CPS/DanceGRPO variants, MixGRPO, GRPO-Guard).
 - :class:`NoisedRows`: a clean final latent noised forward to one sigma (DiffusionNFT).
+
+Rows live on the host. An algorithm moves what a forward needs with ``non_blocking=True``: a
+blocking host-to-device copy waits for the device's stream, i.e. for the previous backward,
+so the host could not queue the next forward meanwhile (from pageable memory the copy is
+staged at once, so the rows may be freed after it). Checks on the rows' sigmas read the host
+copy (:func:`digen.algos.sde.sde_step`).
 """
 
 from __future__ import annotations

@@ -57,8 +57,12 @@ class SdeStep:
 def _per_sample(
     value: Sigma, batch: int, ndim: int, device: torch.device, name: str, dtype: torch.dtype = torch.float32
 ) -> Tensor:
-    """A scalar or ``[B]`` value as a ``dtype`` column ``[B, 1, ..., 1]`` with ``ndim`` dims."""
-    t = torch.as_tensor(value, dtype=dtype, device=device)
+    """A scalar or ``[B]`` value as a ``dtype`` column ``[B, 1, ..., 1]`` with ``ndim`` dims (a
+    host tensor crosses to ``device`` without the host waiting: :mod:`digen.algos.rows`)."""
+    if isinstance(value, Tensor):
+        t = value.to(device=device, dtype=dtype, non_blocking=True)
+    else:
+        t = torch.as_tensor(value, dtype=dtype, device=device)
     if t.numel() == 1:
         t = t.reshape(1).expand(batch)
     elif t.numel() == batch and all(d == 1 for d in t.shape[1:]) and t.shape[0] == batch:

@@ -40,8 +40,8 @@ class PromptEmbeds:
         """Rows ``idx`` of every tensor (a new object; tensors are views or copies)."""
         idx_t = torch.as_tensor(idx, dtype=torch.long)
         return PromptEmbeds(
-            {k: v.index_select(0, idx_t.to(v.device)) for k, v in self.tensors.items()},
-            {k: v.index_select(0, idx_t.to(v.device)) for k, v in self.uncond.items()},
+            {k: v.index_select(0, idx_t.to(v.device, non_blocking=True)) for k, v in self.tensors.items()},
+            {k: v.index_select(0, idx_t.to(v.device, non_blocking=True)) for k, v in self.uncond.items()},
         )
 
     def repeat_rows(self, repeats: int) -> PromptEmbeds:

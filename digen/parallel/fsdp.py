@@ -317,15 +317,17 @@ class ShardedTrainer:
         """
         chunks = forward_chunks(rows, tsp, cfg.train.rows_per_forward) if len(rows) else []
         forwards = self._agree(len(chunks), dist.ReduceOp.MAX)
-        stats = TrainStats()
+        stats, sizes, sums = TrainStats(), [], []
         for i in range(forwards):
             if i < len(chunks):
                 chunk = rows.take(chunks[i])
                 loss, terms, kl = chunk_loss(self.policy, chunk, embeds, cfg, sigma_max)
                 loss.sum().backward()
-                stats.add_chunk(len(chunk), loss, terms, kl)
+                sizes.append(len(chunk))
+                sums.append(TrainStats.chunk_sums(loss, terms, kl))
             else:
                 self._padding_backward(rows, embeds, cfg)
+        stats.add_chunks(sizes, sums)
         stats.forwards = forwards  # padding forwards gather too
         self.local_rows += stats.rows
         return stats

@@ -15,11 +15,13 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from digen.algos.registry import algorithm_for
 from digen.assembly import build_policy
 from digen.config import build_config
 from digen.models.base import PromptEmbeds
 from digen.rollout import generate_groups
-from digen.tasks import GroupTask
+from digen.tasks import GroupTask, TrainSpec
+from digen.training import forward_chunks, task_gradient
 from tests.conftest import small_config_data
 
 aten = torch.ops.aten
@@ -98,3 +100,28 @@ def test_generation_waits_for_the_device_once_per_group_to_decode(tiny_sd3, algo
     # one copy of each group's starting noise, one of each step's noise, and per stored step
     # its latent, its log-prob (and its mean), the starting latent too
     assert reads.queued == len(tasks) + steps + (steps + 1) + steps + means * steps
+
+
+@pytest.mark.parametrize("algorithm", ["flow-grpo", "grpo-guard"])
+def test_a_train_task_waits_for_the_device_once(tiny_sd3, algorithm):
+    """A train task of 4 samples x 4 timesteps in one forward per step (no TSP): its rows cross
+    to the device without the host waiting, the noiseless-row checks read host values, and the
+    task's loss statistics come back in one read after the last backward, not one per forward
+    (each of which would keep the host from queuing the next forward behind the backward)."""
+    cfg = build_config(small_config_data(tiny_sd3, train={"algorithm": algorithm}))
+    policy = build_policy(cfg, device="cpu")
+    prompt = "a red square"
+    embeds = policy.encode_prompts([prompt], with_uncond=cfg.rollout.guidance_scale > 1.0)
+    task = GroupTask(0, 0, prompt, (0, 1, 2, 3), 0)
+    (traj,) = generate_groups(
+        policy, [task], cfg, lambda images, *_: torch.zeros(images.shape[0]), embeds=[embeds]
+    )
+    steps = list(range(cfg.rollout.num_steps))
+    spec = TrainSpec(0, 0, 0, [0, 1, 2, 3], [0, 1, 2, 3], [1.0, -1.0, 0.5, -0.5], [steps] * 4)
+    rows = algorithm_for(cfg).rows(spec, traj.tensors(), cfg)
+    (embeds,) = _on_meta(policy, [embeds.repeat_rows(4)])
+    reads = HostReads()
+    with reads:
+        _, stats = task_gradient(policy, rows, embeds, cfg, tsp=False, sigma_max=float(traj.sigmas[1]))
+    assert stats.forwards == len(forward_chunks(rows, False, cfg.train.rows_per_forward)) > 1
+    assert sum(reads.blocking.values()) == 1, dict(reads.blocking)
