@@ -34,3 +34,18 @@ def test_the_deploy_guide_has_the_threat_model_and_every_port():
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert len(cells) == 4 and all(cells), row  # process, port, bind address, protection
     assert "unauthenticated" in sec and "isolate" in sec.lower()
+
+
+def test_every_scheduler_command_of_the_docs_keeps_the_dashboard_on_loopback():
+    """A ``dask scheduler`` command as the docs give it serves its dashboard on 127.0.0.1:
+    Dask's default is every interface (0.0.0.0:8787), which the port table says it is not."""
+    docs = DEPLOY.parent
+    commands = [
+        (path.name, line.strip())
+        for path in sorted(docs.rglob("*.md"))
+        for line in path.read_text().splitlines()
+        if line.strip().startswith("dask scheduler")
+    ]
+    assert commands, "the docs give no dask scheduler command"
+    for name, line in commands:
+        assert "--dashboard-address 127.0.0.1:" in line, f"{name}: {line}"

@@ -409,8 +409,9 @@ def _routed_address() -> str | None:
 
 
 def test_plain_redis_to_another_host_exits_2_in_one_line_unless_insecure(r, tiny_sd3: Path, tmp_path: Path):
-    """A plain ``redis://`` to another hostFrom --redis-url, DIGEN_REDIS_URL (which digen train used to ignore) or --redis-url-file,
-    before anything connects; --insecure warns once and goes on."""
+    """A plain ``redis://`` to another host, from --redis-url, DIGEN_REDIS_URL (which digen
+    train used to ignore) or --redis-url-file, exits 2 in one line before anything connects;
+    --insecure warns once and goes on."""
     url = "redis://:hunter2hunter2@10.1.2.3:6379/0"
     said = "--redis-url redis://:***@10.1.2.3:6379/0 is plain TCP to another host"
     runs = [
