@@ -470,6 +470,58 @@ def _probe_rollout_syncs() -> str:
     return f"{len(syncs)} device waits for {len(tasks)} groups of 4 x {cfg.rollout.num_steps} steps (at most {allowed})"
 
 
+def _probe_train_syncs() -> str:
+    """C6: how often a train task waits for the device (sync debug mode, as for generation):
+    its rows cross with queued copies and its loss statistics come back once, after the last
+    backward (tests/trainer/test_host_syncs.py counts the same on the meta device)."""
+    import tempfile
+    import warnings
+
+    import torch
+
+    from digen.algos.registry import algorithm_for
+    from digen.assembly import build_policy
+    from digen.config import build_config
+    from digen.models import make_tiny_model
+    from digen.rollout import generate_groups
+    from digen.tasks import GroupTask, TrainSpec
+    from digen.training import task_gradient
+
+    folder = Path(tempfile.mkdtemp(prefix="digen-train-syncs-"))
+    model = make_tiny_model(folder / "sd3", "sd3", seed=0, resolution=32)
+    cfg = build_config(
+        {
+            "model": {"path": str(model), "resolution": 32, "max_sequence_length": 32, "device": "cuda:0"},
+            "prompts": {"items": ["a red square"]},
+            "reward": [{"name": "brightness"}],
+            "rollout": {"group_size": 4, "batch_size": 4, "num_steps": 6},
+            "train": {"algorithm": "grpo-guard"},
+        }
+    )
+    policy = build_policy(cfg)
+    task = GroupTask(0, 0, "a red square", (0, 1, 2, 3), 0)
+    embeds = policy.encode_prompts([task.prompt], with_uncond=cfg.rollout.guidance_scale > 1.0)
+    reward = lambda images, *_: images.float().mean(dim=(1, 2, 3))  # noqa: E731
+    (traj,) = generate_groups(policy, [task], cfg, reward, embeds=[embeds])
+    steps = list(range(cfg.rollout.num_steps))
+    spec = TrainSpec(0, 0, 0, [0, 1, 2, 3], [0, 1, 2, 3], [1.0, -1.0, 0.5, -0.5], [steps] * 4)
+    rows = algorithm_for(cfg).rows(spec, traj.tensors(), cfg)
+    train_embeds = embeds.repeat_rows(4)
+    sigma_max = float(traj.sigmas[1])
+    task_gradient(policy, rows, train_embeds, cfg, tsp=False, sigma_max=sigma_max)  # warm-up
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            _, stats = task_gradient(policy, rows, train_embeds, cfg, tsp=False, sigma_max=sigma_max)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    syncs = [w for w in seen if "synchroniz" in str(w.message)]
+    assert len(syncs) <= 1, [str(w.message)[:120] for w in syncs[:5]]
+    return f"{len(syncs)} device waits for a train task of {stats.forwards} forwards ({stats.rows} rows)"
+
+
 def _probe_trainer_group_settings() -> str:
     """D1, D2: the trainer group as digen forms it on CUDA (the bench's all-reduce part with one
     rank: digen's placement pins it to its GPU, digen's Redis store, NCCL): the collective
@@ -494,6 +546,7 @@ PROBES = {
     "e1_pinned_snapshot": _probe_pinned_snapshot,
     "c5_side_stream_copy": _probe_side_stream_copy,
     "c6_rollout_syncs": _probe_rollout_syncs,
+    "c6_train_syncs": _probe_train_syncs,
     "d1_d2_trainer_group": _probe_trainer_group_settings,
 }
 
