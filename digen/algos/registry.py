@@ -127,7 +127,7 @@ class Algorithm:
         raise NotImplementedError
 
     def rows(self, spec: Any, traj: dict[str, torch.Tensor], cfg: Config) -> Rows:
-        """The rows of a train task (:class:`digen.tasks.TrainSpec` ``spec``) from its
+        """The rows of a train task (:class:`digen.task_records.TrainSpec` ``spec``) from its
         group's trajectory dict (:meth:`digen.rollout.Trajectories.tensors`)."""
         raise NotImplementedError
 

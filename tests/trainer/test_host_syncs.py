@@ -19,7 +19,7 @@ from digen.assembly import build_policy
 from digen.config import build_config
 from digen.models.base import PromptEmbeds
 from digen.rollout import generate_groups
-from digen.tasks import GroupTask
+from digen.task_records import GroupTask
 from tests.conftest import small_config_data
 
 aten = torch.ops.aten
