@@ -211,7 +211,7 @@ def report(
     max_grids: Annotated[int, typer.Option("--max-grids", help="Sample grids shown at most.")] = 8,
 ) -> None:
     """Write a self-contained HTML page of a run: config, summary, timeline, curves, grids."""
-    from digen.report import write_report
+    from digen.run_report import write_report
 
     if not run_dir.is_dir():
         raise ConfigError(f"RUN_DIR ({run_dir}) is not a folder; pass the --out folder of `digen train`")

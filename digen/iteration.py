@@ -34,7 +34,7 @@ from digen.core.scheduler import mini_batch_of, task_groups
 from digen.errors import RewardError
 from digen.rundir import RunDir
 from digen.seeding import permutation
-from digen.tasks import GroupTask, TrainSpec, TrainStats
+from digen.task_records import GroupTask, TrainSpec, TrainStats
 from digen.viz import GridRow, write_sample_grid
 
 if TYPE_CHECKING:

@@ -41,7 +41,7 @@ from digen.prompt_cache import EmbedCache
 from digen.rollout import Trajectories, generate_group
 from digen.rundir import RunDir
 from digen.startup import phase
-from digen.tasks import plan_groups
+from digen.task_records import plan_groups
 from digen.training import train_groups
 from digen.viz import GridRow, image_cells
 

@@ -9,7 +9,7 @@ any batch: at ``max_batch`` 1 the distributed modes reproduce the reference trai
 bit for bit; in a larger batch a sample equals its unbatched self bit for bit where the
 kernels do not depend on the batch's size, else to float32 round-off (CPU sgemm picks its
 kernel by the matrix shape; tests/trainer/test_batched_generation.py states the bounds).
-Which groups an iteration samples is planned without torch (:func:`digen.tasks.plan_groups`).
+Which groups an iteration samples is planned without torch (:func:`digen.task_records.plan_groups`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from digen.models.base import FlowPolicy, PromptEmbeds
 from digen.rewards.base import call_reward
 from digen.rewards.registry import score_each
 from digen.seeding import sample_generator
-from digen.tasks import GroupTask
+from digen.task_records import GroupTask
 
 
 @dataclass

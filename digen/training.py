@@ -9,8 +9,8 @@ What a row is and what its loss is belong to the configured algorithm (``train.a
 :mod:`digen.algos.registry`): :func:`train_group` draws each sample's trained steps
 (:func:`drawn_steps`), builds the rows from the group's trajectory dict with the algorithm's
 ``rows`` and each forward calls its ``loss``; the rest (packing, backward, summing) is
-shared. The task's description (:class:`~digen.tasks.TrainSpec`) and its stats are plain
-records of :mod:`digen.tasks`, which the controller builds without torch.
+shared. The task's description (:class:`~digen.task_records.TrainSpec`) and its stats are plain
+records of :mod:`digen.task_records`, which the controller builds without torch.
 
 A task returns the *sum* over its rows of the loss gradient. The optimizer step sums task
 gradients in task order and divides by its mini-batch's row count (the iteration's, with one
@@ -47,7 +47,7 @@ from digen.algos.registry import Rows, algorithm_for
 from digen.algos.rows import TrainRows, concat_rows, transition_rows
 from digen.config import Config
 from digen.models.base import FlowPolicy, PromptEmbeds
-from digen.tasks import TrainSpec, TrainStats
+from digen.task_records import TrainSpec, TrainStats
 
 
 def build_rows(

@@ -439,7 +439,7 @@ def _probe_rollout_syncs() -> str:
     from digen.config import build_config
     from digen.models import make_tiny_model
     from digen.rollout import generate_groups
-    from digen.tasks import GroupTask
+    from digen.task_records import GroupTask
 
     folder = Path(tempfile.mkdtemp(prefix="digen-syncs-"))
     model = make_tiny_model(folder / "sd3", "sd3", seed=0, resolution=32)
@@ -484,7 +484,7 @@ def _probe_train_syncs() -> str:
     from digen.config import build_config
     from digen.models import make_tiny_model
     from digen.rollout import generate_groups
-    from digen.tasks import GroupTask, TrainSpec
+    from digen.task_records import GroupTask, TrainSpec
     from digen.training import task_gradient
 
     folder = Path(tempfile.mkdtemp(prefix="digen-train-syncs-"))

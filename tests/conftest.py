@@ -16,6 +16,8 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 import pytest  # noqa: E402
 import redis  # noqa: E402
 
+from tests.processes import digen_home  # noqa: E402, F401 - a fixture of every folder (the service's, test_node's)
+
 DIGEN = (sys.executable, "-m", "digen.cli.main")
 """The ``digen`` command for a test's subprocess: the installed script's module, run by this
 interpreter (``[*DIGEN, "train", ...]``)."""

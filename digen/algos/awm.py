@@ -63,7 +63,7 @@ from digen.algos.state import moved_toward, require_role, swapped_weights, with_
 from digen.seeding import sample_generator
 
 if TYPE_CHECKING:
-    from digen.config import AwmConfig, Config, TrainConfig
+    from digen.config.schema import AwmConfig, Config, TrainConfig
     from digen.models.base import FlowPolicy, PromptEmbeds
 
 ROLE = "old"

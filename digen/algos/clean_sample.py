@@ -33,7 +33,7 @@ from digen.errors import AlgorithmError
 from digen.seeding import sample_generator
 
 if TYPE_CHECKING:
-    from digen.config import Config
+    from digen.config.schema import Config
 
 CLEAN_TRAJECTORY = {
     "latents": "[B, 1, *latent] the clean final latent x_T only",

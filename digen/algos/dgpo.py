@@ -78,7 +78,7 @@ from digen.algos.state import (
 from digen.seeding import iteration_generator, sample_generator
 
 if TYPE_CHECKING:
-    from digen.config import Config, TrainConfig
+    from digen.config.schema import Config, TrainConfig
     from digen.models.base import FlowPolicy, PromptEmbeds
 
 ROLE = "old"

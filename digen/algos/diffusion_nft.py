@@ -59,7 +59,7 @@ from digen.algos.state import moved_toward, require_role, swapped_weights, with_
 from digen.seeding import sample_generator
 
 if TYPE_CHECKING:
-    from digen.config import Config, TrainConfig
+    from digen.config.schema import Config, TrainConfig
     from digen.models.base import FlowPolicy, PromptEmbeds
 
 ROLE = "old"

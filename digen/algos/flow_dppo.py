@@ -35,7 +35,7 @@ from digen.algos.precision import at_least_float32
 if TYPE_CHECKING:
     from digen.algos.rows import TrainRows
     from digen.algos.sde import SdeStep
-    from digen.config import Config
+    from digen.config.schema import Config
 
 
 def divergence_masked_loss(

@@ -43,7 +43,7 @@ from digen.algos.timesteps import sde_step_mask, select_timesteps
 from digen.seeding import iteration_generator, sample_generator
 
 if TYPE_CHECKING:
-    from digen.config import Config
+    from digen.config.schema import Config
     from digen.models.base import FlowPolicy, PromptEmbeds
 
 GRPO_TRAJECTORY = {

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from digen.algos.flow_grpo import GrpoFamily
 
 if TYPE_CHECKING:
-    from digen.config import Config
+    from digen.config.schema import Config
 
 
 class FlowGrpoFast(GrpoFamily):

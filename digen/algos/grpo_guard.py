@@ -49,7 +49,7 @@ from digen.errors import AlgorithmError
 if TYPE_CHECKING:
     from digen.algos.rows import TrainRows
     from digen.algos.sde import SdeStep
-    from digen.config import Config
+    from digen.config.schema import Config
     from digen.models.base import FlowPolicy, PromptEmbeds
 
 

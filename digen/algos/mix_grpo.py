@@ -56,7 +56,7 @@ from digen.algos.registry import RolloutPlan, StepKind
 from digen.seeding import iteration_generator
 
 if TYPE_CHECKING:
-    from digen.config import Config, MixGrpoConfig
+    from digen.config.schema import Config, MixGrpoConfig
 
 
 def max_start(num_steps: int) -> int:

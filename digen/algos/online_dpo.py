@@ -57,7 +57,7 @@ from digen.errors import AlgorithmError
 from digen.seeding import sample_generator
 
 if TYPE_CHECKING:
-    from digen.config import Config
+    from digen.config.schema import Config
     from digen.models.base import FlowPolicy, PromptEmbeds
 
 TRAIN_STEPS = 1000

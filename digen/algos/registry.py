@@ -12,7 +12,7 @@ functions runs it. ``digen algorithms`` lists them.
 
 Adding an algorithm is one new module in ``digen/algos/`` that defines a subclass of
 :class:`Algorithm` and ``ALGORITHM = TheClass()`` (plus a section of ``train`` in
-:mod:`digen.config` if it has options of its own). Modules are discovered, not listed.
+:mod:`digen.config.schema` if it has options of its own). Modules are discovered, not listed.
 
 What an algorithm reads of the config. Its own options live in its own section of ``train``
 (``train.flow_dppo``, ``train.nft``, ``train.mix_grpo``), which no module outside the algorithm
@@ -43,7 +43,7 @@ from digen.errors import ConfigError
 
 if TYPE_CHECKING:
     from digen.algos.loss import LossTerms
-    from digen.config import Config, TrainConfig
+    from digen.config.schema import Config, TrainConfig
     from digen.models.base import FlowPolicy, PromptEmbeds
 
 StepKind = Literal["sde", "ode", "dpm2"]
@@ -127,7 +127,7 @@ class Algorithm:
         raise NotImplementedError
 
     def rows(self, spec: Any, traj: dict[str, torch.Tensor], cfg: Config) -> Rows:
-        """The rows of a train task (:class:`digen.tasks.TrainSpec` ``spec``) from its
+        """The rows of a train task (:class:`digen.task_records.TrainSpec` ``spec``) from its
         group's trajectory dict (:meth:`digen.rollout.Trajectories.tensors`)."""
         raise NotImplementedError
 

@@ -28,7 +28,7 @@ def batching_microbench(cfg: Config, sizes: Sequence[int] = (1, 2, 4, 8), repeat
     from digen.assembly import build_policy, build_reward
     from digen.prompt_cache import EmbedCache
     from digen.rollout import generate_groups
-    from digen.tasks import GroupTask
+    from digen.task_records import GroupTask
 
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.cluster.local.threads_per_worker)

@@ -21,7 +21,7 @@ def tsp_microbench(cfg: Config, ks: Sequence[int] = (1, 2, 4, 8), repeats: int =
     from digen.assembly import build_policy, build_reward
     from digen.prompt_cache import EmbedCache
     from digen.rollout import generate_group
-    from digen.tasks import plan_groups
+    from digen.task_records import plan_groups
     from digen.training import build_rows, task_gradient
 
     threads = torch.get_num_threads()

@@ -20,7 +20,7 @@ from typing import Self
 from digen.errors import PayloadError
 from digen.evaluation import EvalTask
 from digen.records import Record
-from digen.tasks import GroupTask, TrainSpec
+from digen.task_records import GroupTask, TrainSpec
 
 
 class Payload(Record):

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from digen.tasks import TrainStats
+from digen.task_records import TrainStats
 
 log = logging.getLogger(__name__)
 

@@ -75,7 +75,7 @@ from digen.errors import ConfigError
 from digen.models import lora
 from digen.models.base import FlowPolicy, PromptEmbeds
 from digen.optim import ema_after_step, ema_before_step
-from digen.tasks import TrainStats
+from digen.task_records import TrainStats
 from digen.training import TrainRows, chunk_loss, forward_chunks
 
 MeshOrGroup = DeviceMesh | dist.ProcessGroup | None

@@ -36,7 +36,7 @@ from digen.iteration import draws_grid
 from digen.rundir import checkpoint_advice
 from digen.runtime.evals import Evaluations
 from digen.runtime.ledger import Ledger
-from digen.tasks import TrainStats
+from digen.task_records import TrainStats
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from digen.controlplane.payloads import Payload
 from digen.core.events import TaskKind, TaskRef
 from digen.core.versions import generation_version
 from digen.iteration import IterationBook
-from digen.tasks import plan_groups
+from digen.task_records import plan_groups
 
 
 @dataclass(frozen=True)

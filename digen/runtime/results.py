@@ -28,7 +28,7 @@ from digen.rundir import RunDir
 from digen.runtime.dispatch import Dispatcher
 from digen.runtime.evals import Evaluations
 from digen.runtime.ledger import Blob, Ledger, Trained
-from digen.tasks import TrainStats
+from digen.task_records import TrainStats
 
 log = logging.getLogger(__name__)
 

@@ -106,7 +106,7 @@ def _config(spec: SpBenchSpec):
 def _timed(policy, spec: SpBenchSpec, runs: int) -> tuple[list[float], object]:
     """``runs`` generations of one group; their ``gen`` seconds and the last latents."""
     from digen.rollout import generate_group
-    from digen.tasks import GroupTask
+    from digen.task_records import GroupTask
 
     cfg = _config(spec)
     task = GroupTask(iteration=0, group=0, prompt=PROMPT, sample_ids=tuple(range(spec.group_size)), version=0)

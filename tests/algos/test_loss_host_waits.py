@@ -13,7 +13,7 @@ from digen.algos.grpo_guard import guard_ratio_loss
 from digen.algos.loss import LossTerms
 from digen.config import build_config
 from digen.errors import AlgorithmError, ConfigError
-from digen.tasks import TrainStats
+from digen.task_records import TrainStats
 from tests.conftest import required
 
 

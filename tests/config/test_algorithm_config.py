@@ -132,7 +132,7 @@ def test_algorithm_fields_each_have_a_docstring():
     import ast
     import inspect
 
-    import digen.config as config
+    import digen.config.schema as config
 
     tree = ast.parse(inspect.getsource(config))
     classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tests.conftest import DIGEN, small_config_data
-from tests.service.helpers import ROOT, proc_env, wait_for
+from tests.processes import ROOT, proc_env, wait_for
 
 pytestmark = pytest.mark.slow
 

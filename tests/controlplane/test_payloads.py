@@ -19,7 +19,7 @@ from digen.controlplane.payloads import (
 )
 from digen.errors import PayloadError
 from digen.evaluation import EvalTask
-from digen.tasks import GroupTask, TrainSpec
+from digen.task_records import GroupTask, TrainSpec
 
 GROUP = GroupTask(iteration=2, group=1, prompt="a red square", sample_ids=(4, 5), version=2)
 SPEC = TrainSpec(

@@ -10,7 +10,7 @@ from digen.assembly import build_policy, build_reward
 from digen.prompt_cache import EmbedCache, embeds_bytes, encoder_identity
 from digen.reference import run_reference
 from digen.rollout import generate_group
-from digen.tasks import plan_groups
+from digen.task_records import plan_groups
 
 
 def test_a_cached_embedding_generates_the_bits_of_a_fresh_encoding(small_config):

@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 from digen.config import Config, RolloutConfig, TrainConfig
 from digen.models.base import FlowPolicy
 from digen.rollout import generate_group
-from digen.tasks import GroupTask
+from digen.task_records import GroupTask
 from digen.training import build_rows, task_gradient
 
 RES = 32

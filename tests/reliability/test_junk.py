@@ -107,7 +107,7 @@ def test_a_job_goes_on_with_junk_pushed_into_every_list(on_poison, tiny_sd3: Pat
     from digen.controlplane.codec import pack
     from digen.controlplane.payloads import TrainPayload
     from digen.controlplane.redis_conn import connect
-    from digen.tasks import TrainSpec
+    from digen.task_records import TrainSpec
 
     cfg = fault_config(
         tiny_sd3,

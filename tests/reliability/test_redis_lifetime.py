@@ -22,7 +22,7 @@ import redis
 import yaml
 
 from tests.conftest import DIGEN
-from tests.service.helpers import ROOT, proc_env, wait_for
+from tests.processes import ROOT, proc_env, wait_for
 
 STARTER = """
 import json, sys, time

@@ -21,8 +21,8 @@ from typer.testing import CliRunner
 from digen.cli.main import app
 from digen.rundir import LOCK_NAME, RunDirBusy, RunLock
 from tests.conftest import DIGEN, small_config_data
+from tests.processes import wait_for
 from tests.reliability.reward_servers import RewardServer
-from tests.service.helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 HOLD = (

@@ -20,8 +20,9 @@ from typer.testing import CliRunner
 from digen.cli.main import app
 from digen.service import jobs
 from digen.service.runner import CONFIRM_S, RECOVERY_BOUND_S, recover_lost_jobs
-from tests.service.conftest import digen_home, procs, r, reference_run  # noqa: F401 - fixtures
-from tests.service.helpers import CONFIG, ITERATIONS, Procs, learning_rows, quick_sets, wait_for
+from tests.processes import Procs, digen_home, wait_for  # noqa: F401 - digen_home: a fixture
+from tests.service.conftest import procs, r, reference_run  # noqa: F401 - fixtures
+from tests.service.helpers import CONFIG, ITERATIONS, learning_rows, quick_sets
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.service.helpers import CONFIG, DIGEN, ROOT, proc_env, quick_sets, wait_for
+from tests.processes import DIGEN, ROOT, proc_env, wait_for
+from tests.service.helpers import CONFIG, quick_sets
 
 PASSWORD = "s3cret-Pw-for-the-stop-test"
 

@@ -18,7 +18,7 @@ from digen.errors import DigenError
 from digen.rundir import RunDir
 from digen.runtime.ledger import Blob, Ledger, Trained
 from digen.runtime.steps import StepControl
-from digen.tasks import TrainSpec, TrainStats
+from digen.task_records import TrainSpec, TrainStats
 from tests.conftest import small_config_data
 
 TASKS = ["train:1:0", "train:1:1"]

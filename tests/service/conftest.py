@@ -4,34 +4,15 @@ tiny test config (tiny.yaml) on the session's tiny SD3 model. Nothing is mocked.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
 
-from .helpers import CONFIG, Procs, quick_sets
+from tests.processes import Procs
 
-
-@pytest.fixture(scope="session")
-def digen_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A private DIGEN_HOME (never ~/.local/share) whose embedded Redis this test process
-    starts and owns for the session; subprocesses find it running."""
-    from digen.controlplane.redis_conn import connect, start_embedded, stop_embedded
-
-    home = tmp_path_factory.mktemp("digen-home")
-    old = os.environ.get("DIGEN_HOME")
-    os.environ["DIGEN_HOME"] = str(home)
-    client = connect(None, db_path=home / "digen.db")
-    yield home
-    client.close()
-    start_embedded(home / "digen.db").owned = True  # in-process CLI calls shared it; this process stops it
-    stop_embedded(home / "digen.db")
-    if old is None:
-        os.environ.pop("DIGEN_HOME", None)
-    else:
-        os.environ["DIGEN_HOME"] = old
+from .helpers import CONFIG, quick_sets
 
 
 @pytest.fixture

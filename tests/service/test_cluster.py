@@ -13,8 +13,9 @@ from typer.testing import CliRunner
 
 from digen.cli.main import app
 from digen.service import jobs
+from tests.processes import Procs, wait_for
 
-from .helpers import CONFIG, Procs, quick_sets, wait_for
+from .helpers import CONFIG, quick_sets
 
 pytestmark = pytest.mark.slow
 

@@ -15,8 +15,7 @@ import yaml
 from typer.testing import CliRunner
 
 from digen.cli.main import app
-
-from .helpers import ROOT
+from tests.processes import ROOT
 
 COMPOSE = ROOT / "docker-compose.yml"
 ENV_EXAMPLE = ROOT / ".env.example"

@@ -14,8 +14,9 @@ from typer.testing import CliRunner
 
 from digen.cli.main import app
 from digen.service import jobs
+from tests.processes import Procs, wait_for
 
-from .helpers import CONFIG, ITERATIONS, Procs, learning_rows, quick_sets, wait_for
+from .helpers import CONFIG, ITERATIONS, learning_rows, quick_sets
 
 pytestmark = pytest.mark.slow
 

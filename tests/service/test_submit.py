@@ -18,8 +18,9 @@ from digen.cli.main import app
 from digen.controlplane.redis_conn import embedded_url
 from digen.errors import ConfigError
 from digen.service import jobs
+from tests.processes import DIGEN, ROOT, proc_env
 
-from .helpers import CONFIG, DIGEN, ROOT, proc_env, quick_sets
+from .helpers import CONFIG, quick_sets
 
 
 def cli(*args: object):

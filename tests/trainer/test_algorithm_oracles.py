@@ -40,7 +40,7 @@ from digen.config import Config, build_config
 from digen.iteration import IterationBook
 from digen.optim import ParameterStore
 from digen.rollout import generate_group
-from digen.tasks import GroupTask, TrainStats
+from digen.task_records import GroupTask, TrainStats
 from digen.training import drawn_steps, spec_rows, train_group
 
 G, GROUPS, PROMPT = 4, 2, "a red square"

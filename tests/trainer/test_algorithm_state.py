@@ -24,7 +24,7 @@ from digen.errors import AlgorithmError
 from digen.optim import ParameterStore
 from digen.reference import run_reference
 from digen.rollout import generate_group
-from digen.tasks import plan_groups
+from digen.task_records import plan_groups
 
 NFT = {"train__algorithm": "diffusion-nft", "train__nft": {"decay_type": 1}}
 

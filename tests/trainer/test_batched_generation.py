@@ -18,7 +18,7 @@ from digen.config import build_config
 from digen.iteration import IterationBook
 from digen.prompt_cache import EmbedCache
 from digen.rollout import generate_group, generate_groups
-from digen.tasks import plan_groups
+from digen.task_records import plan_groups
 from digen.training import train_group
 from tests.conftest import small_config_data
 

@@ -117,7 +117,7 @@ def test_without_tsp_a_batched_task_runs_one_forward_per_step_for_all_its_groups
 def test_a_worker_refuses_a_batch_that_is_not_the_tasks_own_consecutive_groups():
     from digen.controlplane.payloads import TrainPayload
     from digen.errors import PayloadError
-    from digen.tasks import TrainSpec
+    from digen.task_records import TrainSpec
     from digen.workers.tasks import batch_specs
 
     def entry(it, g):

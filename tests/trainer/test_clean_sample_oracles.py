@@ -32,7 +32,7 @@ from digen.assembly import build_policy
 from digen.config import Config, build_config
 from digen.iteration import IterationBook
 from digen.rollout import generate_group
-from digen.tasks import GroupTask, TrainStats
+from digen.task_records import GroupTask, TrainStats
 from digen.training import drawn_steps, spec_rows, train_group
 
 G = 4

@@ -54,7 +54,7 @@ from digen.assembly import build_policy
 from digen.config import Config, build_config
 from digen.iteration import IterationBook
 from digen.optim import ParameterStore
-from digen.tasks import GroupTask, TrainSpec, TrainStats
+from digen.task_records import GroupTask, TrainSpec, TrainStats
 from digen.training import sum_gradients, train_group
 
 G, T, SCALE, CLIP, BETA = 4, 4, 4.5, 1e-4, 0.04

@@ -8,7 +8,7 @@ from digen.assembly import build_policy, build_reward
 from digen.iteration import IterationBook
 from digen.prompt_cache import EmbedCache
 from digen.rollout import generate_group
-from digen.tasks import TrainStats, plan_groups
+from digen.task_records import TrainStats, plan_groups
 from digen.training import drawn_steps, sum_gradients, train_group
 
 

@@ -20,7 +20,7 @@ from digen.assembly import build_policy
 from digen.config import build_config
 from digen.models.base import PromptEmbeds
 from digen.rollout import generate_groups
-from digen.tasks import GroupTask, TrainSpec
+from digen.task_records import GroupTask, TrainSpec
 from digen.training import forward_chunks, task_gradient
 from tests.conftest import small_config_data
 

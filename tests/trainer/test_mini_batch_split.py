@@ -17,7 +17,7 @@ from digen.config import build_config
 from digen.iteration import IterationBook
 from digen.reference import run_reference
 from digen.seeding import permutation
-from digen.tasks import GroupTask
+from digen.task_records import GroupTask
 
 G = 4
 

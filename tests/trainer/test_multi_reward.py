@@ -20,7 +20,7 @@ import torch
 from digen.algos.loss import ppo_clip_loss
 from digen.errors import RewardError
 from digen.iteration import IterationBook
-from digen.tasks import GroupTask
+from digen.task_records import GroupTask
 from tests.algos.test_peer_selection import dance_grpo_per_reward_advantages
 
 VQ = [[0.31, 0.92, 0.47, 0.05], [1.7, -0.4, 2.2, 0.9], [0.5, 0.5, 0.5, 0.5]]

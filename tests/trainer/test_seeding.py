@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from digen.seeding import generator, iteration_generator, permutation
-from digen.tasks import iteration_prompts
+from digen.task_records import iteration_prompts
 
 
 @pytest.mark.parametrize("n", [0, 1, 2, 3, 7, 16, 100, 1000, 50_000])

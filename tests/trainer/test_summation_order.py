@@ -10,7 +10,7 @@ from digen.assembly import build_policy, build_reward, compute_threads
 from digen.iteration import IterationBook
 from digen.prompt_cache import EmbedCache
 from digen.rollout import generate_group
-from digen.tasks import plan_groups
+from digen.task_records import plan_groups
 from digen.training import train_group
 
 

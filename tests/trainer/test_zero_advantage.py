@@ -18,7 +18,7 @@ from digen.reference import run_reference
 from digen.rewards.base import Reward, check_batch
 from digen.rewards.server import make_server
 from digen.runtime.controller import run_distributed
-from digen.tasks import GroupTask, TrainStats
+from digen.task_records import GroupTask, TrainStats
 from digen.training import drawn_steps
 
 REWARDS = [

@@ -12,7 +12,7 @@ from digen.bench import RunRecord, eval_cost, markdown_table, mode_config, parse
 from digen.config import build_config
 from digen.evaluation import EvalBook, EvalResult, EvalTask, eval_metrics, progress_row, write_evaluation
 from digen.loggers import namespaced
-from digen.report import render_report
+from digen.run_report import render_report
 from digen.rundir import RunDir
 from digen.viz import image_cells
 from tests.conftest import required

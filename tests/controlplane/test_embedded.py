@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import ROOT, proc_env, wait_for
+from tests.processes import ROOT, proc_env, wait_for
 
 CLIENT = """
 import sys, time

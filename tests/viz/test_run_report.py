@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from digen.cli.main import app
 from digen.errors import ConfigError
-from digen.report import pick_grids, render_report
+from digen.run_report import pick_grids, render_report
 
 from ._runs import write_run
 

@@ -8,7 +8,7 @@ from digen.controlplane.payloads import GenPayload
 from digen.controlplane.queue import TaskQueue
 from digen.core.events import Role
 from digen.dataplane.blobs import BlobStore
-from digen.tasks import plan_groups
+from digen.task_records import plan_groups
 from digen.workers.loop import more_gen, next_task, run_gen_tasks
 from digen.workers.runtime import WorkerRuntime
 

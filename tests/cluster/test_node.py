@@ -19,8 +19,7 @@ from digen.cluster import node
 from digen.config import SecurityConfig, build_config
 from digen.errors import ConfigError, ConnectionFailure
 from tests.conftest import required
-
-from .helpers import Procs, wait_for
+from tests.processes import Procs, wait_for
 
 DASK = str(Path(sys.executable).parent / "dask")
 
