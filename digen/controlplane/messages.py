@@ -4,10 +4,11 @@ The other direction, what the controller sends (task payloads), is
 :mod:`~digen.controlplane.payloads`; this is a module of its own because its records are
 written by the workers and read by the controller (:mod:`digen.runtime.results`,
 :mod:`~digen.runtime.evals`, :mod:`~digen.runtime.steps`, :mod:`~digen.runtime.fsdp_group`),
-while a payload goes the other way; :class:`BlobRef` and
-:class:`~digen.core.timeline.TimelineRow` travel both ways, so the payloads and the step
-command (:class:`~digen.controlplane.trainer_group.StepCommand`) import them from here and
-from :mod:`digen.core.timeline`.
+while a payload goes the other way. :class:`BlobRef` travels both ways (a result says where
+its output is, a payload or a step command where a task's input is), so the payloads and the
+step command (:class:`~digen.controlplane.trainer_group.StepCommand`) import it from here;
+the timeline row a result carries is :class:`~digen.core.timeline.TimelineRow`, in the pure
+core, because the reference loop and the simulator make rows too.
 
 One codec for every message: a record is written with :meth:`~digen.records.Record.to_json`
 (plain data, which the queue packs with msgpack, :mod:`digen.controlplane.codec`; the step
@@ -19,7 +20,9 @@ value of another kind, nothing past the size limits (:data:`MAX_MESSAGE_BYTES` f
 :data:`~digen.records.MAX_ITEMS` inside). What does not read raises
 :class:`~digen.errors.PayloadError` naming the message and the fault; the controller
 quarantines such a result as junk (:meth:`~digen.controlplane.queue.TaskQueue.quarantine`:
-recorded, counted) and runs its task again, never a ``KeyError`` of its own.
+recorded, counted) and runs its task again, never a ``KeyError`` of its own. A step's
+acknowledgement that does not read is quarantined too but not asked for again (the trainers
+applied the step already; a second run would step twice): that step then waits.
 
 Every result has the same envelope (:class:`Result`): the worker that ran it, that worker
 loop's incarnation (a result of a process that is gone does not count), when it started and
