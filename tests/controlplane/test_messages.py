@@ -1,4 +1,5 @@
-"""What the workers send back (digen/controlplane/messages.py): every message survives the
+"""What the workers send back (digen/controlplane/messages.py), and what the controller sends
+(the payloads and the step command, read by the same exact reading): every message survives the
 queue's round trip whole, and junk (a value of another kind, a key missing or unknown, bytes
 that are not msgpack, a pickle, a map too large) is refused as a PayloadError naming the
 message; the controller quarantines a stored result that does not read and runs its task
@@ -29,17 +30,26 @@ from digen.controlplane.messages import (
     TrainResult,
     result_type,
 )
-from digen.controlplane.payloads import GenPayload
+from digen.controlplane.payloads import (
+    EvalPayload,
+    FsdpStepPayload,
+    GenPayload,
+    RewardPayload,
+    StepPayload,
+    TrainEntry,
+    TrainPayload,
+)
 from digen.controlplane.queue import TaskQueue, quarantined_count
 from digen.controlplane.trainer_group import StepCommand
 from digen.core.timeline import TimelineRow
 from digen.errors import PayloadError
+from digen.evaluation import EvalTask
 from digen.records import MAX_ITEMS, MAX_TEXT
 from digen.rundir import RunDir
 from digen.runtime.dispatch import Dispatcher
 from digen.runtime.ledger import Ledger
 from digen.runtime.results import Collector
-from digen.tasks import GroupTask, TrainStats
+from digen.tasks import GroupTask, TrainSpec, TrainStats
 from tests.conftest import small_config_data
 
 ROW = TimelineRow("rollout-0", "cpu", "rollout", "gen", 2, 1, 10.0, 12.5, cpu_s=1.5, batch=2, leased=9.5)
@@ -69,6 +79,18 @@ MESSAGES: list[Message] = [
         writer="trainer-0",
         incarnations={"trainer-0": "a1"},
     ),
+]
+SPEC = TrainSpec(
+    iteration=2, group=1, gen_version=1, samples=[0, 1], sample_ids=[4, 5], advantages=[1.0, -1.0]
+)
+GROUP = GroupTask(iteration=2, group=1, prompt="a red square", sample_ids=(4, 5), version=1)
+MESSAGES += [  # what the controller sends, read back by the same exact reading
+    GenPayload(GROUP, score=False, grid=True),
+    RewardPayload(GROUP, BLOB),
+    TrainPayload(SPEC, 1, "a red square", tsp=True, source=BLOB, batch=(TrainEntry(SPEC, "b", None),)),
+    EvalPayload(EvalTask(2, 1, 0, (0, 1), ("a", "b"))),
+    StepPayload(2, 0),
+    FsdpStepPayload(2, 0, True, 16, None, 1),
 ]
 IDS = [f"{type(m).__name__}-{i}" for i, m in enumerate(MESSAGES)]
 
