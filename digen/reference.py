@@ -24,6 +24,7 @@ from pathlib import Path
 from digen.algos.state import load_version
 from digen.assembly import build_policy, build_reward, compute_threads
 from digen.config import Config
+from digen.core.timeline import TimelineRow
 from digen.errors import JobCancelled
 from digen.evaluation import carries_ema, evaluates, held_out_prompts, progress_row
 from digen.evaluator import evaluate_inline
@@ -94,7 +95,7 @@ def _reference_loop(
             progress(resumed)
     tsp = bool(cfg.schedule.resolved().tsp)
     held_out = held_out_prompts(cfg) if cfg.eval.every else []
-    worker = {"worker": "reference", "gpu_type": cfg.cluster.local.gpu_type, "role": "reference"}
+    gpu_type = cfg.cluster.local.gpu_type
 
     for k in range(state.start_iteration, cfg.iterations):
         t_start = time.time()
@@ -103,10 +104,8 @@ def _reference_loop(
         def timer(
             kind: str, s: float, e: float, cpu_s: float, _k: int = k, _events: list[dict] = events
         ) -> None:
-            _events.append(
-                {**worker, "kind": kind, "iteration": _k, "version": store.version, "start": s, "end": e}
-                | {"cpu_s": cpu_s}
-            )
+            row = TimelineRow("reference", gpu_type, "reference", kind, _k, store.version, s, e, cpu_s=cpu_s)
+            _events.append(row.to_json())
 
         groups = plan_groups(cfg, prompts, k, version=store.version)
         book = IterationBook(cfg, k, groups)

@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,10 +51,12 @@ from safetensors.torch import load_file, save_file
 from digen.algos.state import EMA_PREFIX, is_ema, with_ema
 from digen.assembly import trained_dtype
 from digen.controlplane.fsdp_keys import FsdpGroup
+from digen.controlplane.messages import Result, StepAck, TrainResult
 from digen.controlplane.payloads import FsdpStepPayload, TrainPayload
 from digen.controlplane.queue import STEP_QUEUE, LeasedTask
 from digen.core import blobnames
 from digen.core.events import Role, TaskKind
+from digen.core.timeline import TimelineRow
 from digen.dataplane.blobs import BlobLost, fetch
 from digen.dataplane.wire import host_copy
 from digen.evaluation import carries_ema
@@ -93,21 +96,13 @@ class Rank:
 
     def event(
         self, kind: str, iteration: int, version: int, start: float, end: float, cpu_s: float | None = None
-    ) -> dict:
+    ) -> TimelineRow:
+        """A timeline row of this rank; ``cpu_s``: the thread that ran it (:func:`time.thread_time`),
+        for ``digen bench``'s bound."""
         rt = self.rt
-        row = {
-            "worker": rt.name,
-            "gpu_type": rt.gpu_type,
-            "role": Role.TRAINER.value,
-            "kind": kind,
-            "iteration": iteration,
-            "version": version,
-            "start": start,
-            "end": end,
-        }
-        if cpu_s is not None:
-            row["cpu_s"] = cpu_s  # the thread that ran it (time.thread_time), for digen bench's bound
-        return row
+        return TimelineRow(
+            rt.name, rt.gpu_type, Role.TRAINER.value, kind, iteration, version, start, end, cpu_s=cpu_s
+        )
 
 
 def run_fsdp_rank(rt: WorkerRuntime, host: str | None = None) -> dict:
@@ -292,8 +287,10 @@ def _train(rk: Rank, cmd: dict) -> None:
     mine = rk.event("train", spec.iteration, version, t1, time.time(), time.thread_time() - c1)
     faults.point("train", rt.job, rt.name, task=cmd["id"], iteration=spec.iteration)
     total = all_reduce_stats(stats, device=rk.comm)
-    events = all_gather_json(mine, device=rk.comm)
-    _report(rk, cmd, t0, stats=total.to_json(), events=events)
+    events = [TimelineRow.read_exact(e) for e in all_gather_json(mine.to_json(), device=rk.comm)]
+    _report(
+        rk, cmd, lambda end: TrainResult(worker=rk.rt.name, start=t0, end=end, events=events, stats=total)
+    )
 
 
 def _step(rk: Rank, cmd: dict) -> None:
@@ -315,17 +312,28 @@ def _step(rk: Rank, cmd: dict) -> None:
         rk.event("optim", iteration, version, t0, t1),
         rk.event("sync", iteration, trainer.version, t1, t2),
     ]
-    events = [e for part in all_gather_json(mine, device=rk.comm) for e in part]
+    gathered = all_gather_json([e.to_json() for e in mine], device=rk.comm)
+    events = [TimelineRow.read_exact(e) for part in gathered for e in part]
     _report(
-        rk, cmd, t0, grad_norm=opt["grad_norm"], version=trainer.version, events=events, checkpoint=folder
+        rk,
+        cmd,
+        lambda end: StepAck(
+            worker=rt.name,
+            start=t0,
+            end=end,
+            events=events,
+            grad_norm=float(opt["grad_norm"]),
+            version=trainer.version,
+            checkpoint=folder,
+        ),
     )
 
 
-def _report(rk: Rank, cmd: dict, t0: float, **fields) -> None:
-    """Count a command this rank ran; the leader acknowledges it with ``fields`` and timings."""
+def _report(rk: Rank, cmd: dict, result: Callable[[float], Result]) -> None:
+    """Count a command this rank ran; the leader acknowledges it with ``result`` (given when it ended)."""
     rk.tasks_run += 1
     if rk.leader:
-        _ack(rk, cmd["id"], {**fields, "worker": rk.rt.name, "start": t0, "end": time.time()})
+        _ack(rk, cmd["id"], result(time.time()).to_json())
 
 
 def _agreed_rows(rk: Rank, expected: int) -> int:

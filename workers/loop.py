@@ -287,14 +287,14 @@ def acknowledge(rt: WorkerRuntime, leased: LeasedTask, outcome) -> None:
     if outcome is None:  # parked: its input is made again first
         return
     result, after = outcome
-    result["incarnation"] = rt.incarnation  # a result of a process that is gone does not count
-    for e in result["events"]:  # when it left the queue: the bench's eval waits read it
-        e["leased"] = leased.leased_at
-    rt.report_redis(result["events"])
+    result.incarnation = rt.incarnation  # a result of a process that is gone does not count
+    for e in result.events:  # when it left the queue: the bench's eval waits read it
+        e.leased = leased.leased_at
+    rt.report_redis(result.events)
     faults.point(
         "ack", rt.job, rt.name, task=leased.task_id, iteration=TaskRef.parse(leased.task_id).iteration
     )
-    if rt.queue.ack(leased.task_id, result, worker=rt.name):
+    if rt.queue.ack(leased.task_id, result.to_json(), worker=rt.name):
         if after is not None:
             after()
         faults.point(

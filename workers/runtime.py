@@ -30,6 +30,7 @@ from digen.controlplane.redis_conn import RoundTrips
 from digen.controlplane.trainer_group import StepCommand, TrainerGroup
 from digen.core import blobnames
 from digen.core.events import Role, TaskRef
+from digen.core.timeline import TimelineRow
 from digen.dataplane.blobs import BlobLost, BlobStore
 from digen.dataplane.weights import fetch_version
 from digen.errors import TaskDropped
@@ -114,21 +115,18 @@ class WorkerRuntime:
         self.stop_checked = now
         return self.job.status() != "running"
 
-    def report_redis(self, events: list[dict]) -> None:
+    def report_redis(self, events: list[TimelineRow]) -> None:
         """Mark the task's last event with the round trips and loop cycles since the last task,
         for ``digen bench`` (:func:`digen.bench.worker_stats`), and the prompt cache's hits and
         misses since then (:func:`digen.iteration.cache_metrics`)."""
         if not events:
             return
         if self.embed is not None:
-            events[-1].update(self.embed.report())
+            events[-1].set(**self.embed.report())
         if self.round_trips is None:
             return
         now = (self.round_trips.count, self.cycles)
-        events[-1]["redis_round_trips"], events[-1]["cycles"] = (
-            now[0] - self.reported[0],
-            now[1] - self.reported[1],
-        )
+        events[-1].set(redis_round_trips=now[0] - self.reported[0], cycles=now[1] - self.reported[1])
         self.reported = now
 
     def ensure_policy(self):
@@ -239,23 +237,11 @@ def event(
     s: float,
     e: float,
     cpu_s: float | None = None,
-) -> dict:
+) -> TimelineRow:
     """A timeline row of this worker; ``cpu_s``: the CPU seconds the thread that ran it spent
     (:func:`time.thread_time`), where the task records them (``digen bench``'s bound on an
     oversubscribed machine)."""
-    row = {
-        "worker": rt.name,
-        "gpu_type": rt.gpu_type,
-        "role": role.value,
-        "kind": kind,
-        "iteration": task.iteration,
-        "version": version,
-        "start": s,
-        "end": e,
-    }
-    if cpu_s is not None:
-        row["cpu_s"] = cpu_s
-    return row
+    return TimelineRow(rt.name, rt.gpu_type, role.value, kind, task.iteration, version, s, e, cpu_s=cpu_s)
 
 
 def wait_for(rt: WorkerRuntime, read: Callable[[], T | None], what: str) -> T | None:

@@ -167,12 +167,12 @@ def _run(rk: Rank, leased: LeasedTask) -> None:
         return
     if leased.queue == TaskKind.GEN.value:
         result = gen_result(rt, leased, traj, events, t0)
-    for e in result["events"]:
-        e["sp_degree"], e["ranks"] = rk.world, ranks
-    rt.report_redis(result["events"])
+    for e in result.events:
+        e.sp_degree, e.ranks = rk.world, list(ranks)
+    rt.report_redis(result.events)
     faults.point(
         "ack", rt.job, rt.name, task=leased.task_id, iteration=TaskRef.parse(leased.task_id).iteration
     )
-    if not rt.queue.ack(leased.task_id, result, worker=rt.name):
+    if not rt.queue.ack(leased.task_id, result.to_json(), worker=rt.name):
         log.info("task %s was already acknowledged (it ran twice); this result is discarded", leased.task_id)
     rk.current = None

@@ -26,17 +26,19 @@ from collections.abc import Callable
 
 import torch
 
-from digen.controlplane.payloads import (
-    EvalPayload,
-    GenPayload,
-    RewardPayload,
-    Source,
-    TrainEntry,
-    TrainPayload,
+from digen.controlplane.messages import (
+    BlobRef,
+    EvalChunkResult,
+    GenResult,
+    Result,
+    RewardResult,
+    TrainResult,
 )
+from digen.controlplane.payloads import EvalPayload, GenPayload, RewardPayload, TrainEntry, TrainPayload
 from digen.controlplane.queue import LeasedTask
 from digen.core import blobnames
 from digen.core.events import Role, TaskKind, TaskRef, work_share
+from digen.core.timeline import TimelineRow
 from digen.dataplane.blobs import BlobLost, BlobMismatch, Expect, fetch
 from digen.dataplane.wire import on_host
 from digen.errors import PayloadError
@@ -49,7 +51,7 @@ from digen.workers.runtime import WorkerRuntime, event
 
 log = logging.getLogger(__name__)
 
-Outcome = tuple[dict, Callable[[], None] | None] | None
+Outcome = tuple[Result, Callable[[], None] | None] | None
 
 
 def generate(rt: WorkerRuntime, leased: LeasedTask, role: Role, *, score: bool, stop) -> tuple:
@@ -59,7 +61,7 @@ def generate(rt: WorkerRuntime, leased: LeasedTask, role: Role, *, score: bool, 
     ref = TaskRef(TaskKind.GEN, task.iteration, task.group)
     t0 = time.time()
     rt.ensure_version(task.version)
-    events = []
+    events: list[TimelineRow] = []
     if time.time() - t0 > 1e-3:
         events.append(event(rt, role, "sync", ref, task.version, t0, time.time()))
     rt.ensure_reward()
@@ -77,8 +79,8 @@ def generate(rt: WorkerRuntime, leased: LeasedTask, role: Role, *, score: bool, 
 
 
 def gen_result(
-    rt: WorkerRuntime, leased: LeasedTask, traj: Trajectories, events: list[dict], t0: float
-) -> dict:
+    rt: WorkerRuntime, leased: LeasedTask, traj: Trajectories, events: list[TimelineRow], t0: float
+) -> GenResult:
     """Keep a generated group's tensors as a blob of this worker; the task's result: rewards,
     timings, where the blob is, and (when the payload asks, for a sample grid) its images as
     grid cells."""
@@ -86,19 +88,17 @@ def gen_result(
     version = payload.task.version
     name = blobnames.trajectories(rt.job.job_id, leased.task_id)
     blob = rt.blobs.put(name, traj.tensors(), {"version": str(version)})
-    result = {
-        "rewards": [float(x) for x in traj.rewards],
-        "events": events,
-        "worker": rt.name,
-        "start": t0,
-        "end": time.time(),
-        "blob": {"addr": rt.blob_addr, "name": name, "bytes": blob.nbytes, "digest": blob.digest},
-    }
-    if traj.reward_parts is not None:  # train.multi_reward per_reward or gdpo
-        result["reward_parts"] = traj.reward_parts.tolist()
-    if payload.grid:
-        result["cells"] = to_png(image_cells(traj.images))
-    return result
+    return GenResult(
+        worker=rt.name,
+        start=t0,
+        end=time.time(),
+        events=events,
+        rewards=[float(x) for x in traj.rewards],
+        blob=BlobRef(rt.blob_addr, name, blob.digest, nbytes=blob.nbytes),
+        # train.multi_reward per_reward or gdpo
+        reward_parts=None if traj.reward_parts is None else traj.reward_parts.tolist(),
+        cells=to_png(image_cells(traj.images)) if payload.grid else None,
+    )
 
 
 def run_gen(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
@@ -135,7 +135,7 @@ def run_gen_batch(rt: WorkerRuntime, batch: list[LeasedTask], role: Role, stop) 
     version = tasks[0].version
     t0 = time.time()
     rt.ensure_version(version)
-    events: list[list[dict]] = [[] for _ in batch]
+    events: list[list[TimelineRow]] = [[] for _ in batch]
     if time.time() - t0 > 1e-3:
         ref = TaskRef(TaskKind.GEN, tasks[0].iteration, tasks[0].group)
         events[0].append(event(rt, role, "sync", ref, version, t0, time.time()))
@@ -148,7 +148,7 @@ def run_gen_batch(rt: WorkerRuntime, batch: list[LeasedTask], role: Role, stop) 
         def timer(kind: str, s: float, e: float, cpu_s: float) -> None:
             row = event(rt, role, kind, ref, version, s, e, cpu_s)
             if kind == "gen":
-                row["batch"] = len(batch)
+                row.batch = len(batch)
             events[j].append(row)
 
         return timer
@@ -163,8 +163,8 @@ def run_gen_batch(rt: WorkerRuntime, batch: list[LeasedTask], role: Role, stop) 
         faults.point("gen", rt.job, rt.name, task=leased.task_id, iteration=traj.task.iteration)
         result = gen_result(rt, leased, traj, evs, t0)
         if len(batch) > 1:  # the task's own share of the batch: the seconds per group TAG/RAT learn
-            result["start"] = t0 if j == 0 else evs[0]["start"]
-            result["end"] = result["start"] + sum(e["end"] - e["start"] for e in evs)
+            result.start = t0 if j == 0 else evs[0].start
+            result.end = result.start + sum(e.end - e.start for e in evs)
         out.append((result, None))
     return out
 
@@ -176,7 +176,7 @@ NOT_TRAINED = ("images", "decoded")
 
 
 def group_tensors(
-    rt: WorkerRuntime, leased: LeasedTask, src: Source | None, names: list[str] | None
+    rt: WorkerRuntime, leased: LeasedTask, src: BlobRef | None, names: list[str] | None
 ) -> dict[str, torch.Tensor]:
     """Tensors ``names`` of the generated group a task works on (None: all but
     :data:`NOT_TRAINED`), from the worker that made it (this one: no copy; the payload's
@@ -189,7 +189,7 @@ def group_tensors(
 
 
 def source_tensors(
-    rt: WorkerRuntime, src: Source | None, iteration: int, group: int, names: list[str] | None
+    rt: WorkerRuntime, src: BlobRef | None, iteration: int, group: int, names: list[str] | None
 ) -> dict[str, torch.Tensor]:
     """:func:`group_tensors` of one group whose trajectories are at ``src``."""
     if src is None:
@@ -246,7 +246,7 @@ def run_train(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
     version = payload.version  # mini-batch m of iteration i: digen.core.versions.version
     t0 = time.time()
     rt.ensure_version(version)
-    events = []
+    events: list[TimelineRow] = []
     if time.time() - t0 > 1e-3:
         events.append(event(rt, role, "sync", ref, version, t0, time.time()))
     try:
@@ -263,13 +263,13 @@ def run_train(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
     events.append(event(rt, role, "train", ref, version, t1, time.time(), cpu_s))
     if ref.part is not None or len(specs) > 1:  # not one whole group: the bench counts its share so
         samples = rt.cfg.train.mini_batch_split == "samples"
-        events[-1]["share"] = work_share(ref, len(specs), rt.cfg.train.mini_batches, samples)
-    result = {"stats": stats.to_json(), "events": events, "worker": rt.name, "start": t0, "end": time.time()}
+        events[-1].share = work_share(ref, len(specs), rt.cfg.train.mini_batches, samples)
+    result = TrainResult(worker=rt.name, start=t0, end=time.time(), events=events, stats=stats)
     member = rt.member
     if member is None or payload.keep_gradient:  # the trainers fetch it at the step
         name = blobnames.gradient(rt.job.job_id, leased.task_id)
         blob = rt.blobs.put(name, on_host(grads))  # served from the host, not from GPU memory
-        result["grad"] = {"addr": rt.blob_addr, "name": name, "digest": blob.digest}
+        result.grad = BlobRef(rt.blob_addr, name, blob.digest)
         return result, None
     return result, lambda: member.add(leased.task_id, grads)
 
@@ -291,15 +291,14 @@ def run_reward(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
     rewards, parts = score_group(rt.reward, decoded, task.prompt, rt.cfg)
     t2 = time.time()
     events = [event(rt, role, "reward", ref, task.version, t1, t2, time.thread_time() - c1)]
-    result = {
-        "rewards": [float(x) for x in rewards],
-        "events": events,
-        "worker": rt.name,
-        "start": t0,
-        "end": t2,
-    }
-    if parts is not None:  # train.multi_reward per_reward or gdpo
-        result["reward_parts"] = parts.tolist()
+    result = RewardResult(
+        worker=rt.name,
+        start=t0,
+        end=t2,
+        events=events,
+        rewards=[float(x) for x in rewards],
+        reward_parts=None if parts is None else parts.tolist(),  # train.multi_reward per_reward or gdpo
+    )
     return result, None
 
 
@@ -317,14 +316,14 @@ def run_eval(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
     events = [event(rt, role, "eval", ref, task.version, t1, t2)]
     if t1 - t0 > 1e-3:
         events.insert(0, event(rt, role, "sync", ref, task.version, t0, t1))
-    result = {
-        "scores": res.scores,
-        "cells": to_png(res.cells),
-        "events": events,
-        "worker": rt.name,
-        "start": t0,
-        "end": t2,
-    }
+    result = EvalChunkResult(
+        worker=rt.name,
+        start=t0,
+        end=t2,
+        events=events,
+        scores={k: [float(x) for x in v] for k, v in res.scores.items()},
+        cells=to_png(res.cells),
+    )
     return result, None
 
 

@@ -44,6 +44,7 @@ from safetensors.torch import load_file
 
 from digen.algos.state import load_version
 from digen.assembly import trained_dtype
+from digen.controlplane.messages import BlobRef, StepAck
 from digen.controlplane.trainer_group import ABORT, COMMIT, StepCommand
 from digen.core import blobnames
 from digen.core.events import Role, TaskRef
@@ -116,8 +117,8 @@ class Member:
     """(version, weights) of an older version served while a staleness-1 rollout may still
     need it (the one the current iteration generated with)."""
     sums: TaskSum = field(default_factory=TaskSum)
-    applied: dict[str, dict] = field(default_factory=dict)
-    """Steps this member applied: id -> its result (acknowledged by the writer)."""
+    applied: dict[str, StepAck] = field(default_factory=dict)
+    """Steps this member applied: id -> its acknowledgement (sent by the writer)."""
     handled: set[tuple[str, int, str]] = field(default_factory=set)
     """(step id, epoch, writer) of the step commands already acted on."""
     pg_epoch: int | None = None
@@ -228,15 +229,21 @@ class Member:
         t3 = time.time()
         ref = TaskRef.parse(f"train:{cmd.iteration}:0")
         optim = event(rt, Role.TRAINER, "optim", ref, cmd.version, t0, t2)
-        optim.update({"reduce_s": t1 - t0, "step_s": t2 - t1, "task": cmd.id})
+        optim.set(reduce_s=t1 - t0, step_s=t2 - t1, task=cmd.id)
         events = [optim, event(rt, Role.TRAINER, "sync", ref, self.store.version, t2, t3)]
-        self.applied = {
-            cmd.id: {"grad_norm": opt["grad_norm"], "version": self.store.version, "events": events}
-        }
+        ack = StepAck(
+            worker=me,
+            start=t0,
+            end=t3,
+            events=events,
+            grad_norm=float(opt["grad_norm"]),
+            version=self.store.version,
+        )
+        self.applied = {cmd.id: ack}
         if cmd.writer == me:
             self.finish(cmd, self.applied[cmd.id])
 
-    def finish(self, cmd: StepCommand, result: dict) -> None:
+    def finish(self, cmd: StepCommand, result: StepAck) -> None:
         """As the step's writer: stage its checkpoint (if asked: the controller puts it in
         place once the iteration's metrics row is written), then acknowledge it."""
         t0 = time.time()
@@ -251,8 +258,8 @@ class Member:
                 message = f"the checkpoint of iteration {cmd.iteration} could not be written: {what}"
                 rt.group.fail_step(cmd.id, message, getattr(exc, "exit_code", 1))
                 return
-        done = {**result, "worker": rt.name, "start": t0, "end": time.time(), "checkpoint": cmd.checkpoint}
-        if not rt.queue.ack(cmd.id, done, worker=rt.name):
+        done = replace(result, worker=rt.name, start=t0, end=time.time(), checkpoint=cmd.checkpoint)
+        if not rt.queue.ack(cmd.id, done.to_json(), worker=rt.name):
             log.info("step %s was already acknowledged", cmd.id)
 
     def ensure_state(self, version: int, restore: str | None, keep_version: int | None) -> None:
@@ -329,7 +336,7 @@ class Member:
         """The step's summed gradient (see the module docstring)."""
         rt = self.rt
         if cmd.exact:
-            return ordered_sum((self._blob(*b[1:]) for b in cmd.blobs), like=self.store.params)
+            return ordered_sum((self._blob(b.blob) for b in cmd.blobs), like=self.store.params)
         held = sorted(cmd.held.get(rt.name, []))
         if sorted(self.sums.tasks) != held:
             raise RuntimeError(
@@ -337,8 +344,8 @@ class Member:
             )
         if cmd.rank(rt.name) == 0:  # gradients of non-members (RAT), added once
             self.sums.like = self.store.params
-            for task_id, *where in cmd.blobs:
-                self.sums.add(task_id, self._blob(*where))
+            for b in cmd.blobs:
+                self.sums.add(b.task, self._blob(b.blob))
         world = len(cmd.members)
         names, like = self.store.names, self.store.params
         if world == 1:
@@ -354,14 +361,14 @@ class Member:
         all_reduce_sum(flat)
         return unflatten(flat.to(self.rt.device), names, like)
 
-    def _blob(self, addr: str, name: str, digest: str = "") -> dict[str, torch.Tensor]:
+    def _blob(self, ref: BlobRef) -> dict[str, torch.Tensor]:
         """A gradient kept as a blob, checked against the digest its task's result published."""
-        if addr == self.rt.blob_addr:
-            own = self.rt.blobs.get(name)
-            if own is None or (digest and own.digest != digest):
-                raise BlobLost(f"{name}: this worker no longer holds it")
+        if ref.addr == self.rt.blob_addr:
+            own = self.rt.blobs.get(ref.name)
+            if own is None or (ref.digest and own.digest != ref.digest):
+                raise BlobLost(f"{ref.name}: this worker no longer holds it")
             return own.tensors
-        return fetch(addr, name, expect=Expect(digest=digest or None))[0]
+        return fetch(ref.addr, ref.name, expect=Expect(digest=ref.digest or None))[0]
 
     def _comm_device(self) -> torch.device:
         """Where the all-reduce's buffer lives: the rank's GPU for NCCL, the host for gloo (on

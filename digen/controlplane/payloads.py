@@ -6,7 +6,10 @@ The controller's dispatcher (:mod:`digen.runtime.dispatch`), its step control
 :mod:`digen.workers.fsdp_loop`, :mod:`digen.workers.sp_loop`) read them back with :meth:`Payload.read`.
 Every byte from Redis is untrusted: a payload that is not a dict of the right fields with
 values of the right kinds raises :class:`~digen.errors.PayloadError` when it is read (the
-task fails there, never deep inside the work).
+task fails there, never deep inside the work). A payload is read as every message is, with
+the one exact reading of :meth:`digen.controlplane.messages.Message.read` (no unknown key, no
+value of another kind); where a group's trajectories are is a
+:class:`~digen.controlplane.messages.BlobRef`, the record the results use for it too.
 
 To add a task kind: a record here, its release in :mod:`digen.runtime.dispatch`, its run in
 :mod:`digen.workers.tasks` (``RUNNERS``).
@@ -15,38 +18,15 @@ To add a task kind: a record here, its release in :mod:`digen.runtime.dispatch`,
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Self
 
-from digen.errors import PayloadError
+from digen.controlplane.messages import BlobRef, Message
 from digen.evaluation import EvalTask
 from digen.records import Record
 from digen.task_records import GroupTask, TrainSpec
 
 
-class Payload(Record):
+class Payload(Message):
     """A task's payload: written with :meth:`to_json`, read back (checked) with :meth:`read`."""
-
-    @classmethod
-    def read(cls, raw: object) -> Self:
-        """The payload in ``raw`` (a task's msgpack-decoded payload); :class:`PayloadError`
-        naming the kind and the fault when it is not one."""
-        if not isinstance(raw, dict):
-            raise PayloadError(f"a {cls.__name__} is a map, got {type(raw).__name__}")
-        try:
-            return cls.from_json(raw)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise PayloadError(f"a {cls.__name__} that does not read: {type(exc).__name__}: {exc}") from None
-
-
-@dataclass(frozen=True)
-class Source(Record):
-    """Where a generated group's trajectories are: the blob server and the blob's name, with
-    the digest and the version the controller counted (the worker checks what it fetched)."""
-
-    addr: str
-    name: str
-    digest: str = ""
-    version: int | None = None
 
 
 @dataclass(frozen=True)
@@ -65,7 +45,7 @@ class RewardPayload(Payload):
     being generated again; the task is re-posted with the new place)."""
 
     task: GroupTask
-    source: Source | None = None
+    source: BlobRef | None = None
 
 
 @dataclass(frozen=True)
@@ -75,7 +55,7 @@ class TrainEntry(Record):
 
     spec: TrainSpec
     prompt: str
-    source: Source | None = None
+    source: BlobRef | None = None
 
 
 @dataclass(frozen=True)
@@ -94,7 +74,7 @@ class TrainPayload(Payload):
     version: int
     prompt: str
     tsp: bool = False
-    source: Source | None = None
+    source: BlobRef | None = None
     batch: tuple[TrainEntry, ...] = ()
     keep_gradient: bool = False
 
@@ -132,7 +112,7 @@ class FsdpStepPayload(StepPayload):
     keep_from: int | None
 
 
-def with_sources(payload: Payload, sources: list[Source | None]) -> Payload:
+def with_sources(payload: Payload, sources: list[BlobRef | None]) -> Payload:
     """``payload`` with its groups' trajectories at ``sources`` (a re-posted reward or train
     task; one source per group, a batched train task's in group order)."""
     if isinstance(payload, RewardPayload):

@@ -38,7 +38,9 @@ run's ``dead_letters.jsonl``), counted in ``P junk_n`` (``digen status`` shows t
 taken out of the way: a junk id is dropped, a task with an unreadable payload or result goes
 to the dead letters. An id on a queue list with no task behind it (no ``P task:<id>``) is
 junk too, quarantined by :meth:`TaskQueue.lease` as it pops it. The controller only ever sees
-valid task ids.
+valid task ids. It reads a result's bytes as they are stored (:meth:`TaskQueue.raw_result`)
+and decodes and checks them as the task's result record (:mod:`digen.controlplane.messages`):
+a result that does not read there is quarantined and its task runs again.
 
 Issued ids. The controller's queue (``issued_only``) remembers every id it put or re-posted
 (:attr:`TaskQueue.issued`); an id on ``done`` or ``dead`` that it never issued, well-formed
@@ -557,6 +559,13 @@ class TaskQueue:
             self._quarantine(f"result:{task_id}", data, why)
             self._kill(args=[self.prefix, task_id, f"PayloadError: {why}"])
             return None
+
+    def raw_result(self, task_id: str) -> bytes | None:
+        """The stored result bytes of ``task_id`` as they are (None: none), for a reader that
+        decodes and checks them itself (the controller: :mod:`digen.controlplane.messages`,
+        which quarantines what does not read and runs the task again)."""
+        data = self.redis.get(self._key("result", task_id))
+        return None if data is None else bytes(data)  # type: ignore[arg-type]
 
     def results(self, prefix: str = "") -> dict[str, bytes | dict[str, Any]]:
         """All stored results whose task id starts with ``prefix``, by task id."""

@@ -47,9 +47,9 @@ import json
 from dataclasses import dataclass, field
 
 from digen.controlplane.jsonkeys import JsonKeys, Rendezvous
+from digen.controlplane.messages import Message, TaskBlob
 from digen.core.events import Role
 from digen.errors import PayloadError
-from digen.records import Record
 
 COMMIT, ABORT = "commit", "abort"
 
@@ -67,10 +67,11 @@ def holds_optimizer(role: Role, mode: str, fsdp: bool) -> bool:
 
 
 @dataclass
-class StepCommand(Record):
+class StepCommand(Message):
     """What the controller asks the trainer group to do for one optimizer step. Written as JSON
-    by the controller (:meth:`dumps`) and read back checked by every member (:meth:`loads`):
-    ``tg:step`` is in Redis, so its bytes are untrusted."""
+    by the controller (:meth:`dumps`) and read back checked by every member (:meth:`loads`,
+    the exact reading of every message: :mod:`digen.controlplane.messages`): ``tg:step`` is in
+    Redis, so its bytes are untrusted."""
 
     id: str
     """The step's task id (``step:<iteration>``, or ``step:<iteration>:<mini-batch>`` with
@@ -85,8 +86,8 @@ class StepCommand(Record):
     """Trained (sample, step) rows summed in the gradient: the mean's divisor."""
     held: dict[str, list[str]] = field(default_factory=dict)
     """allreduce: member -> the train tasks in its running sum (checked before reducing)."""
-    blobs: list[list[str]] = field(default_factory=list)
-    """[task id, blob server address, blob name, digest] of gradients kept as blobs: every task's with
+    blobs: list[TaskBlob] = field(default_factory=list)
+    """The train tasks whose gradients are kept as blobs, and where each is: every task's with
     ``train.reduce: exact`` (then in (group, part) order), else those of non-members (RAT)."""
     exact: bool = False
     writer: str = ""
@@ -116,7 +117,7 @@ class StepCommand(Record):
 
     def tasks(self) -> list[str]:
         """Every train task whose gradient the step sums (in members' sums and in blobs)."""
-        return sorted({t for ts in self.held.values() for t in ts} | {b[0] for b in self.blobs})
+        return sorted({t for ts in self.held.values() for t in ts} | {b.task for b in self.blobs})
 
     def dumps(self) -> str:
         return json.dumps(self.to_json())
@@ -124,20 +125,15 @@ class StepCommand(Record):
     @classmethod
     def loads(cls, raw: bytes | str) -> StepCommand:
         """The command in ``raw``; :class:`PayloadError` naming the fault when it is not one
-        (not JSON, not a map, a field missing or of the wrong kind, a ``blobs`` row that is not
-        [task, address, name, digest], a ``held`` task or writer that is not a member)."""
+        (not JSON, not a map, a key unknown, missing or of the wrong kind, a ``held`` task or
+        writer that is not a member)."""
         try:
             data = json.loads(raw)
-        except (UnicodeDecodeError, ValueError) as exc:
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
             raise PayloadError(f"a step command that is not JSON: {exc}") from None
         if not isinstance(data, dict):
             raise PayloadError(f"a step command is a map, got {type(data).__name__}")
-        try:
-            cmd = cls.from_json(data)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise PayloadError(f"a step command that does not read: {type(exc).__name__}: {exc}") from None
-        if any(len(row) != 4 for row in cmd.blobs):
-            raise PayloadError("a step command's blobs rows are [task, address, name, digest]")
+        cmd = cls.read(data)
         strangers = (set(cmd.held) | ({cmd.writer} - {""})) - set(cmd.members)
         if strangers:
             raise PayloadError(f"a step command names workers that are not its members: {sorted(strangers)}")

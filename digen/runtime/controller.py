@@ -43,6 +43,7 @@ from digen.cluster.node import dask_security
 from digen.cluster.placement import Placement, plan_local
 from digen.config import Config
 from digen.controlplane.jobstate import JobState
+from digen.controlplane.messages import StepAck, result_type
 from digen.controlplane.queue import TaskQueue, is_step_id
 from digen.controlplane.redis_conn import connect, embedded_url, mask_url
 from digen.controlplane.sp_keys import SpGroup
@@ -61,8 +62,9 @@ from digen.core.events import (
     WorkerLeft,
 )
 from digen.core.scheduler import Scheduler, SchedulerConfig
+from digen.core.timeline import TimelineRow
 from digen.core.versions import iterations_behind
-from digen.errors import ConfigError, ConnectionFailure, JobCancelled
+from digen.errors import ConfigError, ConnectionFailure, JobCancelled, PayloadError
 from digen.evaluation import eval_task_count, held_out_prompts
 from digen.iteration import IterationEnd, ProgressFn, finish_iteration, within_iteration
 from digen.rundir import RunDir, checkpoint_advice, finalize_checkpoint
@@ -200,15 +202,15 @@ class Controller:
         return min(needed)
 
     def collect(self, task_id: str) -> list[Instruction]:
-        res = self.queue.get_result(task_id)
+        res = self.results.read(task_id, self.queue.raw_result(task_id))  # junk: quarantined, None
         if is_step_id(task_id):
-            step = self.group.collect(task_id, res)
+            step = self.group.collect(task_id, res if isinstance(res, StepAck) else None)
             if step is None:
                 return []
             return self.end_iteration(step) if step.last_of_iteration else self.mini_batch_done(step)
         events = self.results.collect(task_id, res)
-        if events and isinstance(res, dict):
-            self.members.task_done(res["worker"])
+        if events and res is not None:
+            self.members.task_done(res.worker)
         instructions = self.handle(events)
         self.report_within()
         return instructions
@@ -383,9 +385,20 @@ def in_flight_events(queue: TaskQueue, task_ids: list[str], now: float) -> list[
     for tid, (state, started) in queue.progress(task_ids).items():
         if state == "leased" and started is not None:
             out.append({"kind": "task", "start": started, "end": now})
-        elif state == "done" and isinstance(res := queue.get_result(tid), dict):
-            out += [e for e in res.get("events", []) if e["start"] < now]
+        elif state == "done" and (res := _events_of(tid, queue.raw_result(tid))) is not None:
+            out += [e.to_json() for e in res if e.start < now]
     return out
+
+
+def _events_of(task_id: str, raw: object) -> list[TimelineRow] | None:
+    """The timeline rows of a stored result (None: none, or one that does not read, which
+    :meth:`Controller.collect` quarantines when it comes to it)."""
+    if raw is None:
+        return None
+    try:
+        return result_type(task_id).read(raw).events
+    except PayloadError:
+        return None
 
 
 def preflight(cfg: Config, local: bool, rewards: bool = True) -> Placement | None:

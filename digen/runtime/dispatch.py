@@ -16,15 +16,15 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from digen.controlplane.jobstate import JobState
+from digen.controlplane.messages import BlobRef
 from digen.controlplane.payloads import (
     GenPayload,
     Payload,
     RewardPayload,
-    Source,
     TrainEntry,
     TrainPayload,
     with_sources,
@@ -125,19 +125,19 @@ class Dispatcher:
         led.train_released.setdefault(t.iteration, set()).add(t.id)
         return None
 
-    def source(self, t: TaskRef) -> Source | None:
+    def source(self, t: TaskRef) -> BlobRef | None:
         """Where the trajectories of ``t``'s group are (the worker fetches them from there;
         None: being generated again, the task will be re-posted with it), their digest and the
         version they were generated with (the worker checks what it fetched against both)."""
         return self.group_source(t.iteration, t.group)
 
-    def group_source(self, iteration: int, group: int) -> Source | None:
+    def group_source(self, iteration: int, group: int) -> BlobRef | None:
         """:meth:`source` of one group."""
         b = self.ledger.sources.get(iteration, {}).get(group)
         if b is None:
             return None
         version = self.ledger.gen_versions.get(iteration, {}).get(group)
-        return Source(b.addr, b.name, b.digest or "", None if version is None else int(version))
+        return replace(b, version=None if version is None else int(version))
 
     def put(self, t: TaskRef, queue: str, payload: Payload) -> None:
         """Queue ``t``; one that exists (released again: its input or result was lost) runs anew."""

@@ -16,6 +16,7 @@ from PIL import Image
 
 from digen.config import Config
 from digen.controlplane.jobstate import JobState
+from digen.controlplane.messages import EvalChunkResult
 from digen.controlplane.payloads import EvalPayload
 from digen.core.events import TaskRef
 from digen.evaluation import (
@@ -64,17 +65,16 @@ class Evaluations:
         waits = [eval_version(self.cfg, k) for k in waiting]
         return min([default, *(b.version for b in self.books.values()), *waits])
 
-    def collect(self, ref: TaskRef, res: dict) -> list[dict]:
-        """Count one chunk's result (once); returns the timeline rows of an evaluation that
-        completed with it (empty otherwise), after writing its ``eval.jsonl`` row and grid."""
+    def collect(self, ref: TaskRef, res: EvalChunkResult, events: list[dict]) -> list[dict]:
+        """Count one chunk's result (once) and its timeline rows ``events`` (as written);
+        returns the timeline rows of an evaluation that completed with it (empty otherwise),
+        after writing its ``eval.jsonl`` row and grid."""
         book = self.books.get(ref.iteration)
         if book is None or ref.group in book.results:
             return []
         task = self.plans[ref.iteration][ref.group]
-        scores = {k: [float(x) for x in v] for k, v in res["scores"].items()}
-        cells = from_png(bytes(res["cells"]))
-        book.add(EvalResult(task, cells, scores), float(res["end"]) - float(res["start"]))
-        book.events += res["events"]
+        book.add(EvalResult(task, from_png(res.cells), res.scores), res.end - res.start)
+        book.events += events
         if not book.complete:
             return []
         return self._finish(ref.iteration)

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from digen.controlplane.fsdp_keys import FsdpGroup
 from digen.controlplane.jobstate import JobState
+from digen.controlplane.messages import StepAck
 from digen.controlplane.payloads import FsdpStepPayload
 from digen.controlplane.queue import STEP_QUEUE, DeadLetter, TaskQueue, step_id
 from digen.core import versions
@@ -124,19 +125,19 @@ class FsdpControl:
         self.ledger.outstanding[tid] = (STEP_QUEUE, payload)
         self.queue.put(STEP_QUEUE, tid, payload.to_json())
 
-    def collect(self, task_id: str, res) -> StepResult | None:
+    def collect(self, task_id: str, res: StepAck | None) -> StepResult | None:
         """The leader acknowledged a step command: the next version is served by the ranks."""
-        if task_id not in self.steps or not isinstance(res, dict):
+        if task_id not in self.steps or res is None:
             return None
         asked, payload = self.steps.pop(task_id)
         self.ledger.outstanding.pop(task_id, None)
-        self.version = int(res["version"])
+        self.version = res.version
         return StepResult(
             payload.iteration,
             self.version,
-            {"grad_norm": float(res["grad_norm"])},
-            list(res["events"]),
-            res.get("checkpoint"),
+            {"grad_norm": res.grad_norm},
+            [e.to_json() for e in res.events],
+            res.checkpoint,
             asked,
             payload.mini_batch,
             payload.last_of_iteration,

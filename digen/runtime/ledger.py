@@ -4,7 +4,8 @@ Plain data and small queries, no I/O: the parts of the controller
 (:mod:`~digen.runtime.dispatch` releases tasks, :mod:`~digen.runtime.results` collects them,
 :mod:`~digen.runtime.steps` asks for optimizer steps) read and write one :class:`Ledger`.
 It holds no tensor: a generated group's trajectories and a train task's gradient stay on the
-worker that made them; the ledger says which worker (and, for a blob, its address and name).
+worker that made them; the ledger says which worker (and, for a blob, its
+:class:`~digen.controlplane.messages.BlobRef`).
 """
 
 from __future__ import annotations
@@ -12,22 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from digen.config import Config
+from digen.controlplane.messages import BlobRef
 from digen.controlplane.payloads import Payload
 from digen.core.events import TaskKind, TaskRef
 from digen.core.versions import generation_version
 from digen.iteration import IterationBook
 from digen.task_records import plan_groups
-
-
-@dataclass(frozen=True)
-class Blob:
-    """Where a blob lives: the worker that holds it, its server's address, its name; and its
-    digest (what a consumer checks it against: :mod:`digen.dataplane.blobs`; "" unknown)."""
-
-    worker: str
-    addr: str
-    name: str
-    digest: str = ""
 
 
 @dataclass(frozen=True)
@@ -37,7 +28,7 @@ class Trained:
 
     task: TaskRef
     worker: str
-    blob: Blob | None = None
+    blob: BlobRef | None = None
 
 
 @dataclass
@@ -52,8 +43,9 @@ class Ledger:
     it as ``released`` (:func:`digen.evaluation.eval_interference` reads the waits)."""
     collected: set[str] = field(default_factory=set)
     """Tasks of unfinished iterations whose result (or death) is counted: never twice."""
-    sources: dict[int, dict[int, Blob]] = field(default_factory=dict)
-    """Per iteration, per group: where its generated trajectories are."""
+    sources: dict[int, dict[int, BlobRef]] = field(default_factory=dict)
+    """Per iteration, per group: where its generated trajectories are (``worker`` set: the
+    worker whose result said so)."""
     trained: dict[int, dict[str, Trained]] = field(default_factory=dict)
     """Per iteration: the train tasks that counted and whose gradient is held, by id (until
     their step commits)."""

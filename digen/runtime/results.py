@@ -2,7 +2,9 @@
 
 :class:`Collector` counts each acknowledged task once into the :class:`~digen.runtime.ledger.Ledger`
 (a generation task's rewards and where its trajectories are; a train task's stats and who
-holds its gradient; an ``eval`` chunk's scores and cells) and answers with the scheduler
+holds its gradient; an ``eval`` chunk's scores and cells), each read as its record
+(:mod:`digen.controlplane.messages`): a stored result that does not read is quarantined as
+junk and its task runs again and answers with the scheduler
 events that follow. It also settles what did not come back as planned:
 
 - a task that failed ``schedule.max_attempts`` times (a dead letter): the job fails, or with
@@ -19,15 +21,24 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from digen.controlplane.messages import (
+    EvalChunkResult,
+    GenResult,
+    Result,
+    RewardResult,
+    TrainResult,
+    result_type,
+)
 from digen.controlplane.queue import DeadLetter, TaskQueue, is_step_id
 from digen.core.events import Event, GroupLost, TaskDone, TaskKind, TaskRef, TrainLost
-from digen.errors import DigenError
+from digen.core.timeline import TimelineRow
+from digen.errors import DigenError, PayloadError
 from digen.rundir import RunDir
 from digen.runtime.dispatch import Dispatcher
 from digen.runtime.evals import Evaluations
-from digen.runtime.ledger import Blob, Ledger, Trained
+from digen.runtime.ledger import Ledger, Trained
 from digen.task_records import TrainStats
 
 log = logging.getLogger(__name__)
@@ -47,54 +58,63 @@ class Collector:
     dead_seen: set[str] = field(default_factory=set)
 
     # --- acknowledged -----------------------------------------------------------------------
-    def collect(self, task_id: str, res: dict | bytes | None) -> list[Event]:
-        """Count an acknowledged task's result ``res`` (once); the scheduler events it makes."""
+    def read(self, task_id: str, raw: object) -> Result | None:
+        """The result of ``task_id`` as its record (:func:`~digen.controlplane.messages.result_type`);
+        None when there is none, or
+        when what is stored does not read: junk, quarantined (recorded and counted as the
+        queue's own junk) and, for a task the controller still waits for, run again."""
+        if raw is None:
+            return None
+        try:
+            return result_type(task_id).read(raw)
+        except PayloadError as err:
+            self.queue.quarantine(f"result:{task_id}", raw, f"the stored result of task {task_id}: {err}")
+            queue, payload = self.ledger.outstanding.get(task_id, ("", None))
+            if payload is not None and not is_step_id(task_id):  # a step is applied already: never twice
+                log.warning("task %s runs again: its stored result does not read", task_id)
+                self.queue.repost(queue, task_id, payload.to_json())
+            return None
+
+    def collect(self, task_id: str, res: Result | None) -> list[Event]:
+        """Count an acknowledged task's result ``res`` (read with :meth:`read`; once); the
+        scheduler events it makes."""
         led = self.ledger
         if task_id in led.collected:
             return []
         ref = TaskRef.parse(task_id)
-        if ref.kind is TaskKind.EVAL:
+        if isinstance(res, EvalChunkResult) and ref.kind is TaskKind.EVAL:
             return self.collect_eval(ref, res)
-        if not isinstance(res, dict) or ref.iteration not in led.books:
+        if res is None or ref.iteration not in led.books:
             return []
-        if ref.kind is TaskKind.TRAIN and self.from_a_past_incarnation(task_id, res):
+        if isinstance(res, TrainResult) and self.from_a_past_incarnation(task_id, res):
             return []
         led.collected.add(task_id)
         led.outstanding.pop(task_id, None)
         book = led.books[ref.iteration]
-        led.events += self.stamp(task_id, res["events"])
-        if ref.kind is TaskKind.GEN:
+        led.events += self.stamp(task_id, res.events)
+        if isinstance(res, GenResult):
             if not self.dispatch.reward_tasks:
-                book.add_rewards(ref.group, [float(x) for x in res["rewards"]], res.get("reward_parts"))
-            b = res["blob"]
-            led.sources.setdefault(ref.iteration, {})[ref.group] = Blob(
-                res["worker"], str(b["addr"]), str(b["name"]), str(b.get("digest", ""))
-            )
+                book.add_rewards(ref.group, res.rewards, res.reward_parts)
+            led.sources.setdefault(ref.iteration, {})[ref.group] = replace(res.blob, worker=res.worker)
             led.gen_versions.setdefault(ref.iteration, {})[ref.group] = book.groups[ref.group].version
-            if "cells" in res:
-                led.cells.setdefault(ref.iteration, {})[ref.group] = bytes(res["cells"])
+            if res.cells is not None:
+                led.cells.setdefault(ref.iteration, {})[ref.group] = res.cells
             if (ref.iteration, ref.group) in led.regenerating:
                 led.regenerating.discard((ref.iteration, ref.group))
                 self.dispatch.repost_parked(ref.iteration, ref.group)
-        elif ref.kind is TaskKind.REWARD:
-            book.add_rewards(ref.group, [float(x) for x in res["rewards"]], res.get("reward_parts"))
-        else:
-            grad = res.get("grad")
-            blob = (
-                Blob(res["worker"], str(grad["addr"]), str(grad["name"]), str(grad.get("digest", "")))
-                if isinstance(grad, dict)
-                else None
-            )
-            led.trained.setdefault(ref.iteration, {})[task_id] = Trained(ref, res["worker"], blob)
-            book.stats[(ref.group, ref.part or 0)] = TrainStats.from_json(res["stats"])
-        return [TaskDone(ref, res["worker"], res["start"], res["end"])]
+        elif isinstance(res, RewardResult):
+            book.add_rewards(ref.group, res.rewards, res.reward_parts)
+        elif isinstance(res, TrainResult):
+            blob = None if res.grad is None else replace(res.grad, worker=res.worker)
+            led.trained.setdefault(ref.iteration, {})[task_id] = Trained(ref, res.worker, blob)
+            book.stats[(ref.group, ref.part or 0)] = res.stats
+        return [TaskDone(ref, res.worker, res.start, res.end)]
 
-    def from_a_past_incarnation(self, task_id: str, res: dict) -> bool:
+    def from_a_past_incarnation(self, task_id: str, res: TrainResult) -> bool:
         """A train result acknowledged by a worker process that is gone since (its name is
         back as a new incarnation, which does not hold that gradient): not counted; the task
         runs again (it is still outstanding, the scheduler still waits for it)."""
-        made_by = res.get("incarnation")
-        worker = str(res["worker"])
+        made_by, worker = res.incarnation, res.worker
         if not made_by or self.dispatch.job.incarnations([worker]).get(worker, made_by) == made_by:
             return False
         log.warning(
@@ -105,25 +125,25 @@ class Collector:
             self.queue.repost(queue, task_id, payload.to_json())
         return True
 
-    def stamp(self, task_id: str, events: list[dict]) -> list[dict]:
-        """Mark a collected task's timeline rows with its id (``task``) and release time."""
+    def stamp(self, task_id: str, events: list[TimelineRow]) -> list[dict]:
+        """A collected task's timeline rows as written, marked with its id (``task``) and
+        release time."""
         released = self.ledger.released_at.pop(task_id, None)
         for e in events:
-            e["task"] = task_id
+            e.task = task_id
             if released is not None:
-                e["released"] = released
-        return events
+                e.released = released
+        return [e.to_json() for e in events]
 
-    def collect_eval(self, ref: TaskRef, res) -> list[Event]:
+    def collect_eval(self, ref: TaskRef, res: EvalChunkResult) -> list[Event]:
         """An ``eval`` task's scores and cells; its evaluation's timeline rows are written
         when it completes (an evaluation runs after its iteration's rows are out)."""
-        if not isinstance(res, dict) or self.evals is None or not self.evals.pending(ref):
+        if self.evals is None or not self.evals.pending(ref):
             return []
         self.ledger.collected.add(ref.id)
         self.ledger.outstanding.pop(ref.id, None)
-        self.stamp(ref.id, res["events"])
-        self.run.append("timeline.jsonl", self.evals.collect(ref, res))
-        return [TaskDone(ref, res["worker"], res["start"], res["end"])]
+        self.run.append("timeline.jsonl", self.evals.collect(ref, res, self.stamp(ref.id, res.events)))
+        return [TaskDone(ref, res.worker, res.start, res.end)]
 
     # --- parked and lost --------------------------------------------------------------------
     def parked(self, task_id: str, why: str, now: float) -> list[Event]:

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from digen.config import Config
+from digen.controlplane.messages import StepAck, TaskBlob
 from digen.controlplane.payloads import StepPayload
 from digen.controlplane.queue import STEP_QUEUE, DeadLetter, TaskQueue, step_id
 from digen.controlplane.trainer_group import ABORT, COMMIT, StepCommand, TrainerGroup
@@ -101,7 +102,7 @@ class StepGroup(Protocol):
         for a member to be there (the controller asks again at its next look)."""
         ...
 
-    def collect(self, task_id: str, res: object) -> StepResult | None:
+    def collect(self, task_id: str, res: StepAck | None) -> StepResult | None:
         """The acknowledged step command ``task_id`` (None: not one this group waits for)."""
         ...
 
@@ -207,7 +208,7 @@ class StepControl:
         rows = sum(book.stats[(t.task.group, t.task.part or 0)].rows for t in trained.values())
         exact = self.cfg.train.exact_sum
         order = sorted(trained.values(), key=lambda t: (t.task.group, t.task.part or 0))
-        blobs = [[t.task.id, t.blob.addr, t.blob.name, t.blob.digest] for t in order if t.blob is not None]
+        blobs = [TaskBlob(t.task.id, t.blob) for t in order if t.blob is not None]
         held: dict[str, list[str]] = {}
         for t in order:
             if t.blob is None:
@@ -378,15 +379,15 @@ class StepControl:
         )
 
     # --- done -------------------------------------------------------------------------------
-    def collect(self, task_id: str, res) -> StepResult | None:
+    def collect(self, task_id: str, res: StepAck | None) -> StepResult | None:
         """The writer acknowledged the step: the new version is in place on every member."""
         cmd = self.inflight
-        if cmd is None or cmd.id != task_id or not isinstance(res, dict):
+        if cmd is None or cmd.id != task_id or res is None:
             return None
         self.inflight = None
         self.failed_aborts.pop(task_id, None)
         self.ledger.outstanding.pop(task_id, None)
-        self.version = int(res["version"])
+        self.version = res.version
         # the mini-batch's gradients are in the state now: nothing of it can be lost any more
         book = self.ledger.books[cmd.iteration]
         done = self.ledger.trained.get(cmd.iteration, {})
@@ -399,9 +400,9 @@ class StepControl:
         return StepResult(
             cmd.iteration,
             self.version,
-            {"grad_norm": float(res["grad_norm"])},
-            list(res.get("events", [])),
-            res.get("checkpoint"),
+            {"grad_norm": res.grad_norm},
+            [e.to_json() for e in res.events],
+            res.checkpoint,
             self.asked,
             cmd.mini_batch,
             cmd.last_of_iteration,

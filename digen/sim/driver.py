@@ -56,6 +56,7 @@ from digen.core.events import (
 )
 from digen.core.policy import pull_order
 from digen.core.scheduler import Scheduler, SchedulerConfig
+from digen.core.timeline import TimelineRow
 from digen.errors import ConfigError, DigenError
 from digen.sim.costmodel import GPUS_PER_NODE, CostModel, SimWorker
 from digen.sim.dataplane import DataPlaneSeconds
@@ -537,33 +538,12 @@ def _rows(sim: _Sim) -> list[dict]:
     out = []
     for idx, kind, it, version, s, e, part in sim.rows:
         if idx < 0:
-            row = {
-                "worker": "controller",
-                "gpu_type": "cpu",
-                "role": "controller",
-                "kind": kind,
-                "iteration": it,
-                "version": version,
-                "start": s,
-                "end": e,
-                "gpus": 0,
-            }
+            row = TimelineRow("controller", "cpu", "controller", kind, it, version, s, e, gpus=0)
         else:
             w = names[idx]
-            row = {
-                "worker": w.name,
-                "gpu_type": w.gpu_type,
-                "role": roles[w.name],
-                "kind": kind,
-                "iteration": it,
-                "version": version,
-                "start": s,
-                "end": e,
-                "gpus": w.gpus,
-            }
-        if part:
-            row["part"] = part
-        out.append(row)
+            row = TimelineRow(w.name, w.gpu_type, roles[w.name], kind, it, version, s, e, gpus=w.gpus)
+        row.part = part or None
+        out.append(row.to_json())
     return out
 
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from digen.core.events import Role
+from digen.core.timeline import TimelineRow
 from digen.errors import ConfigError
 from digen.sim.costmodel import (
     GPUS_PER_NODE,
@@ -225,20 +226,12 @@ def simulate_peer(cost: CostModel, recipe: PeerRecipe, *, iterations: int, warmu
                 if p is None:
                     continue
                 longest = max(longest, p.seconds)
-                row = {
-                    "worker": worker,
-                    "gpu_type": gpu.name,
-                    "role": Role.COLOCATED.value,
-                    "kind": p.kind,
-                    "iteration": it,
-                    "version": it,
-                    "start": t,
-                    "end": t + p.seconds,
-                    "gpus": degree,
-                }
+                row = TimelineRow(
+                    worker, gpu.name, Role.COLOCATED.value, p.kind, it, it, t, t + p.seconds, gpus=degree
+                )
                 if p.kind == "sync" or p.name in ("old log-prob", "reference forward"):
-                    row["part"] = p.name
-                rows.append(row)
+                    row.part = p.name
+                rows.append(row.to_json())
             t += longest  # a collective ends every phase
         step_ends.append(t)
     res = SimResult(
@@ -359,17 +352,4 @@ def simulate_async_peer(cost: CostModel, recipe: PeerRecipe, *, iterations: int,
 
 
 def _row(worker: str, gpu: str, role: Role, kind: str, it: int, start: float, end: float, part: str) -> dict:
-    row = {
-        "worker": worker,
-        "gpu_type": gpu,
-        "role": role.value,
-        "kind": kind,
-        "iteration": it,
-        "version": it,
-        "start": start,
-        "end": end,
-        "gpus": 1,
-    }
-    if part:
-        row["part"] = part
-    return row
+    return TimelineRow(worker, gpu, role.value, kind, it, it, start, end, gpus=1, part=part or None).to_json()

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 
 from digen.controlplane.codec import pack, unpack
+from digen.controlplane.messages import BlobRef
 from digen.controlplane.payloads import (
     EvalPayload,
     FsdpStepPayload,
     GenPayload,
     RewardPayload,
-    Source,
     StepPayload,
     TrainEntry,
     TrainPayload,
@@ -26,7 +26,7 @@ SPEC = TrainSpec(
     iteration=2, group=1, gen_version=2, samples=[0, 1], sample_ids=[4, 5], advantages=[1.0, -1.0]
 )
 SPEC2 = TrainSpec(iteration=2, group=2, gen_version=2, samples=[1], sample_ids=[9], advantages=[0.5])
-SOURCE = Source("127.0.0.1:9000", "j:traj:gen:2:1", "abc", 2)
+SOURCE = BlobRef("127.0.0.1:9000", "j:traj:gen:2:1", "abc", 2)
 
 
 def eval_task() -> EvalTask:
@@ -84,7 +84,7 @@ def test_a_train_payload_with_a_bad_source_is_refused():
 
 def test_defaults_may_be_absent_and_a_repost_moves_the_sources():
     assert GenPayload.read({"task": GROUP.to_json()}) == GenPayload(GROUP)
-    moved, other = Source("127.0.0.1:9001", "j:traj:gen:2:1"), Source("127.0.0.1:9002", "j:traj:gen:2:2")
+    moved, other = BlobRef("127.0.0.1:9001", "j:traj:gen:2:1"), BlobRef("127.0.0.1:9002", "j:traj:gen:2:2")
     assert with_sources(TrainPayload(SPEC, 5, "p", source=SOURCE), [moved]).source == moved
     batched = TrainPayload(SPEC, 5, "p", source=SOURCE, batch=(TrainEntry(SPEC2, "q", None),))
     reposted = with_sources(batched, [moved, other])

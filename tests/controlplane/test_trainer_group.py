@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from digen.controlplane.messages import BlobRef, TaskBlob
 from digen.controlplane.queue import TaskQueue, quarantined_count
 from digen.controlplane.trainer_group import StepCommand, TrainerGroup
 from digen.errors import PayloadError
@@ -21,7 +22,7 @@ FULL = StepCommand(
     5,
     32,
     held={"trainer-0": ["train:3:0"], "trainer-1": ["train:3:1"]},
-    blobs=[["train:3:2", "127.0.0.1:9001", "j:grad:train:3:2", "ab12"]],
+    blobs=[TaskBlob("train:3:2", BlobRef("127.0.0.1:9001", "j:grad:train:3:2", "ab12"))],
     exact=True,
     writer="trainer-0",
     checkpoint="/runs/x/checkpoints/iter_0003",
@@ -57,12 +58,18 @@ def with_(**changes) -> dict:
     [
         (b"\x80\x04\x95junk", "not JSON"),
         (b"[1, 2, 3]", "is a map, got list"),
-        (json.dumps({k: v for k, v in good().items() if k != "members"}), "KeyError"),
-        (json.dumps(with_(version="five")), "ValueError"),
+        (json.dumps({k: v for k, v in good().items() if k != "members"}), "missing key.*members"),
+        (json.dumps(with_(version="five")), "version: expected an integer, got str"),
+        (json.dumps(with_(version=5.5)), "version: expected an integer, got float"),
+        (json.dumps(with_(rows=True)), "rows: expected an integer, got bool"),
+        (json.dumps(with_(stray=1)), "unknown key.*'stray'"),
+        (json.dumps(with_(id="x" * (2 << 20))), "more than the limit"),
+        ("[" * 100_000 + "]" * 100_000, "not JSON"),
         (json.dumps(with_(exact="yes")), "expected true or false"),
         (json.dumps(with_(held={"trainer-0": "train:3:0"})), "expected a list, got str"),
         (json.dumps(with_(held=[["trainer-0", ["train:3:0"]]])), "expected a map, got list"),
-        (json.dumps(with_(blobs=[["train:3:2", "127.0.0.1:9001"]])), "rows are"),
+        (json.dumps(with_(blobs=[["train:3:2", "127.0.0.1:9001"]])), "blobs\\[0\\]: expected a map"),
+        (json.dumps(with_(blobs=[{"task": "train:3:2", "blob": {"addr": "a"}}])), "missing key.*name"),
         (json.dumps(with_(held={"mallory": ["train:3:0"]})), "not its members"),
         (json.dumps(with_(writer="mallory")), "not its members"),
     ],

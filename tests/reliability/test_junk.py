@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import pickle
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,13 @@ from typer.testing import CliRunner
 from digen.cli.main import app
 from digen.controlplane.queue import TaskQueue
 from digen.core.events import TaskRef
-from tests.reliability.conftest import assert_equals_reference, assert_exactly_once, fault_config, run_job
+from tests.reliability.conftest import (
+    assert_equals_reference,
+    assert_exactly_once,
+    fault_config,
+    run_job,
+    timeline,
+)
 
 JUNK = [b"\xff\xfe\x00 not utf-8", b"not-a-task", b"gen:x:y", b"gen:0:0:7", pickle.dumps({"a": 1})]
 
@@ -144,6 +151,57 @@ def test_a_job_goes_on_with_junk_pushed_into_every_list(on_poison, tiny_sd3: Pat
     assert {x["from"].removeprefix(f"digen:{job_id}:") for x in rows} >= {"done", "dead"}
     never = {x["junk"] for x in rows if "was never issued by this job's controller" in x["reason"]}
     assert never >= {"b'train:0:98'", "b'gen:0:97'", "b'train:0:99'"}  # the last: dead at once, then junk
+
+
+@pytest.mark.slow
+def test_results_that_do_not_read_are_quarantined_and_their_tasks_run_again(
+    tiny_sd3: Path, reference: Path, tmp_path
+):
+    """Junk stored as the results of a generation and a train task of a running job (written
+    before their workers acknowledge, so the junk is what the controller reads): each is
+    quarantined and counted, its task runs again, and the job trains as a fault-free run
+    would. Before the results were read as records this was a KeyError in the controller."""
+    from digen.controlplane.codec import pack
+    from digen.controlplane.redis_conn import connect
+    from digen.testing.faults import Fault
+
+    cfg = fault_config(
+        tiny_sd3,
+        schedule={"mode": "disaggregated", "gap": True, "max_staleness": 0},
+        cluster__local={"rollout_workers": 1, "trainer_workers": 1},
+    )
+    out, job_id = tmp_path / "run", "junk-results"
+    junk = {"gen:1:0": pack({"rewards": "lots", "worker": 7}), "train:1:1": b"\xc1 not msgpack"}
+    r = connect(None)
+    pushed: list[int] = []
+
+    def write_junk(m: dict) -> None:  # after iteration 0's row; both tasks wait at their ack
+        if "event" in m or pushed:
+            return
+        for task_id, raw in junk.items():
+            r.set(f"digen:{job_id}:result:{task_id}", raw)
+        r.sadd(f"digen:faults:{job_id}:flags", "junk-in")
+        pushed.append(1)
+
+    fired = run_job(
+        cfg,
+        out,
+        job_id,
+        *(Fault("ack", "hold", task=t, flag="junk-in", seconds=120) for t in junk),
+        progress=write_junk,
+    )
+    assert sorted(f["task"] for f in fired if f["action"] == "hold") == sorted(junk)
+    assert_exactly_once(out)
+    assert_equals_reference(out, reference)
+    rows = [json.loads(x) for x in (out / "dead_letters.jsonl").read_text().splitlines()]
+    got = {x["from"].removeprefix(f"digen:{job_id}:"): x["reason"] for x in rows}
+    assert len(rows) == 2 and set(got) == {"result:gen:1:0", "result:train:1:1"}  # each counted once
+    assert "a GenResult that does not read" in got["result:gen:1:0"]
+    assert "not a msgpack payload" in got["result:train:1:1"]
+    r.close()
+    # each task ran twice (the junk's run and the counted one); its rows are the counted run's
+    tasks = Counter(e["task"] for e in timeline(out) if e["kind"] in ("gen", "train"))
+    assert tasks["gen:1:0"] == 1 and tasks["train:1:1"] == 1
 
 
 def test_digen_status_shows_the_count(tiny_sd3: Path, tmp_path: Path, monkeypatch):

@@ -9,7 +9,9 @@ from dataclasses import dataclass
 
 import pytest
 
+from digen.controlplane.messages import BlobRef, GenResult
 from digen.controlplane.queue import TaskQueue
+from digen.core.timeline import TimelineRow
 from digen.iteration import busy_seconds, timing_metrics
 from digen.runtime.controller import in_flight_events
 
@@ -41,6 +43,9 @@ def test_a_task_straddling_the_boundary_counts_in_both_windows():
     assert busy_seconds([e for e in TIMELINE if e["iteration"] == 0], 0, 10) == 9
 
 
+DONE = [("gen", 100.0, 101.5), ("sync", 99.5, 100.0)]
+
+
 def test_tasks_in_flight_at_the_window_end_count_up_to_it(redis_client):
     queue = TaskQueue(redis_client, "timing", lease_s=30)
     ids = ["gen:1:0", "gen:1:1", "gen:1:2"]
@@ -51,8 +56,10 @@ def test_tasks_in_flight_at_the_window_end_count_up_to_it(redis_client):
     after = time.time()
     finished = queue.lease(["gen"], "rollout-1")
     assert running is not None and finished is not None
-    done_events = [ev("rollout-1", "gen", 1, 100.0, 101.5), ev("rollout-1", "sync", 1, 99.5, 100.0)]
-    assert queue.ack(finished.task_id, {"events": done_events}, worker="rollout-1")
+    rows = [TimelineRow("rollout-1", "cpu", "rollout", k, 1, 0, s, e) for k, s, e in DONE]
+    res = GenResult(worker="rollout-1", start=99.5, end=101.5, events=rows, blob=BlobRef("a:1", "t"))
+    assert queue.ack(finished.task_id, res.to_json(), worker="rollout-1")
+    done_events = [r.to_json() for r in rows]
     # ids[2] is still pending: it has not run
 
     now = after + 5.0

@@ -9,11 +9,12 @@ from pathlib import Path
 
 from digen.config import Config
 from digen.controlplane.jobstate import JobState
+from digen.controlplane.messages import BlobRef
 from digen.controlplane.queue import DeadLetter, TaskQueue
 from digen.core.events import GroupLost
 from digen.rundir import RunDir
 from digen.runtime.dispatch import Dispatcher
-from digen.runtime.ledger import Blob, Ledger
+from digen.runtime.ledger import Ledger
 from digen.runtime.results import Collector
 from tests.conftest import small_config_data
 
@@ -31,7 +32,7 @@ def make_collector(redis_client, tmp_path: Path) -> Collector:
     book = led.book(2)
     for g in range(2):
         book.add_rewards(g, [0.1 * g, 0.2, 0.3, 0.4 + g])
-        led.sources.setdefault(2, {})[g] = Blob("rollout-0", "127.0.0.1:9000", f"j:traj:gen:2:{g}")
+        led.sources.setdefault(2, {})[g] = BlobRef("127.0.0.1:9000", f"j:traj:gen:2:{g}", worker="rollout-0")
     queue = TaskQueue(redis_client, "lost")
     return Collector(
         led, queue, RunDir(tmp_path / "run", cfg), Dispatcher(led, queue, JobState(redis_client, "lost"))

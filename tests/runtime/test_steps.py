@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 
 from digen.config import Config
+from digen.controlplane.messages import BlobRef
 from digen.controlplane.payloads import TrainPayload
 from digen.controlplane.queue import TaskQueue
 from digen.controlplane.trainer_group import ABORT, StepCommand, TrainerGroup
 from digen.core.events import TaskRef
 from digen.errors import DigenError
 from digen.rundir import RunDir
-from digen.runtime.ledger import Blob, Ledger, Trained
+from digen.runtime.ledger import Ledger, Trained
 from digen.runtime.steps import StepControl
 from digen.task_records import TrainSpec, TrainStats
 from tests.conftest import small_config_data
@@ -42,7 +43,7 @@ def make_steps(redis_client, tmp_path: Path, reduce: str) -> StepControl:
 def collect(steps: StepControl, task_id: str, worker: str, blob: bool) -> None:
     """What the collector records for an acknowledged train task."""
     ref = TaskRef.parse(task_id)
-    held = Blob(worker, f"127.0.0.1:{9000 + ref.group}", f"steps:grad:{task_id}") if blob else None
+    held = BlobRef(f"127.0.0.1:{9000 + ref.group}", f"steps:grad:{task_id}", worker=worker) if blob else None
     steps.ledger.trained.setdefault(1, {})[task_id] = Trained(ref, worker, held)
     steps.ledger.books[1].stats[(ref.group, 0)] = TrainStats(rows=8)
 
@@ -66,7 +67,7 @@ def test_a_command_lists_every_held_task_and_divides_by_their_rows(redis_client,
     assert steps.request(1, MEMBERS, 0, FIRST)
     cmd = steps.group.step()
     assert cmd is not None and cmd.tasks() == TASKS and cmd.rows == 16
-    assert cmd.held == {"trainer-0": ["train:1:0"]} and [b[0] for b in cmd.blobs] == ["train:1:1"]
+    assert cmd.held == {"trainer-0": ["train:1:0"]} and [b.task for b in cmd.blobs] == ["train:1:1"]
     assert cmd.incarnations == FIRST
     with pytest.raises(DigenError, match="in flight"):  # never a second command over the first
         steps.request(1, MEMBERS, 0, FIRST)
@@ -165,8 +166,11 @@ def test_a_train_result_of_a_worker_process_gone_since_is_not_counted_and_runs_a
         "start": 0.0,
         "end": 1.0,
     }
-    assert collector.collect("train:1:1", res) == []
+    assert collector.collect("train:1:1", collector.read("train:1:1", res)) == []
     assert "train:1:1" not in led.trained.get(1, {}) and "train:1:1" not in led.collected
     assert queue.state("train:1:1") == "pending"  # queued to run again
-    assert [e.task.id for e in collector.collect("train:1:1", {**res, "incarnation": "b2"})] == ["train:1:1"]
+    assert [
+        e.task.id
+        for e in collector.collect("train:1:1", collector.read("train:1:1", {**res, "incarnation": "b2"}))
+    ] == ["train:1:1"]
     assert "train:1:1" in led.trained[1]

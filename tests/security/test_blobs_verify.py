@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from digen.controlplane.payloads import Source
+from digen.controlplane.messages import BlobRef
 from digen.core import blobnames
 from digen.dataplane.auth import keyring, new_key, proof_mac
 from digen.dataplane.blobs import Blob, BlobLost, BlobMismatch, BlobStore, Expect, fetch
@@ -40,10 +40,10 @@ def trajectories(seed: int) -> dict[str, torch.Tensor]:
     return {"latents": torch.randn(2, 3, 8, generator=g), "log_probs": torch.randn(2, 3, generator=g)}
 
 
-def train_task(addr: str, digest: str, version: int) -> tuple[SimpleNamespace, Source]:
+def train_task(addr: str, digest: str, version: int) -> tuple[SimpleNamespace, BlobRef]:
     """A leased train task and its payload's source as the controller posts them: where its
     group is, its digest, its version."""
-    return SimpleNamespace(task_id="train:1:0"), Source(addr, TRAJ, digest, version)
+    return SimpleNamespace(task_id="train:1:0"), BlobRef(addr, TRAJ, digest, version)
 
 
 def consumer(addr: str = "") -> SimpleNamespace:

@@ -122,20 +122,24 @@ def test_a_worker_refuses_a_batch_that_is_not_the_tasks_own_consecutive_groups()
 
     def entry(it, g):
         spec = TrainSpec(it, g, 0, [0], [4 * g], [1.0]).to_json()
-        return {"spec": spec, "prompt": "p", "source": None, "version": 0}
+        return {"spec": spec, "prompt": "p", "source": None}
+
+    def task(it, g, **more):  # the payload: its first group's entry and the version it trains
+        return {**entry(it, g), "version": 0, **more}
 
     def groups(task_id, raw):
         return [e.spec.group for e in batch_specs(task_id, TrainPayload.read(raw))]
 
-    ok = {**entry(3, 2), "batch": [entry(3, 3), entry(3, 4)]}
+    ok = task(3, 2, batch=[entry(3, 3), entry(3, 4)])
     assert groups("train:3:2", ok) == [2, 3, 4]
-    assert groups("train:3:2:1", entry(3, 2)) == [2]  # unbatched: as before
+    assert groups("train:3:2:1", task(3, 2)) == [2]  # unbatched: as before
     for bad in (
-        {**entry(3, 2), "batch": [entry(3, 4)]},  # a gap
-        {**entry(3, 2), "batch": [entry(2, 3)]},  # another iteration
-        {**entry(3, 1), "batch": [entry(3, 2)]},  # not named by its first group
-        {**entry(3, 2), "batch": "nope"},
-        {**entry(3, 2), "batch": [{"spec": entry(3, 3)["spec"]}]},  # no prompt
+        task(3, 2, batch=[entry(3, 4)]),  # a gap
+        task(3, 2, batch=[entry(2, 3)]),  # another iteration
+        task(3, 1, batch=[entry(3, 2)]),  # not named by its first group
+        task(3, 2, batch="nope"),
+        task(3, 2, batch=[{"spec": entry(3, 3)["spec"]}]),  # no prompt
+        task(3, 2, batch=[{**entry(3, 3), "version": 0}]),  # a key an entry does not have
     ):
         with pytest.raises(PayloadError):  # the payload does not read, or names other groups
             groups("train:3:2", bad)
