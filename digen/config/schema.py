@@ -710,7 +710,13 @@ class EvalConfig(_Section):
     reward of ``reward`` separately (``RUN_DIR/eval.jsonl``, ``RUN_DIR/eval/iter_NNNN.png``)."""
 
     every: int = Field(0, ge=0, le=MAX_ITERATIONS)
-    """Evaluate after every N iterations and after the last one (0: never)."""
+    """Evaluate after every N iterations and after the last one (0: never, the default).
+    Off by default because a run names its held-out set only when it has one: a plain
+    ``prompts.file`` (the quickstart's ten digit prompts) has no test split, and evaluating on
+    the training prompts would show the training reward again, at the cost of the extra ODE
+    samples. The peers' recipes evaluate periodically on their test split, and so do their
+    imports (``digen import``: Flow-GRPO's ``eval_freq``, default 20; Flow-Factory's, 10);
+    a run with ``prompts.test_file`` or a dataset with a test split sets ``eval.every``."""
     num_prompts: int = Field(0, ge=0, le=MAX_ITERATIONS)
     """The first N test prompts (0: all of them)."""
     seed: int = 0

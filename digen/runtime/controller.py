@@ -93,6 +93,9 @@ INTERRUPT_WAIT_S = 3.0
 """After a Ctrl-C, how long the controller waits, in all, for the worker loops to return
 (each drops its task between denoising steps, or after the task in hand) before it closes the
 cluster, which ends those still busy: the job stops within a few seconds."""
+LOOP_WAIT_S = 30.0
+"""At the end of a job that was not interrupted, how long the controller waits for each worker
+loop to return (a loop returns within the task in hand)."""
 
 
 @dataclass
@@ -658,13 +661,20 @@ def run_distributed(
         raise
     finally:
         # the loops return within a task; on Ctrl-C closing the cluster ends any still busy
-        deadline = time.time() + (INTERRUPT_WAIT_S if interrupted else math.inf)
-        for fut in members.loops.values():
-            try:
-                wait = 1 if redis_down else 30
-                fut.result(timeout=max(0.0, min(wait, deadline - time.time())))
-            except Exception:  # noqa: BLE001 - a loop's error was already logged by it
-                pass
+        returned, busy = await_loops(
+            list(members.loops.values()),
+            per_loop_s=1 if redis_down else LOOP_WAIT_S,
+            total_s=INTERRUPT_WAIT_S if interrupted else math.inf,
+        )
+        if interrupted:  # how the job stopped: its loops answered the stop, or the deadline passed
+            log.info(
+                "interrupted: %d of %d worker loops returned, %d still busy after the %.1f s "
+                "wait were ended with the cluster",
+                returned,
+                returned + busy,
+                busy,
+                INTERRUPT_WAIT_S,
+            )
         if client is not None:
             client.close()
         if starting is not None:
@@ -673,6 +683,26 @@ def run_distributed(
             queue.clear()  # every key of the job (its blob key too), from an external Redis as well
         restore_sigterm()
     return run.write_summary(cfg.schedule.mode)
+
+
+def await_loops(loops: list, per_loop_s: float, total_s: float) -> tuple[int, int]:
+    """Wait for the worker loops' futures to finish: at most ``per_loop_s`` on each and
+    ``total_s`` on all together (after a Ctrl-C, :data:`INTERRUPT_WAIT_S`: a loop that does not
+    answer the stop is ended with the cluster, never waited on loop after loop). Returns how
+    many finished (a loop that raised finished: its error was logged by it) and how many were
+    still busy when their wait ran out."""
+    deadline = time.monotonic() + total_s
+    returned = busy = 0
+    for fut in loops:
+        try:
+            fut.result(timeout=max(0.0, min(per_loop_s, deadline - time.monotonic())))
+        except TimeoutError:
+            busy += 1
+            continue
+        except Exception:  # noqa: BLE001 - a loop's error was already logged by it
+            pass
+        returned += 1
+    return returned, busy
 
 
 def _sigterm_stops(job_id: str, run: RunDir) -> Callable[[], None]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 from pathlib import Path
@@ -39,7 +40,8 @@ def test_ctrl_c_stops_the_job_with_one_line_naming_the_checkpoint_and_the_resume
     exits 130 with one line on stderr, ``interrupted; the last checkpoint is ...: continue with
     digen train CONFIG --out RUN --set ... --resume``, naming the newest intact checkpoint, and
     no ``Traceback``/``KeyboardInterrupt`` from the workers; every process of its session ends.
-    The timeout below is a hang guard only (the controller waited 30 s per worker loop)."""
+    The controller's log says every worker loop returned on the stop (none waited out); the
+    timeout below is a hang guard only (the controller waited 30 s per worker loop)."""
     from digen.rundir import latest_intact_checkpoint
 
     data = small_config_data(tiny_sd3, iterations=60, schedule={"mode": "digen"})
@@ -84,3 +86,10 @@ def test_ctrl_c_stops_the_job_with_one_line_naming_the_checkpoint_and_the_resume
     wait_for(lambda: not _session(proc.pid), 60, "every process of the interrupted run to end")
     log = (out / "digen.log").read_text()
     assert lines[0] in log  # the run's log says how it ended, too
+    # how it stopped: every worker loop answered the stop (none was left to the INTERRUPT_WAIT_S
+    # deadline, as when the workers died of the SIGINT and the controller waited on loops that
+    # never answered); the wait is bounded all the same (tests/runtime/test_controller.py)
+    stopped = re.findall(r"interrupted: (\d+) of (\d+) worker loops returned, (\d+) still busy", log)
+    assert len(stopped) == 1, log
+    returned, loops, busy = map(int, stopped[0])
+    assert returned == loops == 2 and busy == 0, stopped  # the rollout and the trainer worker

@@ -4,7 +4,9 @@ tasks still running at the window's end count up to it (real embedded Redis)."""
 
 from __future__ import annotations
 
+import math
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import pytest
@@ -113,3 +115,37 @@ def test_what_start_up_events_ask_is_applied_not_dropped(redis_client):
     ctl.apply = lambda instructions: Controller.apply(ctl, instructions)  # type: ignore[arg-type]
     Controller.take(ctl, [WorkerLeft("rollout-1", 0.0)])  # type: ignore[arg-type]
     assert queue.state("gen:0:0") == "pending"
+
+
+class _Loop(Future):
+    """A worker loop's future as the controller sees it (``result(timeout=...)``), recording
+    every wait asked of it; one that never finishes is a loop still busy with a task."""
+
+    def __init__(self, done: bool):
+        super().__init__()
+        self.waits: list[float] = []
+        if done:
+            self.set_result({"tasks": 1})
+
+    def result(self, timeout=None):
+        self.waits.append(timeout)
+        return super().result(timeout=timeout)
+
+
+def test_after_a_ctrl_c_the_loops_are_waited_on_for_interrupt_wait_s_in_all():
+    """After a Ctrl-C the controller waits for the worker loops :data:`INTERRUPT_WAIT_S` in
+    all (a few seconds, so the job stops well within 5 s), then ends those still busy with the
+    cluster; it used to wait 30 s on each loop, one after another (60 s with two workers that
+    never answered). Decided by the waits asked of the futures, not by a clock."""
+    from digen.runtime.controller import INTERRUPT_WAIT_S, LOOP_WAIT_S, await_loops
+
+    assert INTERRUPT_WAIT_S <= 3.0 < LOOP_WAIT_S
+    loops = [_Loop(done=False), _Loop(done=True), _Loop(done=False)]
+    total = 0.2  # INTERRUPT_WAIT_S's role, short so the test does not sleep 3 s
+    assert await_loops(loops, per_loop_s=LOOP_WAIT_S, total_s=total) == (1, 2)
+    waits = [w for fut in loops for w in fut.waits]
+    assert len(waits) == 3 and sum(waits) <= total, waits
+    # a job that was not interrupted waits for each loop up to LOOP_WAIT_S, as before
+    ended = [_Loop(done=True), _Loop(done=True)]
+    assert await_loops(ended, per_loop_s=LOOP_WAIT_S, total_s=math.inf) == (2, 0)
+    assert [w for fut in ended for w in fut.waits] == [LOOP_WAIT_S, LOOP_WAIT_S]

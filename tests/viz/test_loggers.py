@@ -140,3 +140,40 @@ def test_a_runs_sample_grids_reach_tensorboard(tiny_sd3, tmp_path):
         got = np.asarray(Image.open(io.BytesIO(e.encoded_image_string)).convert("RGB"))
         drawn = np.asarray(Image.open(out / "samples" / f"iter_{e.step:04d}.png").convert("RGB"))
         assert np.array_equal(got, drawn)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb is not installed")
+def test_wandb_offline_run_holds_the_sample_and_eval_grids_as_images(tmp_path, monkeypatch):
+    """The real wandb, offline (no network): each grid a row drew is in the run's media under
+    its key, pixel for pixel and in the order logged, read back from the files the offline run
+    writes (``files/media/images/<key>_<n>_<hash>.png``, wandb's naming: ``n`` counts its log
+    calls, not the iteration, which is only in the run's binary history)."""
+    import numpy as np
+    from PIL import Image
+
+    from digen.engine import grid_images
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    out = tmp_path / "run"
+    (out / "samples").mkdir(parents=True)
+    (out / "eval").mkdir()
+    gen = np.random.default_rng(0)
+    drawn = {}
+    for where, k in (("samples", 0), ("samples", 2), ("eval", 2)):
+        pixels = gen.integers(0, 256, (20, 30, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(out / where / f"iter_{k:04d}.png")
+        drawn[(where, k)] = pixels
+    logger = make_loggers(_cfg(wandb=True), out)
+    for r in metrics_rows(3):  # iteration 1 drew no grid
+        logger.log(r, r["iteration"], images=grid_images(out, r["iteration"]))
+    logger.log({"eval/reward_mean": 0.5}, 2, images=grid_images(out, 2, evaluation=True))
+    logger.close()
+    (run,) = (out / "wandb").glob("offline-run-*")
+    media = run / "files" / "media" / "images"
+    for where, steps in (("samples", [0, 2]), ("eval", [2])):
+        files = sorted(media.glob(f"{where}/grid_*.png"), key=lambda p: int(p.name.split("_")[1]))
+        assert len(files) == len(steps), files  # one image per grid drawn, in the order logged
+        for p, k in zip(files, steps, strict=True):
+            got = np.asarray(Image.open(p).convert("RGB"))
+            assert np.array_equal(got, drawn[(where, k)])
