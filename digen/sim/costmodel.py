@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 from digen.config import DTYPE_BYTES, Dtype, TrainConfig, trained_dtype_name
 from digen.errors import ConfigError
-from digen.sim.dataplane import CATALOG_BYTES, GB, DataPlane, DataPlaneModel, DataPlaneSeconds
+from digen.sim.dataplane import CATALOG_BYTES, GB, GRAD_BYTES, DataPlane, DataPlaneModel, DataPlaneSeconds
 
 # Reference GPU for the measured VAE-decode figures (RTX 4090, cost-model.md l.28-29):
 # 165 TFLOPS peak (l.40) x 0.31 eager MFU (l.4; l.18 gives 74*28/6.71/989 = 0.312).
@@ -251,7 +251,8 @@ class WorkerCost:
     overhead_s: float = 0.0
     """Per-task time outside its parts: lease, data transfer, acknowledgement (idle time)."""
     train_gather_s: float = 0.0
-    """FSDP: the weight all-gathers of one training pass (forward and backward; 0 without FSDP)."""
+    """FSDP: the collectives of one training pass (the weights' all-gathers for the forward and
+    the backward, the gradient's reduce-scatter: :func:`fsdp_pass_comm_s`; 0 without FSDP)."""
     layers: int = 1
     """Transformer blocks (the one gather per pass that cannot overlap is a block's)."""
     passes: TrainPasses | None = None
@@ -569,6 +570,18 @@ def _pass_s(compute_s: float, gather_s: float, layers: int) -> float:
     return max(compute_s, gather_s) + gather_s / layers
 
 
+def fsdp_pass_comm_s(model: ModelSpec, gpu: GpuType) -> float:
+    """The collectives of one FSDP training pass inside a node, as FSDP2 runs them
+    (:mod:`digen.parallel.fsdp`: ``reshard_after_forward``, ``reduce_dtype`` float32): the
+    forward all-gathers every block's bf16 weights (``weights_gb``), the backward gathers them
+    again and reduce-scatters each block's float32 gradient of the trained parameters (``4 P``
+    bytes: the whole model for a full fine-tune, the adapter for LoRA). A ring sends and
+    receives ``(N-1)/N`` of each, taken as 1: ``(2 x weights_gb + 4 P / GB) / intra_gbps``.
+    There is no gradient all-reduce at the step (:meth:`DataPlane.reduce_s`)."""
+    grad_gb = GRAD_BYTES * model.trained_params / GB
+    return (2 * model.weights_gb + grad_gb) / gpu.intra_gbps
+
+
 def worker_cost(
     w: Workload,
     gpu: GpuType,
@@ -593,12 +606,14 @@ def worker_cost(
     fwd_train = m * (mdl.train_cfg or mdl.cfg) * mdl.tflop_per_step / speed
     fsdp = needs_fsdp(mdl, gpu, degree)
     gather = mdl.weights_gb / gpu.intra_gbps if fsdp else 0.0  # one full all-gather
+    train_comm = fsdp_pass_comm_s(mdl, gpu) if fsdp else 0.0
     # a KL term (train.kl_beta > 0) adds the reference's forward to each row, in the same pass
     train_factor = mdl.train_flops_factor + (1.0 if w.kl_beta > 0 else 0.0)
     train_pass = fwd_train * train_factor
-    # FSDP gathers the weights for the forward and again for the backward of every pass
-    train_s = k * _pass_s(train_pass, 2 * gather, mdl.layers)
-    train_tsp_s = _pass_s(k * train_pass / tsp_gain, 2 * gather, mdl.layers)
+    # FSDP gathers the weights for the forward and again for the backward of every pass, and
+    # reduce-scatters the gradient in the backward (fsdp_pass_comm_s)
+    train_s = k * _pass_s(train_pass, train_comm, mdl.layers)
+    train_tsp_s = _pass_s(k * train_pass / tsp_gain, train_comm, mdl.layers)
     tcfg = mdl.train_cfg or mdl.cfg
     passes = TrainPasses(
         row_s=tcfg * mdl.tflop_per_step * train_factor / (degree * gpu.tflops * mdl.sp_eff(degree)),
@@ -610,7 +625,7 @@ def worker_cost(
         tsp_gain=tsp_batch_gain,
     )
     if k * m > w.rows_per_forward:  # the runtime cuts the task's rows into several passes
-        train_tsp_s = passes.task_s(1, True, 2 * gather, mdl.layers)
+        train_tsp_s = passes.task_s(1, True, train_comm, mdl.layers)
     gen_s = w.steps * gen_fwd
     gen_on_trainer_s = w.steps * _pass_s(gen_fwd, gather, mdl.layers)
     decode_s = m * mdl.decode_s_ref * REFERENCE_TFLOPS / gpu.tflops
@@ -628,7 +643,7 @@ def worker_cost(
         phase_switch_s=mdl.weights_gb / gpu.host_gbps,
         context_switch_s=trained_gb / gpu.host_gbps,
         load_s=trained_gb / gpu.host_gbps,
-        train_gather_s=2 * gather,
+        train_gather_s=train_comm,
         layers=mdl.layers,
         passes=passes,
         gen_batch_gain=batch_gain,

@@ -10,7 +10,11 @@ the trained parameters):
   (:class:`~digen.dataplane.reduce.TaskSum`); at the step the ``N`` trainers all-reduce it in a
   ring, which sends ``2 (N-1)/N`` of the ``4 P`` gradient bytes per trainer whatever the task
   count: ``2 (N-1)/N x 4 P / (reduce_efficiency x net)``. A colocated system reduces too:
-  every worker is a trainer.
+  every worker is a trainer. With ``train.fsdp`` there is no such step: FSDP2
+  reduce-scatters each block's float32 gradient inside every backward
+  (:mod:`digen.parallel.fsdp`), so every rank already holds its shard of the sum when the
+  step comes, and the step's all-reduce is 0; the reduce-scatters are charged to each
+  training pass instead (:func:`digen.sim.costmodel.worker_cost`).
 - **step**: each trainer steps its replica of AdamW (:class:`~digen.optim.ParameterStore`,
   float32 master weights) on its GPU, a memory-bound pass: ``P x step_bytes_per_param /
   mem_gbps``, the slowest trainer GPU type setting the pace (the members step at once).
@@ -29,10 +33,14 @@ the trained parameters):
   every rollout worker fetching at once, as they do after a synchronous step; it is paid on
   each rollout worker's lane when it starts its first task of the new version. Trainers hold
   the version they made (a trainer generating under TAG fetches nothing), and a colocated
-  system has no distribution. With ``train.fsdp`` (a full fine-tune) each trainer serves its
-  shard and a rollout worker fetches the shards one after the other in the same order as
-  every other rollout worker, so each shard's holder serves all ``R`` at once:
-  ``R x V / (distribute_efficiency x net)``.
+  system has no distribution. With ``train.fsdp`` (a full fine-tune) each of the ``T`` ranks
+  serves its dim-0 shard, ``V / T`` bytes, and a rollout worker fetches the shards one after
+  the other starting at its own rank, ``start mod T`` (``WorkerRuntime._fetch_weights``: the
+  same ``start``, a hash of the worker's name, as above): at any moment the ``R`` rollout
+  workers are spread over the ``T`` ranks, each rank serving ``R / T`` of them, so the same
+  formula, ``V x max(1, R / T) / (distribute_efficiency x net)``. (Spread evenly: the hashed
+  starts are taken as distinct modulo ``T``; two workers whose starts collide share a rank's
+  link for the whole fetch, which this does not charge.)
 - **trajectory**: a train task fetches its group's tensors (the latents of every stored step,
   ``steps + 1`` per sample, and the log-probs; not the images) from the worker that
   generated them, at the task's start (``workers/tasks.py``): on the train task's critical
@@ -204,8 +212,9 @@ class DataPlane:
         return self.version_bytes_per_param * self.params
 
     def reduce_s(self, trainers: int) -> float:
-        """Ring all-reduce of the float32 sum among ``trainers``."""
-        if trainers <= 1:
+        """Ring all-reduce of the float32 sum among ``trainers``; 0 for an FSDP group
+        (``sharded``: its backward passes reduce-scatter the gradient, see the module docstring)."""
+        if trainers <= 1 or self.sharded:
             return 0.0
         sent = 2 * (trainers - 1) / trainers * self.grad_bytes
         return sent / (self.model.reduce_efficiency * self.net_gbps * GB)
@@ -221,10 +230,11 @@ class DataPlane:
 
     def distribute_s(self, rollouts: int, trainers: int) -> float:
         """One rollout worker's fetch of a version while all ``rollouts`` fetch it from the
-        ``trainers`` that hold it."""
+        ``trainers`` that hold it (whole, or with ``sharded`` each its FSDP rank's shard: the
+        rollout workers start at different ranks, so the same spread)."""
         if rollouts <= 0 or trainers <= 0:
             return 0.0
-        shared = rollouts if self.sharded else max(1.0, rollouts / trainers)
+        shared = max(1.0, rollouts / trainers)
         return self.version_bytes * shared / (self.model.distribute_efficiency * self.net_gbps * GB)
 
     def trajectory_s(self) -> float:

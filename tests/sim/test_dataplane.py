@@ -4,6 +4,7 @@ where the driver charges each phase, and the ``digen simulate`` columns that rep
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -58,9 +59,38 @@ def test_distribution_shares_the_trainers_links_among_the_rollout_workers_in_bfl
     assert p.distribute_s(8, 2) == pytest.approx(4 * one)  # each trainer serves R V / T
     assert p.distribute_s(32, 8) == pytest.approx(p.distribute_s(8, 2))
     assert plane(net=50).distribute_s(8, 2) == pytest.approx(2 * one)
-    # train.fsdp: every rollout worker takes the shards in the same order, one holder at a time
-    assert plane(sharded=True).distribute_s(8, 2) == pytest.approx(8 * one)
     assert p.distribute_s(0, 4) == 0.0
+
+
+def test_an_fsdp_groups_shards_are_fetched_over_every_ranks_link():
+    """train.fsdp: each rank serves its shard (V / T) and each rollout worker starts at its
+    own rank, so the R fetches spread over the T ranks' links: the time falls as the ranks
+    grow, down to one rollout worker's own link taking in V."""
+    p = plane(sharded=True)
+    one = p.version_bytes / (0.25 * 25 * GB)
+    assert p.distribute_s(8, 2) == pytest.approx(4 * one)  # R V / T on each rank's link
+    times = [p.distribute_s(32, t) for t in (1, 2, 4, 8, 16, 32, 64)]
+    assert times == sorted(times, reverse=True) and times[0] == pytest.approx(32 * one)
+    assert times[-2:] == [pytest.approx(one)] * 2  # no rollout worker takes in faster than its link
+    assert p.distribute_s(32, 8) == pytest.approx(plane().distribute_s(32, 8))  # as whole holders
+
+
+def test_an_fsdp_group_reduces_in_its_backward_passes_not_at_the_step():
+    """FSDP2 reduce-scatters the gradient in every backward: the step has no all-reduce, and
+    a pass's collectives are two bf16 all-gathers of the weights and the float32 gradient's
+    reduce-scatter (4 P bytes)."""
+    assert plane(sharded=True).reduce_s(16) == 0.0
+    assert plane().reduce_s(16) > 0
+    full = costmodel.ModelSpec("m", 1.0, 1, 40.0, None, 10, 1.0, 3.0, 0.0, 0.0, 64)
+    lora = replace(full, adapter_gb=0.5)
+    gpu = GpuType("g", 100.0, 80.0, 25.0, 400.0)
+    # full fine-tune: 40 GB bf16 weights = 20 G parameters, an 80 GB float32 gradient
+    assert costmodel.fsdp_pass_comm_s(full, gpu) == pytest.approx((2 * 40 + 80) / 400)
+    # LoRA over a sharded base: the base gathered twice, only the adapter's gradient reduced
+    assert costmodel.fsdp_pass_comm_s(lora, gpu) == pytest.approx((2 * 40 + 1.0) / 400)
+    w = Workload("w", full, steps=10, timestep_fraction=0.2, prompts=2, group_size=2, samples_per_task=1)
+    cost, fsdp = costmodel.worker_cost(w, gpu, 1)
+    assert fsdp and cost.train_gather_s == pytest.approx(costmodel.fsdp_pass_comm_s(full, gpu))
 
 
 def test_step_is_memory_bound_on_the_slowest_trainer_gpu_and_the_trajectory_on_the_link():

@@ -34,7 +34,9 @@ from tests.sim.test_calibrate import source_model, write_run
 
 CATALOG = Path(__file__).resolve().parents[2] / "configs" / "sim" / "catalog.yaml"
 
-ROW_S, GATHERS, LAYERS = 0.02, 2 * 24 / 50, 40  # a pass gathers for its forward and its backward
+# a pass gathers the 24 GB bf16 weights for its forward and its backward and reduce-scatters
+# their 48 GB float32 gradient (12 G parameters x 4 B), at 50 GB/s
+ROW_S, GATHERS, LAYERS = 0.02, (2 * 24 + 48) / 50, 40
 CURVE = EfficiencyCurve(half_tokens=256, ref_tokens=4096, cap=1.05)
 # K = 10 x 0.4 = 4 trained steps a sample
 WL = Workload("w", FULL, steps=10, timestep_fraction=0.4, prompts=8, group_size=4, samples_per_task=1)
@@ -84,7 +86,7 @@ def test_a_batched_task_over_rows_per_forward_makes_ceil_passes_each_gathering()
     c = worker(8)
     # 5 micro-batches x 1 sample x K=4 = 20 rows: ceil(20 / 8) = 3 passes of 8, 8, 4 rows
     assert c.passes.sizes(5, True) == [8, 8, 4] == runtime_passes(5, 1, 4, True, 8)
-    # each pass's compute (at most 8 x 0.02 s) hides under its 0.96 s of gathers: 3 x the gathers
+    # each pass's compute (at most 8 x 0.02 s) hides under its 1.92 s of collectives: 3 x the gathers
     assert c.train_task_s(5, True) == pytest.approx(3 * fsdp_pass(0.0))
     # uncapped, the same rows were one pass: two passes' gathers fewer
     assert worker(10**6).train_task_s(5, True) == pytest.approx(fsdp_pass(0.0))
