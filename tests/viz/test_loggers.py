@@ -14,6 +14,23 @@ from tests.conftest import required
 from ._runs import metrics_rows
 
 
+def _draw_grids(out):
+    """A run directory's sample grids of iterations 0 and 2 and its eval grid of iteration 2,
+    random pixels each: ``{(folder, iteration): pixels}``."""
+    import numpy as np
+    from PIL import Image
+
+    (out / "samples").mkdir(parents=True)
+    (out / "eval").mkdir()
+    gen = np.random.default_rng(0)
+    drawn = {}
+    for where, k in (("samples", 0), ("samples", 2), ("eval", 2)):
+        pixels = gen.integers(0, 256, (20, 30, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(out / where / f"iter_{k:04d}.png")
+        drawn[(where, k)] = pixels
+    return drawn
+
+
 def _cfg(**logging):
     return build_config(required({"logging": logging}), check_paths=False)
 
@@ -85,14 +102,7 @@ def test_tensorboard_shows_the_sample_and_eval_grids_as_images(tmp_path):
     from digen.engine import grid_images
 
     out = tmp_path / "run"
-    (out / "samples").mkdir(parents=True)
-    (out / "eval").mkdir()
-    gen = np.random.default_rng(0)
-    drawn = {}
-    for where, k in (("samples", 0), ("samples", 2), ("eval", 2)):
-        pixels = gen.integers(0, 256, (20, 30, 3), dtype=np.uint8)
-        Image.fromarray(pixels).save(out / where / f"iter_{k:04d}.png")
-        drawn[(where, k)] = pixels
+    drawn = _draw_grids(out)
     logger = make_loggers(_cfg(tensorboard=True), out)
     rows = metrics_rows(3)
     for r in rows:  # iteration 1 drew no grid
@@ -156,14 +166,7 @@ def test_wandb_offline_run_holds_the_sample_and_eval_grids_as_images(tmp_path, m
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     out = tmp_path / "run"
-    (out / "samples").mkdir(parents=True)
-    (out / "eval").mkdir()
-    gen = np.random.default_rng(0)
-    drawn = {}
-    for where, k in (("samples", 0), ("samples", 2), ("eval", 2)):
-        pixels = gen.integers(0, 256, (20, 30, 3), dtype=np.uint8)
-        Image.fromarray(pixels).save(out / where / f"iter_{k:04d}.png")
-        drawn[(where, k)] = pixels
+    drawn = _draw_grids(out)
     logger = make_loggers(_cfg(wandb=True), out)
     for r in metrics_rows(3):  # iteration 1 drew no grid
         logger.log(r, r["iteration"], images=grid_images(out, r["iteration"]))
