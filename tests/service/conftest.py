@@ -50,3 +50,13 @@ def reference_run(tiny_sd3: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     )
     assert res.exit_code == 0, res.output
     return out
+
+
+@pytest.fixture(autouse=True)
+def _service_home(digen_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every service test's DIGEN_HOME is the service folder's: a session fixture of another
+    folder (tests/reliability/test_runner_crash.py keeps its own home) set the process's
+    DIGEN_HOME when it started and keeps it until the session ends, so without this the
+    subprocesses and in-process CLI calls of a service test would use that other home's Redis
+    while its ``r`` fixture reads this one's."""
+    monkeypatch.setenv("DIGEN_HOME", str(digen_home))
