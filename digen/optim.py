@@ -23,13 +23,14 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from digen.algos.registry import stateful_algorithm
-from digen.algos.state import EMA_PREFIX, is_state, with_ema
+from digen.algos.state import EMA_PREFIX, is_state, load_version, with_ema
 from digen.config import Config, EmaConfig, TrainConfig
 from digen.errors import CheckpointError
 from digen.rundir import DiskFull, RunDir, disk_writes, finalize_checkpoint
@@ -162,6 +163,20 @@ class ParameterStore:
             if ema and self.ema is not None:
                 version = with_ema(version, {k: v.detach() for k, v in self.ema.items()})
             return copy(version)
+
+    def load_into(self, policy: Any, *, ema: bool = False) -> None:
+        """Load the current version into ``policy`` (:func:`~digen.algos.state.load_version`,
+        with ``ema`` its EMA too), under :attr:`lock`: the trained tensors go to the policy's
+        own parameters straight from the live ones (the policy copies them in place), so a
+        load costs no clone of them first (for a full fine-tune that clone is the whole model
+        a second time on the device); the algorithm's state and the EMA, which the policy
+        keeps as they are given, go as copies the next step cannot rewrite."""
+
+        def load(live: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+            load_version(policy, {k: t if k in self.params else t.clone() for k, t in live.items()})
+            return live
+
+        self.weights_copy(load, ema=ema)
 
     def step(
         self, grad_sum: dict[str, torch.Tensor], rows: int, *, last_of_iteration: bool = True

@@ -21,7 +21,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from digen.algos.state import load_version
 from digen.assembly import build_policy, build_reward, compute_threads
 from digen.config import Config
 from digen.core.timeline import TimelineRow
@@ -88,7 +87,7 @@ def _reference_loop(
     # AdamW on the model's device, as every trainer of a distributed job runs it
     state = open_store(cfg, run, policy.trainable_state_dict, resume, device=str(policy.device))
     store = state.store
-    load_version(policy, store.weights(ema=carries_ema(cfg, store.version)))
+    store.load_into(policy, ema=carries_ema(cfg, store.version))
     if resume:  # the checkpoint's weights fit the policy: now the run directory may change
         resumed = run.resumed(state.start_iteration - 1)
         if progress is not None:
@@ -144,7 +143,7 @@ def _reference_loop(
             grad, rows = book.gradient(m)
             last = m == cfg.train.mini_batches - 1
             norms.append(store.step(grad, rows, last_of_iteration=last)["grad_norm"])
-            load_version(policy, store.weights(ema=carries_ema(cfg, store.version)))
+            store.load_into(policy, ema=carries_ema(cfg, store.version))
             timer("optim", t0, time.time(), time.thread_time() - c0)
         step_stats: dict = {"grad_norm": norms[0] if len(norms) == 1 else sum(norms) / len(norms)}
         if len(norms) > 1:  # one per optimizer step

@@ -42,7 +42,6 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
 
-from digen.algos.state import load_version
 from digen.assembly import trained_dtype
 from digen.controlplane.messages import BlobRef, StepAck
 from digen.controlplane.trainer_group import ABORT, COMMIT, StepCommand
@@ -144,13 +143,15 @@ class Member:
         member.serve()
         return member
 
-    def version_weights(self) -> dict[str, torch.Tensor]:
-        """The store's version as it is served and loaded: with its EMA when it is evaluated
-        with it (:func:`~digen.evaluation.carries_ema`)."""
-        return self.store.weights(ema=carries_ema(self.rt.cfg, self.store.version))
+    def ema_version(self) -> bool:
+        """Whether the store's version is served and loaded with its EMA (it is evaluated
+        with it: :func:`~digen.evaluation.carries_ema`)."""
+        return carries_ema(self.rt.cfg, self.store.version)
 
     def load_policy(self) -> None:
-        load_version(self.rt.ensure_policy(), self.version_weights())
+        """The store's version into the worker's policy, copied from the live tensors in place
+        (:meth:`~digen.optim.ParameterStore.load_into`: no clone of the model on the device)."""
+        self.store.load_into(self.rt.ensure_policy(), ema=self.ema_version())
         self.rt.version = self.store.version
 
     def serve(self, keep_from: int | None = None) -> None:
@@ -160,7 +161,7 @@ class Member:
         the state as a blob a newcomer copies; tell Redis."""
         rt, v = self.rt, self.store.version
         dtype = trained_dtype(rt.cfg)
-        ema = carries_ema(rt.cfg, v)  # evaluated with its EMA: served with it
+        ema = self.ema_version()  # evaluated with its EMA: served with it
         versions = {v: lambda: self.store.weights_copy(lambda w: host_copy(w, dtype), ema=ema)}
         if self.kept is not None:
             kept = self.kept[1]
@@ -313,11 +314,14 @@ class Member:
     def _keep(self, version: int | None) -> tuple[int, dict[str, torch.Tensor]] | None:
         """(version, weights) of the older version to keep serving: the store's own (a step
         that starts from it), the one kept already, or a copy from a peer that serves it
-        (None if none does: its rollouts fetch it from whoever still has it)."""
+        (None if none does: its rollouts fetch it from whoever still has it). The weights are
+        in host memory, float32, owned: :meth:`serve` offers them with no further copy but a
+        cast, and a checkpoint writes them as its previous version; nothing of them is kept
+        on the device (a full fine-tune would hold the model twice there)."""
         if version is None:
             return None
-        if self.store.version == version:
-            return version, self.version_weights()
+        if self.store.version == version:  # a host copy: it is only served and checkpointed
+            return version, self.store.weights_copy(host_copy, ema=self.ema_version())
         if self.kept is not None and self.kept[0] == version:
             return self.kept
         for addr in self.rt.group.holders_of(version):
