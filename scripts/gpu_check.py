@@ -426,6 +426,40 @@ def _probe_side_stream_copy() -> str:
     return f"side stream {side.stream_id} (default {torch.cuda.default_stream(dev).stream_id}); pinned, final bytes"
 
 
+def _probe_load_memory() -> str:
+    """Loading a store's version into a policy on CUDA allocates no copy of the model there
+    (ParameterStore.load_into copies the live tensors in place), and the version a trainer keeps
+    serving is held in host memory."""
+    import torch
+
+    from digen.config import TrainConfig
+    from digen.dataplane.wire import host_copy
+    from digen.models import lora
+    from digen.optim import ParameterStore
+
+    class Policy:
+        module = torch.nn.Linear(4096, 4096, device="cuda")  # 64 MiB of float32
+
+        def load_trainable_state_dict(self, state: dict) -> None:
+            lora.load_full_state_dict(self.module, state)
+
+    policy = Policy()
+    store = ParameterStore(
+        {k: p.detach().clone() for k, p in policy.module.named_parameters()}, TrainConfig(), device="cuda:0"
+    )
+    model = sum(p.numel() * p.element_size() for p in store.params.values())
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    store.load_into(policy)
+    torch.cuda.synchronize()
+    grew = torch.cuda.max_memory_allocated() - before
+    kept = store.weights_copy(host_copy)
+    assert grew < model / 10, f"a load allocated {grew} bytes on the device for a {model}-byte model"
+    assert all(t.device.type == "cpu" for t in kept.values())
+    return f"load: {grew} bytes on the device for a {model}-byte model; kept version on the host"
+
+
 def _probe_rollout_syncs() -> str:
     """C6: how often a group's generation waits for the device, counted by torch's sync debug
     mode: the sampling loop queues every copy; what is left is each group's decode and reward
@@ -545,6 +579,7 @@ PROBES = {
     "c7_deterministic": _probe_deterministic,
     "e1_pinned_snapshot": _probe_pinned_snapshot,
     "c5_side_stream_copy": _probe_side_stream_copy,
+    "c4_load_memory": _probe_load_memory,
     "c6_rollout_syncs": _probe_rollout_syncs,
     "c6_train_syncs": _probe_train_syncs,
     "d1_d2_trainer_group": _probe_trainer_group_settings,
