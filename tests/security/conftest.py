@@ -17,6 +17,19 @@ from pathlib import Path
 import pytest
 
 PYTHON = sys.executable
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _popen(argv: list[str], cwd: str | Path, env: dict[str, str] | None) -> subprocess.Popen:
+    return subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+        env=env,
+    )
 
 
 @dataclass(frozen=True)
@@ -27,15 +40,20 @@ class Namespace:
     peer: str
     """The namespace's end: an address of the "other host" (nothing listens there)."""
 
+    def argv(self, script: str, *args: str) -> list[str]:
+        """The command that runs ``script`` (Python source) with this environment's interpreter
+        inside the namespace."""
+        return ["ip", "netns", "exec", self.name, PYTHON, "-c", script, *args]
+
     def python(self, script: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        """Run ``script`` (Python source) with this environment's interpreter inside the namespace."""
+        """Run ``script`` inside the namespace, to its end."""
         return subprocess.run(
-            ["ip", "netns", "exec", self.name, PYTHON, "-c", script, *args],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            cwd=Path(__file__).resolve().parents[2],
+            self.argv(script, *args), capture_output=True, text=True, timeout=timeout, cwd=ROOT
         )
+
+    def popen(self, script: str, *args: str) -> subprocess.Popen:
+        """Start ``script`` inside the namespace, its stdin, stdout and stderr piped (text)."""
+        return _popen(self.argv(script, *args), cwd=ROOT, env=None)
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -105,25 +123,25 @@ class OtherUser:
     """The interpreter this user can run, with what it needs to import distributed and digen."""
     env: dict[str, str]
 
+    def command(self, script: str, *args: str) -> list[str]:
+        """The command that runs ``script`` (Python source) as this user (``runuser``)."""
+        runuser = shutil.which("runuser") or "/usr/sbin/runuser"
+        return [runuser, "-u", self.name, "--", *self.argv, "-c", script, *args]
+
     def python(self, script: str, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-        """Run ``script`` (Python source) as this user (``runuser``), from /."""
+        """Run ``script`` as this user, from /, to its end."""
         return subprocess.run(
-            [
-                shutil.which("runuser") or "/usr/sbin/runuser",
-                "-u",
-                self.name,
-                "--",
-                *self.argv,
-                "-c",
-                script,
-                *args,
-            ],
+            self.command(script, *args),
             capture_output=True,
             text=True,
             timeout=timeout,
             cwd="/",
             env=self.env,
         )
+
+    def popen(self, script: str, *args: str) -> subprocess.Popen:
+        """Start ``script`` as this user, from /, its stdin, stdout and stderr piped (text)."""
+        return _popen(self.command(script, *args), cwd="/", env=self.env)
 
 
 def _interpreters() -> list[tuple[tuple[str, ...], str]]:
@@ -132,7 +150,7 @@ def _interpreters() -> list[tuple[tuple[str, ...], str]]:
     packages and the checkout on its path (this one may live in a folder only root reads)."""
     import sysconfig
 
-    root = str(Path(__file__).resolve().parents[2])
+    root = str(ROOT)
     paths = os.pathsep.join([root, sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
     found = [(PYTHON,), *((p,) for p in (shutil.which(version), f"/usr/bin/{version}") if p)]
