@@ -40,7 +40,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import redis
@@ -89,6 +89,9 @@ class Rank:
     names: list[str] = field(default_factory=list)
     """Trained tensor names, in ``trainer.params`` order."""
     tasks_run: int = 0
+    applied: dict[str, StepAck] = field(default_factory=dict)
+    """The newest step this rank applied: id -> its acknowledgement (the leader acknowledges it
+    again, without a step, when the controller re-posts it: the one stored did not read)."""
 
     @property
     def leader(self) -> bool:
@@ -250,6 +253,10 @@ def _next_command(rk: Rank) -> dict:
     leased = rt.queue.lease([STEP_QUEUE, TaskKind.TRAIN.value], rt.name, block_s=LEASE_BLOCK_S)
     if leased is None:
         return {"op": "idle"}
+    if leased.queue == STEP_QUEUE and leased.task_id in rk.applied:  # asked again: never stepped twice
+        log.warning("step %s was applied already; its acknowledgement is sent again", leased.task_id)
+        _ack(rk, leased.task_id, rk.applied[leased.task_id].to_json())
+        return {"op": "idle"}
     op = "step" if leased.queue == STEP_QUEUE else "train"
     return {"op": op, "id": leased.task_id, "payload": leased.payload}
 
@@ -314,19 +321,17 @@ def _step(rk: Rank, cmd: dict) -> None:
     ]
     gathered = all_gather_json([e.to_json() for e in mine], device=rk.comm)
     events = [TimelineRow.read_exact(e) for part in gathered for e in part]
-    _report(
-        rk,
-        cmd,
-        lambda end: StepAck(
-            worker=rt.name,
-            start=t0,
-            end=end,
-            events=events,
-            grad_norm=float(opt["grad_norm"]),
-            version=trainer.version,
-            checkpoint=folder,
-        ),
+    ack = StepAck(
+        worker=rt.name,
+        start=t0,
+        end=t2,
+        events=events,
+        grad_norm=float(opt["grad_norm"]),
+        version=trainer.version,
+        checkpoint=folder,
     )
+    rk.applied = {cmd["id"]: ack}
+    _report(rk, cmd, lambda end: replace(ack, end=end))
 
 
 def _report(rk: Rank, cmd: dict, result: Callable[[float], Result]) -> None:
