@@ -145,6 +145,9 @@ class FsdpControl:
             payload.last_of_iteration,
         )
 
+    def makes_version(self, task_id: str) -> int | None:
+        return self.version + 1 if task_id in self.steps else None  # one step at a time: the next
+
     def ask_again(self, task_id: str) -> None:
         """The leader's acknowledgement of step ``task_id`` did not read: the step command is
         re-posted (the junk result goes); the leader, which applied it already, leases it and

@@ -108,6 +108,11 @@ class StepGroup(Protocol):
         """The acknowledged step command ``task_id`` (None: not one this group waits for)."""
         ...
 
+    def makes_version(self, task_id: str) -> int | None:
+        """The version step ``task_id`` makes (the one its acknowledgement must name), None
+        when it is not a step this group waits for."""
+        ...
+
     def ask_again(self, task_id: str) -> None:
         """The stored acknowledgement of step ``task_id`` did not read (junk, quarantined): if
         it is the step this group waits for, have the group acknowledge it again (its members
@@ -421,6 +426,10 @@ class StepControl:
             cmd.rows,
             cmd.tasks(),
         )
+
+    def makes_version(self, task_id: str) -> int | None:
+        cmd = self.inflight
+        return cmd.version + 1 if cmd is not None and cmd.id == task_id else None
 
     def ask_again(self, task_id: str) -> None:
         """Ask the writer of the step in flight to acknowledge it again (see

@@ -237,20 +237,42 @@ def test_digen_status_shows_the_count(tiny_sd3: Path, tmp_path: Path, monkeypatc
         stop_embedded(tmp_path / "home" / "digen.db")
 
 
-def _junk_step_ack(job_id: str, step: str, pushed: list[int]):
-    """A progress callback that stores junk as the result of step ``step`` after iteration 0's
-    row: before the controller asks for that step (it asks once iteration ``step``'s train
-    tasks are done, which run on the version iteration 0's step made), so the step's
-    acknowledgement finds it there and the junk is what the controller reads."""
+def _unreadable_ack() -> bytes:
+    """A StepAck that does not read: its version is not a number, its times are missing."""
     from digen.controlplane.codec import pack
+
+    return pack({"worker": "w", "version": "v2", "grad_norm": 1.0})
+
+
+def _forged_ack() -> bytes:
+    """A StepAck that reads, naming a version no step of the job makes next."""
+    from digen.controlplane.codec import pack
+    from digen.controlplane.messages import StepAck
+
+    return pack(StepAck(worker="trainer-0", start=0.0, end=0.0, grad_norm=0.5, version=7).to_json())
+
+
+JUNK_ACKS = {
+    "unreadable": (_unreadable_ack, "a StepAck that does not read"),
+    "another version": (_forged_ack, "a StepAck of version 7, the step makes 2"),
+}
+
+
+def _junk_step_ack(job_id: str, step: str, pushed: list[int], junk: bytes | None = None):
+    """A progress callback that stores ``junk`` (default: an unreadable StepAck) as the result
+    of step ``step`` after iteration 0's row: before the controller asks for that step (it asks
+    once iteration ``step``'s train tasks are done, which run on the version iteration 0's step
+    made), so the step's acknowledgement finds it there and the junk is what the controller reads."""
     from digen.controlplane.redis_conn import connect
+
+    raw = _unreadable_ack() if junk is None else junk
 
     def write_junk(m: dict) -> None:
         if "event" in m or pushed:
             return
         r = connect(None)
-        try:  # a forged StepAck: its version is not a number
-            r.set(f"digen:{job_id}:result:{step}", pack({"worker": "w", "version": "v2", "grad_norm": 1.0}))
+        try:
+            r.set(f"digen:{job_id}:result:{step}", raw)
         finally:
             r.close()
         pushed.append(1)
@@ -258,20 +280,24 @@ def _junk_step_ack(job_id: str, step: str, pushed: list[int]):
     return write_junk
 
 
-def _assert_step_ack_quarantined(out: Path, job_id: str, step: str) -> None:
+def _assert_step_ack_quarantined(
+    out: Path, job_id: str, step: str, reason: str = "a StepAck that does not read"
+) -> None:
     """The junk stored as the acknowledgement of ``step`` was quarantined (once: it goes with
     the re-posted step, and the group's second acknowledgement reads) and counted."""
     rows = [json.loads(x) for x in (out / "dead_letters.jsonl").read_text().splitlines()]
     got = [x for x in rows if x["from"] == f"digen:{job_id}:result:{step}"]
     assert len(got) == 1 and got[0]["action"] == "quarantined", rows
-    assert "a StepAck that does not read" in got[0]["reason"]
+    assert reason in got[0]["reason"], got
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("kind", sorted(JUNK_ACKS))
 def test_a_step_acknowledgement_that_does_not_read_is_asked_for_again(
-    tiny_sd3: Path, reference: Path, tmp_path
+    kind: str, tiny_sd3: Path, reference: Path, tmp_path
 ):
-    """Junk stored as the acknowledgement of a replicated trainer group's step: it is
+    """Junk stored as the acknowledgement of a replicated trainer group's step (one that does
+    not read, or one that reads and names another version than the step makes): it is
     quarantined and counted, the controller asks the group again (the command written once
     more, same id), the writer, which applied the step already, acknowledges it again without
     stepping twice: every iteration trains once, the version moves once a step, and the run
@@ -282,13 +308,14 @@ def test_a_step_acknowledgement_that_does_not_read_is_asked_for_again(
         schedule={"mode": "disaggregated", "gap": True, "max_staleness": 0},
         cluster__local={"rollout_workers": 1, "trainer_workers": 1},
     )
-    out, job_id, pushed = tmp_path / "run", "junk-step-ack", []
-    run_job(cfg, out, job_id, progress=_junk_step_ack(job_id, "step:1", pushed))
+    make, reason = JUNK_ACKS[kind]
+    out, job_id, pushed = tmp_path / "run", f"junk-step-ack-{kind.replace(' ', '-')}", []
+    run_job(cfg, out, job_id, progress=_junk_step_ack(job_id, "step:1", pushed, make()))
     assert pushed
     assert_exactly_once(out)
     assert_equals_reference(out, reference)
     assert [m["policy_version"] for m in metrics(out)] == [1, 2, 3]
-    _assert_step_ack_quarantined(out, job_id, "step:1")
+    _assert_step_ack_quarantined(out, job_id, "step:1", reason)
     optim = Counter(e["iteration"] for e in timeline(out) if e["kind"] == "optim")
     assert optim == {0: 1, 1: 1, 2: 1}
 
