@@ -13,7 +13,9 @@ one torch.distributed process group, rendezvous through Redis (no pickle anywher
    :class:`~digen.parallel.fsdp.ShardedTrainer` and takes its share of the checkpoint's AdamW
    state and EMA (rank 0 reads the file and scatters);
 3. rank 0, the leader, leases step commands and train tasks from Redis and broadcasts each
-   as a JSON command; every rank runs it together:
+   as a rank command (:class:`~digen.workers.ranks.RankCommand`, read back checked: the
+   skeleton this group shares with a sequence-parallel replica, :mod:`digen.workers.ranks`);
+   every rank runs it together:
 
    - ``train``: fetch the group's trajectories (a batched task's groups': ``train.groups_per_task``,
      their rows packed together, so one all-gather serves a pass over several groups) from the
@@ -27,7 +29,8 @@ one torch.distributed process group, rendezvous through Redis (no pickle anywher
      rank 0, which stages the checkpoint where the command says; the leader acknowledges with
      the grad norm, the version and the ranks' events;
    - ``idle`` (nothing leased for a second: keeps collectives inside their timeout) and
-     ``stop`` (the job left ``running``).
+     ``stop`` (the job left ``running``: :func:`~digen.workers.ranks.job_stopped`, whose
+     docstring says why a rank does not stop when a newer loop takes its worker).
 
 Any failure is recorded in Redis for the controller, which fails the job (the group is fixed:
 rerun with --resume). A rank that waits on a dead peer fails at the collective timeout
@@ -40,7 +43,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import redis
@@ -61,38 +64,31 @@ from digen.dataplane.blobs import BlobLost, fetch
 from digen.dataplane.wire import host_copy
 from digen.evaluation import carries_ema
 from digen.models.base import FlowPolicy
-from digen.parallel.comm import all_gather_json, all_reduce_stats, broadcast_json
+from digen.parallel.comm import all_gather_json, all_reduce_stats
 from digen.parallel.fsdp import ShardedTrainer, local_shards, local_trainable_shards, shard_of, shard_rows
 from digen.testing import faults
 from digen.training import batch_rows
-from digen.workers.runtime import WorkerRuntime, join_group, wait_for
+from digen.workers.ranks import IDLE, Rank, RankCommand, init_process_group, job_stopped, lease_command, serve
+from digen.workers.runtime import WorkerRuntime, wait_for
 from digen.workers.tasks import TRAINING_TENSORS, batch_specs, batch_tensors, park
 
 log = logging.getLogger(__name__)
 
 POLL_S = 0.05
-LEASE_BLOCK_S = 1.0
-"""The leader waits this long for a task before broadcasting ``idle``."""
 
 
-@dataclass
-class Rank:
-    """One rank of the trainer group and what it holds between commands."""
+@dataclass(kw_only=True)
+class TrainerRank(Rank):
+    """One rank of the trainer group (:class:`~digen.workers.ranks.Rank`) and what it holds
+    between commands."""
 
-    rt: WorkerRuntime
     group: FsdpGroup
-    rank: int
-    world: int
-    comm: torch.device
-    """Where collective buffers live: CPU for gloo, the rank's GPU for NCCL."""
     trainer: ShardedTrainer | None = None
     names: list[str] = field(default_factory=list)
     """Trained tensor names, in ``trainer.params`` order."""
-    tasks_run: int = 0
-
-    @property
-    def leader(self) -> bool:
-        return self.rank == 0
+    applied: dict[str, StepAck] = field(default_factory=dict)
+    """The newest step this rank applied: id -> its acknowledgement (the leader acknowledges it
+    again, without a step, when the controller re-posts it: the one stored did not read)."""
 
     def event(
         self, kind: str, iteration: int, version: int, start: float, end: float, cpu_s: float | None = None
@@ -128,9 +124,11 @@ def run_fsdp_rank(rt: WorkerRuntime, host: str | None = None) -> dict:
         message = "its worker loop restarted, and an FSDP group cannot take a rank back"
         group.fail(rt.name, message)
         raise RuntimeError(f"{rt.name}: {message}")
-    rk = Rank(rt, group, members.index(rt.name), len(members), torch.device(rt.device))
+    rk = TrainerRank(
+        rt=rt, group=group, rank=members.index(rt.name), world=len(members), comm=torch.device(rt.device)
+    )
     try:
-        if _init_process_group(rk, host):
+        if init_process_group(rk, group.rendezvous(), host, "the FSDP group"):
             _build_trainer(rk, plan)
             _serve(rk)
     except redis.ConnectionError:
@@ -145,16 +143,7 @@ def run_fsdp_rank(rt: WorkerRuntime, host: str | None = None) -> dict:
 
 
 # --- set-up -------------------------------------------------------------------------
-def _init_process_group(rk: Rank, host: str | None) -> bool:
-    """Join the group (see the module docstring); False when the job stopped first."""
-    addr = join_group(rk.rt, rk.group.rendezvous(), rk.rank, rk.world, rk.comm, host)
-    if addr is None:
-        return False
-    log.info("%s is rank %d of %d of the FSDP group (%s)", rk.rt.name, rk.rank, rk.world, addr["backend"])
-    return True
-
-
-def _build_trainer(rk: Rank, plan: dict) -> None:
+def _build_trainer(rk: TrainerRank, plan: dict) -> None:
     """Start from version 0 (this rank's own build) or the checkpoint a resumed job names;
     shard; restore the optimizer on ``--resume``."""
     rt = rk.rt
@@ -182,7 +171,7 @@ def _build_trainer(rk: Rank, plan: dict) -> None:
     _serve_shards(rk, kept)
 
 
-def _serve_previous(rk: Rank, folder: Path, state: dict) -> int | None:
+def _serve_previous(rk: TrainerRank, folder: Path, state: dict) -> int | None:
     """A resumed job in digen mode generates its first iteration with the version before the
     checkpoint's, which no rank holds after a restart: serve this rank's shard of it again,
     from the checkpoint's ``previous_weights``; returns its version (None: none kept)."""
@@ -196,7 +185,7 @@ def _serve_previous(rk: Rank, folder: Path, state: dict) -> int | None:
     return int(prev)
 
 
-def _serve_shards(rk: Rank, keep_from: int | None = None) -> None:
+def _serve_shards(rk: TrainerRank, keep_from: int | None = None) -> None:
     """Offer this rank's shard of the current version (in the dtype the policy holds its trained tensors in) to the rollout
     workers, and drop the shards of versions older than ``keep_from`` (the version a
     staleness-1 rollout may still use; default: only the current one)."""
@@ -231,42 +220,46 @@ def shard_snapshot(
 
 
 # --- commands -------------------------------------------------------------------------
-def _serve(rk: Rank) -> None:
-    while True:
-        cmd = broadcast_json(_next_command(rk) if rk.leader else None, device=rk.comm)
-        if cmd["op"] == "stop":
-            return
-        if cmd["op"] == "train":
-            _train(rk, cmd)
-        elif cmd["op"] == "step":
-            _step(rk, cmd)
+def _serve(rk: TrainerRank) -> None:
+    serve(rk, lambda: _next_command(rk), lambda task: _run(rk, task))
 
 
-def _next_command(rk: Rank) -> dict:
-    """The leader's next command: a step command first, then a train task, else ``idle``."""
-    rt = rk.rt
-    if rt.job.status() != "running":
-        return {"op": "stop"}
-    leased = rt.queue.lease([STEP_QUEUE, TaskKind.TRAIN.value], rt.name, block_s=LEASE_BLOCK_S)
-    if leased is None:
-        return {"op": "idle"}
-    op = "step" if leased.queue == STEP_QUEUE else "train"
-    return {"op": op, "id": leased.task_id, "payload": leased.payload}
+def _next_command(rk: TrainerRank) -> RankCommand:
+    """The leader's next command: a step command first, then a train task, else ``idle``; a
+    step it applied already (re-posted: its acknowledgement did not read) is acknowledged
+    again here, never run twice."""
+    cmd = lease_command(rk, [STEP_QUEUE, TaskKind.TRAIN.value], job_stopped(rk.rt))
+    task = cmd.task
+    if task is not None and task.queue == STEP_QUEUE and task.task_id in rk.applied:
+        log.warning("step %s was applied already; its acknowledgement is sent again", task.task_id)
+        _ack(rk, task.task_id, rk.applied[task.task_id].to_json())
+        return RankCommand(IDLE)
+    return cmd
 
 
-def _train(rk: Rank, cmd: dict) -> None:
+def _run(rk: TrainerRank, task: LeasedTask) -> None:
+    if task.queue == STEP_QUEUE:
+        _step(rk, task)
+    elif task.queue == TaskKind.TRAIN.value:
+        _train(rk, task)
+    else:
+        raise RuntimeError(
+            f"the FSDP group runs train tasks and step commands, not {task.queue} task {task.task_id}"
+        )
+
+
+def _train(rk: TrainerRank, leased: LeasedTask) -> None:
     rt, trainer = rk.rt, rk.trainer
     assert trainer is not None
-    payload = TrainPayload.read(cmd["payload"])
-    entries = batch_specs(cmd["id"], payload)
+    payload = TrainPayload.read(leased.payload)
+    entries = batch_specs(leased.task_id, payload)
     specs = [e.spec for e in entries]
     spec, version = specs[0], payload.version  # mini-batch m of iteration i: digen.core.versions.version
     if trainer.version != version:
         raise RuntimeError(
-            f"train task {cmd['id']} needs version {version}, the group holds {trainer.version}"
+            f"train task {leased.task_id} needs version {version}, the group holds {trainer.version}"
         )
     t0 = time.time()
-    leased = LeasedTask(TaskKind.TRAIN.value, cmd["id"], cmd["payload"], 1)
     lost: BlobLost | None = None
     data: list = []
     try:
@@ -277,7 +270,7 @@ def _train(rk: Rank, cmd: dict) -> None:
     dist.all_reduce(missing)  # every rank trains the task, or none does
     if int(missing.item()):
         if rk.leader:
-            park(rt, leased, lost or BlobLost(f"the trajectories of {cmd['id']} are gone"))
+            park(rt, leased, lost or BlobLost(f"the trajectories of {leased.task_id} are gone"))
         return
     assert rt.embed is not None
     whole, embeds, sigma_max = batch_rows(specs, data, [rt.embed(e.prompt) for e in entries], rt.cfg)
@@ -285,18 +278,18 @@ def _train(rk: Rank, cmd: dict) -> None:
     t1, c1 = time.time(), time.thread_time()
     stats = trainer.accumulate(rows, embeds, rt.cfg, tsp=payload.tsp, sigma_max=sigma_max)
     mine = rk.event("train", spec.iteration, version, t1, time.time(), time.thread_time() - c1)
-    faults.point("train", rt.job, rt.name, task=cmd["id"], iteration=spec.iteration)
+    faults.point("train", rt.job, rt.name, task=leased.task_id, iteration=spec.iteration)
     total = all_reduce_stats(stats, device=rk.comm)
     events = [TimelineRow.read_exact(e) for e in all_gather_json(mine.to_json(), device=rk.comm)]
     _report(
-        rk, cmd, lambda end: TrainResult(worker=rk.rt.name, start=t0, end=end, events=events, stats=total)
+        rk, leased, lambda end: TrainResult(worker=rk.rt.name, start=t0, end=end, events=events, stats=total)
     )
 
 
-def _step(rk: Rank, cmd: dict) -> None:
+def _step(rk: TrainerRank, leased: LeasedTask) -> None:
     rt, trainer = rk.rt, rk.trainer
     assert trainer is not None
-    payload = FsdpStepPayload.read(cmd["payload"])
+    payload = FsdpStepPayload.read(leased.payload)
     iteration, version = payload.iteration, trainer.version
     t0 = time.time()
     rows = _agreed_rows(rk, payload.rows)
@@ -314,29 +307,27 @@ def _step(rk: Rank, cmd: dict) -> None:
     ]
     gathered = all_gather_json([e.to_json() for e in mine], device=rk.comm)
     events = [TimelineRow.read_exact(e) for part in gathered for e in part]
-    _report(
-        rk,
-        cmd,
-        lambda end: StepAck(
-            worker=rt.name,
-            start=t0,
-            end=end,
-            events=events,
-            grad_norm=float(opt["grad_norm"]),
-            version=trainer.version,
-            checkpoint=folder,
-        ),
+    ack = StepAck(
+        worker=rt.name,
+        start=t0,
+        end=t2,
+        events=events,
+        grad_norm=float(opt["grad_norm"]),
+        version=trainer.version,
+        checkpoint=folder,
     )
+    rk.applied = {leased.task_id: ack}
+    _report(rk, leased, lambda end: replace(ack, end=end))
 
 
-def _report(rk: Rank, cmd: dict, result: Callable[[float], Result]) -> None:
+def _report(rk: TrainerRank, leased: LeasedTask, result: Callable[[float], Result]) -> None:
     """Count a command this rank ran; the leader acknowledges it with ``result`` (given when it ended)."""
     rk.tasks_run += 1
     if rk.leader:
-        _ack(rk, cmd["id"], result(time.time()).to_json())
+        _ack(rk, leased.task_id, result(time.time()).to_json())
 
 
-def _agreed_rows(rk: Rank, expected: int) -> int:
+def _agreed_rows(rk: TrainerRank, expected: int) -> int:
     """The rows the group trained since the last step; they must be the controller's count
     (a task trained twice, or lost, would change the update)."""
     assert rk.trainer is not None
@@ -350,7 +341,7 @@ def _agreed_rows(rk: Rank, expected: int) -> int:
     return rows
 
 
-def _stage_checkpoint(rk: Rank, folder: str | None, iteration: int, keep_from: int | None) -> None:
+def _stage_checkpoint(rk: TrainerRank, folder: str | None, iteration: int, keep_from: int | None) -> None:
     """On a checkpointing step: gather the whole weights and AdamW state on rank 0, which
     stages the checkpoint in ``folder``'s twin ``iter_NNNN.tmp`` in the format of
     :meth:`digen.optim.ParameterStore.save` (the controller puts it in place). With
@@ -378,7 +369,7 @@ def _stage_checkpoint(rk: Rank, folder: str | None, iteration: int, keep_from: i
     (tmp / "state.json").write_text(json.dumps(state, indent=1))
 
 
-def _gather_served(rk: Rank, version: int) -> dict[str, torch.Tensor]:
+def _gather_served(rk: TrainerRank, version: int) -> dict[str, torch.Tensor]:
     """Version ``version`` whole, from the shards every rank serves (no collective: the
     ranks' blob servers answer while they wait in this step)."""
     rt = rk.rt
@@ -393,6 +384,6 @@ def _gather_served(rk: Rank, version: int) -> dict[str, torch.Tensor]:
     return {k: torch.cat([p[k] for p in parts]).contiguous() for k in parts[0]}
 
 
-def _ack(rk: Rank, task_id: str, result: dict) -> None:
+def _ack(rk: TrainerRank, task_id: str, result: dict) -> None:
     if not rk.rt.queue.ack(task_id, result, worker=rk.rt.name):
         log.info("task %s was already acknowledged; this result is discarded", task_id)

@@ -9,7 +9,7 @@ the others in a store in the job's Redis (:mod:`digen.parallel.store`); one torc
 group (gloo on CPU, NCCL on CUDA).
 
 The leader reads its role tag, leases ``gen`` tasks (then ``eval`` ones) and broadcasts each
-as a JSON command; every rank loads the task's weights version and runs the same denoising
+as a rank command (the skeleton the FSDP group shares: :mod:`digen.workers.ranks`); every rank loads the task's weights version and runs the same denoising
 loop under :func:`~digen.parallel.ulysses.sequence_parallel` (each rank computes 1/d of the
 tokens; every rank ends with the whole sample). The ranks then meet once more (an
 all-gather of their names), so a rank that died during the task fails it on the others. In
@@ -17,7 +17,8 @@ a ``gen`` task the leader alone scores (a follower skips the reward); in an ``ev
 every rank scores its (identical) images, the leader alone stores them. The leader
 acknowledges once per task, its timeline events carrying ``sp_degree`` and ``ranks`` (the replica, leader
 first). Commands ``idle`` (nothing leased for a second: collectives stay within their
-timeout, ``schedule.lease_s``) and ``stop`` (the job left ``running``).
+timeout, ``schedule.lease_s``) and ``stop`` (the job left ``running``, or a newer loop took
+the worker: :func:`~digen.workers.ranks.loop_stopped`).
 
 Cancellation: a replica's task is not dropped between denoising steps (the ranks would
 disagree on the step at which they stop); the job stops after the task in hand.
@@ -42,41 +43,26 @@ from digen.controlplane.payloads import GenPayload
 from digen.controlplane.queue import LeasedTask
 from digen.controlplane.sp_keys import SpGroup
 from digen.core.events import Role, TaskKind, TaskRef
-from digen.parallel.comm import all_gather_json, broadcast_json
+from digen.parallel.comm import all_gather_json
 from digen.parallel.ulysses import sequence_parallel
 from digen.testing import faults
-from digen.workers.runtime import WorkerRuntime, join_group, poll, wait_for
+from digen.workers.ranks import Rank, RankCommand, init_process_group, lease_command, loop_stopped, serve
+from digen.workers.runtime import WorkerRuntime, wait_for
 from digen.workers.tasks import gen_result, generate, run_eval
 
 log = logging.getLogger(__name__)
 
-LEASE_BLOCK_S = 1.0
-"""The leader waits this long for a task before broadcasting ``idle``."""
 
+@dataclass(kw_only=True)
+class ReplicaRank(Rank):
+    """One rank of a replica (:class:`~digen.workers.ranks.Rank`; ``world``: the replica's size)."""
 
-@dataclass
-class Rank:
-    """One rank of a replica."""
-
-    rt: WorkerRuntime
     group: SpGroup
     token: str
     """The worker loop's ownership token (the leader reads its role tag with it)."""
     replica: list[str]
-    rank: int
-    comm: torch.device
-    """Where collective buffers live: CPU for gloo, the rank's GPU for NCCL."""
     current: str | None = None
     """The leader's leased task in hand."""
-    tasks_run: int = 0
-
-    @property
-    def leader(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def world(self) -> int:
-        return len(self.replica)
 
 
 def run_sp_rank(rt: WorkerRuntime, token: str, host: str | None = None) -> int:
@@ -91,10 +77,18 @@ def run_sp_rank(rt: WorkerRuntime, token: str, host: str | None = None) -> int:
     if not group.join(rt.name):
         group.leave(rt.name, "its worker loop restarted, and a replica does not take a rank back")
         return 0
-    rk = Rank(rt, group, token, list(replica), replica.index(rt.name), torch.device(rt.device))
+    rk = ReplicaRank(
+        rt=rt,
+        group=group,
+        token=token,
+        replica=list(replica),
+        rank=replica.index(rt.name),
+        world=len(replica),
+        comm=torch.device(rt.device),
+    )
     try:
-        if _init_process_group(rk, host):
-            _serve(rk)
+        if init_process_group(rk, group.rendezvous(rk.replica[0]), host, f"replica {', '.join(rk.replica)}"):
+            serve(rk, lambda: _next_command(rk), lambda task: _run(rk, task))
     except redis.ConnectionError:
         raise  # Redis gone for longer than schedule.redis_outage_s: the controller fails the job
     except Exception as exc:  # a peer died, a collective timed out or a task raised: go on at d=1
@@ -105,7 +99,7 @@ def run_sp_rank(rt: WorkerRuntime, token: str, host: str | None = None) -> int:
     return rk.tasks_run
 
 
-def _leave(rk: Rank, exc: Exception) -> None:
+def _leave(rk: ReplicaRank, exc: Exception) -> None:
     rt = rk.rt
     why = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
     log.warning("%s leaves its sequence-parallel replica (%s): %s", rt.name, ", ".join(rk.replica), why)
@@ -119,41 +113,22 @@ def _leave(rk: Rank, exc: Exception) -> None:
     rk.group.leave(rt.name, why)
 
 
-def _init_process_group(rk: Rank, host: str | None) -> bool:
-    """Join the replica's group; False when the job stopped or the leader left first."""
-    addr = join_group(rk.rt, rk.group.rendezvous(rk.replica[0]), rk.rank, rk.world, rk.comm, host)
-    if addr is None:
-        return False
-    log.info("%s is rank %d of replica %s (%s)", rk.rt.name, rk.rank, ", ".join(rk.replica), addr["backend"])
-    return True
-
-
 # --- commands -----------------------------------------------------------------------
-def _serve(rk: Rank) -> None:
-    while True:
-        cmd = broadcast_json(_next_command(rk) if rk.leader else None, device=rk.comm)
-        if cmd["op"] == "stop":
-            return
-        if cmd["op"] in (TaskKind.GEN.value, TaskKind.EVAL.value):
-            _run(rk, LeasedTask(cmd["op"], cmd["id"], cmd["payload"], int(cmd["attempt"])))
+def _next_command(rk: ReplicaRank) -> RankCommand:
+    """The leader's next command: a generation task, else an evaluation chunk, else ``idle``;
+    ``stop`` when the job stopped or a newer loop took this worker (the worker loop's own rule:
+    :func:`~digen.workers.ranks.loop_stopped`). A replica takes no off-role work (its rollout
+    budget for train tasks stays unused)."""
+    cmd = lease_command(rk, [TaskKind.GEN.value, TaskKind.EVAL.value], loop_stopped(rk.rt, rk.token))
+    if cmd.task is not None:
+        rk.current = cmd.task.task_id
+    return cmd
 
 
-def _next_command(rk: Rank) -> dict:
-    """The leader's next command: a generation task, else an evaluation chunk, else ``idle``.
-    A replica takes no off-role work (its rollout budget for train tasks stays unused)."""
-    rt = rk.rt
-    if poll(rt, rk.token) is None:  # the job stopped, or a newer loop took this worker
-        return {"op": "stop"}
-    rt.cycles += 1
-    leased = rt.queue.lease([TaskKind.GEN.value, TaskKind.EVAL.value], rt.name, block_s=LEASE_BLOCK_S)
-    if leased is None:
-        return {"op": "idle"}
-    rk.current = leased.task_id
-    return {"op": leased.queue, "id": leased.task_id, "payload": leased.payload, "attempt": leased.attempt}
-
-
-def _run(rk: Rank, leased: LeasedTask) -> None:
+def _run(rk: ReplicaRank, leased: LeasedTask) -> None:
     """Every rank runs the task under Ulysses; the leader stores and acknowledges it."""
+    if leased.queue not in (TaskKind.GEN.value, TaskKind.EVAL.value):
+        raise RuntimeError(f"a replica runs gen and eval tasks, not {leased.queue} task {leased.task_id}")
     rt = rk.rt
     with sequence_parallel(rt.policy, None):
         if leased.queue == TaskKind.GEN.value:

@@ -118,8 +118,9 @@ class Member:
     sums: TaskSum = field(default_factory=TaskSum)
     applied: dict[str, StepAck] = field(default_factory=dict)
     """Steps this member applied: id -> its acknowledgement (sent by the writer)."""
-    handled: set[tuple[str, int, str]] = field(default_factory=set)
-    """(step id, epoch, writer) of the step commands already acted on."""
+    handled: set[str] = field(default_factory=set)
+    """The marks (:attr:`~digen.controlplane.trainer_group.StepCommand.mark`: step id, epoch,
+    writer, times asked again) of the step commands already acted on."""
     pg_epoch: int | None = None
     """The epoch whose process group this member belongs to (None: none formed)."""
     backend: str = "gloo"
@@ -184,11 +185,12 @@ class Member:
         """Take part in step ``cmd`` (see the module docstring); returns once it is applied
         (or finished, as its writer) or aborted."""
         rt, me = self.rt, self.rt.name
-        key = (cmd.id, cmd.epoch, cmd.writer)
-        if not cmd.names(me, rt.incarnation) or key in self.handled:
+        if not cmd.names(me, rt.incarnation) or cmd.mark in self.handled:
             return  # not asked of this incarnation (a restarted worker: its predecessor was)
-        self.handled.add(key)
-        if cmd.id in self.applied:  # applied already: a new writer finishes it
+        self.handled.add(cmd.mark)
+        # applied already: a new writer finishes it, or the writer acknowledges it again (the
+        # controller asks again when the acknowledgement stored did not read); never twice
+        if cmd.id in self.applied:
             if cmd.writer == me:
                 self.finish(cmd, self.applied[cmd.id])
             return

@@ -21,8 +21,10 @@ value of another kind, nothing past the size limits (:data:`MAX_MESSAGE_BYTES` f
 :class:`~digen.errors.PayloadError` naming the message and the fault; the controller
 quarantines such a result as junk (:meth:`~digen.controlplane.queue.TaskQueue.quarantine`:
 recorded, counted) and runs its task again, never a ``KeyError`` of its own. A step's
-acknowledgement that does not read is quarantined too but not asked for again (the trainers
-applied the step already; a second run would step twice): that step then waits.
+acknowledgement that does not read is quarantined too and asked for again, not run again (the
+trainers applied the step already; a second run would step twice): the step's writer, or the
+FSDP leader, acknowledges it again from what it holds
+(:meth:`~digen.runtime.steps.StepGroup.ask_again`), up to ``schedule.max_attempts`` times.
 
 Every result has the same envelope (:class:`Result`): the worker that ran it, that worker
 loop's incarnation (a result of a process that is gone does not count), when it started and

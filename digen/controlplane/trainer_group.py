@@ -8,7 +8,7 @@ coordinate them; gradients and weights go worker to worker (:mod:`digen.dataplan
 Keys (``P = digen:<job_id>:``, cleared with the job's other keys)::
 
     P tg:step            string  JSON of the newest step command (:class:`StepCommand`)
-    P tg:step:mark       string  ``<id>@<epoch>/<writer>`` of that command: what every worker
+    P tg:step:mark       string  ``<id>@<epoch>/<writer>#<asked_again>`` of that command: what every worker
                                  loop reads each cycle (a member fetches the command when it changes)
     P tg:ok:<step>:<e>   set     members whose reduction of <step> in epoch <e> succeeded
     P tg:decision:<step> string  "commit:<e>" or "abort:<e>": written once (SET NX), so a
@@ -109,6 +109,11 @@ class StepCommand(Message):
     the state (every trainer restarted): used only if its version is ``version``."""
     incarnations: dict[str, str] = field(default_factory=dict)
     """member -> its incarnation (the token of its loop) when the command was issued."""
+    asked_again: int = 0
+    """How many times the controller asked again for the step's acknowledgement because the
+    one stored did not read (junk, quarantined): part of the :attr:`mark`, so the members see
+    the command anew, and the writer, which applied the step already, acknowledges it again
+    without stepping twice (:meth:`digen.workers.trainer.Member.run_step`)."""
 
     def names(self, worker: str, incarnation: str) -> bool:
         """Whether this command asks ``worker``'s incarnation ``incarnation`` to take part: a
@@ -144,8 +149,9 @@ class StepCommand(Message):
 
     @property
     def mark(self) -> str:
-        """What identifies this command to a member: a new id, epoch or writer is new work."""
-        return f"{self.id}@{self.epoch}/{self.writer}"
+        """What identifies this command to a member: a new id, epoch or writer is new work, and
+        so is the controller's asking again for its acknowledgement (``#<asked_again>``)."""
+        return f"{self.id}@{self.epoch}/{self.writer}#{self.asked_again}"
 
 
 class TrainerGroup(JsonKeys):

@@ -205,18 +205,35 @@ class Controller:
         return min(needed)
 
     def collect(self, task_id: str) -> list[Instruction]:
-        res = self.results.read(task_id, self.queue.raw_result(task_id))  # junk: quarantined, None
+        raw = self.queue.raw_result(task_id)
+        res = self.results.read(task_id, raw)  # junk: quarantined, None
         if is_step_id(task_id):
-            step = self.group.collect(task_id, res if isinstance(res, StepAck) else None)
-            if step is None:
-                return []
-            return self.end_iteration(step) if step.last_of_iteration else self.mini_batch_done(step)
+            return self.collect_step(task_id, raw, res if isinstance(res, StepAck) else None)
         events = self.results.collect(task_id, res)
         if events and res is not None:
             self.members.task_done(res.worker)
         instructions = self.handle(events)
         self.report_within()
         return instructions
+
+    def collect_step(self, task_id: str, raw: bytes | None, ack: StepAck | None) -> list[Instruction]:
+        """The acknowledgement ``ack`` of step ``task_id`` (read from ``raw``; None: none, or
+        junk, quarantined). One that names another version than the step makes is junk too
+        (quarantined and counted: a second step, or a forged acknowledgement, never moves the
+        controller's version); for junk the group is asked to acknowledge the step again."""
+        want = self.group.makes_version(task_id)
+        if ack is not None and want is not None and ack.version != want:
+            why = f"the stored result of task {task_id}: a StepAck of version {ack.version}, the step makes {want}"
+            self.queue.quarantine(f"result:{task_id}", raw, why)
+            ack = None
+        if ack is None:
+            if raw is not None:
+                self.group.ask_again(task_id)
+            return []
+        step = self.group.collect(task_id, ack)
+        if step is None:
+            return []
+        return self.end_iteration(step) if step.last_of_iteration else self.mini_batch_done(step)
 
     def report_within(self) -> None:
         """Tell the progress display where the oldest open iteration stands (samples

@@ -38,7 +38,7 @@ from digen.errors import DigenError
 from digen.iteration import checkpoints
 from digen.rundir import RunDir
 from digen.runtime.ledger import Ledger
-from digen.runtime.steps import Hold, StepResult
+from digen.runtime.steps import Hold, StepResult, count_junk_ack
 
 if TYPE_CHECKING:
     from digen.runtime.membership import Membership
@@ -67,6 +67,8 @@ class FsdpControl:
     members: list[str] = field(default_factory=list)
     steps: dict[str, tuple[float, FsdpStepPayload]] = field(default_factory=dict)
     """Step commands queued and not yet acknowledged: id -> (when queued, payload)."""
+    junk_acks: dict[str, int] = field(default_factory=dict)
+    """step id -> its acknowledgements that did not read (:meth:`ask_again`)."""
 
     @staticmethod
     def create(
@@ -142,6 +144,19 @@ class FsdpControl:
             payload.mini_batch,
             payload.last_of_iteration,
         )
+
+    def makes_version(self, task_id: str) -> int | None:
+        return self.version + 1 if task_id in self.steps else None  # one step at a time: the next
+
+    def ask_again(self, task_id: str) -> None:
+        """The leader's acknowledgement of step ``task_id`` did not read: the step command is
+        re-posted (the junk result goes); the leader, which applied it already, leases it and
+        acknowledges it again without a step (:mod:`digen.workers.fsdp_loop`)."""
+        if task_id not in self.steps:
+            return
+        count_junk_ack(self.junk_acks, task_id, self.ledger.cfg.schedule.max_attempts)
+        log.warning("step %s: its acknowledgement does not read; the FSDP leader is asked again", task_id)
+        self.queue.repost(STEP_QUEUE, task_id, self.steps[task_id][1].to_json())
 
     # --- the step group (StepGroup) ---------------------------------------------------------
     def ask(self, iteration: int, mini_batch: int, members: Membership, hold: Hold | None) -> bool:

@@ -62,7 +62,8 @@ class Collector:
         """The result of ``task_id`` as its record (:func:`~digen.controlplane.messages.result_type`);
         None when there is none, or
         when what is stored does not read: junk, quarantined (recorded and counted as the
-        queue's own junk) and, for a task the controller still waits for, run again."""
+        queue's own junk) and, for a task the controller still waits for, run again (a step's
+        acknowledgement: asked for again by its step group, :meth:`~digen.runtime.steps.StepGroup.ask_again`)."""
         if raw is None:
             return None
         try:
@@ -70,7 +71,9 @@ class Collector:
         except PayloadError as err:
             self.queue.quarantine(f"result:{task_id}", raw, f"the stored result of task {task_id}: {err}")
             queue, payload = self.ledger.outstanding.get(task_id, ("", None))
-            if payload is not None and not is_step_id(task_id):  # a step is applied already: never twice
+            if payload is not None and not is_step_id(
+                task_id
+            ):  # a step: its group asks again (applied: never twice)
                 log.warning("task %s runs again: its stored result does not read", task_id)
                 self.queue.repost(queue, task_id, payload.to_json())
             return None

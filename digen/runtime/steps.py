@@ -13,7 +13,9 @@ none); an aborted step's gradients are gone with the members' sums, so its train
 again (the scheduler asks for the step anew once they are done, in a new epoch); a writer that
 leaves after the commit is replaced by another member, which holds the same state. The
 acknowledgement (:meth:`StepControl.collect`) gives the new version, its grad norm and the
-staged checkpoint.
+staged checkpoint. One that does not read (junk in Redis, quarantined) is asked for again
+(:meth:`StepControl.ask_again`): the members applied the step, so the writer acknowledges it
+again from what it holds; never a second step, and never a job that waits for ever.
 
 **The step invariant.** A step's command lists exactly the train tasks of its iteration's
 mini-batch that were released (less those dead under ``schedule.on_poison: drop``), each one
@@ -106,6 +108,19 @@ class StepGroup(Protocol):
         """The acknowledged step command ``task_id`` (None: not one this group waits for)."""
         ...
 
+    def makes_version(self, task_id: str) -> int | None:
+        """The version step ``task_id`` makes (the one its acknowledgement must name), None
+        when it is not a step this group waits for."""
+        ...
+
+    def ask_again(self, task_id: str) -> None:
+        """The stored acknowledgement of step ``task_id`` did not read (junk, quarantined): if
+        it is the step this group waits for, have the group acknowledge it again (its members
+        applied it already: they answer from what they hold, never stepping twice). Raises
+        :class:`DigenError` naming the step once ``schedule.max_attempts`` acknowledgements of
+        it did not read (:func:`count_junk_ack`)."""
+        ...
+
     def settle_departure(self, worker: str) -> set[str] | None:
         """``worker`` left: the train tasks whose gradients the step in flight settles (the
         rest of what it held is lost with it), or None when the group settles a departure
@@ -166,6 +181,8 @@ class StepControl:
     """Members keep serving every version from this one on (an evaluation still to run)."""
     failed_aborts: dict[str, int] = field(default_factory=dict)
     """step id -> aborts in a row that no departure explains (a member failed by itself)."""
+    junk_acks: dict[str, int] = field(default_factory=dict)
+    """step id -> its acknowledgements that did not read (:meth:`ask_again`)."""
 
     @property
     def mini_batches(self) -> int:
@@ -410,6 +427,27 @@ class StepControl:
             cmd.tasks(),
         )
 
+    def makes_version(self, task_id: str) -> int | None:
+        cmd = self.inflight
+        return cmd.version + 1 if cmd is not None and cmd.id == task_id else None
+
+    def ask_again(self, task_id: str) -> None:
+        """Ask the writer of the step in flight to acknowledge it again (see
+        :meth:`StepGroup.ask_again`): its task is re-posted (the junk result goes) and the
+        command written again, asked once more (:attr:`StepCommand.asked_again`, a new mark),
+        so the writer, which applied it already, acknowledges it from what it holds."""
+        cmd = self.inflight
+        if cmd is None or cmd.id != task_id:
+            return
+        cmd.asked_again = count_junk_ack(self.junk_acks, task_id, self.cfg.schedule.max_attempts)
+        log.warning(
+            "step %s: its acknowledgement does not read; the writer %s is asked again", task_id, cmd.writer
+        )
+        payload = self.ledger.outstanding[task_id][1]
+        self.queue.repost(STEP_QUEUE, task_id, payload.to_json())
+        self.group.set_step(cmd)
+        self.queue.wake(*cmd.members)
+
     def checkpoint_placed(self, folder: str | None) -> None:
         if folder is not None:
             self.checkpoint = folder
@@ -447,6 +485,21 @@ class StepControl:
 
     def dead_task(self, dead: DeadLetter) -> Exception | None:
         return None
+
+
+def count_junk_ack(counts: dict[str, int], task_id: str, limit: int) -> int:
+    """Count one more acknowledgement of step ``task_id`` that did not read into ``counts``;
+    returns the count, or raises :class:`DigenError` naming the step once it reaches
+    ``limit`` (``schedule.max_attempts``): whoever keeps writing junk there would make the
+    job ask forever."""
+    n = counts[task_id] = counts.get(task_id, 0) + 1
+    if n >= limit:
+        raise DigenError(
+            f"the acknowledgement of the optimizer step {task_id} did not read {n} times (schedule.max_attempts "
+            f"{limit}; each quarantined as junk, see dead_letters.jsonl): something else writes its result in "
+            f"Redis; rerun with --resume to continue from the last checkpoint"
+        )
+    return n
 
 
 def _group_part(task_id: str) -> tuple[int, int | None]:

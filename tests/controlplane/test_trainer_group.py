@@ -5,6 +5,7 @@ quarantines it, digen/workers/loop.py), never a TypeError that ends the member's
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -32,6 +33,7 @@ FULL = StepCommand(
     serve_from=3,
     restore=None,
     incarnations={"trainer-0": "a", "trainer-1": "b"},
+    asked_again=1,
 )
 
 
@@ -41,6 +43,17 @@ def test_a_step_command_survives_redis_whole(redis_client):
     back = group.step()
     assert back == FULL
     assert back.tasks() == ["train:3:0", "train:3:1", "train:3:2"]
+
+
+def test_asking_again_is_a_new_mark_for_the_same_step(redis_client):
+    """The controller asks again for an acknowledgement that did not read: the same step id
+    and epoch under a new mark, which every member's loop reads as new work."""
+    group = TrainerGroup(redis_client, "tgjob")
+    again = replace(FULL, asked_again=FULL.asked_again + 1)
+    assert (FULL.mark, again.mark) == ("step:3:1@2/trainer-0#1", "step:3:1@2/trainer-0#2")
+    group.set_step(again)
+    assert redis_client.get("digen:tgjob:tg:step:mark") == again.mark.encode()
+    assert group.step() == again
 
 
 def good() -> dict:

@@ -19,6 +19,7 @@ from tests.reliability.conftest import (
     assert_equals_reference,
     assert_exactly_once,
     fault_config,
+    metrics,
     run_job,
     timeline,
 )
@@ -234,3 +235,133 @@ def test_digen_status_shows_the_count(tiny_sd3: Path, tmp_path: Path, monkeypatc
     finally:
         r.close()
         stop_embedded(tmp_path / "home" / "digen.db")
+
+
+def _unreadable_ack() -> bytes:
+    """A StepAck that does not read: its version is not a number, its times are missing."""
+    from digen.controlplane.codec import pack
+
+    return pack({"worker": "w", "version": "v2", "grad_norm": 1.0})
+
+
+def _forged_ack() -> bytes:
+    """A StepAck that reads, naming a version no step of the job makes next."""
+    from digen.controlplane.codec import pack
+    from digen.controlplane.messages import StepAck
+
+    return pack(StepAck(worker="trainer-0", start=0.0, end=0.0, grad_norm=0.5, version=7).to_json())
+
+
+JUNK_ACKS = {
+    "unreadable": (_unreadable_ack, "a StepAck that does not read"),
+    "another version": (_forged_ack, "a StepAck of version 7, the step makes 2"),
+}
+
+
+def _junk_step_ack(job_id: str, step: str, pushed: list[int], junk: bytes | None = None):
+    """A progress callback that stores ``junk`` (default: an unreadable StepAck) as the result
+    of step ``step`` after iteration 0's row: before the controller asks for that step (it asks
+    once iteration ``step``'s train tasks are done, which run on the version iteration 0's step
+    made), so the step's acknowledgement finds it there and the junk is what the controller reads."""
+    from digen.controlplane.redis_conn import connect
+
+    raw = _unreadable_ack() if junk is None else junk
+
+    def write_junk(m: dict) -> None:
+        if "event" in m or pushed:
+            return
+        r = connect(None)
+        try:
+            r.set(f"digen:{job_id}:result:{step}", raw)
+        finally:
+            r.close()
+        pushed.append(1)
+
+    return write_junk
+
+
+def _assert_step_ack_quarantined(
+    out: Path, job_id: str, step: str, reason: str = "a StepAck that does not read"
+) -> None:
+    """The junk stored as the acknowledgement of ``step`` was quarantined (once: it goes with
+    the re-posted step, and the group's second acknowledgement reads) and counted."""
+    rows = [json.loads(x) for x in (out / "dead_letters.jsonl").read_text().splitlines()]
+    got = [x for x in rows if x["from"] == f"digen:{job_id}:result:{step}"]
+    assert len(got) == 1 and got[0]["action"] == "quarantined", rows
+    assert reason in got[0]["reason"], got
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", sorted(JUNK_ACKS))
+def test_a_step_acknowledgement_that_does_not_read_is_asked_for_again(
+    kind: str, tiny_sd3: Path, reference: Path, tmp_path
+):
+    """Junk stored as the acknowledgement of a replicated trainer group's step (one that does
+    not read, or one that reads and names another version than the step makes): it is
+    quarantined and counted, the controller asks the group again (the command written once
+    more, same id), the writer, which applied the step already, acknowledges it again without
+    stepping twice: every iteration trains once, the version moves once a step, and the run
+    equals the fault-free reference bit for bit (a second step would move the weights). Before
+    the re-ask the job waited for that step for ever."""
+    cfg = fault_config(
+        tiny_sd3,
+        schedule={"mode": "disaggregated", "gap": True, "max_staleness": 0},
+        cluster__local={"rollout_workers": 1, "trainer_workers": 1},
+    )
+    make, reason = JUNK_ACKS[kind]
+    out, job_id, pushed = tmp_path / "run", f"junk-step-ack-{kind.replace(' ', '-')}", []
+    run_job(cfg, out, job_id, progress=_junk_step_ack(job_id, "step:1", pushed, make()))
+    assert pushed
+    assert_exactly_once(out)
+    assert_equals_reference(out, reference)
+    assert [m["policy_version"] for m in metrics(out)] == [1, 2, 3]
+    _assert_step_ack_quarantined(out, job_id, "step:1", reason)
+    optim = Counter(e["iteration"] for e in timeline(out) if e["kind"] == "optim")
+    assert optim == {0: 1, 1: 1, 2: 1}
+
+
+@pytest.mark.slow
+def test_an_fsdp_step_acknowledgement_that_does_not_read_is_asked_for_again(
+    tiny_sd3: Path, reference: Path, tmp_path
+):
+    """The same for an FSDP group's step (one rank, which leads): the step command is re-posted,
+    the leader, which applied it already, leases it and acknowledges it again without a step."""
+    cfg = fault_config(
+        tiny_sd3,
+        train__fsdp=True,
+        schedule={"mode": "disaggregated", "gap": True, "max_staleness": 0},
+        cluster__local={"rollout_workers": 1, "trainer_workers": 1},
+    )
+    out, job_id, pushed = tmp_path / "run", "junk-fsdp-step-ack", []
+    run_job(cfg, out, job_id, progress=_junk_step_ack(job_id, "step:1", pushed))
+    assert pushed
+    assert_exactly_once(out)
+    assert_equals_reference(out, reference)
+    assert [m["policy_version"] for m in metrics(out)] == [1, 2, 3]
+    _assert_step_ack_quarantined(out, job_id, "step:1")
+    optim = Counter(e["iteration"] for e in timeline(out) if e["kind"] == "optim")
+    assert optim == {0: 1, 1: 1, 2: 1}
+
+
+@pytest.mark.slow
+def test_a_step_acknowledgement_that_never_reads_fails_the_job_naming_the_step(tiny_sd3: Path, tmp_path):
+    """The re-asks are bounded by ``schedule.max_attempts``: at 1, the first junk
+    acknowledgement fails the job with one line naming the step (never a job that asks for
+    ever while something keeps writing junk there)."""
+    from digen.errors import DigenError
+
+    cfg = fault_config(
+        tiny_sd3,
+        schedule={"mode": "disaggregated", "gap": True, "max_staleness": 0, "max_attempts": 1},
+        cluster__local={"rollout_workers": 1, "trainer_workers": 1},
+    )
+    out, job_id, pushed = tmp_path / "run", "junk-step-ack-bound", []
+    with pytest.raises(DigenError) as err:
+        run_job(cfg, out, job_id, progress=_junk_step_ack(job_id, "step:1", pushed))
+    assert pushed
+    assert str(err.value).startswith(
+        "the acknowledgement of the optimizer step step:1 did not read 1 times (schedule.max_attempts 1;"
+    )
+    assert "\n" not in str(err.value)
+    _assert_step_ack_quarantined(out, job_id, "step:1")
+    assert [m["iteration"] for m in metrics(out)] == [0]
