@@ -371,12 +371,17 @@ class BlobServer:
         with self._lock:
             return len(self._pending)
 
-    def close(self) -> None:
+    def close(self, wait_s: float = 2.0) -> None:
+        """Stop accepting, and wait up to ``wait_s`` for the accept thread to end: a closed
+        server leaves no thread of its own behind that outlives it. Connections being served
+        finish on their own threads."""
         self._closed = True
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept()
         with contextlib.suppress(OSError):
             self.sock.close()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(wait_s)
 
     def _count(self, what: str, n: int = 1) -> None:
         with self._lock:
