@@ -68,8 +68,8 @@ from digen.parallel.comm import all_gather_json, all_reduce_stats
 from digen.parallel.fsdp import ShardedTrainer, local_shards, local_trainable_shards, shard_of, shard_rows
 from digen.testing import faults
 from digen.training import batch_rows
+from digen.workers.context import WorkerContext, wait_for
 from digen.workers.ranks import IDLE, Rank, RankCommand, init_process_group, job_stopped, lease_command, serve
-from digen.workers.runtime import WorkerRuntime, wait_for
 from digen.workers.tasks import TRAINING_TENSORS, batch_specs, batch_tensors, park
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ class TrainerRank(Rank):
         )
 
 
-def run_fsdp_rank(rt: WorkerRuntime, host: str | None = None) -> dict:
+def run_fsdp_rank(rt: WorkerContext, host: str | None = None) -> dict:
     """Be this worker's rank of the job's FSDP group until the job stops. ``host``: this
     worker's address as the other trainers reach it, where rank 0 serves the rendezvous
     (default: the host of its Dask worker address)."""

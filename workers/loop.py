@@ -37,8 +37,8 @@ from digen.errors import PayloadError, TaskDropped
 from digen.rewards.http import share_breakers
 from digen.startup import process_start_time
 from digen.testing import faults
+from digen.workers.context import WorkerContext, dask_worker_host, node_tls, poll, quiet_worker_heartbeat
 from digen.workers.preload import LOAD_TIMES, worker_device
-from digen.workers.runtime import WorkerRuntime, dask_worker_host, node_tls, poll, quiet_worker_heartbeat
 from digen.workers.tasks import RUNNERS, gen_batches, run_gen_batch
 from digen.workers.trainer import Member
 
@@ -50,7 +50,7 @@ IDLE_WAIT_S = 1.0
 step command: the wait costs no round trip while nothing happens)."""
 
 
-def next_task(rt: WorkerRuntime, role: Role, budget: int) -> LeasedTask | None:
+def next_task(rt: WorkerContext, role: Role, budget: int) -> LeasedTask | None:
     """Lease by the tag's pull order. A worker takes an off-role task (a trainer: generation,
     TAG; a rollout worker: training, RAT) only when none of its own kind is ready and its
     budget allows (spent atomically in Redis, given back when the queue had nothing). When
@@ -114,7 +114,7 @@ def worker_loop(
     share_breakers(r)  # a reward server one worker found down fails every worker's calls at once
     round_trips = count_round_trips(r)
     server = local_server(dask_worker_host(), node_tls(cfg), cfg.security.auth_s)
-    rt = WorkerRuntime(
+    rt = WorkerContext(
         name=name,
         gpu_type=gpu_type or "cpu",
         cfg=cfg,
@@ -179,7 +179,7 @@ def worker_loop(
     return {"worker": name, "tasks": rt.tasks_run}
 
 
-def more_gen(rt: WorkerRuntime, first: LeasedTask, role: Role) -> list[LeasedTask]:
+def more_gen(rt: WorkerContext, first: LeasedTask, role: Role) -> list[LeasedTask]:
     """Up to ``rollout.max_batch - 1`` more generation tasks to run with ``first``, leased at
     once from its queue, without waiting (fewer when fewer are ready). A trainer (TAG: its
     off-role kind) spends a unit of its budget on each, as :func:`next_task` did on ``first``,
@@ -198,9 +198,9 @@ def more_gen(rt: WorkerRuntime, first: LeasedTask, role: Role) -> list[LeasedTas
     return more
 
 
-def extending(rt: WorkerRuntime, batch: list[LeasedTask]) -> Callable[[], bool]:
+def extending(rt: WorkerContext, batch: list[LeasedTask]) -> Callable[[], bool]:
     """The ``stop`` check of a batched generation (:func:`~digen.rollout.generate_groups`):
-    the job's status (:meth:`WorkerRuntime.job_stopped`), and every quarter of
+    the job's status (:meth:`WorkerContext.job_stopped`), and every quarter of
     ``schedule.lease_s`` the leases of the batch's tasks renewed, since a batch of k groups
     runs up to k times as long as one group (a lease already lost is re-delivered elsewhere:
     the first acknowledgement wins)."""
@@ -217,7 +217,7 @@ def extending(rt: WorkerRuntime, batch: list[LeasedTask]) -> Callable[[], bool]:
     return stop
 
 
-def run_gen_tasks(rt: WorkerRuntime, leased: list[LeasedTask], role: Role) -> None:
+def run_gen_tasks(rt: WorkerContext, leased: list[LeasedTask], role: Role) -> None:
     """Run leased generation tasks, as batches of those that agree
     (:func:`~digen.workers.tasks.gen_batches`), each task acknowledged on its own. A batch
     that raises runs each of its tasks again alone (:func:`run_task`), so only a task that
@@ -253,7 +253,7 @@ def run_gen_tasks(rt: WorkerRuntime, leased: list[LeasedTask], role: Role) -> No
             acknowledge(rt, task, outcome)
 
 
-def fail(rt: WorkerRuntime, leased: LeasedTask, exc: Exception) -> None:
+def fail(rt: WorkerContext, leased: LeasedTask, exc: Exception) -> None:
     """Report a task that raised (:meth:`TaskQueue.nack`: re-delivered, or dead after
     ``schedule.max_attempts``)."""
     log.error("task %s failed on %s: %s", leased.task_id, rt.name, exc)
@@ -265,7 +265,7 @@ def fail(rt: WorkerRuntime, leased: LeasedTask, exc: Exception) -> None:
     )
 
 
-def run_task(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> None:
+def run_task(rt: WorkerContext, leased: LeasedTask, role: Role) -> None:
     """Run a leased task and acknowledge it; a task that raises is reported (never kills the
     loop), one whose input is gone is parked by its runner."""
     try:
@@ -281,7 +281,7 @@ def run_task(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> None:
     acknowledge(rt, leased, outcome)
 
 
-def acknowledge(rt: WorkerRuntime, leased: LeasedTask, outcome) -> None:
+def acknowledge(rt: WorkerContext, leased: LeasedTask, outcome) -> None:
     """Acknowledge a task that ran (its result counts once: the first acknowledgement wins)
     and do what its runner asked once it won; nothing for a parked task (None)."""
     if outcome is None:  # parked: its input is made again first

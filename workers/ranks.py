@@ -19,7 +19,7 @@ The leader decides ``stop`` by one of two rules, and the difference is deliberat
   one of them saw its worker taken: its peers would wait on it in a collective until the
   timeout.
 - :func:`loop_stopped` (a sequence-parallel replica): what the worker loop itself stops on
-  (:func:`~digen.workers.runtime.poll`): the job left ``running``, or a newer loop took the
+  (:func:`~digen.workers.context.poll`): the job left ``running``, or a newer loop took the
   worker. A replica hands its worker back to the ordinary (d=1) loop when it ends, which
   would stop on the same poll; so it reads the worker's loop state as that loop does (and
   counts the cycle, waiting while the worker has no role tag), and a replica broken that way
@@ -39,7 +39,7 @@ from digen.controlplane.jsonkeys import Rendezvous
 from digen.controlplane.queue import LeasedTask, is_task_id
 from digen.errors import PayloadError
 from digen.parallel.comm import broadcast_json
-from digen.workers.runtime import WorkerRuntime, join_group, poll
+from digen.workers.context import WorkerContext, join_group, poll
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ _TASK_KEYS = {"op", "queue", "id", "payload", "attempt"}
 class Rank:
     """One rank of a group: its worker, its place, where its collective buffers live."""
 
-    rt: WorkerRuntime
+    rt: WorkerContext
     rank: int
     world: int
     comm: torch.device
@@ -154,12 +154,12 @@ def serve(rk: Rank, next_command: Callable[[], RankCommand], run: Callable[[Leas
             run(cmd.task)
 
 
-def job_stopped(rt: WorkerRuntime) -> Callable[[], bool]:
+def job_stopped(rt: WorkerContext) -> Callable[[], bool]:
     """The FSDP group's stop rule: the job left ``running`` (see the module docstring)."""
     return lambda: rt.job.status() != "running"
 
 
-def loop_stopped(rt: WorkerRuntime, token: str) -> Callable[[], bool]:
+def loop_stopped(rt: WorkerContext, token: str) -> Callable[[], bool]:
     """A replica's stop rule: the worker loop's own (see the module docstring), which counts
     the cycle."""
 

@@ -46,8 +46,8 @@ from digen.core.events import Role, TaskKind, TaskRef
 from digen.parallel.comm import all_gather_json
 from digen.parallel.ulysses import sequence_parallel
 from digen.testing import faults
+from digen.workers.context import WorkerContext, wait_for
 from digen.workers.ranks import Rank, RankCommand, init_process_group, lease_command, loop_stopped, serve
-from digen.workers.runtime import WorkerRuntime, wait_for
 from digen.workers.tasks import gen_result, generate, run_eval
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ class ReplicaRank(Rank):
     """The leader's leased task in hand."""
 
 
-def run_sp_rank(rt: WorkerRuntime, token: str, host: str | None = None) -> int:
+def run_sp_rank(rt: WorkerContext, token: str, host: str | None = None) -> int:
     """Be this worker's rank of its replica while the replica holds; the tasks it ran (0 for a
     worker outside the plan). ``host``: where the leader serves the rendezvous (default: the
     host of its Dask worker address)."""

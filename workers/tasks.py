@@ -47,14 +47,14 @@ from digen.rollout import Trajectories, batch_key, generate_group, generate_grou
 from digen.testing import faults
 from digen.training import train_groups
 from digen.viz import image_cells, to_png
-from digen.workers.runtime import WorkerRuntime, event
+from digen.workers.context import WorkerContext, event
 
 log = logging.getLogger(__name__)
 
 Outcome = tuple[Result, Callable[[], None] | None] | None
 
 
-def generate(rt: WorkerRuntime, leased: LeasedTask, role: Role, *, score: bool, stop) -> tuple:
+def generate(rt: WorkerContext, leased: LeasedTask, role: Role, *, score: bool, stop) -> tuple:
     """A generation task's group and timeline events (scored when ``score``), nothing stored:
     ``(trajectories, events, start)``. Also what every rank of a sequence-parallel replica runs."""
     task = GenPayload.read(leased.payload).task
@@ -79,7 +79,7 @@ def generate(rt: WorkerRuntime, leased: LeasedTask, role: Role, *, score: bool, 
 
 
 def gen_result(
-    rt: WorkerRuntime, leased: LeasedTask, traj: Trajectories, events: list[TimelineRow], t0: float
+    rt: WorkerContext, leased: LeasedTask, traj: Trajectories, events: list[TimelineRow], t0: float
 ) -> GenResult:
     """Keep a generated group's tensors as a blob of this worker; the task's result: rewards,
     timings, where the blob is, and (when the payload asks, for a sample grid) its images as
@@ -101,13 +101,13 @@ def gen_result(
     )
 
 
-def run_gen(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
+def run_gen(rt: WorkerContext, leased: LeasedTask, role: Role) -> Outcome:
     score = GenPayload.read(leased.payload).score
     traj, events, t0 = generate(rt, leased, role, score=score, stop=rt.job_stopped)
     return gen_result(rt, leased, traj, events, t0), None
 
 
-def gen_batches(rt: WorkerRuntime, batch: list[LeasedTask]) -> list[list[LeasedTask]]:
+def gen_batches(rt: WorkerContext, batch: list[LeasedTask]) -> list[list[LeasedTask]]:
     """Leased generation tasks cut into the batches that can run as one forward, in lease
     order: those of one iteration, weights version and scoring (inline or by a ``reward``
     task) whose prompt embeddings agree in shape (:func:`digen.rollout.batch_key`)."""
@@ -125,7 +125,7 @@ def gen_batches(rt: WorkerRuntime, batch: list[LeasedTask]) -> list[list[LeasedT
     return list(out.values())
 
 
-def run_gen_batch(rt: WorkerRuntime, batch: list[LeasedTask], role: Role, stop) -> list[Outcome]:
+def run_gen_batch(rt: WorkerContext, batch: list[LeasedTask], role: Role, stop) -> list[Outcome]:
     """Generation tasks that :func:`gen_batches` put together, as one batch
     (:func:`digen.rollout.generate_groups`: one forward per denoising step for all their
     samples); each task's result on its own, as :func:`run_gen` makes it, its ``gen`` event
@@ -176,7 +176,7 @@ NOT_TRAINED = ("images", "decoded")
 
 
 def group_tensors(
-    rt: WorkerRuntime, leased: LeasedTask, src: BlobRef | None, names: list[str] | None
+    rt: WorkerContext, leased: LeasedTask, src: BlobRef | None, names: list[str] | None
 ) -> dict[str, torch.Tensor]:
     """Tensors ``names`` of the generated group a task works on (None: all but
     :data:`NOT_TRAINED`), from the worker that made it (this one: no copy; the payload's
@@ -189,7 +189,7 @@ def group_tensors(
 
 
 def source_tensors(
-    rt: WorkerRuntime, src: BlobRef | None, iteration: int, group: int, names: list[str] | None
+    rt: WorkerContext, src: BlobRef | None, iteration: int, group: int, names: list[str] | None
 ) -> dict[str, torch.Tensor]:
     """:func:`group_tensors` of one group whose trajectories are at ``src``."""
     if src is None:
@@ -207,7 +207,7 @@ def source_tensors(
     return fetch(addr, name, names=names, exclude=NOT_TRAINED if names is None else (), expect=expect)[0]
 
 
-def park(rt: WorkerRuntime, leased: LeasedTask, exc: BlobLost) -> None:
+def park(rt: WorkerContext, leased: LeasedTask, exc: BlobLost) -> None:
     # a mismatch was already the one warning (naming its producer) where the fetch found it
     level = logging.INFO if isinstance(exc, BlobMismatch) else logging.WARNING
     log.log(level, "task %s on %s waits for its input: %s", leased.task_id, rt.name, exc)
@@ -230,7 +230,7 @@ def batch_specs(task_id: str, payload: TrainPayload) -> list[TrainEntry]:
 
 
 def batch_tensors(
-    rt: WorkerRuntime, leased: LeasedTask, entries: list[TrainEntry], names: list[str] | None
+    rt: WorkerContext, leased: LeasedTask, entries: list[TrainEntry], names: list[str] | None
 ) -> list[dict[str, torch.Tensor]]:
     """:func:`group_tensors` of every group of a (batched) train task, in group order."""
     first = group_tensors(rt, leased, entries[0].source, names)
@@ -238,7 +238,7 @@ def batch_tensors(
     return [first, *rest]
 
 
-def run_train(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
+def run_train(rt: WorkerContext, leased: LeasedTask, role: Role) -> Outcome:
     payload = TrainPayload.read(leased.payload)
     entries = batch_specs(leased.task_id, payload)
     specs = [e.spec for e in entries]
@@ -274,7 +274,7 @@ def run_train(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
     return result, lambda: member.add(leased.task_id, grads)
 
 
-def run_reward(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
+def run_reward(rt: WorkerContext, leased: LeasedTask, role: Role) -> Outcome:
     """Score a generated group from its decoded images (the same float32 tensor the
     generation task would have scored inline, so the rewards are the same)."""
     payload = RewardPayload.read(leased.payload)
@@ -302,7 +302,7 @@ def run_reward(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
     return result, None
 
 
-def run_eval(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
+def run_eval(rt: WorkerContext, leased: LeasedTask, role: Role) -> Outcome:
     """Sample and score a chunk of held-out prompts with the version the task names; the
     result holds the scores and the images as grid cells."""
     task = EvalPayload.read(leased.payload).task

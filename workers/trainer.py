@@ -55,7 +55,7 @@ from digen.evaluation import carries_ema
 from digen.optim import ParameterStore, stage_checkpoint
 from digen.parallel.comm import comm_device, trainer_backend
 from digen.testing import faults
-from digen.workers.runtime import POLL_S, WorkerRuntime, event, join_group
+from digen.workers.context import POLL_S, WorkerContext, event, join_group
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ def serve_weights(
 class Member:
     """One worker's share of the trainer group (see the module docstring)."""
 
-    rt: WorkerRuntime
+    rt: WorkerContext
     store: ParameterStore
     kept: tuple[int, dict[str, torch.Tensor]] | None = None
     """(version, weights) of an older version served while a staleness-1 rollout may still
@@ -128,7 +128,7 @@ class Member:
 
     # --- set-up -------------------------------------------------------------------------
     @staticmethod
-    def start(rt: WorkerRuntime) -> Member:
+    def start(rt: WorkerContext) -> Member:
         """The member of a starting worker, holding the job's current state: version 0 from its
         own (seeded) build at the start of a job; the checkpoint a resumed job starts from; or,
         joining a running job (a new trainer, a restarted one), the newest version copied from

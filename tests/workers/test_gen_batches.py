@@ -9,8 +9,8 @@ from digen.controlplane.queue import TaskQueue
 from digen.core.events import Role
 from digen.dataplane.blobs import BlobStore
 from digen.task_records import plan_groups
+from digen.workers.context import WorkerContext
 from digen.workers.loop import more_gen, next_task, run_gen_tasks
-from digen.workers.runtime import WorkerRuntime
 
 
 def test_a_batch_is_leased_at_once_run_as_one_and_each_task_acknowledged_with_its_share(
@@ -21,7 +21,7 @@ def test_a_batch_is_leased_at_once_run_as_one_and_each_task_acknowledged_with_it
     job.set_status("running")
     groups = plan_groups(cfg, cfg.prompt_list(), 0, 0)
     queue.put_all([("gen", f"gen:0:{t.group}", GenPayload(t).to_json()) for t in groups])
-    rt = WorkerRuntime("w", "cpu", cfg, queue, job, "cpu", blobs=BlobStore())
+    rt = WorkerContext("w", "cpu", cfg, queue, job, "cpu", blobs=BlobStore())
     rt.ensure_policy()
     rt.version = 0
 

@@ -1,6 +1,6 @@
 """What one worker process holds between tasks, and the helpers every worker loop shares.
 
-:class:`WorkerRuntime` is the state of a worker's loop (:mod:`digen.workers.loop`): its policy and
+:class:`WorkerContext` is the state of a worker's loop (:mod:`digen.workers.loop`): its policy and
 reward, the weights version loaded, its connection to the job's Redis keys, and its end of the
 data plane: the :class:`~digen.dataplane.blobs.BlobStore` of what it produced (trajectories,
 gradients, weight versions) and the address peers fetch them from. The trainer's share of the
@@ -54,7 +54,7 @@ POLL_S = 0.05
 
 class GroupShare(Protocol):
     """What the loop and the tasks ask of a worker's share of the trainer group
-    (:class:`digen.workers.trainer.Member`, which builds on this runtime: hence a protocol here)."""
+    (:class:`digen.workers.trainer.Member`, which builds on this context: hence a protocol here)."""
 
     def add(self, task_id: str, grads: dict[str, torch.Tensor]) -> None: ...
 
@@ -64,7 +64,7 @@ class GroupShare(Protocol):
 
 
 @dataclass
-class WorkerRuntime:
+class WorkerContext:
     """What one worker holds between tasks."""
 
     name: str
@@ -211,7 +211,7 @@ class WorkerRuntime:
         self.blobs.drop_where(keep)
 
 
-def poll(rt: WorkerRuntime, token: str) -> LoopState | None:
+def poll(rt: WorkerContext, token: str) -> LoopState | None:
     """The top of a loop cycle: the job's state as this worker sees it (its role tag: (role,
     off-role budget); the trainer group's step command; the newest stepped iteration), or None
     when the loop must stop (the job left ``running``, or a newer loop took the worker). One
@@ -229,7 +229,7 @@ def poll(rt: WorkerRuntime, token: str) -> LoopState | None:
 
 
 def event(
-    rt: WorkerRuntime,
+    rt: WorkerContext,
     role: Role,
     kind: str,
     task: TaskRef,
@@ -244,7 +244,7 @@ def event(
     return TimelineRow(rt.name, rt.gpu_type, role.value, kind, task.iteration, version, s, e, cpu_s=cpu_s)
 
 
-def wait_for(rt: WorkerRuntime, read: Callable[[], T | None], what: str) -> T | None:
+def wait_for(rt: WorkerContext, read: Callable[[], T | None], what: str) -> T | None:
     """Poll Redis with ``read`` until it returns a value; None once the job stops running."""
     while rt.job.status() == "running":
         value = read()
@@ -256,7 +256,7 @@ def wait_for(rt: WorkerRuntime, read: Callable[[], T | None], what: str) -> T | 
 
 
 def join_group(
-    rt: WorkerRuntime,
+    rt: WorkerContext,
     rendezvous: Rendezvous,
     rank: int,
     world: int,
