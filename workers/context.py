@@ -211,17 +211,17 @@ class WorkerContext:
         self.blobs.drop_where(keep)
 
 
-def poll(rt: WorkerContext, token: str) -> LoopState | None:
+def poll(ctx: WorkerContext, token: str) -> LoopState | None:
     """The top of a loop cycle: the job's state as this worker sees it (its role tag: (role,
     off-role budget); the trainer group's step command; the newest stepped iteration), or None
     when the loop must stop (the job left ``running``, or a newer loop took the worker). One
     round trip (:meth:`JobState.loop_state`); waits while the worker has no tag yet."""
     while True:
-        state = rt.job.loop_state(rt.name, token)
+        state = ctx.job.loop_state(ctx.name, token)
         if state.status != "running":
             return None
         if not state.owns_loop:
-            log.info("worker %s: a newer loop took over; this one stops", rt.name)
+            log.info("worker %s: a newer loop took over; this one stops", ctx.name)
             return None
         if state.tag is not None:
             return state
@@ -229,7 +229,7 @@ def poll(rt: WorkerContext, token: str) -> LoopState | None:
 
 
 def event(
-    rt: WorkerContext,
+    ctx: WorkerContext,
     role: Role,
     kind: str,
     task: TaskRef,
@@ -241,22 +241,22 @@ def event(
     """A timeline row of this worker; ``cpu_s``: the CPU seconds the thread that ran it spent
     (:func:`time.thread_time`), where the task records them (``digen bench``'s bound on an
     oversubscribed machine)."""
-    return TimelineRow(rt.name, rt.gpu_type, role.value, kind, task.iteration, version, s, e, cpu_s=cpu_s)
+    return TimelineRow(ctx.name, ctx.gpu_type, role.value, kind, task.iteration, version, s, e, cpu_s=cpu_s)
 
 
-def wait_for(rt: WorkerContext, read: Callable[[], T | None], what: str) -> T | None:
+def wait_for(ctx: WorkerContext, read: Callable[[], T | None], what: str) -> T | None:
     """Poll Redis with ``read`` until it returns a value; None once the job stops running."""
-    while rt.job.status() == "running":
+    while ctx.job.status() == "running":
         value = read()
         if value is not None:
             return value
         time.sleep(POLL_S)
-    log.info("job %s stopped while %s waited for %s", rt.job.job_id, rt.name, what)
+    log.info("job %s stopped while %s waited for %s", ctx.job.job_id, ctx.name, what)
     return None
 
 
 def join_group(
-    rt: WorkerContext,
+    ctx: WorkerContext,
     rendezvous: Rendezvous,
     rank: int,
     world: int,
@@ -271,7 +271,7 @@ def join_group(
     group and the sequence-parallel replicas form theirs so."""
 
     def await_address() -> dict | None:
-        found = wait_for(rt, rendezvous.poll, rendezvous.what)
+        found = wait_for(ctx, rendezvous.poll, rendezvous.what)
         return None if found is None or "gone" in found else found
 
     return join_process_group(
@@ -280,7 +280,7 @@ def join_group(
         rank=rank,
         world=world,
         device=device,
-        timeout_s=rt.cfg.schedule.lease_s,
+        timeout_s=ctx.cfg.schedule.lease_s,
         publish=rendezvous.publish,
         await_address=await_address,
         store=rendezvous.store,
