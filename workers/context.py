@@ -15,7 +15,7 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import torch
 
@@ -38,6 +38,10 @@ from digen.parallel.comm import join_process_group
 from digen.prompt_cache import EmbedCache
 from digen.testing import faults
 from digen.workers.preload import take_policy
+
+if TYPE_CHECKING:
+    from digen.models.base import FlowPolicy
+    from digen.rewards.base import Reward
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +77,8 @@ class WorkerContext:
     queue: TaskQueue
     job: JobState
     device: str
-    policy: object = None
-    reward: object = None
+    policy: FlowPolicy | None = None
+    reward: Reward | None = None
     embed: EmbedCache | None = None
     version: int | None = None
     """The weights version loaded into ``policy`` (None: unknown, fetch before use)."""
@@ -101,10 +105,11 @@ class WorkerContext:
     def group(self) -> TrainerGroup:
         return TrainerGroup(self.queue.redis, self.job.job_id)
 
-    def ensure_reward(self) -> None:
-        """Build the config's reward once per worker, on the worker's device."""
+    def ensure_reward(self) -> Reward:
+        """The config's reward, built once per worker, on the worker's device."""
         if self.reward is None:
             self.reward = build_reward(self.cfg, device=self.device)
+        return self.reward
 
     def job_stopped(self) -> bool:
         """True once the job left ``running`` (``digen cancel``): read at most every
@@ -129,14 +134,15 @@ class WorkerContext:
         events[-1].set(redis_round_trips=now[0] - self.reported[0], cycles=now[1] - self.reported[1])
         self.reported = now
 
-    def ensure_policy(self):
+    def ensure_policy(self) -> FlowPolicy:
+        """The worker's policy, taken or built once (a no-op after the first call)."""
         if self.policy is None:
-            self.policy = take_policy(self.cfg, self.device)  # preloaded, or built now
-            self.embed = EmbedCache.for_config(self.policy, self.cfg)
+            self.policy = policy = take_policy(self.cfg, self.device)  # preloaded, or built now
+            self.embed = EmbedCache.for_config(policy, self.cfg)
             algo = stateful_algorithm(self.cfg.train)
             if algo.keeps_state:  # version 0 carries the algorithm's state too (DiffusionNFT's old copy)
-                w = self.policy.trainable_state_dict()
-                load_version(self.policy, {**w, **algo.initial_state(w, self.cfg.train)})
+                w = policy.trainable_state_dict()
+                load_version(policy, {**w, **algo.initial_state(w, self.cfg.train)})
         return self.policy
 
     def ensure_version(self, version: int) -> None:
@@ -307,14 +313,16 @@ def node_tls(cfg: Config) -> tuple[str, str, str] | None:
     try:
         from distributed import get_worker
 
-        sec = get_worker().security
-        files = (sec.tls_ca_file, sec.tls_worker_cert, sec.tls_worker_key)
-        if all(files):
-            return files  # type: ignore[return-value]
+        tls = get_worker().security.get_tls_config_for_role("worker")
+        if tls["ca_file"] and tls["cert"] and tls["key"]:
+            return tls["ca_file"], tls["cert"], tls["key"]
     except (ImportError, ValueError):
         pass
     s = cfg.security
-    return (s.ca_file, s.cert_file, s.key_file) if s.enabled else None  # type: ignore[return-value]
+    if not s.enabled:
+        return None
+    assert s.ca_file and s.cert_file and s.key_file, "the config's loading refuses a partial security section"
+    return s.ca_file, s.cert_file, s.key_file
 
 
 class HeartbeatNotice(logging.Filter):

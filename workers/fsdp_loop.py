@@ -193,7 +193,7 @@ def _serve_shards(rk: TrainerRank, keep_from: int | None = None) -> None:
     assert trainer is not None
     job, v = ctx.job.job_id, trainer.version
     ema = trainer.ema if carries_ema(ctx.cfg, v) else None  # an evaluated version: its EMA's shard too
-    shards = shard_snapshot(ctx.policy, trained_dtype(ctx.cfg), ema)
+    shards = shard_snapshot(ctx.ensure_policy(), trained_dtype(ctx.cfg), ema)
     ctx.blobs.put(
         blobnames.weights(job, v), shards, {"version": str(v), "rank": str(rk.rank), "world": str(rk.world)}
     )

@@ -64,15 +64,15 @@ def generate(ctx: WorkerContext, leased: LeasedTask, role: Role, *, score: bool,
     events: list[TimelineRow] = []
     if time.time() - t0 > 1e-3:
         events.append(event(ctx, role, "sync", ref, task.version, t0, time.time()))
-    ctx.ensure_reward()
+    reward_fn = ctx.ensure_reward()
     assert ctx.embed is not None
 
     def timer(kind: str, s: float, e: float, cpu_s: float) -> None:
         events.append(event(ctx, role, kind, ref, task.version, s, e, cpu_s))
 
-    reward = ctx.reward if score else None  # else a reward task scores
+    reward = reward_fn if score else None  # else a reward task scores
     traj = generate_group(
-        ctx.policy, task, ctx.cfg, reward, embeds=ctx.embed(task.prompt), timer=timer, stop=stop
+        ctx.ensure_policy(), task, ctx.cfg, reward, embeds=ctx.embed(task.prompt), timer=timer, stop=stop
     )
     faults.point("gen", ctx.job, ctx.name, task=leased.task_id, iteration=task.iteration)
     return traj, events, t0
@@ -139,7 +139,7 @@ def run_gen_batch(ctx: WorkerContext, batch: list[LeasedTask], role: Role, stop)
     if time.time() - t0 > 1e-3:
         ref = TaskRef(TaskKind.GEN, tasks[0].iteration, tasks[0].group)
         events[0].append(event(ctx, role, "sync", ref, version, t0, time.time()))
-    ctx.ensure_reward()
+    reward_fn = ctx.ensure_reward()
     assert ctx.embed is not None
 
     def timer_of(j: int):
@@ -153,10 +153,10 @@ def run_gen_batch(ctx: WorkerContext, batch: list[LeasedTask], role: Role, stop)
 
         return timer
 
-    reward = ctx.reward if payloads[0].score else None  # else a reward task scores
+    reward = reward_fn if payloads[0].score else None  # else a reward task scores
     embeds = ctx.embed.many([t.prompt for t in tasks])
     trajs = generate_groups(
-        ctx.policy, tasks, ctx.cfg, reward, embeds, [timer_of(j) for j in range(len(batch))], stop
+        ctx.ensure_policy(), tasks, ctx.cfg, reward, embeds, [timer_of(j) for j in range(len(batch))], stop
     )
     out: list[Outcome] = []
     for j, (leased, traj, evs) in enumerate(zip(batch, trajs, events, strict=True)):
@@ -257,7 +257,7 @@ def run_train(ctx: WorkerContext, leased: LeasedTask, role: Role) -> Outcome:
     assert ctx.embed is not None
     t1, c1 = time.time(), time.thread_time()
     embeds = [ctx.embed(e.prompt) for e in entries]
-    grads, stats = train_groups(ctx.policy, specs, data, embeds, ctx.cfg, tsp=payload.tsp)
+    grads, stats = train_groups(ctx.ensure_policy(), specs, data, embeds, ctx.cfg, tsp=payload.tsp)
     cpu_s = time.thread_time() - c1
     faults.point("train", ctx.job, ctx.name, task=leased.task_id, iteration=spec.iteration)
     events.append(event(ctx, role, "train", ref, version, t1, time.time(), cpu_s))
@@ -286,9 +286,9 @@ def run_reward(ctx: WorkerContext, leased: LeasedTask, role: Role) -> Outcome:
     except BlobLost as exc:
         park(ctx, leased, exc)
         return None
-    ctx.ensure_reward()
+    reward_fn = ctx.ensure_reward()
     t1, c1 = time.time(), time.thread_time()
-    rewards, parts = score_group(ctx.reward, decoded, task.prompt, ctx.cfg)
+    rewards, parts = score_group(reward_fn, decoded, task.prompt, ctx.cfg)
     t2 = time.time()
     events = [event(ctx, role, "reward", ref, task.version, t1, t2, time.thread_time() - c1)]
     result = RewardResult(
@@ -302,16 +302,17 @@ def run_reward(ctx: WorkerContext, leased: LeasedTask, role: Role) -> Outcome:
     return result, None
 
 
-def run_eval(ctx: WorkerContext, leased: LeasedTask, role: Role) -> Outcome:
+def run_eval(ctx: WorkerContext, leased: LeasedTask, role: Role) -> tuple[Result, None]:
     """Sample and score a chunk of held-out prompts with the version the task names; the
-    result holds the scores and the images as grid cells."""
+    result holds the scores and the images as grid cells. It reads no peer's blob, so it is
+    never parked: always a result, with nothing to run after its acknowledgement."""
     task = EvalPayload.read(leased.payload).task
     ref = TaskRef.parse(leased.task_id)
     t0 = time.time()
     ctx.ensure_version(task.version)
-    ctx.ensure_reward()
+    reward_fn = ctx.ensure_reward()
     t1 = time.time()
-    res = evaluate_chunk(ctx.policy, task, ctx.cfg, ctx.reward, embed=ctx.embed)
+    res = evaluate_chunk(ctx.ensure_policy(), task, ctx.cfg, reward_fn, embed=ctx.embed)
     t2 = time.time()
     events = [event(ctx, role, "eval", ref, task.version, t1, t2)]
     if t1 - t0 > 1e-3:
