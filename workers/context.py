@@ -102,7 +102,9 @@ class WorkerContext:
     takes a new one, and acts only on step commands that name it."""
 
     @property
-    def group(self) -> TrainerGroup:
+    def trainer_group(self) -> TrainerGroup:
+        """The job's trainer group as its Redis keys (who serves which version, each step's
+        command and decision): not a torch process group, nor a prompt's group of samples."""
         return TrainerGroup(self.queue.redis, self.job.job_id)
 
     def ensure_reward(self) -> Reward:
@@ -171,8 +173,8 @@ class WorkerContext:
         last = "no trainer serves it yet"
         start = zlib.crc32(self.name.encode())  # spread the workers' first buckets over holders
         while True:
-            holders = [a for a in self.group.holders_of(version) if a != self.blob_addr]
-            shards = None if holders else self.group.shard_holders(version)
+            holders = [a for a in self.trainer_group.holders_of(version) if a != self.blob_addr]
+            shards = None if holders else self.trainer_group.shard_holders(version)
             try:
                 if holders:
                     return fetch_version(
@@ -189,7 +191,7 @@ class WorkerContext:
             except BlobLost as exc:
                 last = str(exc)
             else:  # nobody serves it now: wait only if someone will
-                gone = self.group.why_unserved(version)
+                gone = self.trainer_group.why_unserved(version)
                 if gone is not None:
                     raise RuntimeError(f"weights version {version} cannot be fetched: {gone}")
             if self.job.status() != "running":

@@ -203,7 +203,7 @@ def _serve_shards(rk: TrainerRank, keep_from: int | None = None) -> None:
     ]
     ctx.blobs.drop(*stale)
     versions = blobnames.versions(ctx.blobs.names(), job)
-    ctx.group.set_holding(ctx.name, ctx.blob_addr, versions, None, shard=(rk.rank, rk.world))
+    ctx.trainer_group.set_holding(ctx.name, ctx.blob_addr, versions, None, shard=(rk.rank, rk.world))
 
 
 def shard_snapshot(
@@ -376,7 +376,7 @@ def _gather_served(rk: TrainerRank, version: int) -> dict[str, torch.Tensor]:
     ranks' blob servers answer while they wait in this step)."""
     ctx = rk.ctx
     name = blobnames.weights(ctx.job.job_id, version)
-    holders = ctx.group.shard_holders(version)
+    holders = ctx.trainer_group.shard_holders(version)
     if not holders:
         raise RuntimeError(f"no rank serves every shard of version {version} to checkpoint it")
     parts = []

@@ -159,9 +159,11 @@ def worker_loop(
             if ctx.member is not None and state.step is not None and state.step != step_mark:
                 step_mark = state.step
                 try:
-                    cmd = ctx.group.step()
+                    cmd = ctx.trainer_group.step()
                 except PayloadError as exc:  # junk in tg:step: quarantined, never run or fatal
-                    ctx.queue.quarantine("tg:step", ctx.group.r.get(ctx.group.step_key()), str(exc))
+                    ctx.queue.quarantine(
+                        "tg:step", ctx.trainer_group.r.get(ctx.trainer_group.step_key()), str(exc)
+                    )
                     cmd = None
                 if cmd is not None:
                     ctx.member.run_step(cmd)

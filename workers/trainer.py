@@ -137,7 +137,7 @@ class Member:
         cfg = ctx.cfg
         store = ParameterStore(ctx.ensure_policy().trainable_state_dict(), cfg.train, device=ctx.device)
         member = Member(ctx, store)
-        current = ctx.group.current()
+        current = ctx.trainer_group.current()
         if current is not None and current["version"] != store.version:
             member.ensure_state(current["version"], current.get("checkpoint"), current.get("keep_version"))
         member.load_policy()
@@ -171,7 +171,7 @@ class Member:
         serve_weights(ctx.blobs, job, versions, keep_from)
         serve_state(ctx.blobs, blobnames.state(job, v), self.store)
         served = blobnames.versions(ctx.blobs.names(), job)
-        ctx.group.set_holding(ctx.name, ctx.blob_addr, served, v)
+        ctx.trainer_group.set_holding(ctx.name, ctx.blob_addr, served, v)
 
     # --- between steps ----------------------------------------------------------------------
     def add(self, task_id: str, grads: dict[str, torch.Tensor]) -> None:
@@ -194,7 +194,7 @@ class Member:
             if cmd.writer == me:
                 self.finish(cmd, self.applied[cmd.id])
             return
-        if (decided := ctx.group.decision(cmd.id)) is not None and decided != f"{COMMIT}:{cmd.epoch}":
+        if (decided := ctx.trainer_group.decision(cmd.id)) is not None and decided != f"{COMMIT}:{cmd.epoch}":
             log.info("%s: step %s (epoch %d) was aborted before it took part", me, cmd.id, cmd.epoch)
             self.sums.clear()
             return
@@ -205,7 +205,7 @@ class Member:
             kept = self._keep(cmd.keep_version)
         except Exception as exc:  # a peer died mid-collective, a blob was lost, a check failed
             why = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-            decided = ctx.group.abort(cmd.id, cmd.epoch, me, why)
+            decided = ctx.trainer_group.abort(cmd.id, cmd.epoch, me, why)
             if decided == f"{ABORT}:{cmd.epoch}":
                 log.warning("%s: step %s (epoch %d) aborted: %s", me, cmd.id, cmd.epoch, why)
             else:  # decided without it (a commit it missed): nothing was aborted
@@ -216,7 +216,7 @@ class Member:
             self.sums.clear()
             return
         faults.point("reduced", ctx.job, me, task=cmd.id, iteration=cmd.iteration)
-        ctx.group.report_ok(cmd.id, cmd.epoch, me)
+        ctx.trainer_group.report_ok(cmd.id, cmd.epoch, me)
         faults.point("reported", ctx.job, me, task=cmd.id, iteration=cmd.iteration)
         if self.await_decision(cmd) != f"{COMMIT}:{cmd.epoch}":
             log.info("%s: step %s (epoch %d) aborted; its tasks run again", me, cmd.id, cmd.epoch)
@@ -259,7 +259,7 @@ class Member:
                 what = str(exc) if isinstance(exc, DigenError) else f"{type(exc).__name__}: {exc}"
                 log.error("%s could not write the checkpoint of step %s: %s", ctx.name, cmd.id, what)
                 message = f"the checkpoint of iteration {cmd.iteration} could not be written: {what}"
-                ctx.group.fail_step(cmd.id, message, getattr(exc, "exit_code", 1))
+                ctx.trainer_group.fail_step(cmd.id, message, getattr(exc, "exit_code", 1))
                 return
         done = replace(result, worker=ctx.name, start=t0, end=time.time(), checkpoint=cmd.checkpoint)
         if not ctx.queue.ack(cmd.id, done.to_json(), worker=ctx.name):
@@ -275,7 +275,7 @@ class Member:
             return
         ctx = self.ctx
         tried = []
-        for worker, addr in ctx.group.state_holders(version):
+        for worker, addr in ctx.trainer_group.state_holders(version):
             if worker == ctx.name:
                 continue
             try:
@@ -326,7 +326,7 @@ class Member:
             return version, self.store.weights_copy(host_copy, ema=self.ema_version())
         if self.kept is not None and self.kept[0] == version:
             return self.kept
-        for addr in self.ctx.group.holders_of(version):
+        for addr in self.ctx.trainer_group.holders_of(version):
             if addr == self.ctx.blob_addr:
                 continue
             try:
@@ -393,12 +393,12 @@ class Member:
         # found it aborted before it took part (another member's failure, the controller) and
         # will never publish this epoch's address; waiting on would miss every later command
         def decided() -> str | None:
-            d = ctx.group.decision(cmd.id)
+            d = ctx.trainer_group.decision(cmd.id)
             return None if d is None else f"step {cmd.id} was decided ({d})"
 
         addr = join_group(
             ctx,
-            replace(ctx.group.rendezvous(cmd.epoch), gone=decided),
+            replace(ctx.trainer_group.rendezvous(cmd.epoch), gone=decided),
             cmd.rank(ctx.name),
             len(cmd.members),
             device,
@@ -430,11 +430,11 @@ class Member:
         """The step's decision; rank 0 commits it once every member reported success."""
         ctx = self.ctx
         while True:
-            decided = ctx.group.decision(cmd.id)
+            decided = ctx.trainer_group.decision(cmd.id)
             if decided is not None:
                 return decided
-            if cmd.rank(ctx.name) == 0 and ctx.group.oks(cmd.id, cmd.epoch) >= set(cmd.members):
-                return ctx.group.decide(cmd.id, COMMIT, cmd.epoch)
+            if cmd.rank(ctx.name) == 0 and ctx.trainer_group.oks(cmd.id, cmd.epoch) >= set(cmd.members):
+                return ctx.trainer_group.decide(cmd.id, COMMIT, cmd.epoch)
             if ctx.job.status() != "running":
-                return ctx.group.decide(cmd.id, ABORT, cmd.epoch)
+                return ctx.trainer_group.decide(cmd.id, ABORT, cmd.epoch)
             time.sleep(POLL_S / 10)
