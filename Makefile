@@ -30,7 +30,7 @@ test-fast: $(STAMP)  ## unit tests only: no Dask cluster, no process of their ow
 lint: $(STAMP)  ## ruff, mypy on the typed core, the import contracts (pyproject) and no import 2-cycles
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy digen/core digen/algos digen/config digen/seeding.py digen/runtime digen/controlplane
+	$(BIN)/mypy digen/core digen/algos digen/config digen/seeding.py digen/runtime digen/controlplane digen/workers
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python scripts/check_import_cycles.py
 

@@ -14,7 +14,7 @@ import torch
 from digen.config import Config, trained_dtype_name
 from digen.models import load_policy
 from digen.models.base import FlowPolicy
-from digen.rewards import build_rewards
+from digen.rewards import Reward, build_rewards
 
 DTYPES = {
     "float32": torch.float32,
@@ -107,7 +107,7 @@ def build_policy(cfg: Config, device: str | None = None) -> FlowPolicy:
     return policy
 
 
-def build_reward(cfg: Config, device: str | None = None):
+def build_reward(cfg: Config, device: str | None = None) -> Reward:
     """The configured reward; model-based rewards load on ``device`` (default ``model.device``)."""
     where = resolve_device(device or cfg.model.device)
     deterministic_kernels(cfg, where)

@@ -21,6 +21,7 @@ import gc
 import importlib
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +52,9 @@ def freeze() -> None:
 def in_fork_server() -> bool:
     """True in the process :mod:`multiprocessing.forkserver` runs (its ``main`` is on the stack)."""
     import sys
+    from types import FrameType
 
-    frame = sys._getframe()
+    frame: FrameType | None = sys._getframe()
     while frame is not None:
         if frame.f_globals.get("__name__") == "multiprocessing.forkserver" and frame.f_code.co_name == "main":
             return True
@@ -108,7 +110,9 @@ def start_forked_server(preload: Sequence[str], shared: Sequence[str] = ()) -> i
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         return None  # CUDA cannot be used in a forked child
-    srv = mpfs._forkserver
+    # the server's private fields (pid, address, alive fd, lock), which typeshed leaves out:
+    # this sets them as ensure_running does
+    srv: Any = mpfs._forkserver
     if srv._forkserver_pid is not None:
         return srv._forkserver_pid  # running already (ensure_running restarts one that died)
     unsafe = [m for m in _FORK_UNSAFE if m in sys.modules]
@@ -118,7 +122,7 @@ def start_forked_server(preload: Sequence[str], shared: Sequence[str] = ()) -> i
     _import_all(shared)
     resource_tracker.ensure_running()
     listener = socket.socket(socket.AF_UNIX)
-    address = connection.arbitrary_address("AF_UNIX")
+    address = connection.arbitrary_address("AF_UNIX")  # type: ignore[attr-defined]  # private: not in typeshed
     listener.bind(address)
     if not util.is_abstract_socket_namespace(address):
         os.chmod(address, 0o600)
@@ -227,7 +231,7 @@ def _drop_parent_handlers(lg: logging.Logger) -> None:
     import sys
 
     fresh = lg.name in FRESH_LOGGERS
-    keep = []
+    keep: list[logging.Handler] = []
     for h in lg.handlers:
         stream = getattr(h, "stream", None)
         try:

@@ -68,8 +68,8 @@ from digen.parallel.comm import all_gather_json, all_reduce_stats
 from digen.parallel.fsdp import ShardedTrainer, local_shards, local_trainable_shards, shard_of, shard_rows
 from digen.testing import faults
 from digen.training import batch_rows
+from digen.workers.context import WorkerContext, wait_for
 from digen.workers.ranks import IDLE, Rank, RankCommand, init_process_group, job_stopped, lease_command, serve
-from digen.workers.runtime import WorkerRuntime, wait_for
 from digen.workers.tasks import TRAINING_TENSORS, batch_specs, batch_tensors, park
 
 log = logging.getLogger(__name__)
@@ -95,37 +95,37 @@ class TrainerRank(Rank):
     ) -> TimelineRow:
         """A timeline row of this rank; ``cpu_s``: the thread that ran it (:func:`time.thread_time`),
         for ``digen bench``'s bound."""
-        rt = self.rt
+        ctx = self.ctx
         return TimelineRow(
-            rt.name, rt.gpu_type, Role.TRAINER.value, kind, iteration, version, start, end, cpu_s=cpu_s
+            ctx.name, ctx.gpu_type, Role.TRAINER.value, kind, iteration, version, start, end, cpu_s=cpu_s
         )
 
 
-def run_fsdp_rank(rt: WorkerRuntime, host: str | None = None) -> dict:
+def run_fsdp_rank(ctx: WorkerContext, host: str | None = None) -> dict:
     """Be this worker's rank of the job's FSDP group until the job stops. ``host``: this
     worker's address as the other trainers reach it, where rank 0 serves the rendezvous
     (default: the host of its Dask worker address)."""
-    group = FsdpGroup(rt.queue.redis, rt.job.job_id)
-    plan = wait_for(rt, group.plan, "the FSDP member list")
+    group = FsdpGroup(ctx.queue.redis, ctx.job.job_id)
+    plan = wait_for(ctx, group.plan, "the FSDP member list")
     if plan is None:
-        return {"worker": rt.name, "tasks": 0}
+        return {"worker": ctx.name, "tasks": 0}
     members = plan["members"]
-    if rt.name not in members:
+    if ctx.name not in members:
         log.warning(
             "trainer %s joined after job %s started: the FSDP group (%s) is fixed, so it gets no task; "
             "it takes part from the next job (or a --resume)",
-            rt.name,
-            rt.job.job_id,
+            ctx.name,
+            ctx.job.job_id,
             ", ".join(members),
         )
-        wait_for(rt, lambda: None, "the end of the job")
-        return {"worker": rt.name, "tasks": 0}
-    if not group.join(rt.name):
+        wait_for(ctx, lambda: None, "the end of the job")
+        return {"worker": ctx.name, "tasks": 0}
+    if not group.join(ctx.name):
         message = "its worker loop restarted, and an FSDP group cannot take a rank back"
-        group.fail(rt.name, message)
-        raise RuntimeError(f"{rt.name}: {message}")
+        group.fail(ctx.name, message)
+        raise RuntimeError(f"{ctx.name}: {message}")
     rk = TrainerRank(
-        rt=rt, group=group, rank=members.index(rt.name), world=len(members), comm=torch.device(rt.device)
+        ctx=ctx, group=group, rank=members.index(ctx.name), world=len(members), comm=torch.device(ctx.device)
     )
     try:
         if init_process_group(rk, group.rendezvous(), host, "the FSDP group"):
@@ -134,31 +134,31 @@ def run_fsdp_rank(rt: WorkerRuntime, host: str | None = None) -> dict:
     except redis.ConnectionError:
         raise  # Redis gone for longer than schedule.redis_outage_s: the controller fails the job
     except Exception as exc:
-        group.fail(rt.name, f"{type(exc).__name__}: {exc}")
+        group.fail(ctx.name, f"{type(exc).__name__}: {exc}")
         raise
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-    return {"worker": rt.name, "tasks": rk.tasks_run}
+    return {"worker": ctx.name, "tasks": rk.tasks_run}
 
 
 # --- set-up -------------------------------------------------------------------------
 def _build_trainer(rk: TrainerRank, plan: dict) -> None:
     """Start from version 0 (this rank's own build) or the checkpoint a resumed job names;
     shard; restore the optimizer on ``--resume``."""
-    rt = rk.rt
-    policy = rt.ensure_policy()
+    ctx = rk.ctx
+    policy = ctx.ensure_policy()
     folder = plan.get("checkpoint")
     state: dict = {}
     if folder:
         policy.load_trainable_state_dict(load_file(str(Path(folder) / "weights.safetensors")))
         state = json.loads((Path(folder) / "state.json").read_text())
-    rt.version = int(plan["version"])
+    ctx.version = int(plan["version"])
     rk.names = [name for name, _ in policy.named_trainable_parameters()]  # before sharding
     rk.trainer = ShardedTrainer(
         policy,
-        rt.cfg.train,
-        activation_checkpointing=rt.cfg.train.activation_checkpointing,
+        ctx.cfg.train,
+        activation_checkpointing=ctx.cfg.train.activation_checkpointing,
         version=int(plan["version"]),
     )
     tensors = load_file(str(Path(folder) / "optimizer.safetensors")) if folder and rk.leader else None
@@ -178,10 +178,10 @@ def _serve_previous(rk: TrainerRank, folder: Path, state: dict) -> int | None:
     prev, path = state.get("previous_version"), folder / "previous_weights.safetensors"
     if prev is None or not path.exists():
         return None
-    rt = rk.rt
+    ctx = rk.ctx
     shards = {k: shard_of(t, rk.rank, rk.world) for k, t in load_file(str(path)).items()}
     meta = {"version": str(prev), "rank": str(rk.rank), "world": str(rk.world)}
-    rt.blobs.put(blobnames.weights(rt.job.job_id, int(prev)), shards, meta)
+    ctx.blobs.put(blobnames.weights(ctx.job.job_id, int(prev)), shards, meta)
     return int(prev)
 
 
@@ -189,19 +189,21 @@ def _serve_shards(rk: TrainerRank, keep_from: int | None = None) -> None:
     """Offer this rank's shard of the current version (in the dtype the policy holds its trained tensors in) to the rollout
     workers, and drop the shards of versions older than ``keep_from`` (the version a
     staleness-1 rollout may still use; default: only the current one)."""
-    rt, trainer = rk.rt, rk.trainer
+    ctx, trainer = rk.ctx, rk.trainer
     assert trainer is not None
-    job, v = rt.job.job_id, trainer.version
-    ema = trainer.ema if carries_ema(rt.cfg, v) else None  # an evaluated version: its EMA's shard too
-    shards = shard_snapshot(rt.policy, trained_dtype(rt.cfg), ema)
-    rt.blobs.put(
+    job, v = ctx.job.job_id, trainer.version
+    ema = trainer.ema if carries_ema(ctx.cfg, v) else None  # an evaluated version: its EMA's shard too
+    shards = shard_snapshot(ctx.ensure_policy(), trained_dtype(ctx.cfg), ema)
+    ctx.blobs.put(
         blobnames.weights(job, v), shards, {"version": str(v), "rank": str(rk.rank), "world": str(rk.world)}
     )
     keep = {blobnames.weights(job, x) for x in range(v if keep_from is None else keep_from, v + 1)}
-    stale = [str(b) for b in blobnames.of_job(rt.blobs.names(), job, blobnames.WEIGHTS) if str(b) not in keep]
-    rt.blobs.drop(*stale)
-    versions = blobnames.versions(rt.blobs.names(), job)
-    rt.group.set_holding(rt.name, rt.blob_addr, versions, None, shard=(rk.rank, rk.world))
+    stale = [
+        str(b) for b in blobnames.of_job(ctx.blobs.names(), job, blobnames.WEIGHTS) if str(b) not in keep
+    ]
+    ctx.blobs.drop(*stale)
+    versions = blobnames.versions(ctx.blobs.names(), job)
+    ctx.trainer_group.set_holding(ctx.name, ctx.blob_addr, versions, None, shard=(rk.rank, rk.world))
 
 
 def shard_snapshot(
@@ -228,7 +230,7 @@ def _next_command(rk: TrainerRank) -> RankCommand:
     """The leader's next command: a step command first, then a train task, else ``idle``; a
     step it applied already (re-posted: its acknowledgement did not read) is acknowledged
     again here, never run twice."""
-    cmd = lease_command(rk, [STEP_QUEUE, TaskKind.TRAIN.value], job_stopped(rk.rt))
+    cmd = lease_command(rk, [STEP_QUEUE, TaskKind.TRAIN.value], job_stopped(rk.ctx))
     task = cmd.task
     if task is not None and task.queue == STEP_QUEUE and task.task_id in rk.applied:
         log.warning("step %s was applied already; its acknowledgement is sent again", task.task_id)
@@ -249,7 +251,7 @@ def _run(rk: TrainerRank, task: LeasedTask) -> None:
 
 
 def _train(rk: TrainerRank, leased: LeasedTask) -> None:
-    rt, trainer = rk.rt, rk.trainer
+    ctx, trainer = rk.ctx, rk.trainer
     assert trainer is not None
     payload = TrainPayload.read(leased.payload)
     entries = batch_specs(leased.task_id, payload)
@@ -263,38 +265,38 @@ def _train(rk: TrainerRank, leased: LeasedTask) -> None:
     lost: BlobLost | None = None
     data: list = []
     try:
-        data = batch_tensors(rt, leased, entries, TRAINING_TENSORS)
+        data = batch_tensors(ctx, leased, entries, TRAINING_TENSORS)
     except BlobLost as exc:
         lost = exc
     missing = torch.tensor([0 if lost is None else 1], dtype=torch.int64, device=rk.comm)
     dist.all_reduce(missing)  # every rank trains the task, or none does
     if int(missing.item()):
         if rk.leader:
-            park(rt, leased, lost or BlobLost(f"the trajectories of {leased.task_id} are gone"))
+            park(ctx, leased, lost or BlobLost(f"the trajectories of {leased.task_id} are gone"))
         return
-    assert rt.embed is not None
-    whole, embeds, sigma_max = batch_rows(specs, data, [rt.embed(e.prompt) for e in entries], rt.cfg)
+    assert ctx.embed is not None
+    whole, embeds, sigma_max = batch_rows(specs, data, [ctx.embed(e.prompt) for e in entries], ctx.cfg)
     rows = shard_rows(whole, rk.rank, rk.world)
     t1, c1 = time.time(), time.thread_time()
-    stats = trainer.accumulate(rows, embeds, rt.cfg, tsp=payload.tsp, sigma_max=sigma_max)
+    stats = trainer.accumulate(rows, embeds, ctx.cfg, tsp=payload.tsp, sigma_max=sigma_max)
     mine = rk.event("train", spec.iteration, version, t1, time.time(), time.thread_time() - c1)
-    faults.point("train", rt.job, rt.name, task=leased.task_id, iteration=spec.iteration)
+    faults.point("train", ctx.job, ctx.name, task=leased.task_id, iteration=spec.iteration)
     total = all_reduce_stats(stats, device=rk.comm)
     events = [TimelineRow.read_exact(e) for e in all_gather_json(mine.to_json(), device=rk.comm)]
     _report(
-        rk, leased, lambda end: TrainResult(worker=rk.rt.name, start=t0, end=end, events=events, stats=total)
+        rk, leased, lambda end: TrainResult(worker=rk.ctx.name, start=t0, end=end, events=events, stats=total)
     )
 
 
 def _step(rk: TrainerRank, leased: LeasedTask) -> None:
-    rt, trainer = rk.rt, rk.trainer
+    ctx, trainer = rk.ctx, rk.trainer
     assert trainer is not None
     payload = FsdpStepPayload.read(leased.payload)
     iteration, version = payload.iteration, trainer.version
     t0 = time.time()
     rows = _agreed_rows(rk, payload.rows)
     opt = trainer.step(total_rows=rows, last_of_iteration=payload.last_of_iteration)
-    rt.version = trainer.version
+    ctx.version = trainer.version
     t1 = time.time()
     keep_from = payload.keep_from
     _serve_shards(rk, keep_from)
@@ -308,7 +310,7 @@ def _step(rk: TrainerRank, leased: LeasedTask) -> None:
     gathered = all_gather_json([e.to_json() for e in mine], device=rk.comm)
     events = [TimelineRow.read_exact(e) for part in gathered for e in part]
     ack = StepAck(
-        worker=rt.name,
+        worker=ctx.name,
         start=t0,
         end=t2,
         events=events,
@@ -372,18 +374,18 @@ def _stage_checkpoint(rk: TrainerRank, folder: str | None, iteration: int, keep_
 def _gather_served(rk: TrainerRank, version: int) -> dict[str, torch.Tensor]:
     """Version ``version`` whole, from the shards every rank serves (no collective: the
     ranks' blob servers answer while they wait in this step)."""
-    rt = rk.rt
-    name = blobnames.weights(rt.job.job_id, version)
-    holders = rt.group.shard_holders(version)
+    ctx = rk.ctx
+    name = blobnames.weights(ctx.job.job_id, version)
+    holders = ctx.trainer_group.shard_holders(version)
     if not holders:
         raise RuntimeError(f"no rank serves every shard of version {version} to checkpoint it")
     parts = []
     for addr in holders:
-        own = rt.blobs.get(name) if addr == rt.blob_addr else None
+        own = ctx.blobs.get(name) if addr == ctx.blob_addr else None
         parts.append(own.tensors if own is not None else fetch(addr, name)[0])
     return {k: torch.cat([p[k] for p in parts]).contiguous() for k in parts[0]}
 
 
 def _ack(rk: TrainerRank, task_id: str, result: dict) -> None:
-    if not rk.rt.queue.ack(task_id, result, worker=rk.rt.name):
+    if not rk.ctx.queue.ack(task_id, result, worker=rk.ctx.name):
         log.info("task %s was already acknowledged; this result is discarded", task_id)

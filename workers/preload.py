@@ -15,13 +15,17 @@ from __future__ import annotations
 import os
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from digen.config import Config
+
+if TYPE_CHECKING:
+    from digen.models.base import FlowPolicy
 
 LOAD_LOCK = threading.Lock()
 """The libraries' lazy imports and meta-device loading are not thread-safe: one load at a time."""
 
-_PRELOADED: dict[str, object] = {}
+_PRELOADED: dict[str, FlowPolicy] = {}
 """Model config (JSON) + device -> the policy :func:`preload_policy` built, until taken."""
 
 _INITIAL: dict[str, dict] = {}
@@ -43,7 +47,7 @@ def _key(cfg: Config, device: str) -> str:
     return f"{device}|{cfg.model.model_dump_json()}"
 
 
-def _build(cfg: Config, device: str):
+def _build(cfg: Config, device: str) -> FlowPolicy:
     """The policy, built as every mode builds it (:func:`digen.assembly.build_policy`); its
     trained tensors as built are kept for :func:`initial_weights`."""
     from digen.assembly import build_policy
@@ -72,7 +76,7 @@ def preload_policy(cfg_json: dict, threads: int = 1) -> None:
             _PRELOADED[key] = _build(cfg, device)
 
 
-def take_policy(cfg: Config, device: str):
+def take_policy(cfg: Config, device: str) -> FlowPolicy:
     """The preloaded policy of ``cfg``'s model on ``device`` (handed over once), else a new one."""
     with LOAD_LOCK:
         policy = _PRELOADED.pop(_key(cfg, device), None)

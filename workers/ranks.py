@@ -19,7 +19,7 @@ The leader decides ``stop`` by one of two rules, and the difference is deliberat
   one of them saw its worker taken: its peers would wait on it in a collective until the
   timeout.
 - :func:`loop_stopped` (a sequence-parallel replica): what the worker loop itself stops on
-  (:func:`~digen.workers.runtime.poll`): the job left ``running``, or a newer loop took the
+  (:func:`~digen.workers.context.poll`): the job left ``running``, or a newer loop took the
   worker. A replica hands its worker back to the ordinary (d=1) loop when it ends, which
   would stop on the same poll; so it reads the worker's loop state as that loop does (and
   counts the cycle, waiting while the worker has no role tag), and a replica broken that way
@@ -39,7 +39,7 @@ from digen.controlplane.jsonkeys import Rendezvous
 from digen.controlplane.queue import LeasedTask, is_task_id
 from digen.errors import PayloadError
 from digen.parallel.comm import broadcast_json
-from digen.workers.runtime import WorkerRuntime, join_group, poll
+from digen.workers.context import WorkerContext, join_group, poll
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ _TASK_KEYS = {"op", "queue", "id", "payload", "attempt"}
 class Rank:
     """One rank of a group: its worker, its place, where its collective buffers live."""
 
-    rt: WorkerRuntime
+    ctx: WorkerContext
     rank: int
     world: int
     comm: torch.device
@@ -126,10 +126,10 @@ def init_process_group(rk: Rank, rendezvous: Rendezvous, host: str | None, what:
     """Join the group ``what`` (for the log) through ``rendezvous``; False when the job
     stopped or the leader left first. ``host``: where the leader serves the rendezvous
     (default: the host of its Dask worker address)."""
-    addr = join_group(rk.rt, rendezvous, rk.rank, rk.world, rk.comm, host)
+    addr = join_group(rk.ctx, rendezvous, rk.rank, rk.world, rk.comm, host)
     if addr is None:
         return False
-    log.info("%s is rank %d of %d of %s (%s)", rk.rt.name, rk.rank, rk.world, what, addr["backend"])
+    log.info("%s is rank %d of %d of %s (%s)", rk.ctx.name, rk.rank, rk.world, what, addr["backend"])
     return True
 
 
@@ -138,7 +138,7 @@ def lease_command(rk: Rank, queues: list[str], stopped: Callable[[], bool]) -> R
     :func:`loop_stopped`), else a task leased from ``queues`` (in that order), else ``idle``."""
     if stopped():
         return RankCommand(STOP)
-    return RankCommand.of(rk.rt.queue.lease(queues, rk.rt.name, block_s=LEASE_BLOCK_S))
+    return RankCommand.of(rk.ctx.queue.lease(queues, rk.ctx.name, block_s=LEASE_BLOCK_S))
 
 
 def serve(rk: Rank, next_command: Callable[[], RankCommand], run: Callable[[LeasedTask], None]) -> None:
@@ -154,19 +154,19 @@ def serve(rk: Rank, next_command: Callable[[], RankCommand], run: Callable[[Leas
             run(cmd.task)
 
 
-def job_stopped(rt: WorkerRuntime) -> Callable[[], bool]:
+def job_stopped(ctx: WorkerContext) -> Callable[[], bool]:
     """The FSDP group's stop rule: the job left ``running`` (see the module docstring)."""
-    return lambda: rt.job.status() != "running"
+    return lambda: ctx.job.status() != "running"
 
 
-def loop_stopped(rt: WorkerRuntime, token: str) -> Callable[[], bool]:
+def loop_stopped(ctx: WorkerContext, token: str) -> Callable[[], bool]:
     """A replica's stop rule: the worker loop's own (see the module docstring), which counts
     the cycle."""
 
     def stopped() -> bool:
-        if poll(rt, token) is None:
+        if poll(ctx, token) is None:
             return True
-        rt.cycles += 1
+        ctx.cycles += 1
         return False
 
     return stopped

@@ -46,8 +46,8 @@ from digen.core.events import Role, TaskKind, TaskRef
 from digen.parallel.comm import all_gather_json
 from digen.parallel.ulysses import sequence_parallel
 from digen.testing import faults
+from digen.workers.context import WorkerContext, wait_for
 from digen.workers.ranks import Rank, RankCommand, init_process_group, lease_command, loop_stopped, serve
-from digen.workers.runtime import WorkerRuntime, wait_for
 from digen.workers.tasks import gen_result, generate, run_eval
 
 log = logging.getLogger(__name__)
@@ -65,26 +65,26 @@ class ReplicaRank(Rank):
     """The leader's leased task in hand."""
 
 
-def run_sp_rank(rt: WorkerRuntime, token: str, host: str | None = None) -> int:
+def run_sp_rank(ctx: WorkerContext, token: str, host: str | None = None) -> int:
     """Be this worker's rank of its replica while the replica holds; the tasks it ran (0 for a
     worker outside the plan). ``host``: where the leader serves the rendezvous (default: the
     host of its Dask worker address)."""
-    group = SpGroup(rt.queue.redis, rt.job.job_id)
-    plan = wait_for(rt, group.plan, "the sequence-parallel plan")
-    replica = next((r for r in (plan or {}).get("replicas", []) if rt.name in r), None)
+    group = SpGroup(ctx.queue.redis, ctx.job.job_id)
+    plan = wait_for(ctx, group.plan, "the sequence-parallel plan")
+    replica = next((r for r in (plan or {}).get("replicas", []) if ctx.name in r), None)
     if replica is None:
         return 0
-    if not group.join(rt.name):
-        group.leave(rt.name, "its worker loop restarted, and a replica does not take a rank back")
+    if not group.join(ctx.name):
+        group.leave(ctx.name, "its worker loop restarted, and a replica does not take a rank back")
         return 0
     rk = ReplicaRank(
-        rt=rt,
+        ctx=ctx,
         group=group,
         token=token,
         replica=list(replica),
-        rank=replica.index(rt.name),
+        rank=replica.index(ctx.name),
         world=len(replica),
-        comm=torch.device(rt.device),
+        comm=torch.device(ctx.device),
     )
     try:
         if init_process_group(rk, group.rendezvous(rk.replica[0]), host, f"replica {', '.join(rk.replica)}"):
@@ -100,17 +100,17 @@ def run_sp_rank(rt: WorkerRuntime, token: str, host: str | None = None) -> int:
 
 
 def _leave(rk: ReplicaRank, exc: Exception) -> None:
-    rt = rk.rt
+    ctx = rk.ctx
     why = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-    log.warning("%s leaves its sequence-parallel replica (%s): %s", rt.name, ", ".join(rk.replica), why)
+    log.warning("%s leaves its sequence-parallel replica (%s): %s", ctx.name, ", ".join(rk.replica), why)
     if rk.leader and rk.current is not None:
-        rt.queue.nack(
+        ctx.queue.nack(
             rk.current,
             f"sequence-parallel replica {', '.join(rk.replica)} broke: {why}\n{traceback.format_exc(limit=5)}",
-            max_attempts=rt.cfg.schedule.max_attempts,
-            worker=rt.name,
+            max_attempts=ctx.cfg.schedule.max_attempts,
+            worker=ctx.name,
         )
-    rk.group.leave(rt.name, why)
+    rk.group.leave(ctx.name, why)
 
 
 # --- commands -----------------------------------------------------------------------
@@ -119,7 +119,7 @@ def _next_command(rk: ReplicaRank) -> RankCommand:
     ``stop`` when the job stopped or a newer loop took this worker (the worker loop's own rule:
     :func:`~digen.workers.ranks.loop_stopped`). A replica takes no off-role work (its rollout
     budget for train tasks stays unused)."""
-    cmd = lease_command(rk, [TaskKind.GEN.value, TaskKind.EVAL.value], loop_stopped(rk.rt, rk.token))
+    cmd = lease_command(rk, [TaskKind.GEN.value, TaskKind.EVAL.value], loop_stopped(rk.ctx, rk.token))
     if cmd.task is not None:
         rk.current = cmd.task.task_id
     return cmd
@@ -129,25 +129,25 @@ def _run(rk: ReplicaRank, leased: LeasedTask) -> None:
     """Every rank runs the task under Ulysses; the leader stores and acknowledges it."""
     if leased.queue not in (TaskKind.GEN.value, TaskKind.EVAL.value):
         raise RuntimeError(f"a replica runs gen and eval tasks, not {leased.queue} task {leased.task_id}")
-    rt = rk.rt
-    with sequence_parallel(rt.policy, None):
+    ctx = rk.ctx
+    with sequence_parallel(ctx.policy, None):
         if leased.queue == TaskKind.GEN.value:
             score = rk.leader and GenPayload.read(leased.payload).score
-            traj, events, t0 = generate(rt, leased, Role.ROLLOUT, score=score, stop=None)
+            traj, events, t0 = generate(ctx, leased, Role.ROLLOUT, score=score, stop=None)
         else:
-            result, _ = run_eval(rt, leased, Role.ROLLOUT)
-    ranks = all_gather_json(rt.name, device=rk.comm)  # every rank finished: a dead one fails the task here
+            result, _ = run_eval(ctx, leased, Role.ROLLOUT)
+    ranks = all_gather_json(ctx.name, device=rk.comm)  # every rank finished: a dead one fails the task here
     rk.tasks_run += 1
     if not rk.leader:
         return
     if leased.queue == TaskKind.GEN.value:
-        result = gen_result(rt, leased, traj, events, t0)
+        result = gen_result(ctx, leased, traj, events, t0)
     for e in result.events:
         e.sp_degree, e.ranks = rk.world, list(ranks)
-    rt.report_redis(result.events)
+    ctx.report_redis(result.events)
     faults.point(
-        "ack", rt.job, rt.name, task=leased.task_id, iteration=TaskRef.parse(leased.task_id).iteration
+        "ack", ctx.job, ctx.name, task=leased.task_id, iteration=TaskRef.parse(leased.task_id).iteration
     )
-    if not rt.queue.ack(leased.task_id, result.to_json(), worker=rt.name):
+    if not ctx.queue.ack(leased.task_id, result.to_json(), worker=ctx.name):
         log.info("task %s was already acknowledged (it ran twice); this result is discarded", leased.task_id)
     rk.current = None

@@ -47,71 +47,71 @@ from digen.rollout import Trajectories, batch_key, generate_group, generate_grou
 from digen.testing import faults
 from digen.training import train_groups
 from digen.viz import image_cells, to_png
-from digen.workers.runtime import WorkerRuntime, event
+from digen.workers.context import WorkerContext, event
 
 log = logging.getLogger(__name__)
 
 Outcome = tuple[Result, Callable[[], None] | None] | None
 
 
-def generate(rt: WorkerRuntime, leased: LeasedTask, role: Role, *, score: bool, stop) -> tuple:
+def generate(ctx: WorkerContext, leased: LeasedTask, role: Role, *, score: bool, stop) -> tuple:
     """A generation task's group and timeline events (scored when ``score``), nothing stored:
     ``(trajectories, events, start)``. Also what every rank of a sequence-parallel replica runs."""
     task = GenPayload.read(leased.payload).task
     ref = TaskRef(TaskKind.GEN, task.iteration, task.group)
     t0 = time.time()
-    rt.ensure_version(task.version)
+    ctx.ensure_version(task.version)
     events: list[TimelineRow] = []
     if time.time() - t0 > 1e-3:
-        events.append(event(rt, role, "sync", ref, task.version, t0, time.time()))
-    rt.ensure_reward()
-    assert rt.embed is not None
+        events.append(event(ctx, role, "sync", ref, task.version, t0, time.time()))
+    reward_fn = ctx.ensure_reward()
+    assert ctx.embed is not None
 
     def timer(kind: str, s: float, e: float, cpu_s: float) -> None:
-        events.append(event(rt, role, kind, ref, task.version, s, e, cpu_s))
+        events.append(event(ctx, role, kind, ref, task.version, s, e, cpu_s))
 
-    reward = rt.reward if score else None  # else a reward task scores
+    reward = reward_fn if score else None  # else a reward task scores
     traj = generate_group(
-        rt.policy, task, rt.cfg, reward, embeds=rt.embed(task.prompt), timer=timer, stop=stop
+        ctx.ensure_policy(), task, ctx.cfg, reward, embeds=ctx.embed(task.prompt), timer=timer, stop=stop
     )
-    faults.point("gen", rt.job, rt.name, task=leased.task_id, iteration=task.iteration)
+    faults.point("gen", ctx.job, ctx.name, task=leased.task_id, iteration=task.iteration)
     return traj, events, t0
 
 
 def gen_result(
-    rt: WorkerRuntime, leased: LeasedTask, traj: Trajectories, events: list[TimelineRow], t0: float
+    ctx: WorkerContext, leased: LeasedTask, traj: Trajectories, events: list[TimelineRow], t0: float
 ) -> GenResult:
     """Keep a generated group's tensors as a blob of this worker; the task's result: rewards,
     timings, where the blob is, and (when the payload asks, for a sample grid) its images as
     grid cells."""
     payload = GenPayload.read(leased.payload)
     version = payload.task.version
-    name = blobnames.trajectories(rt.job.job_id, leased.task_id)
-    blob = rt.blobs.put(name, traj.tensors(), {"version": str(version)})
+    name = blobnames.trajectories(ctx.job.job_id, leased.task_id)
+    blob = ctx.blobs.put(name, traj.tensors(), {"version": str(version)})
     return GenResult(
-        worker=rt.name,
+        worker=ctx.name,
         start=t0,
         end=time.time(),
         events=events,
         rewards=[float(x) for x in traj.rewards],
-        blob=BlobRef(rt.blob_addr, name, blob.digest, nbytes=blob.nbytes),
+        blob=BlobRef(ctx.blob_addr, name, blob.digest, nbytes=blob.nbytes),
         # train.multi_reward per_reward or gdpo
         reward_parts=None if traj.reward_parts is None else traj.reward_parts.tolist(),
         cells=to_png(image_cells(traj.images)) if payload.grid else None,
     )
 
 
-def run_gen(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
+def run_gen(ctx: WorkerContext, leased: LeasedTask, role: Role) -> Outcome:
     score = GenPayload.read(leased.payload).score
-    traj, events, t0 = generate(rt, leased, role, score=score, stop=rt.job_stopped)
-    return gen_result(rt, leased, traj, events, t0), None
+    traj, events, t0 = generate(ctx, leased, role, score=score, stop=ctx.job_stopped)
+    return gen_result(ctx, leased, traj, events, t0), None
 
 
-def gen_batches(rt: WorkerRuntime, batch: list[LeasedTask]) -> list[list[LeasedTask]]:
+def gen_batches(ctx: WorkerContext, batch: list[LeasedTask]) -> list[list[LeasedTask]]:
     """Leased generation tasks cut into the batches that can run as one forward, in lease
     order: those of one iteration, weights version and scoring (inline or by a ``reward``
     task) whose prompt embeddings agree in shape (:func:`digen.rollout.batch_key`)."""
-    assert rt.embed is not None
+    assert ctx.embed is not None
     out: dict[tuple, list[LeasedTask]] = {}
     for leased in batch:
         try:
@@ -120,12 +120,12 @@ def gen_batches(rt: WorkerRuntime, batch: list[LeasedTask]) -> list[list[LeasedT
             out[("unreadable", leased.task_id)] = [leased]
             continue
         task = payload.task
-        key = (task.iteration, task.version, payload.score, batch_key(rt.embed(task.prompt)))
+        key = (task.iteration, task.version, payload.score, batch_key(ctx.embed(task.prompt)))
         out.setdefault(key, []).append(leased)
     return list(out.values())
 
 
-def run_gen_batch(rt: WorkerRuntime, batch: list[LeasedTask], role: Role, stop) -> list[Outcome]:
+def run_gen_batch(ctx: WorkerContext, batch: list[LeasedTask], role: Role, stop) -> list[Outcome]:
     """Generation tasks that :func:`gen_batches` put together, as one batch
     (:func:`digen.rollout.generate_groups`: one forward per denoising step for all their
     samples); each task's result on its own, as :func:`run_gen` makes it, its ``gen`` event
@@ -134,34 +134,34 @@ def run_gen_batch(rt: WorkerRuntime, batch: list[LeasedTask], role: Role, stop) 
     tasks = [p.task for p in payloads]
     version = tasks[0].version
     t0 = time.time()
-    rt.ensure_version(version)
+    ctx.ensure_version(version)
     events: list[list[TimelineRow]] = [[] for _ in batch]
     if time.time() - t0 > 1e-3:
         ref = TaskRef(TaskKind.GEN, tasks[0].iteration, tasks[0].group)
-        events[0].append(event(rt, role, "sync", ref, version, t0, time.time()))
-    rt.ensure_reward()
-    assert rt.embed is not None
+        events[0].append(event(ctx, role, "sync", ref, version, t0, time.time()))
+    reward_fn = ctx.ensure_reward()
+    assert ctx.embed is not None
 
     def timer_of(j: int):
         ref = TaskRef(TaskKind.GEN, tasks[j].iteration, tasks[j].group)
 
         def timer(kind: str, s: float, e: float, cpu_s: float) -> None:
-            row = event(rt, role, kind, ref, version, s, e, cpu_s)
+            row = event(ctx, role, kind, ref, version, s, e, cpu_s)
             if kind == "gen":
                 row.batch = len(batch)
             events[j].append(row)
 
         return timer
 
-    reward = rt.reward if payloads[0].score else None  # else a reward task scores
-    embeds = rt.embed.many([t.prompt for t in tasks])
+    reward = reward_fn if payloads[0].score else None  # else a reward task scores
+    embeds = ctx.embed.many([t.prompt for t in tasks])
     trajs = generate_groups(
-        rt.policy, tasks, rt.cfg, reward, embeds, [timer_of(j) for j in range(len(batch))], stop
+        ctx.ensure_policy(), tasks, ctx.cfg, reward, embeds, [timer_of(j) for j in range(len(batch))], stop
     )
     out: list[Outcome] = []
     for j, (leased, traj, evs) in enumerate(zip(batch, trajs, events, strict=True)):
-        faults.point("gen", rt.job, rt.name, task=leased.task_id, iteration=traj.task.iteration)
-        result = gen_result(rt, leased, traj, evs, t0)
+        faults.point("gen", ctx.job, ctx.name, task=leased.task_id, iteration=traj.task.iteration)
+        result = gen_result(ctx, leased, traj, evs, t0)
         if len(batch) > 1:  # the task's own share of the batch: the seconds per group TAG/RAT learn
             result.start = t0 if j == 0 else evs[0].start
             result.end = result.start + sum(e.end - e.start for e in evs)
@@ -176,7 +176,7 @@ NOT_TRAINED = ("images", "decoded")
 
 
 def group_tensors(
-    rt: WorkerRuntime, leased: LeasedTask, src: BlobRef | None, names: list[str] | None
+    ctx: WorkerContext, leased: LeasedTask, src: BlobRef | None, names: list[str] | None
 ) -> dict[str, torch.Tensor]:
     """Tensors ``names`` of the generated group a task works on (None: all but
     :data:`NOT_TRAINED`), from the worker that made it (this one: no copy; the payload's
@@ -184,19 +184,19 @@ def group_tensors(
     when it is not stored (being generated again), its worker is gone, or what answers is not
     that blob (:class:`~digen.dataplane.blobs.BlobMismatch`)."""
     ref = TaskRef.parse(leased.task_id)
-    faults.point("fetch", rt.job, rt.name, task=leased.task_id, iteration=ref.iteration)
-    return source_tensors(rt, src, ref.iteration, ref.group, names)
+    faults.point("fetch", ctx.job, ctx.name, task=leased.task_id, iteration=ref.iteration)
+    return source_tensors(ctx, src, ref.iteration, ref.group, names)
 
 
 def source_tensors(
-    rt: WorkerRuntime, src: BlobRef | None, iteration: int, group: int, names: list[str] | None
+    ctx: WorkerContext, src: BlobRef | None, iteration: int, group: int, names: list[str] | None
 ) -> dict[str, torch.Tensor]:
     """:func:`group_tensors` of one group whose trajectories are at ``src``."""
     if src is None:
         raise BlobLost(f"the trajectories of group {group} of iteration {iteration} are not stored")
     addr, name, digest, version = src.addr, src.name, src.digest or None, src.version
-    if addr == rt.blob_addr:
-        own = rt.blobs.get(name)
+    if addr == ctx.blob_addr:
+        own = ctx.blobs.get(name)
         if own is None:
             raise BlobLost(f"{name}: this worker no longer holds it")
         if digest is not None and own.digest != digest:
@@ -207,11 +207,11 @@ def source_tensors(
     return fetch(addr, name, names=names, exclude=NOT_TRAINED if names is None else (), expect=expect)[0]
 
 
-def park(rt: WorkerRuntime, leased: LeasedTask, exc: BlobLost) -> None:
+def park(ctx: WorkerContext, leased: LeasedTask, exc: BlobLost) -> None:
     # a mismatch was already the one warning (naming its producer) where the fetch found it
     level = logging.INFO if isinstance(exc, BlobMismatch) else logging.WARNING
-    log.log(level, "task %s on %s waits for its input: %s", leased.task_id, rt.name, exc)
-    rt.queue.park(leased.task_id, worker=rt.name, why=f"BlobLost: {exc}")
+    log.log(level, "task %s on %s waits for its input: %s", leased.task_id, ctx.name, exc)
+    ctx.queue.park(leased.task_id, worker=ctx.name, why=f"BlobLost: {exc}")
 
 
 def batch_specs(task_id: str, payload: TrainPayload) -> list[TrainEntry]:
@@ -230,51 +230,51 @@ def batch_specs(task_id: str, payload: TrainPayload) -> list[TrainEntry]:
 
 
 def batch_tensors(
-    rt: WorkerRuntime, leased: LeasedTask, entries: list[TrainEntry], names: list[str] | None
+    ctx: WorkerContext, leased: LeasedTask, entries: list[TrainEntry], names: list[str] | None
 ) -> list[dict[str, torch.Tensor]]:
     """:func:`group_tensors` of every group of a (batched) train task, in group order."""
-    first = group_tensors(rt, leased, entries[0].source, names)
-    rest = [source_tensors(rt, e.source, e.spec.iteration, e.spec.group, names) for e in entries[1:]]
+    first = group_tensors(ctx, leased, entries[0].source, names)
+    rest = [source_tensors(ctx, e.source, e.spec.iteration, e.spec.group, names) for e in entries[1:]]
     return [first, *rest]
 
 
-def run_train(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
+def run_train(ctx: WorkerContext, leased: LeasedTask, role: Role) -> Outcome:
     payload = TrainPayload.read(leased.payload)
     entries = batch_specs(leased.task_id, payload)
     specs = [e.spec for e in entries]
     spec, ref = specs[0], TaskRef.parse(leased.task_id)
     version = payload.version  # mini-batch m of iteration i: digen.core.versions.version
     t0 = time.time()
-    rt.ensure_version(version)
+    ctx.ensure_version(version)
     events: list[TimelineRow] = []
     if time.time() - t0 > 1e-3:
-        events.append(event(rt, role, "sync", ref, version, t0, time.time()))
+        events.append(event(ctx, role, "sync", ref, version, t0, time.time()))
     try:
-        data = batch_tensors(rt, leased, entries, TRAINING_TENSORS)
+        data = batch_tensors(ctx, leased, entries, TRAINING_TENSORS)
     except BlobLost as exc:
-        park(rt, leased, exc)
+        park(ctx, leased, exc)
         return None
-    assert rt.embed is not None
+    assert ctx.embed is not None
     t1, c1 = time.time(), time.thread_time()
-    embeds = [rt.embed(e.prompt) for e in entries]
-    grads, stats = train_groups(rt.policy, specs, data, embeds, rt.cfg, tsp=payload.tsp)
+    embeds = [ctx.embed(e.prompt) for e in entries]
+    grads, stats = train_groups(ctx.ensure_policy(), specs, data, embeds, ctx.cfg, tsp=payload.tsp)
     cpu_s = time.thread_time() - c1
-    faults.point("train", rt.job, rt.name, task=leased.task_id, iteration=spec.iteration)
-    events.append(event(rt, role, "train", ref, version, t1, time.time(), cpu_s))
+    faults.point("train", ctx.job, ctx.name, task=leased.task_id, iteration=spec.iteration)
+    events.append(event(ctx, role, "train", ref, version, t1, time.time(), cpu_s))
     if ref.part is not None or len(specs) > 1:  # not one whole group: the bench counts its share so
-        samples = rt.cfg.train.mini_batch_split == "samples"
-        events[-1].share = work_share(ref, len(specs), rt.cfg.train.mini_batches, samples)
-    result = TrainResult(worker=rt.name, start=t0, end=time.time(), events=events, stats=stats)
-    member = rt.member
+        samples = ctx.cfg.train.mini_batch_split == "samples"
+        events[-1].share = work_share(ref, len(specs), ctx.cfg.train.mini_batches, samples)
+    result = TrainResult(worker=ctx.name, start=t0, end=time.time(), events=events, stats=stats)
+    member = ctx.member
     if member is None or payload.keep_gradient:  # the trainers fetch it at the step
-        name = blobnames.gradient(rt.job.job_id, leased.task_id)
-        blob = rt.blobs.put(name, on_host(grads))  # served from the host, not from GPU memory
-        result.grad = BlobRef(rt.blob_addr, name, blob.digest)
+        name = blobnames.gradient(ctx.job.job_id, leased.task_id)
+        blob = ctx.blobs.put(name, on_host(grads))  # served from the host, not from GPU memory
+        result.grad = BlobRef(ctx.blob_addr, name, blob.digest)
         return result, None
     return result, lambda: member.add(leased.task_id, grads)
 
 
-def run_reward(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
+def run_reward(ctx: WorkerContext, leased: LeasedTask, role: Role) -> Outcome:
     """Score a generated group from its decoded images (the same float32 tensor the
     generation task would have scored inline, so the rewards are the same)."""
     payload = RewardPayload.read(leased.payload)
@@ -282,17 +282,17 @@ def run_reward(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
     ref = TaskRef(TaskKind.REWARD, task.iteration, task.group)
     t0 = time.time()
     try:
-        decoded = group_tensors(rt, leased, payload.source, ["decoded"])["decoded"]
+        decoded = group_tensors(ctx, leased, payload.source, ["decoded"])["decoded"]
     except BlobLost as exc:
-        park(rt, leased, exc)
+        park(ctx, leased, exc)
         return None
-    rt.ensure_reward()
+    reward_fn = ctx.ensure_reward()
     t1, c1 = time.time(), time.thread_time()
-    rewards, parts = score_group(rt.reward, decoded, task.prompt, rt.cfg)
+    rewards, parts = score_group(reward_fn, decoded, task.prompt, ctx.cfg)
     t2 = time.time()
-    events = [event(rt, role, "reward", ref, task.version, t1, t2, time.thread_time() - c1)]
+    events = [event(ctx, role, "reward", ref, task.version, t1, t2, time.thread_time() - c1)]
     result = RewardResult(
-        worker=rt.name,
+        worker=ctx.name,
         start=t0,
         end=t2,
         events=events,
@@ -302,22 +302,23 @@ def run_reward(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
     return result, None
 
 
-def run_eval(rt: WorkerRuntime, leased: LeasedTask, role: Role) -> Outcome:
+def run_eval(ctx: WorkerContext, leased: LeasedTask, role: Role) -> tuple[Result, None]:
     """Sample and score a chunk of held-out prompts with the version the task names; the
-    result holds the scores and the images as grid cells."""
+    result holds the scores and the images as grid cells. It reads no peer's blob, so it is
+    never parked: always a result, with nothing to run after its acknowledgement."""
     task = EvalPayload.read(leased.payload).task
     ref = TaskRef.parse(leased.task_id)
     t0 = time.time()
-    rt.ensure_version(task.version)
-    rt.ensure_reward()
+    ctx.ensure_version(task.version)
+    reward_fn = ctx.ensure_reward()
     t1 = time.time()
-    res = evaluate_chunk(rt.policy, task, rt.cfg, rt.reward, embed=rt.embed)
+    res = evaluate_chunk(ctx.ensure_policy(), task, ctx.cfg, reward_fn, embed=ctx.embed)
     t2 = time.time()
-    events = [event(rt, role, "eval", ref, task.version, t1, t2)]
+    events = [event(ctx, role, "eval", ref, task.version, t1, t2)]
     if t1 - t0 > 1e-3:
-        events.insert(0, event(rt, role, "sync", ref, task.version, t0, t1))
+        events.insert(0, event(ctx, role, "sync", ref, task.version, t0, t1))
     result = EvalChunkResult(
-        worker=rt.name,
+        worker=ctx.name,
         start=t0,
         end=t2,
         events=events,

@@ -55,7 +55,7 @@ from digen.evaluation import carries_ema
 from digen.optim import ParameterStore, stage_checkpoint
 from digen.parallel.comm import comm_device, trainer_backend
 from digen.testing import faults
-from digen.workers.runtime import POLL_S, WorkerRuntime, event, join_group
+from digen.workers.context import POLL_S, WorkerContext, event, join_group
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ def serve_weights(
 class Member:
     """One worker's share of the trainer group (see the module docstring)."""
 
-    rt: WorkerRuntime
+    ctx: WorkerContext
     store: ParameterStore
     kept: tuple[int, dict[str, torch.Tensor]] | None = None
     """(version, weights) of an older version served while a staleness-1 rollout may still
@@ -128,16 +128,16 @@ class Member:
 
     # --- set-up -------------------------------------------------------------------------
     @staticmethod
-    def start(rt: WorkerRuntime) -> Member:
+    def start(ctx: WorkerContext) -> Member:
         """The member of a starting worker, holding the job's current state: version 0 from its
         own (seeded) build at the start of a job; the checkpoint a resumed job starts from; or,
         joining a running job (a new trainer, a restarted one), the newest version copied from
         a member that holds it (else from the newest checkpoint, if that is the same version),
         so that its train tasks never wait for a version only a dead trainer held."""
-        cfg = rt.cfg
-        store = ParameterStore(rt.ensure_policy().trainable_state_dict(), cfg.train, device=rt.device)
-        member = Member(rt, store)
-        current = rt.group.current()
+        cfg = ctx.cfg
+        store = ParameterStore(ctx.ensure_policy().trainable_state_dict(), cfg.train, device=ctx.device)
+        member = Member(ctx, store)
+        current = ctx.trainer_group.current()
         if current is not None and current["version"] != store.version:
             member.ensure_state(current["version"], current.get("checkpoint"), current.get("keep_version"))
         member.load_policy()
@@ -147,31 +147,31 @@ class Member:
     def ema_version(self) -> bool:
         """Whether the store's version is served and loaded with its EMA (it is evaluated
         with it: :func:`~digen.evaluation.carries_ema`)."""
-        return carries_ema(self.rt.cfg, self.store.version)
+        return carries_ema(self.ctx.cfg, self.store.version)
 
     def load_policy(self) -> None:
         """The store's version into the worker's policy, copied from the live tensors in place
         (:meth:`~digen.optim.ParameterStore.load_into`: no clone of the model on the device)."""
-        self.store.load_into(self.rt.ensure_policy(), ema=self.ema_version())
-        self.rt.version = self.store.version
+        self.store.load_into(self.ctx.ensure_policy(), ema=self.ema_version())
+        self.ctx.version = self.store.version
 
     def serve(self, keep_from: int | None = None) -> None:
         """Offer the store's version (and the kept older one) as weight blobs in the dtype the
         policy holds its trained tensors in (:func:`~digen.assembly.trained_dtype`: the bits
         this trainer computes with, so a rollout that loads them computes with the same), and
         the state as a blob a newcomer copies; tell Redis."""
-        rt, v = self.rt, self.store.version
-        dtype = trained_dtype(rt.cfg)
+        ctx, v = self.ctx, self.store.version
+        dtype = trained_dtype(ctx.cfg)
         ema = self.ema_version()  # evaluated with its EMA: served with it
         versions = {v: lambda: self.store.weights_copy(lambda w: host_copy(w, dtype), ema=ema)}
         if self.kept is not None:
             kept = self.kept[1]
             versions[self.kept[0]] = lambda: on_host(kept, dtype)  # a copy already: nothing rewrites it
-        job = rt.job.job_id
-        serve_weights(rt.blobs, job, versions, keep_from)
-        serve_state(rt.blobs, blobnames.state(job, v), self.store)
-        served = blobnames.versions(rt.blobs.names(), job)
-        rt.group.set_holding(rt.name, rt.blob_addr, served, v)
+        job = ctx.job.job_id
+        serve_weights(ctx.blobs, job, versions, keep_from)
+        serve_state(ctx.blobs, blobnames.state(job, v), self.store)
+        served = blobnames.versions(ctx.blobs.names(), job)
+        ctx.trainer_group.set_holding(ctx.name, ctx.blob_addr, served, v)
 
     # --- between steps ----------------------------------------------------------------------
     def add(self, task_id: str, grads: dict[str, torch.Tensor]) -> None:
@@ -184,8 +184,8 @@ class Member:
     def run_step(self, cmd: StepCommand) -> None:
         """Take part in step ``cmd`` (see the module docstring); returns once it is applied
         (or finished, as its writer) or aborted."""
-        rt, me = self.rt, self.rt.name
-        if not cmd.names(me, rt.incarnation) or cmd.mark in self.handled:
+        ctx, me = self.ctx, self.ctx.name
+        if not cmd.names(me, ctx.incarnation) or cmd.mark in self.handled:
             return  # not asked of this incarnation (a restarted worker: its predecessor was)
         self.handled.add(cmd.mark)
         # applied already: a new writer finishes it, or the writer acknowledges it again (the
@@ -194,7 +194,7 @@ class Member:
             if cmd.writer == me:
                 self.finish(cmd, self.applied[cmd.id])
             return
-        if (decided := rt.group.decision(cmd.id)) is not None and decided != f"{COMMIT}:{cmd.epoch}":
+        if (decided := ctx.trainer_group.decision(cmd.id)) is not None and decided != f"{COMMIT}:{cmd.epoch}":
             log.info("%s: step %s (epoch %d) was aborted before it took part", me, cmd.id, cmd.epoch)
             self.sums.clear()
             return
@@ -205,7 +205,7 @@ class Member:
             kept = self._keep(cmd.keep_version)
         except Exception as exc:  # a peer died mid-collective, a blob was lost, a check failed
             why = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-            decided = rt.group.abort(cmd.id, cmd.epoch, me, why)
+            decided = ctx.trainer_group.abort(cmd.id, cmd.epoch, me, why)
             if decided == f"{ABORT}:{cmd.epoch}":
                 log.warning("%s: step %s (epoch %d) aborted: %s", me, cmd.id, cmd.epoch, why)
             else:  # decided without it (a commit it missed): nothing was aborted
@@ -215,9 +215,9 @@ class Member:
             self.leave_group()
             self.sums.clear()
             return
-        faults.point("reduced", rt.job, me, task=cmd.id, iteration=cmd.iteration)
-        rt.group.report_ok(cmd.id, cmd.epoch, me)
-        faults.point("reported", rt.job, me, task=cmd.id, iteration=cmd.iteration)
+        faults.point("reduced", ctx.job, me, task=cmd.id, iteration=cmd.iteration)
+        ctx.trainer_group.report_ok(cmd.id, cmd.epoch, me)
+        faults.point("reported", ctx.job, me, task=cmd.id, iteration=cmd.iteration)
         if self.await_decision(cmd) != f"{COMMIT}:{cmd.epoch}":
             log.info("%s: step %s (epoch %d) aborted; its tasks run again", me, cmd.id, cmd.epoch)
             self.sums.clear()
@@ -231,9 +231,9 @@ class Member:
         self.serve(cmd.serve_from)
         t3 = time.time()
         ref = TaskRef.parse(f"train:{cmd.iteration}:0")
-        optim = event(rt, Role.TRAINER, "optim", ref, cmd.version, t0, t2)
+        optim = event(ctx, Role.TRAINER, "optim", ref, cmd.version, t0, t2)
         optim.set(reduce_s=t1 - t0, step_s=t2 - t1, task=cmd.id)
-        events = [optim, event(rt, Role.TRAINER, "sync", ref, self.store.version, t2, t3)]
+        events = [optim, event(ctx, Role.TRAINER, "sync", ref, self.store.version, t2, t3)]
         ack = StepAck(
             worker=me,
             start=t0,
@@ -250,19 +250,19 @@ class Member:
         """As the step's writer: stage its checkpoint (if asked: the controller puts it in
         place once the iteration's metrics row is written), then acknowledge it."""
         t0 = time.time()
-        rt = self.rt
+        ctx = self.ctx
         if cmd.checkpoint is not None:
             try:
-                faults.point("checkpoint", rt.job, rt.name, task=cmd.id, iteration=cmd.iteration)
+                faults.point("checkpoint", ctx.job, ctx.name, task=cmd.id, iteration=cmd.iteration)
                 stage_checkpoint(Path(cmd.checkpoint), self.store, cmd.iteration, self.kept)
             except Exception as exc:  # a full disk, say: the job ends naming it (a retry would not fit)
                 what = str(exc) if isinstance(exc, DigenError) else f"{type(exc).__name__}: {exc}"
-                log.error("%s could not write the checkpoint of step %s: %s", rt.name, cmd.id, what)
+                log.error("%s could not write the checkpoint of step %s: %s", ctx.name, cmd.id, what)
                 message = f"the checkpoint of iteration {cmd.iteration} could not be written: {what}"
-                rt.group.fail_step(cmd.id, message, getattr(exc, "exit_code", 1))
+                ctx.trainer_group.fail_step(cmd.id, message, getattr(exc, "exit_code", 1))
                 return
-        done = replace(result, worker=rt.name, start=t0, end=time.time(), checkpoint=cmd.checkpoint)
-        if not rt.queue.ack(cmd.id, done.to_json(), worker=rt.name):
+        done = replace(result, worker=ctx.name, start=t0, end=time.time(), checkpoint=cmd.checkpoint)
+        if not ctx.queue.ack(cmd.id, done.to_json(), worker=ctx.name):
             log.info("step %s was already acknowledged", cmd.id)
 
     def ensure_state(self, version: int, restore: str | None, keep_version: int | None) -> None:
@@ -273,29 +273,29 @@ class Member:
         ``previous_weights``."""
         if self.store.version == version:
             return
-        rt = self.rt
+        ctx = self.ctx
         tried = []
-        for worker, addr in rt.group.state_holders(version):
-            if worker == rt.name:
+        for worker, addr in ctx.trainer_group.state_holders(version):
+            if worker == ctx.name:
                 continue
             try:
-                tensors, meta = fetch(addr, blobnames.state(rt.job.job_id, version))
+                tensors, meta = fetch(addr, blobnames.state(ctx.job.job_id, version))
             except BlobLost as exc:
                 tried.append(str(exc))
                 continue
             weights = {k[2:]: t for k, t in tensors.items() if k.startswith("w/")}
             opt = {k[2:]: t for k, t in tensors.items() if k.startswith("o/")}
             self.store = ParameterStore.restore(
-                weights, opt, json.loads(meta["state"]), rt.cfg.train, rt.device
+                weights, opt, json.loads(meta["state"]), ctx.cfg.train, ctx.device
             )
             self.kept = self._keep(keep_version)
-            log.info("%s copied the optimizer state of version %d from %s", rt.name, version, worker)
+            log.info("%s copied the optimizer state of version %d from %s", ctx.name, version, worker)
             self.load_policy()
-            faults.point("sync", rt.job, rt.name, task=f"state:{version}", iteration=version)
+            faults.point("sync", ctx.job, ctx.name, task=f"state:{version}", iteration=version)
             return
         if restore is not None and (Path(restore) / "state.json").exists():
             folder = Path(restore)
-            store, state = ParameterStore.load(folder, rt.cfg.train, device=rt.device)
+            store, state = ParameterStore.load(folder, ctx.cfg.train, device=ctx.device)
             if store.version == version:
                 prev = folder / "previous_weights.safetensors"
                 self.store = store
@@ -304,7 +304,7 @@ class Member:
                 self.kept = None
                 if keep_version is not None and keep_version == held and prev.exists():
                     self.kept = (held, load_file(str(prev)))
-                log.info("%s loaded the optimizer state of version %d from %s", rt.name, version, folder)
+                log.info("%s loaded the optimizer state of version %d from %s", ctx.name, version, folder)
                 self.load_policy()
                 return
             tried.append(f"checkpoint {folder} holds version {store.version}")
@@ -326,12 +326,12 @@ class Member:
             return version, self.store.weights_copy(host_copy, ema=self.ema_version())
         if self.kept is not None and self.kept[0] == version:
             return self.kept
-        for addr in self.rt.group.holders_of(version):
-            if addr == self.rt.blob_addr:
+        for addr in self.ctx.trainer_group.holders_of(version):
+            if addr == self.ctx.blob_addr:
                 continue
             try:
                 got, _ = fetch(
-                    addr, blobnames.weights(self.rt.job.job_id, version), expect=Expect(version=version)
+                    addr, blobnames.weights(self.ctx.job.job_id, version), expect=Expect(version=version)
                 )
                 return version, {k: t.float() for k, t in got.items()}
             except BlobLost:
@@ -340,15 +340,15 @@ class Member:
 
     def reduce(self, cmd: StepCommand) -> dict[str, torch.Tensor]:
         """The step's summed gradient (see the module docstring)."""
-        rt = self.rt
+        ctx = self.ctx
         if cmd.exact:
             return ordered_sum((self._blob(b.blob) for b in cmd.blobs), like=self.store.params)
-        held = sorted(cmd.held.get(rt.name, []))
+        held = sorted(cmd.held.get(ctx.name, []))
         if sorted(self.sums.tasks) != held:
             raise RuntimeError(
-                f"{rt.name} holds the gradients of {sorted(self.sums.tasks)}, the step counts {held}"
+                f"{ctx.name} holds the gradients of {sorted(self.sums.tasks)}, the step counts {held}"
             )
-        if cmd.rank(rt.name) == 0:  # gradients of non-members (RAT), added once
+        if cmd.rank(ctx.name) == 0:  # gradients of non-members (RAT), added once
             self.sums.like = self.store.params
             for b in cmd.blobs:
                 self.sums.add(b.task, self._blob(b.blob))
@@ -363,14 +363,14 @@ class Member:
             self.sums.total = unflatten(self.sums.flat, names, like)
         self.join_group(cmd)
         flat = self.sums.flat.to(self._comm_device())
-        faults.point("reduce", rt.job, rt.name, task=cmd.id, iteration=cmd.iteration)
+        faults.point("reduce", ctx.job, ctx.name, task=cmd.id, iteration=cmd.iteration)
         all_reduce_sum(flat)
-        return unflatten(flat.to(self.rt.device), names, like)
+        return unflatten(flat.to(self.ctx.device), names, like)
 
     def _blob(self, ref: BlobRef) -> dict[str, torch.Tensor]:
         """A gradient kept as a blob, checked against the digest its task's result published."""
-        if ref.addr == self.rt.blob_addr:
-            own = self.rt.blobs.get(ref.name)
+        if ref.addr == self.ctx.blob_addr:
+            own = self.ctx.blobs.get(ref.name)
             if own is None or (ref.digest and own.digest != ref.digest):
                 raise BlobLost(f"{ref.name}: this worker no longer holds it")
             return own.tensors
@@ -379,27 +379,27 @@ class Member:
     def _comm_device(self) -> torch.device:
         """Where the all-reduce's buffer lives: the rank's GPU for NCCL, the host for gloo (on
         CPU, or a group whose members share a GPU: :func:`~digen.parallel.comm.trainer_backend`)."""
-        return comm_device(self.backend, torch.device(self.rt.device))
+        return comm_device(self.backend, torch.device(self.ctx.device))
 
     def join_group(self, cmd: StepCommand) -> None:
         """Be in the process group of the command's epoch (formed anew when it changed)."""
         if self.pg_epoch == cmd.epoch and dist.is_initialized():
             return
         self.leave_group()
-        rt = self.rt
-        device = torch.device(rt.device)
+        ctx = self.ctx
+        device = torch.device(ctx.device)
 
         # a rank that waits for rank 0's address gives up once the step is decided: rank 0
         # found it aborted before it took part (another member's failure, the controller) and
         # will never publish this epoch's address; waiting on would miss every later command
         def decided() -> str | None:
-            d = rt.group.decision(cmd.id)
+            d = ctx.trainer_group.decision(cmd.id)
             return None if d is None else f"step {cmd.id} was decided ({d})"
 
         addr = join_group(
-            rt,
-            replace(rt.group.rendezvous(cmd.epoch), gone=decided),
-            cmd.rank(rt.name),
+            ctx,
+            replace(ctx.trainer_group.rendezvous(cmd.epoch), gone=decided),
+            cmd.rank(ctx.name),
             len(cmd.members),
             device,
             backend=trainer_backend(device),
@@ -411,8 +411,8 @@ class Member:
         self.backend = addr["backend"]  # the leader's choice
         log.info(
             "%s is rank %d of %d of the trainer group (epoch %d, %s)",
-            rt.name,
-            cmd.rank(rt.name),
+            ctx.name,
+            cmd.rank(ctx.name),
             len(cmd.members),
             cmd.epoch,
             self.backend,
@@ -428,13 +428,13 @@ class Member:
 
     def await_decision(self, cmd: StepCommand) -> str:
         """The step's decision; rank 0 commits it once every member reported success."""
-        rt = self.rt
+        ctx = self.ctx
         while True:
-            decided = rt.group.decision(cmd.id)
+            decided = ctx.trainer_group.decision(cmd.id)
             if decided is not None:
                 return decided
-            if cmd.rank(rt.name) == 0 and rt.group.oks(cmd.id, cmd.epoch) >= set(cmd.members):
-                return rt.group.decide(cmd.id, COMMIT, cmd.epoch)
-            if rt.job.status() != "running":
-                return rt.group.decide(cmd.id, ABORT, cmd.epoch)
+            if cmd.rank(ctx.name) == 0 and ctx.trainer_group.oks(cmd.id, cmd.epoch) >= set(cmd.members):
+                return ctx.trainer_group.decide(cmd.id, COMMIT, cmd.epoch)
+            if ctx.job.status() != "running":
+                return ctx.trainer_group.decide(cmd.id, ABORT, cmd.epoch)
             time.sleep(POLL_S / 10)

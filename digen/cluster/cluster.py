@@ -7,7 +7,7 @@ workers were started with ``digen worker``.
 
 Every listener of the local cluster binds loopback (:data:`LOOPBACK`): the scheduler, its
 dashboard, the nannies and the workers (whose blob servers and process-group rendezvous bind
-their worker's host, :mod:`digen.workers.runtime`). Plain Dask runs any function a client that
+their worker's host, :mod:`digen.workers.context`). Plain Dask runs any function a client that
 reaches it sends, so nothing of an embedded job may be reachable from another host, nor from
 another user of this one: the job's local cluster speaks ``tls://``, every process showing
 the node's certificate (the config's ``security:`` section) or, without one, the job's own

@@ -1,7 +1,7 @@
 """One row of a run's ``timeline.jsonl``: who did what, when, with which weights version.
 
 Every place that makes a timeline row makes a :class:`TimelineRow`: a worker's task events
-(:func:`digen.workers.runtime.event`), an FSDP rank's (:mod:`digen.workers.fsdp_loop`), the
+(:func:`digen.workers.context.event`), an FSDP rank's (:mod:`digen.workers.fsdp_loop`), the
 in-process reference loop (:mod:`digen.reference`) and the simulator
 (:mod:`digen.sim.driver`, :mod:`digen.sim.peers`). A worker's rows travel to the controller
 inside its task's result (:mod:`digen.controlplane.messages`), read back with

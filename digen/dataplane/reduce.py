@@ -128,7 +128,7 @@ class TaskSum:
 
 
 def flatten(
-    grads: dict[str, torch.Tensor] | None, names: list[str], like: dict[str, torch.Tensor]
+    grads: dict[str, torch.Tensor] | None, names: list[str], like: Mapping[str, torch.Tensor]
 ) -> torch.Tensor:
     """One float32 vector of ``grads`` in ``names`` order (zeros where ``grads`` is None: a
     trainer that ran no task this step), shaped after ``like``."""
@@ -139,7 +139,9 @@ def flatten(
     return torch.cat([grads[n].reshape(-1).to(torch.float32) for n in names])
 
 
-def unflatten(flat: torch.Tensor, names: list[str], like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def unflatten(
+    flat: torch.Tensor, names: list[str], like: Mapping[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
     """The inverse of :func:`flatten`: views of ``flat`` shaped as ``like``'s tensors."""
     out, pos = {}, 0
     for n in names:

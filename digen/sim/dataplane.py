@@ -35,7 +35,7 @@ the trained parameters):
   the version they made (a trainer generating under TAG fetches nothing), and a colocated
   system has no distribution. With ``train.fsdp`` (a full fine-tune) each of the ``T`` ranks
   serves its dim-0 shard, ``V / T`` bytes, and a rollout worker fetches the shards one after
-  the other starting at its own rank, ``start mod T`` (``WorkerRuntime._fetch_weights``: the
+  the other starting at its own rank, ``start mod T`` (``WorkerContext._fetch_weights``: the
   same ``start``, a hash of the worker's name, as above): at any moment the ``R`` rollout
   workers are spread over the ``T`` ranks, each rank serving ``R / T`` of them, so the same
   formula, ``V x max(1, R / T) / (distribute_efficiency x net)``. (Spread evenly: the hashed

@@ -32,7 +32,7 @@ def test_a_workers_heartbeat_failure_leaves_the_console_and_other_errors_stay():
     """A worker's failed heartbeat (the controller closing its scheduler) is a WARNING there,
     without traceback, so a worker's console handler at ERROR drops it; Dask's other ERRORs
     from the same logger pass unchanged."""
-    from digen.workers.runtime import HeartbeatNotice, quiet_worker_heartbeat
+    from digen.workers.context import HeartbeatNotice, quiet_worker_heartbeat
 
     lg = logging.getLogger("distributed.worker")
     shown: list[logging.LogRecord] = []

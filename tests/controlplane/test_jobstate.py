@@ -52,8 +52,8 @@ def test_a_worker_loop_cycle_takes_two_round_trips(redis_client, role, queue):
     """Counted on the wire (a counting connection around the real client): the top of a cycle
     (status, loop owner, tag) is one pipelined round trip, the lease one script call; the
     three separate reads it replaces were three round trips."""
+    from digen.workers.context import WorkerContext, poll
     from digen.workers.loop import next_task
-    from digen.workers.runtime import WorkerRuntime, poll
 
     counted = connect(embedded_url(redis_client))
     trips = count_round_trips(counted)
@@ -63,12 +63,12 @@ def test_a_worker_loop_cycle_takes_two_round_trips(redis_client, role, queue):
     job.set_tag("w", role, 1)
     assert tasks.lease([queue], "w") is None  # Redis caches the lease script (as after a first cycle)
     tasks.put(queue, f"{queue}:0:0", {"n": 0})
-    rt = WorkerRuntime("w", "cpu", None, tasks, job, "cpu", round_trips=trips)  # type: ignore[arg-type]
+    ctx = WorkerContext("w", "cpu", None, tasks, job, "cpu", round_trips=trips)  # type: ignore[arg-type]
 
     before = trips.count
-    state = poll(rt, "token")
+    state = poll(ctx, "token")
     assert state is not None and state.tag == (role, 1)
-    leased = next_task(rt, *state.tag)
+    leased = next_task(ctx, *state.tag)
     assert leased is not None and leased.task_id == f"{queue}:0:0"
     assert trips.count - before == 2
 

@@ -77,13 +77,13 @@ def test_ids_with_no_task_behind_them_on_a_queue_list_are_counted(redis_db):
 
 
 def test_a_version_nobody_serves_fails_in_seconds(redis_db):
-    from digen.workers.runtime import WEIGHTS_WAIT_S, WorkerRuntime
+    from digen.workers.context import WEIGHTS_WAIT_S, WorkerContext
 
     job, tasks = JobState(redis_db, "job"), TaskQueue(redis_db, "job")
     job.set_status("running")
     group = TrainerGroup(redis_db, "job")
     group.set_holding("trainer-0", "127.0.0.1:1", [3, 4], 4)
-    rt = WorkerRuntime("rollout-0", "cpu", None, tasks, job, "cpu")  # type: ignore[arg-type]
+    ctx = WorkerContext("rollout-0", "cpu", None, tasks, job, "cpu")  # type: ignore[arg-type]
     for version, why in (
         (999, "no step makes it next (the trainers serve versions 3 to 4)"),
         (2, "no trainer serves it any more (they serve versions 3 to 4)"),
@@ -92,7 +92,7 @@ def test_a_version_nobody_serves_fails_in_seconds(redis_db):
         with pytest.raises(
             RuntimeError, match=re.escape(f"weights version {version} cannot be fetched: {why}")
         ):
-            rt._fetch_weights(version)
+            ctx._fetch_weights(version)
         assert time.monotonic() - start < WEIGHTS_WAIT_S / 30  # seconds, not 300
     assert group.why_unserved(5) is None  # the next version: the step in flight may make it
     assert group.why_unserved(4) is None

@@ -234,12 +234,12 @@ def test_a_mismatch_parks_the_task_with_one_warning_in_all(caplog):
         genuine = BlobStore(producer="rollout-0@a").put(TRAJ, trajectories(0), {"version": "1"})
         with serving(BlobStore(producer="rollout-9@z")) as (store, server):
             store.put(TRAJ, trajectories(3), {"version": "1"})
-            rt = consumer()
-            rt.queue = SimpleNamespace(park=lambda task, worker, why: parked.append((task, worker, why)))
+            ctx = consumer()
+            ctx.queue = SimpleNamespace(park=lambda task, worker, why: parked.append((task, worker, why)))
             leased, src = train_task(server.address, genuine.digest, 1)
             with pytest.raises(BlobMismatch) as err:
-                group_tensors(rt, leased, src, None)
-            park(rt, leased, err.value)
+                group_tensors(ctx, leased, src, None)
+            park(ctx, leased, err.value)
     assert parked == [("train:1:0", "trainer-0", f"BlobLost: {err.value}")]
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and "rollout-9@z" in warnings[0].getMessage()

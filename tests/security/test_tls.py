@@ -165,7 +165,7 @@ def test_the_embedded_cluster_is_tls_with_the_nodes_certificates(certs: Path, tm
 
     from digen.cluster.cluster import close_local_cluster, list_workers
     from digen.runtime.controller import _local_cluster
-    from digen.workers.runtime import node_tls
+    from digen.workers.context import node_tls
 
     head = node.load_security(certs / "head" / "security.yaml")
     one_scorer = {"rollout_workers": 0, "trainer_workers": 0, "reward_workers": 1, "start_method": "spawn"}
@@ -218,7 +218,7 @@ def test_the_embedded_cluster_without_a_security_section_is_tls_with_the_jobs_ow
 
     from digen.cluster.cluster import add_local_worker, list_workers
     from digen.runtime.controller import _local_cluster
-    from digen.workers.runtime import node_tls
+    from digen.workers.context import node_tls
 
     one_scorer = {"rollout_workers": 0, "trainer_workers": 0, "reward_workers": 1, "start_method": "spawn"}
     cfg = Config.model_validate(required({"cluster": {"local": one_scorer}}))

@@ -97,7 +97,7 @@ def test_the_ema_a_load_carries_is_a_copy_the_next_step_cannot_rewrite():
 def test_the_kept_version_is_an_owned_host_copy_the_next_step_cannot_rewrite():
     _, store = _store(TrainConfig())
     cfg = Config(model={"path": "unused"}, prompts={"items": ["a"]}, reward=[{"name": "brightness"}])
-    member = Member(rt=SimpleNamespace(cfg=cfg), store=store)  # type: ignore[arg-type]
+    member = Member(ctx=SimpleNamespace(cfg=cfg), store=store)  # type: ignore[arg-type]
     version, kept = member._keep(store.version) or (None, {})
     assert version == store.version and set(kept) == set(store.params)
     for k, t in kept.items():

@@ -9,8 +9,8 @@ from digen.controlplane.queue import TaskQueue
 from digen.core.events import Role
 from digen.dataplane.blobs import BlobStore
 from digen.task_records import plan_groups
+from digen.workers.context import WorkerContext
 from digen.workers.loop import more_gen, next_task, run_gen_tasks
-from digen.workers.runtime import WorkerRuntime
 
 
 def test_a_batch_is_leased_at_once_run_as_one_and_each_task_acknowledged_with_its_share(
@@ -21,15 +21,15 @@ def test_a_batch_is_leased_at_once_run_as_one_and_each_task_acknowledged_with_it
     job.set_status("running")
     groups = plan_groups(cfg, cfg.prompt_list(), 0, 0)
     queue.put_all([("gen", f"gen:0:{t.group}", GenPayload(t).to_json()) for t in groups])
-    rt = WorkerRuntime("w", "cpu", cfg, queue, job, "cpu", blobs=BlobStore())
-    rt.ensure_policy()
-    rt.version = 0
+    ctx = WorkerContext("w", "cpu", cfg, queue, job, "cpu", blobs=BlobStore())
+    ctx.ensure_policy()
+    ctx.version = 0
 
-    first = next_task(rt, Role.ROLLOUT, 0)
+    first = next_task(ctx, Role.ROLLOUT, 0)
     assert first is not None and first.task_id == "gen:0:0"
-    batch = [first, *more_gen(rt, first, Role.ROLLOUT)]
+    batch = [first, *more_gen(ctx, first, Role.ROLLOUT)]
     assert [x.task_id for x in batch] == ["gen:0:0", "gen:0:1"]  # max_batch 2: the third waits
-    run_gen_tasks(rt, batch, Role.ROLLOUT)
+    run_gen_tasks(ctx, batch, Role.ROLLOUT)
 
     results = [queue.get_result(x.task_id) for x in batch]
     assert queue.state("gen:0:2") == "pending" and all(isinstance(r, dict) for r in results)

@@ -1,6 +1,6 @@
 """What one worker process holds between tasks, and the helpers every worker loop shares.
 
-:class:`WorkerRuntime` is the state of a worker's loop (:mod:`digen.workers.loop`): its policy and
+:class:`WorkerContext` is the state of a worker's loop (:mod:`digen.workers.loop`): its policy and
 reward, the weights version loaded, its connection to the job's Redis keys, and its end of the
 data plane: the :class:`~digen.dataplane.blobs.BlobStore` of what it produced (trajectories,
 gradients, weight versions) and the address peers fetch them from. The trainer's share of the
@@ -15,7 +15,7 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import torch
 
@@ -39,6 +39,10 @@ from digen.prompt_cache import EmbedCache
 from digen.testing import faults
 from digen.workers.preload import take_policy
 
+if TYPE_CHECKING:
+    from digen.models.base import FlowPolicy
+    from digen.rewards.base import Reward
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -54,7 +58,7 @@ POLL_S = 0.05
 
 class GroupShare(Protocol):
     """What the loop and the tasks ask of a worker's share of the trainer group
-    (:class:`digen.workers.trainer.Member`, which builds on this runtime: hence a protocol here)."""
+    (:class:`digen.workers.trainer.Member`, which builds on this context: hence a protocol here)."""
 
     def add(self, task_id: str, grads: dict[str, torch.Tensor]) -> None: ...
 
@@ -64,7 +68,7 @@ class GroupShare(Protocol):
 
 
 @dataclass
-class WorkerRuntime:
+class WorkerContext:
     """What one worker holds between tasks."""
 
     name: str
@@ -73,8 +77,8 @@ class WorkerRuntime:
     queue: TaskQueue
     job: JobState
     device: str
-    policy: object = None
-    reward: object = None
+    policy: FlowPolicy | None = None
+    reward: Reward | None = None
     embed: EmbedCache | None = None
     version: int | None = None
     """The weights version loaded into ``policy`` (None: unknown, fetch before use)."""
@@ -98,13 +102,16 @@ class WorkerRuntime:
     takes a new one, and acts only on step commands that name it."""
 
     @property
-    def group(self) -> TrainerGroup:
+    def trainer_group(self) -> TrainerGroup:
+        """The job's trainer group as its Redis keys (who serves which version, each step's
+        command and decision): not a torch process group, nor a prompt's group of samples."""
         return TrainerGroup(self.queue.redis, self.job.job_id)
 
-    def ensure_reward(self) -> None:
-        """Build the config's reward once per worker, on the worker's device."""
+    def ensure_reward(self) -> Reward:
+        """The config's reward, built once per worker, on the worker's device."""
         if self.reward is None:
             self.reward = build_reward(self.cfg, device=self.device)
+        return self.reward
 
     def job_stopped(self) -> bool:
         """True once the job left ``running`` (``digen cancel``): read at most every
@@ -129,14 +136,15 @@ class WorkerRuntime:
         events[-1].set(redis_round_trips=now[0] - self.reported[0], cycles=now[1] - self.reported[1])
         self.reported = now
 
-    def ensure_policy(self):
+    def ensure_policy(self) -> FlowPolicy:
+        """The worker's policy, taken or built once (a no-op after the first call)."""
         if self.policy is None:
-            self.policy = take_policy(self.cfg, self.device)  # preloaded, or built now
-            self.embed = EmbedCache.for_config(self.policy, self.cfg)
+            self.policy = policy = take_policy(self.cfg, self.device)  # preloaded, or built now
+            self.embed = EmbedCache.for_config(policy, self.cfg)
             algo = stateful_algorithm(self.cfg.train)
             if algo.keeps_state:  # version 0 carries the algorithm's state too (DiffusionNFT's old copy)
-                w = self.policy.trainable_state_dict()
-                load_version(self.policy, {**w, **algo.initial_state(w, self.cfg.train)})
+                w = policy.trainable_state_dict()
+                load_version(policy, {**w, **algo.initial_state(w, self.cfg.train)})
         return self.policy
 
     def ensure_version(self, version: int) -> None:
@@ -165,8 +173,8 @@ class WorkerRuntime:
         last = "no trainer serves it yet"
         start = zlib.crc32(self.name.encode())  # spread the workers' first buckets over holders
         while True:
-            holders = [a for a in self.group.holders_of(version) if a != self.blob_addr]
-            shards = None if holders else self.group.shard_holders(version)
+            holders = [a for a in self.trainer_group.holders_of(version) if a != self.blob_addr]
+            shards = None if holders else self.trainer_group.shard_holders(version)
             try:
                 if holders:
                     return fetch_version(
@@ -183,7 +191,7 @@ class WorkerRuntime:
             except BlobLost as exc:
                 last = str(exc)
             else:  # nobody serves it now: wait only if someone will
-                gone = self.group.why_unserved(version)
+                gone = self.trainer_group.why_unserved(version)
                 if gone is not None:
                     raise RuntimeError(f"weights version {version} cannot be fetched: {gone}")
             if self.job.status() != "running":
@@ -211,17 +219,17 @@ class WorkerRuntime:
         self.blobs.drop_where(keep)
 
 
-def poll(rt: WorkerRuntime, token: str) -> LoopState | None:
+def poll(ctx: WorkerContext, token: str) -> LoopState | None:
     """The top of a loop cycle: the job's state as this worker sees it (its role tag: (role,
     off-role budget); the trainer group's step command; the newest stepped iteration), or None
     when the loop must stop (the job left ``running``, or a newer loop took the worker). One
     round trip (:meth:`JobState.loop_state`); waits while the worker has no tag yet."""
     while True:
-        state = rt.job.loop_state(rt.name, token)
+        state = ctx.job.loop_state(ctx.name, token)
         if state.status != "running":
             return None
         if not state.owns_loop:
-            log.info("worker %s: a newer loop took over; this one stops", rt.name)
+            log.info("worker %s: a newer loop took over; this one stops", ctx.name)
             return None
         if state.tag is not None:
             return state
@@ -229,7 +237,7 @@ def poll(rt: WorkerRuntime, token: str) -> LoopState | None:
 
 
 def event(
-    rt: WorkerRuntime,
+    ctx: WorkerContext,
     role: Role,
     kind: str,
     task: TaskRef,
@@ -241,22 +249,22 @@ def event(
     """A timeline row of this worker; ``cpu_s``: the CPU seconds the thread that ran it spent
     (:func:`time.thread_time`), where the task records them (``digen bench``'s bound on an
     oversubscribed machine)."""
-    return TimelineRow(rt.name, rt.gpu_type, role.value, kind, task.iteration, version, s, e, cpu_s=cpu_s)
+    return TimelineRow(ctx.name, ctx.gpu_type, role.value, kind, task.iteration, version, s, e, cpu_s=cpu_s)
 
 
-def wait_for(rt: WorkerRuntime, read: Callable[[], T | None], what: str) -> T | None:
+def wait_for(ctx: WorkerContext, read: Callable[[], T | None], what: str) -> T | None:
     """Poll Redis with ``read`` until it returns a value; None once the job stops running."""
-    while rt.job.status() == "running":
+    while ctx.job.status() == "running":
         value = read()
         if value is not None:
             return value
         time.sleep(POLL_S)
-    log.info("job %s stopped while %s waited for %s", rt.job.job_id, rt.name, what)
+    log.info("job %s stopped while %s waited for %s", ctx.job.job_id, ctx.name, what)
     return None
 
 
 def join_group(
-    rt: WorkerRuntime,
+    ctx: WorkerContext,
     rendezvous: Rendezvous,
     rank: int,
     world: int,
@@ -271,7 +279,7 @@ def join_group(
     group and the sequence-parallel replicas form theirs so."""
 
     def await_address() -> dict | None:
-        found = wait_for(rt, rendezvous.poll, rendezvous.what)
+        found = wait_for(ctx, rendezvous.poll, rendezvous.what)
         return None if found is None or "gone" in found else found
 
     return join_process_group(
@@ -280,7 +288,7 @@ def join_group(
         rank=rank,
         world=world,
         device=device,
-        timeout_s=rt.cfg.schedule.lease_s,
+        timeout_s=ctx.cfg.schedule.lease_s,
         publish=rendezvous.publish,
         await_address=await_address,
         store=rendezvous.store,
@@ -307,14 +315,16 @@ def node_tls(cfg: Config) -> tuple[str, str, str] | None:
     try:
         from distributed import get_worker
 
-        sec = get_worker().security
-        files = (sec.tls_ca_file, sec.tls_worker_cert, sec.tls_worker_key)
-        if all(files):
-            return files  # type: ignore[return-value]
+        tls = get_worker().security.get_tls_config_for_role("worker")
+        if tls["ca_file"] and tls["cert"] and tls["key"]:
+            return tls["ca_file"], tls["cert"], tls["key"]
     except (ImportError, ValueError):
         pass
     s = cfg.security
-    return (s.ca_file, s.cert_file, s.key_file) if s.enabled else None  # type: ignore[return-value]
+    if not s.enabled:
+        return None
+    assert s.ca_file and s.cert_file and s.key_file, "the config's loading refuses a partial security section"
+    return s.ca_file, s.cert_file, s.key_file
 
 
 class HeartbeatNotice(logging.Filter):
