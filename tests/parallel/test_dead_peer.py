@@ -33,9 +33,11 @@ GUARD_S = 180.0
 """Only against a hang: process start-up on a loaded machine, then the collective."""
 
 
-def _wait_for(path: Path, ctx, deadline: float) -> dict:
+def _wait_for(path: Path, ctx, deadline: float, killed=None) -> dict:
+    """Wait for the file ``path`` a rank writes; fail at once if a rank other than ``killed``
+    (the one the test killed on purpose) died."""
     while not path.exists():
-        dead = [p.exitcode for p in ctx.processes if p.exitcode is not None]
+        dead = [p.exitcode for p in ctx.processes if p.exitcode is not None and p is not killed]
         if dead or time.monotonic() > deadline:
             for p in ctx.processes:
                 p.kill()
@@ -55,7 +57,7 @@ def test_a_collective_with_a_dead_peer_raises_in_the_survivor(tmp_path: Path, ho
         assert _wait_for(tmp_path / "ready-1", ctx, deadline) == {"sum": [2.0] * 4}
         assert _wait_for(tmp_path / "entering", ctx, deadline) == {"sum": [2.0] * 4}
         os.kill(peer.pid, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
-        result = _wait_for(tmp_path / "result", ctx, deadline)
+        result = _wait_for(tmp_path / "result", ctx, deadline, killed=peer)
         survivor.join(GUARD_S)
         assert survivor.exitcode == 0
         assert result["raised"] is not None, result  # the collective did not complete without its peer
