@@ -20,6 +20,9 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 from .conftest import OtherUser
@@ -74,3 +77,65 @@ def test_flood_cost(tiny_sd3: Path, tmp_path: Path, other_user: OtherUser):
             "" if name == "none" else ", ".join(f"{s / n - 1:+.0%}" for s, n in zip(got_s, none, strict=True))
         )
         print(f"| {name} | {', '.join(f'{s:.2f}' for s in got_s)} | {against} |")
+
+
+SERVER = r"""
+import json, sys
+from digen.dataplane.blobs import BlobServer, BlobStore, tls_contexts
+server_ctx, _ = tls_contexts(*sys.argv[1:4])
+server = BlobServer(BlobStore(), ssl_context=server_ctx)
+print(server.address, flush=True)
+sys.stdin.read()  # until the parent closes it
+print(json.dumps(dict(server.counts)), flush=True)
+"""
+"""A blob server over TLS, alone in a process: prints its address, serves until its stdin
+closes, then prints its counts."""
+
+
+def cpu_s(pid: int) -> float:
+    """User and system seconds process ``pid`` has used."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_server_cpu_under_a_flood(tmp_path: Path):
+    """The server's own cost: a TLS blob server alone in a process, ``FLOOD_CPU_S`` seconds (10)
+    under each attack of :data:`ATTACKS` from an attacker process (this user: the cost is the
+    server's, whoever attacks), ``FLOOD_ROUNDS`` rounds; CPU seconds a second of the server's
+    process (from /proc), and the connections it dropped a second."""
+    from tests.reliability.certs import make_certs
+
+    from .flood import FLOOD
+
+    certs = make_certs(tmp_path / "certs")
+    seconds = float(os.environ.get("FLOOD_CPU_S", "10"))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    results: dict[str, list[float]] = {name: [] for name in ATTACKS}
+    for _ in range(int(os.environ.get("FLOOD_ROUNDS", "3"))):
+        for name, flood in ATTACKS.items():
+            server = subprocess.Popen(
+                [sys.executable, "-c", SERVER, str(certs.ca), str(certs.cert), str(certs.key)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+            )  # fmt: skip
+            address = server.stdout.readline().strip()
+            attacker = subprocess.Popen(
+                [sys.executable, "-c", FLOOD, flood.target([address])],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            assert attacker.stdout.readline().strip() == "ready"
+            start = cpu_s(server.pid)
+            time.sleep(seconds)  # the measurement's window: the attack runs meanwhile
+            used = cpu_s(server.pid) - start
+            attacker.stdin.close()
+            said = json.loads(attacker.stdout.read().strip().splitlines()[-1])
+            attacker.wait(timeout=60)
+            server.stdin.close()
+            counts = json.loads(server.stdout.read().strip().splitlines()[-1])
+            server.wait(timeout=60)
+            results[name].append(used / seconds)
+            line = {"attack": name, "cpu_per_s": round(used / seconds, 4), "dropped": said["dropped"],
+                    "dropped_per_s": round(said["dropped"] / seconds, 1), "counts": counts}  # fmt: skip
+            print(json.dumps(line), flush=True)
+    print("\n| attack on a lone TLS server | CPU s a second |\n|---|---|")
+    for name, got in results.items():
+        print(f"| {name} | {', '.join(f'{c:.3f}' for c in got)} |")
