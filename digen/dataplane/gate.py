@@ -15,8 +15,8 @@ its first authenticated request, without blocking on any of them:
    connection's start;
 4. the server's verdict on that request (:attr:`Gate.first`): a refusal, a ``busy`` or a
    ``bad`` answer goes out from here too, then the connection lingers (reads and drops what
-   the peer sent, for :data:`LINGER_S`) and closes; an authenticated one leaves the gate for a
-   serving thread of the server (:attr:`Gate.serve`), blocking again, with its nonce and its
+   the peer sent, for :data:`LINGER_S`) and closes; an authenticated one leaves the gate,
+   blocking again, for the serving thread the server's verdict started, with its nonce and its
    first request.
 
 At most ``max_pending`` connections wait here; a new one drops the oldest waiting
@@ -28,15 +28,29 @@ error, while the connections already waiting go on.
 Why a loop and not a thread per connection: the thread per connection it replaces made a
 flood of more than ``max_pending`` connections cost a thread start, a TLS socket and an
 eviction handshake between threads for every one the attacker opened (about 300 a second:
-each new one drops the oldest and the attacker reopens it at once), about 0.15 of a core in
-the server's process, and the job's iterations 22-58% slower. Here a waiting connection is an
+each new one drops the oldest and the attacker reopens it at once), 0.13-0.19 of a core in
+the server's process (0.4-0.6 ms a connection), and the job's iterations 65% slower on the
+mean of seven measured rounds; with the gate, 0.1 ms a connection and +17%
+(docs/dataplane.md, "A server that survives abuse"). Here a waiting connection is an
 entry in a dict and a descriptor in an ``epoll`` set, its deadlines are checked in one pass
 over at most ``max_pending`` entries per wake-up, and an eviction is a ``close``. The work the
 gate does for a connection is bounded by its bytes: a hello out, at most a TLS handshake's and
 ``max_request`` bytes in, one answer frame out; nothing it does blocks, so one slow or silent
 peer delays no other. Threads remain for authenticated connections only, at most the server's
 ``max_conns``: their answers (whole weight versions, cast tensor by tensor) are long writes
-that a loop would have to interleave.
+that a loop would have to interleave, and a pool would bound them no better than the caps do.
+
+What the gate holds is bounded too: at most ``max_pending`` connections waiting and as many
+being closed after an answer (:data:`ANSWER_S`, then :data:`LINGER_S`; the oldest closed at
+once for a new one); per connection at most ``max_request`` bytes of request, kept as they
+arrive (never allocated from the length a peer announces); per wake-up at most
+:data:`ACCEPT_BATCH` accepts and one pass over those deadlines.
+
+No per-address connection rate: every process on a machine reaches a loopback server from
+127.0.0.1, so a limit by address would let another local user refuse the job's own fetches by
+spending that address's allowance (as the per-address cap the identity caps replaced did);
+and with the gate a dropped connection costs the server about 0.1 ms of CPU, so the churn such
+a limit would slow is no longer what costs the job.
 """
 
 from __future__ import annotations
@@ -356,7 +370,7 @@ class Gate:
         thread's), then ask the server for its verdict."""
         while True:
             try:
-                chunk = w.sock.recv(w.need - len(w.got))
+                chunk = w.sock.recv(min(65536, w.need - len(w.got)))
             except (BlockingIOError, ssl.SSLWantReadError):
                 return self._want(w, selectors.EVENT_READ)
             except ssl.SSLWantWriteError:

@@ -10,7 +10,7 @@ another local user (``nobody``) on the rollout worker's blob server from iterati
 each attack of :data:`ATTACKS` in turn, ``FLOOD_ROUNDS`` rounds (3) interleaved so that a
 change of the machine's load falls on every attack alike. Per job: the mean ``wall_s`` of
 ``metrics.jsonl`` over iterations 2 to the last but one (every one of them wholly under the
-attack), and the attacker's connections the server dropped per second of the iterations made
+attack; the last, which also ends the job, left out), and the attacker's connections the server dropped per second of the iterations made
 under attack (each one dropped is opened again at once). Prints one JSON line per job, then the table; with
 ``FLOOD_OUT`` set, writes the lines there too.
 """
