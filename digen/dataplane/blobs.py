@@ -27,10 +27,14 @@ nothing.
 A server that survives abuse. A new connection must *authenticate* within ``auth_s``
 (default :data:`AUTH_S`): finish its TLS handshake (within ``handshake_s``) and send a first
 request signed with a job's key; one that does not is dropped (counted ``auth_timeout``). At
-most ``max_pending`` connections wait to authenticate at once (a thread each); one more drops
-the oldest of them (``evicted``), so a flood of connections that never authenticate cannot
-keep a peer of the job out: a real peer sends its first request within a round trip of the
-hello, and would have to be out-waited by ``max_pending`` new connections in that time. The
+most ``max_pending`` connections wait to authenticate at once; one more drops the oldest of
+them (``evicted``), so a flood of connections that never authenticate cannot keep a peer of
+the job out: a real peer sends its first request within a round trip of the hello, and would
+have to be out-waited by ``max_pending`` new connections in that time. Until it has
+authenticated a connection costs no thread: one selector loop, the :class:`~digen.dataplane.gate.Gate`,
+accepts, does the TLS handshake without blocking, sends the hello and reads and checks the
+first request, under the same deadlines and size caps (why a loop, and its bounds: that
+module's docstring); only an authenticated connection gets a thread, at most ``max_conns``. The
 caps on connections served count authenticated peers by *identity*, the requester name its
 MAC covers, not by address (every peer on loopback is 127.0.0.1): at most ``max_conns`` at
 once, ``max_per_peer`` of one identity; one over the cap gets a ``busy`` answer to its first
@@ -49,9 +53,7 @@ also use mutual TLS: a peer without a certificate the CA signed is refused befor
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
-import os
 import socket
 import ssl
 import threading
@@ -74,9 +76,12 @@ from digen.dataplane.auth import (
     same,
 )
 from digen.dataplane.digest import ALGORITHM, ALGORITHMS, manifest_digest, tensor_digests
+from digen.dataplane.gate import Gate, Waiting
 from digen.dataplane.wire import (
     DTYPE_NAMES,
     DTYPES,
+    NAME_CUT,
+    cut,
     dtype_of,
     recv_header,
     recv_tensors,
@@ -95,14 +100,6 @@ round trip or two; the deadline is what an idle connection may hold a thread for
 IO_TIMEOUT_S = 300.0
 """A fetch whose peer sends nothing for this long fails (a hung or partitioned peer)."""
 PROTOCOL = "digen-blob/2"
-NAME_CUT = 120
-"""At most this many characters of a peer's name appear in a message or a log line."""
-
-
-def cut(text: object, n: int = NAME_CUT) -> str:
-    """``text`` shortened to ``n`` characters for a message (a peer chose it: it may be huge)."""
-    s = str(text)
-    return s if len(s) <= n else f"{s[:n]}...({len(s)} chars)"
 
 
 class BlobLost(DigenError):
@@ -288,9 +285,10 @@ def parse_request(req: dict[str, Any]) -> Request:
 
 
 class BlobServer:
-    """Serves a :class:`BlobStore` on a TCP port: a thread per connection, at most
-    ``max_pending`` waiting to authenticate (the oldest dropped for a new one) and
-    ``max_conns`` authenticated (``max_per_peer`` per requester identity). Only requests signed
+    """Serves a :class:`BlobStore` on a TCP port: at most ``max_pending`` connections waiting
+    to authenticate, on the one thread of its :class:`~digen.dataplane.gate.Gate` (the oldest
+    dropped for a new one), and ``max_conns`` authenticated, a thread each (``max_per_peer``
+    per requester identity). Only requests signed
     with the key of the blob's job (in ``keys``, default this process's
     :func:`~digen.dataplane.auth.keyring`) are answered.
 
@@ -349,208 +347,154 @@ class BlobServer:
         self.counts: Counter[str] = Counter()
         self._peers: Counter[str] = Counter()
         """Authenticated connections per requester identity."""
-        self._pending: dict[int, int] = {}
-        """Connections not yet authenticated, oldest first: admission number -> descriptor."""
-        self._admitted = 0
-        self._active = 0
+        self._serving = 0
+        """Authenticated connections open now (a thread each)."""
         self._lock = threading.Lock()
-        self._logged: set[int] = set()
-        self._closed = False
-        self._thread = threading.Thread(target=self._accept, name="digen-blob-server", daemon=True)
-        self._thread.start()
+        self._gate = Gate(
+            self.sock,
+            self.address,
+            protocol=PROTOCOL,
+            first=self._first,
+            count=self._count,
+            ssl_context=ssl_context,
+            max_pending=max_pending,
+            auth_s=auth_s,
+            handshake_s=handshake_s,
+            header_s=header_s,
+            idle_s=idle_s,
+            max_request=max_request,
+            backoff_s=backoff_s,
+        )
 
     @property
     def active(self) -> int:
         """Connections open now (authenticated or not)."""
         with self._lock:
-            return self._active
+            return self._serving + self._gate.open
 
     @property
     def pending(self) -> int:
         """Connections open now that have not authenticated yet."""
-        with self._lock:
-            return len(self._pending)
+        return self._gate.pending
 
     def close(self, wait_s: float = 2.0) -> None:
-        """Stop accepting, and wait up to ``wait_s`` for the accept thread to end: a closed
-        server leaves no thread of its own behind that outlives it. Connections being served
-        finish on their own threads."""
-        self._closed = True
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept()
-        with contextlib.suppress(OSError):
-            self.sock.close()
-        if threading.current_thread() is not self._thread:
-            self._thread.join(wait_s)
+        """Stop accepting: the gate closes the listener and every connection waiting to
+        authenticate, and this waits up to ``wait_s`` for its thread to end, so a closed server
+        leaves no thread of its own behind that outlives it. Authenticated connections finish
+        on their own threads."""
+        self._gate.close(wait_s)
 
     def _count(self, what: str, n: int = 1) -> None:
         with self._lock:
             self.counts[what] += n
 
-    # --- accepting -------------------------------------------------------------------------
-    def _accept(self) -> None:
-        failures = 0
-        while not self._closed:
-            try:
-                conn, peer = self.sock.accept()
-            except OSError as exc:
-                if self._closed:
-                    return
-                failures += 1
-                self._accept_failed(exc, failures)
-                continue
-            failures = 0
-            self._admit(conn, str(peer[0]))
-
-    def _accept_failed(self, exc: OSError, failures: int) -> None:
-        """Out of file descriptors (``EMFILE``/``ENFILE``), a connection reset before it was
-        accepted (``ECONNABORTED``), anything else: wait (doubling up to 1 s) and accept again.
-        Logged once per kind of error: a flood must not flood the log too."""
-        self._count("accept_failed")
-        code = exc.errno or 0
-        if code not in self._logged:
-            self._logged.add(code)
-            log.warning(
-                "blob server %s: accept failed (%s); backing off and retrying",
-                self.address,
-                errno.errorcode.get(code, str(exc)),
-            )
-        time.sleep(min(1.0, self.backoff_s * 2 ** min(failures - 1, 5)))
-
-    def _admit(self, conn: socket.socket, peer: str) -> None:
-        """A thread for the new connection, which waits to authenticate; at ``max_pending``
-        waiting, the oldest of them is dropped first (its thread sees the connection end)."""
+    # --- a first request (on the gate's thread) -----------------------------------------------
+    def _first(self, w: Waiting, raw: dict[str, Any]) -> dict[str, Any] | None:
+        """The verdict on a connection's first request: a refusal or a ``busy`` answer (to
+        send, then close), or None once a serving thread has the connection, now counted as
+        its requester's. Blocks on nothing: two HMACs and the caps."""
+        req = parse_request(raw)  # PayloadError: the gate answers "bad"
+        key = self._verified(req, raw, w.nonce, 0, w.peer)
+        if key is None:
+            return REFUSED
+        who = f"{job_of(req.blob)}/{cut(raw.get('from'), NAME_CUT)}"  # the MAC covers both
         with self._lock:
-            self._admitted += 1
-            ticket = self._admitted
-            while len(self._pending) >= self.max_pending:
-                oldest = next(iter(self._pending))
-                _drop(self._pending.pop(oldest))
-                self.counts["evicted"] += 1
-            self._pending[ticket] = conn.fileno()
-            self._active += 1
-        t = threading.Thread(
-            target=self._serve, args=(conn, peer, ticket), name="digen-blob-conn", daemon=True
+            if self._serving >= self.max_conns or self._peers[who] >= self.max_per_peer:
+                self.counts["busy"] += 1
+                return BUSY
+            self._peers[who] += 1
+            self._serving += 1
+        thread = threading.Thread(
+            target=self._serve,
+            args=(w.sock, w.peer, who, w.nonce, req, key),
+            name="digen-blob-conn",
+            daemon=True,
         )
-        t.start()
-
-    # --- one connection --------------------------------------------------------------------
-    def _serve(self, conn: socket.socket, peer: str, ticket: int) -> None:
-        state: dict[str, Any] = {"who": None, "sock": conn}  # the identity, once authenticated
         try:
-            self._converse(conn, peer, ticket, state)
+            thread.start()
+        except RuntimeError:  # no thread to be had: as good as full
+            self._left(who)
+            self._count("busy")
+            return BUSY
+        return None
+
+    def _verified(self, req: Request, raw: dict[str, Any], nonce: str, seq: int, peer: str) -> bytes | None:
+        """The key of ``req``'s job when its MAC and sequence number hold, else None (counted
+        ``refused``)."""
+        key = self.keys.get(job_of(req.blob))
+        if key is None or req.seq != seq or not same(raw.get("mac"), request_mac(key, nonce, raw)):
+            self._count("refused")
+            log.debug("blob server: refused a request for %s from %s", cut(req.blob), peer)
+            return None
+        return key
+
+    def _left(self, who: str) -> None:
+        with self._lock:
+            self._serving -= 1
+            self._peers[who] -= 1
+            if self._peers[who] <= 0:
+                del self._peers[who]
+
+    # --- an authenticated connection (a thread of its own) -----------------------------------
+    def _serve(self, conn: socket.socket, peer: str, who: str, nonce: str, req: Request, key: bytes) -> None:
+        try:
+            self._reply(conn, req, key)
+            seq = 1
+            while True:
+                try:
+                    raw = recv_header(
+                        conn, max_header=self.max_request, idle_s=self.idle_s, header_s=self.header_s
+                    )
+                except ConnectionError:
+                    return  # the client is done
+                if not self._answer(conn, peer, raw, nonce, seq):
+                    return
+                seq += 1
         except TimeoutError as exc:
             self._count("timed_out")
-            if state["who"] is None:
-                self._count("auth_timeout")
             log.debug("blob server: connection from %s timed out (%s)", peer, exc)
         except PayloadError as exc:
             self._count("bad")
             log.debug("blob server: bad frame from %s: %s", peer, cut(exc, 200))
             with contextlib.suppress(OSError):
-                sock = state["sock"]  # over TLS, the TLS socket (conn is detached then)
-                sock.settimeout(1.0)
-                send_frame(sock, {"ok": False, "error": "bad", "message": cut(exc, 200)})
-                _linger(sock)
+                conn.settimeout(1.0)
+                send_frame(conn, {"ok": False, "error": "bad", "message": cut(exc, 200)})
+                _linger(conn)
         except (OSError, ssl.SSLError) as exc:
             log.debug("blob server: connection from %s ended (%s)", peer, cut(exc, 200))
         except Exception as exc:  # noqa: BLE001 - a peer's bytes must never print a traceback
             self._count("bad")  # on the job's console nor end the server: one debug line
             log.debug("blob server: request from %s failed", peer, exc_info=exc)
         finally:
-            with self._lock:  # out of _pending before the descriptor closes: an eviction
-                self._pending.pop(ticket, None)  # never shuts another connection's down
-                self._active -= 1
-                who = state["who"]
-                if who is not None:
-                    self._peers[who] -= 1
-                    if self._peers[who] <= 0:
-                        del self._peers[who]
-            with contextlib.suppress(OSError):
-                state["sock"].close()  # the TLS socket over conn, when there is one
+            self._left(who)
             with contextlib.suppress(OSError):
                 conn.close()
 
-    def _converse(self, conn: socket.socket, peer: str, ticket: int, state: dict) -> None:
-        auth_by = time.monotonic() + self.auth_s
-        if self.ssl_context is not None:
-            conn.settimeout(max(1e-3, min(self.handshake_s, auth_by - time.monotonic())))
-            conn = self.ssl_context.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
-            state["sock"] = conn  # closed by _serve, after it left _pending (a failed
-            conn.do_handshake()  # handshake inside wrap_socket would close it before)
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        nonce = new_nonce()
-        send_frame(
-            conn, {"hello": PROTOCOL, "nonce": nonce}, deadline=min(auth_by, time.monotonic() + self.header_s)
-        )
-        seq = 0
-        while True:
-            try:
-                req = recv_header(
-                    conn,
-                    max_header=self.max_request,
-                    idle_s=self.idle_s,
-                    header_s=self.header_s,
-                    deadline=auth_by if state["who"] is None else None,
-                )
-            except ConnectionError:
-                return  # the client is done
-            if not self._answer(conn, peer, req, nonce, seq, ticket, state):
-                return
-            seq += 1
-
-    def _authenticated(self, ticket: int, who: str, state: dict) -> bool:
-        """Count connection ``ticket`` as ``who``'s; False: over a cap (counted ``busy``), or
-        dropped meanwhile as the oldest waiting."""
-        with self._lock:
-            if self._pending.pop(ticket, None) is None:
-                return False
-            if sum(self._peers.values()) >= self.max_conns or self._peers[who] >= self.max_per_peer:
-                self.counts["busy"] += 1
-                return False
-            self._peers[who] += 1
-            state["who"] = who
-            return True
-
-    def _answer(
-        self,
-        conn: socket.socket,
-        peer: str,
-        raw: dict[str, Any],
-        nonce: str,
-        seq: int,
-        ticket: int,
-        state: dict,
-    ) -> bool:
-        """Answer one request; False: the connection ends (a refused, bad or busy request)."""
-        deadline = time.monotonic() + self.request_s
+    def _answer(self, conn: socket.socket, peer: str, raw: dict[str, Any], nonce: str, seq: int) -> bool:
+        """Answer a later request of an authenticated connection; False: the connection ends
+        (a refused request)."""
         req = parse_request(raw)  # PayloadError: an error frame, then the connection ends
-        key = self.keys.get(job_of(req.blob))
-        if key is None or req.seq != seq or not same(raw.get("mac"), request_mac(key, nonce, raw)):
-            self._count("refused")
-            log.debug("blob server: refused a request for %s from %s", cut(req.blob), peer)
-            send_frame(
-                conn, {"ok": False, "error": "refused", "message": "not authorized"}, deadline=deadline
-            )
+        key = self._verified(req, raw, nonce, seq, peer)
+        if key is None:
+            send_frame(conn, REFUSED, deadline=time.monotonic() + self.request_s)
             _linger(conn)
             return False
-        if state["who"] is None:
-            who = f"{job_of(req.blob)}/{cut(raw.get('from'), NAME_CUT)}"  # the MAC covers both
-            if not self._authenticated(ticket, who, state):
-                send_frame(
-                    conn, {"ok": False, "error": "busy", "message": "too many connections"}, deadline=deadline
-                )
-                _linger(conn)
-                return False
+        self._reply(conn, req, key)
+        return True
+
+    def _reply(self, conn: socket.socket, req: Request, key: bytes) -> None:
+        """Send the answer to an authenticated request (the blob, its description, or
+        ``missing``) within ``request_s``."""
+        deadline = time.monotonic() + self.request_s
         blob = self.store.get(req.blob)
         if blob is None:
             send_frame(conn, {"ok": False, "error": "missing", "message": f"no blob {cut(req.blob)}"})
-            return True
+            return
         try:
             manifest, digest = blob.manifest, blob.digest
         except BlobLost as exc:  # a snapshot whose source moved on (a trainer's state, stepped)
             send_frame(conn, {"ok": False, "error": "missing", "message": cut(exc, 200)}, deadline=deadline)
-            return True
+            return
         head = {
             "ok": True,
             "meta": blob.meta,
@@ -560,13 +504,13 @@ class BlobServer:
         }
         if req.op == "describe":
             send_frame(conn, head, deadline=deadline)
-            return True
+            return
         wanted = [n for n in blob.tensors if n not in set(req.exclude)] if req.names is None else req.names
         missing = [n for n in wanted if n not in blob.tensors]
         if missing:
             msg = f"{cut(req.blob)} has no tensor {cut(missing[0])}"
             send_frame(conn, {"ok": False, "error": "missing", "message": msg}, deadline=deadline)
-            return True
+            return
         out = {n: blob.tensors[n] for n in wanted}
         size = sum(
             t.numel()
@@ -577,20 +521,10 @@ class BlobServer:
             self.bytes_sent += size
             self.counts["served"] += 1
         send_frame(conn, head, out, cast=req.dtype, deadline=deadline)
-        return True
 
 
-def _drop(fd: int) -> None:
-    """End a connection another thread serves: shut its descriptor ``fd`` down (the thread's
-    blocked read returns), leaving the close to that thread. Called with the server's lock
-    held, so ``fd`` is still that connection's (the thread closes it only after leaving
-    ``_pending``)."""
-    with contextlib.suppress(OSError):
-        dup = socket.socket(fileno=os.dup(fd))
-        try:
-            dup.shutdown(socket.SHUT_RDWR)
-        finally:
-            dup.close()
+REFUSED = {"ok": False, "error": "refused", "message": "not authorized"}
+BUSY = {"ok": False, "error": "busy", "message": "too many connections"}
 
 
 def _linger(conn: socket.socket, limit: int = 2**16, wait_s: float = 0.2) -> None:

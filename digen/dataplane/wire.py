@@ -29,6 +29,8 @@ from digen.dataplane.digest import ALGORITHM, Receiver
 from digen.errors import PayloadError
 
 MAGIC = b"DGN1"
+PREFIX = 12
+"""A frame's first bytes: ``MAGIC`` and the header's length."""
 MAX_HEADER = 16 * 2**20
 """Largest header a reader accepts (a LoRA of a 12B model lists about 10k tensors: ~1 MiB)."""
 
@@ -45,6 +47,16 @@ DTYPES: dict[str, torch.dtype] = {
     "bool": torch.bool,
 }
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+
+
+NAME_CUT = 120
+"""At most this many characters of a peer's name appear in a message or a log line."""
+
+
+def cut(text: object, n: int = NAME_CUT) -> str:
+    """``text`` shortened to ``n`` characters for a message (a peer chose it: it may be huge)."""
+    s = str(text)
+    return s if len(s) <= n else f"{s[:n]}...({len(s)} chars)"
 
 
 def dtype_of(name: str) -> torch.dtype:
@@ -106,9 +118,8 @@ def send_frame(
         {"name": n, "dtype": DTYPE_NAMES[cast_to_dtype(t, cast)], "shape": list(t.shape)}
         for n, t in tensors.items()
     ]
-    body = json.dumps(head).encode()
     _timeout(sock, deadline)
-    sock.sendall(MAGIC + struct.pack("<Q", len(body)) + body)
+    sock.sendall(encode_header(head))
     sent = 0
     for t in tensors.values():
         data = _raw(cast_to(t.detach(), cast).to("cpu").contiguous())
@@ -116,6 +127,37 @@ def send_frame(
         sock.sendall(data)
         sent += len(data)
     return sent
+
+
+def encode_header(header: dict[str, Any]) -> bytes:
+    """The bytes of a frame whose header is ``header`` (its ``tensors`` list, empty when
+    absent, says what bytes follow)."""
+    body = json.dumps(header if "tensors" in header else {**header, "tensors": []}).encode()
+    return MAGIC + struct.pack("<Q", len(body)) + body
+
+
+def header_length(prefix: bytes, max_header: int = MAX_HEADER) -> int:
+    """The header length a frame's first :data:`PREFIX` bytes announce, once they say it is a
+    frame and the length is within ``max_header`` (else :class:`PayloadError`)."""
+    if bytes(prefix[:4]) != MAGIC:
+        raise PayloadError(f"not a digen data-plane frame (starts with {bytes(prefix[:4])!r})")
+    (n,) = struct.unpack("<Q", prefix[4:PREFIX])
+    if n > max_header:
+        raise PayloadError(f"frame header of {n} bytes is over the {max_header}-byte limit")
+    return n
+
+
+def decode_header(body: bytes | bytearray) -> dict[str, Any]:
+    """A frame's header from its bytes, checked (:class:`PayloadError`)."""
+    try:
+        header = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PayloadError(f"frame header is not JSON ({exc})") from None
+    if not isinstance(header, dict) or not isinstance(header.get("tensors", []), list):
+        raise PayloadError("frame header must be a JSON object with a 'tensors' list")
+    for spec in header.get("tensors", []):
+        _check_spec(spec)
+    return header
 
 
 def cast_to_dtype(t: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
@@ -201,7 +243,7 @@ def recv_header(
     how long the whole header may take from there (a peer that trickles bytes is cut, however
     often it sends one); ``deadline`` (monotonic): the whole header must be in by then,
     whatever the other two allow. :class:`TimeoutError` when any passes."""
-    pre = bytearray(12)
+    pre = bytearray(PREFIX)
     view = memoryview(pre)
     if idle_s is not None:
         if deadline is not None:
@@ -216,22 +258,9 @@ def recv_header(
     end = None if header_s is None else time.monotonic() + header_s
     deadline = end if deadline is None else deadline if end is None else min(end, deadline)
     _recv_exact(sock, view, deadline)
-    if bytes(pre[:4]) != MAGIC:
-        raise PayloadError(f"not a digen data-plane frame (starts with {bytes(pre[:4])!r})")
-    (n,) = struct.unpack("<Q", pre[4:])
-    if n > max_header:
-        raise PayloadError(f"frame header of {n} bytes is over the {max_header}-byte limit")
-    body = bytearray(n)
+    body = bytearray(header_length(pre, max_header))
     _recv_exact(sock, memoryview(body), deadline)
-    try:
-        header = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PayloadError(f"frame header is not JSON ({exc})") from None
-    if not isinstance(header, dict) or not isinstance(header.get("tensors", []), list):
-        raise PayloadError("frame header must be a JSON object with a 'tensors' list")
-    for spec in header.get("tensors", []):
-        _check_spec(spec)
-    return header
+    return decode_header(body)
 
 
 def _check_spec(spec: Any) -> None:

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import ssl
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 
 import torch
@@ -72,3 +75,21 @@ def wait_until(done: Callable[[], bool], what: str, timeout_s: float = 10.0) -> 
         if time.monotonic() > end:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.01)
+
+
+def client_hello() -> bytes:
+    """The first bytes a TLS client sends (its ClientHello), from a client that never
+    finishes: what a peer that stalls in the handshake has sent."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    out = ssl.MemoryBIO()
+    obj = ctx.wrap_bio(ssl.MemoryBIO(), out)
+    with contextlib.suppress(ssl.SSLWantReadError):
+        obj.do_handshake()
+    return out.read()
+
+
+def server_threads() -> Counter[str]:
+    """This process's live blob-server threads, by name: the gate of each server
+    (``digen-blob-server``) and one per authenticated connection (``digen-blob-conn``)."""
+    return Counter(t.name for t in threading.enumerate() if t.name.startswith("digen-blob-"))

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -20,13 +21,15 @@ import torch
 
 from digen.dataplane.auth import keyring, request_mac
 from digen.dataplane.blobs import BlobLost, connection, fetch, tls_contexts
-from digen.dataplane.wire import MAGIC, recv_header, send_frame
+from digen.dataplane.wire import MAGIC, encode_header, recv_header, send_frame
 from tests.reliability.certs import make_certs
 from tests.security.blob_helpers import (
     JOB,
+    client_hello,
     job_key,
     raw_connection,
     read_hello,
+    server_threads,
     serving,
     until_closed,
     wait_until,
@@ -264,3 +267,73 @@ def test_a_peer_that_trickles_within_every_other_deadline_is_cut_by_the_authenti
             wait_until(lambda: server.counts["auth_timeout"] == 1, "the authentication deadline")
         wait_until(lambda: server.active == 0, "the connection to end")
         assert server.counts["timed_out"] == 1 and server.counts["bad"] == 0
+
+
+def test_connections_waiting_to_authenticate_cost_no_thread_and_a_stalled_handshake_delays_no_one(tmp_path):
+    """Three times ``max_pending`` TLS connections that never authenticate, every other one
+    stalled half-way through its ClientHello: the server's one gate thread holds the newest
+    ``max_pending`` of them and starts no thread for any, and a real TLS peer is served while
+    they wait, on a thread of its own that ends with its connection. (Before the gate, each
+    waiting connection had a thread: 8 here.)"""
+    certs = make_certs(tmp_path / "certs")
+    server_ctx, client_ctx = tls_contexts(str(certs.ca), str(certs.cert), str(certs.key))
+    hello = client_hello()
+    options = {"ssl_context": server_ctx, "max_pending": 8, "auth_s": 60, "handshake_s": 60}
+    with job_key(), serving(**options) as (store, server):
+        store.put(NAME, weights())
+        before = server_threads()  # this server's gate (and any other server's threads)
+        flood = [raw_connection(server.address) for _ in range(3 * server.max_pending)]
+        for s in flood[1::2]:
+            s.sendall(hello[: len(hello) // 2])
+        wait_until(lambda: server.counts["evicted"] == 2 * server.max_pending, "the flood to be admitted")
+        assert server.pending == server.max_pending and server_threads() == before
+        with connection(server.address, client_ctx) as ch:
+            assert torch.equal(fetch(server.address, NAME, sock=ch)[0]["layer1.w"], weights()["layer1.w"])
+            assert server_threads() - before == Counter({"digen-blob-conn": 1})
+        wait_until(lambda: server_threads() == before, "the served connection's thread to end")
+        assert server.counts["timed_out"] == 0 and server.counts["evicted"] == 2 * server.max_pending + 1
+        for s in flood:
+            s.close()
+        wait_until(lambda: server.active == 0, "the flood's connections to end")
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+def test_requests_sent_back_to_back_before_any_answer_are_all_answered(tls: bool, tmp_path):
+    """The gate reads the first request and not a byte past it (over TLS, the second may sit
+    decrypted in the same record): the serving thread answers both, in order."""
+    server_ctx = client_ctx = None
+    if tls:
+        certs = make_certs(tmp_path / "certs")
+        server_ctx, client_ctx = tls_contexts(str(certs.ca), str(certs.cert), str(certs.key))
+    with job_key() as key, serving(ssl_context=server_ctx) as (store, server):
+        store.put(NAME, weights())
+        store.put(f"{JOB}:weights:2", weights(seed=2))
+        s = raw_connection(server.address)
+        if client_ctx is not None:
+            s = client_ctx.wrap_socket(s)
+        with s:
+            nonce = read_hello(s)["nonce"]
+            frames = b""
+            for seq, name in enumerate([NAME, f"{JOB}:weights:2"]):
+                req = {"op": "describe", "blob": name, "seq": seq, "nonce": f"{seq}" * 32, "from": "test"}
+                req["mac"] = request_mac(key, nonce, req)
+                frames += encode_header(req)
+            s.sendall(frames)  # one write: both requests, before reading anything
+            answers = [recv_header(s), recv_header(s)]
+        assert [a["ok"] for a in answers] == [True, True]
+        assert [a["manifest"]["name"] for a in answers] == [NAME, f"{JOB}:weights:2"]
+        assert server.counts["refused"] == 0 and server.counts["bad"] == 0
+
+
+def test_closing_the_server_closes_the_connections_waiting_to_authenticate():
+    with job_key(), serving(auth_s=60) as (_store, server):
+        gone = server_threads() - Counter({"digen-blob-server": 1})  # once this server's gate ends
+        waiting = [raw_connection(server.address) for _ in range(3)]
+        for s in waiting:
+            read_hello(s)
+        assert server.pending == 3
+        server.close()  # returns once the gate's thread has ended, having closed them
+        assert server.active == 0 and server_threads() == gone
+        assert [s.recv(1) for s in waiting] == [b""] * 3  # the end of each, not a timeout
+        for s in waiting:
+            s.close()

@@ -91,13 +91,13 @@ def veth_cluster(host: str, folder: Path) -> Iterator[tuple[str, dict[str, str]]
         close_local_cluster(cluster)
 
 
-def job_config(model_dir: Path, **sections):
-    """5 iterations, disaggregated on one rollout worker and one trainer, every iteration's
+def job_config(model_dir: Path, iterations: int = 5, **sections):
+    """``iterations`` (5), disaggregated on one rollout worker and one trainer, every iteration's
     generation fetching the version the step before made (``max_staleness`` 0) and every train
     task its group's trajectories from the rollout worker."""
     return fault_config(
         model_dir,
-        iterations=5,
+        iterations=iterations,
         schedule={"mode": "disaggregated", "max_staleness": 0},
         cluster__local={"rollout_workers": 1, "trainer_workers": 1},
         **sections,
