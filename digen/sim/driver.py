@@ -518,7 +518,9 @@ def simulate(
         idle={r: deque() for r in Role},
         own={w.index: (deque(), deque()) for w in workers.values()},
         by_index=sorted(workers.values(), key=lambda w: w.index),
-        group=[w for w in sorted(workers.values(), key=lambda w: w.index) if grouped and w.role is Role.TRAINER],
+        group=[
+            w for w in sorted(workers.values(), key=lambda w: w.index) if grouped and w.role is Role.TRAINER
+        ],
     )
     for w in workers.values():
         sched.handle(WorkerJoined(w.spec.name, w.role, w.spec.gpu_type, 0.0))
