@@ -52,3 +52,15 @@ def test_another_cluster_of_the_catalogs_gpus():
     assert setup.cost.gpu_count == 8 and setup.testbed.net_gbps == 50
     with pytest.raises(ConfigError, match="COUNTxTYPE"):
         load_sim_config(CONFIGS / "qwen-image_B.yaml", gpus="8xa999")
+
+
+@pytest.mark.slow
+def test_the_planner_searches_groups_per_task_up_to_the_iterations_micro_batches():
+    """The full fine-tune's 512 one-sample micro-batches: groups_per_task up to 512 (one train
+    task per iteration), none past the iteration's micro-batches."""
+    setup = load_sim_config(CONFIGS / "verl-omni-full-h200.yaml")
+    assert setup.cost.tasks == 512
+    search = optimize(setup, "digen", FAST)
+    tried = {p.groups_per_task for p in search.tried}
+    assert max(tried) == 512 and {1, 8, 64, 256} <= tried
+    assert search.best.samples_per_s >= search.configured.samples_per_s
