@@ -12,7 +12,16 @@ are tight (else move time to the short side), so ``X = sum f_i g_i`` with
 ``g_i + t_i``, capacity ``sum t_i``; take workers by decreasing ``g_i / t_i`` (best
 generators first), the last one fractionally.
 
-Both bound a rate that holds over any long stretch of a job, so they are compared with a
+- An FSDP trainer group (a full fine-tune, ``train.fsdp``): the trainers are one sharded
+  model that runs every train task on all its ranks, and neither side helps the other (the
+  runtime turns TAG and RAT off), so no worker splits its time and the group's rate is not
+  the sum of its ranks' (each pass gathers the whole weights whatever share a rank trains).
+  The bound is ``max_r min(G_r, T_r)``: the first ``r`` workers of the LP's order generate
+  (``G_r``, the sum of their rates), the rest train as one group (``T_r``,
+  :meth:`~digen.sim.costmodel.CostModel.group_rate`, its collectives across nodes past one
+  node), over every split ``r`` (on one GPU type, every split there is).
+
+All bound a rate that holds over any long stretch of a job, so they are compared with a
 steady-state rate: the simulator measures whole iterations between warm-up and trailing
 ones (:func:`digen.sim.driver.measured_window`). A window that ends with the job's last
 iteration is not one: that iteration overlaps no next generation and can beat the bound.
@@ -60,7 +69,31 @@ def lp_bound(g: list[float], t: list[float]) -> LpSolution:
 
 
 def costmodel_bound(cost: CostModel) -> LpSolution:
-    """The LP bound of a cost model: each worker's best generation rate (a rollout with full
-    weights: denoise + decode + reward) and best training rate (TSP), no optimizer step."""
+    """The bound of a cost model: each worker's best generation rate (a rollout with full
+    weights: denoise + decode + reward) and best training rate (TSP), no optimizer step; the
+    LP, or with an FSDP trainer group (:attr:`CostModel.fsdp_group`) :func:`fsdp_group_bound`."""
+    if cost.fsdp_group:
+        return fsdp_group_bound(cost)
     rates = [cost.rates(w, tsp=True) for w in cost.workers]
     return lp_bound([g for g, _ in rates], [t for _, t in rates])
+
+
+def fsdp_group_bound(cost: CostModel) -> LpSolution:
+    """``max_r min(G_r, T_r)`` (module docstring): the first ``r`` workers by decreasing
+    ``g / t`` generate, the others train as one FSDP group; ``fractions`` is 1 for the
+    generators of the best split, 0 for the group."""
+    rates = {w.name: cost.rates(w, tsp=True) for w in cost.workers}
+    order = sorted(
+        rates, key=lambda n: (-(rates[n][0] / rates[n][1]) if rates[n][1] > 0 else float("-inf"), n)
+    )
+    best, best_r, gen = 0.0, 0, 0.0
+    for r in range(1, len(order)):
+        gen += rates[order[r - 1]][0]
+        x = min(gen, cost.group_rate(set(order[r:]), tsp=True))
+        if x > best:
+            best, best_r = x, r
+    index = {w.name: i for i, w in enumerate(cost.workers)}
+    fractions = [0.0] * len(cost.workers)
+    for n in order[:best_r]:
+        fractions[index[n]] = 1.0
+    return LpSolution(best, fractions)

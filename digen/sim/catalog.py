@@ -168,6 +168,7 @@ class PeerEntry(_Section):
     weight_sync: bool = False
     driver_gbps: float | None = Field(None, gt=0)
     async_sync: Literal["abort", "drain"] | None = None
+    async_staleness: int = Field(1, ge=0, le=1)
 
 
 class TestbedEntry(_Section):

@@ -36,7 +36,7 @@ its forward and its backward (:func:`_pass_s`); :meth:`WorkerCost.train_task_s` 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from digen.config import DTYPE_BYTES, Dtype, TrainConfig, trained_dtype_name
 from digen.errors import ConfigError
@@ -283,6 +283,14 @@ class WorkerCost:
             return one
         return self.passes.task_s(groups, tsp, self.train_gather_s, self.layers)
 
+    def group_task_s(self, groups: int, tsp: bool, ranks: int) -> float:
+        """Seconds of a train task of ``groups`` micro-batches run by an FSDP group of
+        ``ranks`` ranks of this cost, every rank its share of the rows
+        (:meth:`TrainPasses.group_task_s`); one rank, or a measured model: :meth:`train_task_s`."""
+        if ranks <= 1 or self.passes is None:
+            return self.train_task_s(groups, tsp)
+        return self.passes.group_task_s(groups, tsp, ranks, self.train_gather_s, self.layers)
+
     @property
     def rollout_s(self) -> float:
         """A generation task end to end: denoise, decode, score."""
@@ -324,6 +332,11 @@ class CostModel:
     """The sequence-parallel degree chosen per GPU type (paper-scale models)."""
     paper: PaperInputs | None = None
     """What a paper-scale model was built from (None: measured from a run)."""
+    fsdp_group: bool = False
+    """The trainers shard the trained weights as one FSDP group (``train.fsdp``, a full
+    fine-tune): a disaggregated mode's trainers run every train task together, each rank its
+    share of the rows (:meth:`group_task_s`), and only train (the runtime turns TAG and RAT
+    off with ``train.fsdp``). False: every trainer a replica of its own."""
 
     def __post_init__(self) -> None:
         if self.rows_per_forward < 1:
@@ -336,6 +349,51 @@ class CostModel:
     @property
     def gpu_count(self) -> int:
         return sum(w.gpus for w in self.workers)
+
+    def split_workers(self, trainers: set[str]) -> list[SimWorker]:
+        """The workers with their training costs when ``trainers`` (names; every worker of a
+        colocated mode) train. Trainers that shard the weights (FSDP) shard over all of them;
+        past one node (:data:`GPUS_PER_NODE`
+        GPUs) its collectives cross the network, at ``min(intra, net)`` instead of the GPU's
+        NVLink (a paper-scale model; a measured one keeps its measured times)."""
+        if self.paper is None:
+            return list(self.workers)
+        group = sum(w.gpus for w in self.workers if w.name in trainers)
+        if group <= GPUS_PER_NODE:
+            return list(self.workers)
+        intra = {g.name: g.intra_gbps for g, _ in self.paper.testbed.gpus}
+        net = self.paper.testbed.net_gbps
+        out = []
+        for w in self.workers:
+            c = w.cost
+            slow = intra[w.gpu_type] / min(intra[w.gpu_type], net)
+            if w.name not in trainers or c.train_gather_s <= 0 or c.passes is None or slow <= 1:
+                out.append(w)
+                continue
+            gather = c.train_gather_s * slow
+            slower = replace(
+                c,
+                train_gather_s=gather,
+                train_s=c.passes.task_s(1, False, gather, c.layers),
+                train_tsp_s=c.passes.task_s(1, True, gather, c.layers),
+            )
+            out.append(replace(w, cost=slower))
+        return out
+
+    def group_task_s(self, trainers: list[SimWorker], groups: int, tsp: bool) -> float:
+        """Seconds of a train task of ``groups`` micro-batches on the FSDP group ``trainers``
+        (their costs at the split: :meth:`split_workers`): one rank per trainer worker, the
+        slowest rank setting the pace (every pass ends at its collectives)."""
+        return max(w.cost.group_task_s(groups, tsp, len(trainers)) for w in trainers)
+
+    def group_rate(self, trainers: set[str], *, tsp: bool = True) -> float:
+        """Samples/s the FSDP group ``trainers`` (names) trains, in the train tasks the runtime
+        makes (``groups_per_task`` micro-batches each, one at a time on every rank)."""
+        if not trainers:
+            return 0.0
+        group = [w for w in self.split_workers(trainers) if w.name in trainers]
+        task = self.group_task_s(group, self.groups_per_task, tsp)
+        return self.groups_per_task * self.samples_per_task / task if task > 0 else 0.0
 
     def rates(self, w: SimWorker, *, tsp: bool = True) -> tuple[float, float]:
         """``(g, t)``: samples/s of worker ``w`` when it only generates / only trains, training
@@ -444,6 +502,28 @@ class TrainPasses:
         """Seconds of a task of ``groups`` micro-batches: every pass pays its compute and,
         with FSDP (``gather_s`` > 0), its weight gathers (:func:`_pass_s`)."""
         return sum(_pass_s(self.compute_s(r, tsp), gather_s, layers) for r in self.sizes(groups, tsp))
+
+    def rank_sizes(self, groups: int, tsp: bool, ranks: int) -> list[int]:
+        """Rows of each pass of the busiest rank of an FSDP group of ``ranks`` that trains a
+        task of ``groups`` micro-batches together (:mod:`digen.workers.fsdp_loop`): each rank
+        takes a contiguous share of the task's rows (:func:`digen.parallel.fsdp.shard_rows`, the
+        largest ``ceil(rows / ranks)``) and cuts it as :func:`digen.training.forward_chunks`
+        does. The rows are sample-major, then by step, so without TSP a share of ``s`` rows
+        holds ``min(K, s)`` steps, taken as equal runs (one pass each, cut at
+        ``rows_per_forward``). The ranks run as many passes as the busiest one (the others pad
+        with zero-weight passes that gather alike), so its passes are the group's."""
+        share = -(-(groups * self.samples * self.steps) // max(1, ranks))
+        if tsp:
+            return self._runs(share)
+        steps = min(self.steps, share)
+        return self._runs(-(-share // steps)) * steps
+
+    def group_task_s(self, groups: int, tsp: bool, ranks: int, gather_s: float, layers: int) -> float:
+        """Seconds of a task of ``groups`` micro-batches on an FSDP group of ``ranks``: the
+        busiest rank's passes (:meth:`rank_sizes`), each with the group's collectives."""
+        return sum(
+            _pass_s(self.compute_s(r, tsp), gather_s, layers) for r in self.rank_sizes(groups, tsp, ranks)
+        )
 
 
 @dataclass(frozen=True)
@@ -701,6 +781,7 @@ def paper_costmodel(
         rows_per_forward=w.rows_per_forward,
         max_batch=w.max_batch,
         dataplane=plane,
+        fsdp_group=mdl.adapter_gb is None,  # a full fine-tune trains with train.fsdp
         label=f"{w.name} on {tb.name}",
         notes=notes,
         sp=choices,

@@ -13,6 +13,13 @@ workers of the runtime (``digen/runtime/controller.py``, ``workers/loop.py``):
   worker takes a train task only when no generation task is ready and its RAT budget is
   positive, and each stolen task spends 1.
 
+An FSDP trainer group (a full fine-tune, ``train.fsdp``: :attr:`CostModel.fsdp_group`) is
+one trainer, as in the runtime (:mod:`digen.workers.fsdp_loop`): its leader leases a train
+task and every rank trains its share of the rows together, so a train task occupies every
+rank for its duration (:meth:`_Sim.run_group`); TAG and RAT are off, as ``train.fsdp`` turns
+them off (a rank holds 1/N of the weights and cannot generate alone; a rollout worker's
+gradient cannot reach the sharded optimizer).
+
 Task durations come from a :class:`~digen.sim.costmodel.CostModel`. A worker loading a new
 weights version pays ``load_s``; one switching between generation and training pays
 ``context_switch_s`` (colocated peers: ``phase_switch_s``, offload/reload).
@@ -58,7 +65,7 @@ from digen.core.policy import pull_order
 from digen.core.scheduler import Scheduler, SchedulerConfig
 from digen.core.timeline import TimelineRow
 from digen.errors import ConfigError, DigenError
-from digen.sim.costmodel import GPUS_PER_NODE, CostModel, SimWorker
+from digen.sim.costmodel import CostModel, SimWorker
 from digen.sim.dataplane import DataPlaneSeconds
 from digen.sim.measure import (
     BUSY_KINDS,
@@ -186,6 +193,11 @@ class _Sim:
     """Static shares: workers that may have work in their own queues."""
     made_by: dict[tuple[int, int], int] = field(default_factory=dict)
     """(iteration, task) -> the index of the worker that generated it (holds its trajectories)."""
+    group: list[_Worker] = field(default_factory=list)
+    """The FSDP trainer group (:attr:`CostModel.fsdp_group`), leader first: it runs one train
+    task at a time on every rank; empty: every trainer is a replica of its own."""
+    group_s: dict[int, float] = field(default_factory=dict)
+    """The group's seconds of a train task, by its micro-batches (:meth:`CostModel.group_task_s`)."""
 
     # --- instructions -------------------------------------------------------------------
     def apply(self, instructions: list[Instruction]) -> None:
@@ -254,6 +266,10 @@ class _Sim:
         heapq.heappush(self.heap, (t, self.seq, ev))
 
     def make_idle(self, w: _Worker) -> None:
+        if self.group and w.role is Role.TRAINER:  # the group's task ended on every rank
+            for rank in self.group:
+                rank.idle = True
+            return
         w.idle = True
         if self.mode.static_shares:
             self.check.append(w)
@@ -268,9 +284,12 @@ class _Sim:
             return
         idle = self.idle
         while (self.train_q or self.gen_q) and (
-            idle[Role.COLOCATED] or idle[Role.ROLLOUT] or idle[Role.TRAINER]
+            idle[Role.COLOCATED] or idle[Role.ROLLOUT] or idle[Role.TRAINER] or self.group_idle
         ):
             progressed = False
+            if self.train_q and self.group_idle:  # the FSDP group: every rank at once
+                self.run_group(*self.train_q.popleft())
+                progressed = True
             if idle[Role.COLOCATED]:  # pull order [GEN, TRAIN]
                 w = idle[Role.COLOCATED].popleft()
                 if self.gen_q:
@@ -307,6 +326,39 @@ class _Sim:
                     progressed = True
             if not progressed:
                 break
+
+    @property
+    def group_idle(self) -> bool:
+        return bool(self.group) and self.group[0].idle
+
+    def run_group(self, task: TaskRef, version: int | None) -> None:
+        """Start train ``task`` on every rank of the FSDP group together, as the runtime's
+        ranks run a leased task (:mod:`digen.workers.fsdp_loop`): each fetches the task's
+        trajectories, then trains its share of the rows; the group is busy until its
+        busiest rank ends (:meth:`CostModel.group_task_s`), and the leader acknowledges. A rank
+        steps its own shard in place: no version to load."""
+        t, leader = self.now, self.group[0]
+        groups = self.sched.task_groups(task.group)
+        fetched = sum(self.made_by.get((task.iteration, g), -1) not in self.group_ids for g in groups)
+        parts = [("sync", fetched * self.dp.trajectory_s, "trajectory fetch")] if fetched else []
+        if len(groups) not in self.group_s:
+            self.group_s[len(groups)] = self.cost.group_task_s(
+                [r.spec for r in self.group], len(groups), self.mode.tsp
+            )
+        parts.append(("train", self.group_s[len(groups)] * task.share, ""))
+        for rank in self.group:
+            rank.idle = False
+            s = t
+            for kind, dur, part in parts:
+                if dur > 0:
+                    self.rows.append((rank.index, kind, task.iteration, task.iteration, s, s + dur, part))
+                    s += dur
+        end = t + sum(dur for _, dur, _ in parts)
+        self.push(end + leader.spec.cost.overhead_s, ("task", leader.spec.name, task, self.now))
+
+    @property
+    def group_ids(self) -> set[int]:
+        return {r.index for r in self.group}
 
     def dispatch_static(self) -> None:
         """Static shares: a colocated worker runs its own generation tasks, then its own
@@ -439,6 +491,9 @@ def simulate(
         roles = {w.name: Role.COLOCATED for w in cost.workers}
     elif roles is None or set(roles) != {w.name for w in cost.workers}:
         raise ConfigError(f"mode {mode.name} needs a role (rollout or trainer) for every worker")
+    grouped = cost.fsdp_group and not mode.colocated
+    if grouped:  # train.fsdp turns TAG and RAT off (digen.config.schema.Config)
+        mode = replace(mode, tag=False, rat=False)
     sched = Scheduler(
         SchedulerConfig(
             iterations=iterations,
@@ -450,7 +505,7 @@ def simulate(
             groups_per_task=cost.groups_per_task,
         )
     )
-    specs = _fsdp_group(cost, roles)
+    specs = cost.split_workers({n for n, r in roles.items() if r is not Role.ROLLOUT})
     workers = {w.name: _Worker(w, roles[w.name], i) for i, w in enumerate(specs)}
     trainers = [w.gpu_type for w in cost.workers if roles[w.name] is not Role.ROLLOUT]
     rollouts = len(cost.workers) - len(trainers)
@@ -463,6 +518,9 @@ def simulate(
         idle={r: deque() for r in Role},
         own={w.index: (deque(), deque()) for w in workers.values()},
         by_index=sorted(workers.values(), key=lambda w: w.index),
+        group=[
+            w for w in sorted(workers.values(), key=lambda w: w.index) if grouped and w.role is Role.TRAINER
+        ],
     )
     for w in workers.values():
         sched.handle(WorkerJoined(w.spec.name, w.role, w.spec.gpu_type, 0.0))
@@ -475,40 +533,6 @@ def simulate(
     )
     _measure(res, sim)
     return res
-
-
-def _fsdp_group(cost: CostModel, roles: dict[str, Role]) -> list[SimWorker]:
-    """The workers with their training costs at this split. The trainers that shard the
-    weights (FSDP, ``train.fsdp``) are one group; past one node (:data:`GPUS_PER_NODE` GPUs)
-    its all-gathers cross the network, at ``min(intra, net)`` instead of the GPU's NVLink
-    (a paper-scale model; a measured one keeps its measured times)."""
-    if cost.paper is None:
-        return list(cost.workers)
-    group = sum(w.gpus for w in cost.workers if roles[w.name] is not Role.ROLLOUT)
-    if group <= GPUS_PER_NODE:
-        return list(cost.workers)
-    intra = {g.name: g.intra_gbps for g, _ in cost.paper.testbed.gpus}
-    net = cost.paper.testbed.net_gbps
-    out = []
-    for w in cost.workers:
-        c = w.cost
-        slow = intra[w.gpu_type] / min(intra[w.gpu_type], net)
-        if roles[w.name] is Role.ROLLOUT or c.train_gather_s <= 0 or c.passes is None or slow <= 1:
-            out.append(w)
-            continue
-        gather = c.train_gather_s * slow
-        out.append(
-            replace(
-                w,
-                cost=replace(
-                    c,
-                    train_gather_s=gather,
-                    train_s=c.passes.task_s(1, False, gather, c.layers),
-                    train_tsp_s=c.passes.task_s(1, True, gather, c.layers),
-                ),
-            )
-        )
-    return out
 
 
 def _simulate_peer(cost: CostModel, mode: Mode, iterations: int, warmup: int, trailing: int) -> SimResult:

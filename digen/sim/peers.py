@@ -88,10 +88,14 @@ class PeerRecipe:
     driver_gbps: float | None = None
     """One driver process relays every sample's trajectory (None: no central driver)."""
     async_sync: Literal["abort", "drain"] | None = None
-    """An asynchronous peer (:func:`simulate_async_peer`): standalone rollout GPUs one batch
-    ahead of the trainers; at a weight sync the rollout ``abort`` s its in-flight generations
-    (VeRL-Omni ``separate_async``) or ``drain`` s them first (UniRL's async trainer). None:
-    the synchronous colocated iteration."""
+    """An asynchronous peer (:func:`simulate_async_peer`): standalone rollout GPUs; at a weight
+    sync the rollout ``abort`` s its in-flight generations (VeRL-Omni ``separate_async``) or
+    ``drain`` s them first, scoring each as it is reaped (UniRL's ``AsyncDiffusionTrainer``).
+    None: the synchronous colocated iteration."""
+    async_staleness: int = 1
+    """Weight syncs a generation may cross (UniRL's ``buffer_max_staleness``; VeRL-Omni's
+    separate_async runs one batch ahead: 1). 1: the next batch generates while this one
+    trains; 0: nothing is launched past a sync, so generation and training alternate."""
 
 
 @dataclass(frozen=True)
@@ -261,26 +265,39 @@ class AsyncIteration:
 
     rollout_gpus: int
     gen_s: float
-    """A rollout GPU's generation, decode and reward of its share of a batch."""
+    """A rollout GPU's generation and decode of its share of a batch (and its reward, where
+    the reward is scored as generation goes: ``abort``)."""
     train_s: float
     """A trainer GPU's training of its share (FSDP over the trainers)."""
     sync_s: float
     """Weight sync into the rollout engines (and the driver's relay): both sides wait."""
     lost_s: float
     """Generation aborted at the sync and redone (``abort``, when the rollout is busy then)."""
+    drain_s: float = 0.0
+    """``drain``: the reward of the batch, scored as the drain before the sync reaps it (the
+    trainers have finished and wait; UniRL's driver scores at reap time, so scoring overlaps
+    nothing)."""
+    staleness: int = 1
+    """1: generation overlaps training; 0: they alternate (:attr:`PeerRecipe.async_staleness`)."""
 
     @property
     def seconds(self) -> float:
-        return max(self.gen_s + self.lost_s, self.train_s) + self.sync_s
+        if self.staleness == 0:
+            return self.gen_s + self.lost_s + self.drain_s + self.train_s + self.sync_s
+        return max(self.gen_s + self.lost_s, self.train_s) + self.drain_s + self.sync_s
 
 
 def async_iteration(recipe: PeerRecipe, inputs: PaperInputs, rollout_gpus: int) -> AsyncIteration:
     """The iteration of ``recipe`` (``async_sync`` set) with ``rollout_gpus`` standalone rollout
-    GPUs and the rest training, one batch ahead (staleness 1). Generation and training
-    overlap; the weight sync stops both. At the sync the rollout is busy when generation is the
-    longer side: ``abort`` loses what its in-flight requests had done (on average half of one
-    batch's denoising loop per engine, verl-omni #628: 127 SD3.5 images discarded per sync);
-    ``drain`` finishes them first, which the trainers, waiting for data then anyway, absorb."""
+    GPUs and the rest training. With staleness 1 (``async_staleness``) the next batch
+    generates while this one trains; the weight sync stops both. At the sync the rollout is
+    busy when generation is the longer side: ``abort`` loses what its in-flight requests had
+    done (on average half of one batch's denoising loop per engine, verl-omni #628: 127 SD3.5
+    images discarded per sync). ``drain`` (UniRL's ``AsyncDiffusionTrainer._drain_all``)
+    finishes every in-flight generation and scores it before the sync: the trainers, done,
+    wait for the generation and then for its reward. With staleness 0 (UniRL's default
+    ``buffer_max_staleness``) a batch is launched only after the sync before it, so
+    generation, reward and training run one after the other."""
     gpu, count = inputs.testbed.gpus[0]
     samples = inputs.workload.samples
     trainers = count - rollout_gpus
@@ -288,16 +305,18 @@ def async_iteration(recipe: PeerRecipe, inputs: PaperInputs, rollout_gpus: int) 
     train_share = math.ceil(samples / trainers)
     gen = peer_phases(recipe, inputs, gpu, 1, gen_share, group=trainers)
     train = peer_phases(recipe, inputs, gpu, 1, train_share, group=trainers)
-    gen_s = sum(p.seconds for p in gen if p.name in GEN_PHASES)
+    drained = ("reward",) if recipe.async_sync == "drain" else ()
+    gen_s = sum(p.seconds for p in gen if p.name in GEN_PHASES and p.name not in drained)
+    drain_s = sum(p.seconds for p in gen if p.name in drained)
     train_s = sum(p.seconds for p in train if p.name in TRAIN_PHASES)
     sync_s = sum(p.seconds for p in train if p.name in SYNC_PHASES)
     lost = 0.0
-    if recipe.async_sync == "abort" and gen_s > train_s:
+    if recipe.async_sync == "abort" and recipe.async_staleness > 0 and gen_s > train_s:
         one_batch = next(
             p.seconds for p in peer_phases(recipe, inputs, gpu, 1, recipe.gen_batch) if p.name == "generate"
         )
         lost = 0.5 * one_batch
-    return AsyncIteration(rollout_gpus, gen_s, train_s, sync_s, lost)
+    return AsyncIteration(rollout_gpus, gen_s, train_s, sync_s, lost, drain_s, recipe.async_staleness)
 
 
 def best_async_split(recipe: PeerRecipe, inputs: PaperInputs) -> AsyncIteration:
@@ -324,16 +343,22 @@ def simulate_async_peer(cost: CostModel, recipe: PeerRecipe, *, iterations: int,
     roles = {n: (Role.ROLLOUT if i < it.rollout_gpus else Role.TRAINER) for i, n in enumerate(names)}
     rows: list[dict] = []
     period = it.seconds
+    gen_end = it.gen_s + it.lost_s
+    # staleness 1: both sides start at the sync, the drain's scoring after the longer one;
+    # staleness 0: generation, its scoring, then training
+    drain_at = max(gen_end, it.train_s) if it.staleness else gen_end
+    train_at = 0.0 if it.staleness else gen_end + it.drain_s
     for k in range(iterations):
         t0 = k * period
         for n in names:
-            busy = [("gen", "", it.gen_s), ("gen", "aborted", it.lost_s)] if roles[n] is Role.ROLLOUT else []
-            busy = busy or [("train", "", it.train_s)]
-            t = t0
-            for kind, part, dur in busy:
+            if roles[n] is Role.ROLLOUT:
+                busy = [("gen", "", 0.0, it.gen_s), ("gen", "aborted", it.gen_s, it.lost_s)]
+                busy.append(("reward", "drain", drain_at, it.drain_s))
+            else:
+                busy = [("train", "", train_at, it.train_s)]
+            for kind, part, at, dur in busy:
                 if dur > 0:
-                    rows.append(_row(n, gpu.name, roles[n], kind, k, t, t + dur, part))
-                    t += dur
+                    rows.append(_row(n, gpu.name, roles[n], kind, k, t0 + at, t0 + at + dur, part))
             rows.append(
                 _row(n, gpu.name, roles[n], "sync", k, t0 + period - it.sync_s, t0 + period, "weight sync")
             )

@@ -7,7 +7,7 @@ What it searches, and how:
 - ``rollout.max_batch``: :data:`MAX_BATCHES`, those whose batch fits a rollout GPU (the
   weights, the VAE and ``max_batch x samples_per_task`` samples' activations within its usable
   memory, :func:`batch_fits`);
-- ``train.groups_per_task``: :data:`GROUPS_PER_TASK`;
+- ``train.groups_per_task``: :data:`GROUPS_PER_TASK` (at most the iteration's micro-batches);
 - the split: how many GPUs generate and how many train. In digen's runtime a sharded trainer
   group (``train.fsdp``) is every trainer, so the split is also the FSDP degree; past one node
   its gathers cross the network (:func:`digen.sim.driver.simulate`).
@@ -31,7 +31,11 @@ from digen.sim.measure import SimResult
 from digen.sim.study import SimSettings, analytic_split, roles_for, run_mode, worker_order
 
 MAX_BATCHES = (1, 2, 4, 8, 16, 32)
-GROUPS_PER_TASK = (1, 2, 4, 8)
+GROUPS_PER_TASK = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+"""Up to 512: one train task per iteration for 512 one-sample micro-batches (the full
+fine-tune's 512 images per step). An FSDP group runs one task at a time on every rank, each
+pass gathering the whole weights, so it wants its ranks' shares of one task to fill their
+passes (``rows_per_forward``), which on 28 ranks takes hundreds of micro-batches per task."""
 
 
 @dataclass(frozen=True)
@@ -123,6 +127,8 @@ def optimize(setup: SimSetup, mode: str = "digen", settings: SimSettings | None 
     best_cost = cost0
     for mb in MAX_BATCHES:
         for gpt in GROUPS_PER_TASK:
+            if gpt > max(1, cost0.tasks):  # one task holds every micro-batch already
+                continue
             cost = _cost(setup, mb, gpt)
             if not batch_fits(cost, mb):
                 continue

@@ -206,15 +206,29 @@ def explain(study: Study) -> str:
     )
     missing = "".join(f"{m}: no such pipeline ({why}). " for m, why in study.no_pipeline.items())
     missing += "".join(f"{m}: not modelled ({why}). " for m, why in study.not_modelled.items())
+    spent = (
+        f"The colocated strawman spends {c.get('recompute', 0.0):.1%} of its GPU time recomputing old log-probs, "
+        f"{c.get('offload/reload', 0.0):.1%} offloading/reloading and {c['idle']:.1%} idle (phase barriers, "
+        f"unequal GPUs), "
+    )
+    if study.cost.fsdp_group:
+        # the bound is of one FSDP trainer group; the strawman trains every GPU's own tasks
+        spent += (
+            f"and trains each GPU's own tasks, as replicas, which train.fsdp does not run (it needs a "
+            f"disaggregated mode), so the FSDP group's bound does not bound it ({col.fraction_of_bound:.3f} of it). "
+        )
+    else:
+        spent += (
+            f"so it reaches {col.fraction_of_bound:.3f} of the bound and no schedule can beat it by more "
+            f"than {ceiling:.2f}x. "
+        )
     return (
         f"{study.label}: "
         + (f"digen over the peers: {vs_peers}. " if vs_peers else "")
         + missing
         + f"digen {dg.speedup_vs_colocated:.2f}x colocated, {dg.fraction_of_bound:.3f} of the bound. "
-        f"The colocated strawman spends {c.get('recompute', 0.0):.1%} of its GPU time recomputing old log-probs, "
-        f"{c.get('offload/reload', 0.0):.1%} offloading/reloading and {c['idle']:.1%} idle (phase barriers, "
-        f"unequal GPUs), so it reaches {col.fraction_of_bound:.3f} of the bound and no schedule can beat it by more "
-        f"than {ceiling:.2f}x. digen idles {d['idle']:.1%} (step barrier and pipeline tails) and spends "
+        + spent
+        + f"digen idles {d['idle']:.1%} (step barrier and pipeline tails) and spends "
         f"{d_over:.1%} on weight fetches and loads, trajectory fetches and switches." + _own_colocated(study)
     )
 

@@ -121,16 +121,21 @@ def roles_for(order: list[str], rollouts: int) -> dict[str, Role]:
 
 
 def analytic_split(cost: CostModel, mode: Mode, order: list[str]) -> int:
-    """Rollout count minimising the analytic iteration time of ``mode``."""
+    """Rollout count minimising the analytic iteration time of ``mode``; with an FSDP trainer
+    group (:attr:`CostModel.fsdp_group`) the trainers' rate is the group's
+    (:meth:`CostModel.group_rate`), not the sum of its ranks'."""
     by_name = {w.name: w for w in cost.workers}
     rates = [cost.rates(by_name[n], tsp=mode.tsp) for n in order]
     s = cost.samples
     pipelined = mode.gap or mode.max_staleness > 0
+    grouped = cost.fsdp_group and not mode.colocated
     best, best_r = float("inf"), 1
     r_gen, r_train = 0.0, sum(t for _, t in rates)
     for r in range(1, len(order)):
         r_gen += rates[r - 1][0]
         r_train -= rates[r - 1][1]
+        if grouped:
+            r_train = cost.group_rate(set(order[r:]), tsp=mode.tsp)
         if r_gen <= 0 or r_train <= 0:
             continue
         a, b = s / r_gen, s / r_train

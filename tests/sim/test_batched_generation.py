@@ -62,15 +62,11 @@ def test_max_batch_one_is_the_unbatched_schedule():
 def test_an_fsdp_trainer_group_past_one_node_gathers_over_the_network():
     """digen's trainers shard a full fine-tune as one FSDP group (train.fsdp): with more GPUs
     than a node holds, its all-gathers run at the network's rate, as the peers' do."""
-    from digen.core.events import Role
-    from digen.sim.driver import _fsdp_group
-
     cost = load_sim_config(CONFIGS / "verl-omni-full-h100x64.yaml").cost
     names = [w.name for w in cost.workers]
 
     def trainer_cost(trainers: int):
-        roles = {n: (Role.TRAINER if i < trainers else Role.ROLLOUT) for i, n in enumerate(names)}
-        return _fsdp_group(cost, roles)[0].cost
+        return cost.split_workers(set(names[:trainers]))[0].cost
 
     node, two_nodes = trainer_cost(8), trainer_cost(16)
     gpu = cost.paper.testbed.gpus[0][0]

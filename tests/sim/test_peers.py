@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -202,26 +203,62 @@ def test_a_peer_runs_one_parallel_degree_on_every_gpu_of_a_mixed_testbed():
     assert l20 > h20  # the same share: the L20 pairs set the pace
 
 
-def test_the_async_peers_overlap_generation_with_training_and_differ_only_at_the_sync():
+def test_the_async_peers_overlap_generation_with_training_and_differ_at_the_sync():
     """VeRL-Omni separate_async aborts in-flight generations at a sync (lost work when the
-    rollout is the longer side), UniRL drains them: otherwise the same iteration."""
+    rollout is the longer side) and scores as it generates; UniRL drains them, scoring each as
+    the drain reaps it, so its reward waits for training and holds both sides."""
     from digen.sim.peers import async_iteration, best_async_split
 
     paper = load_sim_config(CONFIGS / "verl-omni-published.yaml").cost.paper
     abort, drain = paper.peers["verl-omni-async"], paper.peers["unirl-async"]
     assert (abort.async_sync, drain.async_sync) == ("abort", "drain")
+    assert (abort.async_staleness, drain.async_staleness) == (1, 1)
     for r in (1, 2, 3):
         a, d = async_iteration(abort, paper, r), async_iteration(drain, paper, r)
-        assert (a.gen_s, a.train_s, a.sync_s) == (d.gen_s, d.train_s, d.sync_s) and d.lost_s == 0
+        assert (a.train_s, a.sync_s) == (d.train_s, d.sync_s) and d.lost_s == 0 and a.drain_s == 0
+        assert d.drain_s > 0 and a.gen_s == pytest.approx(d.gen_s + d.drain_s)  # the same reward
         assert a.seconds == pytest.approx(max(a.gen_s + a.lost_s, a.train_s) + a.sync_s)
+        assert d.seconds == pytest.approx(max(d.gen_s, d.train_s) + d.drain_s + d.sync_s)
         assert (a.lost_s > 0) == (a.gen_s > a.train_s)
-        assert a.seconds >= d.seconds
     best = best_async_split(drain, paper)
     assert best.seconds == min(async_iteration(drain, paper, r).seconds for r in (1, 2, 3))
     study = run_study(load_sim_config(CONFIGS / "verl-omni-published.yaml").cost, ["unirl-async"], FAST)
     res = study.result("unirl-async")
     assert res.sim.s_per_iteration == pytest.approx(best.seconds)
     assert res.rollout_gpus == best.rollout_gpus and res.trainer_gpus == 4 - best.rollout_gpus
+
+
+def test_unirl_drains_every_generation_before_a_sync_and_its_default_alternates():
+    """UniRL's AsyncDiffusionTrainer (unirl@37ea9f27): before each weight sync every in-flight
+    generation finishes and is scored, so on the timeline no rollout GPU generates or scores
+    across a sync; with its default buffer_max_staleness 0 nothing is launched past a sync, so
+    generation, reward and training follow one another."""
+    from digen.sim.peers import async_iteration, simulate_async_peer
+
+    cost = load_sim_config(CONFIGS / "verl-omni-full-h200.yaml").cost
+    paper = cost.paper
+    unirl = paper.peers["unirl-async"]
+    res = simulate_async_peer(cost, unirl, iterations=4, warmup=1, trailing=1)
+    syncs = sorted((r["start"], r["end"]) for r in res.rows if r.get("part") == "weight sync")
+    work = [r for r in res.rows if r["kind"] in ("gen", "reward", "train")]
+    assert work and syncs
+    for r in work:  # nothing runs while a sync does
+        assert all(r["end"] <= s + 1e-9 or r["start"] >= e - 1e-9 for s, e in syncs)
+    trained = {r["iteration"]: r["end"] for r in work if r["kind"] == "train"}
+    for r in work:
+        if r["kind"] == "reward":  # scored in the drain: after the trainers are done
+            assert r["start"] >= trained[r["iteration"]] - 1e-9
+    one = replace(unirl, async_staleness=1)
+    zero = replace(unirl, async_staleness=0)
+    for rollouts in (1, 2, 3):
+        a, b = async_iteration(one, paper, rollouts), async_iteration(zero, paper, rollouts)
+        assert b.seconds == pytest.approx(b.gen_s + b.drain_s + b.train_s + b.sync_s)
+        assert b.seconds > a.seconds
+    res0 = simulate_async_peer(cost, zero, iterations=4, warmup=1, trailing=1)
+    gens = {r["iteration"]: r for r in res0.rows if r["kind"] == "gen" and not r.get("part")}
+    for r in res0.rows:
+        if r["kind"] == "train":  # training waits for its batch's generation
+            assert r["start"] >= gens[r["iteration"]]["end"] - 1e-9
 
 
 def test_an_async_peer_on_a_mixed_testbed_is_marked_not_modelled():

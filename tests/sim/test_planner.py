@@ -19,7 +19,12 @@ FAST = SimSettings(iterations=4, warmup=1, trailing=1, neighbours=0)
 
 
 @pytest.mark.slow
-def test_the_best_plan_is_no_slower_than_the_configured_one_and_reproduces_when_simulated():
+def test_the_best_plan_is_no_slower_than_the_configured_one_and_reproduces_when_simulated(monkeypatch):
+    from digen.sim import planner
+
+    # a smaller groups_per_task axis keeps this test's time; the whole axis is searched in
+    # test_the_planner_searches_groups_per_task_up_to_the_iterations_micro_batches
+    monkeypatch.setattr(planner, "GROUPS_PER_TASK", (1, 2, 4, 8))
     setup = load_sim_config(CONFIGS / "verl-omni-published.yaml")
     search = optimize(setup, "digen", FAST)
     assert search.best.samples_per_s >= search.configured.samples_per_s
@@ -52,3 +57,19 @@ def test_another_cluster_of_the_catalogs_gpus():
     assert setup.cost.gpu_count == 8 and setup.testbed.net_gbps == 50
     with pytest.raises(ConfigError, match="COUNTxTYPE"):
         load_sim_config(CONFIGS / "qwen-image_B.yaml", gpus="8xa999")
+
+
+@pytest.mark.slow
+def test_the_planner_searches_groups_per_task_up_to_the_iterations_micro_batches(monkeypatch):
+    """The full fine-tune's 512 one-sample micro-batches: groups_per_task up to 512 (one train
+    task per iteration), none past the iteration's micro-batches. One max_batch (the plan's,
+    docs/benchmarks.md) keeps the search to the groups_per_task axis this test is about."""
+    from digen.sim import planner
+
+    monkeypatch.setattr(planner, "MAX_BATCHES", (32,))
+    setup = load_sim_config(CONFIGS / "verl-omni-full-h200.yaml")
+    assert setup.cost.tasks == 512
+    search = optimize(setup, "digen", FAST)
+    tried = {p.groups_per_task for p in search.tried}
+    assert max(tried) == 512 and {1, 8, 64, 256} <= tried
+    assert search.best.samples_per_s >= search.configured.samples_per_s
