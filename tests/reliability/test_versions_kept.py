@@ -10,8 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from digen.testing.faults import Fault
 from tests.reliability.conftest import assert_exactly_once, fault_config, run_job
+
+# a job on its own local cluster with faults in its workers
+pytestmark = pytest.mark.slow
 
 
 def test_a_group_still_generating_after_its_iterations_first_step_can_fetch_its_version(

@@ -2,7 +2,12 @@
 controller notices it while waiting on tasks, releases nothing more, the worker loops stop,
 the run directory keeps the last complete iteration's checkpoint and ``--resume`` finishes
 the job. The cancel is triggered by an event (a task of iteration 1 acknowledged after
-iteration 0's checkpoint), never by a sleep."""
+iteration 0's checkpoint), never by a sleep.
+
+Both modes cancel and resume on the module's warm workers (``warm_cluster(1, 1)``): the
+guarantee is about the controller and the worker loops, not the processes, and a resumed job
+that finishes on the very workers the cancelled one ran on shows their loops stopped and
+left nothing behind for the next job."""
 
 from __future__ import annotations
 
@@ -27,11 +32,14 @@ def checkpoints(run: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("mode", ["disaggregated", "digen"])
-def test_cancel_mid_iteration_keeps_the_last_checkpoint_and_resumes(small_config, tmp_path, mode):
+def test_cancel_mid_iteration_keeps_the_last_checkpoint_and_resumes(
+    small_config, tmp_path, warm_cluster, mode
+):
     cfg = small_config(
         iterations=3, schedule__mode=mode, output__keep_checkpoints=3, output__sample_grid_every=0
     )
     out = tmp_path / "run"
+    scheduler = warm_cluster(1, 1)
     seen: dict = {}
 
     def cancelled() -> bool:
@@ -46,7 +54,13 @@ def test_cancel_mid_iteration_keeps_the_last_checkpoint_and_resumes(small_config
     with pytest.raises(
         JobCancelled, match="cancelled during iteration 1; the checkpoint .*iter_0000 is kept"
     ):
-        run_distributed(cfg, out, on_start=lambda ctl: seen.setdefault("ctl", ctl), cancelled=cancelled)
+        run_distributed(
+            cfg,
+            out,
+            scheduler=scheduler,
+            on_start=lambda ctl: seen.setdefault("ctl", ctl),
+            cancelled=cancelled,
+        )
 
     ctl = seen["ctl"]
     assert seen["books"][0] == 1  # cancelled with iteration 1 under way (digen: 2's generation too)
@@ -54,7 +68,7 @@ def test_cancel_mid_iteration_keeps_the_last_checkpoint_and_resumes(small_config
     assert iterations_logged(out) == [0]
     assert checkpoints(out) == ["iter_0000"]
 
-    summary = run_distributed(cfg, out, resume=True)
+    summary = run_distributed(cfg, out, scheduler=scheduler, resume=True)
     assert iterations_logged(out) == [0, 1, 2]
     assert checkpoints(out) == ["iter_0000", "iter_0001", "iter_0002"]
     assert summary["iterations"] == 3

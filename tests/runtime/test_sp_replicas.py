@@ -2,7 +2,12 @@
 
 Real embedded Redis, real Dask local cluster, real worker processes, tiny random-weight video
 models (Wan and HunyuanVideo, 32 px, 5 frames: 8 video tokens, 2 heads) and FLUX (32 px: 4 image
-tokens beside its text tokens) in float32."""
+tokens beside its text tokens) in float32.
+
+The fault-free jobs run on the module's warm workers: every d=1 job on ``warm_cluster(1, 1)``,
+every d=2 job on ``warm_cluster(2, 1)`` (the replica forms from the two warm rollout workers
+at each job's start). A job that kills a rank starts its own cluster: its guarantee is about
+the processes."""
 
 from __future__ import annotations
 
@@ -53,9 +58,9 @@ def tiny_wan(tiny_models) -> Path:
 
 
 @pytest.fixture(scope="module")
-def d1_run(tiny_wan, tmp_path_factory) -> Path:
+def d1_run(tiny_wan, tmp_path_factory, warm_cluster) -> Path:
     out = tmp_path_factory.mktemp("d1") / "run"
-    run_distributed(video_config(tiny_wan, 1, 1), out)
+    run_distributed(video_config(tiny_wan, 1, 1), out, scheduler=warm_cluster(1, 1))
     return out
 
 
@@ -68,17 +73,19 @@ REWARD_TOL = {"wan": 0.0, "hunyuan-video": 0.0, "flux": 1e-5}
 
 @pytest.mark.parametrize("family", ["wan", "hunyuan-video", "flux"])
 def test_two_workers_at_d2_give_the_rewards_of_one_worker_at_d1(
-    family, tiny_wan, d1_run, tiny_models, tmp_path
+    family, tiny_wan, d1_run, tiny_models, tmp_path, warm_cluster
 ):
     model = tiny_wan if family == "wan" else tiny_models(family)
     frames = None if family == "flux" else 5
     if family == "wan":
         want = rewards(d1_run)
     else:
-        run_distributed(video_config(model, 1, 1, frames=frames), tmp_path / "d1")
+        run_distributed(
+            video_config(model, 1, 1, frames=frames), tmp_path / "d1", scheduler=warm_cluster(1, 1)
+        )
         want = rewards(tmp_path / "d1")
     out = tmp_path / "sp2"
-    run_distributed(video_config(model, 2, 2, frames=frames), out)
+    run_distributed(video_config(model, 2, 2, frames=frames), out, scheduler=warm_cluster(2, 1))
     got = rewards(out)
     if REWARD_TOL[family] == 0.0:
         assert got == want

@@ -267,6 +267,7 @@ def test_dockerfile_builds_the_package_with_a_selectable_torch():
     assert build["context"] == "." and "TORCH_INDEX_URL" in build["args"]
 
 
+@pytest.mark.slow  # runs docker compose
 @pytest.mark.skipif(shutil.which("docker") is None, reason="needs docker")
 @pytest.mark.parametrize("profile", ["cpu", "gpu"])
 def test_docker_compose_config_accepts_the_file(profile: str):

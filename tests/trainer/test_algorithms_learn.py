@@ -67,10 +67,11 @@ def reward_gap(run: Path, k: int = 3) -> tuple[float, float]:
 
 
 @pytest.mark.parametrize("name", list(RUNS))
-def test_the_digits_demo_learns(name, tmp_path):
+def test_the_digits_demo_learns(name, tmp_path, warm_cluster):
     config, overrides = RUNS[name]
     cfg = load_config(CONFIGS / config, [*SMALLER, *overrides])
     assert cfg.schedule.mode == "digen"
-    run_distributed(cfg, tmp_path / "run")
+    assert (cfg.cluster.local.rollout_workers, cfg.cluster.local.trainer_workers) == (1, 1)
+    run_distributed(cfg, tmp_path / "run", scheduler=warm_cluster(1, 1))
     gap, z = reward_gap(tmp_path / "run")
     assert z >= 5, f"{name}: reward +{gap:.3f}, {z:.1f} standard errors"

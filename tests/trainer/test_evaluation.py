@@ -47,9 +47,19 @@ def weights(run: Path) -> dict[str, torch.Tensor]:
     return load_file(str(last / "weights.safetensors"))
 
 
-def test_eval_rows_every_n_iterations_and_at_the_end(tiny_sd3, tmp_path):
-    run_reference(eval_config(tiny_sd3, tmp_path), tmp_path / "run")
-    rows = eval_rows(tmp_path / "run")
+@pytest.fixture(scope="module")
+def eval_run(tiny_sd3, tmp_path_factory) -> tuple[Path, object]:
+    """(run directory, config) of the reference on :func:`eval_config`, run once for the
+    module's tests that only read it."""
+    tmp = tmp_path_factory.mktemp("eval")
+    cfg = eval_config(tiny_sd3, tmp)
+    run_reference(cfg, tmp / "run")
+    return tmp / "run", cfg
+
+
+def test_eval_rows_every_n_iterations_and_at_the_end(eval_run):
+    run = eval_run[0]
+    rows = eval_rows(run)
     assert [(r["iteration"], r["policy_version"]) for r in rows] == [(1, 2), (2, 3)]
     for r in rows:
         assert r["num_prompts"] == 4
@@ -60,21 +70,20 @@ def test_eval_rows_every_n_iterations_and_at_the_end(tiny_sd3, tmp_path):
         assert r["brightness_mean"] == pytest.approx(float(b.double().mean()))
         assert r["brightness_std"] == pytest.approx(float(b.double().std(unbiased=False)))
     assert rows[0]["scores"] != rows[1]["scores"]  # another version, other images
-    assert sorted(p.name for p in (tmp_path / "run" / "eval").glob("*.png")) == [
+    assert sorted(p.name for p in (run / "eval").glob("*.png")) == [
         "iter_0001.png",
         "iter_0002.png",
     ]
 
 
-def test_eval_does_not_change_training(tiny_sd3, tmp_path):
-    on = eval_config(tiny_sd3, tmp_path)
+def test_eval_does_not_change_training(eval_run, tmp_path):
+    on_run, on = eval_run
     off = on.model_copy(update={"eval": on.eval.model_copy(update={"every": 0})})
-    run_reference(on, tmp_path / "on")
     run_reference(off, tmp_path / "off")
-    assert not (tmp_path / "off" / "eval.jsonl").exists()
-    a, b = weights(tmp_path / "on"), weights(tmp_path / "off")
+    assert (on_run / "eval.jsonl").exists() and not (tmp_path / "off" / "eval.jsonl").exists()
+    a, b = weights(on_run), weights(tmp_path / "off")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    metrics = [(tmp_path / r / "metrics.jsonl").read_text().splitlines() for r in ("on", "off")]
+    metrics = [(run / "metrics.jsonl").read_text().splitlines() for run in (on_run, tmp_path / "off")]
     assert [json.loads(x)["rewards"] for x in metrics[0]] == [json.loads(x)["rewards"] for x in metrics[1]]
 
 

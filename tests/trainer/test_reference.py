@@ -1,15 +1,22 @@
-"""The reference trainer: determinism, on-policy ratio, resume, run directory."""
+"""The reference trainer: determinism, on-policy ratio, resume, run directory.
+
+A run that several tests read is made once per module (``run_of``); a test that changes a run
+(resumes it, appends to it, corrupts it) works on a copy of it, and a test about determinism
+makes its second run itself."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from digen.config import build_config
 from digen.reference import run_reference
+from tests.conftest import small_config_data
 
 LEARNING = (
     "iteration",
@@ -35,9 +42,31 @@ def final_weights(run: Path) -> dict[str, torch.Tensor]:
     return load_file(str(last / "weights.safetensors"))
 
 
-def test_run_directory_and_on_policy_ratio(small_config, tmp_path):
-    summary = run_reference(small_config(), tmp_path / "run")
-    run = tmp_path / "run"
+@pytest.fixture(scope="module")
+def run_of(tiny_sd3: Path, tmp_path_factory: pytest.TempPathFactory):
+    """``run_of(**sections)`` -> ``(run directory, summary)`` of the reference on
+    ``small_config(**sections)``, run at the module's first call with those sections. Tests only
+    read it: one that changes a run first copies it (:func:`copy_of`)."""
+    runs: dict[tuple, tuple[Path, dict]] = {}
+
+    def get(**sections) -> tuple[Path, dict]:
+        key = tuple(sorted(sections.items()))
+        if key not in runs:
+            out = tmp_path_factory.mktemp("reference") / "run"
+            summary = run_reference(build_config(small_config_data(tiny_sd3, **sections)), out)
+            runs[key] = (out, summary)
+        return runs[key]
+
+    return get
+
+
+def copy_of(run: Path, to: Path) -> Path:
+    shutil.copytree(run, to)
+    return to
+
+
+def test_run_directory_and_on_policy_ratio(run_of):
+    run, summary = run_of(iterations=2)
     for name in (
         "config.yaml",
         "metrics.jsonl",
@@ -72,32 +101,30 @@ def test_run_directory_and_on_policy_ratio(small_config, tmp_path):
     assert any(v.abs().sum() > 0 for k, v in w.items() if "lora_B" in k)
 
 
-def test_same_seed_gives_the_same_metrics(small_config, tmp_path):
-    run_reference(small_config(), tmp_path / "a")
-    run_reference(small_config(), tmp_path / "b")
-    assert learning_rows(tmp_path / "a") == learning_rows(tmp_path / "b")
-    wa, wb = final_weights(tmp_path / "a"), final_weights(tmp_path / "b")
+def test_same_seed_gives_the_same_metrics(run_of, small_config, tmp_path):
+    a, _ = run_of(iterations=2)
+    run_reference(small_config(), tmp_path / "b")  # a second run of the same config, from scratch
+    assert learning_rows(a) == learning_rows(tmp_path / "b")
+    wa, wb = final_weights(a), final_weights(tmp_path / "b")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def test_another_seed_gives_other_samples(small_config, tmp_path):
-    run_reference(small_config(iterations=1), tmp_path / "a")
-    run_reference(small_config(iterations=1, seed=4), tmp_path / "b")
-    assert learning_rows(tmp_path / "a")[0]["rewards"] != learning_rows(tmp_path / "b")[0]["rewards"]
+def test_another_seed_gives_other_samples(run_of):
+    (a, _), (b, _) = run_of(iterations=1), run_of(iterations=1, seed=4)
+    assert learning_rows(a)[0]["rewards"] != learning_rows(b)[0]["rewards"]
 
 
-def test_resume_equals_no_resume(small_config, tmp_path):
-    run_reference(small_config(iterations=4), tmp_path / "straight")
-    run_reference(small_config(iterations=2), tmp_path / "resumed")
-    run_reference(small_config(iterations=4), tmp_path / "resumed", resume=True)
-    assert learning_rows(tmp_path / "straight") == learning_rows(tmp_path / "resumed")
-    ws, wr = final_weights(tmp_path / "straight"), final_weights(tmp_path / "resumed")
+def test_resume_equals_no_resume(run_of, small_config, tmp_path):
+    straight, _ = run_of(iterations=4)
+    resumed = copy_of(run_of(iterations=2)[0], tmp_path / "resumed")
+    run_reference(small_config(iterations=4), resumed, resume=True)
+    assert learning_rows(straight) == learning_rows(resumed)
+    ws, wr = final_weights(straight), final_weights(resumed)
     assert all(torch.equal(ws[k], wr[k]) for k in ws)
 
 
-def test_resume_drops_metrics_of_iterations_after_the_checkpoint(small_config, tmp_path):
-    run = tmp_path / "run"
-    run_reference(small_config(iterations=2), run)
+def test_resume_drops_metrics_of_iterations_after_the_checkpoint(run_of, small_config, tmp_path):
+    run = copy_of(run_of(iterations=2)[0], tmp_path / "run")
     # a crash after iteration 2's metrics but before its checkpoint leaves an extra row
     with open(run / "metrics.jsonl", "a") as f:
         f.write(json.dumps({"iteration": 2, "samples": 8}) + "\n")
@@ -106,19 +133,18 @@ def test_resume_drops_metrics_of_iterations_after_the_checkpoint(small_config, t
     assert its == [0, 1, 2]
 
 
-def test_existing_run_needs_resume(small_config, tmp_path):
+def test_existing_run_needs_resume(run_of, small_config, tmp_path):
     from digen.errors import ConfigError
 
-    run_reference(small_config(iterations=1), tmp_path / "run")
+    run = copy_of(run_of(iterations=1)[0], tmp_path / "run")
     with pytest.raises(ConfigError, match="--resume"):
-        run_reference(small_config(iterations=1), tmp_path / "run")
+        run_reference(small_config(iterations=1), run)
 
 
-def test_corrupt_checkpoint_is_a_clear_error(small_config, tmp_path):
+def test_corrupt_checkpoint_is_a_clear_error(run_of, small_config, tmp_path):
     from digen.errors import CheckpointError
 
-    run = tmp_path / "run"
-    run_reference(small_config(iterations=1), run)
+    run = copy_of(run_of(iterations=1)[0], tmp_path / "run")
     (run / "checkpoints/iter_0000/weights.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(CheckpointError, match="cannot be read"):
         run_reference(small_config(iterations=2), run, resume=True)
