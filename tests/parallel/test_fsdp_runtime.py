@@ -3,7 +3,11 @@ computes what the reference computes.
 
 Real embedded Redis, real Dask local cluster, real worker processes (1 rollout + 2 trainer
 ranks over gloo). Full fine-tuning (LoRA off) with staleness 0: per-sample rewards equal the
-reference run's, final weights within 1e-5, checkpoints interchangeable both ways."""
+reference run's, final weights within 1e-5, checkpoints interchangeable both ways.
+
+The fault-free jobs run on the module's warm workers (``warm_cluster(1, 2)``): each job forms
+its own FSDP group over the two warm trainers and takes it down at its end, so a later job's
+group forms again on the same processes. The job that kills a rank starts its own cluster."""
 
 from __future__ import annotations
 
@@ -107,7 +111,7 @@ def reference_run(tiny_sd3, tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
-def test_fsdp_job_equals_reference(reference_run, tiny_sd3, tmp_path):
+def test_fsdp_job_equals_reference(reference_run, tiny_sd3, tmp_path, warm_cluster):
     """From scratch: every iteration's rewards and the final weights match the reference; the
     trainer ranks both train every task; each checkpoint holds the reference's files and
     keys, and its AdamW moments and EMA (the ranks' shards, gathered) are the reference's (so a
@@ -120,6 +124,7 @@ def test_fsdp_job_equals_reference(reference_run, tiny_sd3, tmp_path):
     run_distributed(
         _fsdp_config(tiny_sd3),
         out,
+        scheduler=warm_cluster(1, 2),
         on_start=lambda ctl: held.__setitem__(slice(None), _full_stores_held(ctl)),
     )
     assert held == []  # the ranks hold the optimizer, sharded; the controller holds no tensor
@@ -178,7 +183,7 @@ def test_fsdp_job_equals_reference(reference_run, tiny_sd3, tmp_path):
 
 
 @pytest.mark.slow
-def test_fsdp_resumes_a_reference_checkpoint(reference_run, tiny_sd3, tmp_path):
+def test_fsdp_resumes_a_reference_checkpoint(reference_run, tiny_sd3, tmp_path, warm_cluster):
     """A non-FSDP checkpoint (after iteration 0) resumes in an FSDP job: the ranks load its
     weights and their shards of its AdamW state, and iterations 1.. equal the reference's."""
     from digen.runtime.controller import run_distributed
@@ -191,6 +196,7 @@ def test_fsdp_resumes_a_reference_checkpoint(reference_run, tiny_sd3, tmp_path):
     run_distributed(
         _fsdp_config(tiny_sd3),
         out,
+        scheduler=warm_cluster(1, 2),
         resume=True,
         on_start=lambda ctl: held.__setitem__(slice(None), _full_stores_held(ctl)),
     )
@@ -213,7 +219,7 @@ def test_fsdp_resumes_a_reference_checkpoint(reference_run, tiny_sd3, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("split", ["groups", "samples"])
-def test_fsdp_mini_batches_equal_the_reference(split, tiny_sd3, tmp_path):
+def test_fsdp_mini_batches_equal_the_reference(split, tiny_sd3, tmp_path, warm_cluster):
     """Two optimizer steps per rollout batch (``train.mini_batches``, whole groups or Flow-GRPO's
     shuffled samples): the ranks step after each mini-batch's tasks, and every iteration's
     rewards and the final weights match the reference's, which steps the same way."""
@@ -234,7 +240,7 @@ def test_fsdp_mini_batches_equal_the_reference(split, tiny_sd3, tmp_path):
         schedule={"mode": "disaggregated", "max_staleness": 0},
         cluster__local={"rollout_workers": 1, "trainer_workers": 2},
     )
-    run_distributed(cfg, out)
+    run_distributed(cfg, out, scheduler=warm_cluster(1, 2))
     r_rows, g_rows = (
         [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()] for d in (ref, out)
     )
@@ -247,7 +253,7 @@ def test_fsdp_mini_batches_equal_the_reference(split, tiny_sd3, tmp_path):
 
 
 @pytest.mark.slow
-def test_fsdp_in_digen_mode_resumes_with_the_version_its_rollouts_lag_on(tiny_sd3, tmp_path):
+def test_fsdp_in_digen_mode_resumes_with_the_version_its_rollouts_lag_on(tiny_sd3, tmp_path, warm_cluster):
     """digen mode (staleness 1): the first iteration after --resume generates with the version
     before the checkpoint's, which no rank holds after a restart: the checkpoint keeps it
     (``previous_weights``, put together from the ranks' shards) and the ranks serve their
@@ -267,10 +273,10 @@ def test_fsdp_in_digen_mode_resumes_with_the_version_its_rollouts_lag_on(tiny_sd
         return build_config(data)
 
     out = tmp_path / "run"
-    run_distributed(cfg(2), out)
+    run_distributed(cfg(2), out, scheduler=warm_cluster(1, 2))
     state = json.loads((out / "checkpoints/iter_0001/state.json").read_text())
     assert (state["version"], state["previous_version"]) == (2, 1)
-    run_distributed(cfg(3), out, resume=True)
+    run_distributed(cfg(3), out, scheduler=warm_cluster(1, 2), resume=True)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == [0, 1, 2] and rows[-1]["max_staleness"] == 1
     timeline = [json.loads(line) for line in (out / "timeline.jsonl").read_text().splitlines()]
@@ -307,7 +313,7 @@ def test_a_dead_rank_fails_the_job_with_a_resume_hint(tiny_sd3, tmp_path, monkey
 
 
 @pytest.mark.slow
-def test_fsdp_batched_tasks_gather_once_per_pass_of_the_batch(tiny_sd3, tmp_path):
+def test_fsdp_batched_tasks_gather_once_per_pass_of_the_batch(tiny_sd3, tmp_path, warm_cluster):
     """Two groups per train task (``train.groups_per_task``): each rank trains its share of a
     task's rows of both groups in one forward (one all-gather of the sharded weights, where
     one group per task makes two), and the job equals the reference that batches the same way."""
@@ -325,7 +331,7 @@ def test_fsdp_batched_tasks_gather_once_per_pass_of_the_batch(tiny_sd3, tmp_path
         schedule={"mode": "disaggregated", "max_staleness": 0, "tsp": True},
         cluster__local={"rollout_workers": 1, "trainer_workers": 2},
     )
-    run_distributed(cfg, out)
+    run_distributed(cfg, out, scheduler=warm_cluster(1, 2))
     r_rows, g_rows = (
         [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()] for d in (ref, out)
     )
