@@ -132,8 +132,12 @@ def test_node_shared_nic_testbed_is_the_h100x64_cluster_at_an_eighth_of_the_netw
     trainers = {w.name for w in own.cost.workers[:16]}  # two nodes: the gathers cross the network
 
     def gather(setup):
-        return {w.name: w.cost.train_gather_s for w in setup.cost.split_workers(trainers) if w.name in trainers}
+        return {
+            w.name: w.cost.train_gather_s for w in setup.cost.split_workers(trainers) if w.name in trainers
+        }
 
     g_own, g_shared = gather(own), gather(shared)
     assert all(g_shared[n] == pytest.approx(8 * g_own[n]) for n in trainers)
-    assert shared.cost.dataplane.distribute_s(48, 16) == pytest.approx(8 * own.cost.dataplane.distribute_s(48, 16))
+    assert shared.cost.dataplane.distribute_s(48, 16) == pytest.approx(
+        8 * own.cost.dataplane.distribute_s(48, 16)
+    )
