@@ -120,3 +120,24 @@ def test_sim_imports_stay_light():
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_node_shared_nic_testbed_is_the_h100x64_cluster_at_an_eighth_of_the_network():
+    """H100x64-node-nic is H100x64 with one 400 Gb/s NIC per 8-GPU node, shared evenly: the same
+    GPUs, and every network term (an FSDP group's cross-node gather, a version's fetch) 8x slower."""
+    cfg = CONFIGS / "verl-omni-full-h100x64.yaml"
+    own, shared = load_sim_config(cfg), load_sim_config(cfg, testbed="H100x64-node-nic")
+    assert shared.testbed.gpus == own.testbed.gpus
+    assert own.testbed.net_gbps / shared.testbed.net_gbps == pytest.approx(8)
+    trainers = {w.name for w in own.cost.workers[:16]}  # two nodes: the gathers cross the network
+
+    def gather(setup):
+        return {
+            w.name: w.cost.train_gather_s for w in setup.cost.split_workers(trainers) if w.name in trainers
+        }
+
+    g_own, g_shared = gather(own), gather(shared)
+    assert all(g_shared[n] == pytest.approx(8 * g_own[n]) for n in trainers)
+    assert shared.cost.dataplane.distribute_s(48, 16) == pytest.approx(
+        8 * own.cost.dataplane.distribute_s(48, 16)
+    )
