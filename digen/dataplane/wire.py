@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from digen.dataplane.digest import ALGORITHM, Receiver
+from digen.dataplane.digest import ALGORITHM, Receiver, raw_bytes
 from digen.errors import PayloadError
 
 MAGIC = b"DGN1"
@@ -77,14 +77,6 @@ def describe(tensors: dict[str, torch.Tensor]) -> list[dict[str, Any]]:
     ]
 
 
-def _raw(t: torch.Tensor) -> memoryview:
-    """The bytes of a contiguous CPU tensor, without a copy."""
-    flat = t.reshape(-1)
-    if flat.numel() == 0:
-        return memoryview(b"")
-    return memoryview(flat.view(torch.uint8).numpy()).cast("B")
-
-
 def cast_to(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
     """``t`` as it travels when the receiver asked for ``dtype``: floating tensors cast,
     others as they are."""
@@ -122,7 +114,7 @@ def send_frame(
     sock.sendall(encode_header(head))
     sent = 0
     for t in tensors.values():
-        data = _raw(cast_to(t.detach(), cast).to("cpu").contiguous())
+        data = raw_bytes(cast_to(t.detach(), cast).to("cpu").contiguous())
         _timeout(sock, deadline)
         sock.sendall(data)
         sent += len(data)
@@ -295,7 +287,7 @@ def recv_tensors(
     pending: dict[str, Receiver] = {}
     for spec in specs:
         t = torch.empty(spec["shape"], dtype=dtype_of(spec["dtype"]))
-        data = _raw(t)
+        data = raw_bytes(t)
         receiver = Receiver(data, algorithm) if spec["name"] in hashed else None
         _recv_exact(sock, data, receiver=receiver)
         if receiver is not None:
