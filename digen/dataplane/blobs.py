@@ -76,7 +76,7 @@ from digen.dataplane.auth import (
     same,
 )
 from digen.dataplane.digest import ALGORITHM, ALGORITHMS, manifest_digest, tensor_digests
-from digen.dataplane.gate import Gate, Waiting
+from digen.dataplane.gate import LINGER_BYTES, LINGER_S, Gate, Waiting
 from digen.dataplane.wire import (
     DTYPE_NAMES,
     DTYPES,
@@ -527,10 +527,11 @@ REFUSED = {"ok": False, "error": "refused", "message": "not authorized"}
 BUSY = {"ok": False, "error": "busy", "message": "too many connections"}
 
 
-def _linger(conn: socket.socket, limit: int = 2**16, wait_s: float = 0.2) -> None:
+def _linger(conn: socket.socket, limit: int = LINGER_BYTES, wait_s: float = LINGER_S) -> None:
     """Before closing on a refused or bad request: send our FIN, then read (and drop) what the
     peer already sent, a little of it for a little while. Closing with unread bytes would
-    send a reset, and the peer could lose the refusal frame that went out just before."""
+    send a reset, and the peer could lose the refusal frame that went out just before. The
+    blocking twin of the gate's linger (on a serving thread), with the gate's bounds."""
     conn.shutdown(socket.SHUT_WR)
     conn.settimeout(wait_s)
     end, got = time.monotonic() + wait_s, 0
